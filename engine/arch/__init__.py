@@ -1,0 +1,24 @@
+"""Architecture registry: GGUF `general.architecture` → the module that builds its forward pass.
+
+Adding an architecture means adding one file here with `configure(cfg, gf)` and
+`forward(f, ids, out_rows)`, and one line below."""
+
+import importlib
+
+from ..errors import UnsupportedError
+
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3moe",
+    "gemma3": "gemma3",
+}
+
+
+def get(arch: str):
+    mod = ARCHITECTURES.get(arch)
+    if mod is None:
+        raise UnsupportedError(f"architecture {arch!r} is not supported "
+                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    return importlib.import_module(f"{__name__}.{mod}")

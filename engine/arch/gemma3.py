@@ -1,0 +1,45 @@
+"""`gemma3`: embeddings scaled by sqrt(n_embd); q/k RMSNorm; queries scaled before attention;
+norms after attention and after the FFN as well as before; GeGLU; five sliding-window layers
+(own rope base, default 10000) for every global one; tied output. llama.cpp: src/models/gemma3.cpp.
+The layer pattern and the local rope base are not in the metadata: llama.cpp hard-codes them."""
+
+import math
+
+from . import common
+
+ROPE_NEOX = True
+SWA_PATTERN = 6     # every 6th layer is global (llama.cpp: load_swa_pattern(ml, 6))
+
+
+def configure(cfg, gf):
+    cfg.rope_neox = ROPE_NEOX
+    pattern = gf.get("gemma3.attention.sliding_window_pattern", SWA_PATTERN)
+    if cfg.sliding_window > 0:
+        cfg.swa_layers = [il % pattern < pattern - 1 for il in range(cfg.n_layer)]
+    # ref: gemma_pytorch config; the 27B (62 layers) scales by n_embd / n_head instead.
+    denom = cfg.n_embd / cfg.n_head if cfg.n_layer == 62 else cfg.head_dim
+    cfg.attn_scale = 1.0 / math.sqrt(denom)
+    return cfg
+
+
+def forward(f: common.Forward, ids, out_rows=None):
+    b, cfg, w = f.b, f.cfg, f.w
+    x = b.embed(w("token_embd.weight"), ids)
+    x = f.cb(b.scale(x, math.sqrt(cfg.n_embd)), "inp_scaled")
+    for il in range(cfg.n_layer):
+        window = cfg.layer_window(il)
+        rope_base = cfg.rope_base_swa if window else cfg.rope_base
+        h = f.cb(b.rms_norm(x, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps), "attn_norm", il)
+        h = common.attention(f, il, h, qk_norm=True, q_scale=cfg.attn_scale, kq_scale=1.0,
+                             rope_base=rope_base, window=window)
+        if il == cfg.n_layer - 1 and out_rows is not None:
+            h, x = b.take_rows(h, out_rows), b.take_rows(x, out_rows)
+        h = f.cb(b.rms_norm(h, w(f"blk.{il}.post_attention_norm.weight"), cfg.norm_eps),
+                 "attn_post_norm", il)
+        x = f.cb(b.add(h, x), "sa_out", il)
+        h = f.cb(b.rms_norm(x, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps), "ffn_norm", il)
+        h = f.cb(common.ffn(f, il, h, gelu=True), "ffn_out", il)
+        h = f.cb(b.rms_norm(h, w(f"blk.{il}.post_ffw_norm.weight"), cfg.norm_eps),
+                 "ffn_post_norm", il)
+        x = f.cb(b.add(h, x), "l_out", il)
+    return common.output(f, x)

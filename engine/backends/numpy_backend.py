@@ -1,0 +1,226 @@
+"""The numpy reference backend: runs anywhere, and is the oracle the CUDA kernels answer to.
+
+It reproduces where llama.cpp's CPU path rounds (docs/design.md, "Numerics"), so that the
+per-layer comparison with the goldens can be tight:
+- activations are rounded to the weight type's vec_dot_type before a mat-mul (`act_mode="cpu"`),
+  or to Q8_1 blocks as llama.cpp's CUDA mat-vec does (`act_mode="q8_1"`, the kernels' oracle);
+- the KV cache holds float16; K·Q sees Q rounded to float16 and V·softmax sees the softmax
+  rounded to float16 (the non-flash attention path with an F16 cache);
+- rope angles come from the same float32 recurrence ggml uses (theta *= theta_scale);
+- GELU goes through float16 as ggml's lookup table does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import quants
+from ..gguf import GGMLType
+from .base import Backend, Weight
+
+F16, F32 = np.float16, np.float32
+_FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+class NumpyWeight(Weight):
+    """A GGUF tensor, dequantized to float32 on first use and kept."""
+
+    def __init__(self, gf, name: str):
+        info = gf.tensors[name]
+        self.name, self.type = name, info.type
+        self.shape = tuple(reversed(info.shape))
+        self._gf, self._info = gf, info
+        self._dense = None
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self._gf.tensor_bytes(self.name)
+
+    def dense(self) -> np.ndarray:
+        if self._dense is None:
+            self._dense = quants.dequantize(self.raw, self.type, self._info.shape)
+        return self._dense
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        if self._dense is not None:
+            return self._dense[ids]
+        return quants.dequantize_rows(self.raw, self.type, self._info.shape[0], ids)
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+
+    def __init__(self, act_mode: str = "cpu"):
+        if act_mode not in ("cpu", "q8_1"):
+            raise ValueError(f"act_mode must be 'cpu' or 'q8_1', not {act_mode!r}")
+        self.act_mode = act_mode
+
+    # -- memory -----------------------------------------------------------------------------
+    def weight(self, gf, name):
+        return NumpyWeight(gf, name)
+
+    def asarray(self, a, dtype=None):
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    def to_numpy(self, a):
+        return np.asarray(a)
+
+    def empty(self, shape, dtype=F32):
+        return np.empty(shape, dtype)
+
+    def zeros(self, shape, dtype=F32):
+        return np.zeros(shape, dtype)
+
+    # -- linear algebra ---------------------------------------------------------------------
+    def _round_act(self, x, wtype):
+        """The activation values the reference dot product effectively multiplies."""
+        if self.act_mode == "q8_1":
+            if wtype in _FLOAT_TYPES:
+                return x
+            return quants.dequantize_q8_1(*quants.quantize_q8_1_cuda(x))
+        return quants.round_activations(x, quants.VEC_DOT_TYPE[wtype])
+
+    def embed(self, table, ids):
+        return table.rows(np.asarray(ids, dtype=np.int64)).astype(F32, copy=False)
+
+    def matmul(self, x, w):
+        xr = self._round_act(np.ascontiguousarray(x, F32), w.type)
+        return np.matmul(xr, w.dense().T)
+
+    def matmul_id(self, x, w, ids):
+        dense = w.dense()                      # (E, N, K)
+        T, k = ids.shape
+        x = np.ascontiguousarray(x, F32)
+        per_choice = x.ndim == 3
+        out = np.empty((T, k, dense.shape[1]), F32)
+        xr = self._round_act(x, w.type)
+        for e in np.unique(ids):
+            tt, jj = np.nonzero(ids == e)
+            rows = xr[tt, jj] if per_choice else xr[tt]
+            out[tt, jj] = rows @ dense[e].T
+        return out
+
+    # -- elementwise ------------------------------------------------------------------------
+    def rms_norm(self, x, w, eps):
+        x = np.asarray(x, F32)
+        # ggml: float32 squares summed in double, mean rounded to float, 1/sqrtf(mean + eps).
+        mean = (np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]).astype(F32)
+        scale = (F32(1.0) / np.sqrt(mean + F32(eps))).astype(F32)
+        y = x * scale[..., None]
+        if w is not None:
+            y = y * w.dense()
+        return y
+
+    def add(self, a, b):
+        return np.add(a, b.dense() if isinstance(b, Weight) else b, dtype=F32)
+
+    def mul(self, a, b):
+        return np.multiply(a, b.dense() if isinstance(b, Weight) else b, dtype=F32)
+
+    def scale(self, x, s):
+        return np.multiply(x, F32(s), dtype=F32)
+
+    def rope(self, x, pos, n_rot, base, neox, freq_scale=1.0):
+        x = np.asarray(x, F32)
+        cos, sin = rope_cos_sin(np.asarray(pos), n_rot, base, freq_scale)   # [T, n_rot/2]
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        y = x.copy()
+        if neox:
+            half = n_rot // 2
+            x0, x1 = x[..., :half], x[..., half:n_rot]
+            y[..., :half] = x0 * cos - x1 * sin
+            y[..., half:n_rot] = x0 * sin + x1 * cos
+        else:
+            x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            y[..., 0:n_rot:2] = x0 * cos - x1 * sin
+            y[..., 1:n_rot:2] = x0 * sin + x1 * cos
+        return y
+
+    def kv_store(self, cache, x, pos):
+        cache[np.asarray(pos)] = np.asarray(x).astype(F16)
+
+    def attention(self, q, k_cache, v_cache, pos, scale, window=0):
+        q = np.asarray(q, F32)
+        pos = np.asarray(pos)
+        T, H, Dh = q.shape
+        Hkv = k_cache.shape[1]
+        g = H // Hkv
+        S = int(pos.max()) + 1
+        k = k_cache[:S].astype(F32)            # [S, Hkv, Dh]
+        v = v_cache[:S].astype(F32)            # [S, Hkv, Dv]
+        # K·Q with Q rounded to F16 (ggml converts src1 to the F16 cache's vec_dot_type).
+        q16 = q.astype(F16).astype(F32).reshape(T, Hkv, g, Dh)
+        kq = np.einsum("thgd,shd->hgts", q16, k, optimize=True)       # [Hkv, g, T, S]
+        s_idx = np.arange(S)
+        visible = s_idx[None, :] <= pos[:, None]
+        if window:
+            visible &= (pos[:, None] - s_idx[None, :]) < window
+        logits = kq * F32(scale) + np.where(visible, F32(0), F32(-np.inf))
+        logits = logits - logits.max(axis=-1, keepdims=True)
+        p = np.exp(logits)
+        p = (p / p.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(F32)
+        p16 = p.astype(F16).astype(F32)       # softmax rounded to F16 for V·softmax
+        out = np.einsum("hgts,shd->thgd", p16, v, optimize=True)     # [T, Hkv, g, Dv]
+        return np.ascontiguousarray(out.reshape(T, H * v.shape[-1]), F32)
+
+    def swiglu(self, gate, up):
+        gate = np.asarray(gate, F32)
+        return (gate / (F32(1) + np.exp(-gate))) * up
+
+    def geglu(self, gate, up):
+        return gelu_f16_table(np.asarray(gate, F32)) * up
+
+    def softmax(self, x):
+        x = np.asarray(x, F32)
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return (e / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(F32)
+
+    def topk(self, x, k):
+        # Stable sort on the negated values: ties keep the lower index first.
+        idx = np.argsort(-np.asarray(x), axis=-1, kind="stable")[..., :k].astype(np.int32)
+        return idx, np.take_along_axis(x, idx, axis=-1)
+
+    def weighted_sum(self, y, w):
+        y = np.asarray(y, F32) * np.asarray(w, F32)[..., None]
+        out = y[:, 0].copy()
+        for j in range(1, y.shape[1]):      # ggml adds the expert outputs one after another
+            out += y[:, j]
+        return out
+
+    def take_rows(self, x, rows):
+        return np.asarray(x)[np.asarray(rows)]
+
+    def argmax(self, x):
+        return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
+
+
+def rope_cos_sin(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0):
+    """cos/sin `[T, n_rot/2]` of the rope angles, computed like ggml_rope_cache_init: the
+    angle of pair i is pos * theta_scale**i built by repeated float32 multiplication (not
+    pow), so long positions carry the same rounding as llama.cpp's."""
+    theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
+    theta = pos.astype(F32)
+    angles = np.empty((pos.shape[0], n_rot // 2), F32)
+    for i in range(n_rot // 2):
+        angles[:, i] = theta
+        theta = (theta * theta_scale).astype(F32)
+    angles = angles * F32(freq_scale)
+    return np.cos(angles), np.sin(angles)
+
+
+_GELU_TABLE = None
+
+
+def gelu_f16_table(x: np.ndarray) -> np.ndarray:
+    """ggml's CPU GELU: tanh approximation looked up through float16 (GGML_GELU_FP16),
+    identity above 10 and zero below -10."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        h = np.arange(1 << 16, dtype=np.uint16).view(F16).astype(F32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            g = F32(0.5) * h * (F32(1) + np.tanh(F32(0.79788456080286535587989211986876) * h
+                                                 * (F32(1) + F32(0.044715) * h * h)))
+        _GELU_TABLE = g.astype(F16).astype(F32)
+    y = _GELU_TABLE[x.astype(F16).view(np.uint16)]
+    y = np.where(x >= 10, x, y)
+    return np.where(x <= -10, F32(0), y).astype(F32)

@@ -1,0 +1,78 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seed.
+
+The chain runs in llama.cpp's default order (common/sampling): penalties → top-k → top-p →
+min-p → temperature → draw. Temperature 0 (or below) means greedy, which the generator does on
+the device without copying the logits to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import BrassError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repetition_penalty: float = 1.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self):
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (self.penalty_last_n >= 0, "penalty_last_n must be >= 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise BrassError(msg)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.p = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: list[int]) -> int:
+        p = self.p
+        logits = np.asarray(logits, dtype=np.float32).copy()
+        if p.repetition_penalty != 1.0 and p.penalty_last_n and history:
+            recent = np.unique(np.asarray(history[-p.penalty_last_n:], dtype=np.int64))
+            recent = recent[(recent >= 0) & (recent < logits.shape[0])]
+            vals = logits[recent]
+            logits[recent] = np.where(vals > 0, vals / p.repetition_penalty,
+                                      vals * p.repetition_penalty)
+        if p.greedy:
+            return int(np.argmax(logits))
+        ids = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            ids = ids[:p.top_k]
+        vals = logits[ids]
+        if p.top_p < 1.0:
+            probs = _softmax(vals)
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+            ids, vals = ids[:keep], vals[:keep]
+        if p.min_p > 0.0:
+            keep = vals >= vals[0] + np.log(p.min_p)
+            ids, vals = ids[keep], vals[keep]
+        probs = _softmax(vals / p.temperature)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max())
+    return e / e.sum()
