@@ -1,0 +1,241 @@
+"""The `brass` command line (also `python -m engine`).
+
+    brass run [MODEL] [PROMPT]           stream a completion to the terminal
+    brass generate MODEL --prompt TEXT   one completion, optionally as JSON
+    brass tokenize MODEL --text TEXT     token ids (or --jsonl FILE: one JSON string per line)
+    brass score MODEL --tokens IDS       teacher-forced top-k logits at every position
+    brass models                         the model catalog
+
+MODEL is a GGUF path or a catalog name; errors print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import catalog
+from .errors import BrassError
+
+DEFAULT_PROMPT = "The three most useful things to know about the sea are"
+
+
+def _add_model_args(p, model_optional=False):
+    if model_optional:
+        p.add_argument("model", nargs="?", default=None,
+                       help=f"GGUF path or catalog name (default: {catalog.DEFAULT_MODEL})")
+    else:
+        p.add_argument("model", help="GGUF path or catalog name (" + ", ".join(catalog.CATALOG) + ")")
+    p.add_argument("--backend", choices=["numpy", "cuda"], default=None,
+                   help="default: cuda when a GPU is present, else numpy")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens")
+
+
+def _add_sampling_args(p):
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _sampling(args):
+    from .sampling import SamplingParams
+    if args.max_tokens < 0:
+        raise BrassError("--max-tokens must be >= 0")
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          seed=args.seed)
+
+
+def _load(args):
+    from .model import Model
+    return Model(args.model, backend=args.backend, n_ctx=args.ctx, quiet=getattr(args, "json", False))
+
+
+def cmd_generate(args):
+    sampling = _sampling(args)
+    m = _load(args)
+    prompt_ids = m.tokenizer.encode(args.prompt, add_special=True, parse_special=True)
+    t0 = time.perf_counter()
+    tokens = []
+    dec = m.tokenizer.stream_decoder()
+    for tok in m.generate(prompt_ids, max_tokens=args.max_tokens, sampling=sampling):
+        tokens.append(tok)
+        if not args.json:
+            sys.stdout.write(dec.feed(tok))
+            sys.stdout.flush()
+    dt = time.perf_counter() - t0
+    text = m.tokenizer.decode(tokens)
+    if args.json:
+        print(json.dumps({"prompt_tokens": prompt_ids, "tokens": tokens, "text": text,
+                          "backend": m.backend.name, "seconds": round(dt, 3)}, ensure_ascii=False))
+    else:
+        sys.stdout.write(dec.flush() + "\n")
+
+
+def cmd_run(args):
+    args.json = False
+    prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    sampling = _sampling(args)
+    m = _load(args)
+    prompt_ids = m.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    dec = m.tokenizer.stream_decoder()
+    t0, n = time.perf_counter(), 0
+    try:
+        for tok in m.generate(prompt_ids, max_tokens=args.max_tokens, sampling=sampling):
+            n += 1
+            sys.stdout.write(dec.feed(tok))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    sys.stdout.write(dec.flush() + "\n")
+    dt = time.perf_counter() - t0
+    print(f"[{n} tokens in {dt:.2f} s, {n / dt if dt else 0:.1f} tok/s, {m.backend.name} backend]",
+          file=sys.stderr)
+
+
+def _read_jsonl_strings(path):
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                s = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BrassError(f"{path}:{i}: not JSON: {e.msg}") from None
+            if not isinstance(s, str):
+                raise BrassError(f"{path}:{i}: expected a JSON string, got {type(s).__name__}")
+            out.append(s)
+    return out
+
+
+def cmd_tokenize(args):
+    from .gguf import GGUFFile
+    from .tokenizer import Tokenizer
+    if (args.text is None) == (args.jsonl is None):
+        raise BrassError("give exactly one of --text or --jsonl")
+    tok = Tokenizer.from_gguf(GGUFFile(catalog.resolve(args.model, quiet=True)))
+    if args.jsonl is not None:
+        for s in _read_jsonl_strings(args.jsonl):
+            print(json.dumps(tok.encode(s, add_special=args.add_special, parse_special=args.parse_special)))
+        return
+    ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)
+    if args.json:
+        print(json.dumps({"tokens": ids}))
+    else:
+        for i in ids:
+            print(i, repr(tok.token_to_piece(i).decode("utf-8", errors="replace")))
+
+
+def _parse_token_list(spec: str) -> list[int]:
+    text = spec
+    if not spec.lstrip().startswith("["):
+        try:
+            with open(spec, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise BrassError(f"--tokens: not a JSON array and not a readable file: {e.strerror}") from None
+    try:
+        ids = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BrassError(f"--tokens: not a JSON array: {e.msg}") from None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise BrassError("--tokens must be a JSON array of integers")
+    if not ids:
+        raise BrassError("--tokens is empty")
+    return ids
+
+
+def cmd_score(args):
+    import numpy as np
+    ids = _parse_token_list(args.tokens)
+    if args.top_k < 1:
+        raise BrassError("--top-k must be >= 1")
+    m = _load(args)
+    logits = m.score(ids)
+    k = min(args.top_k, logits.shape[-1])
+    top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    rows = [[[int(i), float(logits[t, i])] for i in top[t]] for t in range(len(ids))]
+    if args.json:
+        print(json.dumps({"tokens": ids, "top_k": rows}))
+    else:
+        for t, r in enumerate(rows):
+            print(t, ids[t], " ".join(f"{i}:{v:.3f}" for i, v in r))
+
+
+def cmd_models(args):
+    for m in catalog.CATALOG.values():
+        cached = catalog.cached_path(m.name)
+        print(f"{m.name:22s} {m.size / 2**20:7.1f} MiB  {'cached' if cached else 'not fetched':11s}  {m.description}")
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="brass", description="GGUF LLM inference (numpy reference / CUDA)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="stream a completion to the terminal")
+    _add_model_args(p, model_optional=True)
+    p.add_argument("prompt", nargs="?", default=None)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("generate", help="one completion")
+    _add_model_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("tokenize", help="text → token ids")
+    p.add_argument("model")
+    p.add_argument("--text")
+    p.add_argument("--jsonl", help="file with one JSON string per line; prints one JSON array per line")
+    p.add_argument("--add-special", action="store_true", help="add BOS/EOS as the model's metadata says")
+    p.add_argument("--parse-special", action="store_true", help="parse special-token text like <|im_start|>")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("score", help="teacher-forced top-k logits for a token sequence")
+    _add_model_args(p)
+    p.add_argument("--tokens", required=True, help="JSON array of ids, or a file holding one")
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("models", help="list the model catalog")
+    p.set_defaults(func=cmd_models)
+
+    try:
+        from . import server
+    except ImportError:
+        server = None
+    if server is not None and hasattr(server, "add_cli"):
+        server.add_cli(sub, _add_model_args)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except BrassError as e:
+        print(f"brass: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
