@@ -185,8 +185,10 @@ def _e8m0_half_table() -> np.ndarray:
 
 # e2m1 values doubled (the scale above is halved to match), as ggml's kvalues_mxfp4.
 _MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
-# Every (exponent byte, nibble) product, so an element costs one table lookup.
-_MXFP4_TABLE = (_e8m0_half_table()[:, None] * _MXFP4_VALUES[None, :]).reshape(-1)
+# Every (exponent byte, nibble) product, so an element costs one table lookup. Exponents near
+# 255 overflow to ±inf, as gguf-py's product does.
+with np.errstate(over="ignore"):
+    _MXFP4_TABLE = (_e8m0_half_table()[:, None] * _MXFP4_VALUES[None, :]).reshape(-1)
 
 
 def _dequant_mxfp4(b):
@@ -373,6 +375,13 @@ def quantize_q8_k(x) -> Q8_KBlocks:
     return Q8_KBlocks(d, q.reshape(*lead, -1), bsums.reshape(*lead, -1))
 
 
+def _roundf(r: np.ndarray) -> np.ndarray:
+    """C's roundf (ties away from zero). floor(|r| + 0.5) would be wrong: 0.49999997 + 0.5
+    rounds up to 1 in float32. The fraction r - trunc(r) is exact, so compare it instead."""
+    t = np.trunc(r)
+    return t + np.where(np.abs(r - t) >= 0.5, np.sign(r), 0).astype(r.dtype)
+
+
 def quantize_q8_1_cuda(x) -> Q8_1Blocks:
     """Q8_1 blocks as llama.cpp's CUDA `quantize_q8_1` kernel computes them.
 
@@ -387,9 +396,7 @@ def quantize_q8_1_cuda(x) -> Q8_1Blocks:
     d = amax / np.float32(127)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = xb / d[..., None]
-    # roundf: ties away from zero.
-    q = np.where(amax[..., None] == 0, 0, np.copysign(np.floor(np.abs(r) + np.float32(0.5)), r))
-    q = q.astype(np.int8)
+        q = np.where(amax[..., None] == 0, 0, _roundf(r)).astype(np.int8)
     s = xb
     while s.shape[-1] > 1:
         half = s.shape[-1] // 2
