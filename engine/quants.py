@@ -65,7 +65,7 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 def _dequant_f32(b):
-    return b.copy().view("<f4")
+    return b.view("<f4")
 
 
 def _dequant_f16(b):
@@ -246,8 +246,11 @@ def _dequantize_blocks(blocks: np.ndarray, qtype: GGMLType) -> np.ndarray:
     n = blocks.shape[0]
     out = np.empty((n, blck), np.float32)
     step = max(1, _CHUNK_ELEMENTS // blck)
-    for start in range(0, n, step):
-        out[start:start + step] = fn(blocks[start:start + step]).reshape(-1, blck)
+    # NaN or Inf scales (a corrupt file) propagate into the values, as in gguf-py; warnings
+    # from the arithmetic would add nothing.
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start in range(0, n, step):
+            out[start:start + step] = fn(blocks[start:start + step]).reshape(-1, blck)
     return out
 
 
@@ -323,6 +326,13 @@ def _activation_blocks(x, block: int, name: str) -> np.ndarray:
     return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
+def _to_f16(v: np.ndarray) -> np.ndarray:
+    # Round to nearest even, as F16C's vcvtps2ph and CUDA's __float2half_rn; beyond ±65504
+    # (a block with amax > 8.3e6) that is ±inf in llama.cpp too.
+    with np.errstate(over="ignore"):
+        return v.astype(np.float16)
+
+
 def _q8_avx2(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The AVX2 `quantize_row_q8_0`/`_q8_1` core: (float32 d, int8 q) per 32-element block.
 
@@ -343,7 +353,7 @@ def quantize_q8_0(x) -> Q8_0Blocks:
     """Q8_0 activation blocks as `quantize_row_q8_0` on x86-64 AVX2 (the from_float of Q8_0)."""
     xb = _activation_blocks(x, 32, "Q8_0")
     d, q = _q8_avx2(xb)
-    return Q8_0Blocks(d.astype(np.float16), q.reshape(*xb.shape[:-2], -1))
+    return Q8_0Blocks(_to_f16(d), q.reshape(*xb.shape[:-2], -1))
 
 
 def quantize_q8_1(x) -> Q8_1Blocks:
@@ -352,7 +362,7 @@ def quantize_q8_1(x) -> Q8_1Blocks:
     xb = _activation_blocks(x, 32, "Q8_1")
     d, q = _q8_avx2(xb)
     s = d * q.sum(axis=-1, dtype=np.int32).astype(np.float32)
-    return Q8_1Blocks(d.astype(np.float16), s.astype(np.float16), q.reshape(*xb.shape[:-2], -1))
+    return Q8_1Blocks(_to_f16(d), _to_f16(s), q.reshape(*xb.shape[:-2], -1))
 
 
 def quantize_q8_k(x) -> Q8_KBlocks:
@@ -401,8 +411,15 @@ def quantize_q8_1_cuda(x) -> Q8_1Blocks:
     while s.shape[-1] > 1:
         half = s.shape[-1] // 2
         s = s[..., :half] + s[..., half:]
-    return Q8_1Blocks(d.astype(np.float16), s[..., 0].astype(np.float16),
-                      q.reshape(*xb.shape[:-2], -1))
+    return Q8_1Blocks(_to_f16(d), _to_f16(s[..., 0]), q.reshape(*xb.shape[:-2], -1))
+
+
+def dequantize_q8_1(d: np.ndarray, s: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """The values Q8_1 blocks stand for, fp32(d)·q, as float32 [..., K]. (`s`, the block's sum
+    term, enters a dot product only against a weight's min; it is taken so that
+    `dequantize_q8_1(*blocks)` reads naturally.)"""
+    q = qs.reshape(*d.shape, 32).astype(np.float32)
+    return (q * d.astype(np.float32)[..., None]).reshape(qs.shape)
 
 
 def fp32_to_bf16_bits(x) -> np.ndarray:
@@ -421,24 +438,27 @@ def round_activations(x, vec_dot_type) -> np.ndarray:
     For Q8_1 the dot product also uses the block's stored s = fp16(d·Σq) against the weight's
     min, which is not a per-element value; it is in `quantize_q8_1(x).s`.
     """
-    t = GGMLType(int(vec_dot_type))
+    try:
+        t = GGMLType(int(vec_dot_type))
+    except (ValueError, TypeError):
+        raise UnsupportedError(f"unknown ggml type {vec_dot_type!r}") from None
     x = np.asarray(x, dtype=np.float32)
     if t == GGMLType.F32:
         return x.copy()
     if t == GGMLType.F16:
-        return x.astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):    # beyond ±65504 is ±inf in ggml's conversion too
+            return x.astype(np.float16).astype(np.float32)
     if t == GGMLType.BF16:
         return (fp32_to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
     if t in (GGMLType.Q8_0, GGMLType.Q8_1):
-        b = quantize_q8_0(x)
-        scale, block = b.d.astype(np.float32), 32
-    elif t == GGMLType.Q8_K:
+        # Q8_1's d and quants are Q8_0's; only its extra s field differs.
+        b = quantize_q8_1(x)
+        return dequantize_q8_1(*b)
+    if t == GGMLType.Q8_K:
         b = quantize_q8_k(x)
-        scale, block = b.d, QK_K
-    else:
-        raise UnsupportedError(f"{t.name} is not an activation type of the CPU dot products")
-    q = b.qs.reshape(*scale.shape, block).astype(np.float32)
-    return (q * scale[..., None]).reshape(x.shape)
+        q = b.qs.reshape(*b.d.shape, QK_K).astype(np.float32)
+        return (q * b.d[..., None]).reshape(x.shape)
+    raise UnsupportedError(f"{t.name} is not an activation type of the CPU dot products")
 
 
 # --------------------------------------------------------------------------------------------
