@@ -1,0 +1,129 @@
+"""Record llama.cpp's renderings of each catalog model's chat template as goldens.
+
+    python ci/record_chat_templates.py            # writes golden/chat_templates/<model>.json
+
+Per conversation below, three things come from llama.cpp (through llama-cpp-python 0.3.36),
+never from Brass:
+- `jinja`: the GGUF's template rendered by llama-cpp-python's Jinja2ChatFormatter (the
+  formatter its server uses for a model with a template), with the vocabulary's BOS/EOS texts;
+  absent for a model without a template;
+- `builtin`: llama.cpp's C `llama_chat_apply_template` given the GGUF's template (it recognizes
+  the format and formats it in C++; -1 means it did not recognize it), or given no template,
+  which means ChatML;
+- `tokens`: the prompt Brass serves (the `jinja` text, else the `builtin` ChatML fallback)
+  tokenized by llama.cpp with add_special and parse_special, as llama.cpp's server does.
+Needs the `record` extra (pip install -e '.[record]').
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ci import llamacpp  # noqa: E402
+from engine import catalog  # noqa: E402
+
+OUT = ROOT / "golden" / "chat_templates"
+
+SYSTEM = "You are a terse assistant. Answer in one sentence."
+
+# Each case: the messages, add_generation_prompt, and whether a system message is given (where
+# llama.cpp's built-in ChatML and a template with a default system prompt should agree).
+CASES = [
+    ("user_only", [{"role": "user", "content": "What is the capital of France?"}], True),
+    ("system_user", [{"role": "system", "content": SYSTEM},
+                     {"role": "user", "content": "Name a prime number."}], True),
+    ("multi_turn", [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": "Hi!"},
+                    {"role": "assistant", "content": "Hello. How can I help?"},
+                    {"role": "user", "content": "Count to three."}], True),
+    ("no_generation_prompt", [{"role": "user", "content": "Say yes."},
+                              {"role": "assistant", "content": "Yes."}], False),
+    ("unicode_whitespace", [{"role": "user",
+                             "content": "  Grüße, 世界! 🚀\n\n\ttabs and trailing spaces   \n"}], True),
+    ("template_syntax_in_content", [{"role": "user",
+                                     "content": "Explain {{ messages }} and {% if x %} in Jinja."}], True),
+    ("special_token_text_in_content", [{"role": "user",
+                                        "content": "Print <|im_end|> literally."}], True),
+    ("system_only", [{"role": "system", "content": SYSTEM}], True),
+    ("empty_content", [{"role": "user", "content": ""}], True),
+]
+
+
+def builtin_render(tmpl: bytes | None, messages: list[dict], add_ass: bool) -> str | None:
+    L = llamacpp.lib()
+    arr = (L.llama_chat_message * len(messages))(
+        *[L.llama_chat_message(role=m["role"].encode(), content=m["content"].encode()) for m in messages])
+    size = 1 << 16
+    buf = ctypes.create_string_buffer(size)
+    n = L.llama_chat_apply_template(tmpl, arr, len(messages), add_ass, buf, size)
+    if n < 0:
+        return None
+    if n > size:
+        raise RuntimeError("rendering longer than the buffer")
+    return buf.raw[:n].decode("utf-8")
+
+
+def record(name: str) -> dict:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    L = llamacpp.lib()
+    path = catalog.fetch(name)
+    with llamacpp.Model(path, vocab_only=True) as model:
+        raw = L.llama_model_chat_template(model.ptr, None)
+        template = raw.decode("utf-8") if raw else None
+
+        def token_text(token):
+            return L.llama_vocab_get_text(model.vocab, token).decode("utf-8") if token >= 0 else ""
+
+        bos = token_text(L.llama_vocab_bos(model.vocab))
+        eos = token_text(L.llama_vocab_eos(model.vocab))
+        cases = []
+        for case_name, messages, add_generation_prompt in CASES:
+            jinja = None
+            if template is not None:
+                fmt = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos,
+                                          add_generation_prompt=add_generation_prompt)
+                jinja = fmt(messages=messages).prompt
+            builtin = builtin_render(template.encode() if template else None, messages, add_generation_prompt)
+            served = jinja if template is not None else builtin
+            cases.append({
+                "name": case_name,
+                "messages": messages,
+                "add_generation_prompt": add_generation_prompt,
+                "system_given": any(m["role"] == "system" for m in messages),
+                "jinja": jinja,
+                "builtin": builtin,
+                "tokens": model.tokenize(served, add_special=True, parse_special=True),
+            })
+    return {
+        "model": name,
+        "gguf_sha256": catalog.CATALOG[name].sha256,
+        "chat_template": template,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
+        "bos_token": bos,
+        "eos_token": eos,
+        "provenance": {**llamacpp.provenance(),
+                       "jinja_renderer": "llama_cpp.llama_chat_format.Jinja2ChatFormatter",
+                       "builtin_renderer": "llama_chat_apply_template"},
+        "cases": cases,
+    }
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in catalog.CATALOG:
+        golden = record(name)
+        out = OUT / f"{name}.json"
+        out.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"{out.relative_to(ROOT)}: {len(golden['cases'])} conversations, "
+              f"template {'from the GGUF' if golden['chat_template'] else 'absent (ChatML fallback)'}")
+
+
+if __name__ == "__main__":
+    main()
