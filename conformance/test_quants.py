@@ -307,9 +307,29 @@ Q8_K_RECORD = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
 TIES = np.array([127, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 4.5], np.float32)
 
 
+def division_sensitive_block(rng: np.random.Generator) -> np.ndarray:
+    """32 values whose Q8_0 quants depend on how the multiplier is formed: llama.cpp's AVX2
+    code scales by 127/amax, and x·(127/amax) rounds differently from x·(1/(amax/127)) here."""
+    f32 = np.float32
+    amax = rng.uniform(0.5, 100, 64).astype(f32)
+    amax = amax[f32(127) / amax != f32(1) / (amax / f32(127))][0]   # ~1 in 4 qualifies
+    by_inverse, by_d = f32(127) / amax, f32(1) / (amax / f32(127))
+    found = []
+    x = ((np.arange(126) + f32(0.5)) / by_inverse).astype(f32)      # near each half-integer
+    for direction in (np.inf, -np.inf):
+        y = x
+        for _ in range(3):                                             # a few ulps either side
+            y = np.nextafter(y, f32(direction))
+            found.extend(y[(np.rint(y * by_inverse) != np.rint(y * by_d)) & (y < amax)])
+    picked = rng.choice(np.array(found, f32), 31, replace=len(found) < 31)
+    block = np.concatenate([[amax], picked * rng.choice(f32([-1, 1]), 31)]).astype(f32)
+    return rng.permutation(block)
+
+
 def activation_rows(rng: np.random.Generator, T: int = 3, K: int = 4096) -> np.ndarray:
     """Activation-like rows: block scales spread over six decades, plus an all-zero
-    super-block, a block of exact rounding ties and a block with a lone outlier."""
+    super-block, a block of exact rounding ties, a block sensitive to how the multiplier is
+    computed, and a block with a lone outlier."""
     x = rng.standard_normal((T, K)).astype(np.float32)
     x *= np.exp(rng.uniform(np.log(1e-4), np.log(1e2), (T, K // 32))).repeat(32, axis=1).astype(np.float32)
     x[0, 256:512] = 0
@@ -320,6 +340,7 @@ def activation_rows(rng: np.random.Generator, T: int = 3, K: int = 4096) -> np.n
     x[2, 512:768] = rng.uniform(-1, 1, 256) * np.float32(60)
     x[2, 512:512 + len(TIES)] = -TIES
     x[0, 1024 + rng.integers(32)] = 1e4
+    x[1, 1024:1056] = division_sensitive_block(rng)
     return x
 
 
@@ -372,6 +393,9 @@ def test_quantize_q8_k_matches_llama_cpp(ggml_cpu, rng):
 # its range, Inf, NaN, exact ties of the target's rounding.
 SPECIAL = np.array([0.0, -0.0, 1e-40, -1e-39, 6e-8, -3e-8, 65504, 65520, -1e6, 3.4e38,
                     np.inf, -np.inf, np.nan, 1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -8], np.float32)
+# Signalling NaNs whose payload sits in the low 16 bits: truncated without quieting they
+# would turn into ±Inf.
+SPECIAL[[0, 5]] = np.array([0x7F800001, 0xFF801234], np.uint32).view(np.float32)
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.F16, GGMLType.BF16], ids=["F16", "BF16"])
