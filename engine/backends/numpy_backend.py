@@ -20,6 +20,10 @@ from .base import Backend, Weight
 
 F16, F32 = np.float16, np.float32
 _FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+# Affine block types (w = d·q + m) dot Q8_1 activations as d_w·d_x·Σq_w q_x + m·s_x, where
+# s_x is the activation block's sum stored as float16: that rounding is not in d_x·q_x, so
+# these types are multiplied as two products (the scaled quants, then mins × block sums).
+_AFFINE_Q8_1 = (GGMLType.Q4_1, GGMLType.Q5_1)
 
 
 class NumpyWeight(Weight):
@@ -37,9 +41,24 @@ class NumpyWeight(Weight):
         return self._gf.tensor_bytes(self.name)
 
     def dense(self) -> np.ndarray:
+        if getattr(self, "_affine", None) is not None:
+            dq, mins = self._affine
+            return dq + np.repeat(mins, 32, axis=-1)
         if self._dense is None:
             self._dense = quants.dequantize(self.raw, self.type, self._info.shape)
         return self._dense
+
+    def affine_parts(self):
+        """(d·q part `(..., N, K)`, per-block mins `(..., N, K/32)`) of a Q4_1/Q5_1 tensor."""
+        if getattr(self, "_affine", None) is None:
+            from ..gguf import BLOCK_SIZES
+            _, nbytes = BLOCK_SIZES[self.type]
+            blocks = self.raw.reshape(-1, nbytes)
+            mins = blocks[:, 2:4].copy().view(F16).astype(F32).reshape(*self.shape[:-1], -1)
+            dq = self.dense() - np.repeat(mins, 32, axis=-1)
+            self._affine = (dq, mins)
+            self._dense = None          # the two parts replace the dense copy
+        return self._affine
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         if self._dense is not None:
@@ -83,21 +102,28 @@ class NumpyBackend(Backend):
     def embed(self, table, ids):
         return table.rows(np.asarray(ids, dtype=np.int64)).astype(F32, copy=False)
 
+    def _linear(self, x, w, expert=None):
+        """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given)."""
+        if w.type in _AFFINE_Q8_1:
+            qb = quants.quantize_q8_1(x) if self.act_mode == "cpu" else quants.quantize_q8_1_cuda(x)
+            xq = qb.qs.astype(F32) * np.repeat(qb.d.astype(F32), 32, axis=-1)
+            dq, mins = w.affine_parts()
+            if expert is not None:
+                dq, mins = dq[expert], mins[expert]
+            return _mm(xq, dq) + _mm(qb.s.astype(F32), mins)
+        dense = w.dense() if expert is None else w.dense()[expert]
+        return _mm(self._round_act(x, w.type), dense)
+
     def matmul(self, x, w):
-        xr = self._round_act(np.ascontiguousarray(x, F32), w.type)
-        return np.matmul(xr, w.dense().T)
+        return self._linear(np.ascontiguousarray(x, F32), w)
 
     def matmul_id(self, x, w, ids):
-        dense = w.dense()                      # (E, N, K)
         T, k = ids.shape
         x = np.ascontiguousarray(x, F32)
-        per_choice = x.ndim == 3
-        out = np.empty((T, k, dense.shape[1]), F32)
-        xr = self._round_act(x, w.type)
+        out = np.empty((T, k, w.shape[1]), F32)
         for e in np.unique(ids):
             tt, jj = np.nonzero(ids == e)
-            rows = xr[tt, jj] if per_choice else xr[tt]
-            out[tt, jj] = rows @ dense[e].T
+            out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e))
         return out
 
     # -- elementwise ------------------------------------------------------------------------
@@ -192,6 +218,14 @@ class NumpyBackend(Backend):
 
     def argmax(self, x):
         return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
+
+
+def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """`x @ w.T`. A single row goes through gemv (`w @ x`): OpenBLAS's gemm with one row
+    and a transposed operand is ~8x slower, and decode is all single rows."""
+    if x.shape[0] == 1:
+        return (w @ x[0])[None]
+    return x @ w.T
 
 
 def rope_cos_sin(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0):
