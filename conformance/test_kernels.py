@@ -1,0 +1,437 @@
+"""Per-kernel conformance of the CUDA backend against the numpy reference backend.
+
+Every op runs on both backends with the same fresh random inputs (the seed is printed on
+failure; BRASS_TEST_SEED reruns it). CUDA outputs are poisoned with NaN before each kernel
+runs, so an element a kernel forgets to write fails the test instead of passing as stale
+memory. Results are judged by NMSE (llama.cpp's test-backend-ops measure) against a bound per
+op; each bound says why it is what it is. The NMSE of every case is recorded as a junit
+property (ci/gpu_dev.sh prints them as a table).
+
+The reference is `NumpyBackend(act_mode="q8_1")`: activations quantized to Q8_1 blocks exactly
+as the CUDA quantize kernel does, so quantized mat-vecs can be compared tightly.
+
+Without a GPU these tests skip with the reason shown; CI still compiles every kernel
+(test_nvrtc_compile.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from engine import quants
+from engine.backends import cuda_available
+from engine.errors import BrassError, UnsupportedError
+from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
+from kernels.cases import (FLOAT_TYPES, MATMUL_SHAPES, QUANT_TYPES, WEIGHT_TYPES, nmse,
+                           random_weight_file, write_gguf)
+
+pytestmark = pytest.mark.skipif(
+    not cuda_available(),
+    reason="no CUDA device here: the CUDA kernel tests run on the GPU runner (ci/gpu_conformance.sh); "
+           "CI compiles every kernel in test_nvrtc_compile.py")
+
+F16, F32 = np.float16, np.float32
+
+# ---- bounds -------------------------------------------------------------------------------
+# Ops that do the same IEEE float32 operations in the same order as the reference (gathers,
+# dequantization, adds and products, the F16 cache write) must match bit for bit.
+EXACT = 0.0
+# Mat-vec: the kernels form the same integer dot products of the same quants as the reference
+# (int8 × Q8_1 blocks; float weights × float32 x) and differ only in float32 rounding of the
+# block products and in the order of the sums: each ~2^-24 relative, so NMSE ~1e-13 (measured
+# 1e-14..1e-13 for the reference itself against float64). 1e-10 leaves a thousandfold margin,
+# while one wrong quant in a row of 4096 already gives ~1e-5.
+MATMUL = 1e-10
+# Norm: the same float32 operations; only the double-precision sum of squares is added in
+# another order, which can move the float32 mean by one ulp at a rounding tie (2^-24 relative).
+RMS_NORM = 1e-12
+# exp/cos/sin/tanh in float32 on both sides, each within ~2 ulp of the true value (CUDA's
+# expf/cosf/sinf, numpy's float32 routines): relative errors ~2^-23, NMSE ~1e-14.
+TRANSCENDENTAL = 1e-12
+# Results rounded to F16 after a transcendental (GELU's table, attention probabilities): a
+# float32 ulp apart on either side flips an F16 rounding with probability ~2^-13 per element,
+# and a flip moves that element by 2^-11 relative: NMSE ~(2^-13)(2^-11)^2 ~ 3e-11.
+F16_ROUNDED = 1e-9
+
+OFFSET_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1)
+
+
+def tname(t) -> str:
+    return GGMLType(t).name
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    from engine.backends.cuda import CudaBackend
+    return CudaBackend(poison_outputs=True)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    from engine.backends.numpy_backend import NumpyBackend
+    return NumpyBackend(act_mode="q8_1")
+
+
+def check(got, want, bound: float, record_property, what: str = "output") -> float:
+    """Compare a CUDA result with the reference: no unwritten (NaN-poisoned) element, NMSE
+    within `bound`. Returns the NMSE."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    unwritten = np.isnan(got) & ~np.isnan(want)
+    assert not unwritten.any(), (f"{what}: {int(unwritten.sum())} of {got.size} elements are NaN "
+                                 f"(never written?), first at {np.argwhere(unwritten)[0].tolist()}")
+    err = nmse(got, want)
+    record_property("nmse", f"{err:.3e}")
+    if not err <= bound:
+        diff = np.abs(got.astype(np.float64) - want)
+        i = np.unravel_index(int(np.nanargmax(diff)), diff.shape)
+        pytest.fail(f"{what}: NMSE {err:.3e} exceeds {bound:.0e}; largest difference at {list(i)}: "
+                    f"got {got[i]!r}, expected {want[i]!r}")
+    return err
+
+
+def offset_term_correction(x: np.ndarray, raw: np.ndarray, qtype, N: int, K: int) -> np.ndarray:
+    """For Q4_0/Q4_1/Q5_0/Q5_1, llama.cpp's CUDA dot product (and ours) multiplies the weight
+    block's constant term (-8d, -16d, or the min m) by s = fp16(sum x) that the Q8_1 block
+    carries, where the numpy reference's dequantized Q8_1 implies sum(d8 q8). This returns the
+    difference, [R, N], so that reference + correction is what the kernel computes."""
+    R = x.shape[0]
+    if qtype not in OFFSET_TYPES:
+        return np.zeros((R, N))
+    blocks = raw.reshape(N, K // 32, BLOCK_SIZES[qtype][1])
+    d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float64)
+    if qtype in (GGMLType.Q4_1, GGMLType.Q5_1):
+        c = blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float64)
+    else:
+        c = -(8.0 if qtype == GGMLType.Q4_0 else 16.0) * d
+    q8 = quants.quantize_q8_1_cuda(x)
+    implied = q8.d.astype(np.float64) * q8.qs.reshape(R, K // 32, 32).astype(np.float64).sum(-1)
+    return (q8.s.astype(np.float64) - implied) @ c.T
+
+
+def weights(tmp_path, rng, specs):
+    return GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, specs))
+
+
+# ---- activation quantization ----------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(1, 32), (3, 256), (5, 4096)], ids=str)
+def test_quantize_q8_1_bit_exact(cuda, rng, shape, record_property):
+    x = rng.uniform(-1, 1, shape).astype(F32)
+    x[0, :32] = 0.0          # an all-zero block: d = 0 and zero quants, not NaN
+    x[-1, -32:] *= 1e-3      # a block of small values
+    got = cuda.to_numpy(cuda.quantize_q8_1(cuda.asarray(x))).reshape(shape[0], -1, 36)
+    want = quants.quantize_q8_1_cuda(x)
+    R, nb = shape[0], shape[1] // 32
+    assert np.array_equal(got[..., 0:2].copy().view("<f2")[..., 0], want.d), "d differs"
+    assert np.array_equal(got[..., 2:4].copy().view("<f2")[..., 0], want.s), "s = fp16(sum x) differs"
+    assert np.array_equal(got[..., 4:].view(np.int8).reshape(R, nb * 32), want.qs), "quants differ"
+    record_property("nmse", "bit-exact")
+
+
+# ---- mat-vec / mat-mul ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", MATMUL_SHAPES, ids=lambda s: "N%d-K%d-T%d" % s)
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=tname)
+def test_matmul(cuda, ref, rng, tmp_path, qtype, shape, record_property):
+    N, K, T = shape
+    gf = weights(tmp_path, rng, {"w": (qtype, (N, K))})
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    got = cuda.to_numpy(cuda.matmul(cuda.asarray(x), cuda.weight(gf, "w")))
+    want = ref.matmul(x, ref.weight(gf, "w")).astype(np.float64)
+    want += offset_term_correction(x, gf.tensor_bytes("w"), qtype, N, K)
+    check(got, want, MATMUL, record_property)
+
+
+@pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
+@pytest.mark.parametrize("qtype", (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K,
+                                   GGMLType.Q6_K, GGMLType.MXFP4), ids=tname)
+def test_matmul_id(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
+    E, N, K, T, k = 8, 37, 512, 5, 3
+    gf = weights(tmp_path, rng, {"w": (qtype, (E, N, K))})
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    x = rng.uniform(-1, 1, (T, k, K) if per_slot else (T, K)).astype(F32)
+    got = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), cuda.weight(gf, "w"), cuda.asarray(ids)))
+    want = ref.matmul_id(x, ref.weight(gf, "w"), ids).astype(np.float64)
+    raw = gf.tensor_bytes("w").reshape(E, -1)
+    for t in range(T):
+        for j in range(k):
+            xr = x[t, j] if per_slot else x[t]
+            want[t, j] += offset_term_correction(xr[None], raw[ids[t, j]], qtype, N, K)[0]
+    check(got, want, MATMUL, record_property)
+
+
+def test_matmul_id_bad_expert_gives_nan(cuda, rng, tmp_path):
+    gf = weights(tmp_path, rng, {"w": (GGMLType.Q8_0, (4, 8, 64))})
+    ids = np.array([[1, 4]], np.int32)          # 4 is out of range for 4 experts
+    x = rng.uniform(-1, 1, (1, 64)).astype(F32)
+    y = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), cuda.weight(gf, "w"), cuda.asarray(ids)))
+    assert np.isfinite(y[0, 0]).all() and np.isnan(y[0, 1]).all()
+
+
+# ---- embedding ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=tname)
+def test_embed_bit_exact(cuda, ref, rng, tmp_path, qtype, record_property):
+    n_vocab, D = 300, 512
+    gf = weights(tmp_path, rng, {"tok": (qtype, (n_vocab, D))})
+    ids = np.concatenate([rng.integers(0, n_vocab, 9), [0, n_vocab - 1, 5, 5]]).astype(np.int32)
+    got = cuda.to_numpy(cuda.embed(cuda.weight(gf, "tok"), cuda.asarray(ids)))
+    want = ref.embed(ref.weight(gf, "tok"), ids)
+    check(got, want, EXACT, record_property)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "not bit-identical"
+
+
+def test_embed_bad_id_gives_nan(cuda, rng, tmp_path):
+    gf = weights(tmp_path, rng, {"tok": (GGMLType.Q4_K, (10, 256))})
+    y = cuda.to_numpy(cuda.embed(cuda.weight(gf, "tok"), cuda.asarray(np.array([3, 10, -1], np.int32))))
+    assert np.isfinite(y[0]).all() and np.isnan(y[1:]).all()
+
+
+# ---- norms and elementwise ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,with_weight", [((1, 576), True), ((7, 4096), True), ((5, 8, 128), True),
+                                               ((3, 2048), False)], ids=str)
+def test_rms_norm(cuda, ref, rng, tmp_path, shape, with_weight, record_property):
+    D = shape[-1]
+    gf = weights(tmp_path, rng, {"norm": (GGMLType.F32, (D,))})
+    x = (rng.uniform(-1, 1, shape) * rng.uniform(0.1, 10)).astype(F32)
+    wc = cuda.weight(gf, "norm") if with_weight else None
+    wr = ref.weight(gf, "norm") if with_weight else None
+    got = cuda.to_numpy(cuda.rms_norm(cuda.asarray(x), wc, 1e-6))
+    check(got, ref.rms_norm(x, wr, 1e-6), RMS_NORM, record_property)
+
+
+def test_add_mul_scale_bit_exact(cuda, ref, rng, tmp_path, record_property):
+    T, D = 6, 1000
+    gf = weights(tmp_path, rng, {"bias": (GGMLType.F32, (D,))})
+    a, b = (rng.uniform(-1, 1, (T, D)).astype(F32) for _ in range(2))
+    row = rng.uniform(-1, 1, D).astype(F32)
+    A, B, ROW = cuda.asarray(a), cuda.asarray(b), cuda.asarray(row)
+    cases = {
+        "add": (cuda.add(A, B), ref.add(a, b)),
+        "add bias weight": (cuda.add(A, cuda.weight(gf, "bias")), ref.add(a, ref.weight(gf, "bias"))),
+        "add row": (cuda.add(A, ROW), ref.add(a, row)),
+        "mul": (cuda.mul(A, B), ref.mul(a, b)),
+        "mul row": (cuda.mul(A, ROW), ref.mul(a, row)),
+    }
+    s = float(rng.uniform(0.1, 3))
+    cases["scale"] = (cuda.scale(A, s), ref.scale(a, s))
+    for what, (got, want) in cases.items():
+        check(cuda.to_numpy(got), want, EXACT, record_property, what)
+
+
+@pytest.mark.parametrize("op,bound", [("swiglu", TRANSCENDENTAL), ("geglu", F16_ROUNDED)])
+def test_glu(cuda, ref, rng, op, bound, record_property):
+    # Gates up to +-12 also reach GELU's identity/zero regions beyond +-10.
+    g = rng.uniform(-12, 12, (5, 3000)).astype(F32)
+    u = rng.uniform(-1, 1, (5, 3000)).astype(F32)
+    got = cuda.to_numpy(getattr(cuda, op)(cuda.asarray(g), cuda.asarray(u)))
+    check(got, getattr(ref, op)(g, u), bound, record_property)
+
+
+def test_weighted_sum_bit_exact(cuda, ref, rng, record_property):
+    y = rng.uniform(-1, 1, (4, 8, 777)).astype(F32)
+    w = rng.uniform(0, 1, (4, 8)).astype(F32)
+    got = cuda.to_numpy(cuda.weighted_sum(cuda.asarray(y), cuda.asarray(w)))
+    check(got, ref.weighted_sum(y, w), EXACT, record_property)
+
+
+def test_take_rows(cuda, rng):
+    x = rng.uniform(-1, 1, (9, 33)).astype(F32)
+    rows = np.array([8, 0, 3], np.int32)
+    assert np.array_equal(cuda.to_numpy(cuda.take_rows(cuda.asarray(x), cuda.asarray(rows))), x[rows])
+
+
+# ---- rope --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+@pytest.mark.parametrize("head_dim,n_rot,base,freq_scale", [(64, 64, 10000.0, 1.0), (128, 128, 1e6, 1.0),
+                                                            (128, 64, 10000.0, 0.25), (256, 256, 1e4, 1.0)],
+                         ids=["d64", "d128-base1e6", "d128-partial-rot64-fs0.25", "d256"])
+def test_rope(cuda, ref, rng, neox, head_dim, n_rot, base, freq_scale, record_property):
+    T, H = 9, 4
+    x = rng.uniform(-1, 1, (T, H, head_dim)).astype(F32)
+    pos = np.sort(rng.integers(0, 8192, T)).astype(np.int32)
+    got = cuda.to_numpy(cuda.rope(cuda.asarray(x), cuda.asarray(pos), n_rot, base, neox, freq_scale))
+    want = ref.rope(x, pos, n_rot, base, neox, freq_scale)
+    check(got, want, TRANSCENDENTAL, record_property)
+    assert np.array_equal(got[..., n_rot:], x[..., n_rot:]), "dims past n_rot must pass through"
+
+
+# ---- KV cache and attention ------------------------------------------------------------------------
+
+# (T queries, past tokens already cached, H, H_kv, head_dim, window, scale or None = 1/sqrt(Dh))
+ATTENTION_CASES = [
+    (1, 100, 8, 2, 64, 0, None),          # decode, GQA 4:1
+    (1, 37, 4, 4, 128, 0, None),          # decode, no GQA
+    (17, 0, 8, 4, 64, 0, None),           # prefill from an empty cache: causal within the block
+    (9, 20, 16, 2, 128, 0, None),         # prefill after a past, GQA 8:1
+    (12, 40, 4, 1, 256, 16, 1.0),         # sliding window, head dim 256, logits up to ~+-30
+    (1, 300, 8, 2, 128, 64, None),        # decode with a window
+]
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: "T%d-past%d-H%d-kv%d-d%d-w%d" % c[:6])
+def test_kv_store_and_attention(cuda, ref, rng, case, record_property):
+    T, past, H, Hkv, Dh, window, scale = case
+    scale = 1.0 / np.sqrt(Dh) if scale is None else scale
+    cap = past + T + 5
+    # The past is random; slots never written hold NaN, so a write or read outside the
+    # visible range shows.
+    caches = []
+    for _ in range(2):
+        c = np.full((cap, Hkv, Dh), np.nan, F16)
+        c[:past] = rng.uniform(-1, 1, (past, Hkv, Dh)).astype(F16)
+        caches.append(c)
+    k_new, v_new = (rng.uniform(-1, 1, (T, Hkv, Dh)).astype(F32) for _ in range(2))
+    pos = np.arange(past, past + T, dtype=np.int32)
+    q = rng.uniform(-1, 1, (T, H, Dh)).astype(F32)
+
+    ref_k, ref_v = caches[0].copy(), caches[1].copy()
+    ref.kv_store(ref_k, k_new, pos)
+    ref.kv_store(ref_v, v_new, pos)
+    dev_k, dev_v, dev_pos = cuda.asarray(caches[0]), cuda.asarray(caches[1]), cuda.asarray(pos)
+    cuda.kv_store(dev_k, cuda.asarray(k_new), dev_pos)
+    cuda.kv_store(dev_v, cuda.asarray(v_new), dev_pos)
+    for got, want in ((dev_k, ref_k), (dev_v, ref_v)):
+        assert np.array_equal(cuda.to_numpy(got).view(np.uint16), want.view(np.uint16)), \
+            "the F16 cache differs (a wrong slot, a wrong rounding, or a write past the new slots)"
+
+    got = cuda.to_numpy(cuda.attention(cuda.asarray(q), dev_k, dev_v, dev_pos, scale, window))
+    want = ref.attention(q, ref_k, ref_v, pos, scale, window)
+    check(got, want, F16_ROUNDED, record_property)
+
+
+# ---- router and sampling ---------------------------------------------------------------------------
+
+def test_softmax(cuda, ref, rng, record_property):
+    x = rng.uniform(-8, 8, (7, 128)).astype(F32)
+    check(cuda.to_numpy(cuda.softmax(cuda.asarray(x))), ref.softmax(x), TRANSCENDENTAL, record_property)
+
+
+@pytest.mark.parametrize("n_cols,k", [(8, 2), (64, 8), (128, 8), (256, 8)])
+def test_topk_exact(cuda, ref, rng, n_cols, k, record_property):
+    # Values on a coarse grid, so that ties occur and must go to the lower index.
+    x = (rng.integers(0, 12, (6, n_cols)) / 12).astype(F32)
+    ids, vals = cuda.topk(cuda.asarray(x), k)
+    want_ids, want_vals = ref.topk(x, k)
+    assert np.array_equal(cuda.to_numpy(ids), want_ids)
+    assert np.array_equal(cuda.to_numpy(vals), want_vals)
+    record_property("nmse", "exact")
+
+
+def test_argmax_exact(cuda, ref, rng, record_property):
+    x = rng.uniform(-5, 5, (3, 151936)).astype(F32)
+    x[1, [17, 99999]] = 100.0                 # a tie: the first index wins
+    x[2, -1] = 100.0                          # the last column
+    assert np.array_equal(cuda.to_numpy(cuda.argmax(cuda.asarray(x))), ref.argmax(x))
+    record_property("nmse", "exact")
+
+
+# ---- errors on bad input ------------------------------------------------------------------------------
+
+def test_bad_input_raises_brass_errors(cuda, rng, tmp_path):
+    gf = weights(tmp_path, rng, {"w": (GGMLType.Q4_K, (8, 256)), "e": (GGMLType.Q8_0, (2, 8, 64))})
+    w = cuda.weight(gf, "w")
+    x = cuda.asarray(rng.uniform(-1, 1, (2, 512)).astype(F32))
+    with pytest.raises(BrassError, match="512 features"):
+        cuda.matmul(x, w)
+    with pytest.raises(BrassError, match="float32"):
+        cuda.matmul(x.astype(F16), w)
+    with pytest.raises(BrassError, match="ids must be"):
+        cuda.matmul_id(cuda.asarray(np.zeros((2, 64), F32) + 1), cuda.weight(gf, "e"), cuda.asarray(np.zeros(2, np.int32)))
+    with pytest.raises(BrassError, match="n_rot"):
+        cuda.rope(cuda.asarray(np.ones((1, 2, 8), F32)), cuda.asarray(np.zeros(1, np.int32)), 3, 1e4, False)
+    with pytest.raises(BrassError, match="k = 9"):
+        cuda.topk(cuda.asarray(np.ones((1, 8), F32)), 9)
+    with pytest.raises(BrassError, match="does not fit"):
+        cuda.attention(cuda.asarray(np.ones((1, 3, 8), F32)), cuda.zeros((4, 2, 8), F16),
+                       cuda.zeros((4, 2, 8), F16), cuda.asarray(np.zeros(1, np.int32)), 1.0)
+
+
+def test_unsupported_weight_type(cuda, tmp_path):
+    raw = np.zeros(BLOCK_SIZES[GGMLType.Q2_K][1], np.uint8)
+    gf = GGUFFile(write_gguf(tmp_path / "q2k.gguf", {"w": (GGMLType.Q2_K, (1, 256), raw)}))
+    with pytest.raises(UnsupportedError, match="Q2_K"):
+        cuda.weight(gf, "w")
+
+
+# ---- plumbing that needs a device ---------------------------------------------------------------------
+
+def _run_python(code: str, env_extra: dict, timeout=300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **env_extra)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_debug_mode_names_the_failing_kernel():
+    # A kernel that faults (a write to an unmapped address) poisons the CUDA context, so this
+    # runs in its own process. With BRASS_CUDA_DEBUG=1 the fault surfaces at the launch that
+    # caused it, as a CudaError naming that kernel.
+    r = _run_python("""
+        import cupy, numpy as np
+        from engine.backends.cuda import CudaBackend
+        from engine.backends.cuda.errors import CudaError
+        from kernels.params import pack
+        b = CudaBackend()
+        assert b.debug
+        x = cupy.ones(1 << 20, np.float32)
+        bad = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0x10, 4, None), 0)
+        try:
+            b.launch("elementwise.cu", "scale", 4096, 256, x, bad, params=pack("ScaleParams", n=x.size, s=2.0))
+        except CudaError as e:
+            print("CAUGHT", e)
+    """, {"BRASS_CUDA_DEBUG": "1"})
+    assert "CAUGHT kernel scale (kernels/elementwise.cu) failed" in r.stdout, r.stdout + r.stderr
+
+
+def test_weight_upload_streams_with_bounded_host_memory(tmp_path):
+    # A 2.2 GB file of weights: holding it in host memory would break the 1.5 GB bound. Peak
+    # RSS (VmHWM) is measured in a fresh process, after CUDA is initialised, around the load.
+    # The slowest test here (~10 s, most of it writing the file); GPU runner only.
+    n_tensors, rows, K = 16, 4096, 16384          # 16 x 137 MiB of Q8_0
+    tsize = BLOCK_SIZES[GGMLType.Q8_0][1]
+    row_bytes = K // 32 * tsize
+    rng = np.random.default_rng(0)
+    raw = quants.random_blocks(GGMLType.Q8_0, rows, K, rng)
+    path = write_gguf(tmp_path / "big.gguf",
+                      {f"blk.{i}.w": (GGMLType.Q8_0, (rows, K), raw) for i in range(n_tensors)})
+    total = n_tensors * rows * row_bytes
+    r = _run_python(f"""
+        import numpy as np
+        from engine.backends.cuda import CudaBackend
+        from engine.gguf import GGUFFile
+        def status(key):
+            for line in open("/proc/self/status"):
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        b = CudaBackend()
+        b.zeros(1).sum()                       # CUDA context and CuPy kernels up
+        base = status("VmRSS:")
+        gf = GGUFFile({str(path)!r})
+        ws = {{}}
+        b.load(gf, lambda name: ws.setdefault(name, b.weight(gf, name)), quiet=True)
+        peak = status("VmHWM:")
+        first = b.to_numpy(ws["blk.0.w"].data[:4096])
+        last = b.to_numpy(ws["blk.{n_tensors - 1}.w"].data[-4096:])
+        ok = bool(np.array_equal(first, gf.tensor_bytes("blk.0.w")[:4096])
+                  and np.array_equal(last, gf.tensor_bytes("blk.{n_tensors - 1}.w")[-4096:]))
+        print("RESULT", base, peak, ok)
+    """, {})
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+    assert line, r.stdout + r.stderr
+    _, base, peak, ok = line[0].split()
+    growth = int(peak) - int(base)
+    print(f"uploaded {total / 2**30:.2f} GiB; peak RSS {growth / 2**20:.0f} MiB above baseline")
+    assert ok == "True", "the bytes on the device differ from the file"
+    assert growth < 1.5 * 2**30, f"peak RSS grew by {growth / 2**30:.2f} GiB while uploading"

@@ -1,0 +1,101 @@
+// KV cache write and causal GQA softmax attention over an F16 cache, for one query (decode)
+// or a block of queries (prefill). Everything about the sequence comes from pos[] on the
+// device: query t sees cache slots s with s <= pos[t] (and pos[t] - s < window when a window
+// is set); head h reads KV head h / (H / H_kv).
+//
+// The rounding is the non-flash path of ggml with an F16 cache, as the goldens were recorded:
+// Q is rounded to F16 for K.Q, logits are scaled in float32, the softmax is normalised and
+// rounded to F16 before V.softmax. That needs the normalised probabilities before any V is
+// read, so the logits of a query are kept in shared memory (n_slots floats) and the kernel
+// makes two passes instead of an online softmax.
+#include "common.cuh"
+#include "params.cuh"
+
+#define KV_STORE_THREADS 256
+#define ATTN_THREADS 128
+#define ATTN_WARPS (ATTN_THREADS / WARP_SIZE)
+
+// cache[pos[t], :] = f16(x[t, :]) for rows of H_kv * Dh values.
+extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
+kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __restrict__ cache,
+         const KvStoreParams p) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * KV_STORE_THREADS + threadIdx.x;
+    const int slot = pos[t];
+    if (i >= p.row_elems || slot < 0 || slot >= p.capacity) return;
+    cache[(i64) slot * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// One thread block per (head, query token). out is [T, H * Dv].
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
+          const int * __restrict__ pos, float * __restrict__ out, const AttentionParams p) {
+    extern __shared__ float smem[];
+    float * q16 = smem;                       // [head_dim] the query, rounded to F16
+    float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
+    __shared__ float red_max[ATTN_WARPS];
+    __shared__ double red_sum[ATTN_WARPS];
+
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int h_kv = h / (p.n_heads / p.n_kv_heads);
+    const int hi = min(pos[t], p.capacity - 1);
+    const int lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;
+    const int n = hi - lo + 1;                // visible slots; n <= n_slots
+
+    const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
+    for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
+    __syncthreads();
+
+    // Pass 1: a warp per slot computes K.Q; lane 0 keeps the logit and the running max.
+    const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
+    float m = -__int_as_float(0x7f800000);
+    for (int j = warp; j < n; j += ATTN_WARPS) {
+        const u16 * kr = k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim;
+        float dot = 0.0f;
+        for (int d = lane; d < p.head_dim; d += WARP_SIZE) dot += q16[d] * f16_to_f32(kr[d]);
+        dot = warp_sum(dot);
+        const float logit = __fmul_rn(dot, p.scale);
+        if (lane == 0) prob[j] = logit;
+        m = fmaxf(m, logit);
+    }
+    if (lane == 0) red_max[warp] = m;
+    __syncthreads();
+    m = red_max[0];
+#pragma unroll
+    for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
+
+    // Pass 2: exponentials and their sum (in double, as the reference sums them).
+    double sum = 0.0;
+    for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
+        const float e = expf(__fsub_rn(prob[j], m));
+        prob[j] = e;
+        sum += e;
+    }
+    sum = warp_sum_f64(sum);
+    if (lane == 0) red_sum[warp] = sum;
+    __syncthreads();
+    sum = 0.0;
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) sum += red_sum[w];
+    for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
+        prob[j] = f16_to_f32(f32_to_f16((float) (prob[j] / sum)));
+    }
+    __syncthreads();
+
+    // Pass 3: V.softmax, a thread per output dimension.
+    const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
+    const u16 * vbase = v_cache + lo * v_row + (i64) h_kv * p.head_dim_v;
+    float * o = out + ((i64) t * p.n_heads + h) * p.head_dim_v;
+    for (int d = threadIdx.x; d < p.head_dim_v; d += ATTN_THREADS) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; ++j) acc += prob[j] * f16_to_f32(vbase[j * v_row + d]);
+        o[d] = acc;
+    }
+}

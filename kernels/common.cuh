@@ -1,0 +1,129 @@
+// Shared device code: ggml block layouts, half/bf16 conversions, warp reductions.
+//
+// No CUDA headers are included (not even cuda_fp16.h): NVRTC compiles these sources on a
+// machine that has only the NVRTC library, as CI does. Conversions use PTX `cvt` directly.
+#pragma once
+
+typedef unsigned char  u8;
+typedef signed char    i8;
+typedef unsigned short u16;
+typedef unsigned int   u32;
+typedef long long      i64;
+
+#define WARP_SIZE 32
+#define QK8_1 32
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32) h) << 16);
+}
+
+// Half the E8M0 scale of an MXFP4 block, 2^(e-128) (e < 2: the subnormals), computed
+// directly so that e = 255 gives 2^127 rather than half of an infinity.
+__device__ __forceinline__ float e8m0_half_to_f32(u8 e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : ((u32) e - 1) << 23);
+}
+
+// 32-bit loads from packed blocks whose alignment is only 2 bytes (Q4_0, Q5_0, Q8_0, Q6_K)
+// or 1 byte (MXFP4): a plain int load there would be a misaligned access.
+__device__ __forceinline__ int load_i32_a2(const u8 * p) {
+    const u16 * p16 = (const u16 *) p;
+    return (int) (p16[0] | ((u32) p16[1] << 16));
+}
+
+__device__ __forceinline__ int load_i32_a1(const u8 * p) {
+    return (int) (p[0] | ((u32) p[1] << 8) | ((u32) p[2] << 16) | ((u32) p[3] << 24));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a whole thread block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float * scratch) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int n_warps = blockDim.x / WARP_SIZE;
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float * scratch) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int n_warps = blockDim.x / WARP_SIZE;
+    v = lane < n_warps ? scratch[lane] : -__int_as_float(0x7f800000);
+    return warp_max(v);
+}
+
+// ---- ggml block layouts (ggml-common.h); halves are stored as raw u16 -------------------
+
+struct block_q4_0 { u16 d; u8 qs[16]; };
+struct block_q4_1 { u16 d; u16 m; u8 qs[16]; };
+struct block_q5_0 { u16 d; u8 qh[4]; u8 qs[16]; };
+struct block_q5_1 { u16 d; u16 m; u8 qh[4]; u8 qs[16]; };
+struct block_q8_0 { u16 d; i8 qs[32]; };
+struct block_mxfp4 { u8 e; u8 qs[16]; };
+struct block_q4_K { u16 d; u16 dmin; u8 scales[12]; u8 qs[128]; };
+struct block_q5_K { u16 d; u16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; };
+struct block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; u16 d; };
+
+// Activation block for the int8 dot products: d = max|x|/127, s = sum(x) (both rounded to
+// half, as llama.cpp's quantize_q8_1 stores them), qs = round(x/d).
+struct block_q8_1 { u16 d; u16 s; int qs[8]; };
+
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0");
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1");
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0");
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1");
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0");
+static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4");
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1");
+
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
+__device__ __forceinline__ void scale_min_k4(int j, const u8 * q, int & sc, int & m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m  = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m  = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// MXFP4 (E2M1) values doubled so that they are integers {0,1,2,3,4,6,8,12} with a sign bit;
+// the block scale is halved to match.
+__device__ __forceinline__ int mxfp4_value_x2(int nibble) {
+    const int m = nibble & 7;
+    const int mag = m < 4 ? m : ((m & 1) ? 6 : 4) << ((m >> 1) & 1);
+    return nibble & 8 ? -mag : mag;
+}

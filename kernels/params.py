@@ -1,0 +1,51 @@
+"""Host-side layouts of the parameter structs in params.cuh, read from that header itself.
+
+Every kernel takes its buffers first and one struct by value last; CuPy passes a numpy
+structured scalar (np.void) by value, so its dtype must match the C layout byte for byte.
+Parsing the header keeps one definition; conformance/test_nvrtc_compile.py proves with NVRTC
+(sizeof/offsetof static_asserts) that the layouts agree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+_CTYPES = {"int": np.int32, "unsigned": np.uint32, "float": np.float32, "long long": np.int64}
+_STRUCT = re.compile(r"struct\s+(\w+)\s*\{(.*?)\};", re.S)
+_FIELD = re.compile(r"^\s*(long long|int|unsigned|float)\s+(\w+)\s*;")
+
+
+def _parse(text: str) -> dict[str, np.dtype]:
+    structs = {}
+    for name, body in _STRUCT.findall(text):
+        fields = []
+        for line in body.splitlines():
+            line = line.split("//")[0]
+            if not line.strip():
+                continue
+            m = _FIELD.match(line)
+            if not m:
+                raise ValueError(f"params.cuh: cannot read field {line.strip()!r} of {name}")
+            fields.append((m.group(2), _CTYPES[m.group(1)]))
+        structs[name] = np.dtype(fields, align=True)
+    return structs
+
+
+STRUCTS: dict[str, np.dtype] = _parse((Path(__file__).parent / "params.cuh").read_text())
+
+
+def pack(struct: str, **values) -> np.void:
+    """The by-value parameter struct `struct` with `values`; fields named pad* default to 0,
+    every other field must be given."""
+    dt = STRUCTS[struct]
+    missing = [f for f in dt.names if f not in values and not f.startswith("pad")]
+    unknown = [f for f in values if f not in dt.names]
+    if missing or unknown:
+        raise TypeError(f"{struct}: missing fields {missing}, unknown fields {unknown}")
+    rec = np.zeros((), dtype=dt)
+    for k, v in values.items():
+        rec[k] = v
+    return rec[()]
