@@ -307,23 +307,52 @@ Q8_K_RECORD = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
 TIES = np.array([127, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 4.5], np.float32)
 
 
-def division_sensitive_block(rng: np.random.Generator) -> np.ndarray:
-    """32 values whose Q8_0 quants depend on how the multiplier is formed: llama.cpp's AVX2
-    code scales by 127/amax, and x·(127/amax) rounds differently from x·(1/(amax/127)) here."""
+def sensitive_block(rng: np.random.Generator, quant_a, quant_b) -> np.ndarray:
+    """32 values (their largest magnitude amax) whose quants differ between two ways of
+    computing them, quant_a(x, amax) and quant_b(x, amax): values a few ulps from the point
+    where x·127/amax is a half-integer, kept where the two disagree."""
     f32 = np.float32
-    amax = rng.uniform(0.5, 100, 64).astype(f32)
-    amax = amax[f32(127) / amax != f32(1) / (amax / f32(127))][0]   # ~1 in 4 qualifies
-    by_inverse, by_d = f32(127) / amax, f32(1) / (amax / f32(127))
-    found = []
-    x = ((np.arange(126) + f32(0.5)) / by_inverse).astype(f32)      # near each half-integer
-    for direction in (np.inf, -np.inf):
-        y = x
-        for _ in range(3):                                             # a few ulps either side
-            y = np.nextafter(y, f32(direction))
-            found.extend(y[(np.rint(y * by_inverse) != np.rint(y * by_d)) & (y < amax)])
+    for amax in rng.uniform(0.5, 100, 64).astype(f32):
+        x = ((np.arange(126) + f32(0.5)) * amax / f32(127)).astype(f32)
+        found = []
+        for direction in (np.inf, -np.inf):
+            y = x
+            for _ in range(3):
+                y = np.nextafter(y, f32(direction))
+                found.extend(y[(quant_a(y, amax) != quant_b(y, amax)) & (y < amax)])
+        if len(found) >= 8:
+            break
+    assert found, "no amax gave values that tell the two apart"
     picked = rng.choice(np.array(found, f32), 31, replace=len(found) < 31)
     block = np.concatenate([[amax], picked * rng.choice(f32([-1, 1]), 31)]).astype(f32)
     return rng.permutation(block)
+
+
+def cpu_by_inverse(x, amax):
+    """llama.cpp's AVX2 Q8_0 quants: x·(127/amax), ties to even."""
+    return np.rint(x * (np.float32(127) / amax))
+
+
+def cpu_by_reciprocal_of_d(x, amax):
+    return np.rint(x * (np.float32(1) / (amax / np.float32(127))))
+
+
+def roundf_exact(v: np.ndarray) -> np.ndarray:
+    """C's roundf in float64, where a float32's fraction is exact."""
+    a = np.abs(v.astype(np.float64))
+    return np.sign(v) * (np.floor(a) + (a - np.floor(a) >= 0.5))
+
+
+def cuda_by_division(x, amax):
+    """CUDA's quants: roundf(x / d), d = amax/127. The float64 quotient rounded to float32 is
+    the correctly rounded float32 quotient (53 >= 2·24 + 2 bits), an oracle independent of the
+    float32 division under test."""
+    d = (np.float64(amax) / 127).astype(np.float32)
+    return roundf_exact((x.astype(np.float64) / np.float64(d)).astype(np.float32))
+
+
+def cuda_by_reciprocal(x, amax):
+    return roundf_exact(x * (np.float32(1) / (amax / np.float32(127))))
 
 
 def activation_rows(rng: np.random.Generator, T: int = 3, K: int = 4096) -> np.ndarray:
@@ -340,7 +369,7 @@ def activation_rows(rng: np.random.Generator, T: int = 3, K: int = 4096) -> np.n
     x[2, 512:768] = rng.uniform(-1, 1, 256) * np.float32(60)
     x[2, 512:512 + len(TIES)] = -TIES
     x[0, 1024 + rng.integers(32)] = 1e4
-    x[1, 1024:1056] = division_sensitive_block(rng)
+    x[1, 1024:1056] = sensitive_block(rng, cpu_by_inverse, cpu_by_reciprocal_of_d)
     return x
 
 
@@ -439,9 +468,9 @@ def test_activation_quantizers_shapes_and_errors(rng):
 # CUDA's quantize_q8_1
 # ------------------------------------------------------------------------------------------
 
-def test_quantize_q8_1_cuda_rounding_and_sum():
-    """Hand-computed: roundf ties away from zero (the CPU rounds them to even), a true
-    division x/d, and the block sum in the warp's butterfly order."""
+def test_quantize_q8_1_cuda_rounding_and_sum(rng):
+    """Hand-computed: roundf ties away from zero (the CPU rounds them to even), and the
+    block sum in the warp's butterfly order."""
     x = np.zeros((1, 64), np.float32)
     x[0, :12] = TIES                                   # amax 127 → d = 1
     x[0, 12] = np.float32(0.49999997)                  # not a tie: floor(x + 0.5) would say 1
@@ -460,13 +489,18 @@ def test_quantize_q8_1_cuda_rounding_and_sum():
     assert float(quants.quantize_q8_1_cuda(y).s[0, 0]) == 30.0
     assert float(np.cumsum(y[0], dtype=np.float32)[-1]) == 15.0
 
-    # d = amax/127 is a division, and q = roundf(x/d) divides again (not x·(1/d)).
-    z = np.full((1, 32), 0.3, np.float32)
-    z[0, 0] = 1.0
-    d = np.float32(1.0) / np.float32(127)
-    b = quants.quantize_q8_1_cuda(z)
-    assert b.d[0, 0] == d.astype(np.float16)
-    assert (b.qs[0, 1:] == np.round(np.float32(0.3) / d)).all()
+
+def test_quantize_q8_1_cuda_divides(rng):
+    """q = roundf(x / d) with a true division (not x·(1/d), not the CPU's 127/amax), checked
+    against a float64 oracle on activation rows and on blocks planted where the ways differ."""
+    x = activation_rows(rng)
+    x[2, 2048:2080] = sensitive_block(rng, cuda_by_division, cuda_by_reciprocal)
+    x[2, 2080:2112] = sensitive_block(rng, cuda_by_division, cpu_by_inverse)
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.where(amax == 0, 0, cuda_by_division(xb, amax)).astype(np.int8)
+    assert_same(quants.quantize_q8_1_cuda(x).qs, want.reshape(x.shape), "CUDA q8_1 quants")
 
 
 def test_dequantize_q8_1(rng):
