@@ -42,7 +42,7 @@ def test_no_device_is_a_brass_error():
 def test_pack_fills_every_field():
     p = pack("MatVecParams", n_rows=3, k=256, n_tokens=1, n_used=1, row_bytes=432,
              expert_bytes=0, x_per_slot=0, n_experts=1)
-    assert isinstance(p, np.void) and p.dtype == STRUCTS["MatVecParams"]
+    assert p.shape == () and p.dtype == STRUCTS["MatVecParams"]
     assert p["row_bytes"] == 432 and p.dtype.fields["row_bytes"][1] == 16
     with pytest.raises(TypeError, match="missing fields"):
         pack("MatVecParams", n_rows=3)

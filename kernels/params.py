@@ -1,7 +1,8 @@
 """Host-side layouts of the parameter structs in params.cuh, read from that header itself.
 
-Every kernel takes its buffers first and one struct by value last; CuPy passes a numpy
-structured scalar (np.void) by value, so its dtype must match the C layout byte for byte.
+Every kernel takes its buffers first and one struct by value last; CuPy passes a one-element
+numpy array by value (its bytes become the argument), so the structured dtype must match the
+C layout byte for byte.
 Parsing the header keeps one definition; conformance/test_nvrtc_compile.py proves with NVRTC
 (sizeof/offsetof static_asserts) that the layouts agree.
 """
@@ -37,9 +38,9 @@ def _parse(text: str) -> dict[str, np.dtype]:
 STRUCTS: dict[str, np.dtype] = _parse((Path(__file__).parent / "params.cuh").read_text())
 
 
-def pack(struct: str, **values) -> np.void:
-    """The by-value parameter struct `struct` with `values`; fields named pad* default to 0,
-    every other field must be given."""
+def pack(struct: str, **values) -> np.ndarray:
+    """The by-value parameter struct `struct` with `values`, as a 0-d structured array; fields
+    named pad* default to 0, every other field must be given."""
     dt = STRUCTS[struct]
     missing = [f for f in dt.names if f not in values and not f.startswith("pad")]
     unknown = [f for f in values if f not in dt.names]
@@ -48,4 +49,4 @@ def pack(struct: str, **values) -> np.void:
     rec = np.zeros((), dtype=dt)
     for k, v in values.items():
         rec[k] = v
-    return rec[()]
+    return rec

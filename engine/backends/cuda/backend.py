@@ -184,9 +184,10 @@ class CudaBackend(Backend):
         return cupy.full(shape, fill, dtype)
 
     # -- launching --------------------------------------------------------------------------
-    def launch(self, source: str, name: str, grid, block: int, *buffers, params: np.void, smem: int = 0):
-        """Run kernel `name` of kernels/`source`: buffers first, the parameter struct last."""
-        if not isinstance(params, np.void):
+    def launch(self, source: str, name: str, grid, block: int, *buffers, params: np.ndarray, smem: int = 0):
+        """Run kernel `name` of kernels/`source`: buffers first, the parameter struct last
+        (kernels.params.pack)."""
+        if not (isinstance(params, np.ndarray) and params.dtype.names and params.size == 1):
             raise TypeError(f"{name}: the last kernel argument must be a parameter struct")
         fn = self.kernels.get(source, name)
         if smem:
