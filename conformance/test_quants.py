@@ -101,7 +101,8 @@ def test_dequantize_real_blocks_bit_exact(model, real_model_path, rng):
         smallest = min(infos, key=lambda t: t.n_elements)
         raw = gf.tensor_bytes(smallest.name)
         got = quants.dequantize(raw, qtype, smallest.shape)
-        want = gguf_dequantize(raw.reshape(-1, raw.size // (smallest.n_elements // smallest.shape[0])), qtype)
+        n_rows = smallest.n_elements // smallest.shape[0]
+        want = gguf_dequantize(raw.reshape(n_rows, -1), qtype)
         assert_same_bits(got, want.reshape(smallest.shape[::-1]),
                          f"{model} {smallest.name} ({qtype.name}) whole")
 
@@ -386,9 +387,8 @@ def test_quantize_q8_0_matches_llama_cpp(ggml_cpu, rng):
     ours = quants.quantize_q8_0(x)
     assert_same(ours.d, theirs["d"], "Q8_0 d")
     assert_same(ours.qs, theirs["qs"].reshape(x.shape), "Q8_0 qs")
-    effective = theirs["d"].astype(np.float32)[..., None] * theirs["qs"]
-    assert_same_bits(quants.round_activations(x, GGMLType.Q8_0), effective.reshape(x.shape).astype(np.float32),
-                     "round_activations Q8_0")
+    effective = (theirs["d"].astype(np.float32)[..., None] * theirs["qs"]).reshape(x.shape)
+    assert_same_bits(quants.round_activations(x, GGMLType.Q8_0), effective, "round_activations Q8_0")
 
 
 def test_quantize_q8_1_matches_llama_cpp(ggml_cpu, rng):
@@ -398,9 +398,8 @@ def test_quantize_q8_1_matches_llama_cpp(ggml_cpu, rng):
     assert_same(ours.d, theirs["d"], "Q8_1 d")
     assert_same(ours.s, theirs["s"], "Q8_1 s")
     assert_same(ours.qs, theirs["qs"].reshape(x.shape), "Q8_1 qs")
-    effective = theirs["d"].astype(np.float32)[..., None] * theirs["qs"]
-    assert_same_bits(quants.round_activations(x, GGMLType.Q8_1), effective.reshape(x.shape).astype(np.float32),
-                     "round_activations Q8_1")
+    effective = (theirs["d"].astype(np.float32)[..., None] * theirs["qs"]).reshape(x.shape)
+    assert_same_bits(quants.round_activations(x, GGMLType.Q8_1), effective, "round_activations Q8_1")
 
 
 def test_quantize_q8_k_matches_llama_cpp(ggml_cpu, rng):
@@ -416,6 +415,41 @@ def test_quantize_q8_k_matches_llama_cpp(ggml_cpu, rng):
     effective = theirs["d"][..., None] * theirs["qs"].astype(np.float32)
     assert_same_bits(quants.round_activations(x, GGMLType.Q8_K), effective.reshape(x.shape),
                      "round_activations Q8_K")
+
+
+# ggml_quantize_mat_t<8, type>: with weight repacking on (llama.cpp's default) and AVX2, the
+# CPU quantizes activations four rows at a time for Q4_0/Q4_K-style repacked weights, into
+# blocks that interleave the four rows 8 quants at a time.
+QUANTIZE_MAT_4x8 = {
+    GGMLType.Q8_0: ("_Z19ggml_quantize_mat_tILl8EL9ggml_type8EEvPKfPvll",
+                    np.dtype([("d", "<f2", 4), ("qs", "i1", 128)]), 32),
+    GGMLType.Q8_K: ("_Z19ggml_quantize_mat_tILl8EL9ggml_type15EEvPKfPvll",
+                    np.dtype([("d", "<f4", 4), ("qs", "i1", 1024), ("bsums", "<i2", 64)]), 256),
+}
+
+
+@pytest.mark.parametrize("act", list(QUANTIZE_MAT_4x8), ids=["Q8_0", "Q8_K"])
+def test_repacked_path_quantizes_the_same(ggml_cpu, act, rng):
+    """The four-row quantizer of the repacked path gives the values of the one-row one. (Its
+    Q8_K takes the opposite sign for d when +amax and -amax both occur in a super-block, and
+    negates the quants with it: same values, different fields. Planted below.)"""
+    symbol, record, block = QUANTIZE_MAT_4x8[act]
+    try:
+        fn = getattr(ggml_cpu, symbol)
+    except AttributeError:
+        pytest.skip(f"this ggml build exports no {symbol}")
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
+    x = np.ascontiguousarray(activation_rows(rng, T=4))
+    x[3, 300], x[3, 400] = 50.0, -50.0
+    out = np.zeros(x.shape[1] // block * record.itemsize, np.uint8)
+    fn(x.ctypes.data, out.ctypes.data, 4, x.shape[1])
+    theirs = out.view(record)
+    qs = theirs["qs"].reshape(-1, block // 8, 4, 8).transpose(2, 0, 1, 3).reshape(x.shape)
+    d = theirs["d"].T.astype(np.float32)
+    values = (qs.reshape(4, -1, block) * d[..., None]).reshape(x.shape)
+    assert_same_bits(quants.round_activations(x, act), values, f"repacked {act.name} values")
+    if act == GGMLType.Q8_0:
+        assert_same(quants.quantize_q8_0(x).qs, qs, "repacked Q8_0 quants")
 
 
 # Values where the float conversions have rules of their own: subnormal in the target, beyond
@@ -439,8 +473,8 @@ def test_float_activations_match_llama_cpp(ggml_cpu, qtype, rng):
         # F16C and ggml's scalar tail quiet NaN with different payloads; NaN is NaN here.
         nan = np.isnan(theirs)
         assert (np.isnan(ours) == nan).all()
-        assert_same_bits(np.where(nan, 0, ours).astype(np.float32), np.where(nan, 0, theirs).astype(np.float32),
-                         "F16 activations")
+        zero = np.float32(0)
+        assert_same_bits(np.where(nan, zero, ours), np.where(nan, zero, theirs), "F16 activations")
     else:
         assert_same(quants.fp32_to_bf16_bits(x), bits, "BF16 bits")
         theirs = (bits.astype(np.uint32) << 16).view(np.float32)
@@ -450,7 +484,8 @@ def test_float_activations_match_llama_cpp(ggml_cpu, qtype, rng):
 def test_activation_quantizers_shapes_and_errors(rng):
     x = rng.standard_normal((2, 3, 512)).astype(np.float32)
     b0, b1, bk = quants.quantize_q8_0(x), quants.quantize_q8_1(x), quants.quantize_q8_k(x)
-    assert b0.d.shape == (2, 3, 16) and b0.d.dtype == np.float16 and b0.qs.shape == x.shape and b0.qs.dtype == np.int8
+    assert b0.d.shape == (2, 3, 16) and b0.d.dtype == np.float16
+    assert b0.qs.shape == x.shape and b0.qs.dtype == np.int8
     assert b1.s.shape == (2, 3, 16) and b1.s.dtype == np.float16
     assert bk.d.shape == (2, 3, 2) and bk.d.dtype == np.float32 and bk.bsums.shape == (2, 3, 32)
     assert bk.bsums.dtype == np.int16
@@ -528,10 +563,12 @@ template <int width> __device__ float warp_reduce_sum(float x) {
 }
 template <int width> __device__ float warp_reduce_max(float x) {
 #pragma unroll
-    for (int offset = width/2; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, width));
+    for (int offset = width/2; offset > 0; offset >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, width));
     return x;
 }
-extern "C" __global__ void quantize_q8_1(const float * __restrict__ x, void * __restrict__ vy, const long long n) {
+extern "C" __global__ void quantize_q8_1(const float * __restrict__ x, void * __restrict__ vy,
+                                         const long long n) {
     const long long i = (long long) blockDim.x*blockIdx.x + threadIdx.x;
     if (i >= n) return;
     block_q8_1 * y = (block_q8_1 *) vy;
