@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
-python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --junitxml="$out/gpu-conformance.xml" "$@"
+python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider -o junit_family=xunit1 --junitxml="$out/gpu-conformance.xml" "$@"
 rc=$?
 python3 ci/gpu_summary.py "$out/gpu-conformance.xml" | tee "$out/gpu-conformance-summary.txt"
 exit $rc

@@ -8,7 +8,7 @@ out="${OUT:-.}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_plumbing.py -q -rfEs \
-    -p no:cacheprovider --junitxml="$out/kernels.xml" "$@" > "$out/kernels.log" 2>&1
+    -p no:cacheprovider -o junit_family=xunit1 --junitxml="$out/kernels.xml" "$@" > "$out/kernels.log" 2>&1
 rc=$?
 grep -E "^(FAILED|ERROR)|Error|error:|assert" "$out/kernels.log" | head -40
 tail -3 "$out/kernels.log"
