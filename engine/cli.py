@@ -5,6 +5,8 @@
     brass tokenize MODEL --text TEXT     token ids (or --jsonl FILE: one JSON string per line)
     brass score MODEL --tokens IDS       teacher-forced top-k logits at every position
     brass models                         the model catalog
+    brass serve [MODEL]                  OpenAI-compatible HTTP API and web chat page
+    brass chat [MODEL]                   interactive chat in the terminal
 
 MODEL is a GGUF path or a catalog name; errors print one line and exit with status 2.
 """
@@ -213,12 +215,9 @@ def build_parser():
     p = sub.add_parser("models", help="list the model catalog")
     p.set_defaults(func=cmd_models)
 
-    try:
-        from . import server
-    except ImportError:
-        server = None
-    if server is not None and hasattr(server, "add_cli"):
-        server.add_cli(sub, _add_model_args)
+    from . import chat, server
+    server.add_cli(sub, _add_model_args)
+    chat.add_cli(sub, _add_model_args, _add_sampling_args, _sampling)
     return ap
 
 

@@ -1,0 +1,561 @@
+"""`brass serve` on loopback, driven as users drive it: the official `openai` client (streaming
+and not), raw HTTP for every bad input, many clients at once, clients that hang up, and the web
+page in headless Chromium.
+
+One server process (smollm2-135m, numpy backend, a 256-token context) serves the whole module.
+What a reply must be comes from the same model run in this process through the engine's API
+(greedy, or the same seed): the server must neither change nor mix up anyone's tokens.
+Time on 2 CI cores is dominated by the concurrency test (16 requests; ~1 min when the machine
+is shared, less when it is not) and the browser test (~10 s).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from engine.chat_template import ChatTemplate
+from engine.sampling import SamplingParams
+from engine.server import StopScanner
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+N_CTX = 256
+API_KEY = "brass-test-key"
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+# A short system prompt keeps SmolLM2's 20-token default one out of every test prompt.
+SYSTEM = {"role": "system", "content": "Be brief."}
+WORDS = ("sea ship storm harbor light wind stone river bread garden winter morning candle "
+         "mountain letter window silver forest music bridge lantern orchard meadow copper").split()
+
+
+def words(rng, n: int) -> str:
+    return " ".join(rng.choice(WORDS, size=n))
+
+
+class LiveServer:
+    def __init__(self, proc, host: str, port: int, log: Path):
+        self.proc, self.host, self.port, self.log = proc, host, port, log
+        self.url = f"http://{host}:{port}"
+
+    def request(self, method: str, path: str, body=None, key: str | None = API_KEY,
+                headers: dict | None = None, timeout: float = 300):
+        """(status, headers, parsed JSON or raw bytes) of one request on a fresh connection."""
+        h = {"Authorization": f"Bearer {key}"} if key else {}
+        h.update(headers or {})
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=h)
+            r = conn.getresponse()
+            data = r.read()
+            ctype = r.getheader("Content-Type", "")
+            return r.status, dict(r.getheaders()), json.loads(data) if ctype.startswith("application/json") else data
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        status, _, body = self.request("GET", "/health")
+        assert status == 200, body
+        return body
+
+    def raw(self, data: bytes, timeout: float = 30) -> bytes:
+        """Send bytes as they are; return everything the server answers until it closes."""
+        with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+            s.sendall(data)
+            chunks = []
+            while True:
+                try:
+                    b = s.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not b:
+                    break
+                chunks.append(b)
+            return b"".join(chunks)
+
+
+@pytest.fixture(scope="module")
+def server(real_model_path, tmp_path_factory):
+    real_model_path(MODEL)  # fetched into the cache the server reads, or skipped visibly
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    # No --host: the default bind address is under test.
+    cmd = [sys.executable, "-m", "engine", "serve", MODEL, "--backend", "numpy", "--port", "0",
+           "--ctx", str(N_CTX), "--api-key", API_KEY]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while True:
+        text = log.read_text(errors="replace")
+        m = re.search(r"at http://([0-9.]+):([0-9]+)/", text)
+        if m:
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"brass serve did not start:\n{text}")
+        time.sleep(0.1)
+    yield LiveServer(proc, m.group(1), int(m.group(2)), log)
+    proc.terminate()
+    proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    # Bad input must be answered with a 4xx, never by an internal error.
+    assert "Traceback" not in text and '" 500 ' not in text, f"the server logged an internal error:\n{text}"
+
+
+@pytest.fixture(scope="module")
+def model(real_model_path):
+    from engine.model import Model
+    return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def openai_client(server):
+    import openai  # a test dependency: pip install openai
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def chat_ids(model, messages) -> list[int]:
+    prompt = ChatTemplate.from_gguf(model.gguf, model.tokenizer).render(messages)
+    return model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+
+
+def expected(model, ids, max_tokens, sampling=None, stop=()):
+    """What the server must answer, from the engine directly: (text, completion tokens,
+    finish_reason). Text is decoded in one piece here, not streamed as the server does."""
+    sampling = sampling or SamplingParams(temperature=0.0)
+    tok = model.tokenizer
+    tokens = list(model.generate(ids, max_tokens=max_tokens, sampling=sampling))
+    ends_eog = bool(tokens) and tok.is_eog(tokens[-1])
+    content = tokens[:-1] if ends_eog else tokens
+    for n in range(1, len(content) + 1):
+        text = tok.decode(content[:n])
+        hits = [text.find(s) for s in stop if s in text]
+        if hits:
+            return text[:min(hits)], n, "stop"
+    return tok.decode(content), len(tokens), "stop" if ends_eog else "length"
+
+
+def read_sse(body: bytes) -> list:
+    events = []
+    for block in body.decode("utf-8").split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# --------------------------------------------------------------------------------------------
+# The openai client, streaming and not
+
+
+def test_chat_completion_with_openai_client(server, model, openai_client, rng):
+    messages = [SYSTEM, {"role": "user", "content": f"Repeat: {words(rng, 4)}"}]
+    ids = chat_ids(model, messages)
+    text, n, reason = expected(model, ids, 4)
+    r = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    assert r.object == "chat.completion" and r.model == MODEL and len(r.choices) == 1
+    assert r.choices[0].message.role == "assistant"
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == (text, reason)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), n, len(ids) + n)
+
+
+def test_chat_completion_stream_with_openai_client(server, model, openai_client, rng):
+    messages = [SYSTEM, {"role": "user", "content": f"Continue: {words(rng, 5)}"}]
+    ids = chat_ids(model, messages)
+    text, n, reason = expected(model, ids, 5)
+    chunks = list(openai_client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    first, *middle, last, usage = chunks
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
+    assert all(c.choices[0].finish_reason is None and c.choices[0].delta.content for c in middle)
+    assert last.choices[0].finish_reason == reason and last.choices[0].delta.content is None
+    assert "".join(c.choices[0].delta.content for c in middle) == text
+    if n > 1 and len(text) > 1:
+        assert len(middle) > 1, "the reply came in one piece: it was not streamed"
+    assert usage.choices == [] and (usage.usage.prompt_tokens, usage.usage.completion_tokens) == (len(ids), n)
+
+
+def test_completion_with_openai_client(server, model, openai_client, rng):
+    prompt = words(rng, 6)
+    ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    text, n, reason = expected(model, ids, 4)
+    r = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert r.object == "text_completion"
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (text, reason)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), n)
+    chunks = list(openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                                   temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == reason
+
+
+def test_completion_from_token_ids(server, model, rng):
+    ids = [int(i) for i in rng.integers(100, model.config.n_vocab, size=5)]
+    text, n, reason = expected(model, ids, 3)
+    status, _, body = server.request("POST", COMPLETIONS, {"prompt": ids, "max_tokens": 3, "temperature": 0})
+    assert status == 200, body
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == (text, reason)
+    assert body["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_sampling_parameters_reach_the_sampler(server, model, openai_client, rng):
+    """Random temperature/top-k/top-p/min-p/penalty and a seed: the server's tokens must be
+    exactly the engine's with the same parameters (a dropped parameter changes them)."""
+    params = dict(temperature=float(rng.uniform(0.7, 1.5)), top_k=int(rng.integers(5, 60)),
+                  top_p=float(rng.uniform(0.6, 1.0)), min_p=float(rng.uniform(0.0, 0.1)),
+                  repetition_penalty=float(rng.uniform(1.0, 1.5)), seed=int(rng.integers(0, 2**31)))
+    prompt = words(rng, 5)
+    ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    text, n, reason = expected(model, ids, 6, SamplingParams(**params))
+    extra = {k: params[k] for k in ("top_k", "min_p", "repetition_penalty")}
+    r = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=params["temperature"],
+                                         top_p=params["top_p"], seed=params["seed"], extra_body=extra)
+    assert (r.choices[0].text, r.usage.completion_tokens, r.choices[0].finish_reason) == (text, n, reason), params
+
+
+def test_stop_strings(server, model, rng):
+    """A stop string taken from the middle of the greedy reply: the reply ends before it."""
+    prompt = words(rng, 5)
+    ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    full, _, _ = expected(model, ids, 8)
+    if len(full.strip()) < 4:
+        pytest.skip(f"the greedy reply to {prompt!r} is too short to cut: {full!r}")
+    start = int(rng.integers(1, len(full) - 2))
+    stop = full[start:start + 2]
+    text, n, reason = expected(model, ids, 8, stop=[stop])
+    status, _, body = server.request("POST", COMPLETIONS, {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                           "stop": [stop, "\u2603never"]})
+    assert status == 200, body
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == (text, "stop"), (full, stop)
+    assert body["usage"]["completion_tokens"] == n
+    status, _, raw = server.request("POST", COMPLETIONS, {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                          "stop": stop, "stream": True})
+    events = read_sse(raw)
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
+
+
+@pytest.mark.parametrize("trial", range(200))
+def test_stop_scanner_any_chunking(trial, rng):
+    """Text cut into random pieces gives the same output as the whole: everything before the
+    first stop string, and nothing that could still turn out to be one."""
+    alphabet = list("ab c\n") + ["é", "☃"]
+    text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 30))))
+    stops = ["".join(rng.choice(alphabet, size=int(rng.integers(1, 4)))) for _ in range(int(rng.integers(1, 4)))]
+    cuts = sorted(set(int(c) for c in rng.integers(0, len(text) + 1, size=int(rng.integers(0, 6)))))
+    pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+    scanner, out, hit = StopScanner(stops), [], False
+    for p in pieces:
+        emitted, hit = scanner.feed(p)
+        out.append(emitted)
+        if hit:
+            break
+    if not hit:
+        out.append(scanner.flush())
+    first = min((text.find(s) for s in stops if s in text), default=-1)
+    assert ("".join(out), hit) == ((text[:first], True) if first >= 0 else (text, False)), (text, stops, pieces)
+
+
+def test_models_and_health(server, openai_client):
+    assert [m.id for m in openai_client.models.list()] == [MODEL]
+    assert openai_client.models.retrieve(MODEL).id == MODEL
+    h = server.health()
+    assert (h["status"], h["model"], h["backend"], h["n_ctx"]) == ("ok", MODEL, "numpy", N_CTX)
+
+
+def test_binds_to_loopback_by_default(server):
+    assert server.host == "127.0.0.1"
+    # Another address of this machine must not reach the server.
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET address: no packet is sent by a UDP connect
+        own = probe.getsockname()[0]
+    except OSError:
+        own = None
+    finally:
+        probe.close()
+    if own is None or own.startswith("127."):
+        return  # no non-loopback address here; the printed address above is the check
+    with pytest.raises(OSError):
+        socket.create_connection((own, server.port), timeout=5).close()
+
+
+def test_web_page_is_served(server):
+    status, headers, page = server.request("GET", "/", key=None)
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    for asset in re.findall(rb'(?:src|href)="(/web/[^"]+)"', page):
+        status, _, _ = server.request("GET", asset.decode(), key=None)
+        assert status == 200, asset
+
+
+# --------------------------------------------------------------------------------------------
+# Several clients at once, and clients that leave
+
+
+def test_sixteen_concurrent_clients(server, model, rng):
+    """16 requests at once (4 prompts, streaming and not, chat and plain): every one answered,
+    each with exactly its own prompt's tokens, within a bound."""
+    prompts = [words(rng, 3) for _ in range(4)]
+    refs = [expected(model, model.tokenizer.encode(p, add_special=True, parse_special=True), 2)
+            for p in prompts]
+
+    def client(i):
+        p, stream = i % 4, i % 3 == 0
+        status, _, body = server.request("POST", COMPLETIONS, {"prompt": prompts[p], "max_tokens": 2,
+                                                               "temperature": 0, "stream": stream})
+        assert status == 200, body
+        if stream:
+            events = read_sse(body)
+            assert events[-1] == "[DONE]"
+            return p, "".join(e["choices"][0]["text"] for e in events[:-1]), events[-2]["choices"][0]["finish_reason"]
+        return p, body["choices"][0]["text"], body["choices"][0]["finish_reason"]
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(client, range(16)))
+    elapsed = time.monotonic() - t0
+    for p, text, reason in results:
+        assert (text, reason) == refs[p][0::2], prompts[p]
+    # 16 prefills of ~5 tokens and 32 decode steps; 240 s is far beyond any healthy run even on
+    # a shared 2-core machine, and far below "hangs".
+    assert elapsed < 240, f"16 requests took {elapsed:.0f} s"
+    h = server.health()
+    assert (h["requests_running"], h["requests_waiting"]) == (0, 0)
+
+
+def wait_idle(server, seconds: float) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        h = server.health()
+        if h["requests_running"] == 0 and h["requests_waiting"] == 0:
+            return h
+        assert time.monotonic() < deadline, f"generation still running after the client left: {h}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "blocking"])
+def test_client_disconnect_stops_generation(server, rng, stream):
+    """A client asks for 200 tokens and hangs up after the first (streaming) or after a moment
+    (blocking): its generation must stop within a second or two, not run to 200 tokens."""
+    before = server.health()["tokens_generated"]
+    body = json.dumps({"prompt": words(rng, 4), "max_tokens": 200, "temperature": 0.8,
+                       "seed": int(rng.integers(2**31)), "stream": stream}).encode()
+    s = socket.create_connection((server.host, server.port), timeout=120)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode()
+              + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    if stream:
+        seen = b""
+        while b'"text": "' not in seen:
+            seen += s.recv(4096)
+    else:
+        while server.health()["tokens_generated"] < before + 1:
+            time.sleep(0.05)
+    s.close()
+    h = wait_idle(server, 10)
+    time.sleep(1)
+    assert server.health()["tokens_generated"] == h["tokens_generated"]
+    assert h["tokens_generated"] - before < 100, "the abandoned request kept generating"
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: a 4xx with OpenAI's error body, and the server keeps serving
+
+
+def big_prompt(n_words=400) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in range(n_words))
+
+
+BAD_REQUESTS = {
+    # name: (path, body: bytes | JSON object, status)
+    "malformed_json": (CHAT, b'{"messages": [{"role": "user", "content": "hi"}', 400),
+    "trailing_garbage": (CHAT, b'{"messages": []} xyz', 400),
+    "body_not_an_object": (CHAT, b'[1, 2, 3]', 400),
+    "nan_literal": (COMPLETIONS, b'{"prompt": "hi", "temperature": NaN}', 400),
+    "deeply_nested": (CHAT, b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400),
+    "non_utf8_bytes": (COMPLETIONS, b'{"prompt": "caf\xe9 \xff"}', 400),
+    "unpaired_surrogate": (COMPLETIONS, b'{"prompt": "bad \\ud800 text", "max_tokens": 1}', 400),
+    "messages_missing": (CHAT, {"max_tokens": 1}, 400),
+    "messages_not_array": (CHAT, {"messages": "hello"}, 400),
+    "messages_empty": (CHAT, {"messages": []}, 400),
+    "message_not_object": (CHAT, {"messages": ["hello"]}, 400),
+    "role_not_string": (CHAT, {"messages": [{"role": 1, "content": "hi"}]}, 400),
+    "role_unknown": (CHAT, {"messages": [{"role": "tool", "content": "hi"}]}, 400),
+    "content_number": (CHAT, {"messages": [{"role": "user", "content": 42}]}, 400),
+    "content_image_part": (CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400),
+    "prompt_missing": (COMPLETIONS, {"max_tokens": 1}, 400),
+    "prompt_object": (COMPLETIONS, {"prompt": {"text": "hi"}}, 400),
+    "prompt_empty": (COMPLETIONS, {"prompt": ""}, 400),
+    "prompt_token_out_of_range": (COMPLETIONS, {"prompt": [1, 2, 10**9]}, 400),
+    "max_tokens_string": (COMPLETIONS, {"prompt": "hi", "max_tokens": "10"}, 400),
+    "max_tokens_float": (COMPLETIONS, {"prompt": "hi", "max_tokens": 2.5}, 400),
+    "max_tokens_bool": (COMPLETIONS, {"prompt": "hi", "max_tokens": True}, 400),
+    "max_tokens_zero": (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400),
+    "max_tokens_negative": (COMPLETIONS, {"prompt": "hi", "max_tokens": -5}, 400),
+    "max_tokens_absurd": (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**12}, 400),
+    "max_tokens_beyond_int64": (COMPLETIONS, {"prompt": "hi", "max_tokens": 2**80}, 400),
+    "prompt_longer_than_context": (COMPLETIONS, {"prompt": big_prompt(), "max_tokens": 1}, 400),
+    "chat_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": big_prompt()}]}, 400),
+    "temperature_string": (COMPLETIONS, {"prompt": "hi", "temperature": "hot"}, 400),
+    "temperature_negative": (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400),
+    "top_p_zero": (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400),
+    "top_p_above_one": (COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400),
+    "top_k_float": (COMPLETIONS, {"prompt": "hi", "top_k": 1.5}, 400),
+    "top_k_negative": (COMPLETIONS, {"prompt": "hi", "top_k": -1}, 400),
+    "min_p_above_one": (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400),
+    "repetition_penalty_zero": (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400),
+    "seed_string": (COMPLETIONS, {"prompt": "hi", "seed": "abc"}, 400),
+    "stream_string": (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400),
+    "stream_options_not_object": (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "stream": True,
+                                                "stream_options": 3}, 400),
+    "stop_number": (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400),
+    "stop_too_many": (COMPLETIONS, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400),
+    "stop_empty_string": (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400),
+    "n_two": (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400),
+    "logprobs": (COMPLETIONS, {"prompt": "hi", "logprobs": 5}, 400),
+    "tools": (CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                     "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
+    "model_not_string": (CHAT, {"model": 7, "messages": [{"role": "user", "content": "hi"}]}, 400),
+    "unknown_model": (CHAT, {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404),
+}
+
+
+@pytest.mark.parametrize("name", BAD_REQUESTS)
+def test_bad_request_gets_4xx(server, snapshot, name):
+    path, body, status = BAD_REQUESTS[name]
+    got, _, answer = server.request("POST", path, body)
+    assert got == status, answer
+    assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
+    assert answer == snapshot
+    assert server.health()["status"] == "ok"
+
+
+def test_bad_requests_with_the_openai_client(openai_client):
+    import openai
+    with pytest.raises(openai.NotFoundError) as e:
+        openai_client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.completions.create(model=MODEL, prompt="hi", max_tokens=10**9)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.AuthenticationError):
+        openai_client.with_options(api_key="wrong").models.list()
+
+
+HTTP_ERRORS = {
+    # name: (raw request bytes, status)
+    "body_over_size_limit": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                             b"Content-Length: 5000000\r\n\r\n{\"messages\": [" % API_KEY.encode(), 413),
+    "no_content_length": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                          b"Connection: close\r\n\r\n" % API_KEY.encode(), 411),
+    "chunked_body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" % API_KEY.encode(), 411),
+    "bad_content_length": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                           b"Content-Length: 1_0\r\n\r\n{}" % API_KEY.encode(), 400),
+    "no_api_key": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
+    "wrong_api_key": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                      b"Content-Length: 2\r\n\r\n{}", 401),
+    "health_without_key": (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
+    "unknown_path": (b"GET /v2/everything HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
+    "wrong_method": (b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
+    "unknown_method": (b"BREW /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 501),
+    "garbage_request_line": (b"\x16\x03\x01 hello there\r\n\r\n", 400),
+}
+
+
+@pytest.mark.parametrize("name", HTTP_ERRORS)
+def test_http_level_errors(server, snapshot, name):
+    request, status = HTTP_ERRORS[name]
+    answer = server.raw(request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n")[0].decode()
+    assert status_line.split()[1] == str(status), answer[:500]
+    error = json.loads(body)
+    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert {"status": status_line, **error} == snapshot
+    assert server.health()["status"] == "ok"
+
+
+def test_keep_alive_survives_errors(server):
+    """On one connection: a good request, a 400 whose body was read, and a good one again."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    h = {"Authorization": f"Bearer {API_KEY}"}
+    try:
+        for body, status in ((None, 200), (b'{"prompt": 1}', 400), (None, 200)):
+            if body is None:
+                conn.request("GET", "/v1/models", headers=h)
+            else:
+                conn.request("POST", COMPLETIONS, body=body, headers=h)
+            r = conn.getresponse()
+            r.read()
+            assert r.status == status
+            assert r.getheader("Connection") != "close"
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The web page in headless Chromium
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or \
+        next((p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)
+
+
+def test_web_chat_streams_a_reply_in_chromium(server, model):
+    """Type a message, press Enter, see the reply arrive in pieces, then a tokens/s figure."""
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium); the web page is untested")
+    from playwright.sync_api import sync_playwright  # a test dependency: pip install playwright
+
+    question = "Name a color."
+    text, n, _ = expected(model, chat_ids(model, [{"role": "user", "content": question}]), 8)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            page.locator("#settings summary").click()
+            page.fill("#api-key", API_KEY)
+            page.press("#api-key", "Tab")  # the page takes the key on change and lists the model
+            page.wait_for_function("document.getElementById('model').textContent === 'smollm2-135m'")
+            page.fill("#temperature", "0")
+            page.fill("#max-tokens", "8")
+            # Record every state of the reply bubble, to see it grow while it streams.
+            page.evaluate("""() => { window.seen = [];
+                new MutationObserver(() => { const m = document.querySelector('.msg.assistant');
+                    if (m) window.seen.push(m.textContent); })
+                .observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true}); }""")
+            page.fill("#input", question)
+            page.press("#input", "Enter")
+            page.wait_for_function("document.getElementById('stop').hidden === true && "
+                                   "document.querySelector('.msg.assistant') !== null", timeout=180_000)
+            assert page.locator(".msg.user").inner_text() == question
+            assert page.locator(".msg.assistant").inner_text() == text
+            seen = [s for s in page.evaluate("window.seen") if s]
+            if n > 2:
+                assert len(set(seen)) > 1, f"the reply appeared in one piece: {seen}"
+            assert re.fullmatch(rf"{n} tokens · ([0-9.]+|–) tok/s", page.locator("#stats").inner_text())
+        finally:
+            browser.close()

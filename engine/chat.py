@@ -1,0 +1,126 @@
+"""`brass chat [MODEL]`: a conversation in the terminal.
+
+Replies stream as they are generated. The whole conversation goes through the model's chat
+template every turn and is prefilled afresh (a KV cache kept across turns would have to match
+the re-rendered template token for token; a fresh prefill is simple and always right).
+Commands: /reset starts over, /exit (or Ctrl-D) leaves, /help. Ctrl-C stops a reply and keeps
+what was said so far in the conversation; Ctrl-C at the prompt clears the line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Iterator
+
+from .chat_template import ChatTemplate
+from .errors import BrassError
+
+HELP = "/reset starts a new conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
+
+
+class Conversation:
+    """The messages so far, and replies generated from them."""
+
+    def __init__(self, model, sampling, max_tokens: int, system: str | None = None):
+        self.model, self.sampling, self.max_tokens, self.system = model, sampling, max_tokens, system
+        self.template = ChatTemplate.from_gguf(model.gguf, model.tokenizer)
+        self.messages: list[dict] = []
+        self.reply_tokens = 0
+
+    def reset(self):
+        self.messages = []
+
+    def reply(self, text: str) -> Iterator[str]:
+        """Stream the assistant's answer to `text`; the answer (however far it got when the
+        caller stopped) joins the conversation."""
+        tok = self.model.tokenizer
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids = tok.encode(self.template.render(system + messages), add_special=True, parse_special=True)
+        room = self.model.n_ctx - len(ids)
+        if room < 1:
+            raise BrassError(f"the conversation ({len(ids)} tokens) has outgrown the context of "
+                             f"{self.model.n_ctx} tokens; /reset to start over")
+        self.messages = messages
+        self.reply_tokens = 0
+        parts = []
+        decoder = tok.stream_decoder()
+        gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling)
+        try:
+            for token in gen:
+                self.reply_tokens += 1
+                if tok.is_eog(token):
+                    break
+                parts.append(decoder.feed(token))
+                yield parts[-1]
+            parts.append(decoder.flush())
+            yield parts[-1]
+        finally:
+            gen.close()
+            self.messages.append({"role": "assistant", "content": "".join(parts)})
+
+
+def run(conv: Conversation, read=input, out=sys.stdout, err=sys.stderr):
+    """The read–reply loop until /exit or end of input."""
+    try:
+        import readline  # noqa: F401  (line editing and ↑/↓ through earlier lines, where available)
+    except ImportError:
+        pass
+    while True:
+        try:
+            line = read("> ")
+        except EOFError:
+            out.write("\n")
+            return
+        except KeyboardInterrupt:
+            out.write("\n")
+            continue
+        command = line.strip()
+        if not command:
+            continue
+        if command in ("/exit", "/quit"):
+            return
+        if command == "/reset":
+            conv.reset()
+            out.write("(new conversation)\n")
+            continue
+        if command in ("/help", "/?"):
+            out.write(HELP + "\n")
+            continue
+        t0 = time.perf_counter()
+        stopped = False
+        try:
+            for piece in conv.reply(line):
+                out.write(piece)
+                out.flush()
+        except KeyboardInterrupt:
+            stopped = True
+        except BrassError as e:
+            err.write(f"brass: error: {e}\n")
+            continue
+        dt = time.perf_counter() - t0
+        out.write(" [stopped]\n" if stopped else "\n")
+        out.flush()
+        err.write(f"[{conv.reply_tokens} tokens, {conv.reply_tokens / dt if dt else 0:.1f} tok/s]\n")
+        err.flush()
+
+
+def cmd_chat(args, sampling):
+    from .model import Model
+    if args.max_tokens < 1:
+        raise BrassError("--max-tokens must be >= 1")
+    model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
+    conv = Conversation(model, sampling, args.max_tokens, args.system)
+    if conv.template.is_fallback:
+        print(f"brass: {model.name} has no chat template; using ChatML, as llama.cpp does", file=sys.stderr)
+    print(f"brass chat: {model.name} on the {model.backend.name} backend. {HELP}.", file=sys.stderr)
+    run(conv)
+
+
+def add_cli(sub, add_model_args, add_sampling_args, sampling_from_args):
+    p = sub.add_parser("chat", help="interactive chat in the terminal")
+    add_model_args(p, model_optional=True)
+    p.add_argument("--system", default=None, help="system prompt (default: the template's own, if any)")
+    add_sampling_args(p)
+    p.set_defaults(func=lambda args: cmd_chat(args, sampling_from_args(args)))
