@@ -90,8 +90,9 @@ def run(conv: Conversation, read=input, out=sys.stdout, err=sys.stderr):
             continue
         t0 = time.perf_counter()
         stopped = False
+        pieces = conv.reply(line)
         try:
-            for piece in conv.reply(line):
+            for piece in pieces:
                 out.write(piece)
                 out.flush()
         except KeyboardInterrupt:
@@ -99,10 +100,13 @@ def run(conv: Conversation, read=input, out=sys.stdout, err=sys.stderr):
         except BrassError as e:
             err.write(f"brass: error: {e}\n")
             continue
+        finally:
+            pieces.close()  # the reply so far joins the conversation now
         dt = time.perf_counter() - t0
         out.write(" [stopped]\n" if stopped else "\n")
         out.flush()
-        err.write(f"[{conv.reply_tokens} tokens, {conv.reply_tokens / dt if dt else 0:.1f} tok/s]\n")
+        n = conv.reply_tokens
+        err.write(f"[{n} token{'' if n == 1 else 's'}, {n / dt if dt else 0:.1f} tok/s]\n")
         err.flush()
 
 
@@ -110,11 +114,13 @@ def cmd_chat(args, sampling):
     from .model import Model
     if args.max_tokens < 1:
         raise BrassError("--max-tokens must be >= 1")
+    from .server import model_id_for
     model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
+    name = model_id_for(args.model, model.path)
     conv = Conversation(model, sampling, args.max_tokens, args.system)
     if conv.template.is_fallback:
-        print(f"brass: {model.name} has no chat template; using ChatML, as llama.cpp does", file=sys.stderr)
-    print(f"brass chat: {model.name} on the {model.backend.name} backend. {HELP}.", file=sys.stderr)
+        print(f"brass: {name} has no chat template; using ChatML, as llama.cpp does", file=sys.stderr)
+    print(f"brass chat: {name} on the {model.backend.name} backend. {HELP}.", file=sys.stderr)
     run(conv)
 
 
