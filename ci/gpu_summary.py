@@ -1,5 +1,5 @@
 """Summarise a pytest junit XML: one line of counts (passed / skipped / failed / errors), and
-with --table the recorded NMSE of each kernel case (the `nmse` junit property)."""
+with --table what each kernel case recorded (its `nmse` or `measured` junit property)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def main(argv: list[str]) -> int:
             status = "passed"
         counts[status] += 1
         props = {p.get("name"): p.get("value") for p in c.iter("property")}
-        if "nmse" in props or status in ("failed", "errors"):
-            rows.append((c.get("name"), status, props.get("nmse", "")))
+        value = props.get("nmse", props.get("measured"))
+        if value is not None or status in ("failed", "errors"):
+            rows.append((c.get("name"), status, value or ""))
     if table and rows:
         width = max(len(r[0]) for r in rows)
         for name, status, err in rows:

@@ -396,7 +396,7 @@ def test_debug_mode_names_the_failing_kernel():
     assert "CAUGHT kernel scale (kernels/elementwise.cu) failed" in r.stdout, r.stdout + r.stderr
 
 
-def test_weight_upload_streams_with_bounded_host_memory(tmp_path):
+def test_weight_upload_streams_with_bounded_host_memory(tmp_path, record_property):
     # A 2.2 GB file of weights: holding it in host memory would break the 1.5 GB bound. Peak
     # RSS (VmHWM) is measured in a fresh process, after CUDA is initialised, around the load.
     # The slowest test here (~10 s, most of it writing the file); GPU runner only.
@@ -433,6 +433,6 @@ def test_weight_upload_streams_with_bounded_host_memory(tmp_path):
     assert line, r.stdout + r.stderr
     _, base, peak, ok = line[0].split()
     growth = int(peak) - int(base)
-    print(f"uploaded {total / 2**30:.2f} GiB; peak RSS {growth / 2**20:.0f} MiB above baseline")
+    record_property("measured", f"{total / 2**30:.2f} GiB uploaded, peak RSS +{growth / 2**20:.0f} MiB")
     assert ok == "True", "the bytes on the device differ from the file"
     assert growth < 1.5 * 2**30, f"peak RSS grew by {growth / 2**30:.2f} GiB while uploading"

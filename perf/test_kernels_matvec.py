@@ -1,7 +1,10 @@
 """Mat-vec / mat-mul kernel speed per weight type on the GPU, over the same case table as the
 conformance tests (kernels/cases.py). GPU time comes from CUDA events around a run of
 back-to-back launches (launch overhead from Python would otherwise dominate a 10 us kernel);
-`extra_info` carries the time per call and the weight bytes read per second.
+`extra_info` carries the time per call and the weight bytes read per second. A call is
+still host-bound when its kernels take less than Python's ~40 us per matmul call (activation
+quantization, output allocation, two launches): small shapes measure that floor, not the
+kernel; CUDA graphs (the next step) remove it.
 """
 
 from __future__ import annotations
