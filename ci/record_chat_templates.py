@@ -1,6 +1,6 @@
 """Record llama.cpp's renderings of each catalog model's chat template as goldens.
 
-    python ci/record_chat_templates.py            # writes golden/chat_templates/<model>.json
+    python ci/record_chat_templates.py   # writes golden/chat_templates/<model>.json, template_features.json
 
 Per conversation below, three things come from llama.cpp (through llama-cpp-python 0.3.36),
 never from Brass:
@@ -54,6 +54,89 @@ CASES = [
     ("system_only", [{"role": "system", "content": SYSTEM}], True),
     ("empty_content", [{"role": "user", "content": ""}], True),
 ]
+
+
+# Templates written to exercise the Jinja features real chat templates lean on, rendered by the
+# same formatter: block trimming and stripping, loop controls, filters, tests, `tojson` with
+# non-ASCII text, the BOS/EOS variables, and `raise_exception`.
+FEATURE_TEMPLATES = {
+    "layout_and_filters": (
+        "{#- comments, trim_blocks/lstrip_blocks, continue, filters, tests -#}\n"
+        "{{ bos_token }}\n"
+        "{% for message in messages %}\n"
+        "    {% if loop.first and message['role'] == 'system' %}\n"
+        "        {% set prefix = '[SYS] ' %}\n"
+        "    {% else %}\n"
+        "        {% set prefix = '[' ~ message['role'] | upper ~ '] ' %}\n"
+        "    {% endif %}\n"
+        "    {% if message['content'] is string and message['content'] | trim == '' %}\n"
+        "        {% continue %}\n"
+        "    {% endif %}\n"
+        "{{ prefix }}{{ message['content'] | trim }}\n"
+        "    {% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n"
+        "{% endfor %}\n"
+        "{% if add_generation_prompt %}\n"
+        "[ASSISTANT]\n"
+        "{%- endif %}\n"
+        "{{ messages | selectattr('role', 'equalto', 'user') | list | length }} user turns; "
+        "last: {{ messages[-1] | tojson }}; first two: {{ messages[:2] | map(attribute='role') | join('+') }}\n",
+        "<s>", "</s>"),
+    # Gemma 3 instruct's logic (system text folded into the first user turn, roles checked to
+    # alternate), laid out over several lines without whitespace control on the expressions.
+    "alternating_roles": (
+        "{{ bos_token }}\n"
+        "{%- if messages[0]['role'] == 'system' -%}\n"
+        "    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+        "    {%- set loop_messages = messages[1:] -%}\n"
+        "{%- else -%}\n"
+        "    {%- set first_user_prefix = \"\" -%}\n"
+        "    {%- set loop_messages = messages -%}\n"
+        "{%- endif -%}\n"
+        "{%- for message in loop_messages -%}\n"
+        "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+        "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+        "    {%- endif -%}\n"
+        "    {%- if (message['role'] == 'assistant') -%}\n"
+        "        {%- set role = \"model\" -%}\n"
+        "    {%- else -%}\n"
+        "        {%- set role = message['role'] -%}\n"
+        "    {%- endif -%}\n"
+        "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+        "    {{ message['content'] | trim }}\n"
+        "    {{ '<end_of_turn>\\n' }}\n"
+        "{%- endfor -%}\n"
+        "{%- if add_generation_prompt -%}\n"
+        "    {{'<start_of_turn>model\\n'}}\n"
+        "{%- endif -%}\n",
+        "<bos>", "<eos>"),
+}
+
+
+# One more conversation for them: roles that do not alternate, which a template may refuse.
+FEATURE_CASES = CASES + [("assistant_first", [{"role": "assistant", "content": "Hello."},
+                                              {"role": "user", "content": "Hi."}], True)]
+
+
+def record_features() -> dict:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    cases = []
+    for template_name, (source, bos, eos) in FEATURE_TEMPLATES.items():
+        for case_name, messages, add_generation_prompt in FEATURE_CASES:
+            fmt = Jinja2ChatFormatter(source, eos_token=eos, bos_token=bos,
+                                      add_generation_prompt=add_generation_prompt)
+            try:
+                out = {"jinja": fmt(messages=messages).prompt}
+            except ValueError as e:  # raise_exception in the template
+                out = {"error": str(e)}
+            cases.append({"template": template_name, "name": case_name, "messages": messages,
+                          "add_generation_prompt": add_generation_prompt, **out})
+    return {
+        "templates": {k: {"source": s, "bos_token": b, "eos_token": e}
+                      for k, (s, b, e) in FEATURE_TEMPLATES.items()},
+        "provenance": {"binding": llamacpp.BINDING,
+                       "jinja_renderer": "llama_cpp.llama_chat_format.Jinja2ChatFormatter"},
+        "cases": cases,
+    }
 
 
 def builtin_render(tmpl: bytes | None, messages: list[dict], add_ass: bool) -> str | None:
@@ -123,6 +206,10 @@ def main():
         out.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"{out.relative_to(ROOT)}: {len(golden['cases'])} conversations, "
               f"template {'from the GGUF' if golden['chat_template'] else 'absent (ChatML fallback)'}")
+    features = record_features()
+    out = OUT / "template_features.json"
+    out.write_text(json.dumps(features, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{out.relative_to(ROOT)}: {len(features['cases'])} renderings of {len(features['templates'])} templates")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from engine.chat_template import CHATML, ChatTemplate, ChatTemplateError
 from engine.gguf import GGUFFile
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden" / "chat_templates"
-GOLDENS = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(GOLDEN_DIR.glob("*.json"))}
+FEATURES = json.loads((GOLDEN_DIR / "template_features.json").read_text(encoding="utf-8"))
+GOLDENS = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(GOLDEN_DIR.glob("*.json"))
+           if p.name != "template_features.json"}
 CASES = [(name, i) for name, g in GOLDENS.items() for i in range(len(g["cases"]))]
 
 
@@ -88,6 +91,21 @@ def test_prompt_tokens_match_llamacpp(loaded, case):
     _, tok, template = loaded(name)
     text = template.render(c["messages"], add_generation_prompt=c["add_generation_prompt"])
     assert tok.encode(text, add_special=True, parse_special=True) == c["tokens"]
+
+
+@pytest.mark.parametrize("case", FEATURES["cases"], ids=lambda c: f"{c['template']}-{c['name']}")
+def test_jinja_features_match_llamacpp(case):
+    """Templates that lean on block trimming, loop controls, filters, tests, `tojson` and
+    `raise_exception`: Brass renders them as llama-cpp-python's formatter does, or refuses the
+    conversation with the template's own message."""
+    t = FEATURES["templates"][case["template"]]
+    template = ChatTemplate(t["source"], t["bos_token"], t["eos_token"])
+    if "error" in case:
+        with pytest.raises(ChatTemplateError, match=re.escape(case["error"])):
+            template.render(case["messages"], case["add_generation_prompt"])
+    else:
+        got = template.render(case["messages"], case["add_generation_prompt"])
+        assert got == case["jinja"], diff(got, case["jinja"])
 
 
 # Characters that would break a renderer that evaluates, escapes, trims or re-encodes content.
