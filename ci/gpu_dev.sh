@@ -14,17 +14,6 @@ grep -E "^(FAILED|ERROR)|Error|error:|assert" "$out/kernels.log" | head -40
 tail -3 "$out/kernels.log"
 python3 ci/gpu_summary.py "$out/kernels.xml" --table
 if [ "${BRASS_SKIP_PERF:-0}" != 1 ]; then
-    python3 -m pytest perf/test_kernels_matvec.py -q -p no:cacheprovider --benchmark-columns=median \
-        --benchmark-json="$out/perf.json" > "$out/perf.log" 2>&1 || tail -20 "$out/perf.log"
-    python3 - "$out/perf.json" <<'PY'
-import json, sys
-try:
-    data = json.load(open(sys.argv[1]))
-except (OSError, ValueError):
-    sys.exit("no benchmark results")
-for b in data["benchmarks"]:
-    e = b["extra_info"]
-    print(f"{b['name']:<48} {e.get('gpu_us', 0):9.1f} us  {e.get('GB_per_s', 0):7.0f} GB/s")
-PY
+    ci/gpu_perf.sh
 fi
 exit $rc
