@@ -53,11 +53,14 @@ LONG_TEXT = (
     "the paragraph above in one sentence:"
 )
 
+# The synthetic vocabularies are small (~1k tokens), so their long prompt needs fewer words
+# for the same >= 64 tokens (and a shorter prompt keeps golden/ within its size budget).
+LONG_TEXT_SYNTH = LONG_TEXT.split(": an RMS norm")[0] + "."
+
 COMMON_PROMPTS = [
     ("plain", "The capital of France is"),
     ("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
     ("digits", "The first ten prime numbers are 2, 3, 5,"),
-    ("long", LONG_TEXT),
 ]
 
 CHATML = "<|im_start|>user\nName three colors of the rainbow.<|im_end|>\n<|im_start|>assistant\n"
@@ -75,7 +78,7 @@ REAL_MODELS = {
 SYNTH_CHAT = {"synth-spm": "<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\n",
               "synth-bpe-llama3": CHATML, "synth-bpe-default": CHATML}
 
-ACTIVATION_PROMPT_REAL = "The quick brown fox jumps over the lazy"   # 8-9 tokens
+ACTIVATION_PROMPT_REAL = "The quick brown fox jumps over the"        # 7-8 tokens
 ACTIVATION_PROMPT_SYNTH = "The harbour is still there, and on market day it rains."
 
 # Graph nodes stored per layer, by llama.cpp name (without the "-<layer>" suffix) → role. The
@@ -101,10 +104,9 @@ AFTER_KQV_OUT = "attn_proj"
 
 def prompts_for(model: str) -> list[tuple[str, str]]:
     if model in REAL_MODELS:
-        chat = REAL_MODELS[model]["chat"]
-    else:
-        chat = SYNTH_CHAT[synth_models.MODELS[model]["tokenizer"]]
-    return COMMON_PROMPTS + [("chat", chat)]
+        return COMMON_PROMPTS + [("long", LONG_TEXT), ("chat", REAL_MODELS[model]["chat"])]
+    chat = SYNTH_CHAT[synth_models.MODELS[model]["tokenizer"]]
+    return COMMON_PROMPTS + [("long", LONG_TEXT_SYNTH), ("chat", chat)]
 
 
 def window_prompt(m: llamacpp.Model) -> str:
@@ -191,16 +193,31 @@ def model_path(name: str, out: Path) -> Path:
 
 # --- recorders ------------------------------------------------------------------------------
 
-def record_tokenizer(tok_name: str, model_file: Path, model_name: str, out: Path):
-    t0 = time.time()
+def tokenize_cases(model_file: Path) -> list[dict]:
     cases = []
     with llamacpp.Model(model_file, vocab_only=True) as m:
         for text in tokenizer_strings.STRINGS:
             for add_special, parse_special in tokenizer_strings.MODES:
                 cases.append({"text": text, "add_special": add_special, "parse_special": parse_special,
                               "ids": m.tokenize(text, add_special, parse_special)})
-    write_json(out / "tokenizer" / f"{tok_name}.json",
-               {"tokenizer": tok_name, "recorded_from": model_name, "cases": cases})
+    return cases
+
+
+def record_tokenizer(tok_name: str, model_file: Path, model_name: str, out: Path):
+    """Record a tokenizer from the first model that uses it; for any later model that shares
+    it, check that llama.cpp tokenizes identically instead of writing a second copy."""
+    t0 = time.time()
+    cases = tokenize_cases(model_file)
+    target = out / "tokenizer" / f"{tok_name}.json"
+    source = TOKENIZER_SOURCE[tok_name]
+    if source != model_name:
+        recorded = json.loads(target.read_text(encoding="utf-8"))["cases"]
+        if recorded != cases:
+            raise RuntimeError(f"{model_name} shares tokenizer {tok_name} with {source} but "
+                               "llama.cpp tokenizes differently")
+        log(f"  tokenizer {tok_name}: identical to {source}'s ({time.time() - t0:.1f}s)")
+        return
+    write_json(target, {"tokenizer": tok_name, "recorded_from": model_name, "cases": cases})
     log(f"  tokenizer {tok_name}: {len(cases)} cases ({time.time() - t0:.1f}s)")
 
 
@@ -337,14 +354,35 @@ def record_model(name: str, out: Path, what=("tokenizer", "prompts", "activation
 
 # --- manifest -------------------------------------------------------------------------------
 
-def _types_and_arch(path: Path) -> tuple[dict[str, int], str]:
+# The recorder's folders under golden/ (other goldens, e.g. chat_templates/, have their own).
+RECORDED_DIRS = ("models", "tokenizer", "prompts", "activations")
+
+
+def recorded_files(out: Path) -> list[Path]:
+    return sorted(p for d in RECORDED_DIRS if (out / d).is_dir() for p in (out / d).rglob("*") if p.is_file())
+
+
+def _gguf_facts(path: Path) -> dict:
     gf = GGUFFile(path)
     counts: dict[str, int] = {}
     for t in gf.tensors.values():
         counts[t.type.name] = counts.get(t.type.name, 0) + 1
-    arch = gf.architecture
+    facts = {"arch": gf.architecture, "n_layer": int(gf.metadata[f"{gf.architecture}.block_count"]),
+             "n_vocab": len(gf.metadata["tokenizer.ggml.tokens"]), "types": dict(sorted(counts.items()))}
     gf.close()
-    return dict(sorted(counts.items())), arch
+    return facts
+
+
+def decode_vs_batch(prompts: list[dict]) -> float:
+    """Largest |logit| difference between the step-by-step decode and the teacher-forced batch
+    at the same position, over ids in both top-k lists: how much llama.cpp itself moves."""
+    worst = np.float32(0)
+    for p in prompts:
+        n = len(p["prompt_ids"])
+        for i, step in enumerate(p["generated_topk"]):
+            batch = {tid: np.float32(v) for tid, v in p["teacher_forced"]["topk"][n - 1 + i]}
+            worst = max([worst] + [abs(batch[tid] - np.float32(v)) for tid, v in step if tid in batch])
+    return f32(worst)
 
 
 def build_manifest(out: Path) -> dict:
@@ -355,11 +393,12 @@ def build_manifest(out: Path) -> dict:
             continue
         real = name in REAL_MODELS
         path = model_path(name, out)
-        types, arch = _types_and_arch(path)
+        facts = _gguf_facts(path)
         prompts = json.loads((out / "prompts" / f"{name}.json").read_text(encoding="utf-8"))["prompts"]
         acts = json.loads((out / "activations" / f"{name}.json").read_text(encoding="utf-8"))
-        entry = {"name": name, "kind": "real" if real else "synthetic", "arch": arch,
-                 "tokenizer": tokenizer_of(name)}
+        entry = {"name": name, "kind": "real" if real else "synthetic", "arch": facts["arch"],
+                 "tokenizer": tokenizer_of(name), "n_layer": facts["n_layer"],
+                 "n_vocab": facts["n_vocab"]}
         if real:
             cm = catalog.CATALOG[name]
             entry.update(description=cm.description, sha256=cm.sha256, size=cm.size,
@@ -371,10 +410,11 @@ def build_manifest(out: Path) -> dict:
                          source={"file": f"models/{name}.gguf", "script": "ci/synth_models.py",
                                  "seed": cfg["seed"], "corpus": "ci/synth_corpus.txt",
                                  "quantized_by": "llama_model_quantize (pure, per-tensor overrides)"})
-        entry["types"] = types
+        entry["types"] = facts["types"]
         entry["prompts"] = {"file": f"prompts/{name}.json", "count": len(prompts),
                             "names": [p["name"] for p in prompts],
-                            "prompt_tokens": [len(p["prompt_ids"]) for p in prompts]}
+                            "prompt_tokens": [len(p["prompt_ids"]) for p in prompts],
+                            "decode_vs_batch_max_logit_diff": decode_vs_batch(prompts)}
         dtypes = sorted({n["dtype"] for n in acts["nodes"].values()})
         entry["activations"] = {"file": f"activations/{name}.npz", "meta": f"activations/{name}.json",
                                 "prompt_tokens": len(acts["prompt_ids"]), "nodes": len(acts["nodes"]),
@@ -389,9 +429,7 @@ def build_manifest(out: Path) -> dict:
                            "recorded_from": doc["recorded_from"],
                            "models": [m["name"] for m in models if m["tokenizer"] == doc["tokenizer"]],
                            "strings": len({c["text"] for c in doc["cases"]}), "cases": len(doc["cases"])})
-    files = {}
-    for f in sorted(p for p in out.rglob("*") if p.is_file() and p.name not in ("manifest.json", "README.md")):
-        files[str(f.relative_to(out))] = sha256(f)
+    files = {str(f.relative_to(out)): sha256(f) for f in recorded_files(out)}
     llama = llamacpp.provenance()
     return {
         "format": FORMAT_VERSION,
@@ -424,6 +462,9 @@ def build_manifest(out: Path) -> dict:
 # --- entry points ---------------------------------------------------------------------------
 
 ALL_MODELS = list(synth_models.MODELS) + list(REAL_MODELS)
+TOKENIZER_SOURCE: dict[str, str] = {}
+for _name in ALL_MODELS:
+    TOKENIZER_SOURCE.setdefault(tokenizer_of(_name), _name)
 # --check re-records these (a few minutes on 2 cores): every synthetic artefact, every
 # tokenizer, and the smallest real model's prompts and activations.
 CHECK_SUBSET = {name: ("model", "tokenizer", "prompts", "activations") for name in synth_models.MODELS}
@@ -447,7 +488,7 @@ def check() -> int:
         for name, what in CHECK_SUBSET.items():
             record_model(name, out, what)
         n = 0
-        for f in sorted(p for p in out.rglob("*") if p.is_file()):
+        for f in recorded_files(out):
             rel = str(f.relative_to(out))
             n += 1
             if rel not in committed["files"]:
@@ -468,9 +509,14 @@ def main(argv=None) -> int:
                     help="re-record a quick subset into a temporary folder and compare with golden/")
     ap.add_argument("--only", help="comma-separated model names to record (default: all)")
     ap.add_argument("--out", type=Path, default=GOLDEN, help="output folder (default: golden/)")
+    ap.add_argument("--manifest", action="store_true",
+                    help="only rewrite manifest.json from the goldens already in the output folder")
     args = ap.parse_args(argv)
     if args.check:
         return check()
+    if args.manifest:
+        write_json(args.out / "manifest.json", build_manifest(args.out))
+        return 0
     names = args.only.split(",") if args.only else ALL_MODELS
     unknown = [n for n in names if n not in ALL_MODELS]
     if unknown:

