@@ -94,8 +94,10 @@ class ClientGone(Exception):
 
 
 class StopScanner:
-    """Cuts generated text at the first stop string. Text that could be the start of a stop
-    string is held back until the next piece shows whether it is one."""
+    """Cuts generated text before the first stop string to be complete (the one ending first;
+    of two ending at the same place, the longer), wherever the text was split into pieces.
+    Text that could be the start of a stop string is held back until the next piece shows
+    whether it is one."""
 
     def __init__(self, stops: list[str]):
         self.stops = stops
@@ -104,9 +106,9 @@ class StopScanner:
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to emit, whether a stop string was hit)."""
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i + len(s), i) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            out, self.pending = self.pending[:min(hits)], ""
+            out, self.pending = self.pending[:min(hits)[1]], ""
             return out, True
         hold = max((k for s in self.stops for k in range(1, len(s))
                     if self.pending.endswith(s[:k])), default=0)
