@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
-python3 -m pytest conformance/test_kernels.py conformance/test_kernels_plumbing.py -q -rfEs \
+python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py conformance/test_kernels_plumbing.py -q -rfEs \
     -p no:cacheprovider -o junit_family=xunit1 --junitxml="$out/kernels.xml" "$@" > "$out/kernels.log" 2>&1
 rc=$?
 grep -E "^(FAILED|ERROR)|Error|error:|assert" "$out/kernels.log" | head -40

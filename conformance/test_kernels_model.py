@@ -1,12 +1,13 @@
-"""Whole architectures on the CUDA backend against the numpy reference (q8_1 mode): the same
+"""Whole architectures on the CUDA backend against the numpy reference (q8_1 mode,
+kernels.cases.cuda_reference): the same
 architecture file runs unchanged on both, over the small synthetic models in golden/models
 (every weight type the kernels support, llama / qwen3 / qwen3moe / gemma3). A prefill of
 random tokens, then decode steps, each compared at every traced activation and at the logits.
 
-Bound: the ops agree to NMSE <= 1e-9 each (most bit for bit; test_kernels.py), a layer holds
-~20 of them and the models have 2 layers, and a layer can amplify a relative error by the
-ratio of its output to its input (O(10) for random weights): 1e-9 x 40 x 10 ~ 1e-6 for any
-activation or logit.
+Bound: the ops agree to NMSE <= 1e-9 each (most bit for bit; test_kernels.py) except attention,
+whose F16-rounded probabilities can flip (<= 2.5e-7, typically <= 1e-8); a layer can amplify
+a relative error by the ratio of its output to its input, O(10) for these random weights, and
+the models have 2 layers: 2.5e-7 x 10 x 2 ~ 5e-6 for any activation or logit.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import numpy as np
 import pytest
 
 from engine.backends import cuda_available
-from kernels.cases import nmse
+from kernels.cases import cuda_reference, nmse
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
     reason="no CUDA device here: whole-model CUDA checks run on the GPU runner (ci/gpu_conformance.sh)")
 
-MODEL = 1e-6
+MODEL = 5e-6
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 
@@ -44,7 +45,6 @@ def test_model_prefill_and_decode(name, rng, record_property):
     from engine import arch as arch_registry
     from engine.arch.common import Weights
     from engine.backends.cuda import CudaBackend
-    from engine.backends.numpy_backend import NumpyBackend
     from engine.config import read_config
     from engine.gguf import GGUFFile
     from engine.kv_cache import KVCache
@@ -52,7 +52,7 @@ def test_model_prefill_and_decode(name, rng, record_property):
     gf = GGUFFile(SYNTH / f"{name}.gguf")
     arch = arch_registry.get(gf.architecture)
     cfg = arch.configure(read_config(gf, gf.architecture), gf)
-    backends = {"cuda": CudaBackend(poison_outputs=True), "numpy": NumpyBackend(act_mode="q8_1")}
+    backends = {"cuda": CudaBackend(poison_outputs=True), "numpy": cuda_reference()}
     caches = {k: KVCache(b, cfg, 32) for k, b in backends.items()}
     weights = {k: Weights(b, gf) for k, b in backends.items()}
     prompt = rng.integers(0, cfg.n_vocab, 12).astype(np.int32)

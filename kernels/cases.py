@@ -1,7 +1,8 @@
-"""The kernel case table that drives both the conformance tests (conformance/test_kernels.py)
-and the benchmarks (perf/test_kernels_matvec.py), and the helpers both need: a writer for
+"""The kernel case table that drives both the conformance tests (conformance/test_kernels*.py)
+and the benchmarks (perf/test_kernels_matvec.py), and the helpers they need: a writer for
 small GGUF files of random weights (so that weights reach a backend the way a model's do,
-through `backend.weight(gf, name)`) and the NMSE measure.
+through `backend.weight(gf, name)`), the NMSE measure, and the reference the CUDA kernels are
+held to (`cuda_reference()`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import quants
 from engine.gguf import BLOCK_SIZES, GGMLType
 
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
@@ -76,10 +78,63 @@ def write_gguf(path: str | Path, tensors: dict, alignment: int = 32) -> Path:
 
 def random_weight_file(path, rng: np.random.Generator, specs: dict) -> Path:
     """A GGUF of random valid tensors: specs {name: (GGMLType, numpy_shape)}."""
-    from engine import quants
-
     tensors = {}
     for name, (qtype, shape) in specs.items():
         rows = int(np.prod(shape[:-1]))
         tensors[name] = (qtype, shape, quants.random_blocks(qtype, rows, shape[-1], rng))
     return write_gguf(path, tensors)
+
+
+# Weight types whose constant term (-8d, -16d) llama.cpp's CUDA dot product takes against the
+# Q8_1 block's s = fp16(sum x) (vec_dot_q4_0_q8_1, vec_dot_q5_0_q8_1; our kernels too), where
+# NumpyBackend(act_mode="q8_1") multiplies dequantized weights by dequantized activations,
+# which implies sum(d8 q8) instead: the two differ by NMSE ~3e-5.
+OFFSET_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0)
+
+
+def offset_term_correction(x: np.ndarray, raw: np.ndarray, qtype, N: int, K: int) -> np.ndarray:
+    """What the CUDA dot product adds to the numpy q8_1 reference for rows x [R, K] against a
+    Q4_0/Q5_0 matrix of N rows (raw bytes): [R, N] in float64; zeros for other types."""
+    R = x.shape[0]
+    if qtype not in OFFSET_TYPES:
+        return np.zeros((R, N))
+    blocks = np.asarray(raw).reshape(N, K // 32, BLOCK_SIZES[qtype][1])
+    d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float64)
+    c = -(8.0 if qtype == GGMLType.Q4_0 else 16.0) * d
+    q8 = quants.quantize_q8_1_cuda(x)
+    implied = q8.d.astype(np.float64) * q8.qs.reshape(R, K // 32, 32).astype(np.float64).sum(-1)
+    return (q8.s.astype(np.float64) - implied) @ c.T
+
+
+def cuda_reference():
+    """The reference for the CUDA backend: NumpyBackend(act_mode="q8_1"), with Q4_0/Q5_0
+    mat-vecs corrected to take their constant term against s as the CUDA kernels do (see
+    OFFSET_TYPES). Once the numpy backend's q8_1 mode does that itself, this is just
+    NumpyBackend(act_mode="q8_1")."""
+    from engine.backends.numpy_backend import NumpyBackend
+
+    class CudaReference(NumpyBackend):
+        def matmul(self, x, w):
+            y = super().matmul(x, w)
+            if w.type not in OFFSET_TYPES:
+                return y
+            x2 = np.asarray(x, np.float32).reshape(-1, w.shape[-1])
+            fix = offset_term_correction(x2, w.raw, w.type, *w.shape)
+            return (y.reshape(fix.shape) + fix).astype(np.float32).reshape(y.shape)
+
+        def matmul_id(self, x, w, ids):
+            y = super().matmul_id(x, w, ids)
+            if w.type not in OFFSET_TYPES:
+                return y
+            E, N, K = w.shape
+            raw = np.asarray(w.raw).reshape(E, -1)
+            x = np.asarray(x, np.float32)
+            ids = np.asarray(ids)
+            y = y.astype(np.float64)
+            for t in range(ids.shape[0]):
+                for j in range(ids.shape[1]):
+                    row = x[t, j] if x.ndim == 3 else x[t]
+                    y[t, j] += offset_term_correction(row[None], raw[ids[t, j]], w.type, N, K)[0]
+            return y.astype(np.float32)
+
+    return CudaReference(act_mode="q8_1")
