@@ -254,6 +254,30 @@ def test_activation_residual_sums(name):
         check(get("ffn_inp", layer), get("ffn_out", layer), get("l_out", layer), f"l_out-{layer}")
 
 
+@pytest.mark.parametrize("name", [m.name for m in goldens.models() if m.arch.endswith("moe")])
+def test_moe_routing_nodes_agree(name):
+    """moe_topk holds the experts with the largest moe_probs (best first) and moe_weights their
+    probabilities renormalized to sum 1. Stored probs are float16 (relative 2^-11), so tokens
+    whose k-th and (k+1)-th probabilities are that close are not judged on the choice."""
+    m = goldens.model(name)
+    acts = goldens.activations(name)
+    eps = 2.0 ** -11
+    for layer in range(m.n_layer):
+        probs = acts.arrays[acts.find("moe_probs", layer).key].astype(np.float64)
+        topk = acts.arrays[acts.find("moe_topk", layer).key]
+        weights = acts.arrays[acts.find("moe_weights", layer).key].astype(np.float64)
+        k = topk.shape[1]
+        order = np.argsort(-probs, axis=1, kind="stable")
+        for t in range(probs.shape[0]):
+            p = probs[t, order[t]]
+            if all(p[j] - p[j + 1] > 2 * eps * p[j] for j in range(k)):
+                assert np.array_equal(topk[t], order[t, :k]), f"{name} layer {layer} token {t}"
+            chosen = probs[t, topk[t]]
+            expect = chosen / chosen.sum()
+            # float16 rounding of probs (twice, through the sum) and of the stored weights
+            assert np.allclose(weights[t], expect, rtol=4 * eps, atol=0), f"{name} layer {layer} token {t}"
+
+
 def test_loader_reports_unknown_names_clearly():
     with pytest.raises(BrassError, match="no goldens for model 'no-such-model'"):
         goldens.prompts("no-such-model")
