@@ -5,8 +5,8 @@ page in headless Chromium.
 One server process (smollm2-135m, numpy backend, a 256-token context) serves the whole module.
 What a reply must be comes from the same model run in this process through the engine's API
 (greedy, or the same seed): the server must neither change nor mix up anyone's tokens.
-Time on 2 CI cores is dominated by the concurrency test (16 requests; ~1 min when the machine
-is shared, less when it is not) and the browser test (~10 s).
+The module takes ~15 s on 2 cores (~1 min when other work shares them): the server's start,
+the concurrency test (16 requests) and the browser test (~2 s) take most of it.
 """
 
 from __future__ import annotations
