@@ -188,13 +188,19 @@ def test_prompt_records_are_consistent(name):
     assert np.float32(entry["prompts"]["decode_vs_batch_max_logit_diff"]) == np.float32(worst_step_vs_batch)
     # Row n-1+i of the teacher-forced pass predicts generated token i. If every logit moves by
     # at most d between the step-by-step decode and the batch, the two argmaxes can differ only
-    # where the batch's top1-top2 margin is at most 2d; a misaligned row breaks this.
+    # where the batch's top1-top2 margin is at most 2d. They differ only at such near-ties: at
+    # least 96% of steps agree in every model recorded so far, where a misaligned row would
+    # agree almost never (and inflate d).
+    agree = total = 0
     for p in goldens.prompts(name):
         n = len(p.prompt_ids)
         for i, tok in enumerate(p.generated_ids):
+            total += 1
+            agree += int(p.tf_argmax[n - 1 + i] == tok)
             if p.tf_argmax[n - 1 + i] != tok:
                 assert p.tf_margin[n - 1 + i] <= 2 * worst_step_vs_batch, \
                     f"{name}/{p.name} step {i}: batch argmax {p.tf_argmax[n - 1 + i]} vs {tok} with margin {p.tf_margin[n - 1 + i]}"
+    assert agree >= 0.9 * total, f"{name}: teacher-forced argmax agrees with greedy decoding at {agree}/{total} steps"
 
 
 @pytest.mark.parametrize("name", MODELS)

