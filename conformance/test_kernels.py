@@ -4,8 +4,8 @@ Every op runs on both backends with the same fresh random inputs (the seed is pr
 failure; BRASS_TEST_SEED reruns it). CUDA outputs are poisoned with NaN before each kernel
 runs, so an element a kernel forgets to write fails the test instead of passing as stale
 memory. Results are judged by NMSE (llama.cpp's test-backend-ops measure) against a bound per
-op; each bound says why it is what it is. The NMSE of every case is recorded as a junit
-property (ci/gpu_dev.sh prints them as a table).
+op (kernels/cases.py, where each bound says why it is what it is). The NMSE of every case is
+recorded as a junit property (ci/gpu_dev.sh prints them as a table).
 
 The reference is `NumpyBackend(act_mode="q8_1")` (kernels.cases.cuda_reference): activations
 quantized to Q8_1 blocks exactly as the CUDA quantize kernel does, so quantized mat-vecs can be
@@ -29,7 +29,8 @@ from engine import quants
 from engine.backends import cuda_available
 from engine.errors import BrassError, UnsupportedError
 from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-from kernels.cases import MATMUL_SHAPES, WEIGHT_TYPES, cuda_reference, nmse, random_weight_file, write_gguf
+from kernels.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, RMS_NORM, TRANSCENDENTAL,
+                           WEIGHT_TYPES, cuda_reference, nmse, random_weight_file, write_gguf)
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
@@ -37,34 +38,6 @@ pytestmark = pytest.mark.skipif(
            "CI compiles every kernel in test_nvrtc_compile.py")
 
 F16, F32 = np.float16, np.float32
-
-# ---- bounds -------------------------------------------------------------------------------
-# Ops that do the same IEEE float32 operations in the same order as the reference (gathers,
-# dequantization, adds and products, the F16 cache write) must match bit for bit.
-EXACT = 0.0
-# Mat-vec: the kernels form the same integer dot products of the same quants as the reference
-# (int8 × Q8_1 blocks; float weights × float32 x) and differ only in float32 rounding of the
-# block products and in the order of the sums: each ~2^-24 relative, so NMSE ~1e-13 (measured
-# 1e-14..1e-13 for the reference itself against float64). 1e-10 leaves a thousandfold margin,
-# while one wrong quant in a row of 4096 already gives ~1e-5.
-MATMUL = 1e-10
-# Norm: the same float32 operations; only the double-precision sum of squares is added in
-# another order, which can move the float32 mean by one ulp at a rounding tie (2^-24 relative).
-RMS_NORM = 1e-12
-# exp/cos/sin/tanh in float32 on both sides, each within ~2 ulp of the true value (CUDA's
-# expf/cosf/sinf, numpy's float32 routines): relative errors ~2^-23, NMSE ~1e-14.
-TRANSCENDENTAL = 1e-12
-# GELU's result rounded to F16 after tanh: a float32 ulp apart on either side flips the F16
-# rounding of an element with probability ~2^-12, and a flip moves that element by 2^-11
-# relative: NMSE ~(2^-12)(2^-11)^2 ~ 6e-11.
-F16_ROUNDED = 1e-9
-# Attention probabilities rounded to F16 before V.softmax: the same flips, but one flipped
-# probability moves a whole output row, which is itself an average and so small (measured up
-# to ~7e-9 from a few flips). Bound by every probability off by one F16 ulp: the output then
-# errs by 2^-11 relative, NMSE 2^-22 = 2.4e-7. A wrong head, mask or window slot errs by
-# more than 1e-3.
-ATTENTION = 2.5e-7
-
 
 def tname(t) -> str:
     return GGMLType(t).name

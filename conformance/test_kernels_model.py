@@ -1,13 +1,18 @@
-"""Whole architectures on the CUDA backend against the numpy reference (q8_1 mode,
-kernels.cases.cuda_reference): the same
-architecture file runs unchanged on both, over the small synthetic models in golden/models
-(every weight type the kernels support, llama / qwen3 / qwen3moe / gemma3). A prefill of
-random tokens, then decode steps, each compared at every traced activation and at the logits.
+"""Whole architectures on the CUDA backend: the same architecture files that run on the numpy
+reference run unchanged on CUDA, over the small synthetic models in golden/models (llama,
+qwen3, qwen3moe, gemma3; every weight type the kernels support).
 
-Bound: the ops agree to NMSE <= 1e-9 each (most bit for bit; test_kernels.py) except attention,
-whose F16-rounded probabilities can flip (<= 2.5e-7, typically <= 1e-8); a layer can amplify
-a relative error by the ratio of its output to its input, O(10) for these random weights, and
-the models have 2 layers: 2.5e-7 x 10 x 2 ~ 5e-6 for any activation or logit.
+Two checks, a prefill of random tokens then decode steps:
+
+- lockstep: every backend op the architecture calls runs on both backends with the same
+  inputs (the reference's), and each CUDA result is held to that op's bound from
+  kernels/cases.py, the same bounds as the random-input op tests, but on the models' own
+  activations and weights, through their own KV caches;
+- free running: each backend runs on its own results; the logits are compared.
+  The bound is loose on purpose: activations are re-quantized to Q8_1 before every mat-vec,
+  and a float ulp of difference upstream can move a quant by a whole step (1/127 of the
+  block's largest value). With every quant off by one step at a largest-to-RMS ratio of 4,
+  NMSE is (4/127)^2 ~ 1e-3; that is the bound.
 """
 
 from __future__ import annotations
@@ -18,59 +23,156 @@ import numpy as np
 import pytest
 
 from engine.backends import cuda_available
-from kernels.cases import cuda_reference, nmse
+from kernels.cases import OP_BOUNDS, cuda_reference, nmse
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
     reason="no CUDA device here: whole-model CUDA checks run on the GPU runner (ci/gpu_conformance.sh)")
 
-MODEL = 5e-6
+FREE_RUNNING = 1e-3
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 
 
-def run_forward(backend, weights, cfg, arch, cache, ids, pos):
-    """Logits and every traced activation, as numpy arrays."""
-    from engine.arch.common import Forward
+class Pair:
+    """A weight or a KV cache held by both backends."""
 
-    taps = []
-    f = Forward(backend, cfg, weights, cache, backend.asarray(pos),
-                lambda name, x: taps.append((name, backend.to_numpy(x))))
-    logits = backend.to_numpy(arch.forward(f, backend.asarray(ids)))
-    return logits, taps
+    def __init__(self, ref, dev):
+        self.ref, self.dev = ref, dev
+        self.name = getattr(ref, "name", None)
+        self.type = getattr(ref, "type", None)
+        self.shape = ref.shape
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_model_prefill_and_decode(name, rng, record_property):
+class Lockstep:
+    """A backend that runs each op on the reference and on CUDA with the reference's inputs,
+    checks the CUDA result against the op's bound, and passes the reference's result on."""
+
+    def __init__(self, cuda, ref):
+        self.cuda, self.ref = cuda, ref
+        self.worst: dict[str, float] = {}
+        self.where = ""
+
+    # -- memory -----------------------------------------------------------------------------
+    def weight(self, gf, name):
+        return Pair(self.ref.weight(gf, name), self.cuda.weight(gf, name))
+
+    def asarray(self, a, dtype=None):
+        return self.ref.asarray(a, dtype)
+
+    def to_numpy(self, a):
+        return np.asarray(a)
+
+    def zeros(self, shape, dtype=np.float32):
+        if np.dtype(dtype) == np.float16:          # a KV cache: each backend keeps its own
+            return Pair(self.ref.zeros(shape, dtype), self.cuda.zeros(shape, dtype))
+        return self.ref.zeros(shape, dtype)
+
+    def empty(self, shape, dtype=np.float32):
+        return self.ref.empty(shape, dtype)
+
+    def synchronize(self):
+        self.cuda.synchronize()
+
+    # -- ops --------------------------------------------------------------------------------
+    def _dev(self, a):
+        if isinstance(a, Pair):
+            return a.dev
+        if isinstance(a, np.ndarray):
+            return self.cuda.asarray(a)
+        return a
+
+    def _compare(self, op, got, want):
+        got = self.cuda.to_numpy(got)
+        want = np.asarray(want)
+        where = f"{self.where}: {op}"
+        assert got.shape == want.shape, f"{where}: shape {got.shape}, expected {want.shape}"
+        bound = OP_BOUNDS[op]
+        if bound == 0.0 or np.issubdtype(want.dtype, np.integer):
+            same = np.array_equal(got, want, equal_nan=np.issubdtype(want.dtype, np.floating))
+            assert same, f"{where}: differs from the reference, which it must match bit for bit"
+            err = 0.0
+        else:
+            assert not np.isnan(got).any(), f"{where}: NaN"
+            err = nmse(got, want)
+            assert err <= bound, f"{where}: NMSE {err:.3e} exceeds {bound:.0e}"
+        self.worst[op] = max(self.worst.get(op, 0.0), err)
+
+    def _run(self, op, *args, **kw):
+        want = getattr(self.ref, op)(*[a.ref if isinstance(a, Pair) else a for a in args], **kw)
+        got = getattr(self.cuda, op)(*[self._dev(a) for a in args], **kw)
+        if isinstance(want, tuple):
+            for g, w in zip(got, want):
+                self._compare(op, g, w)
+        elif op == "kv_store":
+            cache = args[0]
+            self._compare(op, cache.dev.view(np.uint16), cache.ref.view(np.uint16))
+        else:
+            self._compare(op, got, want)
+        return want
+
+    def __getattr__(self, op):
+        if op not in OP_BOUNDS:
+            raise AttributeError(op)
+        return lambda *args, **kw: self._run(op, *args, **kw)
+
+
+def load(name):
     from engine import arch as arch_registry
-    from engine.arch.common import Weights
-    from engine.backends.cuda import CudaBackend
     from engine.config import read_config
     from engine.gguf import GGUFFile
-    from engine.kv_cache import KVCache
 
     gf = GGUFFile(SYNTH / f"{name}.gguf")
     arch = arch_registry.get(gf.architecture)
-    cfg = arch.configure(read_config(gf, gf.architecture), gf)
-    backends = {"cuda": CudaBackend(poison_outputs=True), "numpy": cuda_reference()}
-    caches = {k: KVCache(b, cfg, 32) for k, b in backends.items()}
-    weights = {k: Weights(b, gf) for k, b in backends.items()}
-    prompt = rng.integers(0, cfg.n_vocab, 12).astype(np.int32)
-    steps = [(prompt, np.arange(12, dtype=np.int32))]
-    steps += [(rng.integers(0, cfg.n_vocab, 1).astype(np.int32), np.array([12 + i], np.int32)) for i in range(3)]
+    return gf, arch, arch.configure(read_config(gf, gf.architecture), gf)
+
+
+def steps(rng, n_vocab, n_prompt=12, n_decode=3):
+    """A prefill of random tokens, then single-token decode steps."""
+    out = [(rng.integers(0, n_vocab, n_prompt).astype(np.int32), np.arange(n_prompt, dtype=np.int32))]
+    out += [(rng.integers(0, n_vocab, 1).astype(np.int32), np.array([n_prompt + i], np.int32))
+            for i in range(n_decode)]
+    return out
+
+
+def forward(backend, weights, cfg, arch, cache, ids, pos):
+    from engine.arch.common import Forward
+
+    f = Forward(backend, cfg, weights, cache, backend.asarray(pos))
+    return backend.to_numpy(arch.forward(f, backend.asarray(ids)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_ops_in_lockstep(name, rng, record_property):
+    from engine.arch.common import Weights
+    from engine.backends.cuda import CudaBackend
+    from engine.kv_cache import KVCache
+
+    gf, arch, cfg = load(name)
+    b = Lockstep(CudaBackend(poison_outputs=True), cuda_reference())
+    weights, cache = Weights(b, gf), KVCache(b, cfg, 32)
+    for i, (ids, pos) in enumerate(steps(rng, cfg.n_vocab)):
+        b.where = f"{name} step {i} ({'prefill' if i == 0 else 'decode'})"
+        forward(b, weights, cfg, arch, cache, ids, pos)
+    assert {"matmul", "rms_norm", "rope", "kv_store", "attention", "add"} <= set(b.worst)
+    record_property("nmse", " ".join(f"{op}={err:.1e}" for op, err in sorted(b.worst.items())))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_free_running_logits(name, rng, record_property):
+    from engine.arch.common import Weights
+    from engine.backends.cuda import CudaBackend
+    from engine.kv_cache import KVCache
+
+    gf, arch, cfg = load(name)
+    tokens = steps(rng, cfg.n_vocab)
+    runs = {}
+    for key, backend in (("cuda", CudaBackend(poison_outputs=True)), ("ref", cuda_reference())):
+        weights, cache = Weights(backend, gf), KVCache(backend, cfg, 32)
+        runs[key] = [forward(backend, weights, cfg, arch, cache, ids, pos) for ids, pos in tokens]
     worst = 0.0
-    for step, (ids, pos) in enumerate(steps):
-        got_logits, got_taps = run_forward(backends["cuda"], weights["cuda"], cfg, arch, caches["cuda"], ids, pos)
-        want_logits, want_taps = run_forward(backends["numpy"], weights["numpy"], cfg, arch, caches["numpy"], ids, pos)
-        assert [n for n, _ in got_taps] == [n for n, _ in want_taps], "the two backends traced different nodes"
-        for (tap, got), (_, want) in zip(got_taps + [("logits", got_logits)], want_taps + [("logits", want_logits)]):
-            where = f"step {step} ({'prefill' if step == 0 else 'decode'}), {tap}"
-            assert got.shape == want.shape, f"{where}: shape {got.shape}, expected {want.shape}"
-            if np.issubdtype(want.dtype, np.integer):
-                assert np.array_equal(got, want), f"{where}: differs"
-                continue
-            assert not np.isnan(got).any(), f"{where}: NaN"
-            err = nmse(got, want)
-            worst = max(worst, err)
-            assert err <= MODEL, f"{where}: NMSE {err:.3e} exceeds {MODEL:.0e}"
+    for i, (got, want) in enumerate(zip(runs["cuda"], runs["ref"])):
+        err = nmse(got, want)
+        worst = max(worst, err)
+        assert err <= FREE_RUNNING, f"{name} step {i}: logits NMSE {err:.3e} exceeds {FREE_RUNNING:.0e}"
     record_property("nmse", f"{worst:.3e}")

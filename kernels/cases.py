@@ -20,6 +20,43 @@ QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLT
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 WEIGHT_TYPES = FLOAT_TYPES + QUANT_TYPES
 
+# ---- bounds (NMSE, llama.cpp test-backend-ops' measure) -------------------------------------
+# Ops that do the same IEEE float32 operations in the same order as the reference (gathers,
+# dequantization, adds and products, the F16 cache write) must match bit for bit.
+EXACT = 0.0
+# Mat-vec: the kernels form the same integer dot products of the same quants as the reference
+# (int8 × Q8_1 blocks; float weights × float32 x) and differ only in float32 rounding of the
+# block products and in the order of the sums: each ~2^-24 relative, so NMSE ~1e-13 (measured
+# 1e-14..1e-13 for the reference itself against float64). 1e-10 leaves a thousandfold margin,
+# while one wrong quant in a row of 4096 already gives ~1e-5.
+MATMUL = 1e-10
+# Norm: the same float32 operations; only the double-precision sum of squares is added in
+# another order, which can move the float32 mean by one ulp at a rounding tie (2^-24 relative).
+RMS_NORM = 1e-12
+# exp/cos/sin/tanh in float32 on both sides, each within ~2 ulp of the true value (CUDA's
+# expf/cosf/sinf, numpy's float32 routines): relative errors ~2^-23, NMSE ~1e-14.
+TRANSCENDENTAL = 1e-12
+# GELU's result rounded to F16 after tanh: a float32 ulp apart on either side flips the F16
+# rounding of an element with probability ~2^-12, and a flip moves that element by 2^-11
+# relative: NMSE ~(2^-12)(2^-11)^2 ~ 6e-11.
+F16_ROUNDED = 1e-9
+# Attention probabilities rounded to F16 before V.softmax: the same flips, but one flipped
+# probability moves a whole output row, which is itself an average and so small (measured up
+# to ~7e-9 from a few flips). Bound by every probability off by one F16 ulp: the output then
+# errs by 2^-11 relative, NMSE 2^-22 = 2.4e-7. A wrong head, mask or window slot errs by
+# more than 1e-3.
+ATTENTION = 2.5e-7
+# The bound each backend op is held to (conformance/test_kernels_model.py checks every op of
+# whole models against these, on the models' own activations).
+OP_BOUNDS = {
+    "embed": EXACT, "add": EXACT, "mul": EXACT, "scale": EXACT, "weighted_sum": EXACT,
+    "take_rows": EXACT, "topk": EXACT, "argmax": EXACT, "kv_store": EXACT,
+    "matmul": MATMUL, "matmul_id": MATMUL, "rms_norm": RMS_NORM,
+    "rope": TRANSCENDENTAL, "swiglu": TRANSCENDENTAL, "softmax": TRANSCENDENTAL,
+    "geglu": F16_ROUNDED, "attention": ATTENTION,
+}
+
+
 # Mat-vec / mat-mul shapes (N outputs, K inputs, T tokens): rows that fill no tile evenly,
 # one K-quant super-block (k = 256) and longer rows, one token (the decode kernel) and token
 # counts on either side of the prefill tile of 8.
