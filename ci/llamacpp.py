@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.gguf import GGMLType
+
 LLAMA_CPP_BUILD = "b11312"          # vendored in llama-cpp-python 0.3.36 (not readable from the .so)
 BINDING = "llama-cpp-python==0.3.36"
 
@@ -52,11 +54,6 @@ MODEL_SETTINGS = {
     "use_extra_bufts": False,
     "check_tensors": False,
 }
-
-GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
-                   10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 24: "I8",
-                   25: "I16", 26: "I32", 27: "I64", 30: "BF16", 39: "MXFP4"}
-GGML_TYPE_IDS = {v: k for k, v in GGML_TYPE_NAMES.items()}
 
 _state: dict = {}
 
@@ -249,7 +246,7 @@ def _read_node(g, t, key: str) -> dict:
     arr = np.ndarray(shape=ne[::-1], dtype=dtype, buffer=raw, strides=nb[::-1]).copy()
     name, occ = key.rsplit("#", 1)
     return {"name": name, "occurrence": int(occ), "op": g.ggml_op_desc(t).decode(),
-            "type": GGML_TYPE_NAMES.get(head.type, str(head.type)), "ne": ne, "array": arr}
+            "type": GGMLType(head.type).name, "ne": ne, "array": arr}
 
 
 class Context:
@@ -313,27 +310,22 @@ class Context:
         return np.stack(rows)
 
 
-def quantize(src: Path, dst: Path, default_type: str, overrides: list[tuple[str, str]],
-             threads: int = 2):
-    """llama_model_quantize with every tensor typed explicitly: `overrides` are
-    (regex, type) pairs matched against tensor names (first match wins, as in
-    `llama-quantize --tensor-type`); `pure` keeps the rest at `default_type` instead of
-    llama.cpp's per-tensor mix."""
+def quantize(src: Path, dst: Path, overrides: list[tuple[str, str]], threads: int = 2):
+    """llama_model_quantize with every tensor typed explicitly: `overrides` are (regex, type
+    name) pairs searched in tensor names, first match wins (as `llama-quantize --tensor-type`).
+    `pure` stops llama.cpp's own per-tensor mix; a tensor no pattern names would get the
+    fallback Q8_0, so callers check the result."""
     L = lib()
-    ftype = {"Q8_0": 7, "Q4_0": 2, "F16": 1, "BF16": 32}[default_type]
     params = L.llama_model_quantize_default_params()
     params.nthread = threads
-    params.ftype = ftype
+    params.ftype = L.LLAMA_FTYPE_MOSTLY_Q8_0
     params.pure = True
     params.allow_requantize = False
-    arr = (L.llama_model_tensor_override * (len(overrides) + 1))()
-    keep = []
-    for i, (pattern, typ) in enumerate(overrides):
-        b = pattern.encode()
-        keep.append(b)
-        arr[i].pattern = b
-        arr[i].type = GGML_TYPE_IDS[typ]
-    arr[len(overrides)].pattern = None
+    arr = (L.llama_model_tensor_override * (len(overrides) + 1))()   # NULL-pattern terminated
+    patterns = [p.encode() for p, _ in overrides]                      # kept alive during the call
+    for i, (pattern, (_, typ)) in enumerate(zip(patterns, overrides)):
+        arr[i].pattern = pattern
+        arr[i].type = GGMLType[typ]
     params.tt_overrides = ctypes.cast(arr, ctypes.POINTER(L.llama_model_tensor_override))
     rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Record the golden corpus from llama.cpp (CPU) into golden/.
 
-    BRASS_CACHE=... python ci/record_goldens.py            # everything (~10 min on 2 cores)
+    BRASS_CACHE=... python ci/record_goldens.py            # everything (~2-5 min on 2 cores)
     python ci/record_goldens.py --only synth-qwen3,gemma3-270m   # some models, then the manifest
     python ci/record_goldens.py --check                    # re-record a quick subset, compare
 
@@ -270,9 +270,14 @@ def record_prompts(name: str, m: llamacpp.Model, out: Path):
                {"model": name, "n_generate": N_GENERATE, "top_k": TOP_K, "prompts": entries})
 
 
+def _split_name(name: str) -> tuple[str, int | None]:
+    """"l_out-12" → ("l_out", 12); "result_norm" → ("result_norm", None)."""
+    m = re.search(r"-(\d+)$", name)
+    return (name[:m.start()], int(m.group(1))) if m else (name, None)
+
+
 def _select(name: str, prev: str | None) -> bool:
-    base = name.rsplit("-", 1)[0] if re.search(r"-\d+$", name) else name
-    return base in NODE_ROLES or (prev is not None and prev.startswith("kqv_out-"))
+    return _split_name(name)[0] in NODE_ROLES or (prev is not None and prev.startswith("kqv_out-"))
 
 
 def record_activations(name: str, m: llamacpp.Model, out: Path):
@@ -285,25 +290,21 @@ def record_activations(name: str, m: llamacpp.Model, out: Path):
         logits = ctx.decode(ids, all_logits=True)
     nodes = cap.nodes
     # keep only the last occurrence of names whose earlier occurrences are pre-rope
-    last: dict[str, str] = {}
-    for key, node in nodes.items():
-        if node["name"].rsplit("-", 1)[0] in LAST_OCCURRENCE_ONLY:
-            last[node["name"]] = key
+    last = {node["name"]: key for key, node in nodes.items()
+            if _split_name(node["name"])[0] in LAST_OCCURRENCE_ONLY}
     arrays, meta = {}, {}
     layer = None
     for key, node in nodes.items():                 # graph order
-        lname = node["name"]
-        m_layer = re.search(r"-(\d+)$", lname)
-        base = lname[:m_layer.start()] if m_layer else lname
-        if m_layer:
-            layer = int(m_layer.group(1))
-        if base in LAST_OCCURRENCE_ONLY and last[lname] != key:
+        base, node_layer = _split_name(node["name"])
+        if node_layer is not None:
+            layer = node_layer                      # unnamed nodes belong to the current layer
+        if base in LAST_OCCURRENCE_ONLY and last[node["name"]] != key:
             continue
         role = NODE_ROLES.get(base, AFTER_KQV_OUT)
         ne = node["ne"]
         ndim = max(2, max(i for i, n in enumerate(ne) if n != 1) + 1)
         arr = node["array"].reshape(ne[:ndim][::-1])
-        info = {"name": lname, "occurrence": node["occurrence"], "op": node["op"],
+        info = {"name": node["name"], "occurrence": node["occurrence"], "op": node["op"],
                 "layer": None if role.startswith("result_") else layer, "role": role,
                 "ne": ne[:ndim], "type": node["type"]}
         if role == "result_output":
@@ -313,18 +314,12 @@ def record_activations(name: str, m: llamacpp.Model, out: Path):
                 top = [topk(row) for row in arr]
                 arrays[key + ":top_ids"] = np.array([[i for i, _ in r] for r in top], np.int32)
                 arrays[key + ":top_logits"] = np.array([[v for _, v in r] for r in top], np.float32)
-                info["stored"] = f"top{TOP_K}"
-                info["dtype"] = "float32"
-                meta[key] = info
+                meta[key] = {**info, "stored": f"top{TOP_K}", "dtype": "float32"}
                 continue
-            info["stored"] = "full"
-        if arr.dtype == np.float32 and np.isfinite(arr).all() and np.abs(arr).max() < FLOAT16_MAX \
-                and role != "result_output":
-            arr = arr.astype(np.float16)
-        info.setdefault("stored", "full")
-        info["dtype"] = str(arr.dtype)
+        elif arr.dtype == np.float32 and np.isfinite(arr).all() and np.abs(arr).max() < FLOAT16_MAX:
+            arr = arr.astype(np.float16)            # logits stay float32
         arrays[key] = arr
-        meta[key] = info
+        meta[key] = {**info, "stored": "full", "dtype": str(arr.dtype)}
     write_npz(out / "activations" / f"{name}.npz", arrays)
     write_json(out / "activations" / f"{name}.json",
                {"model": name, "text": text, "add_special": True, "parse_special": True,

@@ -365,8 +365,7 @@ def build(name: str, out_dir: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         f32 = Path(tmp) / f"{name}.f32.gguf"
         _write_f32(name, cfg, tok, f32)
-        # Overrides name every matrix, so the default type below never applies (checked next).
-        llamacpp.quantize(f32, dst, "Q8_0", cfg["types"])
+        llamacpp.quantize(f32, dst, cfg["types"])
     gf = GGUFFile(dst)
     wrong = [(t.name, t.type.name, expected_type(cfg, t.name, len(t.shape)))
              for t in gf.tensors.values() if t.type.name != expected_type(cfg, t.name, len(t.shape))]
