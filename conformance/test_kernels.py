@@ -345,10 +345,10 @@ def test_debug_mode_names_the_failing_kernel():
 
 
 def test_weight_upload_streams_with_bounded_host_memory(tmp_path, record_property):
-    # A 2.2 GB file of weights: holding it in host memory would break the 1.5 GB bound. Peak
+    # A 2.1 GiB file of weights: holding it in host memory would break the 1.5 GB bound. Peak
     # RSS (VmHWM) is measured in a fresh process, after CUDA is initialised, around the load.
     # The slowest test here (~10 s, most of it writing the file); GPU runner only.
-    n_tensors, rows, K = 16, 4096, 16384          # 16 x 137 MiB of Q8_0
+    n_tensors, rows, K = 32, 4096, 16384          # 32 x 68 MiB of Q8_0
     tsize = BLOCK_SIZES[GGMLType.Q8_0][1]
     row_bytes = K // 32 * tsize
     rng = np.random.default_rng(0)

@@ -3,7 +3,6 @@ structs are packed for a launch."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not installed (pip install -e '.[cuda]')")

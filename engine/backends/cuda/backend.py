@@ -18,7 +18,6 @@ and the NVRTC kernels under kernels/.
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import contextmanager
 
