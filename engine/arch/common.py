@@ -92,7 +92,10 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
     out = f.cb(b.attention(q, k_cache, v_cache, f.pos, kq_scale, window), "kqv_out", il)
     out = b.matmul(out, w(p + "attn_output.weight"))
     bias = w.opt(p + "attn_output.bias")
-    return b.add(out, bias) if bias is not None else out
+    if bias is not None:
+        out = b.add(out, bias)
+    # llama.cpp names this node attn_out-N only in `llama`; we use the name everywhere.
+    return f.cb(out, "attn_out", il)
 
 
 def ffn(f: Forward, il: int, x, gelu: bool = False):
@@ -122,7 +125,7 @@ def moe(f: Forward, il: int, x):
         weights = weights / total.clip(6.103515625e-5, None)
     if cfg.expert_weights_scale not in (0.0, 1.0):
         weights = b.scale(weights, cfg.expert_weights_scale)
-    f.cb(weights, "ffn_moe_weights", il)
+    f.cb(weights, "ffn_moe_weights_norm" if cfg.expert_weights_norm else "ffn_moe_weights", il)
     up = f.cb(b.matmul_id(x, w(p + "ffn_up_exps.weight"), ids), "ffn_moe_up", il)
     gate = f.cb(b.matmul_id(x, w(p + "ffn_gate_exps.weight"), ids), "ffn_moe_gate", il)
     h = f.cb(b.swiglu(gate, up), "ffn_moe_swiglu", il)

@@ -13,9 +13,14 @@ SWA_PATTERN = 6     # every 6th layer is global (llama.cpp: load_swa_pattern(ml,
 
 def configure(cfg, gf):
     cfg.rope_neox = ROPE_NEOX
+    # The key is either a per-layer array of flags or a period n (the last layer of every n
+    # is global), as in llama.cpp's load_swa_pattern.
     pattern = gf.get("gemma3.attention.sliding_window_pattern", SWA_PATTERN)
     if cfg.sliding_window > 0:
-        cfg.swa_layers = [il % pattern < pattern - 1 for il in range(cfg.n_layer)]
+        if hasattr(pattern, "__len__"):
+            cfg.swa_layers = [bool(v) for v in pattern][:cfg.n_layer]
+        else:
+            cfg.swa_layers = [il % int(pattern) < int(pattern) - 1 for il in range(cfg.n_layer)]
     # ref: gemma_pytorch config; the 27B (62 layers) scales by n_embd / n_head instead.
     denom = cfg.n_embd / cfg.n_head if cfg.n_layer == 62 else cfg.head_dim
     cfg.attn_scale = 1.0 / math.sqrt(denom)
