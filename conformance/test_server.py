@@ -319,6 +319,25 @@ def test_web_page_is_served(server):
         assert status == 200, asset
 
 
+def test_chatml_fallback_ends_replies_at_its_end_marker(real_model_path):
+    """Gemma 3 270M has no template; ChatML's `<|im_end|>` is plain text to it, so the server
+    ends a chat reply where the model writes it (the server's own queue, without HTTP)."""
+    from engine.model import Model
+    from engine.server import App
+    gemma = Model(real_model_path("gemma3-270m"), backend="numpy", n_ctx=N_CTX, quiet=True)
+    app = App(gemma, "gemma3-270m", None, parallel=1, max_waiting=1)
+    messages = [{"role": "user", "content": "Hello"}]
+    job = app.prepare({"messages": messages, "max_tokens": 8, "temperature": 0}, chat=True)
+    app.scheduler.submit(job)
+    events = [job.events.get(timeout=300)]
+    while events[-1][0] == "delta":
+        events.append(job.events.get(timeout=300))
+    assert events[-1][0] == "done", events
+    full, _, _ = expected(gemma, chat_ids(gemma, messages), 8)
+    want = cut_at_stop(full, ["<|im_end|>"])
+    assert ("".join(e[1] for e in events[:-1]), events[-1][1]) == (want[0], "stop" if want[1] else events[-1][1])
+
+
 # --------------------------------------------------------------------------------------------
 # Several clients at once, and clients that leave
 

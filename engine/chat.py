@@ -15,6 +15,7 @@ from typing import Iterator
 
 from .chat_template import ChatTemplate
 from .errors import BrassError
+from .server import StopScanner
 
 HELP = "/reset starts a new conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
 
@@ -46,15 +47,20 @@ class Conversation:
         self.reply_tokens = 0
         parts = []
         decoder = tok.stream_decoder()
+        stops = StopScanner(self.template.stop_strings)
         gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling)
         try:
             for token in gen:
                 self.reply_tokens += 1
                 if tok.is_eog(token):
                     break
-                parts.append(decoder.feed(token))
-                yield parts[-1]
-            parts.append(decoder.flush())
+                text, hit = stops.feed(decoder.feed(token))
+                parts.append(text)
+                yield text
+                if hit:
+                    return
+            text, hit = stops.feed(decoder.flush())
+            parts.append(text if hit else text + stops.flush())
             yield parts[-1]
         finally:
             gen.close()

@@ -7,7 +7,8 @@ that keeps non-ASCII text as it is. `bos_token` and `eos_token` are the vocabula
 
 A model without a template (Gemma 3 270M is a base model) gets ChatML, the fallback llama.cpp's
 `llama_chat_apply_template` uses when it is given no template; `ChatTemplate.is_fallback` says
-so, and the server and `brass chat` print it once.
+so, and the server and `brass chat` print it once. Such a model has no end-of-turn token for
+ChatML's `<|im_end|>`, so it can only write it as text: `stop_strings` ends a reply there.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class ChatTemplate:
 
         self.is_fallback = source is None
         self.source = CHATML if source is None else source
+        self.stop_strings = ["<|im_end|>"] if self.is_fallback else []
         self.bos_token, self.eos_token = bos_token, eos_token
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])

@@ -427,6 +427,7 @@ class App:
             if chat:
                 prompt = self.template.render(parse_messages(body))
                 ids = tok.encode(prompt, add_special=True, parse_special=True)
+                stop += self.template.stop_strings
             else:
                 ids = self._prompt_ids(body)
         except BrassError as e:
