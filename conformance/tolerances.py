@@ -1,0 +1,60 @@
+"""Tolerances of the whole-model comparisons with llama.cpp's goldens, each with its reason.
+
+Error measure: NMSE = Σ(ours − golden)² / Σ golden² over a node's array (llama.cpp's own
+test-backend-ops measure). Figures measured on the goldens of 2026-11-30 are quoted so a
+change in behaviour shows up as a change in these numbers.
+
+Why the numbers are what they are:
+- The golden arrays are stored as float16: NMSE ≈ 8e-8 from storage alone (2^-11 relative
+  rounding, squared, averaged).
+- The numpy backend rounds where llama.cpp's CPU path rounds (activation quantization to
+  Q8_0/Q8_1/Q8_K, F16 KV cache, F16 softmax for V, GELU through F16), so layer 0 agrees to the
+  storage rounding (measured ≤ 1.8e-7 on every role of every model) — except that the
+  remaining differences (exp/tanh implementations, summation order, ~1e-7 relative) now and
+  then move an activation across a Q8 rounding boundary. One such flip shifts the rows it
+  feeds by one quantization step: ~1e-6 to 1e-5 NMSE in the next mat-mul's output (measured
+  1.2e-5 in qwen2.5's layer-0 FFN).
+- Flips compound layer after layer. In the real models (18-30 layers) the worst node of any
+  layer reaches 8.5e-3 (gemma3-270m result_norm; gemma's post-norms amplify); in the 2-layer
+  synthetic models 5.5e-5.
+- The CUDA backend quantizes every activation to Q8_1 as llama.cpp's CUDA path does, not as
+  the CPU goldens did: without the CPU's rounding, a mat-mul output differs from the golden by
+  ~1e-4..3e-4 NMSE at layer 0 already (measured: unemulated numpy 1.5e-4..2.8e-4). The CUDA
+  kernels' exactness is checked op by op against the numpy reference in Q8_1 mode
+  (test_kernels*.py); here CUDA gets the bounds of an engine that does not emulate the CPU.
+"""
+
+# NMSE bounds for per-layer activations: (layer 0, any layer), by model kind and backend.
+ACTIVATIONS = {
+    # layer 0: storage rounding + a few flips (max measured 1.2e-5) → 1e-4, 8× margin;
+    # any layer: measured max 8.5e-3 (real), 5.5e-5 (synthetic) → 2e-2 and 5e-4.
+    ("numpy", "real"): (1e-4, 2e-2),
+    ("numpy", "synthetic"): (1e-4, 5e-4),
+    # CUDA: Q8_1 instead of the CPU's rounding (≈3e-4 at layer 0) → 2e-3; deep layers as
+    # the unemulated reference drifts, bounded like llama.cpp's whole-graph check (≤ 5e-2).
+    ("cuda", "real"): (2e-3, 5e-2),
+    ("cuda", "synthetic"): (2e-3, 5e-3),
+}
+
+# Final logits (result_output; real models: the golden's top-16 per position).
+LOGITS = {
+    # measured max 9.1e-4 (real), 5.3e-5 (synthetic)
+    ("numpy", "real"): 5e-3,
+    ("numpy", "synthetic"): 5e-4,
+    ("cuda", "real"): 2e-2,
+    ("cuda", "synthetic"): 5e-3,
+}
+
+# Teacher-forced argmax must equal llama.cpp's wherever llama.cpp's top1 − top2 margin exceeds
+# EPS (logits). Measured: the largest margin at which our argmax differed was 0.345 (real,
+# gemma3-270m, 607-token prompt) and 0.098 (synthetic); EPS is about twice that. Positions
+# above EPS: 63-73 % (real), 75-78 % (synthetic) — the check is not vacuous
+# (MIN_COVERAGE asserts it).
+ARGMAX_EPS = {"real": 0.75, "synthetic": 0.25}
+MIN_COVERAGE = 0.5
+
+# Free-running greedy tokens are compared up to the first step whose llama.cpp margin (step
+# logits or teacher-forced) is below STREAM_EPS: beyond a near-tie, the two streams may
+# legitimately part. llama.cpp's own step-by-step and batched passes differ by up to 1.65
+# logits (manifest: decode_vs_batch_max_logit_diff), so the real-model bound is wider.
+STREAM_EPS = {"real": 1.0, "synthetic": 0.25}
