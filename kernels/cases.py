@@ -126,56 +126,9 @@ def random_weight_file(path, rng: np.random.Generator, specs: dict) -> Path:
     return write_gguf(path, tensors)
 
 
-# Weight types whose constant term (-8d, -16d) llama.cpp's CUDA dot product takes against the
-# Q8_1 block's s = fp16(sum x) (vec_dot_q4_0_q8_1, vec_dot_q5_0_q8_1; our kernels too), where
-# NumpyBackend(act_mode="q8_1") multiplies dequantized weights by dequantized activations,
-# which implies sum(d8 q8) instead: the two differ by NMSE ~3e-5.
-OFFSET_TYPES = (GGMLType.Q4_0, GGMLType.Q5_0)
-
-
-def offset_term_correction(x: np.ndarray, raw: np.ndarray, qtype, N: int, K: int) -> np.ndarray:
-    """What the CUDA dot product adds to the numpy q8_1 reference for rows x [R, K] against a
-    Q4_0/Q5_0 matrix of N rows (raw bytes): [R, N] in float64; zeros for other types."""
-    R = x.shape[0]
-    if qtype not in OFFSET_TYPES:
-        return np.zeros((R, N))
-    blocks = np.asarray(raw).reshape(N, K // 32, BLOCK_SIZES[qtype][1])
-    d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float64)
-    c = -(8.0 if qtype == GGMLType.Q4_0 else 16.0) * d
-    q8 = quants.quantize_q8_1_cuda(x)
-    implied = q8.d.astype(np.float64) * q8.qs.reshape(R, K // 32, 32).astype(np.float64).sum(-1)
-    return (q8.s.astype(np.float64) - implied) @ c.T
-
-
 def cuda_reference():
-    """The reference for the CUDA backend: NumpyBackend(act_mode="q8_1"), with Q4_0/Q5_0
-    mat-vecs corrected to take their constant term against s as the CUDA kernels do (see
-    OFFSET_TYPES). Once the numpy backend's q8_1 mode does that itself, this is just
-    NumpyBackend(act_mode="q8_1")."""
+    """The reference for the CUDA backend: the numpy backend in its Q8_1 mode, which rounds
+    activations as llama.cpp's CUDA path does (including Q4_0/Q5_0/Q4_1/Q5_1 constant terms
+    taken against the fp16 block sum s)."""
     from engine.backends.numpy_backend import NumpyBackend
-
-    class CudaReference(NumpyBackend):
-        def matmul(self, x, w):
-            y = super().matmul(x, w)
-            if w.type not in OFFSET_TYPES:
-                return y
-            x2 = np.asarray(x, np.float32).reshape(-1, w.shape[-1])
-            fix = offset_term_correction(x2, w.raw, w.type, *w.shape)
-            return (y.reshape(fix.shape) + fix).astype(np.float32).reshape(y.shape)
-
-        def matmul_id(self, x, w, ids):
-            y = super().matmul_id(x, w, ids)
-            if w.type not in OFFSET_TYPES:
-                return y
-            E, N, K = w.shape
-            raw = np.asarray(w.raw).reshape(E, -1)
-            x = np.asarray(x, np.float32)
-            ids = np.asarray(ids)
-            y = y.astype(np.float64)
-            for t in range(ids.shape[0]):
-                for j in range(ids.shape[1]):
-                    row = x[t, j] if x.ndim == 3 else x[t]
-                    y[t, j] += offset_term_correction(row[None], raw[ids[t, j]], w.type, N, K)[0]
-            return y.astype(np.float32)
-
-    return CudaReference(act_mode="q8_1")
+    return NumpyBackend(act_mode="q8_1")

@@ -23,7 +23,11 @@ _FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 # Affine block types (w = d·q + m) dot Q8_1 activations as d_w·d_x·Σq_w q_x + m·s_x, where
 # s_x is the activation block's sum stored as float16: that rounding is not in d_x·q_x, so
 # these types are multiplied as two products (the scaled quants, then mins × block sums).
-_AFFINE_Q8_1 = (GGMLType.Q4_1, GGMLType.Q5_1)
+# llama.cpp's CUDA kernels treat Q4_0/Q5_0 the same way (w = d·q_unsigned − 8d or − 16d, the
+# constant against s), while its CPU path multiplies their signed quants exactly.
+_AFFINE_Q8_1 = {"cpu": (GGMLType.Q4_1, GGMLType.Q5_1),
+                "q8_1": (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q4_0, GGMLType.Q5_0)}
+_OFFSET = {GGMLType.Q4_0: 8.0, GGMLType.Q5_0: 16.0}
 
 
 class NumpyWeight(Weight):
@@ -41,7 +45,7 @@ class NumpyWeight(Weight):
         return self._gf.tensor_bytes(self.name)
 
     def dense(self) -> np.ndarray:
-        if getattr(self, "_affine", None) is not None:
+        if self._dense is None and getattr(self, "_affine", None) is not None:
             dq, mins = self._affine
             return dq + np.repeat(mins, 32, axis=-1)
         if self._dense is None:
@@ -49,15 +53,21 @@ class NumpyWeight(Weight):
         return self._dense
 
     def affine_parts(self):
-        """(d·q part `(..., N, K)`, per-block mins `(..., N, K/32)`) of a Q4_1/Q5_1 tensor."""
+        """(d·q part `(..., N, K)`, per-block constant `(..., N, K/32)`) of a Q4_1/Q5_1 tensor
+        (the constant is the min m) or a Q4_0/Q5_0 one (−8d, −16d)."""
         if getattr(self, "_affine", None) is None:
             from ..gguf import BLOCK_SIZES
             _, nbytes = BLOCK_SIZES[self.type]
             blocks = self.raw.reshape(-1, nbytes)
-            mins = blocks[:, 2:4].copy().view(F16).astype(F32).reshape(*self.shape[:-1], -1)
+            if self.type in _OFFSET:
+                d = blocks[:, 0:2].copy().view(F16).astype(F32)
+                mins = (F32(-_OFFSET[self.type]) * d).reshape(*self.shape[:-1], -1)
+            else:
+                mins = blocks[:, 2:4].copy().view(F16).astype(F32).reshape(*self.shape[:-1], -1)
             dq = self.dense() - np.repeat(mins, 32, axis=-1)
             self._affine = (dq, mins)
-            self._dense = None          # the two parts replace the dense copy
+            if self.type not in _OFFSET:
+                self._dense = None      # the two parts replace the dense copy
         return self._affine
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -104,7 +114,7 @@ class NumpyBackend(Backend):
 
     def _linear(self, x, w, expert=None):
         """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given)."""
-        if w.type in _AFFINE_Q8_1:
+        if w.type in _AFFINE_Q8_1[self.act_mode]:
             qb = quants.quantize_q8_1(x) if self.act_mode == "cpu" else quants.quantize_q8_1_cuda(x)
             xq = qb.qs.astype(F32) * np.repeat(qb.d.astype(F32), 32, axis=-1)
             dq, mins = w.affine_parts()
