@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -148,6 +149,76 @@ def test_clean_spaces_matches_llama_cpp_loops(rng):
     for _ in range(3000):
         text = alphabet[rng.integers(0, len(alphabet), rng.integers(0, 12))].tobytes()
         assert clean_spaces(text) == _cleaned_like_llama_cpp(text), text
+
+
+# --- branches the golden strings leave alone ---------------------------------------------------
+
+# Texts aimed at pre-tokenizer branches the golden corpus does not reach (a contraction followed
+# by letters, code points Python calls whitespace and llama.cpp does not, unassigned and
+# private-use code points, lone combining marks), and the first and last 8 ids of each
+# vocabulary (unused tokens render as nothing). Recorded from llama.cpp b11312 as digests:
+# sha256 of the JSON id list (of the detokenized text), first 12 hex digits.
+# test_live_branch_digests re-derives them from llama.cpp.
+BRANCH_TEXTS = [
+    "it'sx He'Sy they'REs we'VEk I'LLama you'dd 'M'm",
+    "x'sgreat 'st 'tx 'rex 'vex 'mx 'llx 'dx",
+    "1 12 123 1234 12345 123456 1234567 \u0661\u0662\u0663\u0664 \u2460\u2461\u2462\u2463",
+    "a\x1cb\x1d c\x1e\x1f d",
+    "x\u0085y \u00a0z \u1680w \u3000v \u2028u \u200bt",
+    "a  \n  b\t\t\nc \r\n\r\n d   ",
+    " \n \n x   end   ",
+    "e\u0301\u0302 \u0301x \u0301",
+    "\u0378\u0379 \U000e0001 \ue000\uf8ff \U0010fffd \ufffe",
+    "Hello!!! ...??? ,,, ;;; \"\"\" ''' ```",
+    "\u01c5ungla \u01c8 \u216b \u2177 \u00bd \u00b2\u00b3",
+]
+BRANCH_DIGESTS = {  # model: (encode(text, False, False) per text, detokenize(edge ids) for skip_special False, True)
+    "smollm2-135m": (["621d15d33263", "50a6db2f45ac", "420ddebf81a9", "b9ad7c931ee3", "6ad0646d5c32", "bac8bd91ff3a",
+                      "7b0e8df5e107", "829abdf02601", "310277b86b28", "88875fab6880", "dc01313dfccd"],
+                     ["fa49eb3b08db", "5e6f502c2159"]),
+    "gemma3-270m": (["8d31964c848c", "68c02a1d8de1", "12594e8b2d49", "5d596ec13e58", "971ca43826d0", "15a917a17ef6",
+                     "ac1553b3b829", "2d8d965b23ee", "9941bab010e8", "fd33898f4a8a", "6f1ba927f278"],
+                    ["e3a5f25e41f1", "1445778fcb46"]),
+    "qwen2.5-coder-0.5b": (["f472ca10fb2b", "10a8c2af5f26", "979aa766f592", "868acdabcedc", "0aaee375073c", "72cba7c775e8",
+                            "052cb5ebcb38", "bc05c91e652b", "908934a6101d", "4b36cc807340", "daf3064ac99f"],
+                           ["b95cf1c70b2e", "b95cf1c70b2e"]),
+    "synth-llama": (["b0a01a0d0b67", "0e92ee96755d", "123372ab3dd8", "47825d8031a2", "3580d2a86f3a", "f7581bc26413",
+                     "0e2d8cec5f64", "87e798391fc4", "23872ff93924", "af9b5085dad1", "38c9ea9a48ec"],
+                    ["8145c2d4b9a0", "61c294165774"]),
+    "synth-qwen3": (["581ab03a48cc", "e3ed2182e7a3", "5ecec727c6c5", "30cdd80e01a3", "a30ab85069ac", "e632a2cc5e30",
+                     "d355638e8086", "bbcfec70f0e7", "2a51576e5e9c", "ce09629be760", "7895c6133aa8"],
+                    ["e7de0972e1ac", "d403571c2726"]),
+    "synth-qwen3moe": (["d8961e698c0c", "ed8abae1564e", "41bf156af350", "556dbf0a42ea", "63b36e979f50", "5bc840f5bd07",
+                        "a22fac191b6e", "2e688a8697fa", "6b11c94d605b", "032044d008b0", "49be85f0fef5"],
+                       ["0ceac04e2df4", "54e6a38d248e"]),
+    "synth-gemma3": (["b0a01a0d0b67", "0e92ee96755d", "123372ab3dd8", "47825d8031a2", "3580d2a86f3a", "f7581bc26413",
+                      "0e2d8cec5f64", "87e798391fc4", "23872ff93924", "af9b5085dad1", "38c9ea9a48ec"],
+                     ["8145c2d4b9a0", "61c294165774"]),
+}
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:12]
+
+
+def _edge_ids(n_vocab: int) -> list[int]:
+    return list(range(8)) + list(range(n_vocab - 8, n_vocab))
+
+
+@pytest.mark.parametrize("model", [m.name for m in goldens.models()])
+def test_branch_cases_match_llama_cpp(model, model_tokenizer):
+    tok = model_tokenizer(model)
+    encode_want, decode_want = BRANCH_DIGESTS[model]
+    wrong = []
+    for text, want in zip(BRANCH_TEXTS, encode_want):
+        ids = tok.encode(text, add_special=False, parse_special=False)
+        if _digest(ids) != want:
+            wrong.append(f"encode {text!r}: brass {ids} is not llama.cpp's")
+    for skip, want in zip((False, True), decode_want):
+        text = tok.decode(_edge_ids(tok.n_vocab), skip_special=skip)
+        if _digest(text) != want:
+            wrong.append(f"decode {_edge_ids(tok.n_vocab)} skip_special={skip}: brass {text!r} is not llama.cpp's")
+    assert not wrong, "\n".join(wrong)
 
 
 # --- special tokens, end of generation -------------------------------------------------------
@@ -447,6 +518,17 @@ def test_live_random_text(model, model_tokenizer, rng):
     assert not wrong, f"{len(wrong)} differences from llama.cpp:\n" + _show(wrong)
 
 
+@pytest.mark.parametrize("model", [m.name for m in goldens.models()])
+def test_live_branch_digests(model):
+    """The recorded BRANCH_DIGESTS are what llama.cpp gives today."""
+    ref = LlamaCpp(goldens.model(model).fetch())
+    n_vocab = ref.lib.llama_vocab_n_tokens(ref.vocab)
+    got = ([_digest(ref.encode(t, False, False)) for t in BRANCH_TEXTS],
+           [_digest(ref.detokenize(_edge_ids(n_vocab), skip, not skip).decode("utf-8", "replace"))
+            for skip in (False, True)])
+    assert got == tuple(BRANCH_DIGESTS[model])
+
+
 def _random_spm_vocab(rng, path: Path) -> Path:
     alphabet = list("ab▁cé日🙂'1")
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -479,7 +561,7 @@ def _random_bpe_vocab(rng, path: Path, pre: str) -> Path:
     tokens = [t for b, t in enumerate(tokens) if b not in drop]     # bytes without a token are dropped
     seen = set(tokens)
     merges = []
-    units = [byte_encode(c) for c in "ab c'sS1\n日é"] + ["Ġ", "a", "b"]
+    units = [byte_encode(c) for c in "ab c'sS123\n日é"] + ["Ġ", "a", "b", "1", "2"]
     for _ in range(300):
         left = units[rng.integers(len(units))]
         right = units[rng.integers(len(units))]
