@@ -5,8 +5,9 @@ page in headless Chromium.
 One server process (smollm2-135m, numpy backend, a 256-token context) serves the whole module.
 What a reply must be comes from the same model run in this process through the engine's API
 (greedy, or the same seed): the server must neither change nor mix up anyone's tokens.
-The module takes ~15 s on 2 cores (~1 min when other work shares them): the server's start,
-the concurrency test (16 requests) and the browser test (~2 s) take most of it.
+Measured on 2 cores: ~15 s for the module when the machine is otherwise idle, ~2.5 min when
+other work shares the cores; the 16-client test, the Gemma fallback test and the openai-client
+tests take most of it, the browser test ~2 s.
 """
 
 from __future__ import annotations
