@@ -1,6 +1,6 @@
 """`brass chat`: the conversation it keeps (in-process), and the terminal program in a
 pseudo-terminal: a streamed reply, Ctrl-C stopping a reply without leaving, /reset, Ctrl-D.
-Measured on 2 cores: ~4 s for the module on an otherwise idle machine, ~1 min when other work
+Measured on 2 cores: seconds on an otherwise idle machine (3.6 s before the Gemma test), ~1 min when other work
 shares the cores (the Gemma fallback test loads a second model)."""
 
 from __future__ import annotations
