@@ -509,7 +509,8 @@ HTTP_ERRORS = {
     "health_without_key": (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
     "unknown_path": (b"GET /v2/everything HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
     "wrong_method": (b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
-    "unknown_method": (b"BREW /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 501),
+    "unknown_method": (b"BREW /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
+    "head_method": (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
     "garbage_request_line": (b"\x16\x03\x01 hello there\r\n\r\n", 400),
 }
 
@@ -521,8 +522,12 @@ def test_http_level_errors(server, snapshot, name):
     head, _, body = answer.partition(b"\r\n\r\n")
     status_line = head.split(b"\r\n")[0].decode()
     assert status_line.split()[1] == str(status), answer[:500]
-    error = json.loads(body)
-    assert set(error["error"]) == {"message", "type", "param", "code"}
+    if request.startswith(b"HEAD "):
+        assert body == b"", "a response to HEAD has no body"
+        error = {}
+    else:
+        error = json.loads(body)
+        assert set(error["error"]) == {"message", "type", "param", "code"}
     assert {"status": status_line, **error} == snapshot
     assert server.health()["status"] == "ok"
 

@@ -264,6 +264,10 @@ def _text(s: str, param: str) -> str:
     return s
 
 
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
 def _reject_constant(name):
     raise ValueError(f"{name} is not a JSON value")
 
@@ -398,7 +402,7 @@ class App:
         if n_prompt == 0:
             raise APIError(400, "the prompt is empty", code="invalid_value", param="prompt")
         if n_prompt >= n_ctx:
-            raise APIError(400, f"the prompt is {n_prompt} tokens, but the context holds {n_ctx} "
+            raise APIError(400, f"the prompt is {_tokens(n_prompt)}, but the context holds {n_ctx} "
                                 "for the prompt and the reply together", code="context_length_exceeded")
         room = n_ctx - n_prompt
         if max_tokens is None:
@@ -407,7 +411,7 @@ class App:
             raise APIError(400, f"'max_tokens' must be at least 1, got {max_tokens}",
                            code="invalid_value", param="max_tokens")
         if max_tokens > room:
-            raise APIError(400, f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceed "
+            raise APIError(400, f"the prompt ({_tokens(n_prompt)}) plus max_tokens ({max_tokens}) exceed "
                                 f"the context of {n_ctx} tokens; at most {room} new tokens fit",
                            code="context_length_exceeded", param="max_tokens")
         return max_tokens
@@ -461,20 +465,12 @@ class Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT
     server: "BrassHTTPServer"
 
-    def do_GET(self):
-        self._dispatch("GET")
-
-    def do_POST(self):
-        self._dispatch("POST")
-
-    def do_PUT(self):
-        self._dispatch("PUT")
-
-    def do_DELETE(self):
-        self._dispatch("DELETE")
-
-    def do_PATCH(self):
-        self._dispatch("PATCH")
+    def __getattr__(self, name):
+        # http.server looks up do_<METHOD>: every method goes to the router, which answers an
+        # unknown path with 404 and a method the path does not take with 405.
+        if name.startswith("do_"):
+            return lambda: self._dispatch(name[3:])
+        raise AttributeError(name)
 
     # Routes: path → (method, handler name).
     ROUTES = {
