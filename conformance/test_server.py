@@ -374,6 +374,35 @@ def test_sixteen_concurrent_clients(server, model, rng):
     assert (h["requests_running"], h["requests_waiting"]) == (0, 0)
 
 
+def test_full_queue_gets_503_and_leavers_free_their_places(model, rng):
+    """The worker's queue in-process: one request running, one waiting, a third refused with
+    503; once the waiting one's client leaves, a new request takes its place."""
+    from engine.server import APIError, Job, Scheduler
+    scheduler = Scheduler(model, parallel=1, max_waiting=1)
+
+    def job():
+        ids = model.tokenizer.encode(words(rng, 3), add_special=True, parse_special=True)
+        return Job(ids, 200, SamplingParams(temperature=0.8, seed=int(rng.integers(2**31))), [])
+
+    running, waiting, later = job(), job(), job()
+    try:
+        scheduler.submit(running)
+        deadline = time.monotonic() + 60
+        while scheduler.counts() != (1, 0):
+            assert time.monotonic() < deadline, scheduler.counts()
+            time.sleep(0.01)
+        scheduler.submit(waiting)
+        with pytest.raises(APIError) as e:
+            scheduler.submit(job())
+        assert (e.value.status, e.value.code) == (503, "server_busy")
+        waiting.cancelled.set()
+        scheduler.submit(later)
+        assert scheduler.counts() == (1, 1)
+    finally:
+        for j in (running, waiting, later):
+            j.cancelled.set()
+
+
 def wait_idle(server, seconds: float) -> dict:
     deadline = time.monotonic() + seconds
     while True:

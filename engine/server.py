@@ -187,6 +187,8 @@ class Scheduler:
 
     def submit(self, job: Job):
         with self._cv:
+            # Requests whose clients left while waiting must not hold places in the queue.
+            self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
             if len(self._waiting) >= self.max_waiting:
                 raise APIError(503, f"the server is busy: {len(self._waiting)} requests are already "
                                     "waiting; retry later", code="server_busy", headers={"Retry-After": "5"})
