@@ -1,0 +1,28 @@
+"""Perf runs only after conformance passes for the same model and backend: the first benchmark
+of a (model, backend) pair runs its whole-model conformance tests in a subprocess and skips the
+pair's benchmarks (reason shown) when they fail."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_gate: dict = {}
+
+
+@pytest.fixture(scope="session")
+def conformance_gate():
+    def check(model: str, backend: str):
+        key = (model, backend)
+        if key not in _gate:
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                   "conformance/test_models.py", "-k", f"{model} and {backend}"]
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ.copy())
+            _gate[key] = (r.returncode == 0, r.stdout.strip().splitlines()[-1:] or ["no output"])
+        ok, tail = _gate[key]
+        if not ok:
+            pytest.skip(f"conformance of {model} on {backend} did not pass ({tail[0]}): no perf figures")
+    return check
