@@ -403,6 +403,32 @@ def test_full_queue_gets_503_and_leavers_free_their_places(model, rng):
             j.cancelled.set()
 
 
+def test_short_request_is_not_held_up_by_a_long_one(model, rng):
+    """Running requests take turns a token each: a 2-token request sent just after a 40-token
+    one finishes while the long one is still generating."""
+    from engine.server import Job, Scheduler
+    greedy = SamplingParams(temperature=0.0)
+    for _ in range(5):  # a long prompt whose greedy reply does not end early
+        long_ids = model.tokenizer.encode(words(rng, 4), add_special=True, parse_special=True)
+        if expected(model, long_ids, 40)[1:] == (40, "length"):
+            break
+    else:
+        pytest.fail("no prompt among 5 kept the model talking for 40 tokens")
+    short_ids = model.tokenizer.encode(words(rng, 3), add_special=True, parse_special=True)
+    long, short = Job(long_ids, 40, greedy, []), Job(short_ids, 2, greedy, [])
+    scheduler = Scheduler(model, parallel=4, max_waiting=4)
+    try:
+        scheduler.submit(long)
+        scheduler.submit(short)
+        while (event := short.events.get(timeout=120))[0] == "delta":
+            pass
+        assert event[0] == "done"
+        assert long.completion_tokens < 40, "the long request ran to its end first"
+    finally:
+        long.cancelled.set()
+        short.cancelled.set()
+
+
 def wait_idle(server, seconds: float) -> dict:
     deadline = time.monotonic() + seconds
     while True:
