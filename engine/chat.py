@@ -54,28 +54,29 @@ class Conversation:
                 self.reply_tokens += 1
                 if tok.is_eog(token):
                     break
-                text, hit = stops.feed(decoder.feed(token))
-                parts.append(text)
-                yield text
+                piece, hit = stops.feed(decoder.feed(token))
+                parts.append(piece)
+                yield piece
                 if hit:
                     return
-            text, hit = stops.feed(decoder.flush())
-            parts.append(text if hit else text + stops.flush())
+            piece, hit = stops.feed(decoder.flush())
+            parts.append(piece if hit else piece + stops.flush())
             yield parts[-1]
         finally:
             gen.close()
             self.messages.append({"role": "assistant", "content": "".join(parts)})
 
 
-def run(conv: Conversation, read=input, out=sys.stdout, err=sys.stderr):
+def run(conv: Conversation):
     """The read–reply loop until /exit or end of input."""
+    out, err = sys.stdout, sys.stderr
     try:
         import readline  # noqa: F401  (line editing and ↑/↓ through earlier lines, where available)
     except ImportError:
         pass
     while True:
         try:
-            line = read("> ")
+            line = input("> ")
         except EOFError:
             out.write("\n")
             return
