@@ -140,6 +140,9 @@ def test_terminal_chat_ctrl_c_stops_a_reply_without_exiting(real_model_path):
                      "--temperature", "0", "--system", "You tell long stories."])
     try:
         at = term.expect(rb"> ", timeout=120)
+        # CPython's readline loop sees a SIGINT that lands between printing the prompt and
+        # waiting for input only at the next keystroke: give it a moment to start waiting.
+        time.sleep(1)
         term.send(b"\x03")  # at the prompt: a fresh prompt, not an exit
         at = term.expect(rb"> ", timeout=60, since=at)
         term.send(b"Tell me a long story about a lighthouse keeper.\r")
