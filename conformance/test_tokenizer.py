@@ -27,7 +27,7 @@ from conformance import goldens
 from engine.errors import BrassError, GGUFError, UnsupportedError
 from engine.gguf import GGUFFile
 from engine.tokenizer import Tokenizer, TokenizerError
-from engine.tokenizer.hash_order import iteration_order
+from engine.tokenizer import libstdcxx
 from engine.tokenizer.tokenizer import clean_spaces
 
 GOLDEN_PAIRS = [(t["name"], m) for t in goldens.tokenizers() for m in t["models"]]
@@ -289,19 +289,32 @@ def test_stream_decoder_equals_decode(tokenizer, model, model_tokenizer, rng):
             assert text == want, (ids, skip)
 
 
-# --- libstdc++ hash-map order (how llama.cpp picks among several EOT / FIM candidates) ---------
+# --- libstdc++ orders: hash map (which of several EOT / FIM candidates), std::sort (specials) ---
 
 def test_hash_map_order_is_libstdcxx():
     # Recorded from GCC 12.2 / libstdc++ 6.0.30: insert the keys in order into a
     # std::unordered_map<std::string, int> with operator[], then iterate it.
     keys = [f"token{i}".encode() for i in range(60)]
-    assert iteration_order(keys).tolist() == [
+    assert libstdcxx.iteration_order(keys).tolist() == [
         27, 22, 26, 24, 23, 59, 2, 8, 54, 58, 19, 18, 17, 43, 15, 37, 13, 9, 0, 11, 48, 21, 44, 57,
         1, 16, 5, 3, 20, 25, 50, 4, 28, 6, 55, 7, 10, 38, 12, 29, 30, 31, 47, 14, 32, 53, 33, 42,
         34, 35, 36, 39, 40, 41, 46, 45, 49, 51, 52, 56]
     keys = [f"<|piece {i}|>".encode() * (1 + i % 3) for i in range(100_000)]
-    order = iteration_order(keys).astype("<i4").tobytes()
+    order = libstdcxx.iteration_order(keys).astype("<i4").tobytes()
     assert hashlib.sha256(order).hexdigest() == "ef2981e5378c0fa5c879f5a40bcccd4e3b5a5c9070eaf1476b24d78a0f2e3c6b"
+
+
+def test_sort_is_libstdcxx_std_sort():
+    # llama.cpp orders its special tokens with std::sort by length, longest first. Recorded from
+    # GCC 12.2: std::sort of the ids 0..n-1 with comp(a, b) = len[a] > len[b].
+    lengths = [1 + (i * 7919) % 4 for i in range(60)]
+    assert libstdcxx.sort(list(range(60)), key=lambda i: -lengths[i]) == [
+        1, 25, 21, 29, 33, 17, 37, 41, 13, 45, 9, 49, 53, 5, 57, 46, 42, 50, 38, 34, 54, 58, 26, 30,
+        22, 2, 6, 18, 10, 14, 23, 59, 3, 55, 51, 7, 47, 11, 43, 15, 27, 35, 19, 39, 31, 8, 24, 28,
+        56, 20, 4, 0, 52, 32, 48, 36, 44, 16, 12, 40]
+    lengths = [1 + (i * i * 31 + 7) % 13 for i in range(20000)]
+    order = np.array(libstdcxx.sort(list(range(20000)), key=lambda i: -lengths[i]), dtype="<i4").tobytes()
+    assert hashlib.sha256(order).hexdigest() == "f3e67e1a4f64fc81a3b7de3088051a1cc16f0364df7d432373c7bed95467118a"
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -581,8 +594,11 @@ def _random_bpe_vocab(rng, path: Path, pre: str) -> Path:
             units.append(left + right)
     merges += [merges[i] for i in rng.integers(0, len(merges), 10)]     # repeated: the first rank holds
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|eot_id|>", "<|fim_pad|>", "<fim-pad>", "<|channel|>"]
-    types = [1] * len(tokens) + [3] * len(specials) + [4]
-    tokens += specials + ["<tool_call>"]
+    # user-defined tokens of equal length that overlap in text ("wxy" and "xyz" in "wxyz"):
+    # which is cut out first follows libstdc++'s unstable std::sort
+    overlapping = sorted({"".join("wxyz"[j] for j in rng.integers(0, 4, rng.integers(3, 5))) for _ in range(60)})
+    types = [1] * len(tokens) + [3] * len(specials) + [4] * (1 + len(overlapping))
+    tokens += specials + ["<tool_call>"] + overlapping
     return _write_vocab(path, tokens, pre=pre, types=types, merges=merges,
                         add_bos_token=bool(rng.integers(2)), add_eos_token=bool(rng.integers(2)),
                         bos_token_id=tokens.index("<|im_start|>"), eos_token_id=tokens.index("<|im_end|>"))
@@ -594,7 +610,8 @@ def test_live_random_vocabularies(tmp_path, rng):
     pre-tokenizer) against llama.cpp on random text over their alphabets."""
     LlamaCpp._library()
     pieces = ["a", "b", "ab", " ", "  ", "c", "'s", "'S", "1", "12", "123", "\n", "日", "é", "🙂",
-              "<|im_end|>", "<|endoftext|>", "<tag>", "<tool_call>", "<|channel|>", "<fim-pad>", "▁"]
+              "<|im_end|>", "<|endoftext|>", "<tag>", "<tool_call>", "<|channel|>", "<fim-pad>", "▁",
+              "wxyzw", "zyxwz", "wwxxyyzz"]
     paths = [_random_spm_vocab(rng, tmp_path / f"spm{i}.gguf") for i in range(3)]
     paths += [_random_bpe_vocab(rng, tmp_path / f"bpe-{pre}.gguf", pre) for pre in BPE_PRES]
     for path in paths:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import GGUFError, UnsupportedError
-from . import hash_order
+from . import libstdcxx
 from .pretokenizers import PreTokenizer, pre_tokenizer
 
 # llama_token_attr
@@ -31,7 +31,7 @@ _TYPE_ATTR = {0: ATTR_UNDEFINED, 1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTRO
               4: ATTR_USER_DEFINED, 5: ATTR_UNUSED, 6: ATTR_BYTE}
 
 # Tokens llama.cpp finds by their text when the metadata does not name them. The first token of
-# a list met while walking its token hash map wins (hash_order.py).
+# a list met while walking its token hash map wins (libstdcxx.py).
 _ROLE_TEXTS = {
     "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
             "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
@@ -183,10 +183,9 @@ def load_vocab(gf) -> Vocab:
         attrs[eog_texts["</s>"]] = ATTR_NORMAL
 
     special = [i for i, a in enumerate(attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
-    # llama.cpp uses std::sort (not stable) by byte length; two tokens of the same length can
-    # only be matched in a different order if one's end overlaps the other's start, which no
-    # vocabulary we know has.
-    special.sort(key=lambda i: -len(texts[i].encode("utf-8", "surrogateescape")))
+    # longest first, by std::sort: equal lengths stay in the order libstdc++'s unstable sort
+    # leaves them, which matters when two of them overlap in a text
+    special = libstdcxx.sort(special, key=lambda i: -len(texts[i].encode("utf-8", "surrogateescape")))
 
     name = str(md.get("general.name", "")).lower()
     if "phi-3" in name or "phi3" in name:
@@ -212,7 +211,7 @@ def _find_roles_by_text(ids: dict, texts: list[str], token_to_id: dict[str, int]
     if any(len(found) > 1 for found in present.values()):
         keys = [t.encode("utf-8", "surrogateescape") for t in texts]
         rank = np.empty(len(keys), dtype=np.int64)
-        rank[hash_order.iteration_order(keys)] = np.arange(len(keys))
+        rank[libstdcxx.iteration_order(keys)] = np.arange(len(keys))
         first = {role: min(found, key=lambda t: rank[t]) for role, found in present.items()}
     else:
         first = {role: found[0] for role, found in present.items()}

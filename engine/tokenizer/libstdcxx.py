@@ -1,6 +1,7 @@
-"""The order in which llama.cpp's `std::unordered_map<std::string, llama_token>` lists tokens.
+"""Two orders llama.cpp's results inherit from libstdc++ (GCC 12, which built the reference
+llama.cpp): how a `std::unordered_map` lists its keys, and how `std::sort` leaves equal keys.
 
-llama.cpp finds the end-of-turn and fill-in-the-middle tokens by walking its token map and
+Hash-map order. llama.cpp finds the end-of-turn and fill-in-the-middle tokens by walking its token map and
 taking the first token whose text is on a list (`llama_vocab::impl::load`). When a vocabulary
 holds two listed texts (Qwen has both `<|im_end|>` and `<|endoftext|>`), the winner is the one
 the hash map lists first. That order is fixed by libstdc++ (GCC 12, which built the reference
@@ -88,3 +89,103 @@ def iteration_order(keys: list[bytes]) -> np.ndarray:
         np.minimum.at(group, bucket, placed[:end])
         order = np.lexsort((-placed[:end], -group[bucket]))
     return order
+
+
+def sort(items: list, key) -> list:
+    """std::sort(first, last, comp) with comp(a, b) = key(a) < key(b), step by step as libstdc++
+    does it (introsort: median-of-three quicksort down to runs of 16, heapsort past a depth of
+    2 log2 n, then insertion sort). The sort is not stable, and llama.cpp's special tokens of
+    equal length come out in the order it leaves them, which decides which of two overlapping
+    ones is cut out of a text first."""
+    a = list(items)
+    k = [key(x) for x in a]
+
+    def swap(i, j):
+        a[i], a[j] = a[j], a[i]
+        k[i], k[j] = k[j], k[i]
+
+    def unguarded_linear_insert(last):
+        val, kv = a[last], k[last]
+        nxt = last - 1
+        while kv < k[nxt]:
+            a[last], k[last] = a[nxt], k[nxt]
+            last = nxt
+            nxt -= 1
+        a[last], k[last] = val, kv
+
+    def insertion_sort(first, last):
+        for i in range(first + 1, last):
+            if k[i] < k[first]:
+                val, kv = a[i], k[i]
+                a[first + 1:i + 1], k[first + 1:i + 1] = a[first:i], k[first:i]
+                a[first], k[first] = val, kv
+            else:
+                unguarded_linear_insert(i)
+
+    def adjust_heap(first, hole, length, val, kv):
+        top = hole
+        child = hole
+        while child < (length - 1) // 2:
+            child = 2 * (child + 1)
+            if k[first + child] < k[first + child - 1]:
+                child -= 1
+            a[first + hole], k[first + hole] = a[first + child], k[first + child]
+            hole = child
+        if length % 2 == 0 and child == (length - 2) // 2:
+            child = 2 * (child + 1)
+            a[first + hole], k[first + hole] = a[first + child - 1], k[first + child - 1]
+            hole = child - 1
+        parent = (hole - 1) // 2
+        while hole > top and k[first + parent] < kv:
+            a[first + hole], k[first + hole] = a[first + parent], k[first + parent]
+            hole = parent
+            parent = (hole - 1) // 2
+        a[first + hole], k[first + hole] = val, kv
+
+    def heap_sort(first, last):
+        length = last - first
+        if length >= 2:
+            for parent in range((length - 2) // 2, -1, -1):
+                adjust_heap(first, parent, length, a[first + parent], k[first + parent])
+        while last - first > 1:
+            last -= 1
+            val, kv = a[last], k[last]
+            a[last], k[last] = a[first], k[first]
+            adjust_heap(first, 0, last - first, val, kv)
+
+    def introsort_loop(first, last, depth):
+        while last - first > 16:
+            if depth == 0:
+                heap_sort(first, last)
+                return
+            depth -= 1
+            mid = first + (last - first) // 2
+            x, y, z = first + 1, mid, last - 1      # median of three to `first`
+            if k[x] < k[y]:
+                swap(first, y if k[y] < k[z] else z if k[x] < k[z] else x)
+            else:
+                swap(first, x if k[x] < k[z] else z if k[y] < k[z] else y)
+            lo, hi = first + 1, last                # unguarded partition around `first`
+            while True:
+                while k[lo] < k[first]:
+                    lo += 1
+                hi -= 1
+                while k[first] < k[hi]:
+                    hi -= 1
+                if not lo < hi:
+                    break
+                swap(lo, hi)
+                lo += 1
+            introsort_loop(lo, last, depth)
+            last = lo
+
+    n = len(a)
+    if n:
+        introsort_loop(0, n, 2 * (n.bit_length() - 1))
+        if n > 16:
+            insertion_sort(0, 16)
+            for i in range(16, n):
+                unguarded_linear_insert(i)
+        else:
+            insertion_sort(0, n)
+    return a
