@@ -26,14 +26,13 @@ import pytest
 from conformance import goldens
 from engine.errors import BrassError, GGUFError, UnsupportedError
 from engine.gguf import GGUFFile
-from engine.tokenizer import Tokenizer, TokenizerError
-from engine.tokenizer import libstdcxx
+from engine.tokenizer import Tokenizer, TokenizerError, libstdcxx
 from engine.tokenizer.tokenizer import clean_spaces
 
 GOLDEN_PAIRS = [(t["name"], m) for t in goldens.tokenizers() for m in t["models"]]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokenizer_at(path: str) -> Tokenizer:
     return Tokenizer.from_gguf(GGUFFile(path))
 
@@ -116,9 +115,9 @@ def _cleaned_like_llama_cpp(text: bytes) -> bytes:
         x = t[i]
         if t[i - 1] == 0x20 and x == 0x27 and i + 1 < total3:
             x1 = t[i + 1]
-            if x1 in b"sm":
+            if x1 in b"sm":                                    # " 's", " 'm"
                 out -= 1
-            elif x1 not in b"td" and i + 2 < total3 and (bytes([x1, t[i + 2]]) in (b"re", b"ve")):
+            elif x1 not in b"td" and i + 2 < total3 and bytes([x1, t[i + 2]]) in (b"re", b"ve"):
                 out -= 1
         t[out] = x
         out += 1

@@ -20,7 +20,7 @@ TARGET = Path(__file__).with_name("unicode_data.py")
 
 
 def _table(src: str, name: str) -> str:
-    m = re.search(name + r"\s*=\s*\{(.*?)\n\};", src, re.S)
+    m = re.search(name + r"\s*=\s*\{(.*?)\n\};", src, re.DOTALL)
     if m is None:
         raise SystemExit(f"{name} not found")
     return m.group(1)

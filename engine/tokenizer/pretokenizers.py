@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import unicode as uc
 from ..errors import UnsupportedError
+from . import unicode as uc
 
 LETTER, NUMBER, WHITESPACE, ACCENT_MARK = uc.LETTER, uc.NUMBER, uc.WHITESPACE, uc.ACCENT_MARK
 

@@ -13,12 +13,21 @@ import functools
 import operator
 import re
 
-from ..errors import BrassError, GGUFError
+from ..errors import BrassError
 from . import unicode as uc
 from .merges import bpe_merge, spm_merge
 from .pretokenizers import split_words
-from .vocab import (ATTR_BYTE, ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP,
-                    ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab, load_vocab)
+from .vocab import (
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_LSTRIP,
+    ATTR_NORMAL,
+    ATTR_RSTRIP,
+    ATTR_UNKNOWN,
+    ATTR_USER_DEFINED,
+    Vocab,
+    load_vocab,
+)
 
 SPACE_ESCAPE = "\u2581"   # SentencePiece's "▁"
 _C_SPACES = " \t\n\v\f\r"  # isspace() in the C locale, for LSTRIP/RSTRIP
@@ -42,7 +51,7 @@ class Tokenizer:
         self._bpe_word = functools.lru_cache(maxsize=1 << 16)(self._bpe_word_uncached)
 
     @classmethod
-    def from_gguf(cls, gf) -> "Tokenizer":
+    def from_gguf(cls, gf) -> Tokenizer:
         """Read the tokenizer.ggml.* metadata of an open engine.gguf.GGUFFile."""
         return cls(load_vocab(gf))
 
@@ -228,7 +237,7 @@ class Tokenizer:
         """llama_vocab_is_eog: end of generation (EOS, EOT, <|im_end|>, ... as llama.cpp finds them)."""
         return id in self.vocab.eog
 
-    def stream_decoder(self, skip_special: bool = False) -> "StreamDecoder":
+    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special)
 
 
