@@ -94,17 +94,17 @@ def test_teacher_forced(name, backend, loaded):
     m = loaded(name, backend)
     eps = tolerances.ARGMAX_EPS[gm.kind]
     logit_bound = tolerances.LOGITS[(backend, gm.kind)]
+    allowed = tolerances.ARGMAX_MAX_DISAGREEMENT.get((backend, "moe" if "moe" in gm.arch else "dense"), 0.0)
     checked = total = 0
-    failures = []
+    failures, disagreements = [], []
     for p in goldens.prompts(name):
         logits = m.score(p.tf_ids)
         assert logits.shape == (len(p.tf_ids), gm.n_vocab)
         argmax = logits.argmax(axis=-1)
         clear = p.tf_margin > eps
         bad = np.nonzero(clear & (argmax != p.tf_argmax))[0]
-        for j in bad[:5]:
-            failures.append(f"{p.name} position {j}: Brass {argmax[j]}, llama.cpp {p.tf_argmax[j]} "
-                            f"(margin {p.tf_margin[j]:.3f})")
+        disagreements += [f"{p.name} position {j}: Brass {argmax[j]}, llama.cpp {p.tf_argmax[j]} "
+                          f"(margin {p.tf_margin[j]:.3f})" for j in bad]
         checked += int(clear.sum())
         total += len(clear)
         ours_top = np.take_along_axis(logits, p.tf_top_ids.astype(np.int64), axis=-1)
@@ -113,6 +113,11 @@ def test_teacher_forced(name, backend, loaded):
             failures.append(f"{p.name}: top-16 logits NMSE {err:.3e} > {logit_bound:.0e}")
     assert checked / total >= tolerances.MIN_COVERAGE, \
         f"only {checked}/{total} positions have a clear margin: the check would be vacuous"
+    if len(disagreements) > allowed * checked:
+        failures = disagreements[:8] + failures
+    elif disagreements:
+        print(f"{len(disagreements)} of {checked} clear positions differ (allowed {allowed:.0%}): "
+              + "; ".join(disagreements))
     assert not failures, f"{name} on {backend}: " + "; ".join(failures[:8])
 
 
