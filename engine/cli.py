@@ -105,17 +105,23 @@ def cmd_run(args):
 
 def _read_jsonl_strings(path):
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                s = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BrassError(f"{path}:{i}: not JSON: {e.msg}") from None
-            if not isinstance(s, str):
-                raise BrassError(f"{path}:{i}: expected a JSON string, got {type(s).__name__}")
-            out.append(s)
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise BrassError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise BrassError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    # split on \n only: a JSON string may hold a raw U+2028, which splitlines() would cut
+    for i, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BrassError(f"{path}:{i}: not JSON: {e.msg}") from None
+        if not isinstance(s, str):
+            raise BrassError(f"{path}:{i}: expected a JSON string, got {type(s).__name__}")
+        out.append(s)
     return out
 
 
