@@ -58,9 +58,13 @@ class Sampler:
                                       vals * p.repetition_penalty)
         if p.greedy:
             return int(np.argmax(logits))
-        ids = np.argsort(-logits, kind="stable")
-        if p.top_k > 0:
-            ids = ids[:p.top_k]
+        if 0 < p.top_k < logits.shape[0]:
+            # partial selection, then a stable sort of the k survivors (ties → lower id)
+            cand = np.argpartition(-logits, p.top_k - 1)[:p.top_k]
+            cand = np.sort(cand)
+            ids = cand[np.argsort(-logits[cand], kind="stable")]
+        else:
+            ids = np.argsort(-logits, kind="stable")
         vals = logits[ids]
         if p.top_p < 1.0:
             probs = _softmax(vals)
