@@ -13,6 +13,28 @@ ROOT = Path(__file__).resolve().parents[1]
 _gate: dict = {}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--benchmark", action="store_true",
+                     help="run the benchmarks only (pytest-benchmark's --benchmark-only) and "
+                          "print each benchmark's figures as a table at the end")
+
+
+def pytest_configure(config):
+    if config.getoption("--benchmark", default=False):
+        config.option.benchmark_only = True
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not config.getoption("--benchmark", default=False):
+        return
+    bs = getattr(config, "_benchmarksession", None)
+    rows = [(b.name, f"{b.stats.median * 1e3:.3f}", ", ".join(f"{k}={v}" for k, v in b.extra_info.items()))
+            for b in (bs.benchmarks if bs else []) if getattr(b, "stats", None) is not None]
+    if rows:
+        from tabulate import tabulate
+        terminalreporter.write_line(tabulate(rows, headers=["benchmark", "median ms", "figures"]))
+
+
 @pytest.fixture(scope="session")
 def conformance_gate():
     def check(model: str, backend: str):
