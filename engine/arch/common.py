@@ -138,3 +138,21 @@ def output(f: Forward, x):
     b, cfg, w = f.b, f.cfg, f.w
     x = f.cb(b.rms_norm(x, w("output_norm.weight"), cfg.norm_eps), "result_norm")
     return f.cb(b.matmul(x, w.output()), "result_output")
+
+
+def pre_norm_decoder(f: Forward, ids, out_rows, *, qk_norm: bool = False):
+    """The llama-family stack: x += attn(norm(x)); x += ffn(norm(x)); then output.
+    The FFN is a top-k MoE when the config has experts. `out_rows` keeps only the rows
+    whose logits are wanted from the last layer's residual on (as llama.cpp's inp_out_ids)."""
+    b, cfg, w = f.b, f.cfg, f.w
+    x = b.embed(w("token_embd.weight"), ids)
+    for il in range(cfg.n_layer):
+        h = f.cb(b.rms_norm(x, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps), "attn_norm", il)
+        h = attention(f, il, h, qk_norm=qk_norm)
+        if il == cfg.n_layer - 1 and out_rows is not None:
+            h, x = b.take_rows(h, out_rows), b.take_rows(x, out_rows)
+        x = f.cb(b.add(h, x), "ffn_inp", il)
+        h = f.cb(b.rms_norm(x, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps), "ffn_norm", il)
+        h = moe(f, il, h) if cfg.n_expert else f.cb(ffn(f, il, h), "ffn_out", il)
+        x = f.cb(b.add(h, x), "l_out", il)
+    return output(f, x)

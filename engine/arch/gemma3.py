@@ -7,12 +7,11 @@ import math
 
 from . import common
 
-ROPE_NEOX = True
 SWA_PATTERN = 6     # every 6th layer is global (llama.cpp: load_swa_pattern(ml, 6))
 
 
 def configure(cfg, gf):
-    cfg.rope_neox = ROPE_NEOX
+    cfg.rope_neox = True
     # The key is either a per-layer array of flags or a period n (the last layer of every n
     # is global), as in llama.cpp's load_swa_pattern.
     pattern = gf.get("gemma3.attention.sliding_window_pattern", SWA_PATTERN)

@@ -1,26 +1,13 @@
-"""`qwen3`: qwen2 without biases, with RMSNorm on each query and key head before rope.
+"""`qwen3`: qwen2 without biases, with an RMSNorm on each query and key head before rope.
 llama.cpp: src/models/qwen3.cpp."""
 
 from . import common
 
-ROPE_NEOX = True
-
 
 def configure(cfg, gf):
-    cfg.rope_neox = ROPE_NEOX
+    cfg.rope_neox = True
     return cfg
 
 
 def forward(f: common.Forward, ids, out_rows=None):
-    b, cfg, w = f.b, f.cfg, f.w
-    x = b.embed(w("token_embd.weight"), ids)
-    for il in range(cfg.n_layer):
-        h = f.cb(b.rms_norm(x, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps), "attn_norm", il)
-        h = common.attention(f, il, h, qk_norm=True)
-        if il == cfg.n_layer - 1 and out_rows is not None:
-            h, x = b.take_rows(h, out_rows), b.take_rows(x, out_rows)
-        x = f.cb(b.add(h, x), "ffn_inp", il)
-        h = f.cb(b.rms_norm(x, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps), "ffn_norm", il)
-        h = f.cb(common.ffn(f, il, h), "ffn_out", il)
-        x = f.cb(b.add(h, x), "l_out", il)
-    return common.output(f, x)
+    return common.pre_norm_decoder(f, ids, out_rows, qk_norm=True)
