@@ -37,7 +37,8 @@ class Model:
         self.weights = Weights(self.backend, self.gguf)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
         if hasattr(self.backend, "load"):
-            self.backend.load(self.gguf, self.weights, quiet=quiet)
+            with self.backend.activate():
+                self.backend.load(self.gguf, self.weights, quiet=quiet)
 
     @property
     def name(self) -> str:
@@ -54,7 +55,8 @@ class Model:
         """Logits (backend array) for tokens `ids` at positions `pos`; `out_rows` selects the
         rows whose logits are wanted (None: all)."""
         f = Forward(self.backend, self.config, self.weights, cache, pos, trace)
-        return self.arch.forward(f, ids, out_rows)
+        with self.backend.activate():
+            return self.arch.forward(f, ids, out_rows)
 
     def score(self, ids: list[int], trace: Callable | None = None) -> np.ndarray:
         """Teacher forcing: one prefill over `ids` (no BOS added), logits at every position."""
@@ -92,7 +94,8 @@ class Session:
     n_ctx: int
 
     def __post_init__(self):
-        self.cache = KVCache(self.model.backend, self.model.config, self.n_ctx)
+        with self.model.backend.activate():
+            self.cache = KVCache(self.model.backend, self.model.config, self.n_ctx)
         self.n_past = 0
 
     def prefill(self, ids: list[int], all_logits: bool = False, device_logits: bool = False,
@@ -104,10 +107,11 @@ class Session:
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         pos = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)
-        out_rows = None if all_logits else b.asarray(np.array([len(ids) - 1], np.int32))
-        logits = m.forward(b.asarray(ids), b.asarray(pos), self.cache, out_rows, trace)
-        self.n_past += len(ids)
-        return logits if device_logits else b.to_numpy(logits)
+        with b.activate():
+            out_rows = None if all_logits else b.asarray(np.array([len(ids) - 1], np.int32))
+            logits = m.forward(b.asarray(ids), b.asarray(pos), self.cache, out_rows, trace)
+            self.n_past += len(ids)
+            return logits if device_logits else b.to_numpy(logits)
 
     def decode(self, token: int):
         return self.prefill([token], device_logits=True)
@@ -115,9 +119,10 @@ class Session:
     def pick(self, logits, sampler: Sampler, history: list[int]) -> int:
         b = self.model.backend
         p = sampler.p
-        if p.greedy and p.repetition_penalty == 1.0:
-            return int(b.to_numpy(b.argmax(logits))[-1])
-        return sampler(b.to_numpy(logits)[-1], history)
+        with b.activate():
+            if p.greedy and p.repetition_penalty == 1.0:
+                return int(b.to_numpy(b.argmax(logits))[-1])
+            return sampler(b.to_numpy(logits)[-1], history)
 
 
 def load(model: str | os.PathLike | None = None, backend: str | None = None, **kw) -> Model:

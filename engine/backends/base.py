@@ -10,6 +10,7 @@ Conventions (see docs/design.md):
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -26,6 +27,13 @@ class Weight(ABC):
 
 class Backend(ABC):
     name: str = "abstract"
+
+    def activate(self):
+        """Context in which this backend's work runs: on a device backend, its device and
+        stream become current for the calling thread, so array operations made outside the
+        backend's own kernels (the architecture's reshape/sum, host copies) queue on the same
+        stream in order, whichever thread runs them and however many backends exist."""
+        return contextlib.nullcontext()
 
     # -- memory -----------------------------------------------------------------------------
     @abstractmethod

@@ -203,6 +203,11 @@ class CudaBackend(Backend):
                 raise CudaError(f"kernel {name} (kernels/{source}) failed: {e}") from None
 
     @contextmanager
+    def activate(self):
+        with self.device, self.stream:
+            yield
+
+    @contextmanager
     def timer(self):
         """Time the GPU work queued inside the block with CUDA events: yields a dict whose
         'ms' is filled in on exit."""
@@ -273,9 +278,10 @@ class CudaBackend(Backend):
         self.synchronize()
 
     def asarray(self, a, dtype=None):
-        if isinstance(a, cupy.ndarray):
-            return cupy.ascontiguousarray(a, dtype=dtype)
-        return cupy.asarray(np.ascontiguousarray(a, dtype=dtype))
+        with self.activate():
+            if isinstance(a, cupy.ndarray):
+                return cupy.ascontiguousarray(a, dtype=dtype)
+            return cupy.asarray(np.ascontiguousarray(a, dtype=dtype))
 
     def to_numpy(self, a):
         out = cupy.asnumpy(a, stream=self.stream)
@@ -283,10 +289,12 @@ class CudaBackend(Backend):
         return out
 
     def empty(self, shape, dtype=F32):
-        return cupy.empty(shape, dtype)
+        with self.activate():
+            return cupy.empty(shape, dtype)
 
     def zeros(self, shape, dtype=F32):
-        return cupy.zeros(shape, dtype)
+        with self.activate():
+            return cupy.zeros(shape, dtype)
 
     def synchronize(self):
         self.stream.synchronize()
