@@ -18,6 +18,7 @@ and the NVRTC kernels under kernels/.
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 
@@ -536,3 +537,21 @@ class CudaBackend(Backend):
 
     def take_rows(self, x, rows):
         return cupy.take(x, _i32(rows, "take_rows rows"), axis=0)
+
+
+def _on_own_stream(method):
+    """Run a backend method with this backend's device and stream current: its allocations,
+    fills (poisoned outputs) and copies then queue in order with its kernels, even when
+    another backend's stream is current in the calling thread."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.device, self.stream:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
+for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_id", "embed",
+              "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
+              "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows"):
+    setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
+del _name
