@@ -9,6 +9,7 @@ what was said so far in the conversation; Ctrl-C at the prompt clears the line.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from typing import Iterator
@@ -128,6 +129,10 @@ def cmd_chat(args, sampling):
     if conv.template.is_fallback:
         print(f"brass: {name} has no chat template; using ChatML, as llama.cpp does", file=sys.stderr)
     print(f"brass chat: {name} on the {model.backend.name} backend. {HELP}.", file=sys.stderr)
+    # Ctrl-C is how a reply is stopped. A process started with SIGINT ignored (a background
+    # job of a non-interactive shell, a test harness, an xdist worker's child) would never
+    # see it: Python installs its handler only when SIGINT is not ignored at start-up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     run(conv)
 
 
