@@ -27,9 +27,11 @@ import pytest
 
 from engine import quants
 from engine.backends import cuda_available
+from engine.backends.base import Backend
 from engine.errors import BrassError, UnsupportedError
 from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-from kernels.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, RMS_NORM, TRANSCENDENTAL,
+from kernels.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, OP_BOUNDS, RMS_NORM,
+                           TRANSCENDENTAL,
                            WEIGHT_TYPES, cuda_reference, nmse, random_weight_file, write_gguf)
 
 pytestmark = pytest.mark.skipif(
@@ -117,12 +119,31 @@ def test_matmul_id(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
     check(got, ref.matmul_id(x, ref.weight(gf, "w"), ids), MATMUL, record_property)
 
 
+@pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.Q8_0), ids=tname)
+def test_matmul_id_prompt_gemm(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
+    # A prompt's expert mat-muls (T >= GEMM_MIN_TOKENS): padded per-expert batches on tensor
+    # cores; the experts' loads are uneven (expert 0 takes many rows, some experts none).
+    E, N, K, T, k = 8, 96, 512, 40, 3
+    gf = weights(tmp_path, rng, {"w": (qtype, (E, N, K))})
+    ids = np.stack([rng.choice(E - 2, k, replace=False) for _ in range(T)]).astype(np.int32)
+    ids[:20, 0] = 0
+    x = rng.uniform(-1, 1, (T, k, K) if per_slot else (T, K)).astype(F32)
+    got = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), cuda.weight(gf, "w"), cuda.asarray(ids)))
+    check(got, ref.matmul_id(x, ref.weight(gf, "w"), ids), MATMUL, record_property)
+
+
 def test_matmul_id_bad_expert_gives_nan(cuda, rng, tmp_path):
     gf = weights(tmp_path, rng, {"w": (GGMLType.Q8_0, (4, 8, 64))})
     ids = np.array([[1, 4]], np.int32)          # 4 is out of range for 4 experts
     x = rng.uniform(-1, 1, (1, 64)).astype(F32)
     y = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), cuda.weight(gf, "w"), cuda.asarray(ids)))
     assert np.isfinite(y[0, 0]).all() and np.isnan(y[0, 1]).all()
+    # The same on the prompt path (T >= GEMM_MIN_TOKENS).
+    ids = np.tile(np.array([[1, 4]], np.int32), (40, 1))
+    x = rng.uniform(-1, 1, (40, 64)).astype(F32)
+    y = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), cuda.weight(gf, "w"), cuda.asarray(ids)))
+    assert np.isfinite(y[:, 0]).all() and np.isnan(y[:, 1]).all()
 
 
 # ---- embedding ---------------------------------------------------------------------------------
@@ -384,3 +405,130 @@ def test_weight_upload_streams_with_bounded_host_memory(tmp_path, record_propert
     record_property("measured", f"{total / 2**30:.2f} GiB uploaded, peak RSS +{growth / 2**20:.0f} MiB")
     assert ok == "True", "the bytes on the device differ from the file"
     assert growth < 1.5 * 2**30, f"peak RSS grew by {growth / 2**30:.2f} GiB while uploading"
+
+
+# ---- fused ops: each against the composition of ops it replaces (engine/backends/base.py) --------
+
+def q8_blocks(cuda, blocks, rows):
+    """Device Q8_1 blocks [rows, nb*36] → (d, s, qs) as quants.quantize_q8_1_cuda returns them."""
+    raw = cuda.to_numpy(blocks).reshape(rows, -1, 36)
+    return (raw[..., 0:2].copy().view("<f2")[..., 0], raw[..., 2:4].copy().view("<f2")[..., 0],
+            raw[..., 4:].view(np.int8).reshape(rows, -1))
+
+
+def assert_q8_of(cuda, x, what):
+    """The Q8_1 blocks the producer kernel wrote beside x equal quantize_q8_1(x), bit for bit."""
+    blocks = cuda._q8_of(x)
+    assert blocks is not None, f"{what}: no Q8_1 blocks were written beside the output"
+    xs = cuda.to_numpy(x).reshape(-1, x.shape[-1])
+    d, s, qs = q8_blocks(cuda, blocks, xs.shape[0])
+    want = quants.quantize_q8_1_cuda(xs)
+    assert np.array_equal(d, want.d) and np.array_equal(s, want.s) and np.array_equal(qs, want.qs), \
+        f"{what}: its Q8_1 blocks differ from the quantize kernel's"
+
+
+@pytest.mark.parametrize("shape,residual", [((1, 1024), True), ((5, 576), True), ((3, 2048), False),
+                                            ((2, 200), True)], ids=str)
+def test_add_rms_norm(cuda, ref, rng, tmp_path, shape, residual, record_property):
+    D = shape[-1]
+    gf = weights(tmp_path, rng, {"norm": (GGMLType.F32, (D,))})
+    a, b = (rng.uniform(-1, 1, shape).astype(F32) * rng.uniform(0.1, 10) for _ in range(2))
+    s_got, y_got = cuda.add_rms_norm(cuda.asarray(a), cuda.asarray(b) if residual else None,
+                                     cuda.weight(gf, "norm"), 1e-6)
+    s_want, y_want = ref.add_rms_norm(a, b if residual else None, ref.weight(gf, "norm"), 1e-6)
+    check(cuda.to_numpy(s_got), s_want, EXACT, record_property, "sum")
+    check(cuda.to_numpy(y_got), y_want, RMS_NORM, record_property, "norm")
+    if D % 32 == 0:
+        assert_q8_of(cuda, y_got, "add_rms_norm")
+
+
+@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K),
+                                   (GGMLType.Q8_0, GGMLType.Q5_K, GGMLType.F16),
+                                   (GGMLType.BF16, GGMLType.BF16, GGMLType.BF16)], ids=str)
+def test_matmul_many_decode(cuda, ref, rng, tmp_path, types, record_property):
+    K = 1024
+    shapes = [(2048, K), (511, K), (513, K)]       # rows that end mid-warp and mid-block
+    gf = weights(tmp_path, rng, {f"w{i}": (t, s) for i, (t, s) in enumerate(zip(types, shapes))})
+    x = rng.uniform(-1, 1, (1, K)).astype(F32)
+    got = cuda.matmul_many(cuda.asarray(x), [cuda.weight(gf, f"w{i}") for i in range(3)])
+    want = ref.matmul_many(x, [ref.weight(gf, f"w{i}") for i in range(3)])
+    for i, (g, w_) in enumerate(zip(got, want)):
+        check(cuda.to_numpy(g), w_, MATMUL, record_property, f"matrix {i} ({tname(types[i])})")
+
+
+@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk-norm", "no-norm"])
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "normal"])
+def test_rope_store(cuda, ref, rng, tmp_path, qk_norm, neox, record_property):
+    T, H, Hkv, Dh, past, n_rot = 5, 8, 2, 128, 7, 128
+    gf = weights(tmp_path, rng, {"qn": (GGMLType.F32, (Dh,)), "kn": (GGMLType.F32, (Dh,))})
+    q, k, v = (rng.uniform(-1, 1, (T, n, Dh)).astype(F32) for n in (H, Hkv, Hkv))
+    pos = np.arange(past, past + T, dtype=np.int32)
+    cap = past + T + 3
+    kw = dict(eps=1e-6, n_rot=n_rot, base=1e6, neox=neox, freq_scale=1.0)
+    norms = lambda be: dict(q_norm=be.weight(gf, "qn") if qk_norm else None,     # noqa: E731
+                            k_norm=be.weight(gf, "kn") if qk_norm else None)
+    caches_ref = [np.full((cap, Hkv, Dh), np.nan, F16) for _ in range(2)]
+    qr, kr = ref.rope_store(q, k, v, pos, *caches_ref, **norms(ref), **kw)
+    dev = [cuda.asarray(np.full((cap, Hkv, Dh), np.nan, F16)) for _ in range(2)]
+    Q, K_, V, P = cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos)
+    qg, kg = cuda.rope_store(Q, K_, V, P, *dev, **norms(cuda), **kw)
+    check(cuda.to_numpy(qg), qr, TRANSCENDENTAL, record_property, "q")
+    check(cuda.to_numpy(kg), kr, TRANSCENDENTAL, record_property, "k")
+    for got_c, want_c, what in zip(dev, caches_ref, ("k cache", "v cache")):
+        got_c = cuda.to_numpy(got_c)
+        assert np.isnan(got_c[:past]).all() and np.isnan(got_c[past + T:]).all(), f"{what}: written outside pos"
+        check(got_c[past:past + T].astype(F32), want_c[past:past + T].astype(F32), F16_ROUNDED,
+              record_property, what)
+    # Fusion changes no number: the same as the CUDA backend's own unfused ops, bit for bit.
+    un = [cuda.asarray(np.full((cap, Hkv, Dh), np.nan, F16)) for _ in range(2)]
+    qu, ku = Backend.rope_store(cuda, Q, K_, V, P, *un, **norms(cuda), **kw)
+    assert np.array_equal(cuda.to_numpy(qu), cuda.to_numpy(qg)), "fused q differs from rms_norm + rope"
+    assert np.array_equal(cuda.to_numpy(ku), cuda.to_numpy(kg)), "fused k differs from rms_norm + rope"
+    for a, b in zip(un, dev):
+        assert np.array_equal(cuda.to_numpy(a).view(np.uint16), cuda.to_numpy(b).view(np.uint16)), \
+            "fused cache writes differ from kv_store"
+
+
+@pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_0, GGMLType.F16), ids=tname)
+def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
+    N, K = 736, 1024                      # 23 blocks of 32 rows
+    gf = weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
+    x = rng.uniform(-1, 1, (1, K)).astype(F32)
+    got = cuda.ffn_glu(cuda.asarray(x), cuda.weight(gf, "g"), cuda.weight(gf, "u"), gelu)
+    want = ref.ffn_glu(x, ref.weight(gf, "g"), ref.weight(gf, "u"), gelu)
+    check(cuda.to_numpy(got), want, OP_BOUNDS["ffn_glu_gelu" if gelu else "ffn_glu"], record_property)
+    assert_q8_of(cuda, got, "ffn_glu")
+
+
+@pytest.mark.parametrize("E,k,norm,scale", [(8, 2, True, 1.0), (128, 8, True, 1.0), (64, 6, False, 2.5)])
+def test_moe_route(cuda, ref, rng, E, k, norm, scale, record_property):
+    x = rng.uniform(-4, 4, (5, E)).astype(F32)
+    x[0, 3] = x[0, 5] = 9.0                  # a tie: the lower expert first
+    got = cuda.moe_route(cuda.asarray(x), k, norm, scale)
+    want = ref.moe_route(x, k, norm, scale)
+    check(cuda.to_numpy(got[0]), want[0], TRANSCENDENTAL, record_property, "probs")
+    assert np.array_equal(cuda.to_numpy(got[1]), want[1]), "expert ids differ"
+    check(cuda.to_numpy(got[2]), np.asarray(want[2]), TRANSCENDENTAL, record_property, "weights")
+
+
+@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.MXFP4, GGMLType.MXFP4),
+                                   (GGMLType.Q8_0, GGMLType.Q5_0)], ids=str)
+def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
+    E, N, D, k = 16, 256, 512, 4
+    gu, dn = types
+    gf = weights(tmp_path, rng, {"g": (gu, (E, N, D)), "u": (gu, (E, N, D)), "d": (dn, (E, D, N))})
+    x = rng.uniform(-1, 1, (1, D)).astype(F32)
+    ids = rng.choice(E, (1, k), replace=False).astype(np.int32)
+    wts = rng.uniform(0, 1, (1, k)).astype(F32)
+    got = cuda.moe_ffn(cuda.asarray(x), *(cuda.weight(gf, n) for n in "gud"), cuda.asarray(ids), cuda.asarray(wts))
+    want = ref.moe_ffn(x, *(ref.weight(gf, n) for n in "gud"), ids, wts)
+    check(cuda.to_numpy(got), want, OP_BOUNDS["moe_ffn"], record_property)
+
+
+def test_attention_writes_q8_of_its_output(cuda, rng):
+    T, H, Hkv, Dh, cap = 3, 4, 2, 64, 16
+    cache = [cuda.asarray(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16)) for _ in range(2)]
+    q = cuda.asarray(rng.uniform(-1, 1, (T, H, Dh)).astype(F32))
+    out = cuda.attention(q, *cache, cuda.asarray(np.array([4, 5, 6], np.int32)), 0.125)
+    assert_q8_of(cuda, out, "attention")

@@ -7,6 +7,7 @@
     brass models                         the model catalog
     brass serve [MODEL]                  OpenAI-compatible HTTP API and web chat page
     brass chat [MODEL]                   interactive chat in the terminal
+    brass bench MODEL [-p 512] [-n 128]  prompt and generation tok/s, as llama-bench reports them
 
 MODEL is a GGUF path or a catalog name; errors print one line and exit with status 2.
 """
@@ -179,6 +180,21 @@ def cmd_score(args):
             print(t, ids[t], " ".join(f"{i}:{v:.3f}" for i, v in r))
 
 
+def cmd_bench(args):
+    from .bench import bench, table
+    if args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
+        raise BrassError("bench: give a positive prompt (-p) and/or generation (-n) length")
+    if args.reps < 1:
+        raise BrassError("bench: repetitions (-r) must be >= 1")
+    m = _load(args)
+    progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
+    results = bench(m, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps, progress=progress)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results]))
+    else:
+        print(table(results))
+
+
 def cmd_models(args):
     for m in catalog.CATALOG.values():
         cached = catalog.cached_path(m.name)
@@ -217,6 +233,17 @@ def build_parser():
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("bench", help="prompt (pp) and generation (tg) speed in tokens per second",
+                       description="Prefill of -p random tokens and greedy generation of -n tokens, "
+                                   "each from an empty context, after one untimed run; mean ± stddev "
+                                   "over -r repetitions (as llama-bench reports them).")
+    _add_model_args(p)
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip; default 512)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip; default 128)")
+    p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default 3)")
+    p.add_argument("--json", action="store_true", help="print the results as a JSON array")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("models", help="list the model catalog")
     p.set_defaults(func=cmd_models)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -20,6 +21,16 @@ from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
 DEFAULT_CTX = 4096
+# Greedy decoding on a graph-capable backend runs ahead of the host in chunks of this many
+# steps, two chunks in flight: the device never waits for Python, and a stop (end of
+# generation) wastes at most two chunks of steps.
+GREEDY_CHUNK = 8
+
+
+def graphs_enabled(backend) -> bool:
+    """Decode steps replay a captured graph unless BRASS_GRAPH=0 (the eager path, for
+    comparison and debugging)."""
+    return backend.supports_graphs and os.environ.get("BRASS_GRAPH", "1") != "0"
 
 
 class Model:
@@ -77,13 +88,26 @@ class Model:
             raise BrassError("the prompt is empty")
         history = list(prompt_ids)
         logits = s.prefill(prompt_ids, device_logits=True)
-        for _ in range(max_tokens):
-            tok = s.pick(logits, sampler, history)
+        tok = s.pick(logits, sampler, history)
+        if max_tokens > 1 and sampling.greedy and sampling.repetition_penalty == 1.0 and s.graphs:
+            # The whole greedy loop on the device: the argmax feeds the next step there.
+            yield tok
+            if stop_at_eog and self.tokenizer.is_eog(tok):
+                return
+            for tok in s.greedy(tok, max_tokens - 1):
+                yield tok
+                if stop_at_eog and self.tokenizer.is_eog(tok):
+                    return
+            return
+        for i in range(max_tokens):
+            if i:
+                tok = s.pick(logits, sampler, history)
             yield tok
             history.append(tok)
             if stop_at_eog and self.tokenizer.is_eog(tok):
                 return
-            logits = s.decode(tok)
+            if i + 1 < max_tokens:
+                logits = s.decode(tok)
 
 
 @dataclass
@@ -96,6 +120,12 @@ class Session:
     def __post_init__(self):
         with self.model.backend.activate():
             self.cache = KVCache(self.model.backend, self.model.config, self.n_ctx)
+        self.n_past = 0
+        self.graphs = graphs_enabled(self.model.backend)
+        self._step: DecodeStep | None = None
+
+    def reset(self):
+        """Forget the sequence (the cache slots are rewritten as positions are reached again)."""
         self.n_past = 0
 
     def prefill(self, ids: list[int], all_logits: bool = False, device_logits: bool = False,
@@ -114,7 +144,78 @@ class Session:
             return logits if device_logits else b.to_numpy(logits)
 
     def decode(self, token: int):
-        return self.prefill([token], device_logits=True)
+        """Logits (device array) after `token` at the next position. On a graph-capable backend
+        the step replays a captured graph, and the array returned is the graph's own: the next
+        decode overwrites it."""
+        if not self.graphs:
+            return self.prefill([token], device_logits=True)
+        if self._step is None:
+            # The first step runs eagerly (loading every kernel the step uses), then it is
+            # captured for the following ones.
+            logits = self.prefill([token], device_logits=True)
+            self._step = DecodeStep(self)
+            return logits
+        self._check_room(1)
+        m = self.model
+        if not 0 <= token < m.config.n_vocab:
+            raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
+        b = m.backend
+        with b.activate():
+            b.decode_set(self._step.tok, self._step.pos, token, self.n_past)
+            self._step.graph.replay()
+        self.n_past += 1
+        return self._step.logits
+
+    def greedy(self, token: int, n: int) -> Iterator[int]:
+        """Yield the next `n` greedy tokens after `token` (not yet in the cache), decoding on
+        the device ahead of the host. Stopping early leaves n_past at the last token yielded
+        (steps run ahead are discarded)."""
+        self._check_room(n)
+        m, b = self.model, self.model.backend
+        if not self.graphs:
+            for _ in range(n):
+                logits = self.decode(token)
+                with b.activate():
+                    token = int(b.to_numpy(b.argmax(logits))[-1])
+                yield token
+            return
+        if self._step is None and n:
+            logits = self.decode(token)
+            with b.activate():
+                token = int(b.to_numpy(b.argmax(logits))[-1])
+            yield token
+            n -= 1
+        if not n:
+            return
+        st = self._step
+        start = self.n_past                     # token goes to this position
+        issued, chunks = 0, deque()
+        with b.activate():
+            b.decode_set(st.tok, st.pos, token, start)
+
+        def issue():
+            nonlocal issued
+            c = min(GREEDY_CHUNK, n - issued)
+            with b.activate():
+                for _ in range(c):
+                    st.graph.replay()
+                chunks.append((st.read_history(start + 1 + issued, c), c))
+            issued += c
+
+        issue()
+        done = 0
+        while done < n:
+            if issued < n:
+                issue()                         # keep the next chunk queued behind this one
+            read, c = chunks.popleft()
+            for tok in read():
+                done += 1
+                self.n_past = start + done
+                yield int(tok)
+
+    def _check_room(self, n: int):
+        if self.n_past + n > self.n_ctx:
+            raise BrassError(f"{self.n_past + n} tokens exceed the context of {self.n_ctx}")
 
     def pick(self, logits, sampler: Sampler, history: list[int]) -> int:
         b = self.model.backend
@@ -123,6 +224,41 @@ class Session:
             if p.greedy and p.repetition_penalty == 1.0:
                 return int(b.to_numpy(b.argmax(logits))[-1])
             return sampler(b.to_numpy(logits)[-1], history)
+
+
+class DecodeStep:
+    """One single-token decode step of a session, captured as a graph: embedding of the token
+    in `tok`, every layer at position `pos` (both device scalars), final norm, LM head
+    (`logits`), argmax, and the greedy advance (tok = argmax, pos += 1, history[pos] = tok).
+    Nothing in it synchronises with the host; replays differ only in what tok and pos hold."""
+
+    def __init__(self, session: Session):
+        m = session.model
+        b = m.backend
+        with b.activate():
+            self.tok = b.zeros((1,), np.int32)
+            self.pos = b.zeros((1,), np.int32)
+            # history[p]: the greedy token for position p; the last step's token is for n_ctx.
+            self.history = b.zeros((session.n_ctx + 1,), np.int32)
+            self._host = [b.pinned_empty(GREEDY_CHUNK, np.int32) for _ in range(3)]
+        self._next_host = 0
+
+        def step():
+            logits = m.forward(self.tok, self.pos, session.cache)
+            b.decode_advance(b.argmax(logits), self.tok, self.pos, self.history)
+            return logits
+
+        before = getattr(b, "launches", 0)
+        self.graph = b.capture(step)
+        self.logits = self.graph.result
+        self.kernels = getattr(b, "launches", 0) - before     # kernel nodes per decode token
+
+    def read_history(self, start: int, n: int):
+        """Queue a copy of history[start:start + n] to host memory; returns a function that
+        waits for it and gives the tokens."""
+        buf = self._host[self._next_host]
+        self._next_host = (self._next_host + 1) % len(self._host)
+        return self.graph.backend.copy_to_host_async(self.history[start:start + n], buf[:n])
 
 
 def load(model: str | os.PathLike | None = None, backend: str | None = None, **kw) -> Model:

@@ -26,19 +26,17 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __res
     cache[(i64) slot * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// One thread block per (head, query token). out is [T, H * Dv].
+// One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
+// blocks (the input of the output projection), quantized here so that no separate kernel has
+// to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
-          const int * __restrict__ pos, float * __restrict__ out, const AttentionParams p) {
+          const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
+          const AttentionParams p) {
     extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
+    float * part = prob + p.n_slots;          // [ATTN_WARPS][head_dim_v] per-warp V.softmax sums
     __shared__ float red_max[ATTN_WARPS];
     __shared__ double red_sum[ATTN_WARPS];
 
@@ -53,13 +51,18 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
     __syncthreads();
 
-    // Pass 1: a warp per slot computes K.Q; lane 0 keeps the logit and the running max.
+    // Pass 1: a warp per slot computes K.Q, each lane two adjacent dims per step (one 32-bit
+    // load of two halves); lane 0 keeps the logit and the running max.
     const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
+    const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);
     for (int j = warp; j < n; j += ATTN_WARPS) {
-        const u16 * kr = k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim;
+        const u32 * kr = (const u32 *) (k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim);
         float dot = 0.0f;
-        for (int d = lane; d < p.head_dim; d += WARP_SIZE) dot += q16[d] * f16_to_f32(kr[d]);
+        for (int c = lane; c < n_pairs; c += WARP_SIZE) {
+            const u32 kk = kr[c];
+            dot += q16[2 * c] * f16_to_f32((u16) (kk & 0xFFFF)) + q16[2 * c + 1] * f16_to_f32((u16) (kk >> 16));
+        }
         dot = warp_sum(dot);
         const float logit = __fmul_rn(dot, p.scale);
         if (lane == 0) prob[j] = logit;
@@ -89,13 +92,31 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     }
     __syncthreads();
 
-    // Pass 3: V.softmax, a thread per output dimension.
+    // Pass 3: V.softmax. Warp w takes slots w, w + ATTN_WARPS, ...; each lane two adjacent
+    // dims per step; then the warps' sums are added in warp order.
     const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
     const u16 * vbase = v_cache + lo * v_row + (i64) h_kv * p.head_dim_v;
+    const int nv_pairs = p.head_dim_v / 2;
+    float * my = part + warp * p.head_dim_v;
+    for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int j = warp; j < n; j += ATTN_WARPS) {
+            const u32 vv = ((const u32 *) (vbase + j * v_row))[c];
+            const float pj = prob[j];
+            a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
+            a1 += pj * f16_to_f32((u16) (vv >> 16));
+        }
+        my[2 * c] = a0;
+        my[2 * c + 1] = a1;
+    }
+    __syncthreads();
     float * o = out + ((i64) t * p.n_heads + h) * p.head_dim_v;
+    // head_dim_v is a multiple of 32 when write_q8 is set, so whole warps run each round.
     for (int d = threadIdx.x; d < p.head_dim_v; d += ATTN_THREADS) {
-        float acc = 0.0f;
-        for (int j = 0; j < n; ++j) acc += prob[j] * f16_to_f32(vbase[j * v_row + d]);
+        float acc = part[d];
+#pragma unroll
+        for (int w = 1; w < ATTN_WARPS; ++w) acc += part[w * p.head_dim_v + d];
         o[d] = acc;
+        if (p.write_q8) quantize_warp_q8_1(acc, out_q + (((i64) t * p.n_heads + h) * p.head_dim_v + d) / QK8_1);
     }
 }

@@ -58,6 +58,12 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // Sum over a whole thread block (blockDim.x a multiple of 32, at most 1024); every thread
 // gets the result. `scratch` holds 32 floats of shared memory.
 __device__ __forceinline__ float block_sum(float v, float * scratch) {
@@ -126,4 +132,52 @@ __device__ __forceinline__ int mxfp4_value_x2(int nibble) {
     const int m = nibble & 7;
     const int mag = m < 4 ? m : ((m & 1) ? 6 : 4) << ((m >> 1) & 1);
     return nibble & 8 ? -mag : mag;
+}
+
+// Q8_1 quantization of 32 consecutive values held one per lane of a warp, in lane order:
+// d = max|x| / 127, q = roundf(x / d) (half away from zero), s = sum(x), both rounded to half
+// (llama.cpp's quantize_q8_1). Every kernel that hands a mat-vec its activations already
+// quantized goes through this one function, so its blocks are bit-identical to those of the
+// quantize_q8_1 kernel. The whole warp must be active.
+__device__ __forceinline__ void quantize_warp_q8_1(const float xi, block_q8_1 * __restrict__ b) {
+    const float amax = warp_max(fabsf(xi));
+    const float sum = warp_sum(xi);
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int) roundf(xi / d);
+    const int lane = threadIdx.x % WARP_SIZE;
+    ((i8 *) b->qs)[lane] = (i8) q;
+    if (lane == 0) {
+        b->d = f32_to_f16(d);
+        b->s = f32_to_f16(sum);
+    }
+}
+
+// silu(g) * u = (g / (1 + exp(-g))) * u, operation by operation as the numpy reference.
+__device__ __forceinline__ float swiglu_value(const float g, const float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// gelu_tanh as ggml's CPU computes it: looked up through F16 (the input rounded to F16, the
+// tanh formula in float32, the result rounded to F16), identity at g >= 10, zero at g <= -10.
+__device__ __forceinline__ float gelu_f16(float x) {
+    if (x >= 10.0f) return x;
+    if (x <= -10.0f) return 0.0f;
+    const float h = f16_to_f32(f32_to_f16(x));
+    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, h),
+                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, h), h)));
+    const float g = __fmul_rn(__fmul_rn(0.5f, h), __fadd_rn(1.0f, tanhf(inner)));
+    return f16_to_f32(f32_to_f16(g));
+}
+
+__device__ __forceinline__ float glu_value(const int gelu, const float g, const float u) {
+    return gelu ? __fmul_rn(gelu_f16(g), u) : swiglu_value(g, u);
+}
+
+// Rope angle of pair i at position pos: pos * theta_scale^i built by i float32
+// multiplications, as ggml_rope_cache_init does on the CPU, then times freq_scale.
+__device__ __forceinline__ float rope_angle(const int pos, const int i, const float theta_scale,
+                                            const float freq_scale) {
+    float theta = (float) pos;
+    for (int j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
+    return __fmul_rn(theta, freq_scale);
 }

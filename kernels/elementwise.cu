@@ -30,24 +30,11 @@ scale(const float * __restrict__ x, float * __restrict__ y, const ScaleParams p)
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 swiglu(const float * __restrict__ g, const float * __restrict__ u, float * __restrict__ y, const GluParams p) {
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS) {
-        const float x = g[i];
-        y[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+        y[i] = swiglu_value(g[i], u[i]);
     }
 }
 
-// gelu_tanh(g) * u, with GELU as ggml's CPU computes it: looked up through F16 (the input
-// rounded to F16, the tanh formula in float32, the result rounded to F16), identity at
-// g >= 10 and zero at g <= -10.
-__device__ __forceinline__ float gelu_f16(float x) {
-    if (x >= 10.0f) return x;
-    if (x <= -10.0f) return 0.0f;
-    const float h = f16_to_f32(f32_to_f16(x));
-    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, h),
-                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, h), h)));
-    const float g = __fmul_rn(__fmul_rn(0.5f, h), __fadd_rn(1.0f, tanhf(inner)));
-    return f16_to_f32(f32_to_f16(g));
-}
-
+// gelu_tanh(g) * u with GELU through F16 as ggml's CPU does (gelu_f16, common.cuh).
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 geglu(const float * __restrict__ g, const float * __restrict__ u, float * __restrict__ y, const GluParams p) {
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)

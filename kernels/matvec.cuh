@@ -1,20 +1,64 @@
-// The thread-block skeleton shared by every mat-vec: one weight row per thread block, its
-// "items" strided over MATVEC_THREADS threads, partial sums reduced through shared memory.
-// A weight kind K supplies K::act (the activation element: float, or a Q8_1 block),
-// K::values_per_item and K::dot(row, item, act) for one item against its activations.
+// The mat-vec skeletons shared by every weight kind. A kind K supplies K::act (the activation
+// element: float, or a Q8_1 block), K::values_per_item and K::dot(row, item, act) for one
+// item of a weight row against its activations (for quantized kinds an item is 32 weights
+// against the one Q8_1 block they meet).
 //
-//   matvec_<kind>     decode: one output row per thread block, one token per blockIdx.y
-//   matmul_<kind>     prefill: one output row x up to MATMUL_TILE tokens per thread block
-//                     (each weight row is read once per tile of tokens)
-//   matvec_id_<kind>  mul_mat_id: blockIdx.y is a (token, slot) pair and ids[slot] picks
-//                     the expert matrix on the device
+//   matvec_<kind>       decode: up to three matrices sharing one activation row (q, k, v),
+//                       R rows per warp, the row's items strided over the warp's lanes;
+//                       blockIdx.y is the token
+//   matvec_glu_<kind>   gate and up with the gated activation fused (and h's Q8_1 blocks);
+//                       with ids, the chosen experts' matrices (MoE)
+//   matvec_moe_down_<kind>  MoE down projection over the chosen experts with their weighted
+//                       sum fused
+//   matmul_<kind>       prefill: one output row x up to MATMUL_TILE tokens per thread block
+//   matvec_id_<kind>    mul_mat_id: blockIdx.y is a (token, slot) pair and ids[slot] picks
+//                       the expert matrix on the device
+//
+// Decode reads every weight byte once per token, so these kernels are bound by memory
+// bandwidth: a warp per group of rows keeps many independent loads in flight and needs no
+// shared memory or block barrier for its sums (a warp reduction by shuffles).
 #pragma once
 #include "common.cuh"
 #include "params.cuh"
 
 #define MATVEC_THREADS 128
 #define MATMUL_TILE 8
+#ifndef MV_WARPS
+#define MV_WARPS 8          // matvec_<kind>: warps per block
+#endif
+#ifndef MV_ROWS
+#define MV_ROWS 1           // matvec_<kind>: rows per warp
+#endif
+#ifndef MV_UNROLL
+#define MV_UNROLL 2         // items of a row a lane has in flight
+#endif
+#define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
+#define GLU_ROWS 4
+#define DOWN_WARPS 4        // matvec_moe_down_<kind>
+#define DOWN_ROWS 2
 
+// acc[r] = row r (r < n_valid) of w0 (rows row_bytes apart) . x, summed over the warp; every
+// lane ends with the full sums.
+template <class K, int R>
+__device__ __forceinline__ void warp_dot_rows(const u8 * __restrict__ w0, const i64 row_bytes, const int n_valid,
+                                              const typename K::act * __restrict__ x, const int n_items,
+                                              float (&acc)[R]) {
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll MV_UNROLL
+    for (int i = lane; i < n_items; i += WARP_SIZE) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (r < n_valid) acc[r] += K::dot(w0 + r * row_bytes, i, x + i);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// The old block-per-row skeleton, kept for prefill tiles and mul_mat_id: one weight row per
+// thread block, items strided over MATVEC_THREADS threads, partial sums through shared memory.
 template <class K, int NCOLS>
 __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
                                             float * __restrict__ y, const int n_items, const int ncols,
@@ -44,13 +88,91 @@ __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const
     }
 }
 
+#define NAN_F32 __int_as_float(0x7fc00000)
+
 #define DEFINE_MATVEC(name, K)                                                                     \
-extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)                                       \
-matvec_##name(const u8 * __restrict__ w, const K::act * __restrict__ x, float * __restrict__ y,    \
-              const MatVecParams p) {                                                              \
-    const int row = blockIdx.x, t = blockIdx.y, n_items = p.k / K::values_per_item;                \
-    matvec_rows<K, 1>(w + row * p.row_bytes, x + (i64) t * n_items, y + (i64) t * p.n_rows + row,  \
-                      n_items, 1, 0, 0);                                                           \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
+              const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,     \
+              float * __restrict__ y2, const MultiMatVecParams p) {                                \
+    /* Each matrix takes whole warps: unit u covers rows u*MV_ROWS.. of its matrix. A grid     */  \
+    /* smaller than the units makes each warp loop over several (grid-stride).                 */  \
+    const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;  \
+    const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;                                            \
+    const int t = blockIdx.y, n_items = p.k / K::values_per_item;                                  \
+    for (int uu = blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE; uu < u0 + u1 + u2;              \
+         uu += gridDim.x * MV_WARPS) {                                                             \
+        int u = uu;                                                                                \
+        const u8 * w; float * y; int n; i64 rb;                                                    \
+        if (u < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                          \
+        else if ((u -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }             \
+        else { u -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                        \
+        const int row = u * MV_ROWS;                                                               \
+        float acc[MV_ROWS];                                                                        \
+        warp_dot_rows<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, n_items, acc); \
+        if (threadIdx.x % WARP_SIZE == 0) {                                                        \
+            _Pragma("unroll")                                                                      \
+            for (int r = 0; r < MV_ROWS; ++r) if (row + r < n) y[(i64) t * n + row + r] = acc[r];  \
+        }                                                                                          \
+    }                                                                                              \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
+matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
+                  const int * __restrict__ ids, float * __restrict__ h, block_q8_1 * __restrict__ hq, \
+                  const GluMatVecParams p) {                                                       \
+    __shared__ float hs[GLU_WARPS * GLU_ROWS];                                                     \
+    const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;   \
+    const int row0 = blockIdx.x * (GLU_WARPS * GLU_ROWS), row = row0 + warp * GLU_ROWS;            \
+    const int n_items = p.k / K::values_per_item;                                                  \
+    i64 off = 0;                                                                                   \
+    bool valid = true;                                                                             \
+    if (p.has_ids) {                                                                               \
+        const int e = ids[slot];                                                                   \
+        valid = e >= 0 && e < p.n_experts;                                                         \
+        off = (i64) (valid ? e : 0) * p.expert_bytes;                                              \
+    }                                                                                              \
+    const K::act * xr = x + (i64) (slot / p.n_used) * n_items;                                     \
+    float g[GLU_ROWS], up[GLU_ROWS];                                                               \
+    warp_dot_rows<K, GLU_ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, n_items, g); \
+    warp_dot_rows<K, GLU_ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, n_items, up); \
+    if (lane == 0) {                                                                               \
+        _Pragma("unroll")                                                                          \
+        for (int r = 0; r < GLU_ROWS; ++r)                                                         \
+            hs[warp * GLU_ROWS + r] = valid ? glu_value(p.gelu, g[r], up[r]) : NAN_F32;            \
+    }                                                                                              \
+    __syncthreads();                                                                               \
+    if (warp == 0) {                                                                               \
+        const float v = hs[lane];                                                                  \
+        if (row0 + lane < p.n_rows) h[(i64) slot * p.n_rows + row0 + lane] = v;                    \
+        if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);  \
+    }                                                                                              \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(DOWN_WARPS * WARP_SIZE)                               \
+matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,                   \
+                       const int * __restrict__ ids, const float * __restrict__ wts,               \
+                       float * __restrict__ out, const MoeDownParams p) {                          \
+    const int t = blockIdx.y;                                                                      \
+    const int row = (blockIdx.x * DOWN_WARPS + threadIdx.x / WARP_SIZE) * DOWN_ROWS;               \
+    if (row >= p.n_rows) return;                                                                   \
+    const int n_items = p.k / K::values_per_item;                                                  \
+    float sum[DOWN_ROWS];                                                                          \
+    for (int j = 0; j < p.n_used; ++j) {                                                           \
+        const int slot = t * p.n_used + j, e = ids[slot];                                          \
+        const bool valid = e >= 0 && e < p.n_experts;                                              \
+        float acc[DOWN_ROWS];                                                                      \
+        warp_dot_rows<K, DOWN_ROWS>(w + (i64) (valid ? e : 0) * p.expert_bytes + row * p.row_bytes, \
+                                    p.row_bytes, p.n_rows - row, x + (i64) slot * n_items, n_items, acc); \
+        const float wj = wts[slot];                                                                \
+        _Pragma("unroll")                                                                          \
+        for (int r = 0; r < DOWN_ROWS; ++r) {                                                      \
+            const float prod = valid ? __fmul_rn(acc[r], wj) : NAN_F32;                            \
+            sum[r] = j == 0 ? prod : __fadd_rn(sum[r], prod);                                      \
+        }                                                                                          \
+    }                                                                                              \
+    if (threadIdx.x % WARP_SIZE == 0) {                                                            \
+        _Pragma("unroll")                                                                          \
+        for (int r = 0; r < DOWN_ROWS; ++r) if (row + r < p.n_rows) out[(i64) t * p.n_rows + row + r] = sum[r]; \
+    }                                                                                              \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)                                       \
 matmul_##name(const u8 * __restrict__ w, const K::act * __restrict__ x, float * __restrict__ y,    \
@@ -67,7 +189,7 @@ matvec_id_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,      
     const int x_row = p.x_per_slot ? slot : slot / p.n_used;                                       \
     const int expert = ids[slot];                                                                  \
     if (expert < 0 || expert >= p.n_experts) {                                                     \
-        if (threadIdx.x == 0) y[(i64) slot * p.n_rows + row] = __int_as_float(0x7fc00000);         \
+        if (threadIdx.x == 0) y[(i64) slot * p.n_rows + row] = NAN_F32;                            \
         return;                                                                                    \
     }                                                                                              \
     matvec_rows<K, 1>(w + expert * p.expert_bytes + row * p.row_bytes,                             \

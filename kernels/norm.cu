@@ -6,12 +6,6 @@
 
 #define NORM_THREADS 256
 
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 rms_norm(const float * __restrict__ x, const float * __restrict__ w, float * __restrict__ y,
          const RmsNormParams p) {

@@ -84,12 +84,126 @@ struct AttentionParams {
     int n_slots;          // logits kept in shared memory: capacity, or the window if smaller
     int window;           // 0: none; else key s is visible when pos - s < window
     float scale;
-    int pad0;
+    int write_q8;         // also write the output as Q8_1 blocks (head_dim_v a multiple of 32)
 };
 
 struct RowParams {
     int n_rows;
     int n_cols;
     int k;                // top-k: how many to keep
+    int pad0;
+};
+
+// Decode mat-vec over up to three matrices of one weight type that read the same
+// activations (q, k, v): their rows are laid end to end, each matrix on whole warps.
+struct MultiMatVecParams {
+    int k;                // K: input features, shared
+    int n_tokens;
+    int n_rows0;          // rows of matrix 0, 1, 2 (0: absent)
+    int n_rows1;
+    int n_rows2;
+    int pad0;
+    long long row_bytes0;
+    long long row_bytes1;
+    long long row_bytes2;
+};
+
+// Gate and up mat-vecs with the gated activation fused: h = act(x W_gate^T) * (x W_up^T),
+// and h's Q8_1 blocks for the down projection. With ids (MoE), blockIdx.y is a (token, slot)
+// pair and ids[slot] picks the expert matrices.
+struct GluMatVecParams {
+    int n_rows;           // N: rows of each of the two matrices
+    int k;
+    int n_tokens;         // T (rows of x)
+    int n_used;           // experts per token (1 without ids)
+    long long row_bytes;
+    long long expert_bytes;
+    int has_ids;
+    int n_experts;
+    int gelu;             // 0: silu (SwiGLU), 1: gelu_tanh through F16 (GeGLU)
+    int write_q8;         // also write h as Q8_1 blocks (n_rows a multiple of 32)
+};
+
+// MoE down projection with the weighted sum over the chosen experts fused:
+// out[t] = sum_j w[t, j] * (x[t, j] W_{ids[t, j]}^T), products added one expert after another.
+struct MoeDownParams {
+    int n_rows;           // N = model width
+    int k;                // K: expert FFN width
+    int n_tokens;
+    int n_used;
+    long long row_bytes;
+    long long expert_bytes;
+    int n_experts;
+    int pad0;
+};
+
+// Residual add fused with the RMS norm that follows it: sum = a + b; y = rms_norm(sum) * w,
+// optionally also y as Q8_1 blocks.
+struct AddNormParams {
+    int n_rows;
+    int n_cols;
+    float eps;
+    int has_residual;     // 0: sum is a itself (no add; the first layer's norm)
+    int write_q8;
+    int pad0;
+};
+
+// Per-head q/k RMS norms, rope of q and k, and the K/V cache writes of one attention block.
+struct RopeStoreParams {
+    int n_tokens;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int head_dim_v;
+    int n_rot;
+    float theta_scale;
+    float freq_scale;
+    int neox;
+    int q_norm;           // apply the q / k head norms (weights qn, kn)
+    int k_norm;
+    float eps;
+    int capacity;         // cache slots; positions outside [0, capacity) are not written
+    int write_k;          // also write the roped keys as float32 (for the trace)
+};
+
+// MoE router: softmax over the experts, top-k, the chosen weights optionally renormalised
+// to sum to one, then scaled.
+struct MoeRouteParams {
+    int n_rows;
+    int n_experts;
+    int k;
+    int norm;
+    float scale;
+    int pad0;
+};
+
+// Greedy decoding on the device: the argmax becomes the next step's token and position.
+struct AdvanceParams {
+    int capacity;         // length of the history buffer
+    int pad0;
+};
+
+// Dequantization of whole weight rows to float16 (the tensor-core prefill GEMM's operand).
+struct DequantParams {
+    int n_rows;           // rows written
+    int n_cols;
+    long long row_bytes;
+    int rows_per_expert;  // 0: row r is source row r; else experts[r / rows_per_expert]'s
+    int pad0;             // row r % rows_per_expert (the experts of a prompt, packed)
+};
+
+// The token and position a captured decode step reads, set from the host as launch parameters
+// (no copy from host memory inside the stream).
+struct DecodeSetParams {
+    int tok;
+    int pos;
+};
+
+// Rows of x gathered (and rounded to float16) for the expert GEMMs of a prompt: y[i] = x[idx[i]],
+// zeros where idx[i] is -1 (padding).
+struct GatherParams {
+    int n_out;
+    int n_cols;
+    int n_src_rows;
     int pad0;
 };

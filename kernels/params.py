@@ -38,9 +38,29 @@ def _parse(text: str) -> dict[str, np.dtype]:
 STRUCTS: dict[str, np.dtype] = _parse((Path(__file__).parent / "params.cuh").read_text())
 
 
+_PACKED: dict = {}
+_PACKED_MAX = 16384
+
+
 def pack(struct: str, **values) -> np.ndarray:
     """The by-value parameter struct `struct` with `values`, as a 0-d structured array; fields
-    named pad* default to 0, every other field must be given."""
+    named pad* default to 0, every other field must be given. The result is shared between
+    calls with the same values (a launch only reads it): building a structured array costs
+    more host time than the launch itself."""
+    key = (struct, tuple(values.items()))
+    try:
+        return _PACKED[key]
+    except KeyError:
+        pass
+    except TypeError:           # an unhashable value: build it every time
+        key = None
+    rec = _build(struct, values)
+    if key is not None and len(_PACKED) < _PACKED_MAX:
+        _PACKED[key] = rec
+    return rec
+
+
+def _build(struct: str, values: dict) -> np.ndarray:
     dt = STRUCTS[struct]
     missing = [f for f in dt.names if f not in values and not f.startswith("pad")]
     unknown = [f for f in values if f not in dt.names]

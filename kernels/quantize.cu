@@ -9,16 +9,5 @@ extern "C" __global__ void quantize_q8_1(const float * __restrict__ x, block_q8_
     const i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x;   // one thread per value
     // k is a multiple of 32, so a warp is either wholly inside or wholly past the end.
     if (i >= (i64) p.n_rows * p.k) return;
-    const float xi = x[i];
-    const float amax = warp_max(fabsf(xi));
-    const float sum = warp_sum(xi);
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : (int) roundf(xi / d);
-    block_q8_1 * b = y + i / QK8_1;
-    const int lane = threadIdx.x % WARP_SIZE;
-    ((i8 *) b->qs)[lane] = (i8) q;
-    if (lane == 0) {
-        b->d = f32_to_f16(d);
-        b->s = f32_to_f16(sum);
-    }
+    quantize_warp_q8_1(x[i], y + i / QK8_1);
 }

@@ -17,9 +17,7 @@ rope(const float * __restrict__ x, const int * __restrict__ pos, float * __restr
     const i64 base = ((i64) t * p.n_heads + h) * p.head_dim;
     const int half = p.n_rot / 2;
     if (i < half) {
-        float theta = (float) pos[t];
-        for (int j = 0; j < i; ++j) theta = __fmul_rn(theta, p.theta_scale);
-        const float angle = __fmul_rn(theta, p.freq_scale);
+        const float angle = rope_angle(pos[t], i, p.theta_scale, p.freq_scale);
         const float c = cosf(angle), s = sinf(angle);
         const int i0 = p.neox ? i : 2 * i;
         const int i1 = p.neox ? i + half : 2 * i + 1;

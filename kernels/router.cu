@@ -5,12 +5,6 @@
 
 #define ROW_THREADS 256
 
-__device__ __forceinline__ double warp_sum_f64(double v) {
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // exp(x - max) summed in double and divided in double, as the numpy reference does.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 softmax(const float * __restrict__ x, float * __restrict__ y, const RowParams p) {
@@ -78,12 +72,28 @@ topk(const float * __restrict__ x, int * __restrict__ ids, float * __restrict__ 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+#define ARGMAX_THREADS 1024
+
+// One block of 1024 threads per row: an output head's 150k-260k logits are read by every
+// thread of the block with coalesced loads, then reduced by shuffles and one shared round.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax(const float * __restrict__ x, int * __restrict__ ids, const RowParams p) {
+    __shared__ float sv[ARGMAX_THREADS / WARP_SIZE];
+    __shared__ int si[ARGMAX_THREADS / WARP_SIZE];
     const float * xr = x + (i64) blockIdx.x * p.n_cols;
     float v = 0.0f;
     int i = -1;
-    for (int c = threadIdx.x; c < p.n_cols; c += ROW_THREADS) better(v, i, xr[c], c);
-    block_best(v, i);
-    if (threadIdx.x == 0) ids[blockIdx.x] = i;
+    for (int c = threadIdx.x; c < p.n_cols; c += ARGMAX_THREADS) better(v, i, xr[c], c);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    if (threadIdx.x % WARP_SIZE == 0) { sv[threadIdx.x / WARP_SIZE] = v; si[threadIdx.x / WARP_SIZE] = i; }
+    __syncthreads();
+    if (threadIdx.x < WARP_SIZE) {
+        v = sv[threadIdx.x]; i = si[threadIdx.x];
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+            better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        if (threadIdx.x == 0) ids[blockIdx.x] = i;
+    }
 }

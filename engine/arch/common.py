@@ -63,30 +63,30 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
     p = f"blk.{il}."
     T = x.shape[0]
 
-    def proj(kind, n_head, head_dim):
-        y = b.matmul(x, w(p + f"attn_{kind}.weight"))
+    def with_bias(kind, y):
         bias = w.opt(p + f"attn_{kind}.bias")
-        if bias is not None:
-            y = b.add(y, bias)
-        return y.reshape(T, n_head, head_dim)
+        return y if bias is None else b.add(y, bias)
 
-    q = proj("q", cfg.n_head, cfg.head_dim)
-    k = proj("k", cfg.n_head_kv, cfg.head_dim)
-    v = proj("v", cfg.n_head_kv, cfg.head_dim_v)
-    if qk_norm:
-        q = f.cb(b.rms_norm(q, w(p + "attn_q_norm.weight"), cfg.norm_eps), "Qcur_normed", il)
-        k = f.cb(b.rms_norm(k, w(p + "attn_k_norm.weight"), cfg.norm_eps), "Kcur_normed", il)
+    # One op for the three projections: on the GPU one launch per weight type, one
+    # quantization of x.
+    q, k, v = (with_bias(kind, y) for kind, y in
+               zip("qkv", b.matmul_many(x, [w(p + f"attn_{kind}.weight") for kind in "qkv"])))
+    q = q.reshape(T, cfg.n_head, cfg.head_dim)
+    k = k.reshape(T, cfg.n_head_kv, cfg.head_dim)
+    v = v.reshape(T, cfg.n_head_kv, cfg.head_dim_v)
     base = cfg.rope_base if rope_base is None else rope_base
-    q = b.rope(q, f.pos, cfg.n_rot, base, cfg.rope_neox, cfg.rope_freq_scale)
-    k = b.rope(k, f.pos, cfg.n_rot, base, cfg.rope_neox, cfg.rope_freq_scale)
+    k_cache, v_cache = f.cache.layer(il)
+    # q/k norms, rope, and the K/V cache writes: one op (one kernel on the GPU).
+    q, k = b.rope_store(q, k, v, f.pos, k_cache, v_cache,
+                        q_norm=w(p + "attn_q_norm.weight") if qk_norm else None,
+                        k_norm=w(p + "attn_k_norm.weight") if qk_norm else None,
+                        eps=cfg.norm_eps, n_rot=cfg.n_rot, base=base, neox=cfg.rope_neox,
+                        freq_scale=cfg.rope_freq_scale)
     f.cb(q, "Qcur", il)
     f.cb(k, "Kcur", il)
     f.cb(v, "Vcur", il)
     if q_scale is not None:
         q = b.scale(q, q_scale)
-    k_cache, v_cache = f.cache.layer(il)
-    b.kv_store(k_cache, k, f.pos)
-    b.kv_store(v_cache, v, f.pos)
     if kq_scale is None:
         kq_scale = 1.0 / math.sqrt(cfg.head_dim)
     out = f.cb(b.attention(q, k_cache, v_cache, f.pos, kq_scale, window), "kqv_out", il)
@@ -102,12 +102,8 @@ def ffn(f: Forward, il: int, x, gelu: bool = False):
     """Gated FFN: down(act(gate(x)) * up(x))."""
     b, w = f.b, f.w
     p = f"blk.{il}."
-    up = f.cb(b.matmul(x, w(p + "ffn_up.weight")), "ffn_up", il)
-    gate = f.cb(b.matmul(x, w(p + "ffn_gate.weight")), "ffn_gate", il)
-    if gelu:
-        h = f.cb(b.geglu(gate, up), "ffn_geglu", il)
-    else:
-        h = f.cb(b.swiglu(gate, up), "ffn_swiglu", il)
+    h = b.ffn_glu(x, w(p + "ffn_gate.weight"), w(p + "ffn_up.weight"), gelu)
+    f.cb(h, "ffn_geglu" if gelu else "ffn_swiglu", il)
     return b.matmul(h, w(p + "ffn_down.weight"))
 
 
@@ -116,43 +112,45 @@ def moe(f: Forward, il: int, x):
     b, cfg, w = f.b, f.cfg, f.w
     p = f"blk.{il}."
     logits = f.cb(b.matmul(x, w(p + "ffn_gate_inp.weight")), "ffn_moe_logits", il)
-    probs = f.cb(b.softmax(logits), "ffn_moe_probs", il)
-    ids, weights = b.topk(probs, cfg.n_expert_used)
+    probs, ids, weights = b.moe_route(logits, cfg.n_expert_used, cfg.expert_weights_norm,
+                                      cfg.expert_weights_scale)
+    f.cb(probs, "ffn_moe_probs", il)
     f.cb(ids, "ffn_moe_topk", il)
-    if cfg.expert_weights_norm:
-        # ggml clamps the sum to the smallest normal float16 before dividing
-        total = weights.sum(axis=-1, keepdims=True)
-        weights = weights / total.clip(6.103515625e-5, None)
-    if cfg.expert_weights_scale not in (0.0, 1.0):
-        weights = b.scale(weights, cfg.expert_weights_scale)
     f.cb(weights, "ffn_moe_weights_norm" if cfg.expert_weights_norm else "ffn_moe_weights", il)
-    up = f.cb(b.matmul_id(x, w(p + "ffn_up_exps.weight"), ids), "ffn_moe_up", il)
-    gate = f.cb(b.matmul_id(x, w(p + "ffn_gate_exps.weight"), ids), "ffn_moe_gate", il)
-    h = f.cb(b.swiglu(gate, up), "ffn_moe_swiglu", il)
-    down = f.cb(b.matmul_id(h, w(p + "ffn_down_exps.weight"), ids), "ffn_moe_down", il)
-    return f.cb(b.weighted_sum(down, weights), "ffn_moe_out", il)
+    out = b.moe_ffn(x, w(p + "ffn_gate_exps.weight"), w(p + "ffn_up_exps.weight"),
+                    w(p + "ffn_down_exps.weight"), ids, weights)
+    return f.cb(out, "ffn_moe_out", il)
 
 
-def output(f: Forward, x):
-    """Final norm and LM head."""
+def output(f: Forward, x, residual=None):
+    """Final norm (after adding the last sublayer's `residual`, when given) and LM head."""
     b, cfg, w = f.b, f.cfg, f.w
-    x = f.cb(b.rms_norm(x, w("output_norm.weight"), cfg.norm_eps), "result_norm")
-    return f.cb(b.matmul(x, w.output()), "result_output")
+    x, h = b.add_rms_norm(x, residual, w("output_norm.weight"), cfg.norm_eps)
+    if residual is not None:
+        f.cb(x, "l_out", cfg.n_layer - 1)
+    h = f.cb(h, "result_norm")
+    return f.cb(b.matmul(h, w.output()), "result_output")
 
 
 def pre_norm_decoder(f: Forward, ids, out_rows, *, qk_norm: bool = False):
     """The llama-family stack: x += attn(norm(x)); x += ffn(norm(x)); then output.
     The FFN is a top-k MoE when the config has experts. `out_rows` keeps only the rows
-    whose logits are wanted from the last layer's residual on (as llama.cpp's inp_out_ids)."""
+    whose logits are wanted from the last layer's residual on (as llama.cpp's inp_out_ids).
+    Each residual add is done together with the norm that follows it (add_rms_norm), so a
+    sublayer's output is carried to the next norm as `pending`."""
     b, cfg, w = f.b, f.cfg, f.w
     x = b.embed(w("token_embd.weight"), ids)
+    pending = None
     for il in range(cfg.n_layer):
-        h = f.cb(b.rms_norm(x, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps), "attn_norm", il)
+        x, h = b.add_rms_norm(x, pending, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps)
+        if il > 0:
+            f.cb(x, "l_out", il - 1)
+        f.cb(h, "attn_norm", il)
         h = attention(f, il, h, qk_norm=qk_norm)
         if il == cfg.n_layer - 1 and out_rows is not None:
             h, x = b.take_rows(h, out_rows), b.take_rows(x, out_rows)
-        x = f.cb(b.add(h, x), "ffn_inp", il)
-        h = f.cb(b.rms_norm(x, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps), "ffn_norm", il)
-        h = moe(f, il, h) if cfg.n_expert else f.cb(ffn(f, il, h), "ffn_out", il)
-        x = f.cb(b.add(h, x), "l_out", il)
-    return output(f, x)
+        x, h = b.add_rms_norm(x, h, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps)
+        f.cb(x, "ffn_inp", il)
+        f.cb(h, "ffn_norm", il)
+        pending = moe(f, il, h) if cfg.n_expert else f.cb(ffn(f, il, h), "ffn_out", il)
+    return output(f, x, pending)

@@ -30,20 +30,24 @@ def forward(f: common.Forward, ids, out_rows=None):
     b, cfg, w = f.b, f.cfg, f.w
     x = b.embed(w("token_embd.weight"), ids)
     x = f.cb(b.scale(x, math.sqrt(cfg.n_embd)), "inp_scaled")
+    pending = None          # the previous layer's FFN output, added with the next norm
     for il in range(cfg.n_layer):
         window = cfg.layer_window(il)
         rope_base = cfg.rope_base_swa if window else cfg.rope_base
-        h = f.cb(b.rms_norm(x, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps), "attn_norm", il)
+        x, h = b.add_rms_norm(x, pending, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps)
+        if il > 0:
+            f.cb(x, "l_out", il - 1)
+        f.cb(h, "attn_norm", il)
         h = common.attention(f, il, h, qk_norm=True, q_scale=cfg.attn_scale, kq_scale=1.0,
                              rope_base=rope_base, window=window)
         if il == cfg.n_layer - 1 and out_rows is not None:
             h, x = b.take_rows(h, out_rows), b.take_rows(x, out_rows)
         h = f.cb(b.rms_norm(h, w(f"blk.{il}.post_attention_norm.weight"), cfg.norm_eps),
                  "attn_post_norm", il)
-        x = f.cb(b.add(h, x), "sa_out", il)
-        h = f.cb(b.rms_norm(x, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps), "ffn_norm", il)
+        x, h = b.add_rms_norm(x, h, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps)
+        f.cb(x, "sa_out", il)
+        f.cb(h, "ffn_norm", il)
         h = f.cb(common.ffn(f, il, h, gelu=True), "ffn_out", il)
-        h = f.cb(b.rms_norm(h, w(f"blk.{il}.post_ffw_norm.weight"), cfg.norm_eps),
-                 "ffn_post_norm", il)
-        x = f.cb(b.add(h, x), "l_out", il)
-    return common.output(f, x)
+        pending = f.cb(b.rms_norm(h, w(f"blk.{il}.post_ffw_norm.weight"), cfg.norm_eps),
+                       "ffn_post_norm", il)
+    return common.output(f, x, pending)

@@ -17,6 +17,20 @@ from typing import Any
 import numpy as np
 
 
+# Prompts (mat-muls of many rows) go to tensor cores on the CUDA backend: the weight is
+# dequantized to float16 and multiplied in float16 with float32 accumulation, instead of
+# int8 dot products against Q8_1 activations. The numpy backend in its q8_1 mode (the CUDA
+# kernels' oracle) rounds the same way under the same rule.
+GEMM_MIN_TOKENS = 32
+
+
+def uses_f16_gemm(n_rows: int, k: int, wtype) -> bool:
+    """Whether the CUDA backend multiplies `[n_rows, k]` activations by a weight of GGML type
+    `wtype` on tensor cores in float16 (k a multiple of 8: the GEMM's alignment; float32
+    weights keep their precision on the mat-mul kernels)."""
+    return n_rows >= GEMM_MIN_TOKENS and k % 8 == 0 and int(wtype) != 0   # 0: GGML F32
+
+
 class Weight(ABC):
     """A model tensor prepared by a backend. `type` is the GGML type, `shape` numpy-ordered."""
 
@@ -133,3 +147,67 @@ class Backend(ABC):
 
     def synchronize(self):
         """Wait for queued work (no-op on synchronous backends)."""
+
+    # -- fused ops ----------------------------------------------------------------------------
+    # Each is defined here by the primitive ops it stands for, in the order llama.cpp's graph
+    # runs them; a backend may override one with a single kernel that computes the same
+    # numbers (the conformance suite holds it to the composition's bounds).
+
+    def add_rms_norm(self, a, b, w: Weight, eps: float):
+        """The residual add and the RMS norm that follows it: `(a + b, rms_norm(a + b, w))`.
+        `b` None: `(a, rms_norm(a, w))` (the first layer's norm)."""
+        s = a if b is None else self.add(a, b)
+        return s, self.rms_norm(s, w, eps)
+
+    def matmul_many(self, x, ws: list):
+        """`[matmul(x, w) for w in ws]`: projections of one input (q, k, v)."""
+        return [self.matmul(x, w) for w in ws]
+
+    def rope_store(self, q, k, v, pos, k_cache, v_cache, *, q_norm: Weight | None,
+                   k_norm: Weight | None, eps: float, n_rot: int, base: float, neox: bool,
+                   freq_scale: float = 1.0):
+        """Per-head RMS norms of q and k (when given), rope of both, K and V written to the
+        cache at slots `pos`. Returns the roped `(q, k)`."""
+        if q_norm is not None:
+            q = self.rms_norm(q, q_norm, eps)
+        if k_norm is not None:
+            k = self.rms_norm(k, k_norm, eps)
+        q = self.rope(q, pos, n_rot, base, neox, freq_scale)
+        k = self.rope(k, pos, n_rot, base, neox, freq_scale)
+        self.kv_store(k_cache, k, pos)
+        self.kv_store(v_cache, v, pos)
+        return q, k
+
+    def ffn_glu(self, x, w_gate: Weight, w_up: Weight, gelu: bool = False):
+        """`act(x @ W_gate.T) * (x @ W_up.T)`, act SiLU (SwiGLU) or GELU (GeGLU)."""
+        up = self.matmul(x, w_up)
+        gate = self.matmul(x, w_gate)
+        return self.geglu(gate, up) if gelu else self.swiglu(gate, up)
+
+    def moe_route(self, logits, k: int, norm: bool, scale: float):
+        """Router of a top-k MoE (llama.cpp's build_moe_ffn, softmax gating): `(probs, ids,
+        weights)`, the weights renormalised to sum to one when `norm` (the sum clamped to
+        F16's smallest normal, as ggml does) and multiplied by `scale` unless it is 0 or 1."""
+        probs = self.softmax(logits)
+        ids, weights = self.topk(probs, k)
+        if norm:
+            total = weights.sum(axis=-1, keepdims=True)
+            weights = weights / total.clip(6.103515625e-5, None)
+        if scale not in (0.0, 1.0):
+            weights = self.scale(weights, scale)
+        return probs, ids, weights
+
+    def moe_ffn(self, x, w_gate: Weight, w_up: Weight, w_down: Weight, ids, weights,
+                gelu: bool = False):
+        """The chosen experts' gated FFNs on `x [T, D]`, summed with `weights [T, k]`."""
+        up = self.matmul_id(x, w_up, ids)
+        gate = self.matmul_id(x, w_gate, ids)
+        h = self.geglu(gate, up) if gelu else self.swiglu(gate, up)
+        return self.weighted_sum(self.matmul_id(h, w_down, ids), weights)
+
+    # -- decoding on the device ---------------------------------------------------------------
+    supports_graphs = False
+
+    def capture(self, fn):
+        """Record `fn()` as a replayable graph (backends with supports_graphs)."""
+        raise NotImplementedError(f"the {self.name} backend does not capture graphs")

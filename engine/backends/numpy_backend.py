@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import quants
 from ..gguf import GGMLType
-from .base import Backend, Weight
+from .base import Backend, Weight, uses_f16_gemm
 
 F16, F32 = np.float16, np.float32
 _FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
@@ -112,8 +112,16 @@ class NumpyBackend(Backend):
     def embed(self, table, ids):
         return table.rows(np.asarray(ids, dtype=np.int64)).astype(F32, copy=False)
 
-    def _linear(self, x, w, expert=None):
-        """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given)."""
+    def _linear(self, x, w, expert=None, f16=None):
+        """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given). `f16`: round both
+        operands to float16 (default: as the CUDA backend does for R rows, in q8_1 mode)."""
+        if f16 is None:
+            f16 = self.act_mode == "q8_1" and uses_f16_gemm(*x.shape, w.type)
+        if f16:
+            # The CUDA backend's prompt GEMM: both operands rounded to float16, products
+            # (exact in float32) summed in float32.
+            dense = w.dense() if expert is None else w.dense()[expert]
+            return _mm(x.astype(F16).astype(F32), dense.astype(F16).astype(F32))
         if w.type in _AFFINE_Q8_1[self.act_mode]:
             qb = quants.quantize_q8_1(x) if self.act_mode == "cpu" else quants.quantize_q8_1_cuda(x)
             xq = qb.qs.astype(F32) * np.repeat(qb.d.astype(F32), 32, axis=-1)
@@ -131,9 +139,11 @@ class NumpyBackend(Backend):
         T, k = ids.shape
         x = np.ascontiguousarray(x, F32)
         out = np.empty((T, k, w.shape[1]), F32)
+        # The CUDA backend multiplies a prompt's experts as GEMMs (rows of T tokens).
+        f16 = self.act_mode == "q8_1" and uses_f16_gemm(T, x.shape[-1], w.type)
         for e in np.unique(ids):
             tt, jj = np.nonzero(ids == e)
-            out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e))
+            out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e), f16=f16)
         return out
 
     # -- elementwise ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import cupy
@@ -31,7 +32,7 @@ from kernels.params import pack
 from ... import quants
 from ...errors import BrassError, UnsupportedError
 from ...gguf import BLOCK_SIZES, GGMLType
-from ..base import Backend, Weight
+from ..base import Backend, Weight, uses_f16_gemm
 from .compiler import compile_source, target_for
 from .device import choose_device
 from .errors import CudaError
@@ -51,6 +52,16 @@ SUPPORTED_TYPES = tuple(_TYPE_NAMES)
 
 # Thread-block sizes; each must equal the #define of its kernel source.
 MATVEC_THREADS, MATMUL_TILE = 128, 8
+# matvec_<type>: warps per block, rows per warp (chosen by ci/gpu_tune_matvec.py on the H200:
+# one row per warp and 8 warps per block were fastest for both large and small matrices)
+MV_WARPS, MV_ROWS = 8, 1
+GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = one Q8_1 block of h
+DOWN_WARPS, DOWN_ROWS = 4, 2        # matvec_moe_down_<type>
+FUSED_NORM_THREADS = 256
+ROPE_STORE_THREADS = 128
+ROUTE_THREADS = 256
+ARGMAX_THREADS = 1024
+DEQUANT_THREADS = 256
 QUANTIZE_THREADS = 256
 GET_ROWS_THREADS = 256
 NORM_THREADS = 256
@@ -58,10 +69,13 @@ ROPE_THREADS = 128
 EW_THREADS = 256
 KV_STORE_THREADS = 256
 ATTN_THREADS = 128
+ATTN_WARPS = ATTN_THREADS // 32
 ROW_THREADS = 256
 Q8_1_BLOCK_BYTES = 36
 
 STAGING_BYTES = 32 << 20     # per pinned staging buffer (two of them) for weight uploads
+GEMM_SCRATCH_BYTES = 256 << 20  # float16 weights dequantized at a time for the prompt GEMMs
+Q8_MEMO = 16                 # activations whose Q8_1 blocks are remembered (see _q8_memo)
 _DEFAULT_SMEM = 48 << 10     # shared memory a kernel may use without opting in
 
 
@@ -71,11 +85,15 @@ def launched_kernels() -> list[tuple[str, str]]:
     for t, n in _TYPE_NAMES.items():
         src = "matvec_f.cu" if t in FLOAT_TYPES else "matvec_q.cu"
         ks += [(src, f"matvec_{n}"), (src, f"matmul_{n}"), (src, f"matvec_id_{n}"),
-               ("get_rows.cu", f"get_rows_{n}")]
+               (src, f"matvec_glu_{n}"), (src, f"matvec_moe_down_{n}"),
+               ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
     ks += [("router.cu", k) for k in ("softmax", "topk", "argmax")]
+    ks += [("fused.cu", k) for k in ("add_rms_norm", "rope_store", "moe_route", "decode_advance",
+                                       "decode_set")]
+    ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
     return ks
 
 
@@ -174,6 +192,18 @@ class CudaBackend(Backend):
         # element a kernel fails to write cannot pass for a stale right answer.
         self.poison_outputs = poison_outputs
         self._staging = None
+        # Q8_1 blocks of recent activations, written by the kernel that produced the
+        # activation (norm, attention, gated FFN): {id(array): (array, blocks)}. Activations
+        # are never written in place once produced, and the entry holds the array, so its id
+        # cannot be reused while the entry lives; a mat-vec that finds its input here skips
+        # the quantize kernel.
+        self._q8 = OrderedDict()
+        self.launches = 0           # kernels launched (or captured) so far, by launch()
+        self._gemm_scratch = None
+        self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
+        with self.device:
+            self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
+        self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
 
     def _out(self, shape, dtype=F32):
         """A new output array (poisoned when poison_outputs is set)."""
@@ -190,6 +220,7 @@ class CudaBackend(Backend):
         if not (isinstance(params, np.ndarray) and params.dtype.names and params.size == 1):
             raise TypeError(f"{name}: the last kernel argument must be a parameter struct")
         fn = self.kernels.get(source, name)
+        self.launches += 1
         if smem:
             self.kernels.allow_smem(source, name, smem, self.smem_optin_limit)
         grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
@@ -300,6 +331,28 @@ class CudaBackend(Backend):
     def synchronize(self):
         self.stream.synchronize()
 
+    def pinned_empty(self, n: int, dtype):
+        """A host array in page-locked memory (the target of asynchronous copies)."""
+        dtype = np.dtype(dtype)
+        mem = cupy.cuda.alloc_pinned_memory(max(1, n * dtype.itemsize))
+        return np.frombuffer(mem, dtype, n)
+
+    def copy_to_host_async(self, src, dst: np.ndarray):
+        """Queue a copy of device array `src` into pinned host array `dst`; returns a function
+        that waits for the copy and returns its values."""
+        src = cupy.ascontiguousarray(src)
+        if src.nbytes != dst.nbytes:
+            raise BrassError(f"copy_to_host_async: {src.nbytes} bytes into {dst.nbytes}")
+        done = cupy.cuda.Event()
+        cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+        done.record(self.stream)
+
+        def wait():
+            done.synchronize()
+            return dst.copy()
+        return wait
+
     # -- linear algebra ---------------------------------------------------------------------
     def quantize_q8_1(self, x):
         """Rows of x [R, K] (K a multiple of 32) → Q8_1 blocks, [R, K/32 * 36] bytes."""
@@ -309,37 +362,120 @@ class CudaBackend(Backend):
                     QUANTIZE_THREADS, x, y, params=pack("QuantizeParams", n_rows=R, k=K))
         return y
 
-    def _activations(self, x, w: CudaWeight):
-        """What the mat-vec kernel of w's type reads: x itself, or x as Q8_1 blocks."""
-        return x if w.type in FLOAT_TYPES else self.quantize_q8_1(x)
+    def _remember_q8(self, x, blocks):
+        self._q8[id(x)] = (x, blocks)
+        if len(self._q8) > Q8_MEMO:
+            self._q8.popitem(last=False)
+
+    def _q8_of(self, x):
+        """The Q8_1 blocks a producer kernel wrote beside `x`, or None."""
+        hit = self._q8.get(id(x))
+        return hit[1] if hit is not None and hit[0] is x else None
+
+    def _activations(self, x, w: CudaWeight, source=None):
+        """What the mat-vec kernel of w's type reads: x itself, or x as Q8_1 blocks (those a
+        producer kernel already wrote for `source`, the array x was taken from, if any)."""
+        if w.type in FLOAT_TYPES:
+            return x
+        blocks = self._q8_of(source if source is not None else x)
+        return blocks if blocks is not None else self.quantize_q8_1(x)
 
     def _check_matrix(self, x, w, what: str, ndim: int):
         if not isinstance(w, CudaWeight) or len(w.shape) != ndim:
             raise BrassError(f"{what}: expected a {ndim}-D weight, got "
                              f"{getattr(w, 'shape', type(w).__name__)}")
+        if w.type in FLOAT_TYPES and w.shape[-1] % 8:
+            # The float mat-vecs read 16-byte vectors of a row.
+            raise UnsupportedError(f"{what}: {w.name} has {w.shape[-1]} columns; the cuda backend "
+                                   f"needs a multiple of 8 for {w.type.name} weights")
         if x.shape[-1] != w.shape[-1]:
             raise BrassError(f"{what}: input has {x.shape[-1]} features but {w.name} "
                              f"expects {w.shape[-1]}")
 
     def matmul(self, x, w):
+        return self.matmul_many(x, [w])[0]
+
+    def matmul_many(self, x, ws):
+        src = x
         x = _f32(x, "matmul")
-        self._check_matrix(x, w, "matmul", 2)
+        for w in ws:
+            self._check_matrix(x, w, "matmul", 2)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        T, (N, K) = x2.shape[0], w.shape
-        y = self._out((T, N), F32)
-        if T:
-            xa = self._activations(x2, w)
-            params = pack("MatVecParams", n_rows=N, k=K, n_tokens=T, n_used=1, row_bytes=w.row_bytes,
-                          expert_bytes=0, x_per_slot=0, n_experts=1)
-            src = "matvec_f.cu" if w.type in FLOAT_TYPES else "matvec_q.cu"
-            tname = _TYPE_NAMES[w.type]
-            if T == 1:
-                self.launch(src, f"matvec_{tname}", (N, 1), MATVEC_THREADS, w.data, xa, y, params=params)
-            else:
-                self.launch(src, f"matmul_{tname}", (N, -(-T // MATMUL_TILE)), MATVEC_THREADS,
-                            w.data, xa, y, params=params)
-        return y.reshape(*lead, N)
+        T, K = x2.shape
+        ys = [self._out((T, w.shape[0]), F32) for w in ws]
+        if T == 1:
+            # Decode: matrices of one type that read the same activations share a launch.
+            by_type: dict = {}
+            for w, y in zip(ws, ys):
+                by_type.setdefault(w.type, []).append((w, y))
+            for wtype, group in by_type.items():
+                for i in range(0, len(group), 3):
+                    self._matvec(x2, group[i:i + 3], src)
+        elif T:
+            for w, y in zip(ws, ys):
+                if uses_f16_gemm(T, K, w.type):
+                    self._gemm_f16(x2, w, y)
+                else:
+                    self._matmul_tiles(x2, w, y, src)
+        return [y.reshape(*lead, y.shape[-1]) for y in ys]
+
+    def _matvec(self, x2, group, src):
+        """One decode mat-vec launch over up to three (weight, output) pairs of one type."""
+        w0 = group[0][0]
+        xa = self._activations(x2, w0, src)
+        ws = [w for w, _ in group] + [w0] * (3 - len(group))
+        outs = [y for _, y in group] + [group[0][1]] * (3 - len(group))
+        rows = [w.shape[0] for w, _ in group] + [0] * (3 - len(group))
+        units = sum(-(-n // MV_ROWS) for n in rows)
+        params = pack("MultiMatVecParams", k=x2.shape[1], n_tokens=1, n_rows0=rows[0], n_rows1=rows[1],
+                      n_rows2=rows[2], row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
+                      row_bytes2=ws[2].row_bytes)
+        src_file = "matvec_f.cu" if w0.type in FLOAT_TYPES else "matvec_q.cu"
+        self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), 1), MV_WARPS * 32,
+                    ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params)
+
+    def _matmul_tiles(self, x2, w, y, src):
+        """A few tokens: each weight row read once per tile of MATMUL_TILE tokens."""
+        T, K = x2.shape
+        N = w.shape[0]
+        xa = self._activations(x2, w, src)
+        params = pack("MatVecParams", n_rows=N, k=K, n_tokens=T, n_used=1, row_bytes=w.row_bytes,
+                      expert_bytes=0, x_per_slot=0, n_experts=1)
+        src_file = "matvec_f.cu" if w.type in FLOAT_TYPES else "matvec_q.cu"
+        self.launch(src_file, f"matmul_{_TYPE_NAMES[w.type]}", (N, -(-T // MATMUL_TILE)), MATVEC_THREADS,
+                    w.data, xa, y, params=params)
+
+    def _gemm_f16(self, x2, w, y):
+        """A prompt's mat-mul on tensor cores: x rounded to float16, the weight dequantized to
+        float16 a chunk of rows at a time (GEMM_SCRATCH_BYTES), products summed in float32
+        by cuBLAS. y [T, N] = x [T, K] @ W.T."""
+        from cupy_backends.cuda.libs import cublas
+        from cupy_backends.cuda.api import runtime
+        T, K = x2.shape
+        N = w.shape[0]
+        x16 = cupy.empty((T, K), F16)
+        self.launch("dequant.cu", "to_f16", _grid_1d(x2.size, DEQUANT_THREADS), DEQUANT_THREADS, x2, x16,
+                    params=pack("GluParams", n=x2.size))
+        chunk = max(1, min(N, GEMM_SCRATCH_BYTES // (2 * K)))
+        scratch = self._scratch_f16(chunk * K)
+        handle = cupy.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, self.stream.ptr)
+        alpha, beta = self._gemm_scalars
+        for r0 in range(0, N, chunk):
+            n = min(chunk, N - r0)
+            self.launch("dequant.cu", f"dequant_f16_{_TYPE_NAMES[w.type]}",
+                        (-(-K // (2 * DEQUANT_THREADS)), min(n, 65535)), DEQUANT_THREADS,
+                        w.data[r0 * w.row_bytes:], self._no_experts, scratch,
+                        params=pack("DequantParams", n_rows=n, n_cols=K, row_bytes=w.row_bytes,
+                                    rows_per_expert=0))
+            # Column-major view: C^T [n, T] (ld N) = W_chunk [n, K] . x^T; W_chunk is K x n
+            # column-major (transposed), x^T is K x T column-major.
+            cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
+                          alpha.ctypes.data, scratch.data.ptr, runtime.CUDA_R_16F, K,
+                          x16.data.ptr, runtime.CUDA_R_16F, K,
+                          beta.ctypes.data, y.data.ptr + 4 * r0, runtime.CUDA_R_32F, N,
+                          cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
 
     def matmul_id(self, x, w, ids):
         x = _f32(x, "matmul_id")
@@ -353,7 +489,9 @@ class CudaBackend(Backend):
         if x.shape[:-1] != ((T, k) if per_slot else (T,)):
             raise BrassError(f"matmul_id: x of shape {x.shape} does not match ids of shape {ids.shape}")
         y = self._out((T, k, N), F32)
-        if T and k:
+        if T and k and uses_f16_gemm(T, K, w.type):
+            self._matmul_id_gemm(x, w, ids, per_slot, y)
+        elif T and k:
             xa = self._activations(x.reshape(-1, K), w)
             params = pack("MatVecParams", n_rows=N, k=K, n_tokens=T, n_used=k, row_bytes=w.row_bytes,
                           expert_bytes=N * w.row_bytes, x_per_slot=int(per_slot), n_experts=E)
@@ -361,6 +499,90 @@ class CudaBackend(Backend):
             self.launch(src, f"matvec_id_{_TYPE_NAMES[w.type]}", (N, T * k), MATVEC_THREADS,
                         w.data, xa, ids, y, params=params)
         return y
+
+    def _moe_plan(self, ids, n_experts: int):
+        """Where each (token, slot) goes in the per-expert batches of a prompt's expert GEMMs.
+        Experts with rows are grouped by their row count rounded up to a power of two (at
+        least 16); each group is one strided batched GEMM of that many rows per expert, so
+        padding at most doubles the work however uneven the routing, and experts no token
+        chose are neither dequantized nor multiplied. Reads ids on the host (a prompt may
+        synchronise; decode never comes here); reused while the same ids array comes back
+        (gate, up and down of one layer)."""
+        if self._plan is not None and self._plan[0] is ids:
+            return self._plan[1]
+        flat = self.to_numpy(ids).reshape(-1)
+        valid = (flat >= 0) & (flat < n_experts)
+        order = np.argsort(np.where(valid, flat, n_experts), kind="stable")
+        n_valid = int(valid.sum())
+        slots = order[:n_valid]                       # valid slots, by expert
+        counts = np.bincount(flat[valid], minlength=n_experts)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        used = np.nonzero(counts)[0]
+        caps = np.maximum(16, 1 << np.ceil(np.log2(np.maximum(counts[used], 1))).astype(np.int64))
+        pad_pos = np.empty(n_valid, np.int64)
+        groups, row = [], 0
+        for cap in np.unique(caps):
+            experts = used[caps == cap]
+            for q, e in enumerate(experts):
+                pad_pos[first[e]:first[e] + counts[e]] = row + q * cap + np.arange(counts[e])
+            groups.append((int(cap), experts.astype(np.int32), row))
+            row += len(experts) * int(cap)
+        plan = dict(rows=max(row, 1), groups=groups, slots_h=slots, pad_pos_h=pad_pos,
+                    slots=cupy.asarray(slots.astype(np.int32)), pad_pos=cupy.asarray(pad_pos.astype(np.int32)),
+                    invalid=cupy.asarray(np.nonzero(~valid)[0].astype(np.int32)))
+        self._plan = (ids, plan)
+        return plan
+
+    def _matmul_id_gemm(self, x, w, ids, per_slot, y):
+        """A prompt's expert mat-muls on tensor cores: each chosen expert's (token, slot) rows
+        gathered into a padded batch (float16), the chosen experts' weights dequantized to
+        float16 (as many as the scratch holds at a time), one strided batched GEMM per group
+        of experts with the same padded row count (_moe_plan)."""
+        from cupy_backends.cuda.api import runtime
+        from cupy_backends.cuda.libs import cublas
+        E, N, K = w.shape
+        T, k = ids.shape
+        plan = self._moe_plan(ids, E)
+        R = plan["rows"]
+        gidx = np.full(R, -1, np.int32)
+        gidx[plan["pad_pos_h"]] = plan["slots_h"] if per_slot else plan["slots_h"] // k
+        gidx = cupy.asarray(gidx)
+        x2 = x.reshape(-1, K)
+        xpad = cupy.empty((R, K), F16)
+        self.launch("dequant.cu", "gather_rows_f16", (-(-K // DEQUANT_THREADS), min(R, 65535)), DEQUANT_THREADS,
+                    x2, gidx, xpad, params=pack("GatherParams", n_out=R, n_cols=K, n_src_rows=x2.shape[0]))
+        cpad = cupy.empty((R, N), F32)
+        per_chunk = max(1, GEMM_SCRATCH_BYTES // (2 * N * K))
+        scratch = self._scratch_f16(min(per_chunk, E) * N * K)
+        handle = cupy.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, self.stream.ptr)
+        alpha, beta = self._gemm_scalars
+        for cap, experts, row0 in plan["groups"]:
+            for c0 in range(0, len(experts), per_chunk):
+                chunk = experts[c0:c0 + per_chunk]
+                ne = len(chunk)
+                self.launch("dequant.cu", f"dequant_f16_{_TYPE_NAMES[w.type]}",
+                            (-(-K // (2 * DEQUANT_THREADS)), min(ne * N, 65535)), DEQUANT_THREADS,
+                            w.data, cupy.asarray(chunk), scratch,
+                            params=pack("DequantParams", n_rows=ne * N, n_cols=K, row_bytes=w.row_bytes,
+                                        rows_per_expert=N))
+                r0 = row0 + c0 * cap
+                cublas.gemmStridedBatchedEx(
+                    handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, N, cap, K,
+                    alpha.ctypes.data, scratch.data.ptr, runtime.CUDA_R_16F, K, N * K,
+                    xpad.data.ptr + 2 * r0 * K, runtime.CUDA_R_16F, K, cap * K,
+                    beta.ctypes.data, cpad.data.ptr + 4 * r0 * N, runtime.CUDA_R_32F, N, cap * N,
+                    ne, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+        y2 = y.reshape(T * k, N)
+        y2[plan["slots"]] = cpad[plan["pad_pos"]]
+        if plan["invalid"].size:
+            y2[plan["invalid"]] = np.nan       # as the mat-vec kernels: an expert id out of range
+
+    def _scratch_f16(self, n: int):
+        if self._gemm_scratch is None or self._gemm_scratch.size < n:
+            self._gemm_scratch = None
+            self._gemm_scratch = cupy.empty(max(n, GEMM_SCRATCH_BYTES // 2), F16)
+        return self._gemm_scratch
 
     def embed(self, table, ids):
         ids = _i32(ids, "embed ids").reshape(-1)
@@ -479,15 +701,21 @@ class CudaBackend(Backend):
             raise BrassError(f"attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
         if k_cache.dtype != F16 or v_cache.dtype != F16:
             raise BrassError("attention: the KV cache must be float16")
+        if Dh % 2 or Dv % 2:
+            raise BrassError(f"attention: head dims {Dh}/{Dv} must be even")
         n_slots = min(cap, window) if window > 0 else cap
         out = self._out((T, H * Dv), F32)
+        write_q8 = Dv % 32 == 0
+        out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
         if T:
-            smem = 4 * (Dh + n_slots)
-            self.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, k_cache, v_cache, pos, out,
+            smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
+            self.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, k_cache, v_cache, pos, out, out_q,
                         params=pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
                                     head_dim_v=Dv, capacity=cap, n_slots=n_slots, window=max(0, window),
-                                    scale=scale),
+                                    scale=scale, write_q8=int(write_q8)),
                         smem=smem)
+            if write_q8:
+                self._remember_q8(out, out_q)
         return out
 
     # -- routing ----------------------------------------------------------------------------
@@ -520,7 +748,7 @@ class CudaBackend(Backend):
             raise BrassError("argmax: rows are empty")
         ids = self._out(x.shape[:-1], np.int32)
         if R:
-            self.launch("router.cu", "argmax", R, ROW_THREADS, x, ids,
+            self.launch("router.cu", "argmax", R, ARGMAX_THREADS, x, ids,
                         params=pack("RowParams", n_rows=R, n_cols=C, k=1))
         return ids
 
@@ -538,6 +766,187 @@ class CudaBackend(Backend):
     def take_rows(self, x, rows):
         return cupy.take(x, _i32(rows, "take_rows rows"), axis=0)
 
+    # -- fused ops (base.py defines each by the ops it replaces) --------------------------------
+    def add_rms_norm(self, a, b, w, eps):
+        a = _f32(a, "add_rms_norm")
+        if b is not None:
+            b = _f32(b, "add_rms_norm")
+            if b.shape != a.shape:
+                raise BrassError(f"add_rms_norm: {a.shape} and {b.shape} differ in shape")
+        D = a.shape[-1]
+        if w is None or tuple(w.shape) != (D,):
+            raise BrassError(f"add_rms_norm: the weight must have shape ({D},)")
+        rows = a.size // D if D else 0
+        s = self._out(a.shape) if b is not None else a
+        y = self._out(a.shape)
+        write_q8 = D % 32 == 0
+        yq = self._out((rows, D // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else y
+        if rows:
+            self.launch("fused.cu", "add_rms_norm", rows, FUSED_NORM_THREADS, a, a if b is None else b,
+                        w.dense, s, y, yq,
+                        params=pack("AddNormParams", n_rows=rows, n_cols=D, eps=eps,
+                                    has_residual=int(b is not None), write_q8=int(write_q8)))
+            if write_q8:
+                self._remember_q8(y, yq)
+        return s, y
+
+    def rope_store(self, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox,
+                   freq_scale=1.0):
+        q, k, v = _f32(q, "rope_store q"), _f32(k, "rope_store k"), _f32(v, "rope_store v")
+        pos = _i32(pos, "rope_store pos")
+        if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or pos.shape != (q.shape[0],):
+            raise BrassError(f"rope_store: expected q/k/v [T, H, Dh] and pos [T], got {q.shape}, "
+                             f"{k.shape}, {v.shape}, {pos.shape}")
+        T, H, Dh = q.shape
+        Hkv, Dv = k.shape[1], v.shape[2]
+        if k.shape != (T, Hkv, Dh) or v.shape[:2] != (T, Hkv):
+            raise BrassError(f"rope_store: k {k.shape} / v {v.shape} do not match q {q.shape}")
+        for cache, d in ((k_cache, Dh), (v_cache, Dv)):
+            if cache.dtype != F16 or not cache.flags.c_contiguous or cache.shape[1:] != (Hkv, d):
+                raise BrassError(f"rope_store: cache {cache.shape} {cache.dtype} does not hold "
+                                 f"[n_ctx, {Hkv}, {d}] float16")
+        if n_rot % 2 or not 0 < n_rot <= Dh:
+            raise BrassError(f"rope_store: n_rot {n_rot} must be even and in (0, {Dh}]")
+        for nw, what in ((q_norm, "q"), (k_norm, "k")):
+            if nw is not None and tuple(nw.shape) != (Dh,):
+                raise BrassError(f"rope_store: the {what} norm weight must have shape ({Dh},)")
+        theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
+        q_out, k_out = self._out(q.shape), self._out(k.shape)
+        if T:
+            self.launch("fused.cu", "rope_store", (H + 2 * Hkv, T), ROPE_STORE_THREADS,
+                        q, k, v, q if q_norm is None else q_norm.dense, k if k_norm is None else k_norm.dense,
+                        pos, q_out, k_out, k_cache, v_cache,
+                        params=pack("RopeStoreParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
+                                    head_dim_v=Dv, n_rot=n_rot, theta_scale=theta_scale,
+                                    freq_scale=freq_scale, neox=int(bool(neox)),
+                                    q_norm=int(q_norm is not None), k_norm=int(k_norm is not None),
+                                    eps=eps, capacity=k_cache.shape[0], write_k=1),
+                        smem=4 * Dh)
+        return q_out, k_out
+
+    def _glu_matvec(self, x, w_gate, w_up, gelu, ids=None, what="ffn_glu"):
+        """matvec_glu: h = act(x W_gate^T) * (x W_up^T) [rows, N] and its Q8_1 blocks."""
+        src = x
+        x = _f32(x, what)
+        K = x.shape[-1]
+        N = w_gate.shape[-2]
+        x2 = x.reshape(-1, K)
+        slots = x2.shape[0] if ids is None else ids.size
+        h = self._out((slots, N), F32)
+        write_q8 = N % 32 == 0      # for a quantized down projection (unused by a float one)
+        hq = self._out((slots, N // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else h
+        xa = self._activations(x2, w_gate, src)
+        params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=x2.shape[0],
+                      n_used=1 if ids is None else ids.shape[1], row_bytes=w_gate.row_bytes,
+                      expert_bytes=N * w_gate.row_bytes if ids is not None else 0,
+                      has_ids=int(ids is not None), n_experts=w_gate.shape[0] if ids is not None else 1,
+                      gelu=int(bool(gelu)), write_q8=int(write_q8))
+        src_file = "matvec_f.cu" if w_gate.type in FLOAT_TYPES else "matvec_q.cu"
+        if slots:
+            self.launch(src_file, f"matvec_glu_{_TYPE_NAMES[w_gate.type]}", (-(-N // (GLU_WARPS * GLU_ROWS)), slots),
+                        GLU_WARPS * 32, w_gate.data, w_up.data, xa, x if ids is None else ids, h, hq,
+                        params=params)
+        return h, (hq if write_q8 else None)
+
+    def _fusable(self, a: CudaWeight, b: CudaWeight) -> bool:
+        return a.type == b.type and a.shape == b.shape
+
+    def ffn_glu(self, x, w_gate, w_up, gelu=False):
+        rows = x.size // x.shape[-1] if x.shape[-1] else 0
+        if rows != 1 or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 2:
+            return super().ffn_glu(x, w_gate, w_up, gelu)
+        self._check_matrix(_f32(x, "ffn_glu"), w_gate, "ffn_glu", 2)
+        h, hq = self._glu_matvec(x, w_gate, w_up, gelu)
+        h = h.reshape(*x.shape[:-1], h.shape[-1])
+        if hq is not None:
+            self._remember_q8(h, hq)
+        return h
+
+    def moe_route(self, logits, k, norm, scale):
+        x, E, R = self._rows(logits, "moe_route")
+        if not 0 < k <= min(E, 64):
+            raise BrassError(f"moe_route: k = {k} must be in [1, {min(E, 64)}]")
+        probs = self._out(x.shape)
+        ids = self._out((*x.shape[:-1], k), np.int32)
+        weights = self._out((*x.shape[:-1], k), F32)
+        if R:
+            self.launch("fused.cu", "moe_route", R, ROUTE_THREADS, x, probs, ids, weights,
+                        params=pack("MoeRouteParams", n_rows=R, n_experts=E, k=k, norm=int(bool(norm)),
+                                    scale=1.0 if scale in (0.0, 1.0) else scale))
+        return probs, ids, weights
+
+    def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False):
+        x = _f32(x, "moe_ffn")
+        ids = _i32(ids, "moe_ffn ids")
+        weights = _f32(weights, "moe_ffn weights")
+        T = x.shape[0] if x.ndim == 2 else 0
+        if (x.ndim != 2 or T != 1 or ids.shape != weights.shape or ids.shape[0] != 1
+                or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 3
+                or w_down.type in FLOAT_TYPES or w_gate.shape[1] % 32):
+            return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu)
+        self._check_matrix(x, w_gate, "moe_ffn", 3)
+        E, N, K = w_gate.shape
+        D = w_down.shape[1]
+        if w_down.shape != (E, D, N):
+            raise BrassError(f"moe_ffn: down {w_down.shape} does not match gate {w_gate.shape}")
+        k = ids.shape[1]
+        _, hq = self._glu_matvec(x, w_gate, w_up, gelu, ids=ids, what="moe_ffn")
+        out = self._out((T, D), F32)
+        self.launch("matvec_q.cu", f"matvec_moe_down_{_TYPE_NAMES[w_down.type]}",
+                    (-(-D // (DOWN_WARPS * DOWN_ROWS)), T), DOWN_WARPS * 32, w_down.data, hq, ids, weights, out,
+                    params=pack("MoeDownParams", n_rows=D, k=N, n_tokens=T, n_used=k, row_bytes=w_down.row_bytes,
+                                expert_bytes=D * w_down.row_bytes, n_experts=E))
+        return out
+
+    # -- decoding on the device -----------------------------------------------------------------
+    supports_graphs = True
+
+    def decode_set(self, tok, pos, token: int, position: int):
+        """tok[0] = token, pos[0] = position, queued on the stream (as launch parameters)."""
+        self.launch("fused.cu", "decode_set", 1, 32, tok, pos,
+                    params=pack("DecodeSetParams", tok=int(token), pos=int(position)))
+
+    def decode_advance(self, next_ids, tok, pos, history):
+        """Greedy step on the device: tok = next_ids[0], pos += 1, history[pos] = tok."""
+        self.launch("fused.cu", "decode_advance", 1, 32, next_ids, tok, pos, history,
+                    params=pack("AdvanceParams", capacity=history.shape[0]))
+
+    def capture(self, fn):
+        """Record the kernels `fn()` queues on this backend's stream as a CUDA graph (nothing
+        runs). Every allocation made meanwhile is kept with the graph: replays write into that
+        memory, so the pool must never hand it to anyone else."""
+        pool = cupy.get_default_memory_pool()
+        kept = []
+
+        def alloc(nbytes):
+            mem = pool.malloc(nbytes)
+            kept.append(mem)
+            return mem
+
+        with self.device, self.stream, cupy.cuda.using_allocator(alloc):
+            self.stream.begin_capture()
+            try:
+                result = fn()
+            except BaseException:
+                try:
+                    self.stream.end_capture()
+                except Exception:       # the capture is already invalid; report fn's error
+                    pass
+                raise
+            graph = self.stream.end_capture()
+        return CudaGraph(self, graph, kept, result)
+
+
+class CudaGraph:
+    """A captured CUDA graph, the memory its kernels use, and what the captured function
+    returned (arrays that every replay rewrites)."""
+
+    def __init__(self, backend, graph, memory, result):
+        self.backend, self.graph, self.memory, self.result = backend, graph, memory, result
+
+    def replay(self):
+        self.graph.launch(stream=self.backend.stream)
+
 
 def _on_own_stream(method):
     """Run a backend method with this backend's device and stream current: its allocations,
@@ -550,8 +959,9 @@ def _on_own_stream(method):
     return wrapper
 
 
-for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_id", "embed",
-              "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
-              "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows"):
+for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_many", "matmul_id",
+              "embed", "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
+              "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
+              "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name

@@ -1,0 +1,134 @@
+"""Speed figures of the CUDA backend on the GPU runner, in one call:
+
+1. the device copy bandwidth (bytes read + written per second, a 2 GiB device-to-device copy),
+   the ceiling every mat-vec figure is a share of;
+2. decode mat-vec kernels alone (no Python in the timing: 20 calls captured as a CUDA graph and
+   replayed; several copies of the weight rotated so that no call is served from the 60 MB L2),
+   GB/s of weight bytes and the share of the copy bandwidth;
+3. with --models: shape-true models (ci/shape_models.py) written to --dir, then
+   brass bench on each (pp512 / tg128 and the kernels per decode token).
+
+    python3 ci/gpu_speed.py [--models qwen3-0.6b,qwen3-8b] [--dir /tmp/shapes] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile  # noqa: E402
+from kernels.cases import random_weight_file  # noqa: E402
+
+MATVEC_CASES = [  # (type, N rows, K)
+    (GGMLType.Q4_K, 12288, 4096), (GGMLType.Q6_K, 12288, 4096), (GGMLType.Q8_0, 12288, 4096),
+    (GGMLType.Q5_K, 12288, 4096), (GGMLType.Q4_0, 12288, 4096), (GGMLType.MXFP4, 12288, 4096),
+    (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q4_K, 4096, 4096), (GGMLType.Q4_K, 3072, 1024),
+    (GGMLType.Q6_K, 151936, 1024), (GGMLType.F16, 4096, 4096),
+]
+
+
+def copy_bandwidth(cp) -> float:
+    n = 1 << 31
+    src = cp.random.randint(0, 255, n, dtype=np.uint8)
+    dst = cp.empty_like(src)
+    for _ in range(2):
+        cp.copyto(dst, src)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    reps = 10
+    start.record()
+    for _ in range(reps):
+        cp.copyto(dst, src)
+    end.record()
+    end.synchronize()
+    ms = cp.cuda.get_elapsed_time(start, end) / reps
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def matvec_speed(b, tmp: Path, qtype, N, K, reps=20) -> tuple[float, float]:
+    """(microseconds per call, GB/s of weight bytes) of the decode mat-vec alone."""
+    import cupy as cp
+    rng = np.random.default_rng(0)
+    gf = GGUFFile(random_weight_file(tmp / f"w-{qtype.name}-{N}-{K}.gguf", rng, {"w": (qtype, (N, K))}))
+    w = b.weight(gf, "w")
+    nbytes = N * K // BLOCK_SIZES[qtype][0] * BLOCK_SIZES[qtype][1]
+    copies = max(1, -(-(240 << 20) // nbytes))          # > 4x the L2 in rotation
+    ws = [w] + [type(w)(w.name, w.type, w.shape, data=w.data.copy()) for _ in range(copies - 1)]
+    with b.activate():
+        x = b.asarray(rng.uniform(-1, 1, (1, K)).astype(np.float32))
+        if qtype not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+            b._remember_q8(x, b.quantize_q8_1(x))        # time the mat-vec, not the quantization
+        b.matmul(x, w)
+        b.synchronize()
+        g = b.capture(lambda: [b.matmul(x, ws[i % copies]) for i in range(reps)])
+        g.replay()
+        b.synchronize()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(b.stream)
+        for _ in range(5):
+            g.replay()
+        end.record(b.stream)
+        end.synchronize()
+    us = cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
+    return us, nbytes / us / 1e3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="", help="comma-separated shape names (ci/shape_models.py)")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/brass-shapes"))
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("-r", "--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+    from tabulate import tabulate
+
+    from engine.backends.cuda import CudaBackend
+    out = {}
+    b = CudaBackend()
+    print(f"device: {b.device_name}", flush=True)
+    bw = copy_bandwidth(cp)
+    out["copy_GB_per_s"] = bw
+    print(f"copy bandwidth: {bw:.0f} GB/s (read + write)", flush=True)
+    if not args.skip_kernels:
+        rows = []
+        tmp = args.dir / "kernels"
+        tmp.mkdir(parents=True, exist_ok=True)
+        for qtype, N, K in MATVEC_CASES:
+            us, gbs = matvec_speed(b, tmp, qtype, N, K)
+            rows.append((qtype.name, N, K, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / bw:.0f} %"))
+        out["matvec"] = rows
+        print(tabulate(rows, headers=["type", "N", "K", "us/call", "GB/s", "of copy"], tablefmt="github"), flush=True)
+    if args.models:
+        import engine
+        from engine.bench import bench
+        from ci import shape_models
+        results = []
+        for name in args.models.split(","):
+            path = args.dir / f"{name}.gguf"
+            if not path.exists():
+                shape_models.write(name, args.dir)
+            t0 = time.time()
+            m = engine.load(str(path), backend="cuda", quiet=True)
+            print(f"{name}: loaded in {time.time() - t0:.1f} s", flush=True)
+            for r in bench(m, reps=args.reps):
+                results.append(r.as_dict())
+                print(f"  {r.test}: {r.tokens_per_s:.1f} ± {r.stddev:.1f} tok/s"
+                      + (f"  ({r.kernels_per_token} kernels per token)" if r.kernels_per_token else ""), flush=True)
+            del m
+            cp.get_default_memory_pool().free_all_blocks()
+        out["bench"] = results
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+// Fused kernels of a decoder layer: each does, in one launch, what several backend ops do one
+// after another, with the same float32 operations in the same order as those ops' kernels
+// (norm.cu, rope.cu, attention.cu's kv_store, router.cu), so fusion changes no number.
+//
+//   add_rms_norm   residual add + RMS norm (+ the normed row as Q8_1 blocks for the mat-vecs)
+//   rope_store     q/k head norms + rope of q and k + K/V cache writes
+//   moe_route      router softmax + top-k + renormalised, scaled expert weights
+//   decode_advance greedy decoding on the device: argmax -> next token, position + 1
+#include "common.cuh"
+#include "params.cuh"
+
+#define FUSED_NORM_THREADS 256
+#define ROPE_STORE_THREADS 128
+#define ROUTE_THREADS 256
+
+// Sum of a double over the block, in the order norm.cu's rms_norm uses: per warp by shuffles,
+// then the warps' partial sums one after another. `partial` holds one double per warp.
+template <int THREADS>
+__device__ __forceinline__ double block_sum_f64(double v, double * partial) {
+    v = warp_sum_f64(v);
+    __syncthreads();     // partial may still be read by a previous call
+    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads();
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < THREADS / WARP_SIZE; ++i) s += partial[i];
+    return s;
+}
+
+// One block per row. Element i is handled by thread i % 256 in every pass, so a warp holds
+// whole 32-value blocks in lane order and quantizes them as the quantize kernel would.
+extern "C" __global__ void __launch_bounds__(FUSED_NORM_THREADS)
+add_rms_norm(const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ w,
+             float * __restrict__ sum, float * __restrict__ y, block_q8_1 * __restrict__ yq,
+             const AddNormParams p) {
+    __shared__ double partial[FUSED_NORM_THREADS / WARP_SIZE];
+    const i64 base = (i64) blockIdx.x * p.n_cols;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < p.n_cols; i += FUSED_NORM_THREADS) {
+        const float s = p.has_residual ? __fadd_rn(a[base + i], b[base + i]) : a[base + i];
+        if (p.has_residual) sum[base + i] = s;
+        const double v = s;
+        ss += v * v;
+    }
+    ss = block_sum_f64<FUSED_NORM_THREADS>(ss, partial);
+    const float mean = (float) (ss / p.n_cols);
+    const float scale = 1.0f / sqrtf(__fadd_rn(mean, p.eps));
+    const float * src = p.has_residual ? sum : a;
+    for (int i = threadIdx.x; i < p.n_cols; i += FUSED_NORM_THREADS) {
+        const float v = __fmul_rn(__fmul_rn(src[base + i], scale), w[i]);
+        y[base + i] = v;
+        // n_cols is a multiple of 32 when write_q8 is set: whole warps take this branch.
+        if (p.write_q8) quantize_warp_q8_1(v, yq + (base + i) / QK8_1);
+    }
+}
+
+// Blocks [0, H) of a token take its query heads, [H, H + H_kv) its key heads and
+// [H + H_kv, H + 2 H_kv) its value heads. q (and k) heads: optional RMS norm over the head
+// (double sum of squares, as rms_norm), then rope; q goes to q_out, k to the F16 cache at
+// slot pos[t] (and to k_out when write_k); v heads go to their cache as they are.
+extern "C" __global__ void __launch_bounds__(ROPE_STORE_THREADS)
+rope_store(const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
+           const float * __restrict__ qn, const float * __restrict__ kn, const int * __restrict__ pos,
+           float * __restrict__ q_out, float * __restrict__ k_out, u16 * __restrict__ k_cache,
+           u16 * __restrict__ v_cache, const RopeStoreParams p) {
+    extern __shared__ float row[];          // [head_dim]: the head after its norm
+    __shared__ double partial[ROPE_STORE_THREADS / WARP_SIZE];
+    const int t = blockIdx.y, hb = blockIdx.x;
+    const int slot = pos[t];
+    const bool slot_ok = slot >= 0 && slot < p.capacity;
+    if (hb >= p.n_heads + p.n_kv_heads) {
+        const int h = hb - p.n_heads - p.n_kv_heads;
+        const float * src = v + ((i64) t * p.n_kv_heads + h) * p.head_dim_v;
+        if (slot_ok) {
+            u16 * dst = v_cache + ((i64) slot * p.n_kv_heads + h) * p.head_dim_v;
+            for (int d = threadIdx.x; d < p.head_dim_v; d += ROPE_STORE_THREADS) dst[d] = f32_to_f16(src[d]);
+        }
+        return;
+    }
+    const bool is_q = hb < p.n_heads;
+    const int h = is_q ? hb : hb - p.n_heads;
+    const int n_h = is_q ? p.n_heads : p.n_kv_heads;
+    const float * src = (is_q ? q : k) + ((i64) t * n_h + h) * p.head_dim;
+    const float * nw = is_q ? qn : kn;
+    const bool norm = is_q ? p.q_norm : p.k_norm;
+    const int D = p.head_dim;
+
+    float scale = 1.0f;
+    if (norm) {
+        double ss = 0.0;
+        for (int d = threadIdx.x; d < D; d += ROPE_STORE_THREADS) {
+            const double x = src[d];
+            ss += x * x;
+        }
+        ss = block_sum_f64<ROPE_STORE_THREADS>(ss, partial);
+        const float mean = (float) (ss / D);
+        scale = 1.0f / sqrtf(__fadd_rn(mean, p.eps));
+    }
+    for (int d = threadIdx.x; d < D; d += ROPE_STORE_THREADS)
+        row[d] = norm ? __fmul_rn(__fmul_rn(src[d], scale), nw[d]) : src[d];
+    __syncthreads();
+
+    float * out = is_q ? q_out + ((i64) t * n_h + h) * D
+                       : (p.write_k ? k_out + ((i64) t * n_h + h) * D : nullptr);
+    u16 * cache = (!is_q && slot_ok) ? k_cache + ((i64) slot * p.n_kv_heads + h) * D : nullptr;
+    const int half = p.n_rot / 2;
+    for (int i = threadIdx.x; i < half + (D - p.n_rot); i += ROPE_STORE_THREADS) {
+        if (i < half) {
+            const float angle = rope_angle(slot, i, p.theta_scale, p.freq_scale);
+            const float c = cosf(angle), s = sinf(angle);
+            const int i0 = p.neox ? i : 2 * i;
+            const int i1 = p.neox ? i + half : 2 * i + 1;
+            const float x0 = row[i0], x1 = row[i1];
+            const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+            if (out) { out[i0] = y0; out[i1] = y1; }
+            if (cache) { cache[i0] = f32_to_f16(y0); cache[i1] = f32_to_f16(y1); }
+        } else {
+            const int d = p.n_rot + (i - half);
+            if (out) out[d] = row[d];
+            if (cache) cache[d] = f32_to_f16(row[d]);
+        }
+    }
+}
+
+// The better of two (value, index) candidates: larger value, then lower index (-1: none).
+__device__ __forceinline__ void route_better(float & v, int & i, const float v2, const int i2) {
+    if (i2 >= 0 && (i < 0 || v2 > v || (v2 == v && i2 < i))) { v = v2; i = i2; }
+}
+
+// One block per token: probs = softmax(logits) (exp summed and divided in double, as
+// router.cu's softmax), k rounds of arg-max (ties to the lower expert), then the chosen
+// probabilities, divided by their sum (clamped to F16's smallest normal, as ggml) when norm,
+// times scale.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+moe_route(const float * __restrict__ logits, float * __restrict__ probs, int * __restrict__ ids,
+          float * __restrict__ weights, const MoeRouteParams p) {
+    __shared__ float scratch[WARP_SIZE];
+    __shared__ double scratch_d[ROUTE_THREADS / WARP_SIZE];
+    __shared__ float sv[WARP_SIZE];
+    __shared__ int si[WARP_SIZE];
+    __shared__ float chosen[64];
+    const int E = p.n_experts;
+    const float * xr = logits + (i64) blockIdx.x * E;
+    float * pr = probs + (i64) blockIdx.x * E;
+    float m = -__int_as_float(0x7f800000);
+    for (int i = threadIdx.x; i < E; i += ROUTE_THREADS) m = fmaxf(m, xr[i]);
+    m = block_max(m, scratch);
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < E; i += ROUTE_THREADS) {
+        const float e = expf(__fsub_rn(xr[i], m));
+        pr[i] = e;
+        sum += e;
+    }
+    sum = warp_sum_f64(sum);
+    if (threadIdx.x % WARP_SIZE == 0) scratch_d[threadIdx.x / WARP_SIZE] = sum;
+    __syncthreads();
+    sum = 0.0;
+#pragma unroll
+    for (int w = 0; w < ROUTE_THREADS / WARP_SIZE; ++w) sum += scratch_d[w];
+    for (int i = threadIdx.x; i < E; i += ROUTE_THREADS) pr[i] = (float) (pr[i] / sum);
+    __syncthreads();        // each thread re-reads other threads' probabilities below
+
+    int last_i = -1;
+    float last_v = 0.0f;
+    for (int r = 0; r < p.k; ++r) {
+        float v = 0.0f;
+        int i = -1;
+        for (int c = threadIdx.x; c < E; c += ROUTE_THREADS) {
+            const float xc = pr[c];
+            if (last_i < 0 || xc < last_v || (xc == last_v && c > last_i)) route_better(v, i, xc, c);
+        }
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+            route_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        __syncthreads();
+        if (threadIdx.x % WARP_SIZE == 0) { sv[threadIdx.x / WARP_SIZE] = v; si[threadIdx.x / WARP_SIZE] = i; }
+        __syncthreads();
+        v = sv[0]; i = si[0];
+        for (int w = 1; w < ROUTE_THREADS / WARP_SIZE; ++w) route_better(v, i, sv[w], si[w]);
+        if (threadIdx.x == 0) {
+            ids[(i64) blockIdx.x * p.k + r] = i;
+            chosen[r] = v;
+        }
+        last_v = v; last_i = i;
+    }
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int r = 0; r < p.k; ++r) total = __fadd_rn(total, chosen[r]);
+        total = fmaxf(total, 6.103515625e-5f);
+        for (int r = 0; r < p.k; ++r) {
+            float wr = p.norm ? __fdiv_rn(chosen[r], total) : chosen[r];
+            if (p.scale != 1.0f) wr = __fmul_rn(wr, p.scale);
+            weights[(i64) blockIdx.x * p.k + r] = wr;
+        }
+    }
+}
+
+// One thread: the argmax of this step is the token of the next position.
+extern "C" __global__ void decode_advance(const int * __restrict__ next, int * __restrict__ tok,
+                                          int * __restrict__ pos, int * __restrict__ history,
+                                          const AdvanceParams p) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int t = next[0];
+    const int p1 = pos[0] + 1;
+    tok[0] = t;
+    pos[0] = p1;
+    if (p1 >= 0 && p1 < p.capacity) history[p1] = t;
+}
+
+extern "C" __global__ void decode_set(int * __restrict__ tok, int * __restrict__ pos, const DecodeSetParams p) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) { tok[0] = p.tok; pos[0] = p.pos; }
+}

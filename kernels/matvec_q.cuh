@@ -1,0 +1,243 @@
+// Quantized weight × Q8_1 activations, as int8 dot products (__dp4a), the way llama.cpp's
+// CUDA mat-vec does (ggml-cuda/mmvq.cu, vecdotq.cuh). The unit of work is one "item": 32
+// consecutive weights of a row against the one Q8_1 block of the activation they meet.
+// The weight kinds of matvec_q.cu (kernels: see matvec.cuh).
+#pragma once
+#include "matvec.cuh"
+
+enum WeightType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
+                  Q6_K = 14, MXFP4 = 39 };
+
+// Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
+__device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = __dp4a(0x01010101, y->qs[i], s);
+    return s;
+}
+
+// Moves bit j (j = 0..3) of h to bit 4 of byte j: the fifth bit of four 5-bit quants.
+__device__ __forceinline__ int spread_bits4(u32 h) {
+    return (int) (((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
+}
+
+// Four 4-bit indices (the low nibbles of the bytes of q) looked up in a 16-entry int8 table
+// held in four words: __byte_perm picks from 8 bytes, bit 3 of each index picks the half.
+__device__ __forceinline__ int table16_lookup(int q, const u32 t[4]) {
+    const u32 idx = (u32) q & 0x07070707u;
+    const u32 sel = (idx & 0x7) | ((idx >> 4) & 0x70) | ((idx >> 8) & 0x700) | ((idx >> 12) & 0x7000);
+    const u32 lo = __byte_perm(t[0], t[1], sel);
+    const u32 hi = __byte_perm(t[2], t[3], sel);
+    const u32 upper = (((u32) q >> 3) & 0x01010101u) * 0xFFu;
+    return (int) ((lo & ~upper) | (hi & upper));
+}
+
+template <int TYPE>
+__device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int ib,
+                                          const block_q8_1 * __restrict__ y) {
+    const float d8 = f16_to_f32(y->d);
+    if constexpr (TYPE == Q4_0) {
+        const block_q4_0 * b = (const block_q4_0 *) row + ib;
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = load_i32_a2(b->qs + 4 * i);
+            sumi = __dp4a(v & 0x0F0F0F0F, y->qs[i], sumi);
+            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[i + 4], sumi);
+        }
+        // Quants are stored +8: subtract 8 * sum(x), with the sum that Q8_1 carries.
+        return f16_to_f32(b->d) * (d8 * sumi - 8.0f * f16_to_f32(y->s));
+    } else if constexpr (TYPE == Q4_1) {
+        const block_q4_1 * b = (const block_q4_1 *) row + ib;
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = ((const int *) b->qs)[i];
+            sumi = __dp4a(v & 0x0F0F0F0F, y->qs[i], sumi);
+            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[i + 4], sumi);
+        }
+        return f16_to_f32(b->d) * d8 * sumi + f16_to_f32(b->m) * f16_to_f32(y->s);
+    } else if constexpr (TYPE == Q5_0) {
+        const block_q5_0 * b = (const block_q5_0 *) row + ib;
+        const u32 qh = (u32) load_i32_a2(b->qh);
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = load_i32_a2(b->qs + 4 * i);
+            sumi = __dp4a((v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i)), y->qs[i], sumi);
+            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i)), y->qs[i + 4], sumi);
+        }
+        return f16_to_f32(b->d) * (d8 * sumi - 16.0f * f16_to_f32(y->s));
+    } else if constexpr (TYPE == Q5_1) {
+        const block_q5_1 * b = (const block_q5_1 *) row + ib;
+        const u32 qh = *(const u32 *) b->qh;
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = ((const int *) b->qs)[i];
+            sumi = __dp4a((v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i)), y->qs[i], sumi);
+            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i)), y->qs[i + 4], sumi);
+        }
+        return f16_to_f32(b->d) * d8 * sumi + f16_to_f32(b->m) * f16_to_f32(y->s);
+    } else if constexpr (TYPE == Q8_0) {
+        const block_q8_0 * b = (const block_q8_0 *) row + ib;
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sumi = __dp4a(load_i32_a2((const u8 *) b->qs + 4 * i), y->qs[i], sumi);
+        return f16_to_f32(b->d) * d8 * sumi;
+    } else if constexpr (TYPE == MXFP4) {
+        const block_mxfp4 * b = (const block_mxfp4 *) row + ib;
+        // E2M1 values doubled: 0 1 2 3 4 6 8 12, then the same negated.
+        const u32 table[4] = {0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu};
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = load_i32_a1(b->qs + 4 * i);
+            sumi = __dp4a(table16_lookup(v, table), y->qs[i], sumi);
+            sumi = __dp4a(table16_lookup(v >> 4, table), y->qs[i + 4], sumi);
+        }
+        return e8m0_half_to_f32(b->e) * d8 * sumi;
+    } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+        // Item ib is sub-block s of super-block ib/8: 32 quants in the low (s even) or high
+        // (s odd) nibbles of qs[32*(s/2) ..], Q5_K's fifth bit is bit s of qh[0..31].
+        const int s = ib % 8;
+        const u8 * qs;
+        const u8 * scales;
+        float d, dmin;
+        if constexpr (TYPE == Q4_K) {
+            const block_q4_K * b = (const block_q4_K *) row + ib / 8;
+            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
+        } else {
+            const block_q5_K * b = (const block_q5_K *) row + ib / 8;
+            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
+        }
+        int sc, m;
+        scale_min_k4(s, scales, sc, m);
+        const int * q4 = (const int *) (qs + 32 * (s / 2));
+        const int shift = 4 * (s % 2);
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int v = (q4[i] >> shift) & 0x0F0F0F0F;
+            if constexpr (TYPE == Q5_K) {
+                const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
+                v |= ((qh[i] >> s) & 0x01010101) << 4;
+            }
+            sumi = __dp4a(v, y->qs[i], sumi);
+        }
+        return d8 * (d * sc * sumi - dmin * m * q8_sum(y));
+    } else if constexpr (TYPE == Q6_K) {
+        // Item ib is quarter r of half h of super-block ib/8: low 4 bits in the nibbles of
+        // ql[64h + 32(r%2) ..] (high nibble for r >= 2), high 2 bits at bit 2r of qh[32h ..],
+        // one int8 scale per 16 quants.
+        const block_q6_K * b = (const block_q6_K *) row + ib / 8;
+        const int h = (ib % 8) / 4, r = ib % 4;
+        const u8 * ql = b->ql + 64 * h + 32 * (r % 2);
+        const u8 * qh = b->qh + 32 * h;
+        const int lshift = 4 * (r / 2), hshift = 2 * r;
+        int sumi[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
+            const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
+            sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), y->qs[i], sumi[i / 4]);
+        }
+        const i8 * sc = b->scales + 8 * h + 2 * r;
+        return f16_to_f32(b->d) * d8 * (sc[0] * sumi[0] + sc[1] * sumi[1]);
+    }
+}
+
+// ---- Q4_K: 64-value items -----------------------------------------------------------------
+// Sub-blocks 2j and 2j+1 of a super-block share 32 bytes of qs (low and high nibbles), which
+// sit 16-byte aligned (blocks are 144 bytes, qs at offset 16): one item is those 32 bytes,
+// read as two 16-byte loads, against the two Q8_1 blocks they meet. Per 32 weights the float
+// arithmetic is that of dot_item<Q4_K>.
+struct block_q8_1x2 { block_q8_1 b[2]; };
+
+__device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2, const int k) {
+    const u32 w = k < 4 ? w0 : (k < 8 ? w1 : w2);
+    return (int) ((w >> (8 * (k & 3))) & 0xFF);
+}
+
+struct Q4KPairKind {
+    typedef block_q8_1x2 act;
+    static constexpr int values_per_item = 64;
+    static __device__ __forceinline__ float dot(const u8 * __restrict__ row, const int ip,
+                                                const block_q8_1x2 * __restrict__ y) {
+        const block_q4_K * b = (const block_q4_K *) row + ip / 4;
+        const int j = ip % 4;
+        const int4 q0 = ((const int4 *) (b->qs + 32 * j))[0];
+        const int4 q1 = ((const int4 *) (b->qs + 32 * j))[1];
+        const int v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const u32 dm = *(const u32 *) b;
+        const u32 * sw = (const u32 *) b->scales;
+        const u32 w0 = sw[0], w1 = sw[1], w2 = sw[2];
+        float out = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int s = 2 * j + h;
+            int sc, m;
+            if (s < 4) {
+                sc = byte_of(w0, w1, w2, s) & 63;
+                m = byte_of(w0, w1, w2, s + 4) & 63;
+            } else {
+                sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
+                m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
+            }
+            const block_q8_1 * yb = y->b + h;
+            int sumi = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sumi = __dp4a((v[i] >> (4 * h)) & 0x0F0F0F0F, yb->qs[i], sumi);
+            const float d = f16_to_f32((u16) (dm & 0xFFFF)), dmin = f16_to_f32((u16) (dm >> 16));
+            out += f16_to_f32(yb->d) * (d * sc * sumi - dmin * m * q8_sum(yb));
+        }
+        return out;
+    }
+};
+
+// ---- Q6_K with aligned loads -----------------------------------------------------------------
+// Q6_K blocks are 210 bytes, so their fields are only 2-byte aligned: eight 32-bit words at a
+// 2-aligned address are read as nine aligned words and funnel-shifted into place (instead of
+// sixteen 16-bit loads).
+__device__ __forceinline__ void load8_a2(const u8 * p, int (&out)[8]) {
+    const u32 * base = (const u32 *) ((size_t) p & ~(size_t) 3);
+    const u32 shift = 8 * ((u32) (size_t) p & 3);
+    u32 w[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) w[i] = base[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = (int) __funnelshift_r(w[i], w[i + 1], shift);
+}
+
+struct Q6KKind {
+    typedef block_q8_1 act;
+    static constexpr int values_per_item = QK8_1;
+    static __device__ __forceinline__ float dot(const u8 * __restrict__ row, const int ib,
+                                                const block_q8_1 * __restrict__ y) {
+        const block_q6_K * b = (const block_q6_K *) row + ib / 8;
+        const int h = (ib % 8) / 4, r = ib % 4;
+        int ql[8], qh[8];
+        load8_a2(b->ql + 64 * h + 32 * (r % 2), ql);
+        load8_a2(b->qh + 32 * h, qh);
+        const int lshift = 4 * (r / 2), hshift = 2 * r;
+        int sumi[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int vl = (ql[i] >> lshift) & 0x0F0F0F0F;
+            const int vh = ((qh[i] >> hshift) & 0x03030303) << 4;
+            sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), y->qs[i], sumi[i / 4]);
+        }
+        const i8 * sc = b->scales + 8 * h + 2 * r;
+        return f16_to_f32(b->d) * f16_to_f32(y->d) * (sc[0] * sumi[0] + sc[1] * sumi[1]);
+    }
+};
+
+template <int TYPE>
+struct QuantKind {
+    typedef block_q8_1 act;
+    static constexpr int values_per_item = QK8_1;
+    static __device__ __forceinline__ float dot(const u8 * row, int ib, const block_q8_1 * y) {
+        return dot_item<TYPE>(row, ib, y);
+    }
+};
+
