@@ -9,7 +9,7 @@
 #include "common.cuh"
 #include "params.cuh"
 
-#define FUSED_NORM_THREADS 256
+#define FUSED_NORM_THREADS 1024
 #define ROPE_STORE_THREADS 128
 #define ROUTE_THREADS 256
 
@@ -27,7 +27,7 @@ __device__ __forceinline__ double block_sum_f64(double v, double * partial) {
     return s;
 }
 
-// One block per row. Element i is handled by thread i % 256 in every pass, so a warp holds
+// One block per row. Element i is handled by thread i % 1024 in every pass, so a warp holds
 // whole 32-value blocks in lane order and quantizes them as the quantize kernel would.
 extern "C" __global__ void __launch_bounds__(FUSED_NORM_THREADS)
 add_rms_norm(const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ w,

@@ -57,7 +57,7 @@ MATVEC_THREADS, MATMUL_TILE = 128, 8
 MV_WARPS, MV_ROWS = 8, 1
 GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = one Q8_1 block of h
 DOWN_WARPS, DOWN_ROWS = 4, 2        # matvec_moe_down_<type>
-FUSED_NORM_THREADS = 256
+FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
 ROUTE_THREADS = 256
 ARGMAX_THREADS = 1024
