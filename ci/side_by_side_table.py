@@ -69,7 +69,7 @@ def main():
         rows.append(row)
     print(tabulate(rows, headers=["shape", "llama.cpp pp512", "Brass pp512", "ratio", "llama.cpp tg128",
                                   "Brass tg128", "ratio", "Brass tg / bandwidth ceiling", "kernels/token"],
-                   tablefmt="github"))
+                   tablefmt="github", disable_numparse=True))
     if bw:
         print(f"\ncopy bandwidth {bw:,.0f} GB/s (read + write); llama-bench -p 512 -n 128 -fa 1 -ngl 99, "
               f"brass bench -p 512 -n 128; mean of the repetitions")

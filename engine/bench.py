@@ -99,4 +99,5 @@ def table(results: list[BenchResult]) -> str:
     from tabulate import tabulate
     rows = [(r.model, f"{r.size_bytes / 2**30:.2f} GiB", r.backend, r.test,
              f"{r.tokens_per_s:.2f} ± {r.stddev:.2f}") for r in results]
-    return tabulate(rows, headers=["model", "size", "backend", "test", "t/s"], tablefmt="github")
+    return tabulate(rows, headers=["model", "size", "backend", "test", "t/s"], tablefmt="github",
+                    disable_numparse=True)

@@ -168,6 +168,18 @@ def _i32(x, what: str):
     return cupy.ascontiguousarray(x, dtype=np.int32)
 
 
+@functools.lru_cache(maxsize=None)
+def _cublas():
+    """CuPy's cuBLAS binding, loaded on first use (prompts multiply on tensor cores through it)."""
+    try:
+        from cupy_backends.cuda.libs import cublas
+        cublas.CUBLAS_OP_T        # the library itself loads on first attribute access
+        return cublas
+    except ImportError as e:
+        raise CudaError(f"cuBLAS could not be loaded ({e}); install the cuda extra "
+                        f"(pip install -e '.[cuda]', which brings nvidia-cublas) or a CUDA toolkit") from None
+
+
 def _grid_1d(n: int, threads: int, cap: int = 65535 * 8) -> int:
     return max(1, min(cap, -(-n // threads)))
 
@@ -450,8 +462,8 @@ class CudaBackend(Backend):
         """A prompt's mat-mul on tensor cores: x rounded to float16, the weight dequantized to
         float16 a chunk of rows at a time (GEMM_SCRATCH_BYTES), products summed in float32
         by cuBLAS. y [T, N] = x [T, K] @ W.T."""
-        from cupy_backends.cuda.libs import cublas
         from cupy_backends.cuda.api import runtime
+        cublas = _cublas()
         T, K = x2.shape
         N = w.shape[0]
         x16 = cupy.empty((T, K), F16)
@@ -539,7 +551,7 @@ class CudaBackend(Backend):
         float16 (as many as the scratch holds at a time), one strided batched GEMM per group
         of experts with the same padded row count (_moe_plan)."""
         from cupy_backends.cuda.api import runtime
-        from cupy_backends.cuda.libs import cublas
+        cublas = _cublas()
         E, N, K = w.shape
         T, k = ids.shape
         plan = self._moe_plan(ids, E)
