@@ -298,10 +298,13 @@ def test_topk_exact(cuda, ref, rng, n_cols, k, record_property):
     record_property("nmse", "exact")
 
 
-def test_argmax_exact(cuda, ref, rng, record_property):
-    x = rng.uniform(-5, 5, (3, 151936)).astype(F32)
-    x[1, [17, 99999]] = 100.0                 # a tie: the first index wins
+@pytest.mark.parametrize("n_cols", [151936, 5000, 8193 * 4], ids=str)
+def test_argmax_exact(cuda, ref, rng, n_cols, record_property):
+    # Long rows go through many blocks and a final pick, short ones one block.
+    x = rng.uniform(-5, 5, (4, n_cols)).astype(F32)
+    x[1, [17, n_cols - 1 - 17]] = 100.0       # a tie in different blocks: the first index wins
     x[2, -1] = 100.0                          # the last column
+    x[3, [4000, 4001]] = 100.0                # a tie inside one block's run
     assert np.array_equal(cuda.to_numpy(cuda.argmax(cuda.asarray(x))), ref.argmax(x))
     record_property("nmse", "exact")
 

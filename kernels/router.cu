@@ -97,3 +97,46 @@ argmax(const float * __restrict__ x, int * __restrict__ ids, const RowParams p) 
         if (threadIdx.x == 0) ids[blockIdx.x] = i;
     }
 }
+
+// Rows too long for one block (an output head's logits): blockIdx.x takes every gridDim.x-th
+// run of ARGMAX_THREADS columns and writes its best (value, index); argmax_final picks the
+// best of those. `better` is a total order (larger value, then lower index), so the two
+// stages choose what one block would.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_partial(const float * __restrict__ x, float * __restrict__ pv, int * __restrict__ pi, const RowParams p) {
+    __shared__ float sv[ARGMAX_THREADS / WARP_SIZE];
+    __shared__ int si[ARGMAX_THREADS / WARP_SIZE];
+    const float * xr = x + (i64) blockIdx.y * p.n_cols;
+    float v = 0.0f;
+    int i = -1;
+    for (int c = blockIdx.x * ARGMAX_THREADS + threadIdx.x; c < p.n_cols; c += gridDim.x * ARGMAX_THREADS)
+        better(v, i, xr[c], c);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    if (threadIdx.x % WARP_SIZE == 0) { sv[threadIdx.x / WARP_SIZE] = v; si[threadIdx.x / WARP_SIZE] = i; }
+    __syncthreads();
+    if (threadIdx.x < WARP_SIZE) {
+        v = sv[threadIdx.x]; i = si[threadIdx.x];
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+            better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        if (threadIdx.x == 0) {
+            pv[(i64) blockIdx.y * gridDim.x + blockIdx.x] = v;
+            pi[(i64) blockIdx.y * gridDim.x + blockIdx.x] = i;
+        }
+    }
+}
+
+// p.n_cols = partials per row.
+extern "C" __global__ void __launch_bounds__(WARP_SIZE)
+argmax_final(const float * __restrict__ pv, const int * __restrict__ pi, int * __restrict__ ids, const RowParams p) {
+    float v = 0.0f;
+    int i = -1;
+    for (int j = threadIdx.x; j < p.n_cols; j += WARP_SIZE)
+        better(v, i, pv[(i64) blockIdx.x * p.n_cols + j], pi[(i64) blockIdx.x * p.n_cols + j]);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    if (threadIdx.x == 0) ids[blockIdx.x] = i;
+}

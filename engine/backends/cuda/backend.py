@@ -90,7 +90,7 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
-    ks += [("router.cu", k) for k in ("softmax", "topk", "argmax")]
+    ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final")]
     ks += [("fused.cu", k) for k in ("add_rms_norm", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
@@ -759,7 +759,15 @@ class CudaBackend(Backend):
         if not C:
             raise BrassError("argmax: rows are empty")
         ids = self._out(x.shape[:-1], np.int32)
-        if R:
+        if R and C > 8 * ARGMAX_THREADS:
+            # An output head's row: spread over many blocks, then one warp picks the best.
+            parts = min(-(-C // ARGMAX_THREADS), 256)
+            pv, pi = self._out((R, parts), F32), self._out((R, parts), np.int32)
+            self.launch("router.cu", "argmax_partial", (parts, R), ARGMAX_THREADS, x, pv, pi,
+                        params=pack("RowParams", n_rows=R, n_cols=C, k=1))
+            self.launch("router.cu", "argmax_final", R, 32, pv, pi, ids,
+                        params=pack("RowParams", n_rows=R, n_cols=parts, k=1))
+        elif R:
             self.launch("router.cu", "argmax", R, ARGMAX_THREADS, x, ids,
                         params=pack("RowParams", n_rows=R, n_cols=C, k=1))
         return ids
