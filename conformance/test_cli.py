@@ -111,6 +111,12 @@ BAD_INPUTS = {
     "tokenize-no-input": ["tokenize", "{synth}"],
     "jsonl-not-strings": ["tokenize", "{synth}", "--jsonl", "{badjsonl}"],
     "jsonl-missing": ["tokenize", "{synth}", "--jsonl", "/nonexistent/strings.jsonl"],
+    "max-tokens-zero": ["generate", "{synth}", "--prompt", "x", "--max-tokens", "0"],
+    "seed-below-minus-one": ["generate", "{synth}", "--prompt", "x", "--seed", "-2"],
+    "serve-port-out-of-range": ["serve", "{synth}", "--port", "99999"],
+    "serve-port-negative": ["serve", "{synth}", "--port", "-1"],
+    "run-beyond-context": ["run", "{synth}", "hi", "--max-tokens", "100000"],
+    "model-is-a-directory": ["generate", "{tmpdir}", "--prompt", "x"],
 }
 
 
@@ -122,7 +128,8 @@ def test_bad_input_is_one_line_error(case, tmp_path, snapshot):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('"fine"\n{"not": "a string"}\n')
     fill = {"{synth}": str(goldens.model("synth-llama").path()), "{notgguf}": str(notgguf),
-            "{synth_nobos}": str(goldens.model("synth-qwen3moe").path()), "{badjsonl}": str(bad)}
+            "{synth_nobos}": str(goldens.model("synth-qwen3moe").path()), "{badjsonl}": str(bad),
+            "{tmpdir}": str(tmp_path) + "/"}
     r = brass(*[fill.get(a, a) for a in args])
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr
@@ -131,6 +138,63 @@ def test_bad_input_is_one_line_error(case, tmp_path, snapshot):
     assert len(lines) == 1 and r.stderr.strip().splitlines()[-1] == lines[0], r.stderr
     msg = lines[0].replace(str(tmp_path), "<tmp>")
     assert msg == snapshot
+    # Nothing is printed before an input is known to be good (run echoes its prompt after).
+    assert r.stdout == "", r.stdout
+
+
+def test_version():
+    from engine import __version__
+    r = brass("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"brass {__version__}"
+
+
+def test_help_shows_the_defaults():
+    r = brass("run", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    for default in ("default: 128", "default: 0.8", "default: 40", "default: 0.95", "default: 0.05",
+                    "-1 or unset: random", "The three most useful things"):
+        assert default in text, f"{default!r} missing from brass run --help"
+
+
+def test_eog_ends_the_stream_and_is_not_printed(real_model_path):
+    """The golden stream that llama.cpp ended with end-of-generation (qwen2.5-coder-0.5b's
+    chat prompt): Brass ends at exactly the same token, reports stop "eog", and prints none of
+    that token's text (llama.cpp's CLI prints nothing for it)."""
+    name = "qwen2.5-coder-0.5b"
+    prompts = [p for p in goldens.prompts(name) if p.stop == "eog"]
+    assert prompts, "the goldens hold no stream that ends in end-of-generation"
+    p = prompts[0]
+    n = len(p.generated_ids)
+    margin = np.minimum(p.step_top_logits[:n, 0] - p.step_top_logits[:n, 1],
+                        p.tf_margin[len(p.prompt_ids) - 1:][:n])
+    assert (margin >= tolerances.NUMPY_STREAM_EPS).all(), "a near-tie: the stream is not a fair check"
+    model = real_model_path(name)
+    r = brass("generate", model, "--prompt", p.text, "--max-tokens", 32, "--temperature", 0,
+              "--backend", "numpy", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] == p.generated_ids, "the stream does not end where llama.cpp's ended"
+    assert out["stop"] == "eog"
+    eog_text = goldens_tokenizer_piece(model, p.generated_ids[-1])
+    assert eog_text and eog_text not in out["text"]
+    t = out["timings"]
+    assert t["prompt_n"] == len(p.prompt_ids) and t["predicted_n"] == len(p.generated_ids) - 1
+    assert t["prompt_ms"] > 0 and t["predicted_per_second"] > 0
+    r = brass("generate", model, "--prompt", p.text, "--max-tokens", 32, "--temperature", 0,
+              "--backend", "numpy")
+    assert r.returncode == 0 and eog_text not in r.stdout
+    assert out["text"] in r.stdout and "tok/s" in r.stderr
+    # The Python API ends the stream there too: the end-of-generation token is the last one.
+    import engine
+    m = engine.load(model, backend="numpy", quiet=True)
+    assert list(m.generate(p.prompt_ids, 32, engine.SamplingParams(temperature=0))) == p.generated_ids
+
+
+def goldens_tokenizer_piece(model, token_id: int) -> str:
+    from engine.gguf import GGUFFile
+    from engine.tokenizer import Tokenizer
+    return Tokenizer.from_gguf(GGUFFile(model)).decode([token_id])
 
 
 def test_models_lists_the_catalog():
@@ -138,3 +202,22 @@ def test_models_lists_the_catalog():
     assert r.returncode == 0
     for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
         assert name in r.stdout
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["stderr-terminal", "stderr-pipe"])
+def test_progress_follows_stderr_not_json(monkeypatch, tty):
+    """Download and upload progress goes to stderr whenever stderr is a terminal, --json or
+    not (it never mixes with stdout), and stays out of pipes and logs."""
+    from engine import cli, model
+    seen = {}
+
+    class FakeModel:
+        def __init__(self, name, backend=None, n_ctx=None, quiet=False):
+            seen["quiet"] = quiet
+
+    monkeypatch.setattr(model, "Model", FakeModel)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    for json_flag in (True, False):
+        args = cli.build_parser().parse_args(["generate", "m.gguf", "--prompt", "x"] + (["--json"] if json_flag else []))
+        cli._load(args)
+        assert seen["quiet"] is (not tty)

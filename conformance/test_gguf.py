@@ -46,6 +46,29 @@ def test_reads_what_gguf_py_wrote(tiny):
     assert g.tensors["b.weight"].type == GGMLType.F16
 
 
+@pytest.mark.parametrize("alignment", [64, 256, 8])
+def test_reads_files_with_another_alignment(tmp_path, alignment):
+    """general.alignment other than the default 32: tensor data starts on that boundary, and
+    each tensor's offset is padded to it; reading at the default would misplace every tensor."""
+    import gguf
+    rng = np.random.default_rng(alignment)
+    tensors = {f"t{i}.weight": rng.standard_normal((3, 5 + i)).astype(np.float32) for i in range(4)}
+    path = tmp_path / "aligned.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_custom_alignment(alignment)
+    w.add_string("test.pad", "x" * 7)          # an odd-sized header, so the padding matters
+    for name, a in tensors.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = GGUFFile(path)
+    assert g.alignment == alignment and g.data_offset % alignment == 0
+    for name, a in tensors.items():
+        assert np.array_equal(g.tensor_bytes(name).view(np.float32).reshape(a.shape), a), name
+
+
 def test_matches_gguf_py_on_real_model(real_model_path):
     """Every metadata value and tensor directory entry equals gguf-py's reading."""
     import gguf

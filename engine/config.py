@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .errors import GGUFError
+from .validate import check_hparams
 
 
 @dataclass
@@ -46,61 +49,99 @@ class ModelConfig:
         return self.sliding_window if self.swa_layers and self.swa_layers[il] else 0
 
 
-def _int(v):
+def _int(v, where: str) -> int:
     # Per-layer arrays (e.g. head counts) are allowed by GGUF; we support uniform ones.
-    if hasattr(v, "__len__") and not isinstance(v, str):
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu" and len(v):
         vals = set(int(x) for x in v)
         if len(vals) != 1:
-            raise GGUFError(f"per-layer values {sorted(vals)} are not supported")
+            raise GGUFError(f"{where}: per-layer values {sorted(vals)} are not supported")
         return vals.pop()
-    return int(v)
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    raise GGUFError(f"{where} is {_describe(v)}, expected an integer")
+
+
+def _float(v, where: str) -> float:
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return float(v)
+    raise GGUFError(f"{where} is {_describe(v)}, expected a number")
+
+
+def _describe(v) -> str:
+    if isinstance(v, (list, np.ndarray)):
+        return f"an array of {len(v)}"
+    return f"{type(v).__name__} {v!r:.40}"
 
 
 def read_config(gf, arch: str) -> ModelConfig:
     md = gf.metadata
 
-    def get(key, default=None, required=False):
-        full = f"{arch}.{key}"
+    def key(name):
+        return f"{gf.path}: metadata key {arch}.{name}"
+
+    def get(name, default=None, required=False):
+        full = f"{arch}.{name}"
         if full in md:
             return md[full]
         if required:
             raise GGUFError(f"{gf.path}: metadata key {full} is missing")
         return default
 
-    n_embd = _int(get("embedding_length", required=True))
-    n_head = _int(get("attention.head_count", required=True))
-    n_head_kv = _int(get("attention.head_count_kv", n_head))
-    head_dim = _int(get("attention.key_length", n_embd // n_head))
-    head_dim_v = _int(get("attention.value_length", head_dim))
-    n_vocab = get("vocab_size")
+    # Values of the wrong type (a string, an array where one number belongs) are named here;
+    # their ranges are checked by validate.check_hparams.
+    def get_int(name, default=None, required=False):
+        v = get(name, default, required)
+        return v if v is None else _int(v, key(name))
+
+    def get_float(name, default=None):
+        v = get(name, default)
+        return v if v is None else _float(v, key(name))
+
+    def get_bool(name, default=False):
+        v = get(name, default)
+        if not isinstance(v, (bool, int, np.integer)):
+            raise GGUFError(f"{key(name)} is {_describe(v)}, expected a bool")
+        return bool(v)
+
+    n_embd = get_int("embedding_length", required=True)
+    n_head = get_int("attention.head_count", required=True)
+    n_head_kv = get_int("attention.head_count_kv", n_head)
+    head_dim = get_int("attention.key_length", n_embd // n_head if n_head > 0 else 0)
+    head_dim_v = get_int("attention.value_length", head_dim)
+    n_vocab = get_int("vocab_size")
     if n_vocab is None:
         toks = md.get("tokenizer.ggml.tokens")
-        n_vocab = len(toks) if toks is not None else gf.tensors["token_embd.weight"].shape[1]
-    eps = get("attention.layer_norm_rms_epsilon")
+        emb = gf.tensors.get("token_embd.weight")
+        n_vocab = len(toks) if isinstance(toks, list) else \
+            emb.shape[1] if emb is not None and len(emb.shape) == 2 else 0
+    eps = get_float("attention.layer_norm_rms_epsilon")
     if eps is None:
         raise GGUFError(f"{gf.path}: metadata key {arch}.attention.layer_norm_rms_epsilon is missing")
-    scale = get("rope.scaling.factor") or get("rope.scale_linear") or 0.0
-    return ModelConfig(
+    scale = get_float("rope.scaling.factor") or get_float("rope.scale_linear") or 0.0
+    cfg = ModelConfig(
         arch=arch,
-        n_layer=_int(get("block_count", required=True)),
+        n_layer=get_int("block_count", required=True),
         n_embd=n_embd,
-        n_ff=_int(get("feed_forward_length", 0)),
+        n_ff=get_int("feed_forward_length", 0),
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
         head_dim_v=head_dim_v,
-        n_rot=_int(get("rope.dimension_count", head_dim)),
-        n_vocab=int(n_vocab),
-        n_ctx_train=_int(get("context_length", 2048)),
-        norm_eps=float(eps),
-        rope_base=float(get("rope.freq_base", 10000.0)),
-        rope_freq_scale=1.0 / float(scale) if scale else 1.0,
-        n_expert=_int(get("expert_count", 0)),
-        n_expert_used=_int(get("expert_used_count", 0)),
-        n_ff_exp=_int(get("expert_feed_forward_length", 0)),
-        expert_weights_norm=bool(get("expert_weights_norm", False)),
-        expert_weights_scale=float(get("expert_weights_scale", 0.0)),
-        sliding_window=_int(get("attention.sliding_window", 0)),
-        rope_base_swa=float(get("rope.freq_base_swa", 10000.0)),
-        final_logit_softcap=float(get("final_logit_softcapping", 0.0)),
+        n_rot=get_int("rope.dimension_count", head_dim),
+        n_vocab=n_vocab,
+        n_ctx_train=get_int("context_length", 2048),
+        norm_eps=eps,
+        rope_base=get_float("rope.freq_base", 10000.0),
+        rope_freq_scale=1.0 / scale if scale else 1.0,
+        n_expert=get_int("expert_count", 0),
+        n_expert_used=get_int("expert_used_count", 0),
+        n_ff_exp=get_int("expert_feed_forward_length", 0),
+        expert_weights_norm=get_bool("expert_weights_norm", False),
+        expert_weights_scale=get_float("expert_weights_scale", 0.0),
+        sliding_window=get_int("attention.sliding_window", 0),
+        rope_base_swa=get_float("rope.freq_base_swa", 10000.0),
+        final_logit_softcap=get_float("final_logit_softcapping", 0.0),
     )
+    # The architecture's configure builds per-layer lists from these: check them first.
+    check_hparams(cfg, gf)
+    return cfg

@@ -23,6 +23,7 @@ from .errors import GGUFError, UnsupportedError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_ARRAY_NESTING = 16
 
 
 class GGMLType(IntEnum):
@@ -144,7 +145,7 @@ class _Cursor:
         # Token texts may hold invalid UTF-8 (partial byte tokens); keep them lossless.
         return b.decode("utf-8", errors="surrogateescape")
 
-    def value(self, vtype: int, what: str):
+    def value(self, vtype: int, what: str, depth: int = 0):
         try:
             vt = GGUFValueType(vtype)
         except ValueError:
@@ -166,7 +167,11 @@ class _Cursor:
                 return arr.astype(bool) if et == GGUFValueType.BOOL else arr
             if et == GGUFValueType.STRING:
                 return self._string_array(n, what)
-            return [self.value(et, what) for _ in range(n)]
+            # Arrays of arrays are legal GGUF (llama.cpp reads none); a corrupt file can chain
+            # array headers deep enough to exhaust Python's stack.
+            if depth >= MAX_ARRAY_NESTING:
+                raise GGUFError(f"{self.path}: arrays nested more than {MAX_ARRAY_NESTING} deep in {what}")
+            return [self.value(et, what, depth + 1) for _ in range(n)]
         v = self.scalar(_SCALAR[vt], what)
         return v
 
@@ -238,9 +243,11 @@ class GGUFFile:
             ttype = c.scalar("<I", f"type of {name}")
             offset = c.scalar("<Q", f"offset of {name}")
             infos.append((name, shape, ttype, offset))
-        self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise GGUFError(f"{self.path}: general.alignment {self.alignment} is not a power of two")
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, (int, np.integer)) or isinstance(alignment, bool) \
+                or alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFError(f"{self.path}: general.alignment {alignment!r:.40} is not a power of two")
+        self.alignment = int(alignment)
         self.data_offset = (c.pos + self.alignment - 1) // self.alignment * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ttype, offset in infos:

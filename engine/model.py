@@ -19,6 +19,7 @@ from .gguf import GGUFFile
 from .kv_cache import KVCache
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
+from .validate import check_model
 
 DEFAULT_CTX = 4096
 # Greedy decoding on a graph-capable backend runs ahead of the host in chunks of this many
@@ -43,6 +44,7 @@ class Model:
         arch_name = self.gguf.architecture
         self.arch = arch_registry.get(arch_name)
         self.config = self.arch.configure(read_config(self.gguf, arch_name), self.gguf)
+        check_model(self.gguf, self.config)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.backend = get_backend(backend, **backend_options)
         self.weights = Weights(self.backend, self.gguf)
@@ -74,18 +76,32 @@ class Model:
         s = self.new_session(max(len(ids), 1))
         return s.prefill(ids, all_logits=True, trace=trace)
 
+    def check_generation(self, prompt_ids: list[int], max_tokens: int, n_ctx: int | None = None):
+        """Raise BrassError unless `max_tokens` after `prompt_ids` fit a context of `n_ctx`
+        (default: the model's) and both are non-empty."""
+        n_ctx = n_ctx or self.n_ctx
+        if max_tokens < 1:
+            raise BrassError(f"max_tokens must be at least 1, not {max_tokens}")
+        if len(prompt_ids) + max_tokens > n_ctx:
+            raise BrassError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the context of {n_ctx} tokens")
+        if not prompt_ids:
+            raise BrassError("the prompt is empty")
+
     def generate(self, prompt_ids: list[int], max_tokens: int = 32,
                  sampling: SamplingParams | None = None, stop_at_eog: bool = True,
                  session: "Session | None" = None) -> Iterator[int]:
-        """Yield generated token ids one by one (greedy when sampling.temperature == 0)."""
-        sampling = sampling or SamplingParams(temperature=0.0)
-        sampler = Sampler(sampling)
+        """Yield generated token ids one by one (greedy when sampling.temperature == 0). With
+        stop_at_eog, generation ends after yielding an end-of-generation token (callers that
+        print text leave its text out, as llama.cpp does). Bad arguments raise here, before
+        any token."""
         s = session or self.new_session()
-        if len(prompt_ids) + max_tokens > s.cache.n_ctx:
-            raise BrassError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) "
-                             f"exceeds the context of {s.cache.n_ctx} tokens")
-        if not prompt_ids:
-            raise BrassError("the prompt is empty")
+        self.check_generation(prompt_ids, max_tokens, s.cache.n_ctx)
+        return self._generate(prompt_ids, max_tokens, sampling or SamplingParams(temperature=0.0),
+                              stop_at_eog, s)
+
+    def _generate(self, prompt_ids, max_tokens, sampling, stop_at_eog, s) -> Iterator[int]:
+        sampler = Sampler(sampling)
         history = list(prompt_ids)
         logits = s.prefill(prompt_ids, device_logits=True)
         tok = s.pick(logits, sampler, history)

@@ -32,10 +32,13 @@ class SamplingParams:
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
             (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
             (self.penalty_last_n >= 0, "penalty_last_n must be >= 0"),
+            (self.seed is None or self.seed >= -1, "seed must be >= 0, or -1 for a random seed"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise BrassError(msg)
+        if self.seed == -1:         # llama.cpp's "random seed"
+            self.seed = None
 
     @property
     def greedy(self) -> bool:

@@ -780,12 +780,14 @@ def cmd_serve(args):
         raise BrassError("--parallel must be >= 1")
     if args.max_waiting < 1:
         raise BrassError("--max-waiting must be >= 1")
+    if not 0 <= args.port <= 65535:
+        raise BrassError(f"--port {args.port} is not a port number (0-65535; 0 picks a free one)")
     model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
     app = App(model, model_id_for(args.model, model.path), args.api_key, args.parallel, args.max_waiting)
     try:
         server = BrassHTTPServer(args.host, args.port, app)
-    except OSError as e:
-        raise BrassError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    except (OSError, OverflowError) as e:
+        raise BrassError(f"cannot listen on {args.host}:{args.port}: {getattr(e, 'strerror', None) or e}") from None
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in host else host
     if app.template.is_fallback:

@@ -5,6 +5,9 @@ The layer pattern and the local rope base are not in the metadata: llama.cpp har
 
 import math
 
+import numpy as np
+
+from ..errors import GGUFError
 from . import common
 
 SWA_PATTERN = 6     # every 6th layer is global (llama.cpp: load_swa_pattern(ml, 6))
@@ -16,10 +19,13 @@ def configure(cfg, gf):
     # is global), as in llama.cpp's load_swa_pattern.
     pattern = gf.get("gemma3.attention.sliding_window_pattern", SWA_PATTERN)
     if cfg.sliding_window > 0:
-        if hasattr(pattern, "__len__"):
+        if isinstance(pattern, np.ndarray) and pattern.ndim == 1:
             cfg.swa_layers = [bool(v) for v in pattern][:cfg.n_layer]
-        else:
+        elif isinstance(pattern, (int, np.integer)) and pattern >= 1:
             cfg.swa_layers = [il % int(pattern) < int(pattern) - 1 for il in range(cfg.n_layer)]
+        else:
+            raise GGUFError(f"{gf.path}: metadata key gemma3.attention.sliding_window_pattern is "
+                            f"{pattern!r:.40}, expected a period >= 1 or an array of flags")
     # ref: gemma_pytorch config; the 27B (62 layers) scales by n_embd / n_head instead.
     denom = cfg.n_embd / cfg.n_head if cfg.n_layer == 62 else cfg.head_dim
     cfg.attn_scale = 1.0 / math.sqrt(denom)

@@ -84,9 +84,18 @@ class Vocab:
     special_order: list[int]     # tokens split out of text first, longest first
 
 
-def _meta_bool(md: dict, key: str, default: bool) -> bool:
+def _meta_bool(md: dict, key: str, default: bool, path) -> bool:
     value = md.get(key)
-    return default if value is None else bool(value)
+    if value is None:
+        return default
+    if not isinstance(value, (bool, int, np.integer)):
+        raise GGUFError(f"{path}: {key} is {type(value).__name__} {value!r:.40}, expected a bool")
+    return bool(value)
+
+
+def _strings(value) -> bool:
+    """Whether a metadata value is an array of strings (not numbers, not nested arrays)."""
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def load_vocab(gf) -> Vocab:
@@ -99,6 +108,9 @@ def load_vocab(gf) -> Vocab:
     model = md.get(key("model"))
     if model is None:
         raise GGUFError(f"{path}: no tokenizer (tokenizer.ggml.model is missing)")
+    if not isinstance(model, str):
+        raise GGUFError(f"{path}: tokenizer.ggml.model is {type(model).__name__} {model!r:.40}, "
+                        "expected a string")
     pre = None
     ranks: dict[str, int] = {}
     ids: dict[str, int | None] = dict.fromkeys(
@@ -113,20 +125,28 @@ def load_vocab(gf) -> Vocab:
         merges = md.get(key("merges"))
         if not isinstance(merges, list):
             raise GGUFError(f"{path}: BPE tokenizer without tokenizer.ggml.merges")
+        if not _strings(merges):
+            raise GGUFError(f"{path}: tokenizer.ggml.merges must be an array of strings")
         # std::unordered_map::emplace keeps the first rank of a repeated merge: fill backwards
         ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
         ids.update(bos=11, eos=11)
-        pre = pre_tokenizer(md.get(key("pre")))
+        pre_name = md.get(key("pre"))
+        if pre_name is not None and not isinstance(pre_name, str):
+            raise GGUFError(f"{path}: tokenizer.ggml.pre is {type(pre_name).__name__} "
+                            f"{pre_name!r:.40}, expected a string")
+        pre = pre_tokenizer(pre_name)
         add_space_prefix, clean_spaces, add_bos = False, pre.clean_spaces, pre.add_bos
     else:
         raise UnsupportedError(f"{path}: tokenizer model {model!r} is not supported "
                                "(supported: 'llama' SentencePiece, 'gpt2' BPE)")
     add_eos = False
-    add_space_prefix = _meta_bool(md, key("add_space_prefix"), add_space_prefix)
+    add_space_prefix = _meta_bool(md, key("add_space_prefix"), add_space_prefix, path)
 
     tokens = md.get(key("tokens"))
     if not isinstance(tokens, list) or not tokens:
         raise GGUFError(f"{path}: tokenizer.ggml.tokens is missing or empty")
+    if not _strings(tokens):
+        raise GGUFError(f"{path}: tokenizer.ggml.tokens must be an array of strings")
     n = len(tokens)
     texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     token_to_id = dict(zip(texts, range(n)))
@@ -155,8 +175,8 @@ def load_vocab(gf) -> Vocab:
         value = md.get(key(name))
         if isinstance(value, (int, np.integer)) and 0 <= value < n:
             ids[role] = int(value)
-    add_bos = _meta_bool(md, key("add_bos_token"), add_bos)
-    add_eos = _meta_bool(md, key("add_eos_token"), add_eos)
+    add_bos = _meta_bool(md, key("add_bos_token"), add_bos, path)
+    add_eos = _meta_bool(md, key("add_eos_token"), add_eos, path)
 
     _find_roles_by_text(ids, texts, token_to_id, attrs)
 

@@ -1,0 +1,156 @@
+"""Checking a model before running it: the hyper-parameters are in range, and every tensor the
+architecture reads exists with the shape the metadata implies and a type the backends support.
+
+Without this a damaged or inconsistent file fails deep inside the forward pass (a KeyError for
+a missing tensor, a ValueError from a mat-mul whose shapes disagree, an IndexError from a top-k
+of zero experts) or asks for the memory of 2^31 layers. Each check raises one GGUFError (or
+UnsupportedError, for a valid file Brass cannot run) naming the key or tensor, what was
+expected and what the file has, as llama.cpp's loader does ("tensor 'x' has wrong shape").
+
+Shapes are written in ggml order, as GGUF stores them and gguf-dump prints them: ne[0] is the
+row length (a weight's input size), so a linear weight is [inputs, outputs].
+"""
+
+from __future__ import annotations
+
+import math
+
+from .errors import GGUFError, UnsupportedError
+from .quants import SUPPORTED_TYPES
+
+# What the architectures' forward passes read beyond the llama-family blocks (engine/arch/).
+QK_NORM = {"qwen3", "qwen3moe", "gemma3"}       # attn_q_norm / attn_k_norm per head
+POST_NORMS = {"gemma3"}                          # post_attention_norm, post_ffw_norm
+DENSE_ONLY = {"gemma3"}                          # its forward has no mixture-of-experts branch
+NEEDS_EXPERTS = {"qwen3moe"}                     # llama.cpp asserts n_expert > 0 for these
+
+
+def check_hparams(cfg, gf) -> None:
+    """Counts and sizes read from the metadata: positive where they size something, consistent
+    with one another, and finite where they are real numbers. Runs before the architecture's
+    `configure`, which builds per-layer lists from them."""
+    a = cfg.arch
+
+    def need(ok: bool, key: str, value, expected: str):
+        if not ok:
+            raise GGUFError(f"{gf.path}: metadata key {a}.{key} is {value!r}, expected {expected}")
+
+    need(cfg.n_layer >= 1, "block_count", cfg.n_layer, ">= 1")
+    # Every layer has tensors of its own, so a file cannot hold more layers than tensors; this
+    # bounds the per-layer loops and the KV cache before the tensors are checked.
+    need(cfg.n_layer <= len(gf.tensors), "block_count", cfg.n_layer,
+         f"<= {len(gf.tensors)} (the file's tensor count)")
+    need(cfg.n_embd >= 1, "embedding_length", cfg.n_embd, ">= 1")
+    need(cfg.n_head >= 1, "attention.head_count", cfg.n_head, ">= 1")
+    need(1 <= cfg.n_head_kv <= cfg.n_head and cfg.n_head % cfg.n_head_kv == 0,
+         "attention.head_count_kv", cfg.n_head_kv,
+         f"a divisor of attention.head_count ({cfg.n_head}): each KV head serves a group of "
+         f"query heads")
+    need(cfg.head_dim >= 1, "attention.key_length", cfg.head_dim, ">= 1")
+    need(cfg.head_dim_v >= 1, "attention.value_length", cfg.head_dim_v, ">= 1")
+    need(2 <= cfg.n_rot <= cfg.head_dim and cfg.n_rot % 2 == 0, "rope.dimension_count", cfg.n_rot,
+         f"an even number in [2, attention.key_length = {cfg.head_dim}] (rope turns pairs)")
+    need(cfg.n_vocab >= 1, "vocab_size", cfg.n_vocab, ">= 1")
+    need(cfg.n_ctx_train >= 1, "context_length", cfg.n_ctx_train, ">= 1")
+    need(cfg.n_ff >= 0, "feed_forward_length", cfg.n_ff, ">= 0")
+    need(cfg.n_expert >= 0, "expert_count", cfg.n_expert, ">= 0")
+    if cfg.n_expert:
+        need(1 <= cfg.n_expert_used <= cfg.n_expert, "expert_used_count", cfg.n_expert_used,
+             f"in [1, expert_count = {cfg.n_expert}]")
+        need(cfg.n_ff_exp >= 0, "expert_feed_forward_length", cfg.n_ff_exp, ">= 0")
+    need(cfg.sliding_window >= 0, "attention.sliding_window", cfg.sliding_window, ">= 0")
+    need(math.isfinite(cfg.norm_eps) and cfg.norm_eps >= 0, "attention.layer_norm_rms_epsilon",
+         cfg.norm_eps, "a finite number >= 0")
+    factor = 1.0 / cfg.rope_freq_scale if cfg.rope_freq_scale else math.inf
+    for key, value in (("rope.freq_base", cfg.rope_base), ("rope.freq_base_swa", cfg.rope_base_swa),
+                       ("rope.scaling.factor", factor)):
+        need(math.isfinite(value) and value > 0, key, value, "a finite number > 0")
+    need(math.isfinite(cfg.expert_weights_scale), "expert_weights_scale", cfg.expert_weights_scale,
+         "a finite number")
+    need(math.isfinite(cfg.final_logit_softcap) and cfg.final_logit_softcap >= 0,
+         "final_logit_softcapping", cfg.final_logit_softcap, "a finite number >= 0")
+
+
+def check_model(gf, cfg, supported=SUPPORTED_TYPES) -> None:
+    """Everything the forward pass of `cfg.arch` will read, checked against the file: raises
+    GGUFError / UnsupportedError naming the first problem. `supported`: the GGML types the
+    backend runs (both backends run quants.SUPPORTED_TYPES; a test keeps them equal)."""
+    check_hparams(cfg, gf)
+    a, path = cfg.arch, gf.path
+    if cfg.sliding_window and len(cfg.swa_layers) != cfg.n_layer:
+        raise GGUFError(f"{path}: metadata key {a}.attention.sliding_window_pattern gives "
+                        f"{len(cfg.swa_layers)} layers, expected block_count = {cfg.n_layer}")
+    if a in NEEDS_EXPERTS and cfg.n_expert == 0:
+        raise GGUFError(f"{path}: metadata key {a}.expert_count is 0 (or missing), expected >= 1: "
+                        f"{a} is a mixture-of-experts architecture")
+
+    def tensor(name: str, *dims: tuple[int, str], optional: bool = False):
+        """Check tensor `name` has ne == [d for d, _ in dims] (labels: where each comes from)."""
+        info = gf.tensors.get(name)
+        if info is None:
+            if optional:
+                return None
+            want = ", ".join(f"{d} ({label})" for d, label in dims)
+            raise GGUFError(f"{path}: tensor {name} is missing; {a} needs it with shape [{want}]")
+        if info.type not in supported:
+            raise UnsupportedError(f"{path}: tensor {name} has type {info.type.name}, which Brass "
+                                   f"does not run (supported: {', '.join(t.name for t in supported)})")
+        if tuple(info.shape) != tuple(d for d, _ in dims):
+            want = ", ".join(f"{d} ({label})" for d, label in dims)
+            raise GGUFError(f"{path}: tensor {name} has shape {list(info.shape)}, expected "
+                            f"[{want}] from the metadata")
+        return info
+
+    def width(name: str, configured: int, key: str) -> tuple[int, str]:
+        """An FFN width: from the metadata key, or (key absent) from the tensor itself, which
+        the other tensors of the block must then agree with."""
+        if configured:
+            return configured, key
+        info = gf.tensors.get(name)
+        n = info.shape[1] if info is not None and len(info.shape) >= 2 else 0
+        return n, f"{name} rows; {a}.{key} is missing"
+
+    E = (cfg.n_embd, "embedding_length")
+    tensor("token_embd.weight", E, (cfg.n_vocab, "vocabulary size"))
+    tensor("output_norm.weight", E)
+    tensor("output.weight", E, (cfg.n_vocab, "vocabulary size"), optional=True)   # else tied
+    q = (cfg.n_head * cfg.head_dim, "head_count × key_length")
+    k = (cfg.n_head_kv * cfg.head_dim, "head_count_kv × key_length")
+    v = (cfg.n_head_kv * cfg.head_dim_v, "head_count_kv × value_length")
+    o = (cfg.n_head * cfg.head_dim_v, "head_count × value_length")
+    Dh = (cfg.head_dim, "key_length")
+    moe = cfg.n_expert > 0 and a not in DENSE_ONLY
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        tensor(p + "attn_norm.weight", E)
+        tensor(p + "attn_q.weight", E, q)
+        tensor(p + "attn_k.weight", E, k)
+        tensor(p + "attn_v.weight", E, v)
+        tensor(p + "attn_output.weight", o, E)
+        for kind, dim in (("q", q), ("k", k), ("v", v), ("output", E)):   # qwen2's biases
+            tensor(p + f"attn_{kind}.bias", dim, optional=True)
+        if a in QK_NORM:
+            tensor(p + "attn_q_norm.weight", Dh)
+            tensor(p + "attn_k_norm.weight", Dh)
+        if a in POST_NORMS:
+            tensor(p + "post_attention_norm.weight", E)
+            tensor(p + "post_ffw_norm.weight", E)
+        tensor(p + "ffn_norm.weight", E)
+        if moe:
+            X = (cfg.n_expert, "expert_count")
+            F = width(p + "ffn_up_exps.weight", cfg.n_ff_exp, "expert_feed_forward_length")
+            tensor(p + "ffn_gate_inp.weight", E, X)
+            tensor(p + "ffn_up_exps.weight", E, F, X)
+            tensor(p + "ffn_gate_exps.weight", E, F, X)
+            tensor(p + "ffn_down_exps.weight", F, E, X)
+        else:
+            F = width(p + "ffn_up.weight", cfg.n_ff, "feed_forward_length")
+            tensor(p + "ffn_up.weight", E, F)
+            tensor(p + "ffn_gate.weight", E, F)
+            tensor(p + "ffn_down.weight", F, E)
+    tokens = gf.metadata.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens) if isinstance(tokens, list) else 0
+    if n_tokens > cfg.n_vocab:
+        # Prompt ids index the embedding; an embedding padded beyond the vocabulary is fine.
+        raise GGUFError(f"{path}: the tokenizer has {n_tokens} tokens, more than the "
+                        f"{cfg.n_vocab} rows of token_embd.weight")
