@@ -246,6 +246,8 @@ ATTENTION_CASES = [
     (9, 20, 16, 2, 128, 0, None),         # prefill after a past, GQA 8:1
     (12, 40, 4, 1, 256, 16, 1.0),         # sliding window, head dim 256, logits up to ~+-30
     (1, 300, 8, 2, 128, 64, None),        # decode with a window
+    (40, 300, 8, 2, 128, 0, None),        # a prompt after a long past: query tiles, several key chunks
+    (33, 500, 4, 2, 64, 128, None),       # the same with a window, a partial last tile
 ]
 
 

@@ -138,17 +138,21 @@ class _Kernels:
         return fn
 
     def allow_smem(self, source: str, name: str, nbytes: int, limit: int):
-        """Opt the kernel in to `nbytes` of dynamic shared memory when that exceeds 48 KiB."""
-        if nbytes <= _DEFAULT_SMEM or self._smem_optin.get((source, name), 0) >= nbytes:
+        """Opt the kernel in to `nbytes` of dynamic shared memory when that and its static
+        shared memory exceed the 48 KiB every kernel may use."""
+        key = (source, name)
+        if self._smem_optin.get(key, 0) >= nbytes:
             return
-        if nbytes > limit:
-            raise UnsupportedError(f"kernel {name} would need {nbytes} bytes of shared memory; "
-                                   f"this GPU allows {limit}")
         from cupy_backends.cuda.api import driver
-        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-        driver.funcSetAttribute(self.get(source, name).ptr,
-                                CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
-        self._smem_optin[(source, name)] = nbytes
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 1, 8
+        static = driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.get(source, name).ptr)
+        if nbytes + static > limit:
+            raise UnsupportedError(f"kernel {name} would need {nbytes + static} bytes of shared memory; "
+                                   f"this GPU allows {limit}")
+        if nbytes + static > _DEFAULT_SMEM:
+            driver.funcSetAttribute(self.get(source, name).ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    nbytes)
+        self._smem_optin[key] = nbytes
 
 
 def _f32(x, what: str):
@@ -719,15 +723,14 @@ class CudaBackend(Backend):
         out = self._out((T, H * Dv), F32)
         write_q8 = Dv % 32 == 0
         out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
+        params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv,
+                      capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=int(write_q8))
         if T:
             smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
             self.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, k_cache, v_cache, pos, out, out_q,
-                        params=pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
-                                    head_dim_v=Dv, capacity=cap, n_slots=n_slots, window=max(0, window),
-                                    scale=scale, write_q8=int(write_q8)),
-                        smem=smem)
-            if write_q8:
-                self._remember_q8(out, out_q)
+                        params=params, smem=smem)
+        if T and write_q8:
+            self._remember_q8(out, out_q)
         return out
 
     # -- routing ----------------------------------------------------------------------------
