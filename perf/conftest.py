@@ -19,9 +19,18 @@ def pytest_addoption(parser):
                           "print each benchmark's figures as a table at the end")
 
 
+RESULTS = ROOT / "perf" / ".results"
+
+
 def pytest_configure(config):
     if config.getoption("--benchmark", default=False):
         config.option.benchmark_only = True
+        # Every run keeps its figures (regression tracking): perf/.results/<device>.json
+        # unless --benchmark-json names another file.
+        if not getattr(config.option, "benchmark_json", None):
+            from perf.baseline import baseline_path, device_name
+            RESULTS.mkdir(exist_ok=True)
+            config.option.benchmark_json = str(RESULTS / baseline_path(device_name()).name)
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -33,6 +42,19 @@ def pytest_terminal_summary(terminalreporter, config):
     if rows:
         from tabulate import tabulate
         terminalreporter.write_line(tabulate(rows, headers=["benchmark", "median ms", "figures"]))
+        # Against the committed baseline of this device, when there is one.
+        import json
+        from perf.baseline import baseline_path, compare, device_name
+        path = baseline_path(device_name())
+        results = {"benchmarks": [{"fullname": b.fullname, "name": b.name, "extra_info": b.extra_info,
+                                   "stats": {"median": b.stats.median}}
+                                  for b in bs.benchmarks if getattr(b, "stats", None) is not None]}
+        base = json.loads(path.read_text()) if path.exists() else None
+        where = f"baseline {path.relative_to(ROOT)} ({base['commit']}, {base['date']})" if base else \
+            f"no baseline for this device ({path.relative_to(ROOT)}; python -m perf.baseline RESULTS.json writes one)"
+        terminalreporter.write_line(where)
+        terminalreporter.write_line(tabulate(compare(results, base),
+                                             headers=["benchmark", "now", "baseline", "change (+ better)"]))
 
 
 @pytest.fixture(scope="session")

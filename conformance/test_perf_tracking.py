@@ -1,0 +1,42 @@
+"""Regression tracking of `pytest perf/ --benchmark` (perf/baseline.py): figures from
+pytest-benchmark's JSON, a baseline written from a results file and read back, the change
+column (positive when better, for rates and for times), new benchmarks marked new."""
+
+import json
+
+from perf import baseline
+
+
+def results(rate, seconds):
+    return {"datetime": "2026-11-30T12:00:00", "benchmarks": [
+        {"fullname": "perf/a.py::test_rate", "name": "test_rate", "extra_info": {"tokens_per_s": rate},
+         "stats": {"median": 1.0}},
+        {"fullname": "perf/a.py::test_time", "name": "test_time", "extra_info": {}, "stats": {"median": seconds}},
+    ]}
+
+
+def test_baseline_round_trip_and_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(baseline, "BASELINES", tmp_path / "baselines")
+    src = tmp_path / "run.json"
+    src.write_text(json.dumps(results(100.0, 2.0)))
+    path = baseline.write_baseline(src, "NVIDIA H200 (test)")
+    assert path.name == "NVIDIA-H200-test.json"
+    base = json.loads(path.read_text())
+    assert base["device"] == "NVIDIA H200 (test)" and base["date"] == "2026-11-30"
+    rows = {r[0]: r for r in baseline.compare(results(125.0, 1.0), base)}
+    assert rows["perf/a.py::test_rate"][3] == "+25.0 %"        # faster rate: better
+    assert rows["perf/a.py::test_time"][3] == "+100.0 %"       # half the time: better
+    rows = {r[0]: r for r in baseline.compare(results(80.0, 4.0), base)}
+    assert rows["perf/a.py::test_rate"][3] == "-20.0 %" and rows["perf/a.py::test_time"][3] == "-50.0 %"
+    new = results(1.0, 1.0)
+    new["benchmarks"][0]["fullname"] = "perf/b.py::test_other"
+    assert {r[0]: r[3] for r in baseline.compare(new, base)}["perf/b.py::test_other"] == "new"
+
+
+def test_committed_baselines_are_readable():
+    for path in baseline.BASELINES.glob("*.json"):
+        b = json.loads(path.read_text())
+        assert baseline.baseline_path(b["device"]).name == path.name, path
+        assert b["commit"] and b["figures"], path
+        for name, (unit, value) in b["figures"].items():
+            assert unit in (*baseline.HIGHER_IS_BETTER, "median_s") and value > 0, (path, name)
