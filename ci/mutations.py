@@ -64,6 +64,13 @@ MUTATIONS = {
         ["conformance/test_tokenizer.py"],
         "BPE: the highest merge rank applied first instead of the lowest",
     ),
+    "bpe_adjacent_merge_ranks_swapped": (
+        "engine/tokenizer/vocab.py",
+        "ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))",
+        "ranks = dict(zip(reversed(merges), (r ^ 1 for r in range(len(merges) - 1, -1, -1))))",
+        ["conformance/test_tokenizer.py"],
+        "BPE: the ranks of merges 2k and 2k+1 swapped (only the corpus golden catches it)",
+    ),
     "q4_1_min_term": (
         "engine/backends/numpy_backend.py",
         "return _mm(xq, dq) + _mm(qb.s.astype(F32), mins)",

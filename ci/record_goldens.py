@@ -13,6 +13,7 @@ Needs the `record` extra (llama-cpp-python); the real models come from engine.ca
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import io
 import json
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ci import llamacpp, synth_models, tokenizer_strings  # noqa: E402
+from ci import llamacpp, synth_models, tokenizer_corpus, tokenizer_strings  # noqa: E402
 from engine import catalog  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 
@@ -221,6 +222,41 @@ def record_tokenizer(tok_name: str, model_file: Path, model_name: str, out: Path
     log(f"  tokenizer {tok_name}: {len(cases)} cases ({time.time() - t0:.1f}s)")
 
 
+def corpus_ids(model_file: Path) -> list[list[int]]:
+    with llamacpp.Model(model_file, vocab_only=True) as m:
+        return [m.tokenize(text, False, False) for text in tokenizer_corpus.strings()]
+
+
+def dumps_corpus(doc: dict) -> str:
+    """The header on the first line, then one compact id list per line (the corpus' order);
+    stored gzipped (a quarter of the size), readable with zcat."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "ids"}, ensure_ascii=False)[:-1]
+    rows = ",\n".join(json.dumps(ids, separators=(",", ":")) for ids in doc["ids"])
+    return f'{head}, "ids": [\n{rows}\n]}}\n'
+
+
+def record_tokenizer_corpus(tok_name: str, model_file: Path, model_name: str, out: Path):
+    """llama.cpp's ids (add_special and parse_special off) of every string of the corpus of
+    ci/tokenizer_corpus.json; a model sharing the tokenizer is checked, not written, as above."""
+    t0 = time.time()
+    ids = corpus_ids(model_file)
+    target = out / "tokenizer" / "corpus" / f"{tok_name}.json.gz"
+    source = TOKENIZER_SOURCE[tok_name]
+    if source != model_name:
+        if json.loads(gzip.decompress(target.read_bytes()))["ids"] != ids:
+            raise RuntimeError(f"{model_name} shares tokenizer {tok_name} with {source} but "
+                               "llama.cpp tokenizes the corpus differently")
+        log(f"  tokenizer corpus {tok_name}: identical to {source}'s ({time.time() - t0:.1f}s)")
+        return
+    doc = {"tokenizer": tok_name, "recorded_from": model_name, "corpus": "ci/tokenizer_corpus.json",
+           "corpus_sha256": tokenizer_corpus.sha256(), "add_special": False, "parse_special": False,
+           "strings": len(ids), "tokens": sum(map(len, ids)), "ids": ids}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # mtime 0 and no file name in the header: recording twice gives the same bytes
+    target.write_bytes(gzip.compress(dumps_corpus(doc).encode("utf-8"), compresslevel=9, mtime=0))
+    log(f"  tokenizer corpus {tok_name}: {len(ids)} strings, {doc['tokens']} tokens ({time.time() - t0:.1f}s)")
+
+
 def generate(m: llamacpp.Model, ids: list[int]) -> dict:
     """Greedy decoding step by step (prompt in one batch, then one token per decode), then a
     teacher-forced pass over prompt + generated ids in one batch with logits everywhere."""
@@ -339,6 +375,7 @@ def record_model(name: str, out: Path, what=("tokenizer", "prompts", "activation
         log(f"  built {path.relative_to(out)} ({path.stat().st_size / 1e6:.2f} MB)")
     if "tokenizer" in what:
         record_tokenizer(tokenizer_of(name), path, name, out)
+        record_tokenizer_corpus(tokenizer_of(name), path, name, out)
     if "prompts" in what or "activations" in what:
         with llamacpp.Model(path) as m:
             if "prompts" in what:
@@ -424,6 +461,12 @@ def build_manifest(out: Path) -> dict:
                            "recorded_from": doc["recorded_from"],
                            "models": [m["name"] for m in models if m["tokenizer"] == doc["tokenizer"]],
                            "strings": len({c["text"] for c in doc["cases"]}), "cases": len(doc["cases"])})
+        corpus_file = out / "tokenizer" / "corpus" / f"{f.stem}.json.gz"
+        if corpus_file.is_file():
+            corpus = json.loads(gzip.decompress(corpus_file.read_bytes()))
+            tokenizers[-1]["corpus"] = {"file": f"tokenizer/corpus/{corpus_file.name}", "strings": corpus["strings"],
+                                        "tokens": corpus["tokens"], "corpus_sha256": corpus["corpus_sha256"],
+                                        "add_special": False, "parse_special": False}
     files = {str(f.relative_to(out)): sha256(f) for f in recorded_files(out)}
     llama = llamacpp.provenance()
     return {

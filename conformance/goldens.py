@@ -10,6 +10,7 @@ This is the only module tests use to reach goldens; it needs numpy only (no llam
         for p in goldens.prompts(m.name): ...       # Prompt records: ids, greedy tokens, logits
         acts = goldens.activations(m.name)          # per-layer nodes of one short prompt
     goldens.tokenizer_cases("synth-spm")    # [{text, add_special, parse_special, ids}, ...]
+    goldens.tokenizer_corpus("synth-spm")   # [(text, ids), ...]: the corpus, both specials off
 
 Everything is read once and cached; arrays are numpy, float activations come back as float32
 whatever their stored dtype (`Node.dtype` says what was stored).
@@ -17,6 +18,8 @@ whatever their stored dtype (`Node.dtype` says what was stored).
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,6 +31,8 @@ from engine import catalog
 from engine.errors import BrassError
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+# the recorder's input for golden/tokenizer/corpus/ (strings are kept once, not per tokenizer)
+CORPUS_FILE = GOLDEN_DIR.parent / "ci" / "tokenizer_corpus.json"
 
 
 class GoldenError(BrassError):
@@ -38,6 +43,8 @@ def _read_json(rel: str):
     path = GOLDEN_DIR / rel
     if not path.is_file():
         raise GoldenError(f"missing golden file {path} (record with: python ci/record_goldens.py)")
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()))
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -197,3 +204,21 @@ def tokenizer_cases(name: str) -> tuple[dict, ...]:
             return tuple(_read_json(t["file"])["cases"])
     known = ", ".join(t["name"] for t in tokenizers())
     raise GoldenError(f"no tokenizer golden {name!r}; known: {known}")
+
+
+@lru_cache(maxsize=None)
+def tokenizer_corpus(name: str) -> tuple[tuple[str, list[int]], ...]:
+    """(text, ids) for every string of ci/tokenizer_corpus.json: llama.cpp's ids with
+    add_special and parse_special off, recorded for tokenizer `name`."""
+    entry = next((t for t in tokenizers() if t["name"] == name), None)
+    if entry is None or "corpus" not in entry:
+        raise GoldenError(f"no tokenizer corpus golden {name!r} (record with: python ci/record_goldens.py)")
+    doc = _read_json(entry["corpus"]["file"])
+    raw = CORPUS_FILE.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != doc["corpus_sha256"]:
+        raise GoldenError(f"{CORPUS_FILE} changed since golden/{entry['corpus']['file']} was recorded "
+                          "(re-record with: python ci/record_goldens.py)")
+    texts = [t for g in json.loads(raw.decode("utf-8"))["groups"] for t in g["texts"]]
+    if len(texts) != len(doc["ids"]):
+        raise GoldenError(f"golden/{entry['corpus']['file']}: {len(doc['ids'])} id lists for {len(texts)} strings")
+    return tuple(zip(texts, doc["ids"]))

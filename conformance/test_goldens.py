@@ -95,7 +95,7 @@ def test_golden_fits_size_budget():
 def test_readme_documents_every_kind_of_file():
     text = (goldens.GOLDEN_DIR / "README.md").read_text(encoding="utf-8")
     for part in ("manifest.json", "models/", "prompts/", "activations/", "tokenizer/",
-                 "record_goldens.py --check"):
+                 "tokenizer/corpus/", "tokenizer_corpus.py", "record_goldens.py --check"):
         assert part in text, f"golden/README.md does not mention {part}"
 
 
@@ -144,6 +144,26 @@ def test_tokenizer_golden(name):
     # special-token parsing was really recorded both ways
     by_mode = {(c["text"], c["add_special"], c["parse_special"]): c["ids"] for c in cases}
     assert any(by_mode[(t, True, True)] != by_mode[(t, True, False)] for t in texts)
+
+
+MIN_CORPUS_STRINGS = 3000
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_tokenizer_corpus_golden(name):
+    """Every tokenizer has llama.cpp's ids for every string of ci/tokenizer_corpus.json, recorded
+    from the corpus as it is now."""
+    entry = next(t for t in goldens.tokenizers() if t["name"] == name)["corpus"]
+    assert entry["file"] == f"tokenizer/corpus/{name}.json.gz"
+    assert hashlib.sha256(goldens.CORPUS_FILE.read_bytes()).hexdigest() == entry["corpus_sha256"]
+    corpus = goldens.tokenizer_corpus(name)
+    assert len(corpus) == entry["strings"] >= MIN_CORPUS_STRINGS
+    assert sum(len(ids) for _, ids in corpus) == entry["tokens"]
+    assert len({text for text, _ in corpus}) == len(corpus), "a corpus string is repeated"
+    n_vocab = min(m.n_vocab for m in goldens.models() if m.tokenizer == name)
+    for text, ids in corpus:
+        assert text and ids, f"{text!r}: empty string or no ids"
+        assert all(0 <= i < n_vocab for i in ids), f"{text!r}: id outside the vocabulary"
 
 
 @pytest.mark.parametrize("name", MODELS)
