@@ -134,6 +134,13 @@ __device__ __forceinline__ int mxfp4_value_x2(int nibble) {
     return nibble & 8 ? -mag : mag;
 }
 
+// The better of two (value, index) candidates: larger value, then lower index (ties go to the
+// lower index, as a stable sort orders them). An index of -1 is "no candidate". A total order,
+// so any reduction tree picks the same winner.
+__device__ __forceinline__ void better(float & v, int & i, const float v2, const int i2) {
+    if (i2 >= 0 && (i < 0 || v2 > v || (v2 == v && i2 < i))) { v = v2; i = i2; }
+}
+
 // Q8_1 quantization of 32 consecutive values held one per lane of a warp, in lane order:
 // d = max|x| / 127, q = roundf(x / d) (half away from zero), s = sum(x), both rounded to half
 // (llama.cpp's quantize_q8_1). Every kernel that hands a mat-vec its activations already

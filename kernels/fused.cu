@@ -123,11 +123,6 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
     }
 }
 
-// The better of two (value, index) candidates: larger value, then lower index (-1: none).
-__device__ __forceinline__ void route_better(float & v, int & i, const float v2, const int i2) {
-    if (i2 >= 0 && (i < 0 || v2 > v || (v2 == v && i2 < i))) { v = v2; i = i2; }
-}
-
 // One block per token: probs = softmax(logits) (exp summed and divided in double, as
 // router.cu's softmax), k rounds of arg-max (ties to the lower expert), then the chosen
 // probabilities, divided by their sum (clamped to F16's smallest normal, as ggml) when norm,
@@ -168,16 +163,16 @@ moe_route(const float * __restrict__ logits, float * __restrict__ probs, int * _
         int i = -1;
         for (int c = threadIdx.x; c < E; c += ROUTE_THREADS) {
             const float xc = pr[c];
-            if (last_i < 0 || xc < last_v || (xc == last_v && c > last_i)) route_better(v, i, xc, c);
+            if (last_i < 0 || xc < last_v || (xc == last_v && c > last_i)) better(v, i, xc, c);
         }
 #pragma unroll
         for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
-            route_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+            better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
         __syncthreads();
         if (threadIdx.x % WARP_SIZE == 0) { sv[threadIdx.x / WARP_SIZE] = v; si[threadIdx.x / WARP_SIZE] = i; }
         __syncthreads();
         v = sv[0]; i = si[0];
-        for (int w = 1; w < ROUTE_THREADS / WARP_SIZE; ++w) route_better(v, i, sv[w], si[w]);
+        for (int w = 1; w < ROUTE_THREADS / WARP_SIZE; ++w) better(v, i, sv[w], si[w]);
         if (threadIdx.x == 0) {
             ids[(i64) blockIdx.x * p.k + r] = i;
             chosen[r] = v;

@@ -30,11 +30,6 @@ softmax(const float * __restrict__ x, float * __restrict__ y, const RowParams p)
     for (int i = threadIdx.x; i < p.n_cols; i += ROW_THREADS) yr[i] = (float) (yr[i] / sum);
 }
 
-// The better of two (value, index) candidates: larger value, then lower index. An index of
-// -1 is "no candidate".
-__device__ __forceinline__ void better(float & v, int & i, const float v2, const int i2) {
-    if (i2 >= 0 && (i < 0 || v2 > v || (v2 == v && i2 < i))) { v = v2; i = i2; }
-}
 
 __device__ __forceinline__ void block_best(float & v, int & i) {
     __shared__ float sv[WARP_SIZE];
