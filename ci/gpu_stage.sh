@@ -6,7 +6,7 @@
 # runner keeps between consecutive calls) and, once a model is complete and its sha256 matches
 # the catalog, moves it into $BRASS_CACHE/models with its stamp, where the catalog finds it.
 #
-#   here:   mkdir -p .stage && split -b 46m -d -a 2 ~/.cache/brass/models/X.gguf .stage/X.gguf.part
+#   here:   mkdir -p .stage && split -b 40m -d -a 2 ~/.cache/brass/models/X.gguf .stage/X.gguf.part
 #   runner: run(command="bash ci/gpu_stage.sh", carry=[".stage/X.gguf.part00"]), then part01, ...
 #           then BRASS_CACHE=/tmp/brass-cache bash ci/gpu_conformance.sh
 set -euo pipefail

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ci import llamacpp  # noqa: E402
+from engine import llamacpp  # noqa: E402
 from engine import catalog  # noqa: E402
 
 OUT = ROOT / "golden" / "chat_templates"

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ci import llamacpp, synth_models, tokenizer_corpus, tokenizer_strings  # noqa: E402
+from engine import llamacpp
+from ci import synth_models, tokenizer_corpus, tokenizer_strings  # noqa: E402
 from engine import catalog  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 
@@ -81,27 +82,6 @@ SYNTH_CHAT = {"synth-spm": "<start_of_turn>user\nhello<end_of_turn>\n<start_of_t
 
 ACTIVATION_PROMPT_REAL = "The quick brown fox jumps over the"        # 7-8 tokens
 ACTIVATION_PROMPT_SYNTH = "The harbour is still there, and on market day it rains."
-
-# Graph nodes stored per layer, by llama.cpp name (without the "-<layer>" suffix) → role. The
-# role is the same across architectures; the name is what llama.cpp calls it in this one.
-# Gemma's post-norms are left out for size: a fault there shows between attn_proj and
-# ffn_inp (sa_out), or between ffn_out and l_out.
-NODE_ROLES = {
-    "attn_norm": "attn_norm",
-    "Qcur": "q_rope", "Kcur": "k_rope",             # last occurrence: after q/k norm and rope
-    "kqv_out": "kqv_out",
-    "ffn_inp": "ffn_inp", "sa_out": "ffn_inp",      # residual after attention (gemma: sa_out)
-    "ffn_out": "ffn_out", "ffn_moe_out": "ffn_out",
-    "ffn_moe_logits": "moe_logits", "ffn_moe_probs": "moe_probs",
-    "ffn_moe_topk": "moe_topk", "ffn_moe_weights_norm": "moe_weights",
-    "l_out": "l_out",
-    "result_norm": "result_norm", "result_output": "result_output",
-}
-LAST_OCCURRENCE_ONLY = {"Qcur", "Kcur"}
-# The attention output projection is unnamed in some architectures (qwen2, gemma3: node_<i>),
-# named attn_out in llama: it is always the node right after kqv_out-<layer>.
-AFTER_KQV_OUT = "attn_proj"
-
 
 def prompts_for(model: str) -> list[tuple[str, str]]:
     if model in REAL_MODELS:
@@ -306,43 +286,16 @@ def record_prompts(name: str, m: llamacpp.Model, out: Path):
                {"model": name, "n_generate": N_GENERATE, "top_k": TOP_K, "prompts": entries})
 
 
-def _split_name(name: str) -> tuple[str, int | None]:
-    """"l_out-12" → ("l_out", 12); "result_norm" → ("result_norm", None)."""
-    m = re.search(r"-(\d+)$", name)
-    return (name[:m.start()], int(m.group(1))) if m else (name, None)
-
-
-def _select(name: str, prev: str | None) -> bool:
-    return _split_name(name)[0] in NODE_ROLES or (prev is not None and prev.startswith("kqv_out-"))
-
-
 def record_activations(name: str, m: llamacpp.Model, out: Path):
     t0 = time.time()
     real = name in REAL_MODELS
     text = ACTIVATION_PROMPT_REAL if real else ACTIVATION_PROMPT_SYNTH
     ids = m.tokenize(text, True, True)
-    cap = llamacpp.Capture(_select)
-    with m.context(cap) as ctx:
-        logits = ctx.decode(ids, all_logits=True)
-    nodes = cap.nodes
-    # keep only the last occurrence of names whose earlier occurrences are pre-rope
-    last = {node["name"]: key for key, node in nodes.items()
-            if _split_name(node["name"])[0] in LAST_OCCURRENCE_ONLY}
+    logits, nodes = llamacpp.capture_activations(m, ids)
     arrays, meta = {}, {}
-    layer = None
-    for key, node in nodes.items():                 # graph order
-        base, node_layer = _split_name(node["name"])
-        if node_layer is not None:
-            layer = node_layer                      # unnamed nodes belong to the current layer
-        if base in LAST_OCCURRENCE_ONLY and last[node["name"]] != key:
-            continue
-        role = NODE_ROLES.get(base, AFTER_KQV_OUT)
-        ne = node["ne"]
-        ndim = max(2, max(i for i, n in enumerate(ne) if n != 1) + 1)
-        arr = node["array"].reshape(ne[:ndim][::-1])
-        info = {"name": node["name"], "occurrence": node["occurrence"], "op": node["op"],
-                "layer": None if role.startswith("result_") else layer, "role": role,
-                "ne": ne[:ndim], "type": node["type"]}
+    for node in nodes:                              # graph order
+        key, arr, role = node["key"], node["array"], node["role"]
+        info = {k: node[k] for k in ("name", "occurrence", "op", "layer", "role", "ne", "type")}
         if role == "result_output":
             if not np.array_equal(arr, logits):
                 raise RuntimeError(f"{name}: captured result_output differs from the logits")
@@ -367,9 +320,10 @@ def tokenizer_of(name: str) -> str:
     return REAL_MODELS[name]["tokenizer"] if name in REAL_MODELS else synth_models.MODELS[name]["tokenizer"]
 
 
-def record_model(name: str, out: Path, what=("tokenizer", "prompts", "activations")):
+def record_model(name: str, out: Path, what=("tokenizer", "prompts", "activations"), device: str = "cpu"):
     log(f"[{name}]")
-    path = model_path(name, out)
+    # the CUDA set is recorded from the same files as the CPU set (golden/models)
+    path = model_path(name, out if device == "cpu" else GOLDEN)
     if name not in REAL_MODELS and "model" in what:
         synth_models.build(name, out / "models")
         log(f"  built {path.relative_to(out)} ({path.stat().st_size / 1e6:.2f} MB)")
@@ -377,7 +331,7 @@ def record_model(name: str, out: Path, what=("tokenizer", "prompts", "activation
         record_tokenizer(tokenizer_of(name), path, name, out)
         record_tokenizer_corpus(tokenizer_of(name), path, name, out)
     if "prompts" in what or "activations" in what:
-        with llamacpp.Model(path) as m:
+        with llamacpp.Model(path, device=device) as m:
             if "prompts" in what:
                 record_prompts(name, m, out)
             if "activations" in what:
@@ -497,6 +451,98 @@ def build_manifest(out: Path) -> dict:
     }
 
 
+
+# --- the CUDA set ---------------------------------------------------------------------------
+
+def _nmse(ours: np.ndarray, ref: np.ndarray) -> float:
+    ref = ref.astype(np.float64)
+    return float(((ours.astype(np.float64) - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-30))
+
+
+SPREAD_MARGIN = 0.25      # the issue's clear-margin threshold for argmax agreement
+
+
+def spread(name: str, cuda_out: Path, cpu_out: Path = GOLDEN) -> dict:
+    """How far llama.cpp's CUDA backend is from its own CPU backend on one model: per-role worst
+    NMSE of the activations (layer 0 and any layer), teacher-forced argmax agreement where the
+    CPU margin is >= SPREAD_MARGIN (on the common prefix of the two teacher-forced sequences:
+    the generated ids may part), the worst top-1 logit difference there, and how many greedy
+    tokens agree before the two streams part."""
+    def load(out):
+        meta = json.loads((out / "activations" / f"{name}.json").read_text(encoding="utf-8"))
+        with np.load(out / "activations" / f"{name}.npz") as z:
+            arrays = {k: z[k].astype(np.float32) if z[k].dtype == np.float16 else z[k] for k in z.files}
+        prompts = json.loads((out / "prompts" / f"{name}.json").read_text(encoding="utf-8"))["prompts"]
+        return meta, arrays, prompts
+    gmeta, garr, gprompts = load(cuda_out)
+    cmeta, carr, cprompts = load(cpu_out)
+    roles: dict[str, dict] = {}
+    for key, node in cmeta["nodes"].items():
+        if node["stored"] != "full" or node["role"] == "moe_topk" or key not in gmeta["nodes"]:
+            continue
+        err = _nmse(garr[key], carr[key])
+        r = roles.setdefault(node["role"], {"layer0": 0.0, "any": 0.0})
+        r["any"] = max(r["any"], err)
+        if node["layer"] == 0:
+            r["layer0"] = max(r["layer0"], err)
+    checked = agree = 0
+    worst_top1 = 0.0
+    same_tokens = total_tokens = 0
+    for gp, cp in zip(gprompts, cprompts):
+        g_ids = gp["prompt_ids"] + gp["generated_ids"]
+        c_ids = cp["prompt_ids"] + cp["generated_ids"]
+        common = next((i for i, (a, b) in enumerate(zip(g_ids, c_ids)) if a != b), min(len(g_ids), len(c_ids)))
+        # row i predicts token i + 1; rows < common have identical inputs
+        for i in range(common):
+            if cp["teacher_forced"]["margin"][i] >= SPREAD_MARGIN:
+                checked += 1
+                agree += gp["teacher_forced"]["argmax"][i] == cp["teacher_forced"]["argmax"][i]
+            gt, ct = gp["teacher_forced"]["topk"][i][0], cp["teacher_forced"]["topk"][i][0]
+            if gt[0] == ct[0]:
+                worst_top1 = max(worst_top1, abs(gt[1] - ct[1]))
+        n = len(cp["generated_ids"])
+        same_tokens += next((i for i, (a, b) in enumerate(zip(gp["generated_ids"], cp["generated_ids"])) if a != b),
+                            min(n, len(gp["generated_ids"])))
+        total_tokens += n
+    return {"activations_nmse": {k: {"layer0": float(f"{v['layer0']:.3g}"), "any": float(f"{v['any']:.3g}")}
+                                 for k, v in roles.items()},
+            "worst_nmse": float(f"{max((v['any'] for v in roles.values()), default=0.0):.3g}"),
+            "teacher_forced": {"margin_at_least": SPREAD_MARGIN, "positions": checked, "agree": agree,
+                               "worst_top1_logit_diff": f32(worst_top1)},
+            "greedy_tokens_equal_before_parting": f"{same_tokens}/{total_tokens}"}
+
+
+def build_cuda_manifest(out: Path) -> dict:
+    """The CUDA set's manifest: its own provenance and settings, each model's files (model
+    metadata stays in golden/manifest.json), and the CUDA-vs-CPU spread of llama.cpp itself."""
+    models = []
+    for name in list(REAL_MODELS) + list(synth_models.MODELS):
+        if not (out / "prompts" / f"{name}.json").is_file():
+            log(f"manifest: no CUDA goldens for {name} (left out)")
+            continue
+        prompts = json.loads((out / "prompts" / f"{name}.json").read_text(encoding="utf-8"))["prompts"]
+        acts = json.loads((out / "activations" / f"{name}.json").read_text(encoding="utf-8"))
+        models.append({
+            "name": name,
+            "prompts": {"file": f"prompts/{name}.json", "count": len(prompts),
+                        "names": [p["name"] for p in prompts],
+                        "decode_vs_batch_max_logit_diff": decode_vs_batch(prompts)},
+            "activations": {"file": f"activations/{name}.npz", "meta": f"activations/{name}.json",
+                            "prompt_tokens": len(acts["prompt_ids"]), "nodes": len(acts["nodes"])},
+            "spread_vs_cpu": spread(name, out)})
+    files = {str(f.relative_to(out)): sha256(f) for f in recorded_files(out)}
+    return {
+        "format": FORMAT_VERSION,
+        "llama_cpp": llamacpp.provenance("cuda"),
+        "settings": {"context": llamacpp.CONTEXT_SETTINGS, "model": llamacpp.model_settings("cuda"),
+                     "all_params": llamacpp.settings_record("cuda"),
+                     "same_as": "golden/manifest.json (tokenization, generation, teacher forcing, "
+                                "storage), except that every layer runs on the GPU"},
+        "command": "LLAMA_CPP_LIB_PATH=<CUDA build> python ci/record_goldens.py --device cuda",
+        "models": models,
+        "files": files,
+    }
+
 # --- entry points ---------------------------------------------------------------------------
 
 ALL_MODELS = list(synth_models.MODELS) + list(REAL_MODELS)
@@ -546,14 +592,21 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="re-record a quick subset into a temporary folder and compare with golden/")
     ap.add_argument("--only", help="comma-separated model names to record (default: all)")
-    ap.add_argument("--out", type=Path, default=GOLDEN, help="output folder (default: golden/)")
+    ap.add_argument("--out", type=Path, help="output folder (default: golden/, or golden/cuda/ with --device cuda)")
+    ap.add_argument("--device", choices=llamacpp.DEVICES, default="cpu",
+                    help="llama.cpp backend: cpu (the golden set), or cuda (the second set, golden/cuda/: "
+                         "prompts and activations of the same files, from a CUDA build named by "
+                         "LLAMA_CPP_LIB_PATH; see ci/build_llamacpp_cuda.sh)")
     ap.add_argument("--manifest", action="store_true",
                     help="only rewrite manifest.json from the goldens already in the output folder")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = GOLDEN if args.device == "cpu" else GOLDEN / "cuda"
+    cuda = args.device == "cuda"
     if args.check:
         return check()
     if args.manifest:
-        write_json(args.out / "manifest.json", build_manifest(args.out))
+        write_json(args.out / "manifest.json", build_cuda_manifest(args.out) if cuda else build_manifest(args.out))
         return 0
     names = args.only.split(",") if args.only else ALL_MODELS
     unknown = [n for n in names if n not in ALL_MODELS]
@@ -561,8 +614,9 @@ def main(argv=None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ALL_MODELS)}")
     t0 = time.time()
     for name in names:
-        record_model(name, args.out, ("model", "tokenizer", "prompts", "activations"))
-    write_json(args.out / "manifest.json", build_manifest(args.out))
+        what = ("prompts", "activations") if cuda else ("model", "tokenizer", "prompts", "activations")
+        record_model(name, args.out, what, device=args.device)
+    write_json(args.out / "manifest.json", build_cuda_manifest(args.out) if cuda else build_manifest(args.out))
     log(f"done in {time.time() - t0:.0f}s; manifest written")
     return 0
 

@@ -9,6 +9,8 @@ This is the only module tests use to reach goldens; it needs numpy only (no llam
         path = m.fetch()                    # GGUF path (real models: engine.catalog.fetch)
         for p in goldens.prompts(m.name): ...       # Prompt records: ids, greedy tokens, logits
         acts = goldens.activations(m.name)          # per-layer nodes of one short prompt
+    goldens.prompts(m.name, "cuda")         # the same from llama.cpp's CUDA backend (golden/cuda/)
+    goldens.references(m.name)              # ("cpu",) or ("cpu", "cuda"): the sets recorded
     goldens.tokenizer_cases("synth-spm")    # [{text, add_special, parse_special, ids}, ...]
     goldens.tokenizer_corpus("synth-spm")   # [(text, ids), ...]: the corpus, both specials off
 
@@ -31,6 +33,9 @@ from engine import catalog
 from engine.errors import BrassError
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+# Where each reference set lives: the CPU set (tokenizers, models, prompts, activations) and
+# the CUDA set (prompts and activations of the same models from llama.cpp's CUDA backend).
+REFERENCE_DIRS = {"cpu": GOLDEN_DIR, "cuda": GOLDEN_DIR / "cuda"}
 # the recorder's input for golden/tokenizer/corpus/ (strings are kept once, not per tokenizer)
 CORPUS_FILE = GOLDEN_DIR.parent / "ci" / "tokenizer_corpus.json"
 
@@ -39,8 +44,8 @@ class GoldenError(BrassError):
     """A golden that should exist does not, or is not what the manifest says."""
 
 
-def _read_json(rel: str):
-    path = GOLDEN_DIR / rel
+def _read_json(rel: str, reference: str = "cpu"):
+    path = REFERENCE_DIRS[reference] / rel
     if not path.is_file():
         raise GoldenError(f"missing golden file {path} (record with: python ci/record_goldens.py)")
     if path.suffix == ".gz":
@@ -49,8 +54,19 @@ def _read_json(rel: str):
 
 
 @lru_cache(maxsize=None)
-def manifest() -> dict:
-    return _read_json("manifest.json")
+def manifest(reference: str = "cpu") -> dict:
+    """The manifest of a reference set ("cpu": golden/manifest.json, "cuda": golden/cuda/)."""
+    if reference not in REFERENCE_DIRS:
+        raise GoldenError(f"reference must be one of {', '.join(REFERENCE_DIRS)}, not {reference!r}")
+    return _read_json("manifest.json", reference)
+
+
+def references(model_name: str) -> tuple[str, ...]:
+    """The reference sets that hold prompts and activations of a model."""
+    _entry(model_name)
+    has_cuda = (REFERENCE_DIRS["cuda"] / "manifest.json").is_file() and \
+        any(m["name"] == model_name for m in manifest("cuda")["models"])
+    return ("cpu", "cuda") if has_cuda else ("cpu",)
 
 
 def settings() -> dict:
@@ -85,12 +101,13 @@ class GoldenModel:
         return GOLDEN_DIR / self.source["file"]
 
 
-def _entry(name: str) -> dict:
-    for m in manifest()["models"]:
+def _entry(name: str, reference: str = "cpu") -> dict:
+    for m in manifest(reference)["models"]:
         if m["name"] == name:
             return m
-    known = ", ".join(m["name"] for m in manifest()["models"])
-    raise GoldenError(f"no goldens for model {name!r}; known: {known}")
+    known = ", ".join(m["name"] for m in manifest(reference)["models"])
+    where = "" if reference == "cpu" else f" in the {reference} set"
+    raise GoldenError(f"no goldens for model {name!r}{where}; known: {known}")
 
 
 def models(kind: str | None = None) -> list[GoldenModel]:
@@ -135,8 +152,8 @@ def _split_topk(rows) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=None)
-def prompts(model_name: str) -> tuple[Prompt, ...]:
-    doc = _read_json(_entry(model_name)["prompts"]["file"])
+def prompts(model_name: str, reference: str = "cpu") -> tuple[Prompt, ...]:
+    doc = _read_json(_entry(model_name, reference)["prompts"]["file"], reference)
     out = []
     for p in doc["prompts"]:
         tf = p["teacher_forced"]
@@ -182,10 +199,10 @@ class Activations:
 
 
 @lru_cache(maxsize=None)
-def activations(model_name: str) -> Activations:
-    entry = _entry(model_name)["activations"]
-    meta = _read_json(entry["meta"])
-    with np.load(GOLDEN_DIR / entry["file"], allow_pickle=False) as z:
+def activations(model_name: str, reference: str = "cpu") -> Activations:
+    entry = _entry(model_name, reference)["activations"]
+    meta = _read_json(entry["meta"], reference)
+    with np.load(REFERENCE_DIRS[reference] / entry["file"], allow_pickle=False) as z:
         arrays = {k: (z[k].astype(np.float32) if z[k].dtype == np.float16 else z[k]) for k in z.files}
     nodes = {k: Node(key=k, **v) for k, v in meta["nodes"].items()}
     return Activations(text=meta["text"], prompt_ids=meta["prompt_ids"], nodes=nodes, arrays=arrays)

@@ -13,6 +13,13 @@ Two checks, a prefill of random tokens then decode steps:
   and a float ulp of difference upstream can move a quant by a whole step (1/127 of the
   block's largest value). With every quant off by one step at a largest-to-RMS ratio of 4,
   NMSE is (4/127)^2 ~ 1e-3; that is the bound.
+  A mixture-of-experts model can legitimately part from the reference: where two experts'
+  router logits nearly tie, those small differences choose another expert, and from that
+  token on the two runs compute different things. This made the MoE case fail in 2 of 5 GPU
+  runs (random tokens; the CUDA path itself is deterministic, which the test also checks:
+  two CUDA runs give the same bits). So the comparison stops at the first token whose chosen
+  experts differ, after checking that the router logits that chose them were still within
+  the bound there: the parting is then a near-tie, not a wrong router.
 """
 
 from __future__ import annotations
@@ -176,6 +183,32 @@ def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
     record_property("nmse", " ".join(f"{op}={err:.1e}" for op, err in sorted(b.worst.items())))
 
 
+def forward_traced(backend, weights, cfg, arch, cache, ids, pos):
+    """Logits and the MoE router's nodes (logits and chosen experts per layer) of one step."""
+    from engine.arch.common import Forward
+
+    nodes: dict = {}
+
+    def keep(key, x):
+        if key.startswith(("ffn_moe_logits-", "ffn_moe_topk-")):
+            nodes[key] = backend.to_numpy(x)
+    f = Forward(backend, cfg, weights, cache, backend.asarray(pos), keep)
+    return backend.to_numpy(arch.forward(f, backend.asarray(ids))), nodes
+
+
+def first_parting(cfg, got_nodes, want_nodes):
+    """(token, layer) of a step where experts were first chosen differently (the lowest token,
+    then the lowest layer at that token), or None."""
+    found = []
+    for il in range(cfg.n_layer):
+        key = f"ffn_moe_topk-{il}"
+        if key in want_nodes:
+            rows = np.nonzero((np.sort(got_nodes[key], axis=-1) != np.sort(want_nodes[key], axis=-1)).any(axis=-1))[0]
+            if len(rows):
+                found.append((int(rows[0]), il))
+    return min(found) if found else None
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_model_free_running_logits(name, rng, record_property):
     from engine.arch.common import Weights
@@ -185,12 +218,36 @@ def test_model_free_running_logits(name, rng, record_property):
     gf, arch, cfg = load(name)
     tokens = steps(rng, cfg.n_vocab)
     runs = {}
-    for key, backend in (("cuda", CudaBackend(poison_outputs=True)), ("ref", cuda_reference())):
+    for key, backend in (("cuda", CudaBackend(poison_outputs=True)), ("cuda again", CudaBackend(poison_outputs=True)),
+                         ("ref", cuda_reference())):
         weights, cache = Weights(backend, gf), KVCache(backend, cfg, 32)
-        runs[key] = [forward(backend, weights, cfg, arch, cache, ids, pos) for ids, pos in tokens]
-    worst = 0.0
-    for i, (got, want) in enumerate(zip(runs["cuda"], runs["ref"])):
-        err = nmse(got, want)
-        worst = max(worst, err)
-        assert err <= FREE_RUNNING, f"{name} step {i}: logits NMSE {err:.3e} exceeds {FREE_RUNNING:.0e}"
+        runs[key] = [forward_traced(backend, weights, cfg, arch, cache, ids, pos) for ids, pos in tokens]
+    for i, ((a, _), (b, _)) in enumerate(zip(runs["cuda"], runs["cuda again"])):
+        assert np.array_equal(a, b), f"{name} step {i}: two CUDA runs of the same inputs differ"
+    worst, compared, parted = 0.0, 0, None
+    for i, ((got, got_nodes), (want, want_nodes)) in enumerate(zip(runs["cuda"], runs["ref"])):
+        part = first_parting(cfg, got_nodes, want_nodes)
+        rows = len(want) if part is None else part[0]
+        for il in range(cfg.n_layer):
+            key = f"ffn_moe_logits-{il}"
+            if key in want_nodes:
+                # the router logits that chose, up to the parting token in the layers up to
+                # the parting layer (later layers see that token's changed FFN output)
+                n = rows + 1 if part is not None and il <= part[1] else rows
+                if n == 0:
+                    continue
+                err = nmse(got_nodes[key][:n], want_nodes[key][:n])
+                assert err <= FREE_RUNNING, f"{name} step {i}: {key} NMSE {err:.3e} exceeds {FREE_RUNNING:.0e}"
+        if rows:
+            err = nmse(got[:rows], want[:rows])
+            worst = max(worst, err)
+            compared += rows
+            assert err <= FREE_RUNNING, f"{name} step {i}: logits NMSE {err:.3e} exceeds {FREE_RUNNING:.0e}"
+        if part is not None:
+            parted = f"step {i} token {part[0]} layer {part[1]}"
+            break
     record_property("nmse", f"{worst:.3e}")
+    record_property("compared_rows", compared)
+    if parted:
+        record_property("parted_at", parted)
+        print(f"{name}: experts chosen differently at {parted} (router near-tie); {compared} rows compared")

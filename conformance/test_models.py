@@ -40,6 +40,42 @@ def loaded(real_model_path):
     cache.clear()
 
 
+def reference(name: str, backend: str) -> str:
+    """The golden set a backend is held to: CUDA against llama.cpp's CUDA backend wherever
+    that set holds the model (golden/cuda/), else against the CPU set with wider bounds."""
+    return "cuda" if backend == "cuda" and "cuda" in goldens.references(name) else "cpu"
+
+
+def spread_bounds(name: str) -> dict:
+    """role → (layer 0, any layer) NMSE bounds against the CUDA goldens (tolerances.py)."""
+    entry = next(m for m in goldens.manifest("cuda")["models"] if m["name"] == name)
+    f = tolerances.SPREAD_FACTOR
+    return {role: (max(f * s["layer0"], tolerances.CUDA_FLOOR), max(f * s["any"], tolerances.CUDA_FLOOR))
+            for role, s in entry["spread_vs_cpu"]["activations_nmse"].items()}
+
+
+def settled_positions(name: str, k: int) -> np.ndarray:
+    """Teacher-forced positions of CUDA prompt k where llama.cpp's CPU and CUDA backends agree
+    on the argmax (where their two sequences hold the same ids), or that only the CUDA
+    sequence has (after its greedy tokens part from the CPU's)."""
+    gp, cp = goldens.prompts(name, "cuda")[k], goldens.prompts(name, "cpu")[k]
+    n = len(gp.tf_ids)
+    common = next((i for i, (a, b) in enumerate(zip(gp.tf_ids, cp.tf_ids)) if a != b), min(n, len(cp.tf_ids)))
+    settled = np.ones(n, dtype=bool)
+    settled[:common] = gp.tf_argmax[:common] == cp.tf_argmax[:common]
+    return settled
+
+
+# Known, measured defect (issue 9): Brass's CUDA prompt GEMM rounds the weights and the
+# activations to float16 (engine/backends/base.py uses_f16_gemm); smollm2-135m's massive
+# activations (|x| up to 3247 into blk.11.ffn_down) times float16-rounded Q4_1 weights move its
+# logits by up to 18.8 at position 1 of the long prompt, where llama.cpp's CUDA backend keeps
+# the weights exact (MMQ, int8). The numpy backend's q8_1 mode reproduces the same 3
+# disagreements; with the float16 GEMM off it has none above margin 0.51 (top-1 |Δ| 1.47).
+KNOWN_CUDA_DEFECTS = {("smollm2-135m", "teacher_forced"):
+                      "CUDA prompt GEMM in float16 loses smollm2's massive activations (issue 9)"}
+
+
 def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(((ours.astype(np.float64) - ref) ** 2).sum() / max((ref.astype(np.float64) ** 2).sum(), 1e-30))
 
@@ -54,12 +90,17 @@ def _tap_name(node) -> str:
 @pytest.mark.parametrize("name", MODELS)
 def test_activations(name, backend, loaded):
     gm = goldens.model(name)
-    acts = goldens.activations(name)
+    ref_set = reference(name, backend)
+    acts = goldens.activations(name, ref_set)
     m = loaded(name, backend)
     traced: dict = {}
     m.score(acts.prompt_ids, trace=lambda key, x: traced.__setitem__(key, m.backend.to_numpy(x)))
-    bound0, bound = tolerances.ACTIVATIONS[(backend, gm.kind)]
-    logit_bound = tolerances.LOGITS[(backend, gm.kind)]
+    if ref_set == "cuda":
+        role_bounds = spread_bounds(name)
+        fallback = (tolerances.CUDA_FLOOR, tolerances.CUDA_FLOOR)
+    else:
+        role_bounds, fallback = {}, tolerances.ACTIVATIONS[(backend, ref_set, gm.kind)]
+    logit_bound = role_bounds.get("result_output", (None, tolerances.LOGITS[(backend, ref_set, gm.kind)]))[1]
     rows, failures = [], []
     for key, node in acts.nodes.items():
         tap = _tap_name(node)
@@ -79,38 +120,51 @@ def test_activations(name, backend, loaded):
                 failures.append(f"{key}: chosen experts differ")
             continue
         err = nmse(ours, ref)
+        bound0, bound = role_bounds.get(node.role, fallback)
         limit = logit_bound if node.role == "result_output" else (bound0 if node.layer == 0 else bound)
         rows.append((key, node.role, f"{err:.2e}", f"{limit:.0e}"))
         if not err <= limit:
             failures.append(f"{key} ({node.role}): NMSE {err:.3e} > {limit:.0e}")
+    print(f"{name}: Brass {backend} vs llama.cpp {ref_set} goldens")
     print(tabulate(rows, headers=["node", "role", "NMSE", "bound"]))
-    assert not failures, f"{name} on {backend}: " + "; ".join(failures[:8])
+    assert not failures, f"{name} on {backend} vs llama.cpp {ref_set}: " + "; ".join(failures[:8])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", MODELS)
-def test_teacher_forced(name, backend, loaded):
+def test_teacher_forced(name, backend, loaded, request):
     gm = goldens.model(name)
+    ref_set = reference(name, backend)
     m = loaded(name, backend)
-    eps = tolerances.ARGMAX_EPS[gm.kind]
-    logit_bound = tolerances.LOGITS[(backend, gm.kind)]
-    allowed = tolerances.ARGMAX_MAX_DISAGREEMENT.get((backend, "moe" if "moe" in gm.arch else "dense"), 0.0)
+    eps = tolerances.ARGMAX_EPS[(ref_set, gm.kind)]
+    logit_bound = tolerances.LOGITS[(backend, ref_set, gm.kind)]
+    allowed = tolerances.ARGMAX_MAX_DISAGREEMENT.get((backend, ref_set, "moe" if "moe" in gm.arch else "dense"), 0.0)
     checked = total = 0
     failures, disagreements = [], []
-    for p in goldens.prompts(name):
+    worst_top1 = 0.0
+    known = KNOWN_CUDA_DEFECTS.get((name, "teacher_forced")) if ref_set == "cuda" else None
+    if known:
+        # runs in full; strict: the day it passes, this marker must go
+        request.applymarker(pytest.mark.xfail(strict=True, reason=known))
+    for k, p in enumerate(goldens.prompts(name, ref_set)):
         logits = m.score(p.tf_ids)
         assert logits.shape == (len(p.tf_ids), gm.n_vocab)
         argmax = logits.argmax(axis=-1)
         clear = p.tf_margin > eps
+        if ref_set == "cuda":
+            clear &= settled_positions(name, k)
         bad = np.nonzero(clear & (argmax != p.tf_argmax))[0]
         disagreements += [f"{p.name} position {j}: Brass {argmax[j]}, llama.cpp {p.tf_argmax[j]} "
                           f"(margin {p.tf_margin[j]:.3f})" for j in bad]
         checked += int(clear.sum())
         total += len(clear)
         ours_top = np.take_along_axis(logits, p.tf_top_ids.astype(np.int64), axis=-1)
+        worst_top1 = max(worst_top1, float(np.abs(ours_top[:, 0] - p.tf_top_logits[:, 0]).max()))
         err = nmse(ours_top, p.tf_top_logits)
         if not err <= logit_bound:
             failures.append(f"{p.name}: top-16 logits NMSE {err:.3e} > {logit_bound:.0e}")
+    print(f"{name}: Brass {backend} vs llama.cpp {ref_set}: argmax agrees at {checked - len(disagreements)}"
+          f"/{checked} positions with margin > {eps}; worst |Δ| of llama.cpp's top-1 logit {worst_top1:.3f}")
     assert checked / total >= tolerances.MIN_COVERAGE, \
         f"only {checked}/{total} positions have a clear margin: the check would be vacuous"
     if len(disagreements) > allowed * checked:
@@ -125,10 +179,11 @@ def test_teacher_forced(name, backend, loaded):
 @pytest.mark.parametrize("name", MODELS)
 def test_greedy_stream(name, backend, loaded):
     gm = goldens.model(name)
+    ref_set = reference(name, backend)
     m = loaded(name, backend)
     eps = tolerances.STREAM_EPS[gm.kind]
     compared = 0
-    for p in goldens.prompts(name):
+    for p in goldens.prompts(name, ref_set):
         ours = list(m.generate(p.prompt_ids, max_tokens=len(p.generated_ids)))
         step_margin = p.step_top_logits[:, 0] - p.step_top_logits[:, 1]
         tf_margin = p.tf_margin[len(p.prompt_ids) - 1:]

@@ -24,25 +24,45 @@ Why the numbers are what they are:
   (test_kernels*.py); here CUDA gets the bounds of an engine that does not emulate the CPU.
 """
 
-# NMSE bounds for per-layer activations: (layer 0, any layer), by model kind and backend.
+# NMSE bounds for per-layer activations: (layer 0, any layer), by backend, golden set (llama.cpp
+# CPU or CUDA, see goldens.references) and model kind.
 ACTIVATIONS = {
     # layer 0: storage rounding + a few flips (max measured 1.2e-5) → 1e-4, 8× margin;
     # any layer: measured max 8.5e-3 (real), 5.5e-5 (synthetic) → 2e-2 and 5e-4.
-    ("numpy", "real"): (1e-4, 2e-2),
-    ("numpy", "synthetic"): (1e-4, 5e-4),
-    # CUDA: Q8_1 instead of the CPU's rounding (≈3e-4 at layer 0) → 2e-3; deep layers as
-    # the unemulated reference drifts, bounded like llama.cpp's whole-graph check (≤ 5e-2).
-    ("cuda", "real"): (2e-3, 5e-2),
-    ("cuda", "synthetic"): (2e-3, 5e-3),
+    ("numpy", "cpu", "real"): (1e-4, 2e-2),
+    ("numpy", "cpu", "synthetic"): (1e-4, 5e-4),
+    # CUDA vs the CPU set (models the CUDA set does not hold): Q8_1 instead of the CPU's
+    # rounding (≈3e-4 at layer 0) → 2e-3; deep layers as the unemulated reference drifts,
+    # bounded like llama.cpp's whole-graph check (≤ 5e-2).
+    ("cuda", "cpu", "real"): (2e-3, 5e-2),
+    ("cuda", "cpu", "synthetic"): (2e-3, 5e-3),
 }
+
+# CUDA vs llama.cpp's own CUDA backend (golden/cuda/): per model and node role, at most
+# SPREAD_FACTOR times the distance between llama.cpp's own CUDA and CPU backends on that model
+# and role (golden/cuda/manifest.json, spread_vs_cpu; layer 0 and any layer apart) — the
+# target of issue 9 — and never below CUDA_FLOOR. Measured on the H200 (2026-11-30): every
+# node of every model within 3.5x of that spread, except where llama.cpp's two backends agree
+# exactly (attn_norm, and q/k at layer 0 for Q4_0/BF16 weights: spread <= 3e-10). There Brass
+# is one activation rounding away (<= 1.8e-4): llama.cpp's prompt GEMM (MMQ) takes Q4_0/Q5_0
+# as int8 after subtracting the offset from the nibbles, exactly like the CPU's Q8_0 dot,
+# while Brass uses the mat-vec form (offset times the float sum of x) for every batch. Hence
+# the floor, 3e-4, about one Q8_1 rounding of an activation (measured 1.1e-4..1.8e-4).
+SPREAD_FACTOR = 10
+CUDA_FLOOR = 3e-4
+# Roles the spread does not cover (real models' logits, stored as top-16): the bound of the
+# CUDA-vs-CPU comparison above.
+CUDA_LOGITS_FALLBACK = {"real": 2e-2, "synthetic": 5e-3}
 
 # Final logits (result_output; real models: the golden's top-16 per position).
 LOGITS = {
     # measured max 9.1e-4 (real), 5.3e-5 (synthetic)
-    ("numpy", "real"): 5e-3,
-    ("numpy", "synthetic"): 5e-4,
-    ("cuda", "real"): 2e-2,
-    ("cuda", "synthetic"): 5e-3,
+    ("numpy", "cpu", "real"): 5e-3,
+    ("numpy", "cpu", "synthetic"): 5e-4,
+    ("cuda", "cpu", "real"): 2e-2,
+    ("cuda", "cpu", "synthetic"): 5e-3,
+    ("cuda", "cuda", "real"): CUDA_LOGITS_FALLBACK["real"],
+    ("cuda", "cuda", "synthetic"): CUDA_LOGITS_FALLBACK["synthetic"],
 }
 
 # Teacher-forced argmax must equal llama.cpp's wherever llama.cpp's top1 − top2 margin exceeds
@@ -50,7 +70,14 @@ LOGITS = {
 # gemma3-270m, 607-token prompt) and 0.098 (synthetic); EPS is about twice that. Positions
 # above EPS: 63-73 % (real), 75-78 % (synthetic) — the check is not vacuous
 # (MIN_COVERAGE asserts it).
-ARGMAX_EPS = {"real": 0.75, "synthetic": 0.25}
+ARGMAX_EPS = {("cpu", "real"): 0.75, ("cpu", "synthetic"): 0.25,
+              # Against llama.cpp's CUDA goldens, counted only where llama.cpp's CPU and CUDA
+              # backends agree with each other (test_models.settled_positions). llama.cpp's own
+              # two backends part at CUDA margins up to 0.776 on a real model (smollm2-135m;
+              # gemma3-270m 0.18, qwen2.5 0.05) and 0.16 on the synthetic ones (MoE aside): a
+              # margin below that says nothing about a defect. Real: 1.0; synthetic: 0.25 (the
+              # issue's target; every dense synthetic model agrees at 100 % there).
+              ("cuda", "real"): 1.0, ("cuda", "synthetic"): 0.25}
 MIN_COVERAGE = 0.5
 
 # The one exception: on CUDA a mixture-of-experts model may choose another expert where its
@@ -60,7 +87,10 @@ MIN_COVERAGE = 0.5
 # max |Δlogit| 4.07 there), while dense models on CUDA stay within 0.32 logits and the
 # numpy backend (CPU rounding) within 0.14 on the same model. At most 1 % of the clear
 # positions may disagree in that case; everywhere else none may.
-ARGMAX_MAX_DISAGREEMENT = {("cuda", "moe"): 0.01}
+# Against llama.cpp's CUDA goldens the same holds (measured: synth-qwen3moe 1 of 236 settled
+# clear positions, margin 0.485; llama.cpp's own CPU and CUDA backends part at a CUDA margin of
+# 2.5 on the same model by choosing another expert).
+ARGMAX_MAX_DISAGREEMENT = {("cuda", "cpu", "moe"): 0.01, ("cuda", "cuda", "moe"): 0.01}
 
 # Free-running greedy tokens are compared up to the first step whose llama.cpp margin (step
 # logits or teacher-forced) is below STREAM_EPS: beyond a near-tie, the two streams may

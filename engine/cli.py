@@ -253,6 +253,16 @@ def cmd_bench(args):
         print(table(results))
 
 
+def cmd_diff(args):
+    from .diff import diff
+    m = _load(args)
+    progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
+    report = diff(m, prompt=args.prompt, reference=args.reference, n_gen=args.n_gen, progress=progress)
+    print(json.dumps(report.as_dict()) if args.json else report.table())
+    if not report.passed:
+        raise SystemExit(1)
+
+
 def cmd_models(args):
     for m in catalog.CATALOG.values():
         cached = catalog.cached_path(m.name)
@@ -264,7 +274,7 @@ def build_parser():
     ap = argparse.ArgumentParser(prog="brass", description="GGUF LLM inference (numpy reference / CUDA)")
     ap.add_argument("--version", action="version", version=f"brass {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                            help="run, generate, tokenize, score, bench, models, serve, chat")
+                            help="run, generate, tokenize, score, bench, diff, models, serve, chat")
 
     p = sub.add_parser("run", help="stream a completion to the terminal")
     _add_model_args(p, model_optional=True)
@@ -306,6 +316,23 @@ def build_parser():
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--json", action="store_true", help="print the results as a JSON array")
     p.set_defaults(func=cmd_bench)
+
+    from . import diff as diff_mod
+    p = sub.add_parser("diff", help="compare with llama.cpp node by node (needs the record extra)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Run llama.cpp and Brass on the same prompt and print, for every "
+                                   "layer's nodes, NMSE and max |Δ| against llama.cpp, the first node "
+                                   "out of its bound, and the teacher-forced argmax agreement. Exit "
+                                   "status 0 when everything is within bounds, 1 otherwise. Needs "
+                                   "llama.cpp's Python binding: pip install -e '.[record]'.")
+    _add_model_args(p)
+    p.add_argument("--prompt", default=diff_mod.DEFAULT_PROMPT, help="text (special tokens parsed, BOS added)")
+    p.add_argument("--reference", choices=["cpu", "cuda"], default="cpu",
+                   help="llama.cpp's backend (cuda needs a CUDA build of llama.cpp named by LLAMA_CPP_LIB_PATH)")
+    p.add_argument("--n-gen", type=int, default=diff_mod.DEFAULT_N_GEN,
+                   help="tokens llama.cpp generates greedily after the prompt (compared teacher-forced)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("models", help="list the model catalog")
     p.set_defaults(func=cmd_models)

@@ -1,20 +1,25 @@
 """llama.cpp driven through llama-cpp-python's ctypes API, with every setting that changes
-numbers pinned in one place (`CONTEXT_SETTINGS`, `MODEL_SETTINGS`).
+numbers pinned in one place (`CONTEXT_SETTINGS`, `model_settings()`).
 
-Only the recorder imports this module; it needs the `record` extra
-(`pip install -e '.[record]'`, llama-cpp-python 0.3.36 = llama.cpp b11312, CPU build with
-GGML_NATIVE=OFF). Nothing is installed or loaded at import time: `lib()` loads the binding on
-first use and says how to get it when it is missing.
+The golden recorder (ci/record_goldens.py) and `brass diff` use this module; it needs the
+`record` extra (`pip install -e '.[record]'`, llama-cpp-python 0.3.36 = llama.cpp b11312, CPU
+build with GGML_NATIVE=OFF). A build of the same llama.cpp with CUDA (ci/build_llamacpp_cuda.sh)
+is used instead when LLAMA_CPP_LIB_PATH names its library folder, as llama-cpp-python itself
+does; `Model(..., device="cuda")` then offloads every layer. Nothing is installed or loaded at
+import time: `lib()` loads the binding on first use and says how to get it when it is missing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
+from engine.errors import BrassError
 from engine.gguf import GGMLType
 
 LLAMA_CPP_BUILD = "b11312"          # vendored in llama-cpp-python 0.3.36 (not readable from the .so)
@@ -49,29 +54,62 @@ CONTEXT_SETTINGS = {
 }
 
 MODEL_SETTINGS = {
-    "n_gpu_layers": 0,
+    "n_gpu_layers": 0,              # device="cuda" offloads everything (model_settings)
     # Weight repacking (CPU_REPACK buffers) changes logits by up to ~0.8: off.
     "use_extra_bufts": False,
     "check_tensors": False,
 }
 
+DEVICES = ("cpu", "cuda")
 _state: dict = {}
+
+
+class LlamaCppMissing(BrassError):
+    """llama.cpp's Python binding (the `record` extra) is not installed."""
+
+
+def model_settings(device: str = "cpu") -> dict:
+    """The pinned model parameters for a device: on CUDA every repeating layer and the output
+    layer are offloaded (llama.cpp keeps the token embedding lookup on the CPU either way)."""
+    if device not in DEVICES:
+        raise BrassError(f"llama.cpp device must be one of {', '.join(DEVICES)}, not {device!r}")
+    return {**MODEL_SETTINGS, "n_gpu_layers": 999} if device == "cuda" else dict(MODEL_SETTINGS)
+
+
+def lib_dir() -> Path:
+    """The folder llama-cpp-python loads libllama.so and its ggml libraries from."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if override:
+        return Path(override)
+    import llama_cpp
+    return Path(llama_cpp.__file__).parent / "lib"
 
 
 def lib():
     """The low-level binding module, loaded once, with llama.cpp's logging silenced."""
     if "L" not in _state:
+        # A CUDA build's libggml-cuda.so carries weak copies of libstdc++'s stream code; when
+        # it is the first library in the process to provide them, libllama binds to those and
+        # crashes in its first log line (seen on the H200 runner: llama_model::print_info →
+        # ostream::_M_insert from libggml-cuda.so). Loading libstdc++ globally first makes
+        # every library bind to the real one.
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass
         try:
             import llama_cpp.llama_cpp as L
         except ImportError:
-            raise SystemExit("recording goldens needs llama.cpp's Python binding: "
-                             "pip install -e '.[record]'  (see golden/README.md)") from None
+            raise LlamaCppMissing("this needs llama.cpp's Python binding (llama-cpp-python 0.3.36): "
+                                  "pip install -e '.[record]'  (see golden/README.md)") from None
+        except (OSError, RuntimeError) as e:
+            raise LlamaCppMissing(f"llama.cpp's library could not be loaded: {e}") from None
         L.llama_backend_init()
         # Keep a reference: ctypes would free the callback while llama.cpp still holds it.
         _state["log_cb"] = L.llama_log_callback(lambda level, text, data: None)
         L.llama_log_set(_state["log_cb"], ctypes.c_void_p())
         _state["L"] = L
-        _state["ggml"] = _load_ggml(Path(L.__file__).parent / "lib" / "libggml-base.so")
+        _state["ggml"] = _load_ggml(lib_dir() / "libggml-base.so")
     return _state["L"]
 
 
@@ -98,17 +136,36 @@ class _TensorHead(ctypes.Structure):
                 ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4)]
 
 
-def provenance() -> dict:
+def provenance(device: str = "cpu") -> dict:
+    """What computed the numbers: llama.cpp's build and, on CUDA, the GPU, the CUDA version and
+    the build flags (from build-info.json, written beside the libraries by
+    ci/build_llamacpp_cuda.sh)."""
     L = lib()
     g = _state["ggml"]
-    return {
+    out = {
         "llama_cpp_build": LLAMA_CPP_BUILD,
         "ggml_version": g.ggml_version().decode(),
         "ggml_commit": g.ggml_commit().decode(),
         "binding": BINDING,
-        "backend": "CPU",
+        "backend": "CPU" if device == "cpu" else "CUDA",
         "system_info": L.llama_print_system_info().decode().strip(),
     }
+    if device == "cuda":
+        info = lib_dir() / "build-info.json"
+        out["build"] = json.loads(info.read_text()) if info.is_file() else "unknown (no build-info.json)"
+        out["gpu"] = _gpu_description()
+    return out
+
+
+def _gpu_description() -> str:
+    """GPU name, compute capability and driver, as nvidia-smi reports them."""
+    import subprocess
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def _apply(params, settings: dict):
@@ -127,19 +184,20 @@ def _scalars(params) -> dict:
     return out
 
 
-def settings_record() -> dict:
+def settings_record(device: str = "cpu") -> dict:
     """The full model and context parameters the recorder runs with (pinned + defaults)."""
     L = lib()
-    return {"model_params": _scalars(_apply(L.llama_model_default_params(), MODEL_SETTINGS)),
+    return {"model_params": _scalars(_apply(L.llama_model_default_params(), model_settings(device))),
             "context_params": _scalars(_apply(L.llama_context_default_params(), CONTEXT_SETTINGS))}
 
 
 class Model:
     """A loaded GGUF: tokenizer, vocabulary facts, and fresh contexts on demand."""
 
-    def __init__(self, path: str | os.PathLike, vocab_only: bool = False):
+    def __init__(self, path: str | os.PathLike, vocab_only: bool = False, device: str = "cpu"):
         L = lib()
-        params = _apply(L.llama_model_default_params(), MODEL_SETTINGS)
+        params = _apply(L.llama_model_default_params(), model_settings(device))
+        self.device = device
         params.vocab_only = vocab_only
         self.path = Path(path)
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
@@ -330,3 +388,64 @@ def quantize(src: Path, dst: Path, overrides: list[tuple[str, str]], threads: in
     rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize failed ({rc}) for {src}")
+
+
+# --- per-layer activations ------------------------------------------------------------------
+
+# Graph nodes taken per layer, by llama.cpp name (without the "-<layer>" suffix) → role. The
+# role is the same across architectures; the name is what llama.cpp calls it in this one.
+# Gemma's post-norms are left out for size: a fault there shows between attn_proj and
+# ffn_inp (sa_out), or between ffn_out and l_out.
+NODE_ROLES = {
+    "attn_norm": "attn_norm",
+    "Qcur": "q_rope", "Kcur": "k_rope",             # last occurrence: after q/k norm and rope
+    "kqv_out": "kqv_out",
+    "ffn_inp": "ffn_inp", "sa_out": "ffn_inp",      # residual after attention (gemma: sa_out)
+    "ffn_out": "ffn_out", "ffn_moe_out": "ffn_out",
+    "ffn_moe_logits": "moe_logits", "ffn_moe_probs": "moe_probs",
+    "ffn_moe_topk": "moe_topk", "ffn_moe_weights_norm": "moe_weights",
+    "l_out": "l_out",
+    "result_norm": "result_norm", "result_output": "result_output",
+}
+LAST_OCCURRENCE_ONLY = {"Qcur", "Kcur"}
+# The attention output projection is unnamed in some architectures (qwen2, gemma3: node_<i>),
+# named attn_out in llama: it is always the node right after kqv_out-<layer>.
+AFTER_KQV_OUT = "attn_proj"
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """"l_out-12" → ("l_out", 12); "result_norm" → ("result_norm", None)."""
+    m = re.search(r"-(\d+)$", name)
+    return (name[:m.start()], int(m.group(1))) if m else (name, None)
+
+
+def _wanted(name: str, prev: str | None) -> bool:
+    return split_name(name)[0] in NODE_ROLES or (prev is not None and prev.startswith("kqv_out-"))
+
+
+def capture_activations(m: Model, ids: list[int]) -> tuple[np.ndarray, list[dict]]:
+    """One pass over `ids` in a fresh context: (logits [T, n_vocab], nodes in graph order).
+
+    Each node is {key, name, occurrence, op, layer, role, ne, type, array}: `array` has shape
+    reversed(ne) trimmed to its real dimensions ([T, ...] for per-token nodes); `layer` is
+    None for result_norm and result_output."""
+    cap = Capture(_wanted)
+    with m.context(cap) as ctx:
+        logits = ctx.decode(ids, all_logits=True)
+    last = {node["name"]: key for key, node in cap.nodes.items()
+            if split_name(node["name"])[0] in LAST_OCCURRENCE_ONLY}
+    out, layer = [], None
+    for key, node in cap.nodes.items():            # graph order
+        base, node_layer = split_name(node["name"])
+        if node_layer is not None:
+            layer = node_layer                     # unnamed nodes belong to the current layer
+        if base in LAST_OCCURRENCE_ONLY and last[node["name"]] != key:
+            continue
+        role = NODE_ROLES.get(base, AFTER_KQV_OUT)
+        ne = node["ne"]
+        ndim = max(2, max(i for i, n in enumerate(ne) if n != 1) + 1)
+        out.append({"key": key, "name": node["name"], "occurrence": node["occurrence"],
+                    "op": node["op"], "layer": None if role.startswith("result_") else layer,
+                    "role": role, "ne": ne[:ndim], "type": node["type"],
+                    "array": node["array"].reshape(ne[:ndim][::-1])})
+    return logits, out
