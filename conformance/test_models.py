@@ -66,14 +66,18 @@ def settled_positions(name: str, k: int) -> np.ndarray:
     return settled
 
 
-# Known, measured defect (issue 9): Brass's CUDA prompt GEMM rounds the weights and the
-# activations to float16 (engine/backends/base.py uses_f16_gemm); smollm2-135m's massive
-# activations (|x| up to 3247 into blk.11.ffn_down) times float16-rounded Q4_1 weights move its
-# logits by up to 18.8 at position 1 of the long prompt, where llama.cpp's CUDA backend keeps
-# the weights exact (MMQ, int8). The numpy backend's q8_1 mode reproduces the same 3
-# disagreements; with the float16 GEMM off it has none above margin 0.51 (top-1 |Δ| 1.47).
+# Known, measured defect (issue 9): Brass's CUDA prompt GEMM (>= 32 rows, engine/backends/
+# base.py uses_f16_gemm) multiplies float16 activations by float16-dequantized weights; llama.cpp's
+# CUDA prompt path (MMQ) rounds the activations to Q8_1 and applies each weight block's min to
+# the *unquantized* block sum. smollm2-135m has a massive activation (|x| = 3247 into
+# blk.11.ffn_down): in llama.cpp's Q8_1 blocks it rounds its 31 neighbours to zero, in Brass's
+# float16 they survive, and the logits move by up to 18.9 (long prompt, position 1, margin
+# 1.86). Located on the CPU with the numpy backend's q8_1 mode, which reproduces Brass-CUDA's
+# disagreements position for position: with the float16 GEMM off it has none above margin
+# 0.51; Q8_1-rounding the GEMM's activations alone fixes that position but not the min term
+# (top-1 |Δ| still 20.8 elsewhere). The fix is a prompt GEMM that follows MMQ's arithmetic.
 KNOWN_CUDA_DEFECTS = {("smollm2-135m", "teacher_forced"):
-                      "CUDA prompt GEMM in float16 loses smollm2's massive activations (issue 9)"}
+                      "CUDA prompt GEMM does not round activations as llama.cpp's MMQ does (issue 9)"}
 
 
 def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
