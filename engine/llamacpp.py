@@ -157,6 +157,11 @@ def provenance(device: str = "cpu") -> dict:
     return out
 
 
+def has_cuda() -> bool:
+    """Whether the loaded llama.cpp was built with CUDA (it can then run either device)."""
+    return "CUDA" in lib().llama_print_system_info().decode()
+
+
 def _gpu_description() -> str:
     """GPU name, compute capability and driver, as nvidia-smi reports them."""
     import subprocess
