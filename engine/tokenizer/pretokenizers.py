@@ -36,6 +36,10 @@ class PreTokenizer:
     clean_spaces: bool = True     # BPE default; many pre-tokenizers turn it off
     ignore_merges: bool = False   # a whole word that is a token is taken as is
     add_bos: bool = False         # default before tokenizer.ggml.add_bos_token
+    # SentencePiece-style BPE (Gemma 4): spaces become U+2581 before splitting, the merges run
+    # on raw UTF-8 (no GPT-2 byte map), bytes fall back to <0xXX> tokens, and a word of
+    # newlines that is itself a token is taken whole
+    spm_style: bool = False
 
 
 DEFAULT = PreTokenizer((
@@ -83,6 +87,9 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "a.x-4.0", "mellum"), _GPT2),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"), _QWEN2),
     "qwen35": PreTokenizer((REGEX_QWEN35,), clean_spaces=False),
+    # set by tokenizer.ggml.model "gemma4" whatever tokenizer.ggml.pre says; only newlines are
+    # split off (BPE merge lookup must not see them), add_bos forced on (llama.cpp #21500)
+    "gemma4": PreTokenizer(("[^\\n]+|[\\n]+",), spm_style=True, add_bos=True),
 }
 
 

@@ -2,8 +2,9 @@
 
 `encode` is llama_tokenize, `decode` is llama_detokenize, `token_to_piece` is
 llama_token_to_piece. Supported: SentencePiece vocabularies (tokenizer.ggml.model "llama":
-scores, byte fallback, U+2581 for spaces) and GPT-2 byte-level BPE ("gpt2") with the
-pre-tokenizers listed in pretokenizers.PRE_TOKENIZERS.
+scores, byte fallback, U+2581 for spaces), GPT-2 byte-level BPE ("gpt2") with the
+pre-tokenizers listed in pretokenizers.PRE_TOKENIZERS, and Gemma 4's SentencePiece-style BPE
+("gemma4": U+2581 for spaces, merges on raw UTF-8, <0xXX> byte fallback).
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ class Tokenizer:
                 self._spm(frag.replace(" ", SPACE_ESCAPE), out)
                 prev_special = False
         else:
+            spm_style = v.pre.spm_style
             for frag in fragments:
                 if isinstance(frag, int):
                     out.append(frag)
                     continue
+                if spm_style:
+                    frag = frag.replace(" ", SPACE_ESCAPE)
                 for word in split_words(frag, v.pre.regexes):
-                    out.extend(self._bpe_word(uc.byte_encode(word)))
+                    out.extend(self._bpe_word(word if spm_style else uc.byte_encode(word)))
         if add_special and v.add_eos:
             out.append(self._required("eos"))
         return out
@@ -159,18 +163,22 @@ class Tokenizer:
 
     def _bpe_word_uncached(self, word: str) -> tuple[int, ...]:
         v = self.vocab
+        spm_style = v.pre.spm_style
         if v.pre.ignore_merges and word in v.token_to_id:
             return (v.token_to_id[word],)
+        if spm_style and word.strip("\n") == "" and word in v.token_to_id:
+            return (v.token_to_id[word],)     # llama.cpp #21343: a run of newlines, whole
         out = []
         for symbol in bpe_merge(word, v.ranks):
             tid = v.token_to_id.get(symbol)
             if tid is not None:
                 out.append(tid)
                 continue
-            # a symbol that is not a token falls back to one-byte tokens of its UTF-8 bytes;
-            # bytes without a token are dropped, as llama.cpp drops them
-            for b in symbol.encode("utf-8"):
-                tid = v.token_to_id.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
+            # a symbol that is not a token falls back to one-byte tokens of its UTF-8 bytes
+            # (<0xXX> in SentencePiece-style BPE); bytes without a token are dropped, as
+            # llama.cpp drops them
+            for b in symbol.encode("utf-8", "surrogateescape"):
+                tid = v.token_to_id.get(f"<0x{b:02X}>" if spm_style else chr(b) if b < 0x80 else chr(0xDC00 + b))
                 if tid is not None:
                     out.append(tid)
         return tuple(out)
@@ -202,7 +210,7 @@ class Tokenizer:
         if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED):
             return text.encode("utf-8", "surrogateescape")
         if attr & ATTR_NORMAL:
-            if v.model == "spm":
+            if v.model == "spm" or v.pre.spm_style:
                 return text.replace(SPACE_ESCAPE, " ").encode("utf-8", "surrogateescape")
             return _byte_decode(text)
         if attr & ATTR_BYTE:

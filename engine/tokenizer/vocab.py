@@ -120,7 +120,7 @@ def load_vocab(gf) -> Vocab:
         kind = "spm"
         ids.update(bos=1, eos=2, unk=0)
         add_space_prefix, clean_spaces, add_bos = True, False, True
-    elif model == "gpt2":
+    elif model in ("gpt2", "gemma4"):
         kind = "bpe"
         merges = md.get(key("merges"))
         if not isinstance(merges, list):
@@ -129,8 +129,9 @@ def load_vocab(gf) -> Vocab:
             raise GGUFError(f"{path}: tokenizer.ggml.merges must be an array of strings")
         # std::unordered_map::emplace keeps the first rank of a repeated merge: fill backwards
         ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
-        ids.update(bos=11, eos=11)
-        pre_name = md.get(key("pre"))
+        if model == "gpt2":
+            ids.update(bos=11, eos=11)
+        pre_name = "gemma4" if model == "gemma4" else md.get(key("pre"))
         if pre_name is not None and not isinstance(pre_name, str):
             raise GGUFError(f"{path}: tokenizer.ggml.pre is {type(pre_name).__name__} "
                             f"{pre_name!r:.40}, expected a string")
@@ -138,7 +139,7 @@ def load_vocab(gf) -> Vocab:
         add_space_prefix, clean_spaces, add_bos = False, pre.clean_spaces, pre.add_bos
     else:
         raise UnsupportedError(f"{path}: tokenizer model {model!r} is not supported "
-                               "(supported: 'llama' SentencePiece, 'gpt2' BPE)")
+                               "(supported: 'llama' SentencePiece, 'gpt2' BPE, 'gemma4' SentencePiece-style BPE)")
     add_eos = False
     add_space_prefix = _meta_bool(md, key("add_space_prefix"), add_space_prefix, path)
 
@@ -176,6 +177,8 @@ def load_vocab(gf) -> Vocab:
         if isinstance(value, (int, np.integer)) and 0 <= value < n:
             ids[role] = int(value)
     add_bos = _meta_bool(md, key("add_bos_token"), add_bos, path)
+    if pre is not None and pre.spm_style:
+        add_bos = True      # llama.cpp overrides a false add_bos_token for Gemma 4
     add_eos = _meta_bool(md, key("add_eos_token"), add_eos, path)
 
     _find_roles_by_text(ids, texts, token_to_id, attrs)
