@@ -603,6 +603,9 @@ def main(argv=None) -> int:
     if args.out is None:
         args.out = GOLDEN if args.device == "cpu" else GOLDEN / "cuda"
     cuda = args.device == "cuda"
+    if cuda and not llamacpp.has_cuda():
+        ap.error("--device cuda needs llama.cpp built with CUDA (ci/build_llamacpp_cuda.sh) named by "
+                 "LLAMA_CPP_LIB_PATH; the binding loaded here is a CPU build")
     if args.check:
         return check()
     if args.manifest:

@@ -119,3 +119,19 @@ def test_diff_without_the_binding_is_one_clear_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "pip install -e '.[record]'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@needs_llama_cpp
+def test_diff_bad_arguments_are_one_clear_line():
+    """A negative --n-gen, or --reference cuda on a CPU build of llama.cpp (which would run on
+    the CPU and be reported as CUDA), stop with one line and status 2."""
+    from engine import llamacpp
+    path = str(goldens.model("synth-llama").path())
+    cases = [["--n-gen", "-1"]]
+    if not llamacpp.has_cuda():
+        cases.append(["--reference", "cuda"])
+    for extra in cases:
+        r = subprocess.run([sys.executable, "-m", "engine", "diff", path, "--backend", "numpy", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr.startswith("brass: error: diff:"), (extra, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == ""

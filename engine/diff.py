@@ -134,6 +134,12 @@ def diff(model, prompt: str = DEFAULT_PROMPT, reference: str = "cpu", n_gen: int
     from . import llamacpp
     if n_gen < 0:
         raise BrassError("diff: the number of generated tokens must be >= 0")
+    if reference not in llamacpp.DEVICES:
+        raise BrassError(f"diff: the reference must be one of {', '.join(llamacpp.DEVICES)}, not {reference!r}")
+    if reference == "cuda" and not llamacpp.has_cuda():
+        # a CPU build would silently run everything on the CPU and be reported as CUDA
+        raise BrassError("diff: --reference cuda needs llama.cpp built with CUDA (ci/build_llamacpp_cuda.sh), "
+                         "named by LLAMA_CPP_LIB_PATH; the binding loaded here is a CPU build")
     say = progress or (lambda msg: None)
     ours_ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
     if not ours_ids:
