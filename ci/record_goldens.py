@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine import llamacpp
 from ci import synth_models, tokenizer_corpus, tokenizer_strings  # noqa: E402
-from engine import catalog  # noqa: E402
+from engine import catalog, llamacpp  # noqa: E402
+from engine.diff import nmse  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 
 GOLDEN = ROOT / "golden"
@@ -451,13 +451,7 @@ def build_manifest(out: Path) -> dict:
     }
 
 
-
 # --- the CUDA set ---------------------------------------------------------------------------
-
-def _nmse(ours: np.ndarray, ref: np.ndarray) -> float:
-    ref = ref.astype(np.float64)
-    return float(((ours.astype(np.float64) - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-30))
-
 
 SPREAD_MARGIN = 0.25      # the clear-margin threshold for argmax agreement
 
@@ -480,7 +474,7 @@ def spread(name: str, cuda_out: Path, cpu_out: Path = GOLDEN) -> dict:
     for key, node in cmeta["nodes"].items():
         if node["stored"] != "full" or node["role"] == "moe_topk" or key not in gmeta["nodes"]:
             continue
-        err = _nmse(garr[key], carr[key])
+        err = nmse(garr[key], carr[key])
         r = roles.setdefault(node["role"], {"layer0": 0.0, "any": 0.0})
         r["any"] = max(r["any"], err)
         if node["layer"] == 0:

@@ -158,10 +158,10 @@ def steps(rng, n_vocab, n_prompt=12, n_decode=3):
     return out
 
 
-def forward(backend, weights, cfg, arch, cache, ids, pos):
+def forward(backend, weights, cfg, arch, cache, ids, pos, trace=None):
     from engine.arch.common import Forward
 
-    f = Forward(backend, cfg, weights, cache, backend.asarray(pos))
+    f = Forward(backend, cfg, weights, cache, backend.asarray(pos), trace)
     return backend.to_numpy(arch.forward(f, backend.asarray(ids)))
 
 
@@ -185,15 +185,12 @@ def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
 
 def forward_traced(backend, weights, cfg, arch, cache, ids, pos):
     """Logits and the MoE router's nodes (logits and chosen experts per layer) of one step."""
-    from engine.arch.common import Forward
-
     nodes: dict = {}
 
     def keep(key, x):
         if key.startswith(("ffn_moe_logits-", "ffn_moe_topk-")):
             nodes[key] = backend.to_numpy(x)
-    f = Forward(backend, cfg, weights, cache, backend.asarray(pos), keep)
-    return backend.to_numpy(arch.forward(f, backend.asarray(ids))), nodes
+    return forward(backend, weights, cfg, arch, cache, ids, pos, keep), nodes
 
 
 def first_parting(cfg, got_nodes, want_nodes):

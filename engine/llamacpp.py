@@ -196,7 +196,26 @@ def settings_record(device: str = "cpu") -> dict:
             "context_params": _scalars(_apply(L.llama_context_default_params(), CONTEXT_SETTINGS))}
 
 
-class Model:
+class _Handle:
+    """A llama.cpp object freed by `_free` on close() or at the end of a with block."""
+    ptr = None
+
+    def _free(self, ptr):
+        raise NotImplementedError
+
+    def close(self):
+        if self.ptr:
+            self._free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Model(_Handle):
     """A loaded GGUF: tokenizer, vocabulary facts, and fresh contexts on demand."""
 
     def __init__(self, path: str | os.PathLike, vocab_only: bool = False, device: str = "cpu"):
@@ -211,16 +230,8 @@ class Model:
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
 
-    def close(self):
-        if self.ptr:
-            lib().llama_model_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def _free(self, ptr):
+        lib().llama_model_free(ptr)
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         L = lib()
@@ -312,7 +323,7 @@ def _read_node(g, t, key: str) -> dict:
             "type": GGMLType(head.type).name, "ne": ne, "array": arr}
 
 
-class Context:
+class Context(_Handle):
     """A llama_context with the pinned settings; one sequence, positions from 0."""
 
     def __init__(self, model: Model, capture: Capture | None = None):
@@ -327,16 +338,8 @@ class Context:
             raise RuntimeError("llama.cpp could not create a context")
         self.n_past = 0
 
-    def close(self):
-        if self.ptr:
-            lib().llama_free(self.ptr)
-            self.ptr = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def _free(self, ptr):
+        lib().llama_free(ptr)
 
     def decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
         """Append `tokens` to the sequence; return logits `[n_out, n_vocab]` float32 for every
