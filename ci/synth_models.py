@@ -180,10 +180,46 @@ TENSOR_SHAPES = {
     "ffn_down_exps": lambda d: (d["n_expert"], d["hidden"], d["expert_ffn"]),
     "post_attention_norm": lambda d: (d["hidden"],),
     "post_ffw_norm": lambda d: (d["hidden"],),
+    # gated delta-net layers (qwen35): D = ssm_state, Hk = ssm_group, Hv = ssm_heads
+    "attn_qkv": lambda d: ((2 * d["ssm_group"] + d["ssm_heads"]) * d["ssm_state"], d["hidden"]),
+    "attn_gate": lambda d: (d["ssm_heads"] * d["ssm_state"], d["hidden"]),
+    "ssm_conv1d": lambda d: ((2 * d["ssm_group"] + d["ssm_heads"]) * d["ssm_state"], d["ssm_conv"]),
+    "ssm_dt": lambda d: (d["ssm_heads"],),
+    "ssm_a": lambda d: (d["ssm_heads"],),
+    "ssm_beta": lambda d: (d["ssm_heads"], d["hidden"]),
+    "ssm_alpha": lambda d: (d["ssm_heads"], d["hidden"]),
+    "ssm_norm": lambda d: (d["ssm_state"],),
+    "ssm_out": lambda d: (d["hidden"], d["ssm_heads"] * d["ssm_state"]),
+    # shared expert (qwen35moe)
+    "ffn_gate_inp_shexp": lambda d: (d["hidden"],),
+    "ffn_gate_shexp": lambda d: (d["shexp_ffn"], d["hidden"]),
+    "ffn_up_shexp": lambda d: (d["shexp_ffn"], d["hidden"]),
+    "ffn_down_shexp": lambda d: (d["hidden"], d["shexp_ffn"]),
 }
+# Shapes that differ by architecture: qwen35's attn_q also holds the output gate (per head,
+# hd query rows then hd gate rows).
+ARCH_TENSOR_SHAPES = {
+    "qwen35": {"attn_q": lambda d: (2 * d["n_head"] * d["head_dim"], d["hidden"])},
+}
+ARCH_TENSOR_SHAPES["qwen35moe"] = ARCH_TENSOR_SHAPES["qwen35"]
+# GGUF names without the usual ".weight" suffix
+TENSOR_SUFFIX = {"ssm_dt": ".bias", "ssm_a": ""}
 
 _DENSE_LAYER = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+
+
+def _qwen35_layer(ffn: list[str], interval: int = 4):
+    """qwen35's tensors of layer il: a gated delta-net, or full attention on every
+    `interval`-th layer (llama.cpp: is_recr = (il + 1) % interval != 0), then the FFN."""
+    delta = ["attn_qkv", "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta", "ssm_alpha",
+             "ssm_norm", "ssm_out"]
+    attn = ["attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"]
+
+    def tensors(il: int) -> list[str]:
+        mixer = delta if (il + 1) % interval else attn
+        return ["attn_norm", "post_attention_norm"] + mixer + ffn
+    return tensors
 
 # Each entry: architecture, tokenizer, dimensions, tensors, extra GGUF metadata (writer method →
 # value) and the weight type of every matrix as (regex on the tensor name, type) — the first
@@ -268,7 +304,73 @@ MODELS = {
                (r"blk\.1\.ffn_gate\.", "Q8_0"), (r"blk\.1\.ffn_up\.", "Q5_K"),
                (r"blk\.1\.ffn_down\.", "Q4_1")],
     ),
+    "synth-qwen35": dict(
+        arch="qwen35", tokenizer="synth-bpe-llama3", seed=1005,
+        description="qwen35 (hybrid: gated delta-net layers 0-2, full attention with an output "
+                    "gate on layer 3 from the default interval 4), 2 key / 4 value heads of 32 "
+                    "(tiled), IMROPE sections [3,3,2,0] over 16 of 64 dims, tied embeddings, "
+                    "byte-level BPE with the llama-bpe pre-tokenizer",
+        # Tied embeddings: the table is also the output head, so std 0.2 gives logits with a
+        # spread of ~3 (the inputs are RMS-normed before use).
+        dims=dict(hidden=256, n_layer=4, n_head=2, n_kv_head=1, head_dim=64, ffn=128,
+                  rope_base=10000000.0, rms_eps=1e-6, embd_std=0.2,
+                  ssm_conv=4, ssm_state=32, ssm_group=2, ssm_heads=4),
+        globals=["token_embd", "output_norm"],
+        layer=_qwen35_layer(["ffn_gate", "ffn_up", "ffn_down"]),
+        extra={"add_rope_dimension_count": 16, "add_rope_dimension_sections": [3, 3, 2, 0],
+               "add_ssm_conv_kernel": 4, "add_ssm_state_size": 32, "add_ssm_group_count": 2,
+               "add_ssm_time_step_rank": 4, "add_ssm_inner_size": 128},
+        types=[(r"^token_embd\.", "Q4_K"),
+               (r"blk\.0\.attn_qkv\.", "Q5_K"), (r"blk\.1\.attn_qkv\.", "Q4_K"),
+               (r"blk\.2\.attn_qkv\.", "Q6_K"), (r"blk\.[02]\.attn_gate\.", "Q4_K"),
+               (r"blk\.1\.attn_gate\.", "Q5_K"), (r"\.ssm_(alpha|beta)\.", "Q8_0"),
+               (r"blk\.0\.ssm_out\.", "Q8_0"), (r"blk\.[12]\.ssm_out\.", "Q5_0"),
+               (r"blk\.3\.attn_q\.", "Q5_K"), (r"blk\.3\.attn_k\.", "Q6_K"),
+               (r"blk\.3\.attn_v\.", "Q8_0"), (r"blk\.3\.attn_output\.", "Q8_0"),
+               (r"blk\.[02]\.ffn_gate\.", "Q4_K"), (r"blk\.[13]\.ffn_gate\.", "Q5_K"),
+               (r"blk\.[02]\.ffn_up\.", "Q5_K"), (r"blk\.[13]\.ffn_up\.", "Q4_K"),
+               (r"blk\.[01]\.ffn_down\.", "Q8_0"), (r"blk\.[23]\.ffn_down\.", "Q5_0")],
+    ),
+    "synth-qwen35moe": dict(
+        arch="qwen35moe", tokenizer="synth-bpe-default", seed=1006,
+        description="qwen35moe (hybrid: delta-net layers 0 and 2, full attention on layer 1 from "
+                    "full_attention_interval 2), 2 key / 6 value heads of 32 (tiled), 4 experts "
+                    "top-2 plus a shared expert with a sigmoid gate, tied embeddings, byte-level "
+                    "BPE with the default pre-tokenizer",
+        # feed_forward_length (128) differs from both expert widths: a shared expert sized
+        # from the wrong key would not load
+        dims=dict(hidden=256, n_layer=3, n_head=2, n_kv_head=1, head_dim=64, ffn=128,
+                  n_expert=4, n_expert_used=2, expert_ffn=32, shexp_ffn=64,
+                  rope_base=10000000.0, rms_eps=1e-6, embd_std=0.2,
+                  ssm_conv=4, ssm_state=32, ssm_group=2, ssm_heads=6),
+        globals=["token_embd", "output_norm"],
+        layer=_qwen35_layer(["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                             "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp",
+                             "ffn_down_shexp"], interval=2),
+        extra={"add_rope_dimension_count": 16, "add_rope_dimension_sections": [3, 3, 2, 0],
+               "add_ssm_conv_kernel": 4, "add_ssm_state_size": 32, "add_ssm_group_count": 2,
+               "add_ssm_time_step_rank": 6, "add_ssm_inner_size": 192,
+               "add_full_attention_interval": 2,
+               "add_expert_count": 4, "add_expert_used_count": 2,
+               "add_expert_feed_forward_length": 32, "add_expert_shared_feed_forward_length": 64},
+        types=[(r"^token_embd\.", "Q4_K"),
+               (r"blk\.0\.attn_qkv\.", "Q4_K"), (r"blk\.2\.attn_qkv\.", "Q6_K"),
+               (r"blk\.0\.attn_gate\.", "Q5_K"), (r"blk\.2\.attn_gate\.", "Q4_K"),
+               (r"\.ssm_(alpha|beta)\.", "Q8_0"), (r"\.ssm_out\.", "Q5_0"),
+               (r"blk\.1\.attn_q\.", "Q6_K"), (r"blk\.1\.attn_k\.", "Q5_K"),
+               (r"blk\.1\.attn_v\.", "Q4_K"), (r"blk\.1\.attn_output\.", "Q8_0"),
+               (r"blk\.[02]\.ffn_gate_exps\.", "Q4_K"), (r"blk\.1\.ffn_gate_exps\.", "Q5_K"),
+               (r"blk\.[02]\.ffn_up_exps\.", "Q5_K"), (r"blk\.1\.ffn_up_exps\.", "Q6_K"),
+               (r"\.ffn_down_exps\.", "Q8_0"),
+               (r"\.ffn_gate_shexp\.", "Q6_K"), (r"\.ffn_up_shexp\.", "Q4_K"),
+               (r"\.ffn_down_shexp\.", "Q8_0")],
+    ),
 }
+
+
+def _layer_tensors(cfg: dict, il: int) -> list[str]:
+    layer = cfg["layer"]
+    return layer(il) if callable(layer) else layer
 
 
 def _weights(cfg: dict) -> dict[str, np.ndarray]:
@@ -277,11 +379,22 @@ def _weights(cfg: dict) -> dict[str, np.ndarray]:
     d["vocab"] = cfg["vocab"]
     rng = np.random.default_rng(cfg["seed"])
     out = {}
-    names = list(cfg["globals"]) + [f"blk.{i}.{t}" for i in range(d["n_layer"]) for t in cfg["layer"]]
+    names = list(cfg["globals"]) + [f"blk.{i}.{t}" for i in range(d["n_layer"])
+                                    for t in _layer_tensors(cfg, i)]
+    shapes = {**TENSOR_SHAPES, **ARCH_TENSOR_SHAPES.get(cfg["arch"], {})}
     for name in names:
         kind = name.split(".")[-1]
-        shape = TENSOR_SHAPES[kind](d)
-        if len(shape) == 1:
+        shape = shapes[kind](d)
+        if kind == "ssm_a":
+            # -exp(A_log), stored negated as the converter does: per-step decays exp(g) of
+            # 0.5-0.95, so the recurrent state carries a few tokens back
+            w = -rng.uniform(0.1, 1.0, shape)
+        elif kind == "ssm_dt":
+            w = 0.5 * rng.standard_normal(shape)
+        elif kind == "ffn_gate_inp_shexp":
+            # a dot product with the normed input: sigmoid gates spread over (0, 1)
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        elif len(shape) == 1:
             w = 1.0 + 0.1 * rng.standard_normal(shape)        # RMS-norm gains near 1
         elif kind == "token_embd":
             w = d.get("embd_std", 1.0) * rng.standard_normal(shape)
@@ -295,12 +408,13 @@ def _weights(cfg: dict) -> dict[str, np.ndarray]:
             w = 1.5 * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
-        out[name + ".weight"] = w.astype(np.float32)
+        out[name + TENSOR_SUFFIX.get(kind, ".weight")] = w.astype(np.float32)
     return out
 
 
 def expected_type(cfg: dict, tensor: str, ndim: int) -> str:
-    if ndim == 1 or ".ffn_gate_inp." in tensor:
+    # llama.cpp keeps 1-D tensors, the MoE router and the delta-net's conv1d in F32
+    if ndim == 1 or ".ffn_gate_inp." in tensor or ".ssm_conv1d." in tensor:
         return "F32"
     for pattern, typ in cfg["types"]:
         if re.search(pattern, tensor):

@@ -44,9 +44,36 @@ class ModelConfig:
     # attention / logits scaling
     attn_scale: float = 0.0     # 0: 1/sqrt(head_dim)
     final_logit_softcap: float = 0.0
+    # multi-token-prediction blocks stored after the main ones (block_count counts them; the
+    # main pass does not run them): n_layer is block_count minus these
+    n_layer_nextn: int = 0
+    n_layer_all: int = 0        # block_count: n_layer + n_layer_nextn
+    # rope.dimension_sections (multi-section rope: qwen35's IMROPE), empty when absent
+    rope_sections: list[int] = field(default_factory=list)
+    # shared expert beside the routed ones (qwen35moe): its FFN width, 0 = none / n_ff
+    n_ff_shexp: int = 0
+    # hybrid recurrent models (qwen35): which layers are gated delta-nets rather than
+    # attention. `recurrent_layers` comes from attention.recurrent_layers when the file has it
+    # (else the architecture builds it from full_attention_interval, 0 when absent).
+    recurrent_layers: list[bool] = field(default_factory=list)
+    full_attention_interval: int = 0
+    ssm_d_conv: int = 0         # ssm.conv_kernel: K, the causal conv1d's width
+    ssm_d_inner: int = 0        # ssm.inner_size: value heads x head size
+    ssm_d_state: int = 0        # ssm.state_size: D, the head size of q, k and v
+    ssm_dt_rank: int = 0        # ssm.time_step_rank: Hv, the number of value heads
+    ssm_n_group: int = 0        # ssm.group_count: Hk, the number of key heads
 
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.swa_layers and self.swa_layers[il] else 0
+
+    def is_recurrent(self, il: int) -> bool:
+        """Whether layer `il` is a recurrent (gated delta-net) layer, with no KV cache."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
+
+    @property
+    def ssm_conv_channels(self) -> int:
+        """C: the channels of the delta-net's conv1d, q and k (Hk x D each) then v (Hv x D)."""
+        return 2 * self.ssm_n_group * self.ssm_d_state + self.ssm_dt_rank * self.ssm_d_state
 
 
 def _int(v, where: str) -> int:
@@ -59,6 +86,18 @@ def _int(v, where: str) -> int:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return int(v)
     raise GGUFError(f"{where} is {_describe(v)}, expected an integer")
+
+
+def _int_list(v, where: str) -> list[int]:
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
+        return [int(x) for x in v]
+    raise GGUFError(f"{where} is {_describe(v)}, expected an array of integers")
+
+
+def _bool_list(v, where: str) -> list[bool]:
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "biu":
+        return [bool(x) for x in v]
+    raise GGUFError(f"{where} is {_describe(v)}, expected an array of bools")
 
 
 def _float(v, where: str) -> float:
@@ -118,6 +157,8 @@ def read_config(gf, arch: str) -> ModelConfig:
     if eps is None:
         raise GGUFError(f"{gf.path}: metadata key {arch}.attention.layer_norm_rms_epsilon is missing")
     scale = get_float("rope.scaling.factor") or get_float("rope.scale_linear") or 0.0
+    sections = get("rope.dimension_sections")
+    recurrent = get("attention.recurrent_layers")
     cfg = ModelConfig(
         arch=arch,
         n_layer=get_int("block_count", required=True),
@@ -141,7 +182,23 @@ def read_config(gf, arch: str) -> ModelConfig:
         sliding_window=get_int("attention.sliding_window", 0),
         rope_base_swa=get_float("rope.freq_base_swa", 10000.0),
         final_logit_softcap=get_float("final_logit_softcapping", 0.0),
+        n_layer_nextn=get_int("nextn_predict_layers", 0),
+        rope_sections=[] if sections is None else _int_list(sections, key("rope.dimension_sections")),
+        n_ff_shexp=get_int("expert_shared_feed_forward_length", 0),
+        recurrent_layers=[] if recurrent is None else
+        _bool_list(recurrent, key("attention.recurrent_layers")),
+        full_attention_interval=get_int("full_attention_interval", 0),
+        ssm_d_conv=get_int("ssm.conv_kernel", 0),
+        ssm_d_inner=get_int("ssm.inner_size", 0),
+        ssm_d_state=get_int("ssm.state_size", 0),
+        ssm_dt_rank=get_int("ssm.time_step_rank", 0),
+        ssm_n_group=get_int("ssm.group_count", 0),
     )
+    # block_count includes the multi-token-prediction blocks, which the main pass skips
+    # (llama.cpp: n_layer() = n_layer_all - n_layer_nextn).
+    cfg.n_layer_all = cfg.n_layer
+    if 0 < cfg.n_layer_nextn < cfg.n_layer_all:
+        cfg.n_layer -= cfg.n_layer_nextn
     # The architecture's configure builds per-layer lists from these: check them first.
     check_hparams(cfg, gf)
     return cfg

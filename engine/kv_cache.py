@@ -1,20 +1,69 @@
-"""KV cache for one sequence: per layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one
-for values, on the backend's device. The slot of a token is its position."""
+"""Per-sequence caches on the backend's device.
+
+`KVCache`: per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values;
+the slot of a token is its position.
+
+`RecurrentState`: per recurrent (gated delta-net) layer of a hybrid model, the state that
+replaces a KV cache there: the conv1d's last K-1 inputs `[K-1, C]` and the delta rule's matrix
+per value head `[Hv, D, D]`, both float32 as llama.cpp keeps them (its `cache_r_l*` /
+`cache_s_l*`, same layouts). It does not grow with the context, and it cannot be rewound: going
+back to position 0 (`reset`) zeroes it, and there is no going back to any other position.
+Every array has a leading sequence axis, so a batched decode can hold one state per sequence in
+the same arrays; a session uses sequence 0.
+"""
 
 import numpy as np
 
 
+class RecurrentState:
+    def __init__(self, backend, cfg, n_seq: int = 1):
+        self.layers = [il for il in range(cfg.n_layer) if cfg.is_recurrent(il)]
+        K1, C = cfg.ssm_d_conv - 1, cfg.ssm_conv_channels
+        Hv, D = cfg.ssm_dt_rank, cfg.ssm_d_state
+        self.conv = {il: backend.zeros((n_seq, K1, C), np.float32) for il in self.layers}
+        self.ssm = {il: backend.zeros((n_seq, Hv, D, D), np.float32) for il in self.layers}
+
+    def layer(self, il: int, seq: int = 0):
+        """(conv state `[K-1, C]`, delta state `[Hv, D, D]`) of layer `il`: views the ops
+        update in place."""
+        return self.conv[il][seq], self.ssm[il][seq]
+
+    def reset(self, seq: int | None = None):
+        """Zero the state of one sequence (None: all), as llama.cpp starts a new sequence."""
+        for a in list(self.conv.values()) + list(self.ssm.values()):
+            if seq is None:
+                a[...] = 0
+            else:
+                a[seq] = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in list(self.conv.values()) + list(self.ssm.values()))
+
+
 class KVCache:
+    """One sequence's cache. Hybrid models (`cfg.recurrent_layers`) hold keys and values only
+    for their attention layers, and a RecurrentState (`recurrent`) for the others."""
+
     def __init__(self, backend, cfg, n_ctx: int):
         self.n_ctx = n_ctx
-        self.k = [backend.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim), np.float16)
-                  for _ in range(cfg.n_layer)]
-        self.v = [backend.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim_v), np.float16)
-                  for _ in range(cfg.n_layer)]
+        kv = [not cfg.is_recurrent(il) for il in range(cfg.n_layer)]
+        self.k = [backend.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim), np.float16) if has else None
+                  for has in kv]
+        self.v = [backend.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim_v), np.float16) if has else None
+                  for has in kv]
+        self.recurrent = RecurrentState(backend, cfg) if not all(kv) else None
 
     def layer(self, il: int):
         return self.k[il], self.v[il]
 
+    def reset(self):
+        """Back to an empty sequence: the KV slots are rewritten as positions are reached
+        again, the recurrent state must start from zero."""
+        if self.recurrent is not None:
+            self.recurrent.reset()
+
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
+        kv = sum(a.nbytes for a in self.k + self.v if a is not None)
+        return kv + (self.recurrent.nbytes if self.recurrent is not None else 0)

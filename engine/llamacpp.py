@@ -250,6 +250,13 @@ class Model(_Handle):
     def is_eog(self, token: int) -> bool:
         return bool(lib().llama_vocab_is_eog(self.vocab, token))
 
+    @property
+    def arch(self) -> str:
+        """general.architecture, as llama.cpp read it."""
+        buf = ctypes.create_string_buffer(256)
+        n = lib().llama_model_meta_val_str(self.ptr, b"general.architecture", buf, len(buf))
+        return buf.value.decode() if n >= 0 else ""
+
     def context(self, capture=None) -> "Context":
         return Context(self, capture)
 
@@ -420,6 +427,35 @@ LAST_OCCURRENCE_ONLY = {"Qcur", "Kcur"}
 # named attn_out in llama: it is always the node right after kqv_out-<layer>.
 AFTER_KQV_OUT = "attn_proj"
 
+# Architectures with nodes of their own (added to NODE_ROLES for their graphs only, so the
+# other models' recordings do not change). A value may depend on the node's op: in qwen35,
+# `attn_output-N` is the delta-net's core output (a VIEW of the GATED_DELTA_NET result) in a
+# recurrent layer and the output projection (MUL_MAT) in an attention layer.
+_QWEN35_ROLES = {
+    # gated delta-net layers (src/models/qwen35.cpp build_layer_attn_linear)
+    "conv_output_silu": "gdn_conv",                 # silu(causal conv1d of q|k|v, with state)
+    "q_conv_predelta": "gdn_q", "k_conv_predelta": "gdn_k",     # L2-normed q and k
+    "beta_sigmoid": "gdn_beta", "gate": "gdn_gate",  # β and g = softplus(α + dt)·a per v-head
+    "attn_output": {"VIEW": "gdn_out", "MUL_MAT": "attn_proj"},
+    "final_output": "gdn_gated_norm",               # rms(o)·w·silu(z)
+    "linear_attn_out": "attn_proj",                 # its output projection
+    # attention layers: the attention before and after its sigmoid output gate
+    "attn_pregate": "kqv_out", "attn_gated": "attn_gated",
+    # both: residual after the mixer and the norm before the FFN
+    "attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm",
+}
+ARCH_NODE_ROLES = {
+    "qwen35": _QWEN35_ROLES,
+    # the routed experts' sum, the shared expert and its gate, then ffn_out = their sum
+    "qwen35moe": {**_QWEN35_ROLES, "ffn_moe_out": "moe_out", "ffn_shexp": "shexp_out",
+                  "shared_expert_gate_sigmoid": "shexp_gate"},
+}
+
+
+def node_roles(arch: str) -> dict:
+    """Name (without the layer suffix) → role, or → {op: role}, for an architecture's graph."""
+    return {**NODE_ROLES, **ARCH_NODE_ROLES.get(arch, {})}
+
 
 def split_name(name: str) -> tuple[str, int | None]:
     """"l_out-12" → ("l_out", 12); "result_norm" → ("result_norm", None)."""
@@ -427,8 +463,10 @@ def split_name(name: str) -> tuple[str, int | None]:
     return (name[:m.start()], int(m.group(1))) if m else (name, None)
 
 
-def _wanted(name: str, prev: str | None) -> bool:
-    return split_name(name)[0] in NODE_ROLES or (prev is not None and prev.startswith("kqv_out-"))
+def _wanted(roles: dict):
+    def wanted(name: str, prev: str | None) -> bool:
+        return split_name(name)[0] in roles or (prev is not None and prev.startswith("kqv_out-"))
+    return wanted
 
 
 def capture_activations(m: Model, ids: list[int]) -> tuple[np.ndarray, list[dict]]:
@@ -437,7 +475,8 @@ def capture_activations(m: Model, ids: list[int]) -> tuple[np.ndarray, list[dict
     Each node is {key, name, occurrence, op, layer, role, ne, type, array}: `array` has shape
     reversed(ne) trimmed to its real dimensions ([T, ...] for per-token nodes); `layer` is
     None for result_norm and result_output."""
-    cap = Capture(_wanted)
+    roles = node_roles(m.arch)
+    cap = Capture(_wanted(roles))
     with m.context(cap) as ctx:
         logits = ctx.decode(ids, all_logits=True)
     last = {node["name"]: key for key, node in cap.nodes.items()
@@ -449,7 +488,9 @@ def capture_activations(m: Model, ids: list[int]) -> tuple[np.ndarray, list[dict
             layer = node_layer                     # unnamed nodes belong to the current layer
         if base in LAST_OCCURRENCE_ONLY and last[node["name"]] != key:
             continue
-        role = NODE_ROLES.get(base, AFTER_KQV_OUT)
+        role = roles.get(base, AFTER_KQV_OUT)
+        if isinstance(role, dict):
+            role = role[node["op"]]
         ne = node["ne"]
         ndim = max(2, max(i for i, n in enumerate(ne) if n != 1) + 1)
         out.append({"key": key, "name": node["name"], "occurrence": node["occurrence"],

@@ -11,10 +11,10 @@ import numpy as np
 
 from . import arch as arch_registry
 from .arch.common import Forward, Weights
-from .backends import get_backend
+from .backends import BACKENDS, default_backend, get_backend
 from .catalog import resolve
 from .config import read_config
-from .errors import BrassError
+from .errors import BrassError, UnsupportedError
 from .gguf import GGUFFile
 from .kv_cache import KVCache
 from .sampling import Sampler, SamplingParams
@@ -46,7 +46,7 @@ class Model:
         self.config = self.arch.configure(read_config(self.gguf, arch_name), self.gguf)
         check_model(self.gguf, self.config)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        self.backend = get_backend(backend, **backend_options)
+        self.backend = get_backend(_backend_for(arch_name, backend), **backend_options)
         self.weights = Weights(self.backend, self.gguf)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
         if hasattr(self.backend, "load"):
@@ -141,8 +141,11 @@ class Session:
         self._step: DecodeStep | None = None
 
     def reset(self):
-        """Forget the sequence (the cache slots are rewritten as positions are reached again)."""
+        """Forget the sequence (the cache slots are rewritten as positions are reached again;
+        a hybrid model's recurrent state is zeroed)."""
         self.n_past = 0
+        with self.model.backend.activate():
+            self.cache.reset()
 
     def prefill(self, ids: list[int], all_logits: bool = False, device_logits: bool = False,
                 trace: Callable | None = None):
@@ -275,6 +278,21 @@ class DecodeStep:
         buf = self._host[self._next_host]
         self._next_host = (self._next_host + 1) % len(self._host)
         return self.graph.backend.copy_to_host_async(self.history[start:start + n], buf[:n])
+
+
+def _backend_for(arch_name: str, requested: str | None) -> str | None:
+    """The backend to run an architecture on: the one asked for (argument or BRASS_BACKEND),
+    refused in one line when the architecture does not run there yet; by default the usual
+    default if the architecture runs there, else the first backend it runs on."""
+    supported = arch_registry.backends(arch_name)
+    name = requested or os.environ.get("BRASS_BACKEND")
+    if name is None:
+        default = default_backend()
+        return default if default in supported else supported[0]
+    if name in BACKENDS and name not in supported:
+        raise UnsupportedError(f"{arch_name} is not yet supported on the {name} backend; "
+                               f"use --backend {supported[0]}")
+    return name
 
 
 def load(model: str | os.PathLike | None = None, backend: str | None = None, **kw) -> Model:

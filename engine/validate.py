@@ -19,10 +19,13 @@ from .errors import GGUFError, UnsupportedError
 from .quants import SUPPORTED_TYPES
 
 # What the architectures' forward passes read beyond the llama-family blocks (engine/arch/).
-QK_NORM = {"qwen3", "qwen3moe", "gemma3"}       # attn_q_norm / attn_k_norm per head
+QK_NORM = {"qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe"}   # attn_q_norm / attn_k_norm
 POST_NORMS = {"gemma3"}                          # post_attention_norm, post_ffw_norm
-DENSE_ONLY = {"gemma3"}                          # its forward has no mixture-of-experts branch
-NEEDS_EXPERTS = {"qwen3moe"}                     # llama.cpp asserts n_expert > 0 for these
+DENSE_ONLY = {"gemma3", "qwen35"}                # their forward has no mixture-of-experts branch
+NEEDS_EXPERTS = {"qwen3moe", "qwen35moe"}        # llama.cpp asserts n_expert > 0 for these
+# Hybrids of gated delta-net and attention layers (qwen35.py): no ffn_norm, a
+# post_attention_norm before the FFN, gated queries in attn_q, a shared expert when MoE.
+HYBRID = {"qwen35", "qwen35moe"}
 
 
 def check_hparams(cfg, gf) -> None:
@@ -35,7 +38,10 @@ def check_hparams(cfg, gf) -> None:
         if not ok:
             raise GGUFError(f"{gf.path}: metadata key {a}.{key} is {value!r}, expected {expected}")
 
-    need(cfg.n_layer >= 1, "block_count", cfg.n_layer, ">= 1")
+    n_all = cfg.n_layer_all or cfg.n_layer
+    need(n_all >= 1, "block_count", n_all, ">= 1")
+    need(0 <= cfg.n_layer_nextn < n_all, "nextn_predict_layers", cfg.n_layer_nextn,
+         f"in [0, block_count = {n_all}) (the trailing blocks the main pass skips)")
     # Every layer has tensors of its own, so a file cannot hold more layers than tensors; this
     # bounds the per-layer loops and the KV cache before the tensors are checked.
     need(cfg.n_layer <= len(gf.tensors), "block_count", cfg.n_layer,
@@ -120,22 +126,35 @@ def check_model(gf, cfg, supported=SUPPORTED_TYPES) -> None:
     o = (cfg.n_head * cfg.head_dim_v, "head_count × value_length")
     Dh = (cfg.head_dim, "key_length")
     moe = cfg.n_expert > 0 and a not in DENSE_ONLY
+    hybrid = a in HYBRID
+    if hybrid:
+        q = (2 * cfg.n_head * cfg.head_dim, "2 × head_count × key_length: queries and gates")
+        Hv, D = cfg.ssm_dt_rank, cfg.ssm_d_state
+        C = (cfg.ssm_conv_channels, "(2 × ssm.group_count + ssm.time_step_rank) × ssm.state_size")
+        V = (Hv * D, "ssm.time_step_rank × ssm.state_size")
+        Hv = (Hv, "ssm.time_step_rank")
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         tensor(p + "attn_norm.weight", E)
-        tensor(p + "attn_q.weight", E, q)
-        tensor(p + "attn_k.weight", E, k)
-        tensor(p + "attn_v.weight", E, v)
-        tensor(p + "attn_output.weight", o, E)
-        for kind, dim in (("q", q), ("k", k), ("v", v), ("output", E)):   # qwen2's biases
-            tensor(p + f"attn_{kind}.bias", dim, optional=True)
-        if a in QK_NORM:
-            tensor(p + "attn_q_norm.weight", Dh)
-            tensor(p + "attn_k_norm.weight", Dh)
+        if hybrid:
+            tensor(p + "post_attention_norm.weight", E)
+        if hybrid and cfg.is_recurrent(il):
+            tensor(p + "attn_qkv.weight", E, C)
+            tensor(p + "attn_gate.weight", E, V)
+            tensor(p + "ssm_conv1d.weight", (cfg.ssm_d_conv, "ssm.conv_kernel"), C)
+            tensor(p + "ssm_dt.bias", Hv)
+            tensor(p + "ssm_a", Hv)
+            tensor(p + "ssm_beta.weight", E, Hv)
+            tensor(p + "ssm_alpha.weight", E, Hv)
+            tensor(p + "ssm_norm.weight", (D, "ssm.state_size"))
+            tensor(p + "ssm_out.weight", V, E)
+        else:
+            _attention_tensors(tensor, p, a, E, q, k, v, o, Dh)
         if a in POST_NORMS:
             tensor(p + "post_attention_norm.weight", E)
             tensor(p + "post_ffw_norm.weight", E)
-        tensor(p + "ffn_norm.weight", E)
+        if not hybrid:
+            tensor(p + "ffn_norm.weight", E)
         if moe:
             X = (cfg.n_expert, "expert_count")
             F = width(p + "ffn_up_exps.weight", cfg.n_ff_exp, "expert_feed_forward_length")
@@ -143,6 +162,13 @@ def check_model(gf, cfg, supported=SUPPORTED_TYPES) -> None:
             tensor(p + "ffn_up_exps.weight", E, F, X)
             tensor(p + "ffn_gate_exps.weight", E, F, X)
             tensor(p + "ffn_down_exps.weight", F, E, X)
+            if hybrid and p + "ffn_up_shexp.weight" in gf.tensors:     # the shared expert
+                S = width(p + "ffn_up_shexp.weight", cfg.n_ff_shexp or cfg.n_ff,
+                          "expert_shared_feed_forward_length")
+                tensor(p + "ffn_gate_inp_shexp.weight", E)
+                tensor(p + "ffn_up_shexp.weight", E, S)
+                tensor(p + "ffn_gate_shexp.weight", E, S)
+                tensor(p + "ffn_down_shexp.weight", S, E)
         else:
             F = width(p + "ffn_up.weight", cfg.n_ff, "feed_forward_length")
             tensor(p + "ffn_up.weight", E, F)
@@ -154,3 +180,15 @@ def check_model(gf, cfg, supported=SUPPORTED_TYPES) -> None:
         # Prompt ids index the embedding; an embedding padded beyond the vocabulary is fine.
         raise GGUFError(f"{path}: the tokenizer has {n_tokens} tokens, more than the "
                         f"{cfg.n_vocab} rows of token_embd.weight")
+
+
+def _attention_tensors(tensor, p, a, E, q, k, v, o, Dh):
+    tensor(p + "attn_q.weight", E, q)
+    tensor(p + "attn_k.weight", E, k)
+    tensor(p + "attn_v.weight", E, v)
+    tensor(p + "attn_output.weight", o, E)
+    for kind, dim in (("q", q), ("k", k), ("v", v), ("output", E)):   # qwen2's biases
+        tensor(p + f"attn_{kind}.bias", dim, optional=True)
+    if a in QK_NORM:
+        tensor(p + "attn_q_norm.weight", Dh)
+        tensor(p + "attn_k_norm.weight", Dh)

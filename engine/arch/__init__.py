@@ -1,7 +1,8 @@
 """Architecture registry: GGUF `general.architecture` → the module that builds its forward pass.
 
 Adding an architecture means adding one file here with `configure(cfg, gf)` and
-`forward(f, ids, out_rows)`, and one line below."""
+`forward(f, ids, out_rows)`, and one line below. A module that runs only on some backends says
+which in `BACKENDS` (default: all)."""
 
 import importlib
 
@@ -13,6 +14,8 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
     "gemma3": "gemma3",
+    "qwen35": "qwen35",
+    "qwen35moe": "qwen35moe",
 }
 
 
@@ -22,3 +25,9 @@ def get(arch: str):
         raise UnsupportedError(f"architecture {arch!r} is not supported "
                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
     return importlib.import_module(f"{__name__}.{mod}")
+
+
+def backends(arch: str) -> tuple[str, ...]:
+    """The backends that run architecture `arch`."""
+    from ..backends import BACKENDS
+    return getattr(get(arch), "BACKENDS", BACKENDS)

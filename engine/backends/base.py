@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UnsupportedError
+
 
 # Prompts (mat-muls of many rows) go to tensor cores on the CUDA backend: the weight is
 # dequantized to float16 and multiplied in float16 with float32 accumulation, instead of
@@ -204,6 +206,58 @@ class Backend(ABC):
         gate = self.matmul_id(x, w_gate, ids)
         h = self.geglu(gate, up) if gelu else self.swiglu(gate, up)
         return self.weighted_sum(self.matmul_id(h, w_down, ids), weights)
+
+    # -- recurrent (gated delta-net) layers: qwen35, qwen35moe -------------------------------
+    # Elementwise functions and the two stateful ops a backend must provide itself; the others
+    # are compositions. A backend without them refuses with one line (the architectures that
+    # need them are refused at load time first, see engine/arch/qwen35.py).
+
+    def _lacks(self, op: str):
+        raise UnsupportedError(f"the {self.name} backend has no {op} op (gated delta-net layers "
+                               f"need it); use --backend numpy")
+
+    def sigmoid(self, x):
+        """`1 / (1 + exp(-x))` elementwise (ggml_sigmoid)."""
+        self._lacks("sigmoid")
+
+    def softplus(self, x):
+        """`log(1 + exp(x))`, and `x` itself above 20 (ggml_softplus)."""
+        self._lacks("softplus")
+
+    def silu(self, x):
+        """`x / (1 + exp(-x))` elementwise (ggml_silu)."""
+        self._lacks("silu")
+
+    def ssm_conv(self, x, conv_state, w: Weight):
+        """Causal depthwise conv1d over time with a carried state (ggml_ssm_conv after the
+        concat of llama.cpp's build_conv_state). `x [T, C]`, `conv_state [K-1, C]` (the last K-1
+        inputs, oldest first), `w` numpy `(C, K)`: returns `c[t, ch] = sum_i X[t+i, ch] w[ch, i]`
+        with `X = concat(conv_state, x)` (the sum in float32, i in order), and writes the last
+        K-1 rows of X into conv_state."""
+        self._lacks("ssm_conv")
+
+    def gated_delta_net(self, q, k, v, g, beta, state):
+        """The gated delta rule over T tokens in order (ggml_gated_delta_net): `q, k [T, Hk, D]`
+        (L2-normed), `v [T, Hv, D]`, `g, beta [T, Hv]`, `state [Hv, D, D]` float32 holding S
+        transposed as llama.cpp stores it (`state[h, j, i] = S_h[i, j]`), updated in place.
+        Value head h reads key/query head `h % Hk` (tiled, not grouped). Per token and head:
+        S ← exp(g) S;  δ = β (v − Sᵀk);  S ← S + k ⊗ δ;  o = (Sᵀq) / sqrt(D). Returns o `[T, Hv, D]`."""
+        self._lacks("gated_delta_net")
+
+    def l2_norm(self, x, eps: float):
+        """`x / sqrt(sum(x²) + eps)` over the last axis, as llama.cpp's build_gdn_l2_norm
+        computes it: rms_norm with eps / n, then times 1 / sqrt(n) (float32 throughout)."""
+        n = np.float32(x.shape[-1])
+        y = self.rms_norm(x, None, float(np.float32(eps) / n))
+        return self.scale(y, float(np.float32(1.0) / np.sqrt(n)))
+
+    def rms_norm_gated(self, x, w: Weight, z, eps: float):
+        """`rms_norm(x, w) * silu(z)` (the delta-net's output norm, gated by z)."""
+        return self.mul(self.rms_norm(x, w, eps), self.silu(z))
+
+    def sigmoid_gate(self, x, gate):
+        """`x * sigmoid(gate)` (qwen35's attention output gate, its shared-expert gate)."""
+        return self.mul(x, self.sigmoid(gate))
 
     # -- decoding on the device ---------------------------------------------------------------
     supports_graphs = False

@@ -236,6 +236,52 @@ class NumpyBackend(Backend):
     def take_rows(self, x, rows):
         return np.asarray(x)[np.asarray(rows)]
 
+    # -- recurrent layers (ggml-cpu/unary-ops.cpp, ops.cpp: ssm_conv, gated_delta_net) ---------
+    def sigmoid(self, x):
+        x = np.asarray(x, F32)
+        with np.errstate(over="ignore"):
+            return F32(1) / (F32(1) + np.exp(-x))
+
+    def softplus(self, x):
+        x = np.asarray(x, F32)
+        with np.errstate(over="ignore"):
+            return np.where(x > F32(20), x, np.log(F32(1) + np.exp(x))).astype(F32)
+
+    def silu(self, x):
+        x = np.asarray(x, F32)
+        with np.errstate(over="ignore"):
+            return x / (F32(1) + np.exp(-x))
+
+    def ssm_conv(self, x, conv_state, w):
+        x = np.asarray(x, F32)
+        K1 = conv_state.shape[0]
+        X = np.concatenate([conv_state, x], axis=0)             # [K-1+T, C]
+        wd = w.dense()                                          # (C, K)
+        T = x.shape[0]
+        out = X[0:T] * wd[:, 0]
+        for i in range(1, K1 + 1):                              # float32 sum, taps in order
+            out = out + X[i:i + T] * wd[:, i]
+        conv_state[...] = X[T:]
+        return out
+
+    def gated_delta_net(self, q, k, v, g, beta, state):
+        q, k, v = (np.asarray(a, F32) for a in (q, k, v))
+        T, Hv, D = v.shape
+        head = np.arange(Hv) % q.shape[1]                       # tiled: value head h → h mod Hk
+        decay = np.exp(np.asarray(g, F32))                      # [T, Hv]
+        beta = np.asarray(beta, F32)
+        scale = F32(1) / np.sqrt(F32(D))
+        out = np.empty((T, Hv, D), F32)
+        M = state                                               # M[h, j, i] = S_h[i, j]
+        for t in range(T):
+            kt, qt = k[t, head], q[t, head]                     # [Hv, D]
+            M *= decay[t, :, None, None]
+            u = np.einsum("hji,hi->hj", M, kt)                  # Sᵀk
+            delta = (v[t] - u) * beta[t, :, None]
+            M += delta[:, :, None] * kt[:, None, :]
+            out[t] = np.einsum("hji,hi->hj", M, qt) * scale
+        return out
+
     def argmax(self, x):
         return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
 
