@@ -29,7 +29,8 @@ from kernels.cases import random_weight_file  # noqa: E402
 MATVEC_CASES = [  # (type, N rows, K)
     (GGMLType.Q4_K, 12288, 4096), (GGMLType.Q6_K, 12288, 4096), (GGMLType.Q8_0, 12288, 4096),
     (GGMLType.Q5_K, 12288, 4096), (GGMLType.Q4_0, 12288, 4096), (GGMLType.MXFP4, 12288, 4096),
-    (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q4_K, 4096, 4096), (GGMLType.Q4_K, 3072, 1024),
+    (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q4_K, 4096, 12288), (GGMLType.Q4_K, 4096, 4096),
+    (GGMLType.Q4_K, 3072, 1024),
     (GGMLType.Q6_K, 151936, 1024), (GGMLType.F16, 4096, 4096),
 ]
 

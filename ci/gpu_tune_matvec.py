@@ -1,7 +1,10 @@
 """Decode mat-vec variants side by side on the GPU runner: kernels/matvec_q.cuh compiled with
-other MV_WARPS / MV_ROWS / MV_UNROLL values and grid sizes (one wave of resident blocks, looping,
-or one block per row group), each timed alone (20 launches captured as a graph, weights rotated
-so that no launch is served from L2) against the device copy bandwidth.
+other MV_WARPS / MV_ROWS / MV_UNROLL values, with and without the activations staged in shared
+memory (MV_STAGE_MAX_K=0 turns staging off), and grid sizes (one wave of resident blocks,
+looping, or one block per row group), each timed alone (20 launches captured as a graph,
+weights rotated so that no launch is served from L2) against the device copy bandwidth. Every
+variant's output must equal the first variant's bit for bit (same integer sums, same float
+operations in the same order): a variant that differs is reported and the script exits 1.
 
     python3 ci/gpu_tune_matvec.py
 """
@@ -22,7 +25,9 @@ from kernels.params import pack  # noqa: E402
 
 CASES = [(GGMLType.Q4_K, 12288, 4096), (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q4_K, 4096, 4096),
          (GGMLType.Q4_K, 3072, 1024), (GGMLType.Q6_K, 151936, 1024), (GGMLType.Q6_K, 151936, 4096)]
-VARIANTS = [dict(warps=w, rows=r, unroll=u) for w, r, u in itertools.product((4, 8), (1, 2, 4), (1, 2, 4))]
+# stage: 0 global activations, 1 staged with padded two-block items, 2 staged unpadded
+VARIANTS = [dict(warps=w, rows=r, unroll=u, stage=st)
+            for st, w, r, u in itertools.product((1, 0, 2), (4, 8), (1,), (1, 2))]
 KINDS = {GGMLType.Q4_K: ("q4_k", "Q4KPairKind", 64), GGMLType.Q6_K: ("q6_k", "Q6KKind", 32)}
 
 
@@ -59,8 +64,14 @@ def main():
         data[(qtype, N, K)] = (ws, cp.asarray(blocks.reshape(-1)), nbytes)
     rows_out = []
     best = {}
+    reference: dict = {}
+    mismatches: list = []
     for v in VARIANTS:
         opts = (f"-DMV_WARPS={v['warps']}", f"-DMV_ROWS={v['rows']}", f"-DMV_UNROLL={v['unroll']}")
+        if not v["stage"]:
+            opts += ("-DMV_STAGE_MAX_K=0",)
+        if v["stage"] == 2:
+            opts += ("-DMV_PAIR_PAD=0",)
         mod = cp.cuda.function.Module()
         mod.load(compile_text("tune_matvec.cu", src, target, opts, use_cache=True))
         for (qtype, N, K), (ws, xq, nbytes) in data.items():
@@ -85,7 +96,8 @@ def main():
                     stream.begin_capture()
                     for i in range(20):
                         w = ws[i % len(ws)]
-                        fn((blocks, 1), (32 * v["warps"],), (w, w, w, xq, y, y, y, params), stream=stream)
+                        fn((blocks, 1), (32 * v["warps"],), (w, w, w, xq, y, y, y, params), stream=stream,
+                           shared_mem=K // 32 * 56 if v["stage"] else 0)
                     g = stream.end_capture()
                     g.launch(stream)
                     stream.synchronize()
@@ -96,9 +108,14 @@ def main():
                     end.record(stream)
                     end.synchronize()
                 us = cp.cuda.get_elapsed_time(start, end) * 1e3 / 100
+                # y holds the last launch's rows (weights ws[19 % copies]); the same for every variant
+                got = cp.asnumpy(y)
+                ref = reference.setdefault((qtype, N, K), got)
+                if not np.isfinite(got).all() or got.view(np.uint32).tolist() != ref.view(np.uint32).tolist():
+                    mismatches.append((qtype.name, N, K, v, grid_kind))
                 gbs = nbytes / us / 1e3
                 key = (qtype.name, N, K)
-                label = f"w{v['warps']} r{v['rows']} u{v['unroll']} {grid_kind}"
+                label = f"{('global', 'staged', 'unpadded')[v['stage']]} w{v['warps']} r{v['rows']} u{v['unroll']} {grid_kind}"
                 rows_out.append((*key, label, f"{us:.1f}", f"{100 * gbs / bw:.0f} %"))
                 if key not in best or us < best[key][1]:
                     best[key] = (label, us, gbs)
@@ -106,6 +123,11 @@ def main():
                    headers=["type", "N", "K", "best variant", "us", "GB/s", "of copy"], tablefmt="github"))
     Path(sys.argv[1] if len(sys.argv) > 1 else "tune.txt").write_text(
         tabulate(rows_out, headers=["type", "N", "K", "variant", "us", "of copy"]))
+    for m in mismatches:
+        print("OUTPUT DIFFERS from the first variant:", *m)
+    print(f"{len(VARIANTS) * 2 * len(CASES) - len(mismatches)} launches equal the first variant bit for bit, "
+          f"{len(mismatches)} differ")
+    sys.exit(1 if mismatches else 0)
 
 
 if __name__ == "__main__":

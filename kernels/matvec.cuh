@@ -30,12 +30,122 @@
 #define MV_ROWS 1           // matvec_<kind>: rows per warp
 #endif
 #ifndef MV_UNROLL
-#define MV_UNROLL 2         // items of a row a lane has in flight
+#define MV_UNROLL 1         // items of a row a lane has in flight (1: best with staged activations)
 #endif
 #define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
 #define GLU_ROWS 4
 #define DOWN_WARPS 4        // matvec_moe_down_<kind>
 #define DOWN_ROWS 2
+
+#ifndef MV_STAGE_MAX_K
+#define MV_STAGE_MAX_K 24576     // quantized kinds stage x in shared memory up to this K (48 B per 32)
+#endif
+
+// Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
+__device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = __dp4a(0x01010101, y->qs[i], s);
+    return s;
+}
+
+// A Q8_1 block as the mat-vecs read it from shared memory (`Staged<K>` below): the 32 quants
+// 16-byte aligned, so a lane reads them in two 128-bit loads, the scale and sum already
+// converted from half, and the quants' integer sum (the K-quants' min term) counted once per
+// block instead of once per weight row. From global memory a block_q8_1's quants are only
+// 4-byte aligned: eight 32-bit loads per block, and as the lanes of a warp read different
+// items, each load touches as many cache lines as there are lanes (L1 wavefronts, not DRAM,
+// then bound the mat-vec).
+struct __align__(16) q8s { int4 q[2]; float d; float s; int isum; int pad; };
+static_assert(sizeof(q8s) == 48, "q8s");
+
+// Accessors that read either form of a Q8_1 block with the same arithmetic afterwards.
+__device__ __forceinline__ void act_qs(const block_q8_1 * y, int (&q)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = y->qs[i];
+}
+__device__ __forceinline__ void act_qs(const q8s * y, int (&q)[8]) {
+    const int4 a = y->q[0], b = y->q[1];
+    q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w; q[4] = b.x; q[5] = b.y; q[6] = b.z; q[7] = b.w;
+}
+__device__ __forceinline__ float act_d(const block_q8_1 * y) { return f16_to_f32(y->d); }
+__device__ __forceinline__ float act_d(const q8s * y) { return y->d; }
+__device__ __forceinline__ float act_s(const block_q8_1 * y) { return f16_to_f32(y->s); }
+__device__ __forceinline__ float act_s(const q8s * y) { return y->s; }
+__device__ __forceinline__ int act_sum(const block_q8_1 * y) { return q8_sum(y); }
+__device__ __forceinline__ int act_sum(const q8s * y) { return y->isum; }
+
+#ifndef MV_PAIR_PAD
+#define MV_PAIR_PAD 1
+#endif
+// The staged activations of one item (the blocks_per_item Q8_1 blocks it meets). A lane reads
+// its item's quants as 128-bit words, eight lanes per shared-memory wavefront: at a stride of
+// 48 bytes (12 banks) those eight land on distinct banks; two-block items are padded from 96
+// to 112 bytes (28 banks) for the same reason (96 would put lanes 0 and 4 on the same banks).
+template <int BPI> struct StagedItem { q8s b[BPI]; };
+#if MV_PAIR_PAD
+template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
+#endif
+#define STAGED_BYTES_PER_Q8 56      // the largest sizeof(StagedItem<n>) / n (backend: Q8S_BYTES)
+
+// Blocks x[0 .. n_q8) into shared memory as items of BPI blocks, one block per thread in turn
+// (the whole block takes part; the caller synchronises before reading).
+template <int BPI>
+__device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, StagedItem<BPI> * __restrict__ s,
+                                           const int n_q8) {
+    for (int b = threadIdx.x; b < n_q8; b += blockDim.x) {
+        const block_q8_1 * y = x + b;
+        int q[8];
+        act_qs(y, q);
+        q8s o;
+        o.q[0] = make_int4(q[0], q[1], q[2], q[3]);
+        o.q[1] = make_int4(q[4], q[5], q[6], q[7]);
+        o.d = f16_to_f32(y->d);
+        o.s = act_s(y);
+        o.isum = q8_sum(y);
+        o.pad = 0;
+        s[b / BPI].b[b % BPI] = o;
+    }
+}
+
+// A kind K read through its staged activations: K::sdot(row, item, blocks) gets the item's
+// Q8_1 blocks from shared memory. Float kinds (can_stage false) are never staged.
+template <class K>
+struct Staged {
+    static constexpr int blocks_per_item = K::values_per_item / QK8_1;
+    typedef StagedItem<blocks_per_item> act;
+    static constexpr int values_per_item = K::values_per_item;
+    static __device__ __forceinline__ float dot(const u8 * __restrict__ row, const int i, const act * __restrict__ x) {
+        return K::sdot(row, i, x->b);
+    }
+};
+
+// Stages the n_rows rows of n_items items of x (consecutive) into smem and synchronises the
+// block when K can be staged and the rows are short enough (a condition uniform over the
+// block); returns the staged copy, or nullptr when x is read from global memory. The launch
+// gives the shared memory (backend: _stage_bytes).
+template <class K>
+__device__ __forceinline__ const void * stage_act(const typename K::act * __restrict__ x, const int n_rows,
+                                                  const int n_items, void * __restrict__ smem) {
+    if constexpr (K::can_stage) {
+        const int n_q8 = n_rows * n_items * Staged<K>::blocks_per_item;
+        if (n_q8 * QK8_1 <= MV_STAGE_MAX_K) {
+            stage_q8_1((const block_q8_1 *) x, (typename Staged<K>::act *) smem, n_q8);
+            __syncthreads();
+            return smem;
+        }
+    }
+    return nullptr;
+}
+
+// Row r of staged rows of n_items items (nullptr stays nullptr).
+template <class K>
+__device__ __forceinline__ const void * staged_row(const void * xs, const int r, const int n_items) {
+    if constexpr (K::can_stage) {
+        if (xs != nullptr) return (const typename Staged<K>::act *) xs + (i64) r * n_items;
+    }
+    return nullptr;
+}
 
 // acc[r] = row r (r < n_valid) of w0 (rows row_bytes apart) . x, summed over the warp; every
 // lane ends with the full sums.
@@ -55,6 +165,21 @@ __device__ __forceinline__ void warp_dot_rows(const u8 * __restrict__ w0, const 
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// warp_dot_rows on the staged activations xs when there are (xs: the row's staged items;
+// x + i and xs + i are the same item's activations).
+template <class K, int R>
+__device__ __forceinline__ void rows_dot(const u8 * __restrict__ w0, const i64 row_bytes, const int n_valid,
+                                         const typename K::act * __restrict__ x, const void * __restrict__ xs,
+                                         const int n_items, float (&acc)[R]) {
+    if constexpr (K::can_stage) {
+        if (xs != nullptr) {
+            warp_dot_rows<Staged<K>, R>(w0, row_bytes, n_valid, (const typename Staged<K>::act *) xs, n_items, acc);
+            return;
+        }
+    }
+    warp_dot_rows<K, R>(w0, row_bytes, n_valid, x, n_items, acc);
 }
 
 // The old block-per-row skeleton, kept for prefill tiles and mul_mat_id: one weight row per
@@ -100,6 +225,8 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;  \
     const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;                                            \
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;                                  \
+    extern __shared__ int4 staged_x[];                                                             \
+    const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);                   \
     for (int uu = blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE; uu < u0 + u1 + u2;              \
          uu += gridDim.x * MV_WARPS) {                                                             \
         int u = uu;                                                                                \
@@ -109,7 +236,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
         else { u -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                        \
         const int row = u * MV_ROWS;                                                               \
         float acc[MV_ROWS];                                                                        \
-        warp_dot_rows<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, n_items, acc); \
+        rows_dot<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, xs, n_items, acc);    \
         if (threadIdx.x % WARP_SIZE == 0) {                                                        \
             _Pragma("unroll")                                                                      \
             for (int r = 0; r < MV_ROWS; ++r) if (row + r < n) y[(i64) t * n + row + r] = acc[r];  \
@@ -132,9 +259,11 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
         off = (i64) (valid ? e : 0) * p.expert_bytes;                                              \
     }                                                                                              \
     const K::act * xr = x + (i64) (slot / p.n_used) * n_items;                                     \
+    extern __shared__ int4 staged_x[];                                                             \
+    const void * xs = stage_act<K>(xr, 1, n_items, staged_x);                                      \
     float g[GLU_ROWS], up[GLU_ROWS];                                                               \
-    warp_dot_rows<K, GLU_ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, n_items, g); \
-    warp_dot_rows<K, GLU_ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, n_items, up); \
+    rows_dot<K, GLU_ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, g); \
+    rows_dot<K, GLU_ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, up); \
     if (lane == 0) {                                                                               \
         _Pragma("unroll")                                                                          \
         for (int r = 0; r < GLU_ROWS; ++r)                                                         \
@@ -153,15 +282,19 @@ matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,
                        float * __restrict__ out, const MoeDownParams p) {                          \
     const int t = blockIdx.y;                                                                      \
     const int row = (blockIdx.x * DOWN_WARPS + threadIdx.x / WARP_SIZE) * DOWN_ROWS;               \
-    if (row >= p.n_rows) return;                                                                   \
     const int n_items = p.k / K::values_per_item;                                                  \
+    extern __shared__ int4 staged_x[];                                                             \
+    /* the token's n_used rows of x are contiguous: staged together */                            \
+    const void * xs = stage_act<K>(x + (i64) t * p.n_used * n_items, p.n_used, n_items, staged_x); \
+    if (row >= p.n_rows) return;                                                                   \
     float sum[DOWN_ROWS];                                                                          \
     for (int j = 0; j < p.n_used; ++j) {                                                           \
         const int slot = t * p.n_used + j, e = ids[slot];                                          \
         const bool valid = e >= 0 && e < p.n_experts;                                              \
         float acc[DOWN_ROWS];                                                                      \
-        warp_dot_rows<K, DOWN_ROWS>(w + (i64) (valid ? e : 0) * p.expert_bytes + row * p.row_bytes, \
-                                    p.row_bytes, p.n_rows - row, x + (i64) slot * n_items, n_items, acc); \
+        rows_dot<K, DOWN_ROWS>(w + (i64) (valid ? e : 0) * p.expert_bytes + row * p.row_bytes,     \
+                               p.row_bytes, p.n_rows - row, x + (i64) slot * n_items,              \
+                               staged_row<K>(xs, j, n_items), n_items, acc);                       \
         const float wj = wts[slot];                                                                \
         _Pragma("unroll")                                                                          \
         for (int r = 0; r < DOWN_ROWS; ++r) {                                                      \

@@ -14,6 +14,7 @@ __device__ __forceinline__ float dot4(const float4 w, const float4 a) {
 struct F32Kind {
     typedef float4 act;
     static constexpr int values_per_item = 4;
+    static constexpr bool can_stage = false;
     static __device__ __forceinline__ float dot(const u8 * row, int i, const float4 * x) {
         return dot4(((const float4 *) row)[i], x[0]);
     }
@@ -37,6 +38,7 @@ template <bool BF16>
 struct Half8Kind {
     typedef f32x8 act;
     static constexpr int values_per_item = 8;
+    static constexpr bool can_stage = false;
     static __device__ __forceinline__ float dot(const u8 * row, int i, const f32x8 * x) {
         float4 lo, hi;
         unpack8<BF16>(((const int4 *) row)[i], lo, hi);

@@ -8,14 +8,6 @@
 enum WeightType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
                   Q6_K = 14, MXFP4 = 39 };
 
-// Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
-__device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s = __dp4a(0x01010101, y->qs[i], s);
-    return s;
-}
-
 // Moves bit j (j = 0..3) of h to bit 4 of byte j: the fifth bit of four 5-bit quants.
 __device__ __forceinline__ int spread_bits4(u32 h) {
     return (int) (((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
@@ -32,31 +24,33 @@ __device__ __forceinline__ int table16_lookup(int q, const u32 t[4]) {
     return (int) ((lo & ~upper) | (hi & upper));
 }
 
-template <int TYPE>
+template <int TYPE, class Y>
 __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int ib,
-                                          const block_q8_1 * __restrict__ y) {
-    const float d8 = f16_to_f32(y->d);
+                                          const Y * __restrict__ y) {
+    const float d8 = act_d(y);
+    int yq[8];
+    act_qs(y, yq);
     if constexpr (TYPE == Q4_0) {
         const block_q4_0 * b = (const block_q4_0 *) row + ib;
         int sumi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int v = load_i32_a2(b->qs + 4 * i);
-            sumi = __dp4a(v & 0x0F0F0F0F, y->qs[i], sumi);
-            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[i + 4], sumi);
+            sumi = __dp4a(v & 0x0F0F0F0F, yq[i], sumi);
+            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, yq[i + 4], sumi);
         }
         // Quants are stored +8: subtract 8 * sum(x), with the sum that Q8_1 carries.
-        return f16_to_f32(b->d) * (d8 * sumi - 8.0f * f16_to_f32(y->s));
+        return f16_to_f32(b->d) * (d8 * sumi - 8.0f * act_s(y));
     } else if constexpr (TYPE == Q4_1) {
         const block_q4_1 * b = (const block_q4_1 *) row + ib;
         int sumi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int v = ((const int *) b->qs)[i];
-            sumi = __dp4a(v & 0x0F0F0F0F, y->qs[i], sumi);
-            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[i + 4], sumi);
+            sumi = __dp4a(v & 0x0F0F0F0F, yq[i], sumi);
+            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, yq[i + 4], sumi);
         }
-        return f16_to_f32(b->d) * d8 * sumi + f16_to_f32(b->m) * f16_to_f32(y->s);
+        return f16_to_f32(b->d) * d8 * sumi + f16_to_f32(b->m) * act_s(y);
     } else if constexpr (TYPE == Q5_0) {
         const block_q5_0 * b = (const block_q5_0 *) row + ib;
         const u32 qh = (u32) load_i32_a2(b->qh);
@@ -64,10 +58,10 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int v = load_i32_a2(b->qs + 4 * i);
-            sumi = __dp4a((v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i)), y->qs[i], sumi);
-            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i)), y->qs[i + 4], sumi);
+            sumi = __dp4a((v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i)), yq[i], sumi);
+            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i)), yq[i + 4], sumi);
         }
-        return f16_to_f32(b->d) * (d8 * sumi - 16.0f * f16_to_f32(y->s));
+        return f16_to_f32(b->d) * (d8 * sumi - 16.0f * act_s(y));
     } else if constexpr (TYPE == Q5_1) {
         const block_q5_1 * b = (const block_q5_1 *) row + ib;
         const u32 qh = *(const u32 *) b->qh;
@@ -75,15 +69,15 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int v = ((const int *) b->qs)[i];
-            sumi = __dp4a((v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i)), y->qs[i], sumi);
-            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i)), y->qs[i + 4], sumi);
+            sumi = __dp4a((v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i)), yq[i], sumi);
+            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i)), yq[i + 4], sumi);
         }
-        return f16_to_f32(b->d) * d8 * sumi + f16_to_f32(b->m) * f16_to_f32(y->s);
+        return f16_to_f32(b->d) * d8 * sumi + f16_to_f32(b->m) * act_s(y);
     } else if constexpr (TYPE == Q8_0) {
         const block_q8_0 * b = (const block_q8_0 *) row + ib;
         int sumi = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sumi = __dp4a(load_i32_a2((const u8 *) b->qs + 4 * i), y->qs[i], sumi);
+        for (int i = 0; i < 8; ++i) sumi = __dp4a(load_i32_a2((const u8 *) b->qs + 4 * i), yq[i], sumi);
         return f16_to_f32(b->d) * d8 * sumi;
     } else if constexpr (TYPE == MXFP4) {
         const block_mxfp4 * b = (const block_mxfp4 *) row + ib;
@@ -93,8 +87,8 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int v = load_i32_a1(b->qs + 4 * i);
-            sumi = __dp4a(table16_lookup(v, table), y->qs[i], sumi);
-            sumi = __dp4a(table16_lookup(v >> 4, table), y->qs[i + 4], sumi);
+            sumi = __dp4a(table16_lookup(v, table), yq[i], sumi);
+            sumi = __dp4a(table16_lookup(v >> 4, table), yq[i + 4], sumi);
         }
         return e8m0_half_to_f32(b->e) * d8 * sumi;
     } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
@@ -123,9 +117,9 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
                 const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
                 v |= ((qh[i] >> s) & 0x01010101) << 4;
             }
-            sumi = __dp4a(v, y->qs[i], sumi);
+            sumi = __dp4a(v, yq[i], sumi);
         }
-        return d8 * (d * sc * sumi - dmin * m * q8_sum(y));
+        return d8 * (d * sc * sumi - dmin * m * act_sum(y));
     } else if constexpr (TYPE == Q6_K) {
         // Item ib is quarter r of half h of super-block ib/8: low 4 bits in the nibbles of
         // ql[64h + 32(r%2) ..] (high nibble for r >= 2), high 2 bits at bit 2r of qh[32h ..],
@@ -140,7 +134,7 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
         for (int i = 0; i < 8; ++i) {
             const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
             const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
-            sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), y->qs[i], sumi[i / 4]);
+            sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);
         }
         const i8 * sc = b->scales + 8 * h + 2 * r;
         return f16_to_f32(b->d) * d8 * (sc[0] * sumi[0] + sc[1] * sumi[1]);
@@ -159,39 +153,52 @@ __device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2,
     return (int) ((w >> (8 * (k & 3))) & 0xFF);
 }
 
+// y: the item's two Q8_1 blocks (either form).
+template <class Y>
+__device__ __forceinline__ float q4k_pair_dot(const u8 * __restrict__ row, const int ip, const Y * __restrict__ y) {
+    const block_q4_K * b = (const block_q4_K *) row + ip / 4;
+    const int j = ip % 4;
+    const int4 q0 = ((const int4 *) (b->qs + 32 * j))[0];
+    const int4 q1 = ((const int4 *) (b->qs + 32 * j))[1];
+    const int v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    const u32 dm = *(const u32 *) b;
+    const u32 * sw = (const u32 *) b->scales;
+    const u32 w0 = sw[0], w1 = sw[1], w2 = sw[2];
+    float out = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int s = 2 * j + h;
+        int sc, m;
+        if (s < 4) {
+            sc = byte_of(w0, w1, w2, s) & 63;
+            m = byte_of(w0, w1, w2, s + 4) & 63;
+        } else {
+            sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
+            m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
+        }
+        const Y * yb = y + h;
+        int yq[8];
+        act_qs(yb, yq);
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sumi = __dp4a((v[i] >> (4 * h)) & 0x0F0F0F0F, yq[i], sumi);
+        const float d = f16_to_f32((u16) (dm & 0xFFFF)), dmin = f16_to_f32((u16) (dm >> 16));
+        out += act_d(yb) * (d * sc * sumi - dmin * m * act_sum(yb));
+    }
+    return out;
+}
+
 struct Q4KPairKind {
     typedef block_q8_1x2 act;
     static constexpr int values_per_item = 64;
+    static constexpr bool can_stage = true;
     static __device__ __forceinline__ float dot(const u8 * __restrict__ row, const int ip,
                                                 const block_q8_1x2 * __restrict__ y) {
-        const block_q4_K * b = (const block_q4_K *) row + ip / 4;
-        const int j = ip % 4;
-        const int4 q0 = ((const int4 *) (b->qs + 32 * j))[0];
-        const int4 q1 = ((const int4 *) (b->qs + 32 * j))[1];
-        const int v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const u32 dm = *(const u32 *) b;
-        const u32 * sw = (const u32 *) b->scales;
-        const u32 w0 = sw[0], w1 = sw[1], w2 = sw[2];
-        float out = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int s = 2 * j + h;
-            int sc, m;
-            if (s < 4) {
-                sc = byte_of(w0, w1, w2, s) & 63;
-                m = byte_of(w0, w1, w2, s + 4) & 63;
-            } else {
-                sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
-                m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
-            }
-            const block_q8_1 * yb = y->b + h;
-            int sumi = 0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) sumi = __dp4a((v[i] >> (4 * h)) & 0x0F0F0F0F, yb->qs[i], sumi);
-            const float d = f16_to_f32((u16) (dm & 0xFFFF)), dmin = f16_to_f32((u16) (dm >> 16));
-            out += f16_to_f32(yb->d) * (d * sc * sumi - dmin * m * q8_sum(yb));
-        }
-        return out;
+        return q4k_pair_dot(row, ip, y->b);
+    }
+    static __device__ __forceinline__ float sdot(const u8 * __restrict__ row, const int ip,
+                                                 const q8s * __restrict__ y) {
+        return q4k_pair_dot(row, ip, y);
     }
 };
 
@@ -209,26 +216,38 @@ __device__ __forceinline__ void load8_a2(const u8 * p, int (&out)[8]) {
     for (int i = 0; i < 8; ++i) out[i] = (int) __funnelshift_r(w[i], w[i + 1], shift);
 }
 
+template <class Y>
+__device__ __forceinline__ float q6k_dot(const u8 * __restrict__ row, const int ib, const Y * __restrict__ y) {
+    const block_q6_K * b = (const block_q6_K *) row + ib / 8;
+    const int h = (ib % 8) / 4, r = ib % 4;
+    int ql[8], qh[8];
+    load8_a2(b->ql + 64 * h + 32 * (r % 2), ql);
+    load8_a2(b->qh + 32 * h, qh);
+    int yq[8];
+    act_qs(y, yq);
+    const int lshift = 4 * (r / 2), hshift = 2 * r;
+    int sumi[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int vl = (ql[i] >> lshift) & 0x0F0F0F0F;
+        const int vh = ((qh[i] >> hshift) & 0x03030303) << 4;
+        sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);
+    }
+    const i8 * sc = b->scales + 8 * h + 2 * r;
+    return f16_to_f32(b->d) * act_d(y) * (sc[0] * sumi[0] + sc[1] * sumi[1]);
+}
+
 struct Q6KKind {
     typedef block_q8_1 act;
     static constexpr int values_per_item = QK8_1;
+    static constexpr bool can_stage = true;
     static __device__ __forceinline__ float dot(const u8 * __restrict__ row, const int ib,
                                                 const block_q8_1 * __restrict__ y) {
-        const block_q6_K * b = (const block_q6_K *) row + ib / 8;
-        const int h = (ib % 8) / 4, r = ib % 4;
-        int ql[8], qh[8];
-        load8_a2(b->ql + 64 * h + 32 * (r % 2), ql);
-        load8_a2(b->qh + 32 * h, qh);
-        const int lshift = 4 * (r / 2), hshift = 2 * r;
-        int sumi[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int vl = (ql[i] >> lshift) & 0x0F0F0F0F;
-            const int vh = ((qh[i] >> hshift) & 0x03030303) << 4;
-            sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), y->qs[i], sumi[i / 4]);
-        }
-        const i8 * sc = b->scales + 8 * h + 2 * r;
-        return f16_to_f32(b->d) * f16_to_f32(y->d) * (sc[0] * sumi[0] + sc[1] * sumi[1]);
+        return q6k_dot(row, ib, y);
+    }
+    static __device__ __forceinline__ float sdot(const u8 * __restrict__ row, const int ib,
+                                                 const q8s * __restrict__ y) {
+        return q6k_dot(row, ib, y);
     }
 };
 
@@ -236,7 +255,11 @@ template <int TYPE>
 struct QuantKind {
     typedef block_q8_1 act;
     static constexpr int values_per_item = QK8_1;
+    static constexpr bool can_stage = true;
     static __device__ __forceinline__ float dot(const u8 * row, int ib, const block_q8_1 * y) {
+        return dot_item<TYPE>(row, ib, y);
+    }
+    static __device__ __forceinline__ float sdot(const u8 * row, int ib, const q8s * y) {
         return dot_item<TYPE>(row, ib, y);
     }
 };

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections import OrderedDict
 from contextlib import contextmanager
 
@@ -33,7 +34,7 @@ from ... import quants
 from ...errors import BrassError, UnsupportedError
 from ...gguf import BLOCK_SIZES, GGMLType
 from ..base import Backend, Weight, uses_f16_gemm
-from .compiler import compile_source, target_for
+from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
 from .errors import CudaError
 
@@ -72,6 +73,23 @@ ATTN_THREADS = 128
 ATTN_WARPS = ATTN_THREADS // 32
 ROW_THREADS = 256
 Q8_1_BLOCK_BYTES = 36
+
+# The quantized mat-vecs copy their Q8_1 activations into shared memory (at most
+# STAGED_BYTES_PER_Q8 per block of 32, kernels/matvec.cuh StagedItem) for rows of up to
+# MV_STAGE_MAX_K values; both read from the header so that the shared memory given at launch
+# covers what the kernel writes.
+_MATVEC_H = (KERNEL_DIR / "matvec.cuh").read_text()
+MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
+Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
+
+
+def _stage_bytes(wtype, n_values: int) -> int:
+    """Shared memory for a quantized mat-vec whose staged activations are `n_values` long
+    (0: a float weight, or too long to stage: the kernel reads them from global memory)."""
+    if wtype in FLOAT_TYPES or n_values > MV_STAGE_MAX_K:
+        return 0
+    return n_values // 32 * Q8S_BYTES
+
 
 STAGING_BYTES = 32 << 20     # per pinned staging buffer (two of them) for weight uploads
 GEMM_SCRATCH_BYTES = 256 << 20  # float16 weights dequantized at a time for the prompt GEMMs
@@ -449,7 +467,8 @@ class CudaBackend(Backend):
                       row_bytes2=ws[2].row_bytes)
         src_file = "matvec_f.cu" if w0.type in FLOAT_TYPES else "matvec_q.cu"
         self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), 1), MV_WARPS * 32,
-                    ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params)
+                    ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
+                    smem=_stage_bytes(w0.type, x2.shape[1]))
 
     def _matmul_tiles(self, x2, w, y, src):
         """A few tokens: each weight row read once per tile of MATMUL_TILE tokens."""
@@ -868,7 +887,7 @@ class CudaBackend(Backend):
         if slots:
             self.launch(src_file, f"matvec_glu_{_TYPE_NAMES[w_gate.type]}", (-(-N // (GLU_WARPS * GLU_ROWS)), slots),
                         GLU_WARPS * 32, w_gate.data, w_up.data, xa, x if ids is None else ids, h, hq,
-                        params=params)
+                        params=params, smem=_stage_bytes(w_gate.type, K))
         return h, (hq if write_q8 else None)
 
     def _fusable(self, a: CudaWeight, b: CudaWeight) -> bool:
@@ -918,7 +937,8 @@ class CudaBackend(Backend):
         self.launch("matvec_q.cu", f"matvec_moe_down_{_TYPE_NAMES[w_down.type]}",
                     (-(-D // (DOWN_WARPS * DOWN_ROWS)), T), DOWN_WARPS * 32, w_down.data, hq, ids, weights, out,
                     params=pack("MoeDownParams", n_rows=D, k=N, n_tokens=T, n_used=k, row_bytes=w_down.row_bytes,
-                                expert_bytes=D * w_down.row_bytes, n_experts=E))
+                                expert_bytes=D * w_down.row_bytes, n_experts=E),
+                    smem=_stage_bytes(w_down.type, k * N))
         return out
 
     # -- decoding on the device -----------------------------------------------------------------
