@@ -248,6 +248,9 @@ BRANCH_DIGESTS = {  # model: (encode(text, False, False) per text, detokenize(ed
                       "0e2d8cec5f64", "87e798391fc4", "23872ff93924", "af9b5085dad1", "38c9ea9a48ec"],
                      ["8145c2d4b9a0", "61c294165774"]),
 }
+# synth-qwen35 and synth-qwen35moe are built with synth-qwen3's and synth-qwen3moe's vocabularies
+BRANCH_DIGESTS.update({"synth-qwen35": BRANCH_DIGESTS["synth-qwen3"],
+                       "synth-qwen35moe": BRANCH_DIGESTS["synth-qwen3moe"]})
 
 
 def _digest(value) -> str:
@@ -289,6 +292,8 @@ LLAMA_CPP_SPECIAL = {
     "synth-qwen3moe": dict(bos=0, eos=2, eot=2, add_bos=False, add_eos=False, eog={0, 2}),
     "synth-gemma3": dict(bos=1, eos=2, eot=4, add_bos=True, add_eos=False, eog={2, 4}),
 }
+LLAMA_CPP_SPECIAL.update({"synth-qwen35": LLAMA_CPP_SPECIAL["synth-qwen3"],
+                          "synth-qwen35moe": LLAMA_CPP_SPECIAL["synth-qwen3moe"]})
 
 
 @pytest.mark.parametrize("model", [m.name for m in goldens.models()])

@@ -264,9 +264,15 @@ def cmd_diff(args):
 
 
 def cmd_models(args):
+    from . import arch
+    from .backends import BACKENDS
     for m in catalog.CATALOG.values():
         cached = catalog.cached_path(m.name)
         print(f"{m.name:22s} {m.size / 2**20:7.1f} MiB  {'cached' if cached else 'not fetched':11s}  {m.description}")
+    # any GGUF of these architectures runs, catalog or not
+    names = [a if arch.backends(a) == BACKENDS else f"{a} ({', '.join(arch.backends(a))} only)"
+             for a in arch.ARCHITECTURES]
+    print(f"\narchitectures: {', '.join(names)}")
 
 
 def build_parser():
