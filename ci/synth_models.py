@@ -2,9 +2,11 @@
 text, quantized by llama.cpp into a mix of weight types.
 
 They exist for what the real models on PyPI lack: architectures (`qwen3` with q/k norms,
-`qwen3moe` with routed experts) and weight types (F16, BF16, Q4_0, Q5_1, Q5_K, MXFP4) that
-none of them use. Every model is a config entry in `MODELS`; adding an architecture means
-adding an entry (and, for a tensor kind not seen before, its shape in `TENSOR_SHAPES`).
+`qwen3moe` with routed experts, the `qwen35` / `qwen35moe` hybrids of gated delta-nets and
+attention) and weight types (F16, BF16, Q4_0, Q5_1, Q5_K, MXFP4) that none of them use. Every
+model is a config entry in `MODELS`; adding an architecture means adding an entry (and, for a
+tensor kind not seen before, its shape in `TENSOR_SHAPES`; `layer` may be a function of the
+layer index when layers differ).
 
 Deterministic: the same script gives byte-identical files (weights come from a seeded
 generator, the tokenizer from `synth_corpus.txt`, quantization from llama.cpp).

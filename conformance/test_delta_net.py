@@ -238,3 +238,58 @@ def test_generate_cli_on_numpy(name):
     margin = p.step_top_logits[:8, 0] - p.step_top_logits[:8, 1]
     n = int(np.argmax(margin < 0.25)) if (margin < 0.25).any() else 8     # up to a near-tie
     assert n >= 4 and doc["tokens"][:n] == p.generated_ids[:n]
+
+
+# -- configuration: which layers are recurrent, what a file may not say ----------------------------
+
+def _config(name: str, **changes):
+    """qwen35's config from a committed file's metadata with `changes` (key suffix → value,
+    None deletes the key)."""
+    from types import SimpleNamespace
+
+    from engine import arch as arch_registry
+    from engine.config import read_config
+    from engine.gguf import GGUFFile
+    gf = GGUFFile(goldens.model(name).path())
+    a = gf.architecture
+    md = dict(gf.metadata)
+    for key, value in changes.items():
+        if value is None:
+            md.pop(f"{a}.{key}", None)
+        else:
+            md[f"{a}.{key}"] = value
+    view = SimpleNamespace(metadata=md, tensors=gf.tensors, path=gf.path)
+    return arch_registry.get(a).configure(read_config(view, a), view)
+
+
+def test_recurrent_layer_pattern():
+    assert _config("synth-qwen35").recurrent_layers == [True, True, True, False]      # default 4
+    assert _config("synth-qwen35moe").recurrent_layers == [True, False, True]         # interval 2
+    cfg = _config("synth-qwen35", full_attention_interval=np.uint32(2))
+    assert cfg.recurrent_layers == [True, False, True, False]
+    # a per-layer array wins over the interval; block_count counts the MTP block, which the
+    # main pass skips (llama.cpp: n_layer = block_count - nextn_predict_layers)
+    cfg = _config("synth-qwen35", block_count=np.uint32(5), nextn_predict_layers=np.uint32(1),
+                  full_attention_interval=np.uint32(2),
+                  **{"attention.recurrent_layers": np.array([False, True, True, True, False])})
+    assert (cfg.n_layer, cfg.n_layer_all) == (4, 5)
+    assert cfg.recurrent_layers == [False, True, True, True]
+    assert [cfg.is_recurrent(il) for il in range(4)] == [False, True, True, True]
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(full_attention_interval=np.uint32(0)), "GGUFError", "full_attention_interval is 0, expected >= 1"),
+    ({"rope.dimension_sections": None}, "GGUFError", "rope.dimension_sections is missing"),
+    ({"rope.dimension_sections": np.array([0, 0, 0, 4], np.int32)}, "GGUFError", "one of the first three > 0"),
+    # 3 t-pairs, no h or w: pairs 1, 2 of the 8 take the fourth stream (unrotated for text)
+    ({"rope.dimension_sections": np.array([3, 0, 0, 0], np.int32)}, "UnsupportedError", "rope pairs [1, 2"),
+    ({"ssm.time_step_rank": np.uint32(3)}, "GGUFError", "ssm.time_step_rank is 3, expected a multiple"),
+    ({"ssm.inner_size": np.uint32(96)}, "GGUFError", "ssm.inner_size is 96, expected ssm.time_step_rank"),
+    ({"attention.recurrent_layers": np.array([True, False])}, "GGUFError", "has 2 flags, expected block_count = 4"),
+    ({"nextn_predict_layers": np.uint32(4)}, "GGUFError", "nextn_predict_layers is 4, expected in [0, block_count = 4)"),
+])
+def test_bad_hybrid_metadata_is_named(changes, error, message):
+    import engine.errors
+    with pytest.raises(getattr(engine.errors, error)) as e:
+        _config("synth-qwen35", **changes)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
