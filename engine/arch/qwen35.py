@@ -23,7 +23,7 @@ the output projection of either mixer as attn_out-N as in the other architecture
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from ..errors import GGUFError, UnsupportedError
 from . import common
@@ -54,7 +54,8 @@ def configure(cfg, gf):
     _check_rope_sections(cfg, gf)
     if any(cfg.recurrent_layers):
         _check_ssm(cfg, gf)
-    cfg.attn_scale = 1.0 / math.sqrt(cfg.head_dim)      # attention.scale is not read
+    # 1.0f / sqrtf(hd) in float32, as llama.cpp; attention.scale is not read
+    cfg.attn_scale = float(np.float32(1) / np.sqrt(np.float32(cfg.head_dim)))
     return cfg
 
 
