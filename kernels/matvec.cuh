@@ -34,8 +34,9 @@
 #endif
 #define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
 #define GLU_ROWS 4
-#define DOWN_WARPS 4        // matvec_moe_down_<kind>
-#define DOWN_ROWS 2
+#define DOWN_WARPS 8        // matvec_moe_down_<kind>: warps per block (over the chosen experts)
+#define DOWN_ROWS 4         //   output rows per block
+#define MOE_MAX_USED 64     //   chosen experts per token at most (moe_route's bound)
 
 #ifndef MV_STAGE_MAX_K
 #define MV_STAGE_MAX_K 24576     // quantized kinds stage x in shared memory up to this K (48 B per 32)
@@ -280,15 +281,17 @@ extern "C" __global__ void __launch_bounds__(DOWN_WARPS * WARP_SIZE)            
 matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,                   \
                        const int * __restrict__ ids, const float * __restrict__ wts,               \
                        float * __restrict__ out, const MoeDownParams p) {                          \
-    const int t = blockIdx.y;                                                                      \
-    const int row = (blockIdx.x * DOWN_WARPS + threadIdx.x / WARP_SIZE) * DOWN_ROWS;               \
+    /* A block takes DOWN_ROWS output rows for every chosen expert: warp w the experts        */  \
+    /* j = w, w + DOWN_WARPS, ... (all their loads in flight together, instead of one expert  */  \
+    /* after another), then the weighted products are added in j order, as before.            */  \
+    __shared__ float part[MOE_MAX_USED][DOWN_ROWS];                                                \
+    const int t = blockIdx.y, warp = threadIdx.x / WARP_SIZE;                                      \
+    const int row = blockIdx.x * DOWN_ROWS;                                                        \
     const int n_items = p.k / K::values_per_item;                                                  \
     extern __shared__ int4 staged_x[];                                                             \
     /* the token's n_used rows of x are contiguous: staged together */                            \
     const void * xs = stage_act<K>(x + (i64) t * p.n_used * n_items, p.n_used, n_items, staged_x); \
-    if (row >= p.n_rows) return;                                                                   \
-    float sum[DOWN_ROWS];                                                                          \
-    for (int j = 0; j < p.n_used; ++j) {                                                           \
+    for (int j = warp; j < p.n_used; j += DOWN_WARPS) {                                            \
         const int slot = t * p.n_used + j, e = ids[slot];                                          \
         const bool valid = e >= 0 && e < p.n_experts;                                              \
         float acc[DOWN_ROWS];                                                                      \
@@ -296,15 +299,16 @@ matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,
                                p.row_bytes, p.n_rows - row, x + (i64) slot * n_items,              \
                                staged_row<K>(xs, j, n_items), n_items, acc);                       \
         const float wj = wts[slot];                                                                \
-        _Pragma("unroll")                                                                          \
-        for (int r = 0; r < DOWN_ROWS; ++r) {                                                      \
-            const float prod = valid ? __fmul_rn(acc[r], wj) : NAN_F32;                            \
-            sum[r] = j == 0 ? prod : __fadd_rn(sum[r], prod);                                      \
+        if (threadIdx.x % WARP_SIZE == 0) {                                                        \
+            _Pragma("unroll")                                                                      \
+            for (int r = 0; r < DOWN_ROWS; ++r) part[j][r] = valid ? __fmul_rn(acc[r], wj) : NAN_F32; \
         }                                                                                          \
     }                                                                                              \
-    if (threadIdx.x % WARP_SIZE == 0) {                                                            \
-        _Pragma("unroll")                                                                          \
-        for (int r = 0; r < DOWN_ROWS; ++r) if (row + r < p.n_rows) out[(i64) t * p.n_rows + row + r] = sum[r]; \
+    __syncthreads();                                                                               \
+    if (threadIdx.x < DOWN_ROWS && row + threadIdx.x < p.n_rows) {                                 \
+        float sum = part[0][threadIdx.x];                                                          \
+        for (int j = 1; j < p.n_used; ++j) sum = __fadd_rn(sum, part[j][threadIdx.x]);             \
+        out[(i64) t * p.n_rows + row + threadIdx.x] = sum;                                         \
     }                                                                                              \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)                                       \

@@ -57,7 +57,9 @@ MATVEC_THREADS, MATMUL_TILE = 128, 8
 # one row per warp and 8 warps per block were fastest for both large and small matrices)
 MV_WARPS, MV_ROWS = 8, 1
 GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = one Q8_1 block of h
-DOWN_WARPS, DOWN_ROWS = 4, 2        # matvec_moe_down_<type>
+DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts over the warps
+MOE_MAX_USED = 64
+SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
 ROUTE_THREADS = 256
@@ -442,7 +444,12 @@ class CudaBackend(Backend):
             # Decode: matrices of one type that read the same activations share a launch.
             by_type: dict = {}
             for w, y in zip(ws, ys):
-                by_type.setdefault(w.type, []).append((w, y))
+                if w.type in FLOAT_TYPES and w.shape[0] <= SMALL_FLOAT_ROWS:
+                    # A MoE router (F32, one row per expert): a warp per row would leave
+                    # most SMs idle and each warp K/128 loads deep; a block per row is not.
+                    self._matmul_tiles(x2, w, y, src)
+                else:
+                    by_type.setdefault(w.type, []).append((w, y))
             for wtype, group in by_type.items():
                 for i in range(0, len(group), 3):
                     self._matvec(x2, group[i:i + 3], src)
@@ -924,7 +931,7 @@ class CudaBackend(Backend):
         T = x.shape[0] if x.ndim == 2 else 0
         if (x.ndim != 2 or T != 1 or ids.shape != weights.shape or ids.shape[0] != 1
                 or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 3
-                or w_down.type in FLOAT_TYPES or w_gate.shape[1] % 32):
+                or w_down.type in FLOAT_TYPES or w_gate.shape[1] % 32 or ids.shape[-1] > MOE_MAX_USED):
             return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu)
         self._check_matrix(x, w_gate, "moe_ffn", 3)
         E, N, K = w_gate.shape
@@ -935,7 +942,7 @@ class CudaBackend(Backend):
         _, hq = self._glu_matvec(x, w_gate, w_up, gelu, ids=ids, what="moe_ffn")
         out = self._out((T, D), F32)
         self.launch("matvec_q.cu", f"matvec_moe_down_{_TYPE_NAMES[w_down.type]}",
-                    (-(-D // (DOWN_WARPS * DOWN_ROWS)), T), DOWN_WARPS * 32, w_down.data, hq, ids, weights, out,
+                    (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, w_down.data, hq, ids, weights, out,
                     params=pack("MoeDownParams", n_rows=D, k=N, n_tokens=T, n_used=k, row_bytes=w_down.row_bytes,
                                 expert_bytes=D * w_down.row_bytes, n_experts=E),
                     smem=_stage_bytes(w_down.type, k * N))
