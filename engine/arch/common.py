@@ -75,13 +75,18 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
     k = k.reshape(T, cfg.n_head_kv, cfg.head_dim)
     v = v.reshape(T, cfg.n_head_kv, cfg.head_dim_v)
     base = cfg.rope_base if rope_base is None else rope_base
-    k_cache, v_cache = f.cache.layer(il)
-    # q/k norms, rope, and the K/V cache writes: one op (one kernel on the GPU).
-    q, k = b.rope_store(q, k, v, f.pos, k_cache, v_cache,
-                        q_norm=w(p + "attn_q_norm.weight") if qk_norm else None,
-                        k_norm=w(p + "attn_k_norm.weight") if qk_norm else None,
-                        eps=cfg.norm_eps, n_rot=cfg.n_rot, base=base, neox=cfg.rope_neox,
-                        freq_scale=cfg.rope_freq_scale)
+    rope = dict(q_norm=w(p + "attn_q_norm.weight") if qk_norm else None,
+                k_norm=w(p + "attn_k_norm.weight") if qk_norm else None,
+                eps=cfg.norm_eps, n_rot=cfg.n_rot, base=base, neox=cfg.rope_neox,
+                freq_scale=cfg.rope_freq_scale)
+    batch = getattr(f.cache, "sequences", None)     # a batched decode step: a row per sequence
+    if batch is None:
+        k_cache, v_cache = f.cache.layer(il)
+        # q/k norms, rope, and the K/V cache writes: one op (one kernel on the GPU).
+        q, k = b.rope_store(q, k, v, f.pos, k_cache, v_cache, **rope)
+    else:
+        layers = [c.layer(il) for c in batch]
+        q, k = b.rope_store_rows(q, k, v, f.pos, layers, **rope)
     f.cb(q, "Qcur", il)
     f.cb(k, "Kcur", il)
     f.cb(v, "Vcur", il)
@@ -89,7 +94,11 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
         q = b.scale(q, q_scale)
     if kq_scale is None:
         kq_scale = 1.0 / math.sqrt(cfg.head_dim)
-    out = f.cb(b.attention(q, k_cache, v_cache, f.pos, kq_scale, window), "kqv_out", il)
+    if batch is None:
+        out = b.attention(q, k_cache, v_cache, f.pos, kq_scale, window)
+    else:
+        out = b.attention_rows(q, layers, f.pos, kq_scale, window)
+    out = f.cb(out, "kqv_out", il)
     out = b.matmul(out, w(p + "attn_output.weight"))
     bias = w.opt(p + "attn_output.bias")
     if bias is not None:

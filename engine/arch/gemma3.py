@@ -13,6 +13,10 @@ from . import common
 SWA_PATTERN = 6     # every 6th layer is global (llama.cpp: load_swa_pattern(ml, 6))
 
 
+# Decodes several sequences in one step (every layer goes through common.attention).
+BATCHED_DECODE = True
+
+
 def configure(cfg, gf):
     cfg.rope_neox = True
     # The key is either a per-layer array of flags or a period n (the last layer of every n

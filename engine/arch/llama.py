@@ -4,6 +4,10 @@ top-k MoE when the file has experts). llama.cpp: src/models/llama.cpp."""
 from . import common
 
 
+# Decodes several sequences in one step (every layer goes through common.attention).
+BATCHED_DECODE = True
+
+
 def configure(cfg, gf):
     cfg.rope_neox = False
     return cfg

@@ -4,6 +4,10 @@ attention block) and NeoX rope. llama.cpp: src/models/qwen2.cpp."""
 from . import common
 
 
+# Decodes several sequences in one step (every layer goes through common.attention).
+BATCHED_DECODE = True
+
+
 def configure(cfg, gf):
     cfg.rope_neox = True
     return cfg

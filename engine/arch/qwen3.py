@@ -4,6 +4,10 @@ llama.cpp: src/models/qwen3.cpp."""
 from . import common
 
 
+# Decodes several sequences in one step (every layer goes through common.attention).
+BATCHED_DECODE = True
+
+
 def configure(cfg, gf):
     cfg.rope_neox = True
     return cfg

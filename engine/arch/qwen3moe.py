@@ -4,6 +4,10 @@ chosen experts' weights renormalised to sum to one. llama.cpp: src/models/qwen3m
 from . import common
 
 
+# Decodes several sequences in one step (every layer goes through common.attention).
+BATCHED_DECODE = True
+
+
 def configure(cfg, gf):
     cfg.rope_neox = True
     cfg.expert_weights_norm = True      # llama.cpp passes norm_w = true for qwen3moe

@@ -180,6 +180,39 @@ class Backend(ABC):
         self.kv_store(v_cache, v, pos)
         return q, k
 
+    # -- a batch of sequences, one token row each (batched decode) ----------------------------
+    def rows_independent(self):
+        """Context in which every row of an op's result is computed exactly as it would be
+        alone (a batched decode step: a sequence's logits must not depend on which others
+        share its step). A backend whose multi-row kernels sum in another order than its
+        single-row ones switches to the single-row ones for the rows."""
+        return contextlib.nullcontext()
+
+    def rope_store_rows(self, q, k, v, pos, layers: list, **kw):
+        """rope_store for rows that belong to different sequences: row r is written to the
+        cache pair `layers[r] = (k_cache, v_cache)` at slot `pos[r]`. Returns `(q, k)`."""
+        q_out = k_out = None
+        for r, (k_cache, v_cache) in enumerate(layers):
+            qr, kr = self.rope_store(q[r:r + 1], k[r:r + 1], v[r:r + 1], pos[r:r + 1],
+                                     k_cache, v_cache, **kw)
+            if q_out is None:
+                q_out = self.empty((len(layers), *qr.shape[1:]))
+                k_out = self.empty((len(layers), *kr.shape[1:]))
+            q_out[r:r + 1] = qr
+            k_out[r:r + 1] = kr
+        return q_out, k_out
+
+    def attention_rows(self, q, layers: list, pos, scale: float, window: int = 0):
+        """attention for rows of different sequences: row r attends over its own cache pair
+        `layers[r]` up to slot `pos[r]`. Returns `[T, H * Dv]`."""
+        out = None
+        for r, (k_cache, v_cache) in enumerate(layers):
+            o = self.attention(q[r:r + 1], k_cache, v_cache, pos[r:r + 1], scale, window)
+            if out is None:
+                out = self.empty((len(layers), o.shape[-1]))
+            out[r:r + 1] = o
+        return out
+
     def ffn_glu(self, x, w_gate: Weight, w_up: Weight, gelu: bool = False):
         """`act(x @ W_gate.T) * (x @ W_up.T)`, act SiLU (SwiGLU) or GELU (GeGLU)."""
         up = self.matmul(x, w_up)

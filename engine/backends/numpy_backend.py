@@ -12,6 +12,8 @@ per-layer comparison with the goldens can be tight:
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .. import quants
@@ -83,6 +85,16 @@ class NumpyBackend(Backend):
         if act_mode not in ("cpu", "q8_1"):
             raise ValueError(f"act_mode must be 'cpu' or 'q8_1', not {act_mode!r}")
         self.act_mode = act_mode
+        self._rows_independent = False
+
+    @contextlib.contextmanager
+    def rows_independent(self):
+        # BLAS sums a gemm's rows in another order than a gemv's: row by row, as alone.
+        before, self._rows_independent = self._rows_independent, True
+        try:
+            yield
+        finally:
+            self._rows_independent = before
 
     # -- memory -----------------------------------------------------------------------------
     def weight(self, gf, name):
@@ -116,21 +128,23 @@ class NumpyBackend(Backend):
         """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given). `f16`: round both
         operands to float16 (default: as the CUDA backend does for R rows, in q8_1 mode)."""
         if f16 is None:
-            f16 = self.act_mode == "q8_1" and uses_f16_gemm(*x.shape, w.type)
+            f16 = (self.act_mode == "q8_1" and not self._rows_independent
+                   and uses_f16_gemm(*x.shape, w.type))
         if f16:
             # The CUDA backend's prompt GEMM: both operands rounded to float16, products
             # (exact in float32) summed in float32.
             dense = w.dense() if expert is None else w.dense()[expert]
-            return _mm(x.astype(F16).astype(F32), dense.astype(F16).astype(F32))
+            return _mm(x.astype(F16).astype(F32), dense.astype(F16).astype(F32), self._rows_independent)
         if w.type in _AFFINE_Q8_1[self.act_mode]:
             qb = quants.quantize_q8_1(x) if self.act_mode == "cpu" else quants.quantize_q8_1_cuda(x)
             xq = qb.qs.astype(F32) * np.repeat(qb.d.astype(F32), 32, axis=-1)
             dq, mins = w.affine_parts()
             if expert is not None:
                 dq, mins = dq[expert], mins[expert]
-            return _mm(xq, dq) + _mm(qb.s.astype(F32), mins)
+            by_row = self._rows_independent
+            return _mm(xq, dq, by_row) + _mm(qb.s.astype(F32), mins, by_row)
         dense = w.dense() if expert is None else w.dense()[expert]
-        return _mm(self._round_act(x, w.type), dense)
+        return _mm(self._round_act(x, w.type), dense, self._rows_independent)
 
     def matmul(self, x, w):
         return self._linear(np.ascontiguousarray(x, F32), w)
@@ -140,7 +154,8 @@ class NumpyBackend(Backend):
         x = np.ascontiguousarray(x, F32)
         out = np.empty((T, k, w.shape[1]), F32)
         # The CUDA backend multiplies a prompt's experts as GEMMs (rows of T tokens).
-        f16 = self.act_mode == "q8_1" and uses_f16_gemm(T, x.shape[-1], w.type)
+        f16 = (self.act_mode == "q8_1" and not self._rows_independent
+               and uses_f16_gemm(T, x.shape[-1], w.type))
         for e in np.unique(ids):
             tt, jj = np.nonzero(ids == e)
             out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e), f16=f16)
@@ -286,11 +301,14 @@ class NumpyBackend(Backend):
         return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
 
 
-def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _mm(x: np.ndarray, w: np.ndarray, by_row: bool = False) -> np.ndarray:
     """`x @ w.T`. A single row goes through gemv (`w @ x`): OpenBLAS's gemm with one row
-    and a transposed operand is ~8x slower, and decode is all single rows."""
+    and a transposed operand is ~8x slower, and decode is all single rows. `by_row`: every
+    row through gemv, so that each equals what it would be alone."""
     if x.shape[0] == 1:
         return (w @ x[0])[None]
+    if by_row:
+        return np.stack([w @ r for r in x]) if x.shape[0] else x @ w.T
     return x @ w.T
 
 

@@ -59,6 +59,7 @@ MV_WARPS, MV_ROWS = 8, 1
 GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = one Q8_1 block of h
 DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts over the warps
 MOE_MAX_USED = 64
+MAX_DECODE_BATCH = 64               # rows a batched decode step takes through the decode kernels
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -237,6 +238,7 @@ class CudaBackend(Backend):
         self.launches = 0           # kernels launched (or captured) so far, by launch()
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
+        self._rows_independent = False  # a batched decode step (rows_independent)
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
@@ -431,6 +433,22 @@ class CudaBackend(Backend):
     def matmul(self, x, w):
         return self.matmul_many(x, [w])[0]
 
+    @contextmanager
+    def rows_independent(self):
+        # Rows of a batched decode step go through the single-token kernels (a mat-vec's
+        # blockIdx.y is the row; gate/up and the MoE experts the same): per row the same sums
+        # in the same order as a sequence decoded alone, whereas the prompt kernels (tiles,
+        # GEMMs) sum in another order.
+        before, self._rows_independent = self._rows_independent, True
+        try:
+            yield
+        finally:
+            self._rows_independent = before
+
+    def _decode_rows(self, n_rows: int) -> bool:
+        """Whether n_rows activations take the single-token (decode) kernels."""
+        return n_rows == 1 or (self._rows_independent and 0 < n_rows <= MAX_DECODE_BATCH)
+
     def matmul_many(self, x, ws):
         src = x
         x = _f32(x, "matmul")
@@ -440,7 +458,7 @@ class CudaBackend(Backend):
         x2 = x.reshape(-1, x.shape[-1])
         T, K = x2.shape
         ys = [self._out((T, w.shape[0]), F32) for w in ws]
-        if T == 1:
+        if self._decode_rows(T):
             # Decode: matrices of one type that read the same activations share a launch.
             by_type: dict = {}
             for w, y in zip(ws, ys):
@@ -469,11 +487,12 @@ class CudaBackend(Backend):
         outs = [y for _, y in group] + [group[0][1]] * (3 - len(group))
         rows = [w.shape[0] for w, _ in group] + [0] * (3 - len(group))
         units = sum(-(-n // MV_ROWS) for n in rows)
-        params = pack("MultiMatVecParams", k=x2.shape[1], n_tokens=1, n_rows0=rows[0], n_rows1=rows[1],
+        T = x2.shape[0]         # one row per token (blockIdx.y), each summed as if alone
+        params = pack("MultiMatVecParams", k=x2.shape[1], n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                       n_rows2=rows[2], row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                       row_bytes2=ws[2].row_bytes)
         src_file = "matvec_f.cu" if w0.type in FLOAT_TYPES else "matvec_q.cu"
-        self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), 1), MV_WARPS * 32,
+        self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), T), MV_WARPS * 32,
                     ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                     smem=_stage_bytes(w0.type, x2.shape[1]))
 
@@ -902,7 +921,7 @@ class CudaBackend(Backend):
 
     def ffn_glu(self, x, w_gate, w_up, gelu=False):
         rows = x.size // x.shape[-1] if x.shape[-1] else 0
-        if rows != 1 or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 2:
+        if not self._decode_rows(rows) or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 2:
             return super().ffn_glu(x, w_gate, w_up, gelu)
         self._check_matrix(_f32(x, "ffn_glu"), w_gate, "ffn_glu", 2)
         h, hq = self._glu_matvec(x, w_gate, w_up, gelu)
@@ -929,7 +948,7 @@ class CudaBackend(Backend):
         ids = _i32(ids, "moe_ffn ids")
         weights = _f32(weights, "moe_ffn weights")
         T = x.shape[0] if x.ndim == 2 else 0
-        if (x.ndim != 2 or T != 1 or ids.shape != weights.shape or ids.shape[0] != 1
+        if (x.ndim != 2 or not self._decode_rows(T) or ids.shape != weights.shape or ids.shape[0] != T
                 or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 3
                 or w_down.type in FLOAT_TYPES or w_gate.shape[1] % 32 or ids.shape[-1] > MOE_MAX_USED):
             return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu)

@@ -1,0 +1,131 @@
+"""Batched decode (engine/batch.py): every sequence of a batch gets what it gets alone.
+
+On every synthetic model that decodes in batches, on both backends: sequences with prompts of
+different lengths decode together, one joining and one leaving part-way, and each one's greedy
+tokens equal those it generates alone through `Model.generate`; each batched step's logits
+equal the alone step's logits bit for bit (rows are computed as alone by construction, so this
+is an equality, not a tolerance). Architectures that do not batch yet are refused in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backends import cuda_available
+
+SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
+MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
+
+# (prompt length, tokens to generate, step at which the sequence joins the batch)
+PLAN = [(3, 12, 0), (9, 5, 0), (5, 9, 3), (12, 6, 6)]
+
+
+def _load(name: str, backend: str):
+    import engine
+    from engine import arch
+    from engine.gguf import GGUFFile
+    gf = GGUFFile(SYNTH / f"{name}.gguf")
+    arch_name = gf.architecture
+    gf.close()
+    if backend not in arch.backends(arch_name):
+        pytest.skip(f"{arch_name} is not yet supported on the {backend} backend")
+    return engine.load(str(SYNTH / f"{name}.gguf"), backend=backend, quiet=True)
+
+
+@pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in ("numpy", "cuda")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def model(request):
+    name, backend = request.param
+    if backend == "cuda" and not cuda_available():
+        pytest.skip("no CUDA device here: the CUDA batch runs on the GPU runner")
+    from engine.batch import supports_batched_decode
+    m = _load(name, backend)
+    if not supports_batched_decode(m):
+        pytest.skip(f"{m.gguf.architecture} does not decode in batches yet "
+                    f"(test_unbatched_architecture_is_refused checks the refusal)")
+    return m
+
+
+def _alone(model, prompt, n):
+    """Greedy tokens through Model.generate, and the logits of each step taken eagerly."""
+    from engine.sampling import SamplingParams
+    tokens = list(model.generate(prompt, n, SamplingParams(temperature=0.0), stop_at_eog=False,
+                                 session=model.new_session(64)))
+    s = model.new_session(64)
+    s.graphs = False
+    b = model.backend
+    logits = [b.to_numpy(s.prefill(prompt, device_logits=True))[-1].copy()]
+    for tok in tokens[:-1]:
+        logits.append(b.to_numpy(s.decode(tok))[-1].copy())
+    return tokens, logits
+
+
+def test_batched_decode_equals_alone(model, rng):
+    from engine.batch import BatchDecoder
+    b = model.backend
+    prompts = [[int(t) for t in rng.integers(0, model.config.n_vocab, n)] for n, _, _ in PLAN]
+    alone = [_alone(model, p, n) for p, (_, n, _) in zip(prompts, PLAN)]
+
+    dec = BatchDecoder(model)
+    sessions = [model.new_session(64) for _ in PLAN]
+    got = [[] for _ in PLAN]
+    got_logits = [[] for _ in PLAN]
+    nxt = [None] * len(PLAN)
+    sizes = set()
+    step = 0
+    while any(len(g) < n for g, (_, n, _) in zip(got, PLAN)):
+        active = []
+        for i, (p, (_, n, join)) in enumerate(zip(prompts, PLAN)):
+            if step == join:                      # joins: its prompt alone, then the batch
+                row = b.to_numpy(sessions[i].prefill(p, device_logits=True))[-1].copy()
+                got_logits[i].append(row)
+                nxt[i] = int(np.argmax(row))
+                got[i].append(nxt[i])
+            elif join < step and len(got[i]) < n:
+                active.append(i)
+        if active:
+            sizes.add(len(active))
+            logits = b.to_numpy(dec.step([sessions[i] for i in active], [nxt[i] for i in active]))
+            for row, i in zip(logits, active):
+                got_logits[i].append(row.copy())
+                nxt[i] = int(np.argmax(row))
+                got[i].append(nxt[i])
+        step += 1
+    assert max(sizes) >= 3, f"the plan never batched three sequences (batch sizes {sorted(sizes)})"
+    for i, ((tokens, logits), g, gl) in enumerate(zip(alone, got, got_logits)):
+        assert g == tokens, f"sequence {i}: batched tokens {g} differ from alone {tokens}"
+        for j, (a, c) in enumerate(zip(logits, gl)):
+            assert np.array_equal(a, c), (f"sequence {i} step {j}: batched logits differ from "
+                                          f"alone (max |diff| {np.abs(a - c).max():.3g})")
+    for i, s in enumerate(sessions):
+        assert s.n_past == len(prompts[i]) + PLAN[i][1] - 1
+
+
+def test_batched_step_refuses_bad_input(model):
+    from engine.batch import BatchDecoder
+    from engine.errors import BrassError
+    dec = BatchDecoder(model)
+    s = model.new_session(4)
+    s.prefill([1, 2, 3])
+    with pytest.raises(BrassError, match="one token per session"):
+        dec.step([s], [1, 2])
+    with pytest.raises(BrassError, match="twice"):
+        dec.step([s, s], [1, 2])
+    with pytest.raises(BrassError, match="token ids"):
+        dec.step([s], [model.config.n_vocab])
+    dec.step([s], [1])                             # fills the 4th and last slot
+    with pytest.raises(BrassError, match="exceed the context"):
+        dec.step([s], [1])
+    assert s.n_past == 4
+
+
+@pytest.mark.parametrize("name", [m for m in MODELS if "qwen35" in m])
+def test_unbatched_architecture_is_refused(name):
+    from engine.batch import BatchDecoder
+    from engine.errors import UnsupportedError
+    m = _load(name, "numpy")
+    with pytest.raises(UnsupportedError, match="does not decode sequences in batches yet"):
+        BatchDecoder(m)
