@@ -33,6 +33,9 @@ BACKENDS = ("numpy",)
 
 FULL_ATTENTION_INTERVAL = 4     # llama.cpp's default when the file has no interval key
 
+# Decodes several sequences in one step: attention rows and delta-net recurrences per sequence.
+BATCHED_DECODE = True
+
 
 def configure(cfg, gf):
     a = cfg.arch
@@ -108,14 +111,24 @@ def gated_attention(f: common.Forward, il: int, x):
                                  w(p + "attn_v.weight")])
     qg = qg.reshape(T, H, 2 * hd)
     q, gate = qg[:, :, :hd], qg[:, :, hd:]
-    k_cache, v_cache = f.cache.layer(il)
-    q, k = b.rope_store(q, k.reshape(T, Hkv, hd), v.reshape(T, Hkv, cfg.head_dim_v), f.pos,
-                        k_cache, v_cache, q_norm=w(p + "attn_q_norm.weight"),
-                        k_norm=w(p + "attn_k_norm.weight"), eps=cfg.norm_eps, n_rot=cfg.n_rot,
-                        base=cfg.rope_base, neox=True, freq_scale=cfg.rope_freq_scale)
+    rope = dict(q_norm=w(p + "attn_q_norm.weight"), k_norm=w(p + "attn_k_norm.weight"),
+                eps=cfg.norm_eps, n_rot=cfg.n_rot, base=cfg.rope_base, neox=True,
+                freq_scale=cfg.rope_freq_scale)
+    k, v = k.reshape(T, Hkv, hd), v.reshape(T, Hkv, cfg.head_dim_v)
+    batch = getattr(f.cache, "sequences", None)     # a batched decode step: a row per sequence
+    if batch is None:
+        k_cache, v_cache = f.cache.layer(il)
+        q, k = b.rope_store(q, k, v, f.pos, k_cache, v_cache, **rope)
+    else:
+        layers = [c.layer(il) for c in batch]
+        q, k = b.rope_store_rows(q, k, v, f.pos, layers, **rope)
     f.cb(q, "Qcur", il)
     f.cb(k, "Kcur", il)
-    o = f.cb(b.attention(q, k_cache, v_cache, f.pos, cfg.attn_scale), "attn_pregate", il)
+    if batch is None:
+        o = b.attention(q, k_cache, v_cache, f.pos, cfg.attn_scale)
+    else:
+        o = b.attention_rows(q, layers, f.pos, cfg.attn_scale)
+    o = f.cb(o, "attn_pregate", il)
     o = f.cb(b.sigmoid_gate(o, gate.reshape(T, H * hd)), "attn_gated", il)
     return b.matmul(o, w(p + "attn_output.weight"))
 
@@ -131,14 +144,33 @@ def delta_net(f: common.Forward, il: int, x):
     beta = f.cb(b.sigmoid(beta), "beta_sigmoid", il)
     g = b.mul(b.softplus(b.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))
     f.cb(g, "gate", il)
-    conv_state, state = f.cache.recurrent.layer(il)
-    a = b.silu(b.ssm_conv(qkv, conv_state, w(p + "ssm_conv1d.weight")))
-    f.cb(a, "conv_output_silu", il)
+    # The rows of each sequence with its own states: all rows of the one sequence, or in a
+    # batched decode step one row per sequence (the recurrences run per sequence, as alone).
+    batch = getattr(f.cache, "sequences", None)
+    seqs = [] if batch is None else [(slice(r, r + 1), c) for r, c in enumerate(batch)]
+    w_conv = w(p + "ssm_conv1d.weight")
+    if batch is None:
+        c = b.ssm_conv(qkv, f.cache.recurrent.layer(il)[0], w_conv)
+    else:
+        c = b.empty(qkv.shape)
+        for rows, cache in seqs:
+            c[rows] = b.ssm_conv(qkv[rows], cache.recurrent.layer(il)[0], w_conv)
+    a = f.cb(b.silu(c), "conv_output_silu", il)
     kd = Hk * D
     q = f.cb(b.l2_norm(a[:, :kd].reshape(T, Hk, D), cfg.norm_eps), "q_conv_predelta", il)
     k = f.cb(b.l2_norm(a[:, kd:2 * kd].reshape(T, Hk, D), cfg.norm_eps), "k_conv_predelta", il)
     v = a[:, 2 * kd:].reshape(T, Hv, D)
-    o = f.cb(b.gated_delta_net(q, k, v, g, beta, state), "attn_output", il)
+    if batch is None:
+        o = b.gated_delta_net(q, k, v, g, beta, f.cache.recurrent.layer(il)[1])
+    else:
+        o = None
+        for rows, cache in seqs:
+            o_r = b.gated_delta_net(q[rows], k[rows], v[rows], g[rows], beta[rows],
+                                    cache.recurrent.layer(il)[1])
+            if o is None:
+                o = b.empty((T, *o_r.shape[1:]))
+            o[rows] = o_r
+    o = f.cb(o, "attn_output", il)
     y = b.rms_norm_gated(o, w(p + "ssm_norm.weight"), z.reshape(T, Hv, D), cfg.norm_eps)
     y = f.cb(y.reshape(T, Hv * D), "final_output", il)
     return b.matmul(y, w(p + "ssm_out.weight"))

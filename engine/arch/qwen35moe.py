@@ -9,6 +9,7 @@ from ..errors import UnsupportedError
 from . import common, qwen35
 
 BACKENDS = qwen35.BACKENDS
+BATCHED_DECODE = qwen35.BATCHED_DECODE
 
 
 def configure(cfg, gf):
