@@ -30,8 +30,8 @@ from engine.backends import cuda_available
 from engine.backends.base import Backend
 from engine.errors import BrassError, UnsupportedError
 from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-from kernels.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, OP_BOUNDS, RMS_NORM,
-                           TRANSCENDENTAL,
+from kernels.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, OP_BOUNDS, RECURRENCE,
+                           RMS_NORM, TRANSCENDENTAL,
                            WEIGHT_TYPES, cuda_reference, nmse, random_weight_file, write_gguf)
 
 pytestmark = pytest.mark.skipif(
@@ -537,3 +537,58 @@ def test_attention_writes_q8_of_its_output(cuda, rng):
     q = cuda.asarray(rng.uniform(-1, 1, (T, H, Dh)).astype(F32))
     out = cuda.attention(q, *cache, cuda.asarray(np.array([4, 5, 6], np.int32)), 0.125)
     assert_q8_of(cuda, out, "attention")
+
+
+# -- gated delta-net ops (hybrid models) ----------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["sigmoid", "softplus", "silu"])
+def test_unary(cuda, ref, rng, op, record_property):
+    # beyond +-20 too: softplus's identity branch, exp overflow to inf in sigmoid/silu
+    x = rng.uniform(-30, 30, (7, 1001)).astype(F32)
+    got = cuda.to_numpy(getattr(cuda, op)(cuda.asarray(x)))
+    check(got, getattr(ref, op)(x), TRANSCENDENTAL, record_property)
+
+
+@pytest.mark.parametrize("T", [1, 7])
+def test_ssm_conv_and_its_state(cuda, ref, rng, tmp_path, T, record_property):
+    C, K = 300, 4
+    gf = weights(tmp_path, rng, {"conv": (GGMLType.F32, (C, K))})
+    x = rng.uniform(-1, 1, (T, C)).astype(F32)
+    state = rng.uniform(-1, 1, (K - 1, C)).astype(F32)
+    want_state = state.copy()
+    want = ref.ssm_conv(x, want_state, ref.weight(gf, "conv"))
+    dev_state = cuda.asarray(state)
+    got = cuda.to_numpy(cuda.ssm_conv(cuda.asarray(x), dev_state, cuda.weight(gf, "conv")))
+    check(got, want, EXACT, record_property)
+    check(cuda.to_numpy(dev_state), want_state, EXACT, record_property, "state")
+    assert not np.array_equal(want_state, state), "the reference did not move the window"
+
+
+@pytest.mark.parametrize("T,Hk,Hv,D", [(1, 2, 4, 32), (9, 2, 6, 32), (1, 16, 32, 128), (5, 4, 8, 128)])
+def test_gated_delta_net(cuda, ref, rng, T, Hk, Hv, D, record_property):
+    def unit(a):          # L2-normed q and k, as the layer gives them
+        return (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(F32)
+    q = unit(rng.standard_normal((T, Hk, D)).astype(F32))
+    k = unit(rng.standard_normal((T, Hk, D)).astype(F32))
+    v = rng.uniform(-1, 1, (T, Hv, D)).astype(F32)
+    g = -rng.uniform(0.01, 2, (T, Hv)).astype(F32)       # softplus(.) * ssm_a <= 0
+    beta = rng.uniform(0, 1, (T, Hv)).astype(F32)
+    state = rng.uniform(-0.5, 0.5, (Hv, D, D)).astype(F32)
+    want_state = state.copy()
+    want = ref.gated_delta_net(q, k, v, g, beta, want_state)
+    dev_state = cuda.asarray(state)
+    got = cuda.gated_delta_net(*(cuda.asarray(a) for a in (q, k, v, g, beta)), dev_state)
+    check(cuda.to_numpy(got), want, RECURRENCE, record_property)
+    check(cuda.to_numpy(dev_state), want_state, RECURRENCE, record_property, "state")
+
+
+def test_delta_net_ops_refuse_bad_state(cuda, rng, tmp_path):
+    gf = weights(tmp_path, rng, {"conv": (GGMLType.F32, (64, 4))})
+    x = cuda.asarray(rng.uniform(-1, 1, (2, 64)).astype(F32))
+    with pytest.raises(BrassError, match="state must be"):
+        cuda.ssm_conv(x, cuda.asarray(np.zeros((2, 64), F32)), cuda.weight(gf, "conv"))
+    q = cuda.asarray(np.ones((1, 2, 48), F32))
+    v = cuda.asarray(np.ones((1, 4, 48), F32))
+    gb = cuda.asarray(np.ones((1, 4), F32))
+    with pytest.raises(UnsupportedError, match="state size 48"):
+        cuda.gated_delta_net(q, q, v, gb, gb, cuda.asarray(np.zeros((4, 48, 48), F32)))

@@ -68,6 +68,12 @@ REQUANTIZED = 1e-8
 # roped values, compared separately); ffn_glu as the mat-vecs and SiLU, or with GELU as
 # GELU's rounding of a mat-vec's output (ffn_glu_gelu); moe_route as the softmax (ids exactly); moe_ffn as
 # the mat-vecs.
+# The gated delta rule: dot products of D float32 terms summed sequentially on the GPU and
+# pairwise (einsum) in numpy, expf against numpy's exp; each ~D * 2^-24 relative at worst, so
+# NMSE ~1e-12 per token, compounded over a few tokens of state updates. A wrong head mapping,
+# a missing decay or a state not carried gives O(1).
+RECURRENCE = 1e-10
+
 OP_BOUNDS = {
     "embed": EXACT, "add": EXACT, "mul": EXACT, "scale": EXACT, "weighted_sum": EXACT,
     "take_rows": EXACT, "topk": EXACT, "argmax": EXACT, "kv_store": EXACT,
@@ -76,6 +82,8 @@ OP_BOUNDS = {
     "geglu": F16_ROUNDED, "attention": ATTENTION,
     "add_rms_norm": RMS_NORM, "rope_store": TRANSCENDENTAL, "ffn_glu": max(MATMUL, TRANSCENDENTAL), "ffn_glu_gelu": F16_INPUT_ROUNDED,
     "moe_route": TRANSCENDENTAL, "moe_ffn": REQUANTIZED,
+    "sigmoid": TRANSCENDENTAL, "softplus": TRANSCENDENTAL, "silu": TRANSCENDENTAL,
+    "ssm_conv": EXACT, "gated_delta_net": RECURRENCE,
 }
 
 

@@ -207,3 +207,28 @@ struct GatherParams {
     int n_src_rows;
     int pad0;
 };
+
+// ssm.cu: unary activations of the delta-net layers (op 0 sigmoid, 1 softplus, 2 silu).
+struct UnaryParams {
+    long long n;
+    int op;
+    int pad0;
+};
+
+// ssm.cu ssm_conv: x [n_tokens, n_channels], state [kernel - 1, n_channels], w [n_channels, kernel].
+struct SsmConvParams {
+    int n_tokens;
+    int n_channels;
+    int kernel;
+    int pad0;
+};
+
+// ssm.cu gated_delta_net_<D>: q, k [n_tokens, n_k_heads, D], v [n_tokens, n_v_heads, D],
+// g, beta [n_tokens, n_v_heads], state [n_v_heads, D, D].
+struct GatedDeltaNetParams {
+    int n_tokens;
+    int n_v_heads;
+    int n_k_heads;
+    int head_dim;
+};
+

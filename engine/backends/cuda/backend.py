@@ -59,6 +59,8 @@ MV_WARPS, MV_ROWS = 8, 1
 GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = one Q8_1 block of h
 DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts over the warps
 MOE_MAX_USED = 64
+SSM_CONV_THREADS = 128
+GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: a block of D threads, a state row each
 MAX_DECODE_BATCH = 64               # rows a batched decode step takes through the decode kernels
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
@@ -115,6 +117,8 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("fused.cu", k) for k in ("add_rms_norm", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
+    ks += [("ssm.cu", "unary"), ("ssm.cu", "ssm_conv")]
+    ks += [("ssm.cu", f"gated_delta_net_{d}") for d in GDN_HEAD_DIMS]
     return ks
 
 
@@ -701,6 +705,73 @@ class CudaBackend(Backend):
             self.launch("elementwise.cu", "scale", _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
                         params=pack("ScaleParams", n=x.size, s=s))
         return y
+
+    # -- gated delta-net (hybrid models) -------------------------------------------------------
+    def _unary(self, x, op: int, what: str):
+        x = _f32(x, what)
+        y = self._out(x.shape)
+        if x.size:
+            self.launch("ssm.cu", "unary", _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
+                        params=pack("UnaryParams", n=x.size, op=op))
+        return y
+
+    def sigmoid(self, x):
+        return self._unary(x, 0, "sigmoid")
+
+    def softplus(self, x):
+        return self._unary(x, 1, "softplus")
+
+    def silu(self, x):
+        return self._unary(x, 2, "silu")
+
+    @staticmethod
+    def _state(a, shape: tuple, what: str):
+        """A recurrent state the kernel updates in place: it must be that array itself."""
+        if not (isinstance(a, cupy.ndarray) and a.dtype == F32 and a.flags.c_contiguous
+                and a.shape == shape):
+            raise BrassError(f"{what}: the state must be a contiguous float32 device array of "
+                             f"shape {shape}, got {getattr(a, 'shape', type(a).__name__)}")
+        return a
+
+    def ssm_conv(self, x, conv_state, w):
+        x = _f32(x, "ssm_conv")
+        if x.ndim != 2 or not isinstance(w, CudaWeight) or w.type != GGMLType.F32 or len(w.shape) != 2:
+            raise BrassError(f"ssm_conv: expected x [T, C] and an F32 weight (C, K), got x "
+                             f"{x.shape} and {getattr(w, 'name', w)}")
+        T, C = x.shape
+        if w.shape[0] != C or w.shape[1] < 2:
+            raise BrassError(f"ssm_conv: weight {w.name} has shape {w.shape}, x has {C} channels")
+        K = w.shape[1]
+        self._state(conv_state, (K - 1, C), "ssm_conv")
+        y = self._out((T, C))
+        if T and C:
+            self.launch("ssm.cu", "ssm_conv", -(-C // SSM_CONV_THREADS), SSM_CONV_THREADS,
+                        x, conv_state, w.data, y,
+                        params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
+        return y
+
+    def gated_delta_net(self, q, k, v, g, beta, state):
+        q, k, v = _f32(q, "gated_delta_net q"), _f32(k, "gated_delta_net k"), _f32(v, "gated_delta_net v")
+        g, beta = _f32(g, "gated_delta_net g"), _f32(beta, "gated_delta_net beta")
+        if v.ndim != 3 or q.shape != k.shape or q.ndim != 3 or q.shape[0] != v.shape[0] \
+                or q.shape[2] != v.shape[2]:
+            raise BrassError(f"gated_delta_net: q {q.shape}, k {k.shape}, v {v.shape} do not "
+                             f"match ([T, Hk, D] and [T, Hv, D])")
+        T, Hv, D = v.shape
+        Hk = q.shape[1]
+        if Hv % Hk or g.shape != (T, Hv) or beta.shape != (T, Hv):
+            raise BrassError(f"gated_delta_net: {Hv} value heads over {Hk} key heads, g "
+                             f"{g.shape}, beta {beta.shape}")
+        if D not in GDN_HEAD_DIMS:
+            raise UnsupportedError(f"gated_delta_net: state size {D} is not supported on the "
+                                   f"cuda backend (supported: {', '.join(map(str, GDN_HEAD_DIMS))})")
+        self._state(state, (Hv, D, D), "gated_delta_net")
+        out = self._out((T, Hv, D))
+        if T:
+            self.launch("ssm.cu", f"gated_delta_net_{D}", Hv, D, q, k, v, g, beta, state, out,
+                        params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk,
+                                    head_dim=D))
+        return out
 
     def _glu(self, kernel: str, gate, up):
         gate, up = _f32(gate, kernel), _f32(up, kernel)
