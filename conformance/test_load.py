@@ -1,0 +1,72 @@
+"""The committed load generator (ci/load_test.py) against `brass serve` on the CPU: a smoke
+bound, not a speed bar. SmolLM2 on numpy, 4 concurrent streaming clients with --parallel 4:
+every request completes, none fails, tokens and timings are reported. On the GPU runner the
+same script drives brass serve and llama-server side by side (issue 11's load test)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+CLIENTS, MAX_TOKENS = 4, 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(real_model_path, tmp_path_factory):
+    pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
+    real_model_path(MODEL)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("load") / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", MODEL, "--backend", "numpy",
+                                 "--port", str(port), "--parallel", str(CLIENTS)],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"brass serve did not start:\n{log.read_text(errors='replace')}")
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}/v1"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_load_generator_against_brass_serve(url, tmp_path):
+    import json
+    out = tmp_path / "load.json"
+    r = subprocess.run([sys.executable, "ci/load_test.py", "--url", url, "--clients", str(CLIENTS),
+                        "--requests", "2", "--max-tokens", str(MAX_TOKENS), "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["completed"] == 2 * CLIENTS and res["failed"] == 0, res
+    # each request ends at max_tokens or at the end-of-generation token
+    assert 2 * CLIENTS <= res["generated_tokens"] <= 2 * CLIENTS * MAX_TOKENS, res
+    assert res["tokens_per_s"] > 0 and 0 < res["ttft_p50_s"] <= res["ttft_p99_s"], res
+
+
+def test_load_generator_names_a_missing_server():
+    r = subprocess.run([sys.executable, "ci/load_test.py", "--url", f"http://127.0.0.1:{_free_port()}/v1",
+                        "--timeout", "5"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "load_test:" in r.stderr and "Traceback" not in r.stderr, r.stderr
