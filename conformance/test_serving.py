@@ -1,0 +1,169 @@
+"""Continuous batching (engine/serving.py): requests decoded together get what they get alone.
+
+Requests with prompts of different lengths (one read in several chunks), more of them than
+run at once (so some wait), greedy and sampled with their own seeds: each one's tokens equal
+`Model.generate` alone. Also: the steps really were batched, a cancelled request leaves
+without disturbing the others, a failing request is told and the rest go on, a full queue
+refuses. numpy here; CUDA on the GPU runner.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.backends import cuda_available
+
+SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
+MODELS = ["synth-qwen3moe", "synth-gemma3", "synth-qwen35"]
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in ("numpy", "cuda")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def model(request):
+    import engine
+    from engine import arch
+    from engine.gguf import GGUFFile
+    name, backend = request.param
+    if backend == "cuda" and not cuda_available():
+        pytest.skip("no CUDA device here: the CUDA scheduler runs on the GPU runner")
+    gf = GGUFFile(SYNTH / f"{name}.gguf")
+    arch_name = gf.architecture
+    gf.close()
+    if backend not in arch.backends(arch_name):
+        pytest.skip(f"{arch_name} is not yet supported on the {backend} backend")
+    return engine.load(str(SYNTH / f"{name}.gguf"), backend=backend, quiet=True)
+
+
+def alone(model, req):
+    return list(model.generate(req.prompt_ids, req.max_tokens, req.sampling, stop_at_eog=False,
+                               session=model.new_session(len(req.prompt_ids) + req.max_tokens)))
+
+
+def alone_chunked(model, req, chunk):
+    """The request alone, its prompt read in chunks of `chunk` tokens as the scheduler reads it
+    (a prompt in pieces is not bit-identical to one pass: the GEMMs have other row counts)."""
+    from engine.sampling import Sampler
+    s = model.new_session(len(req.prompt_ids) + req.max_tokens)
+    s.graphs = False
+    sampler, history = Sampler(req.sampling), list(req.prompt_ids)
+    for i in range(0, len(req.prompt_ids), chunk):
+        logits = s.prefill(req.prompt_ids[i:i + chunk], device_logits=True)
+    out = []
+    for i in range(req.max_tokens):
+        tok = s.pick(logits, sampler, history)
+        out.append(tok)
+        history.append(tok)
+        if i + 1 < req.max_tokens:
+            logits = s.decode(tok)
+    return out
+
+
+def wait(reqs):
+    for r in reqs:
+        assert r.finished.wait(TIMEOUT), "a request did not finish"
+
+
+def test_batched_requests_equal_alone(model, rng):
+    from engine.sampling import SamplingParams
+    from engine.serving import BatchScheduler, Request
+    V = model.config.n_vocab
+
+    def prompt(n):
+        return [int(t) for t in rng.integers(0, V, n)]
+
+    reqs = [Request(prompt(5), 10), Request(prompt(23), 6), Request(prompt(3), 12),
+            Request(prompt(9), 8, SamplingParams(temperature=0.9, top_k=20, seed=7)),
+            Request(prompt(14), 9, SamplingParams(temperature=1.2, top_p=0.9, seed=123))]
+    sched = BatchScheduler(model, parallel=3)     # every prompt in one chunk, as generate reads it
+    try:
+        for r in reqs:
+            sched.submit(r)
+        wait(reqs)
+    finally:
+        sched.close()
+    assert sched.steps and sched.batch_rows / sched.steps > 1.5, \
+        f"the steps were hardly batched ({sched.batch_rows} rows in {sched.steps} steps)"
+    for i, r in enumerate(reqs):
+        assert r.error is None, f"request {i}: {r.error!r}"
+        want = alone(model, r)
+        assert r.tokens == want, f"request {i}: {r.tokens} served, {want} alone"
+
+
+def test_prompts_read_in_chunks_between_steps(model, rng):
+    """A long prompt is read a chunk per step while the others decode: each request gets what
+    it gets alone with its prompt read in the same chunks."""
+    from engine.sampling import SamplingParams
+    from engine.serving import BatchScheduler, Request
+    V = model.config.n_vocab
+    reqs = [Request([int(t) for t in rng.integers(0, V, 4)], 14),
+            Request([int(t) for t in rng.integers(0, V, 29)], 6),
+            Request([int(t) for t in rng.integers(0, V, 17)], 7, SamplingParams(temperature=1.0, seed=5))]
+    sched = BatchScheduler(model, parallel=3, prefill_chunk=6)
+    try:
+        for r in reqs:
+            sched.submit(r)
+        wait(reqs)
+    finally:
+        sched.close()
+    for i, r in enumerate(reqs):
+        assert r.error is None, f"request {i}: {r.error!r}"
+        want = alone_chunked(model, r, 6)
+        assert r.tokens == want, f"request {i}: {r.tokens} served, {want} alone in chunks"
+
+
+def test_cancel_and_failure_leave_the_others_alone(model, rng):
+    from engine.serving import BatchScheduler, Request
+    V = model.config.n_vocab
+
+    class Failing(Request):
+        def on_token(self, token):
+            if len(self.tokens) == 2:
+                raise RuntimeError("client handler broke")
+            return super().on_token(token)
+
+    class CancelAfter(Request):
+        def on_token(self, token):
+            if len(self.tokens) == 3:
+                self.cancelled.set()
+            return super().on_token(token)
+
+    keep = Request([int(t) for t in rng.integers(0, V, 6)], 12)
+    fail = Failing([int(t) for t in rng.integers(0, V, 4)], 12)
+    gone = CancelAfter([int(t) for t in rng.integers(0, V, 7)], 12)
+    sched = BatchScheduler(model, parallel=4, prefill_chunk=8)
+    try:
+        for r in (keep, fail, gone):
+            sched.submit(r)
+        wait((keep, fail, gone))
+    finally:
+        sched.close()
+    assert keep.error is None and keep.tokens == alone(model, keep)
+    assert isinstance(fail.error, RuntimeError) and len(fail.tokens) == 2
+    assert gone.error is None and 4 <= len(gone.tokens) < 12, gone.tokens
+    assert sched.counts() == (0, 0)
+
+
+def test_full_queue_refuses(model):
+    from engine.serving import BatchScheduler, Request
+    sched = BatchScheduler(model, parallel=1, max_waiting=2, start=False)   # nothing is taken
+    sched.submit(Request([1, 2], 4))
+    sched.submit(Request([1, 2], 4))
+    with pytest.raises(BatchScheduler.QueueFull, match="2 requests are already waiting"):
+        sched.submit(Request([1, 2], 4))
+    assert sched.counts() == (0, 2)
+    cancelled = Request([1], 1)
+    sched._waiting[0].cancelled.set()          # a client that left frees its place
+    sched.submit(cancelled)
+    assert sched.counts() == (0, 2)
+
+
+def test_bad_requests_are_refused():
+    from engine.errors import BrassError
+    from engine.serving import Request
+    with pytest.raises(BrassError, match="empty"):
+        Request([], 4)
+    with pytest.raises(BrassError, match="at least 1"):
+        Request([1], 0)

@@ -1,0 +1,209 @@
+"""Continuous batching: many requests decoded together, as a server needs it.
+
+`BatchScheduler` runs one worker thread over `Request`s. Each loop iteration admits waiting
+requests (up to `parallel` running), spends at most one prompt chunk (`prefill_chunk` tokens)
+on a request still reading its prompt, then takes one batched decode step (engine/batch.py)
+over every running request that has its next token: the weights are read once for all of them.
+A request joins the batch after its prompt and leaves when it ends or is cancelled, between
+steps, without disturbing the others: rows are computed as alone, so each request gets the
+tokens it would get by itself (greedy or sampled with its own seed).
+
+A long prompt is read in chunks between decode steps, so it delays the running requests by one
+chunk per step instead of by the whole prompt. A step of one request goes through the
+single-sequence path (`Session.decode`, a CUDA graph replay on the GPU), which gives the same
+logits as a batch row.
+
+The scheduler knows nothing of HTTP: a Request is told its tokens through `on_token(token) ->
+bool` (True: it is finished) and a failure through `on_error(exc)`; it reads `cancelled` (a
+threading.Event) to leave early.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from collections import deque
+
+import numpy as np
+
+from .batch import BatchDecoder, supports_batched_decode
+from .errors import BrassError
+from .sampling import Sampler, SamplingParams
+
+PREFILL_CHUNK = 256
+
+
+class Request:
+    """One generation: `prompt_ids`, at most `max_tokens`, `sampling`. Subclasses (the server's
+    jobs) override on_token / on_error; the defaults collect the tokens (tests, scripts)."""
+
+    def __init__(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None):
+        if not prompt_ids:
+            raise BrassError("the prompt is empty")
+        if max_tokens < 1:
+            raise BrassError(f"max_tokens must be at least 1, not {max_tokens}")
+        self.prompt_ids, self.max_tokens = list(prompt_ids), max_tokens
+        self.sampling = sampling or SamplingParams(temperature=0.0)
+        self.cancelled = threading.Event()
+        self.finished = threading.Event()
+        self.tokens: list[int] = []
+        self.error: BaseException | None = None
+
+    def on_token(self, token: int) -> bool:
+        self.tokens.append(token)
+        return len(self.tokens) >= self.max_tokens
+
+    def on_error(self, exc: BaseException):
+        self.error = exc
+
+
+class _Running:
+    """A request's place in the worker: its session, sampler, history, next token."""
+
+    def __init__(self, req: Request, model):
+        self.req = req
+        self.session = model.new_session(len(req.prompt_ids) + req.max_tokens)
+        self.sampler = Sampler(req.sampling)
+        self.history = list(req.prompt_ids)
+        self.read = 0                   # prompt tokens prefilled so far
+        self.next: int | None = None    # the token to feed at the next step
+        self.generated = 0
+
+
+class BatchScheduler:
+    """The worker thread. `submit` queues (a full queue raises QueueFull); `counts()` gives
+    (running, waiting); `tokens_generated` and `steps` / `batch_rows` count the work done."""
+
+    class QueueFull(BrassError):
+        pass
+
+    def __init__(self, model, parallel: int = 4, max_waiting: int = 64,
+                 prefill_chunk: int = PREFILL_CHUNK, start: bool = True):
+        if parallel < 1:
+            raise BrassError(f"parallel must be at least 1, not {parallel}")
+        self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.batch = BatchDecoder(model) if parallel > 1 and supports_batched_decode(model) else None
+        self._cv = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._running: list[_Running] = []
+        self.tokens_generated = 0
+        self.steps = 0                  # decode steps taken
+        self.batch_rows = 0             # rows over all decode steps (mean batch = rows / steps)
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="brass-batch", daemon=True)
+        if start:
+            self._thread.start()
+
+    # -- the API --------------------------------------------------------------------------------
+    def submit(self, req: Request):
+        with self._cv:
+            self._waiting = deque(r for r in self._waiting if not r.cancelled.is_set())
+            if len(self._waiting) >= self.max_waiting:
+                raise self.QueueFull(f"the server is busy: {len(self._waiting)} requests are "
+                                     f"already waiting; retry later")
+            self._waiting.append(req)
+            self._cv.notify()
+
+    def counts(self) -> tuple[int, int]:
+        with self._cv:
+            return len(self._running), sum(not r.cancelled.is_set() for r in self._waiting)
+
+    def close(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+
+    # -- the worker -----------------------------------------------------------------------------
+    def _loop(self):
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                while self._waiting and len(self._running) < self.parallel:
+                    req = self._waiting.popleft()
+                    if not req.cancelled.is_set():
+                        self._running.append(_Running(req, self.model))
+            try:
+                self.run_once()
+            except Exception:       # a fault of ours outside any one request: keep serving
+                traceback.print_exc(file=sys.stderr)
+
+    def run_once(self):
+        """One iteration: drop cancelled requests, one prompt chunk, one decode step."""
+        for r in [r for r in self._running if r.req.cancelled.is_set()]:
+            self._end(r)
+        reading = next((r for r in self._running if r.next is None), None)
+        if reading is not None:
+            self._guard(reading, self._prefill_chunk, reading)
+        ready = [r for r in self._running if r.next is not None]
+        if ready:
+            self._decode(ready)
+
+    def _prefill_chunk(self, r: _Running):
+        ids = r.req.prompt_ids[r.read:r.read + self.prefill_chunk]
+        logits = r.session.prefill(ids, device_logits=True)
+        r.read += len(ids)
+        if r.read == len(r.req.prompt_ids):
+            self._accept(r, r.session.pick(logits, r.sampler, r.history))
+
+    def _decode(self, ready: list[_Running]):
+        b = self.model.backend
+        self.steps += 1
+        self.batch_rows += len(ready)
+        if len(ready) == 1 or self.batch is None:
+            for r in ready:
+                self._guard(r, lambda r: self._accept(r, r.session.pick(r.session.decode(r.next),
+                                                                       r.sampler, r.history)), r)
+            return
+        try:
+            logits = self.batch.step([r.session for r in ready], [r.next for r in ready])
+            with b.activate():
+                rows = b.to_numpy(logits)
+        except Exception as e:                    # the step failed for all its rows
+            for r in ready:
+                self._fail(r, e)
+            return
+        for r, row in zip(ready, rows):
+            self._guard(r, lambda r: self._accept(r, _pick(row, r.sampler, r.history)), r)
+
+    def _accept(self, r: _Running, token: int):
+        r.history.append(token)
+        r.generated += 1
+        self.tokens_generated += 1
+        done = r.req.on_token(token) or r.generated >= r.req.max_tokens
+        if done:
+            self._end(r)
+        else:
+            r.next = token
+
+    def _guard(self, r: _Running, fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:
+            self._fail(r, e)
+
+    def _fail(self, r: _Running, e: BaseException):
+        if not isinstance(e, BrassError):
+            traceback.print_exc(file=sys.stderr)
+        try:
+            r.req.on_error(e)
+        finally:
+            self._end(r)
+
+    def _end(self, r: _Running):
+        if r in self._running:
+            with self._cv:
+                self._running.remove(r)
+        r.req.finished.set()
+
+
+def _pick(row: np.ndarray, sampler: Sampler, history: list[int]) -> int:
+    """The token of one row of host logits, as Session.pick chooses it on the device."""
+    p = sampler.p
+    if p.greedy and p.repetition_penalty == 1.0:
+        return int(np.argmax(row))
+    return sampler(row, history)
