@@ -132,3 +132,30 @@ def test_unbatched_architecture_is_refused():
                                  gguf=types.SimpleNamespace(architecture="future"))
     with pytest.raises(UnsupportedError, match="future does not decode sequences in batches yet"):
         BatchDecoder(fake)
+
+
+def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
+    """On CUDA a batched step writes and reads every row's cache in one launch per layer
+    (cache addresses in device arrays); the base class's loop over the rows is the reference.
+    Same logits bit for bit, and the same caches afterwards."""
+    if model.backend.name != "cuda":
+        pytest.skip("the row kernels are the CUDA backend's (numpy runs the loop)")
+    from engine.backends.cuda import backend as cuda_backend
+    from engine.batch import BatchDecoder
+    b = model.backend
+    V = model.config.n_vocab
+    prompts = [[int(t) for t in rng.integers(0, V, n)] for n in (4, 11, 7)]
+    follow = [int(t) for t in rng.integers(0, V, 3)]
+    results = []
+    for row_kernels in (False, True):
+        monkeypatch.setattr(cuda_backend, "ROW_KERNELS", row_kernels)
+        sessions = [model.new_session(32) for _ in prompts]
+        for s, p in zip(sessions, prompts):
+            s.prefill(p)
+        logits = b.to_numpy(BatchDecoder(model).step(sessions, follow)).copy()
+        caches = [[b.to_numpy(a).copy() for a in s.cache.k + s.cache.v if a is not None] for s in sessions]
+        results.append((logits, caches))
+    (l0, c0), (l1, c1) = results
+    assert np.array_equal(l0, l1), f"max |diff| {np.abs(l0 - l1).max():.3g}"
+    for i, (a, b_) in enumerate(zip(c0, c1)):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b_)), f"sequence {i}: caches differ"

@@ -29,10 +29,12 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __res
 // One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
 // blocks (the input of the output projection), quantized here so that no separate kernel has
 // to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
+// per_row: token t reads the caches at k_rows[t] / v_rows[t] (each row its own sequence, all
+// of capacity >= its position; capacity is the largest) instead of k_cache / v_cache.
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
           const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
-          const AttentionParams p) {
+          const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows, const AttentionParams p) {
     extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
@@ -42,6 +44,10 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
 
     const int h = blockIdx.x, t = blockIdx.y;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    if (p.per_row) {                          // a batched decode step: token t's own sequence
+        k_cache = (const u16 *) k_rows[t];
+        v_cache = (const u16 *) v_rows[t];
+    }
     const int h_kv = h / (p.n_heads / p.n_kv_heads);
     const int hi = min(pos[t], p.capacity - 1);
     const int lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;

@@ -9,6 +9,7 @@ typedef signed char    i8;
 typedef unsigned short u16;
 typedef unsigned int   u32;
 typedef long long      i64;
+typedef unsigned long long u64;
 
 #define WARP_SIZE 32
 #define QK8_1 32

@@ -57,15 +57,21 @@ add_rms_norm(const float * __restrict__ a, const float * __restrict__ b, const f
 // Blocks [0, H) of a token take its query heads, [H, H + H_kv) its key heads and
 // [H + H_kv, H + 2 H_kv) its value heads. q (and k) heads: optional RMS norm over the head
 // (double sum of squares, as rms_norm), then rope; q goes to q_out, k to the F16 cache at
-// slot pos[t] (and to k_out when write_k); v heads go to their cache as they are.
+// slot pos[t] (and to k_out when write_k); v heads go to their cache as they are. per_row:
+// token t's caches are at k_rows[t] / v_rows[t] (a batched decode step).
 extern "C" __global__ void __launch_bounds__(ROPE_STORE_THREADS)
 rope_store(const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
            const float * __restrict__ qn, const float * __restrict__ kn, const int * __restrict__ pos,
            float * __restrict__ q_out, float * __restrict__ k_out, u16 * __restrict__ k_cache,
-           u16 * __restrict__ v_cache, const RopeStoreParams p) {
+           u16 * __restrict__ v_cache, const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows,
+           const RopeStoreParams p) {
     extern __shared__ float row[];          // [head_dim]: the head after its norm
     __shared__ double partial[ROPE_STORE_THREADS / WARP_SIZE];
     const int t = blockIdx.y, hb = blockIdx.x;
+    if (p.per_row) {                        // a batched decode step: token t's own sequence
+        k_cache = (u16 *) k_rows[t];
+        v_cache = (u16 *) v_rows[t];
+    }
     const int slot = pos[t];
     const bool slot_ok = slot >= 0 && slot < p.capacity;
     if (hb >= p.n_heads + p.n_kv_heads) {

@@ -85,6 +85,8 @@ struct AttentionParams {
     int window;           // 0: none; else key s is visible when pos - s < window
     float scale;
     int write_q8;         // also write the output as Q8_1 blocks (head_dim_v a multiple of 32)
+    int per_row;          // token t reads the caches at k_rows[t] / v_rows[t] (batched decode)
+    int pad0;
 };
 
 struct RowParams {
@@ -164,6 +166,8 @@ struct RopeStoreParams {
     float eps;
     int capacity;         // cache slots; positions outside [0, capacity) are not written
     int write_k;          // also write the roped keys as float32 (for the trace)
+    int per_row;          // token t writes the caches at k_rows[t] / v_rows[t] (batched decode)
+    int pad0;
 };
 
 // MoE router: softmax over the experts, top-k, the chosen weights optionally renormalised

@@ -62,6 +62,9 @@ MOE_MAX_USED = 64
 SSM_CONV_THREADS = 128
 GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: a block of D threads, a state row each
 MAX_DECODE_BATCH = 64               # rows a batched decode step takes through the decode kernels
+# Batched decode steps write and read each row's KV cache through device arrays of the rows'
+# cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
+ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -821,7 +824,29 @@ class CudaBackend(Backend):
                         x, pos, cache,
                         params=pack("KvStoreParams", n_tokens=T, row_elems=row, capacity=cache.shape[0]))
 
-    def attention(self, q, k_cache, v_cache, pos, scale, window=0):
+    def _row_pointers(self, layers, what: str):
+        """Device arrays of the K and V cache addresses of a batched step's rows, after
+        checking that every row's caches have the first row's layout."""
+        k0, v0 = layers[0]
+        for kc, vc in layers:
+            if (kc.dtype != F16 or vc.dtype != F16 or not kc.flags.c_contiguous or not vc.flags.c_contiguous
+                    or kc.shape[1:] != k0.shape[1:] or vc.shape[1:] != v0.shape[1:]
+                    or kc.shape[0] != vc.shape[0]):
+                raise BrassError(f"{what}: the rows' caches differ in layout ({kc.shape} / {vc.shape} "
+                                 f"against {k0.shape} / {v0.shape})")
+        ptrs = np.array([[kc.data.ptr for kc, _ in layers], [vc.data.ptr for _, vc in layers]], np.uint64)
+        dev = cupy.asarray(ptrs)
+        return dev[0], dev[1]
+
+    def attention_rows(self, q, layers, pos, scale, window=0):
+        if not ROW_KERNELS or len(layers) == 1:
+            return super().attention_rows(q, layers, pos, scale, window)
+        k0, v0 = layers[0]
+        if q.shape[0] != len(layers):
+            raise BrassError(f"attention_rows: {q.shape[0]} rows for {len(layers)} caches")
+        return self.attention(q, k0, v0, pos, scale, window, row_caches=layers)
+
+    def attention(self, q, k_cache, v_cache, pos, scale, window=0, row_caches=None):
         q = _f32(q, "attention")
         pos = _i32(pos, "attention pos")
         if q.ndim != 3 or k_cache.ndim != 3 or v_cache.ndim != 3:
@@ -835,16 +860,21 @@ class CudaBackend(Backend):
             raise BrassError("attention: the KV cache must be float16")
         if Dh % 2 or Dv % 2:
             raise BrassError(f"attention: head dims {Dh}/{Dv} must be even")
-        n_slots = min(cap, window) if window > 0 else cap
         out = self._out((T, H * Dv), F32)
         write_q8 = Dv % 32 == 0
         out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
+        rows = self._row_pointers(row_caches, "attention") if row_caches is not None else None
+        if rows is not None:
+            cap = max(kc.shape[0] for kc, _ in row_caches)
+        n_slots = min(cap, window) if window > 0 else cap
         params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv,
-                      capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=int(write_q8))
+                      capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=int(write_q8),
+                      per_row=int(rows is not None))
         if T:
             smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
+            k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
             self.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, k_cache, v_cache, pos, out, out_q,
-                        params=params, smem=smem)
+                        k_rows, v_rows, params=params, smem=smem)
         if T and write_q8:
             self._remember_q8(out, out_q)
         return out
@@ -929,8 +959,15 @@ class CudaBackend(Backend):
                 self._remember_q8(y, yq)
         return s, y
 
+    def rope_store_rows(self, q, k, v, pos, layers, **kw):
+        if not ROW_KERNELS or len(layers) == 1:
+            return super().rope_store_rows(q, k, v, pos, layers, **kw)
+        if q.shape[0] != len(layers):
+            raise BrassError(f"rope_store_rows: {q.shape[0]} rows for {len(layers)} caches")
+        return self.rope_store(q, k, v, pos, *layers[0], row_caches=layers, **kw)
+
     def rope_store(self, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox,
-                   freq_scale=1.0):
+                   freq_scale=1.0, row_caches=None):
         q, k, v = _f32(q, "rope_store q"), _f32(k, "rope_store k"), _f32(v, "rope_store v")
         pos = _i32(pos, "rope_store pos")
         if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or pos.shape != (q.shape[0],):
@@ -951,15 +988,18 @@ class CudaBackend(Backend):
                 raise BrassError(f"rope_store: the {what} norm weight must have shape ({Dh},)")
         theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
         q_out, k_out = self._out(q.shape), self._out(k.shape)
+        rows = self._row_pointers(row_caches, "rope_store") if row_caches is not None else None
+        capacity = max(kc.shape[0] for kc, _ in row_caches) if rows is not None else k_cache.shape[0]
         if T:
+            k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
             self.launch("fused.cu", "rope_store", (H + 2 * Hkv, T), ROPE_STORE_THREADS,
                         q, k, v, q if q_norm is None else q_norm.dense, k if k_norm is None else k_norm.dense,
-                        pos, q_out, k_out, k_cache, v_cache,
+                        pos, q_out, k_out, k_cache, v_cache, k_rows, v_rows,
                         params=pack("RopeStoreParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
                                     head_dim_v=Dv, n_rot=n_rot, theta_scale=theta_scale,
                                     freq_scale=freq_scale, neox=int(bool(neox)),
                                     q_norm=int(q_norm is not None), k_norm=int(k_norm is not None),
-                                    eps=eps, capacity=k_cache.shape[0], write_k=1),
+                                    eps=eps, capacity=capacity, write_k=1, per_row=int(rows is not None)),
                         smem=4 * Dh)
         return q_out, k_out
 
@@ -1102,6 +1142,8 @@ def _on_own_stream(method):
 for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_many", "matmul_id",
               "embed", "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
               "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
-              "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance"):
+              "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
+              "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
+              "rope_store_rows"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
