@@ -1,7 +1,9 @@
-"""The committed load generator (ci/load_test.py) against `brass serve` on the CPU: a smoke
-bound, not a speed bar. SmolLM2 on numpy, 4 concurrent streaming clients with --parallel 4:
-every request completes, none fails, tokens and timings are reported. On the GPU runner the
-same script drives brass serve and llama-server side by side (issue 11's load test)."""
+"""The committed load generator (ci/load_test.py) and soak script (ci/soak.py) against `brass
+serve` on the CPU: smoke bounds, not speed bars. SmolLM2 on numpy with --parallel 4: 4
+concurrent streaming clients all complete; a short soak with clients dropping their streams
+mid-way and 100 idle connections held open fails no request and /health still answers within
+a second. On the GPU runner the same scripts drive brass serve and llama-server side by side
+for longer (issue 11)."""
 
 from __future__ import annotations
 
@@ -47,13 +49,14 @@ def url(real_model_path, tmp_path_factory):
             proc.kill()
             pytest.fail(f"brass serve did not start:\n{log.read_text(errors='replace')}")
         time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/v1"
+    yield f"http://127.0.0.1:{port}/v1", proc.pid
     proc.terminate()
     proc.wait(timeout=30)
 
 
 def test_load_generator_against_brass_serve(url, tmp_path):
     import json
+    url, _ = url
     out = tmp_path / "load.json"
     r = subprocess.run([sys.executable, "ci/load_test.py", "--url", url, "--clients", str(CLIENTS),
                         "--requests", "2", "--max-tokens", str(MAX_TOKENS), "--json", str(out)],
@@ -70,3 +73,18 @@ def test_load_generator_names_a_missing_server():
     r = subprocess.run([sys.executable, "ci/load_test.py", "--url", f"http://127.0.0.1:{_free_port()}/v1",
                         "--timeout", "5"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "load_test:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_soak_with_dropped_streams_and_idle_connections(url, tmp_path):
+    import json
+    url, pid = url
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, "ci/soak.py", "--url", url[:-len("/v1")], "--clients", "4",
+                        "--seconds", "6", "--disconnect", "0.5", "--idle", "100", "--pid", str(pid),
+                        "--sample", "1", "--warmup", "2", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = json.loads(out.read_text()) if out.exists() else None
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert res["failed"] == 0 and res["completed"] + res["dropped"] >= 4, res
+    assert res["health_s_with_idle"] is not None and res["health_s_with_idle"] <= 1.0, res
+    assert res["rss_mb_last"] and res["rss_mb_after_warmup"], res
