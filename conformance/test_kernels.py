@@ -592,3 +592,13 @@ def test_delta_net_ops_refuse_bad_state(cuda, rng, tmp_path):
     gb = cuda.asarray(np.ones((1, 4), F32))
     with pytest.raises(UnsupportedError, match="state size 48"):
         cuda.gated_delta_net(q, q, v, gb, gb, cuda.asarray(np.zeros((4, 48, 48), F32)))
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_matmul_by_a_vector_weight(cuda, ref, rng, tmp_path, T, record_property):
+    """A one-row weight stored as a vector (qwen35moe's ffn_gate_inp_shexp [n_embd]): one
+    logit per row, shaped [T] as the numpy backend gives it."""
+    gf = weights(tmp_path, rng, {"gate": (GGMLType.F32, (256,))})
+    x = rng.uniform(-1, 1, (T, 256)).astype(F32)
+    got = cuda.to_numpy(cuda.matmul(cuda.asarray(x), cuda.weight(gf, "gate")))
+    check(got, ref.matmul(x, ref.weight(gf, "gate")), MATMUL, record_property)

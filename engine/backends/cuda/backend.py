@@ -438,6 +438,13 @@ class CudaBackend(Backend):
                              f"expects {w.shape[-1]}")
 
     def matmul(self, x, w):
+        if isinstance(w, CudaWeight) and len(w.shape) == 1:
+            # A one-row weight kept as a vector (qwen35moe's shared-expert gate, [n_embd]): one
+            # logit per row, x . w, as the numpy backend gives it ([T]); float32 through cuBLAS.
+            x = _f32(x, "matmul")
+            if x.shape[-1] != w.shape[0]:
+                raise BrassError(f"matmul: input has {x.shape[-1]} features but {w.name} expects {w.shape[0]}")
+            return cupy.matmul(x, w.dense)
         return self.matmul_many(x, [w])[0]
 
     @contextmanager
