@@ -4,13 +4,13 @@
     GET  /v1/models             GET  /v1/models/{id}   GET /health   GET / (the chat page)
 
 Standard library only (`http.server`). Requests are handled on threads; generation runs on one
-worker thread that owns the model, because the engine computes one sequence at a time.
-Requests wait in a FIFO queue; up to `--parallel` of them run at once, each with its own KV
-cache sized to its prompt plus `max_tokens`, and the worker advances them in turns of one token
-each, so a long reply does not hold up a short one and every client sees its first token after
-at most one turn of the others (a prompt's prefill is one turn). A handler whose client has gone
-(a failed write, or the socket found closed while it waits) cancels its request, and the worker
-drops it before its next token.
+worker thread that owns the model (engine/serving.py, continuous batching). Requests wait in a
+FIFO queue; up to `--parallel` of them run at once, each with its own KV cache sized to its
+prompt plus `max_tokens`: every step decodes the next token of all of them together (one
+forward over a batch, each row computed as it would be alone), and a new request's prompt is
+read in chunks between steps, so a long prompt does not stall the others. A handler whose
+client has gone (a failed write, or the socket found closed while it waits) cancels its
+request, and the worker drops it before its next step.
 
 Bad input gets a 4xx with OpenAI's error body `{"error": {"message", "type", "param", "code"}}`.
 With `--api-key` (or $BRASS_API_KEY) every API request must carry `Authorization: Bearer KEY`;
@@ -29,11 +29,9 @@ import re
 import select
 import socket
 import sys
-import threading
 import time
 import traceback
 import uuid
-from collections import deque
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,6 +39,7 @@ from urllib.parse import unquote, urlsplit
 
 from . import __version__
 from .errors import BrassError
+from .serving import BatchScheduler, Request
 
 # A JSON body this large already holds more text than any context we serve (~4 bytes a token);
 # a larger one is refused before it is read.
@@ -121,28 +120,24 @@ class StopScanner:
         return out
 
 
-class Job:
-    """One request's generation. The worker calls `step`; the handler reads `events`:
-    ("delta", text), then ("done", finish_reason, usage) or ("error", APIError)."""
+class Job(Request):
+    """One request's generation, run by the batch scheduler, which hands it its tokens
+    (`on_token`); the handler reads `events`: ("delta", text), then ("done", finish_reason,
+    usage) or ("error", APIError)."""
 
     def __init__(self, prompt_ids: list[int], max_tokens: int, sampling, stop: list[str]):
-        self.prompt_ids, self.max_tokens, self.sampling = prompt_ids, max_tokens, sampling
+        super().__init__(prompt_ids, max_tokens, sampling)
         self.stops = StopScanner(stop)
         self.events: queue.Queue = queue.Queue()
-        self.cancelled = threading.Event()
         self.completion_tokens = 0
-        self._gen = self._decoder = None
+        self.tokenizer = self._decoder = None      # the scheduler's model's, given at submit
 
-    def step(self, model) -> bool:
-        """Generate one token; True when the job is finished."""
-        tok = model.tokenizer
-        if self._gen is None:
-            session = model.new_session(len(self.prompt_ids) + self.max_tokens)
-            self._gen = model.generate(self.prompt_ids, self.max_tokens, self.sampling, session=session)
-            self._decoder = tok.stream_decoder()
-        token = next(self._gen)
+    def on_token(self, token: int) -> bool:
+        """Take one generated token; True when the job is finished."""
+        if self._decoder is None:
+            self._decoder = self.tokenizer.stream_decoder()
         self.completion_tokens += 1
-        if tok.is_eog(token):
+        if self.tokenizer.is_eog(token):
             return self._finish("stop", self._decoder.flush())
         text, hit = self.stops.feed(self._decoder.feed(token))
         if hit:
@@ -152,6 +147,13 @@ class Job:
         if self.completion_tokens == self.max_tokens:
             return self._finish("length", self._decoder.flush())
         return False
+
+    def on_error(self, exc: BaseException):
+        if isinstance(exc, BrassError):
+            self.events.put(("error", APIError(400, str(exc))))
+        else:       # a fault of ours (the scheduler printed its traceback): keep serving the others
+            self.events.put(("error", APIError(500, f"internal error during generation: "
+                                                    f"{type(exc).__name__}")))
 
     def _emit(self, text: str):
         if text:
@@ -168,64 +170,17 @@ class Job:
         self.events.put(("done", reason, usage))
         return True
 
-    def close(self):
-        if self._gen is not None:
-            self._gen.close()
-            self._gen = None
 
-
-class Scheduler:
-    """The worker thread: FIFO admission, up to `parallel` jobs advanced one token per turn."""
-
-    def __init__(self, model, parallel: int, max_waiting: int):
-        self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
-        self._cv = threading.Condition()
-        self._waiting: deque[Job] = deque()
-        self._running: list[Job] = []
-        self.tokens_generated = 0
-        threading.Thread(target=self._loop, name="brass-generate", daemon=True).start()
+class Scheduler(BatchScheduler):
+    """The worker: FIFO admission, up to `parallel` jobs decoded together (engine/serving.py);
+    a full queue is refused with 503 and Retry-After."""
 
     def submit(self, job: Job):
-        with self._cv:
-            # Requests whose clients left while waiting must not hold places in the queue.
-            self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
-            if len(self._waiting) >= self.max_waiting:
-                raise APIError(503, f"the server is busy: {len(self._waiting)} requests are already "
-                                    "waiting; retry later", code="server_busy", headers={"Retry-After": "5"})
-            self._waiting.append(job)
-            self._cv.notify()
-
-    def counts(self) -> tuple[int, int]:
-        with self._cv:
-            return len(self._running), sum(not j.cancelled.is_set() for j in self._waiting)
-
-    def _loop(self):
-        while True:
-            with self._cv:
-                while not self._waiting and not self._running:
-                    self._cv.wait()
-                while self._waiting and len(self._running) < self.parallel:
-                    job = self._waiting.popleft()
-                    if not job.cancelled.is_set():
-                        self._running.append(job)
-                turn = list(self._running)
-            for job in turn:
-                if job.cancelled.is_set() or self._step(job):
-                    job.close()
-                    with self._cv:
-                        self._running.remove(job)
-
-    def _step(self, job: Job) -> bool:
+        job.tokenizer = self.model.tokenizer
         try:
-            done = job.step(self.model)
-            self.tokens_generated += 1
-            return done
-        except BrassError as e:
-            job.events.put(("error", APIError(400, str(e))))
-        except Exception as e:  # a fault of ours: report it, keep serving the others
-            traceback.print_exc(file=sys.stderr)
-            job.events.put(("error", APIError(500, f"internal error during generation: {type(e).__name__}")))
-        return True
+            super().submit(job)
+        except BatchScheduler.QueueFull as e:
+            raise APIError(503, str(e), code="server_busy", headers={"Retry-After": "5"}) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -812,7 +767,7 @@ def add_cli(sub, add_model_args):
     p.add_argument("--api-key", default=os.environ.get("BRASS_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every API request (default: $BRASS_API_KEY)")
     p.add_argument("--parallel", type=int, default=4,
-                   help="requests generated at once, one token each in turn (each holds a KV cache)")
+                   help="requests decoded together in one batched step (each holds a KV cache)")
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests queued beyond --parallel before new ones get 503")
     p.set_defaults(func=cmd_serve)
