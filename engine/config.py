@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import GGUFError
-from .validate import check_hparams
+from .validate import PER_LAYER_SHAPES, check_hparams
 
 
 @dataclass
@@ -62,9 +62,41 @@ class ModelConfig:
     ssm_d_state: int = 0        # ssm.state_size: D, the head size of q, k and v
     ssm_dt_rank: int = 0        # ssm.time_step_rank: Hv, the number of value heads
     ssm_n_group: int = 0        # ssm.group_count: Hk, the number of key heads
+    # Per-layer shapes (gemma4). head_count_kv and feed_forward_length may hold one value per
+    # block (the *_arr lists, empty when the key is a scalar; n_head_kv / n_ff are then layer
+    # 0's, as llama.cpp's hparams.n_head_kv()); sliding-window layers have their own head size
+    # and rope width (attention.key_length_swa / value_length_swa, rope.dimension_count_swa,
+    # defaulting to the full layers' values as in llama.cpp's generic loader).
+    n_head_kv_arr: list[int] = field(default_factory=list)
+    n_ff_arr: list[int] = field(default_factory=list)
+    head_dim_swa: int = 0
+    head_dim_v_swa: int = 0
+    n_rot_swa: int = 0
+    n_embd_per_layer: int = 0   # embedding_length_per_layer_input (gemma4's PLE width)
+    n_kv_shared_layers: int = 0     # attention.shared_kv_layers (gemma4: last layers reuse KV)
+
+    def is_swa(self, il: int) -> bool:
+        """Whether layer `il` is a sliding-window layer."""
+        return bool(self.swa_layers) and bool(self.swa_layers[il])
 
     def layer_window(self, il: int) -> int:
-        return self.sliding_window if self.swa_layers and self.swa_layers[il] else 0
+        return self.sliding_window if self.is_swa(il) else 0
+
+    def layer_n_head_kv(self, il: int) -> int:
+        return self.n_head_kv_arr[il] if self.n_head_kv_arr else self.n_head_kv
+
+    def layer_head_dim(self, il: int) -> int:
+        """Key/query head size of layer `il` (sliding-window layers may differ)."""
+        return self.head_dim_swa if self.is_swa(il) and self.head_dim_swa else self.head_dim
+
+    def layer_head_dim_v(self, il: int) -> int:
+        return self.head_dim_v_swa if self.is_swa(il) and self.head_dim_v_swa else self.head_dim_v
+
+    def layer_n_rot(self, il: int) -> int:
+        return self.n_rot_swa if self.is_swa(il) and self.n_rot_swa else self.n_rot
+
+    def layer_n_ff(self, il: int) -> int:
+        return self.n_ff_arr[il] if self.n_ff_arr else self.n_ff
 
     def is_recurrent(self, il: int) -> bool:
         """Whether layer `il` is a recurrent (gated delta-net) layer, with no KV cache."""
@@ -136,6 +168,16 @@ def read_config(gf, arch: str) -> ModelConfig:
         v = get(name, default)
         return v if v is None else _float(v, key(name))
 
+    def get_int_layers(name, default):
+        """A count that architectures with per-layer shapes may give per block: (layer 0's
+        value, the list, or [] for a scalar). Elsewhere only uniform arrays are accepted."""
+        v = get(name, default)
+        if arch in PER_LAYER_SHAPES and isinstance(v, np.ndarray) and v.ndim == 1 \
+                and v.dtype.kind in "iu" and len(v):
+            per = [int(x) for x in v]
+            return per[0], per
+        return _int(v, key(name)), []
+
     def get_bool(name, default=False):
         v = get(name, default)
         if not isinstance(v, (bool, int, np.integer)):
@@ -144,9 +186,11 @@ def read_config(gf, arch: str) -> ModelConfig:
 
     n_embd = get_int("embedding_length", required=True)
     n_head = get_int("attention.head_count", required=True)
-    n_head_kv = get_int("attention.head_count_kv", n_head)
+    n_head_kv, n_head_kv_arr = get_int_layers("attention.head_count_kv", n_head)
+    n_ff, n_ff_arr = get_int_layers("feed_forward_length", 0)
     head_dim = get_int("attention.key_length", n_embd // n_head if n_head > 0 else 0)
     head_dim_v = get_int("attention.value_length", head_dim)
+    n_rot = get_int("rope.dimension_count", head_dim)
     n_vocab = get_int("vocab_size")
     if n_vocab is None:
         toks = md.get("tokenizer.ggml.tokens")
@@ -163,12 +207,12 @@ def read_config(gf, arch: str) -> ModelConfig:
         arch=arch,
         n_layer=get_int("block_count", required=True),
         n_embd=n_embd,
-        n_ff=get_int("feed_forward_length", 0),
+        n_ff=n_ff,
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
         head_dim_v=head_dim_v,
-        n_rot=get_int("rope.dimension_count", head_dim),
+        n_rot=n_rot,
         n_vocab=n_vocab,
         n_ctx_train=get_int("context_length", 2048),
         norm_eps=eps,
@@ -193,6 +237,13 @@ def read_config(gf, arch: str) -> ModelConfig:
         ssm_d_state=get_int("ssm.state_size", 0),
         ssm_dt_rank=get_int("ssm.time_step_rank", 0),
         ssm_n_group=get_int("ssm.group_count", 0),
+        n_head_kv_arr=n_head_kv_arr,
+        n_ff_arr=n_ff_arr,
+        head_dim_swa=get_int("attention.key_length_swa", head_dim),
+        head_dim_v_swa=get_int("attention.value_length_swa", head_dim_v),
+        n_rot_swa=get_int("rope.dimension_count_swa", n_rot),
+        n_embd_per_layer=get_int("embedding_length_per_layer_input", 0),
+        n_kv_shared_layers=get_int("attention.shared_kv_layers", 0),
     )
     # block_count includes the multi-token-prediction blocks, which the main pass skips
     # (llama.cpp: n_layer() = n_layer_all - n_layer_nextn).

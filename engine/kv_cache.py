@@ -1,7 +1,8 @@
 """Per-sequence caches on the backend's device.
 
-`KVCache`: per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values;
-the slot of a token is its position.
+`KVCache`: per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values
+(H_kv and Dh of that layer: gemma4's sliding-window and full layers differ); the slot of a
+token is its position.
 
 `RecurrentState`: per recurrent (gated delta-net) layer of a hybrid model, the state that
 replaces a KV cache there: the conv1d's last K-1 inputs `[K-1, C]` and the delta rule's matrix
@@ -48,10 +49,11 @@ class KVCache:
     def __init__(self, backend, cfg, n_ctx: int):
         self.n_ctx = n_ctx
         kv = [not cfg.is_recurrent(il) for il in range(cfg.n_layer)]
-        self.k = [backend.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim), np.float16) if has else None
-                  for has in kv]
-        self.v = [backend.zeros((n_ctx, cfg.n_head_kv, cfg.head_dim_v), np.float16) if has else None
-                  for has in kv]
+        # KV heads and head sizes per layer (gemma4's differ between its layer kinds)
+        self.k = [backend.zeros((n_ctx, cfg.layer_n_head_kv(il), cfg.layer_head_dim(il)),
+                                np.float16) if has else None for il, has in enumerate(kv)]
+        self.v = [backend.zeros((n_ctx, cfg.layer_n_head_kv(il), cfg.layer_head_dim_v(il)),
+                                np.float16) if has else None for il, has in enumerate(kv)]
         self.recurrent = RecurrentState(backend, cfg) if not all(kv) else None
 
     def layer(self, il: int):

@@ -26,6 +26,10 @@ NEEDS_EXPERTS = {"qwen3moe", "qwen35moe"}        # llama.cpp asserts n_expert > 
 # Hybrids of gated delta-net and attention layers (qwen35.py): no ffn_norm, a
 # post_attention_norm before the FFN, gated queries in attn_q, a shared expert when MoE.
 HYBRID = {"qwen35", "qwen35moe"}
+# Architectures whose layers differ in shape (gemma4: per-layer head_count_kv and
+# feed_forward_length arrays, sliding-window layers with their own head size and rope width,
+# values that are the raw keys, MoE layers that keep a dense FFN beside the experts).
+PER_LAYER_SHAPES = {"gemma4"}
 
 
 def check_hparams(cfg, gf) -> None:
@@ -59,6 +63,24 @@ def check_hparams(cfg, gf) -> None:
     need(cfg.n_vocab >= 1, "vocab_size", cfg.n_vocab, ">= 1")
     need(cfg.n_ctx_train >= 1, "context_length", cfg.n_ctx_train, ">= 1")
     need(cfg.n_ff >= 0, "feed_forward_length", cfg.n_ff, ">= 0")
+    if a in PER_LAYER_SHAPES:
+        for name, arr in (("attention.head_count_kv", cfg.n_head_kv_arr),
+                          ("feed_forward_length", cfg.n_ff_arr)):
+            need(not arr or len(arr) == n_all, name, f"an array of {len(arr)}",
+                 f"one value per block ({n_all})")
+        for il, h in enumerate(cfg.n_head_kv_arr):
+            need(1 <= h <= cfg.n_head and cfg.n_head % h == 0, f"attention.head_count_kv[{il}]", h,
+                 f"a divisor of attention.head_count ({cfg.n_head})")
+        for il, n in enumerate(cfg.n_ff_arr):
+            need(n >= 0, f"feed_forward_length[{il}]", n, ">= 0")
+        need(cfg.head_dim_swa >= 1, "attention.key_length_swa", cfg.head_dim_swa, ">= 1")
+        need(cfg.head_dim_v_swa >= 1, "attention.value_length_swa", cfg.head_dim_v_swa, ">= 1")
+        need(2 <= cfg.n_rot_swa <= cfg.head_dim_swa and cfg.n_rot_swa % 2 == 0,
+             "rope.dimension_count_swa", cfg.n_rot_swa,
+             f"an even number in [2, attention.key_length_swa = {cfg.head_dim_swa}]")
+        need(cfg.n_embd_per_layer >= 0, "embedding_length_per_layer_input", cfg.n_embd_per_layer, ">= 0")
+        need(0 <= cfg.n_kv_shared_layers < n_all, "attention.shared_kv_layers",
+             cfg.n_kv_shared_layers, f"in [0, block_count = {n_all})")
     need(cfg.n_expert >= 0, "expert_count", cfg.n_expert, ">= 0")
     if cfg.n_expert:
         need(1 <= cfg.n_expert_used <= cfg.n_expert, "expert_used_count", cfg.n_expert_used,
@@ -133,7 +155,9 @@ def check_model(gf, cfg, supported=SUPPORTED_TYPES) -> None:
         C = (cfg.ssm_conv_channels, "(2 × ssm.group_count + ssm.time_step_rank) × ssm.state_size")
         V = (Hv * D, "ssm.time_step_rank × ssm.state_size")
         Hv = (Hv, "ssm.time_step_rank")
-    for il in range(cfg.n_layer):
+    if a in PER_LAYER_SHAPES:
+        _gemma4_tensors(tensor, width, cfg, gf, E)
+    for il in range(0 if a in PER_LAYER_SHAPES else cfg.n_layer):      # the uniform layers
         p = f"blk.{il}."
         tensor(p + "attn_norm.weight", E)
         if hybrid:
@@ -192,3 +216,64 @@ def _attention_tensors(tensor, p, a, E, q, k, v, o, Dh):
     if a in QK_NORM:
         tensor(p + "attn_q_norm.weight", Dh)
         tensor(p + "attn_k_norm.weight", Dh)
+
+
+def _gemma4_tensors(tensor, width, cfg, gf, E):
+    """gemma4's layers (llama_model_gemma4::load_arch_tensors): head size and KV heads per
+    layer; attn_v optional (the values are then the raw keys); rope_freqs for the full layers;
+    a dense FFN in every layer, and in a layer with a router also the experts (gate and up
+    merged or apart), their norms and scales."""
+    a, path = cfg.arch, gf.path
+    full = [il for il in range(cfg.n_layer) if not cfg.is_swa(il)]
+    if full:
+        hd = cfg.layer_head_dim(full[0])
+        tensor("rope_freqs.weight", (hd // 2, "key_length / 2"))
+    X = (cfg.n_expert, "expert_count")
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        swa = "_swa" if cfg.is_swa(il) else ""
+        hd, Hkv = cfg.layer_head_dim(il), cfg.layer_n_head_kv(il)
+        q = (cfg.n_head * hd, f"head_count × key_length{swa}")
+        kv = (Hkv * hd, f"head_count_kv[{il}] × key_length{swa}")
+        Dh = (hd, f"key_length{swa}")
+        if p + "attn_qkv.weight" in gf.tensors:
+            raise UnsupportedError(f"{path}: tensor {p}attn_qkv.weight (fused q/k/v) is not "
+                                   f"supported yet; Brass reads attn_q, attn_k and attn_v")
+        for name, dims in (("attn_norm", (E,)), ("attn_q", (E, q)), ("attn_k", (E, kv)),
+                           ("attn_output", (q, E)), ("attn_q_norm", (Dh,)),
+                           ("attn_k_norm", (Dh,)), ("post_attention_norm", (E,)),
+                           ("ffn_norm", (E,)), ("post_ffw_norm", (E,))):
+            tensor(p + name + ".weight", *dims)
+        tensor(p + "attn_v.weight", E, kv, optional=True)
+        tensor(p + "layer_output_scale.weight", (1, "a scalar"), optional=True)
+        F = width(p + "ffn_up.weight", cfg.layer_n_ff(il), f"feed_forward_length[{il}]")
+        tensor(p + "ffn_up.weight", E, F)
+        tensor(p + "ffn_gate.weight", E, F)
+        tensor(p + "ffn_down.weight", F, E)
+        if p + "ffn_gate_inp.weight" not in gf.tensors:
+            continue
+        if cfg.n_expert == 0:
+            raise GGUFError(f"{path}: tensor {p}ffn_gate_inp.weight is present but metadata key "
+                            f"{a}.expert_count is 0 (or missing)")
+        tensor(p + "ffn_gate_inp.weight", E, X)
+        tensor(p + "ffn_gate_inp.scale", E)
+        for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+            tensor(p + name + ".weight", E)
+        if p + "ffn_gate_up_exps.weight" in gf.tensors:
+            info = gf.tensors[p + "ffn_gate_up_exps.weight"]
+            Fx = cfg.n_ff_exp or (info.shape[1] // 2 if len(info.shape) == 3 else 0)
+            tensor(p + "ffn_gate_up_exps.weight", E, (2 * Fx, "2 × expert_feed_forward_length"), X)
+            Fx = (Fx, "expert_feed_forward_length")
+        else:
+            Fx = width(p + "ffn_up_exps.weight", cfg.n_ff_exp, "expert_feed_forward_length")
+            tensor(p + "ffn_up_exps.weight", E, Fx, X)
+            tensor(p + "ffn_gate_exps.weight", E, Fx, X)
+        tensor(p + "ffn_down_exps.weight", Fx, E, X)
+        tensor(p + "ffn_down_exps.scale", X, optional=True)
+    # llama.cpp multiplies a matmul by an optional `<weight>.scale` (NVFP4's second scale);
+    # Brass runs only the two gemma4 uses (the router input scale, the per-expert scale)
+    other = sorted(n for n in gf.tensors if n.endswith(".scale")
+                   and not n.endswith((".ffn_gate_inp.scale", ".ffn_down_exps.scale")))
+    if other:
+        raise UnsupportedError(f"{path}: tensor {other[0]} (a weight's scale factor) is not "
+                               f"supported")
