@@ -1,0 +1,279 @@
+"""What an OpenAI-style request to `brass serve` may hold: the request bodies as pydantic models.
+
+The models are the API's schema (served at /openapi.json, shown at /docs) and its validation.
+Fields are checked in the order they are declared and the first wrong one is reported, in
+words a client can act on (`'max_tokens' must be an integer, got a string`) and with OpenAI's
+`param` and `code`: every field's validator raises `FieldError` (not a ValueError, so pydantic
+does not collect it but lets it through at once), and `validate` turns it into an `APIError`.
+Range checks that need the model (context length, vocabulary, sampling values) come after, in
+engine/server.py's App.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, ValidationInfo, WrapValidator)
+
+from .api import APIError, json_type
+
+# OpenAI accepts at most 4 stop sequences.
+MAX_STOP = 4
+ROLES = ("system", "user", "assistant")
+
+
+class FieldError(Exception):
+    """A field of a request body is wrong. `where` is its path inside the body
+    (`messages[0].role`); `text` says what is wrong and follows the quoted path in the message.
+    Raised inside pydantic validation, which it stops at the first wrong field."""
+
+    def __init__(self, where: str, text: str, code: str = "invalid_type", status: int = 400,
+                 message: str | None = None):
+        super().__init__(text)
+        self.where, self.text, self.code, self.status = where, text, code, status
+        self.message = message      # the whole message, where the usual form does not fit
+
+    def inside(self, outer: str) -> "FieldError":
+        sep = "" if not self.where or self.where.startswith("[") else "."
+        return FieldError(outer + sep + self.where, self.text, self.code, self.status, self.message)
+
+    def api_error(self) -> APIError:
+        return APIError(self.status, self.message or f"'{self.where}' {self.text}", code=self.code,
+                        param=self.where)
+
+
+def check_text(s: str, where: str) -> str:
+    """JSON's \\ud800 escapes can give a string no UTF-8 can hold: refuse it here, not deep in
+    the tokenizer."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FieldError(where, f"holds an unpaired UTF-16 surrogate ({s[e.start]!r} at character "
+                                f"{e.start}), which is not text", code="invalid_value") from None
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# Field types: the JSON type in the schema, and the message when a value is not of it. Null is
+# the same as absent, as OpenAI takes it.
+
+
+def _typed(kind: str, finite: bool = False):
+    def check(v, handler, info: ValidationInfo):
+        if v is None:
+            return None
+        try:
+            out = handler(v)
+        except ValidationError:
+            out = None
+        if out is not None and finite:     # a number: as a float, which it must fit
+            try:
+                out = float(out)
+            except OverflowError:
+                raise FieldError(info.field_name, f"is an integer of {v.bit_length()} bits, beyond the range of a "
+                                                 "number", code="invalid_value") from None
+            if not math.isfinite(out):      # 1e999 in JSON reads as infinity
+                raise FieldError(info.field_name, f"must be a finite number, got {v}", code="invalid_value")
+        if out is None:
+            raise FieldError(info.field_name, f"must be {kind}, got {json_type(v)}")
+        if isinstance(out, str):
+            check_text(out, info.field_name)
+        return out
+    return WrapValidator(check)
+
+
+Integer = Annotated[StrictInt | None, _typed("an integer")]
+Number = Annotated[StrictInt | StrictFloat | None, _typed("a number", finite=True)]
+Boolean = Annotated[StrictBool | None, _typed("a boolean")]
+String = Annotated[StrictStr | None, _typed("a string")]
+
+
+def _unsupported(*unused):
+    """A field Brass does not implement: absent, null or a value that means "not used"; any
+    other value is refused, since an answer that ignored it would be wrong."""
+    def check(v, handler, info: ValidationInfo):
+        if v is not None and v not in unused:
+            raise FieldError(info.field_name, "is not supported by Brass", code="unsupported_parameter")
+        return v
+    return WrapValidator(check)
+
+
+def _served_model(v, handler, info: ValidationInfo):
+    name = _typed("a string").func(v, handler, info)
+    served = (info.context or {}).get("model_id")
+    if name is not None and served is not None and name != served:
+        raise FieldError("model", "does not exist", code="model_not_found", status=404,
+                         message=f"the model {name!r} does not exist; this server serves {served!r}")
+    return name
+
+
+def _stop(v, handler, info: ValidationInfo):
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise FieldError("stop", f"must be a string or an array of strings, got {json_type(v)}")
+    if len(stops) > MAX_STOP:
+        raise FieldError("stop", f"holds {len(stops)} strings; at most {MAX_STOP} are allowed",
+                         code="invalid_value")
+    if any(s == "" for s in stops):
+        raise FieldError("stop", "strings must not be empty", code="invalid_value")
+    return [check_text(s, "stop") for s in stops]
+
+
+def _stream_options(v, handler, info: ValidationInfo):
+    if v is None or not info.data.get("stream"):
+        return None         # only read with "stream": true, as before
+    if not isinstance(v, dict):
+        raise FieldError("stream_options", f"must be an object, got {json_type(v)}")
+    try:
+        return StreamOptions.model_validate(v)
+    except FieldError as e:
+        raise e.inside("stream_options") from None
+
+
+def _max_tokens(v, handler, info: ValidationInfo):
+    if info.data.get("max_completion_tokens") is not None:
+        return None         # the newer name wins; the older one is not read
+    return _typed("an integer").func(v, handler, info)
+
+
+# --------------------------------------------------------------------------------------------
+# The request bodies
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: Boolean = Field(None, description="Send a last chunk with the token counts "
+                                                     "(`usage`) and no choices.")
+
+
+class _Request(BaseModel):
+    """The fields both completion endpoints take, in the order they are checked."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
+        None, description="The served model's id (GET /v1/models); may be left out.")
+    n: Annotated[int | None, _unsupported(1)] = Field(None, description="Only 1.")
+    best_of: Annotated[int | None, _unsupported(1)] = Field(None, description="Only 1.")
+    echo: Annotated[bool | None, _unsupported(False)] = Field(None, description="Only false.")
+    suffix: Annotated[str | None, _unsupported("")] = Field(None, description="Only empty.")
+    logprobs: Annotated[bool | int | None, _unsupported(False, 0)] = Field(None, description="Not supported.")
+    top_logprobs: Annotated[int | None, _unsupported(0)] = Field(None, description="Not supported.")
+    logit_bias: Annotated[dict | None, _unsupported({})] = Field(None, description="Not supported.")
+    frequency_penalty: Annotated[float | None, _unsupported(0)] = Field(
+        None, description="Only 0; see repetition_penalty.")
+    presence_penalty: Annotated[float | None, _unsupported(0)] = Field(
+        None, description="Only 0; see repetition_penalty.")
+    tools: Annotated[list | None, _unsupported([])] = Field(None, description="Not supported.")
+    tool_choice: Annotated[Any, _unsupported("none")] = Field(None, description="Only \"none\".")
+    functions: Annotated[list | None, _unsupported([])] = Field(None, description="Not supported.")
+    function_call: Annotated[Any, _unsupported("none")] = Field(None, description="Only \"none\".")
+    response_format: Annotated[dict | None, _unsupported({"type": "text"})] = Field(
+        None, description="Only {\"type\": \"text\"}.")
+    stream: Boolean = Field(None, description="Send the reply as server-sent events, a chunk per "
+                                              "piece of text, ending with `data: [DONE]`.")
+    stream_options: Annotated[StreamOptions | None, WrapValidator(_stream_options)] = None
+    max_completion_tokens: Integer = Field(None, description="Tokens to generate at most (default: "
+                                                             "what fits in the context).")
+    max_tokens: Annotated[StrictInt | None, WrapValidator(_max_tokens)] = Field(
+        None, description="The older name of max_completion_tokens.")
+    temperature: Number = Field(None, description="0 is greedy (default 0.8).")
+    top_p: Number = Field(None, description="In (0, 1] (default 0.95).")
+    top_k: Integer = Field(None, description="0 disables it (default 40).")
+    min_p: Number = Field(None, description="In [0, 1] (default 0.05).")
+    repetition_penalty: Number = Field(None, description="> 0; 1 disables it (default 1).")
+    seed: Integer = Field(None, description="For sampling; -1 or absent is random.")
+    stop: Annotated[str | list[str] | None, WrapValidator(_stop)] = Field(
+        None, description=f"Up to {MAX_STOP} strings; the reply ends before the first to appear.")
+
+
+class TextPart(BaseModel):
+    type: str = Field(description='Only "text": Brass serves text.')
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = Field(description="system, user or assistant.")
+    content: str | list[TextPart] = Field(description="Text, or text parts (joined by newlines).")
+
+    @classmethod
+    def read(cls, m, where: str) -> dict:
+        if not isinstance(m, dict):
+            raise FieldError(where, f"must be an object, got {json_type(m)}")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise FieldError(f"{where}.role", f"must be a string, got {json_type(role)}")
+        if role not in ROLES:
+            raise FieldError(f"{where}.role", f"is {role!r}; Brass takes {', '.join(ROLES)}",
+                             code="invalid_value")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise FieldError(f"{where}.content[{j}]", 'must be {"type": "text", "text": string}; '
+                                     "Brass serves text only", code="invalid_value")
+                texts.append(part["text"])
+            content = "\n".join(texts)      # llama.cpp's server joins a message's text parts so
+        elif not isinstance(content, str):
+            raise FieldError(f"{where}.content", f"must be a string or an array of text parts, got "
+                                                 f"{json_type(content)}")
+        return {"role": role, "content": check_text(content, f"{where}.content")}
+
+
+def _messages(v, handler, info: ValidationInfo):
+    if v is None:
+        raise FieldError("messages", "is required", code="missing_field")
+    if not isinstance(v, list) or not v:
+        raise FieldError("messages", f"must be a non-empty array, got {json_type(v)}"
+                         + (" (empty)" if v == [] else ""))
+    return [ChatMessage.read(m, f"messages[{i}]") for i, m in enumerate(v)]
+
+
+def _prompt(v, handler, info: ValidationInfo):
+    if v is None:
+        raise FieldError("prompt", "is required", code="missing_field")
+    if isinstance(v, str):
+        return check_text(v, "prompt")
+    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        n_vocab = (info.context or {}).get("n_vocab")
+        if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
+            raise FieldError("prompt", f"token ids must be in [0, {n_vocab})", code="invalid_value")
+        return list(v)
+    raise FieldError("prompt", f"must be a string or a non-empty array of token ids, got {json_type(v)}")
+
+
+class ChatCompletionRequest(_Request):
+    """POST /v1/chat/completions"""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["messages"]})
+
+    messages: Annotated[list[ChatMessage] | None, WrapValidator(_messages)] = Field(
+        None, validate_default=True, description="The conversation so far; the reply continues it.")
+
+
+class CompletionRequest(_Request):
+    """POST /v1/completions"""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["prompt"]})
+
+    prompt: Annotated[str | list[int] | None, WrapValidator(_prompt)] = Field(
+        None, validate_default=True, description="Text, or token ids.")
+
+
+def validate(cls: type[_Request], body: dict, model_id: str | None = None, n_vocab: int | None = None):
+    """The request as `cls`, or the first wrong field as an APIError."""
+    try:
+        return cls.model_validate(body, context={"model_id": model_id, "n_vocab": n_vocab})
+    except FieldError as e:
+        raise e.api_error() from None
+    except ValidationError as e:    # a check without a FieldError of its own: still a 400
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise APIError(400, f"'{where}': {err['msg']}", code="invalid_value", param=where or None) from None

@@ -1,0 +1,229 @@
+"""What the server asks of generation: jobs, and a scheduler that runs them on its own thread.
+
+The HTTP layer (engine/server.py) only ever touches this interface, so a batched decoder can
+replace the turn-based loop below without touching it:
+
+    scheduler.submit(job)       queue a job; raises QueueFull when `max_waiting` already wait
+    scheduler.counts()          (running, waiting)
+    scheduler.tokens_generated  tokens generated so far, all jobs together
+    scheduler.batch_size        sequences advanced in the latest round (a gauge for /metrics)
+    scheduler.close()           stop the worker thread
+
+and a job is what engine/serving.Request is (BatchScheduler drives either): `prompt_ids`,
+`max_tokens`, `sampling`; the scheduler calls `on_token(token) -> finished` for each token and
+`on_error(exc)` if generation fails, drops the job between tokens once `cancelled` is set (the
+client left), and sets `finished` when it is done with it. A Job turns its tokens into text
+(stop strings cut, the end-of-generation token left out) and puts events on `events`, a
+thread-safe queue: ("delta", text) ... then ("done", finish_reason, usage) or ("error",
+APIError); after each it calls `wakeup()`, the HTTP layer's bridge to its event loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import traceback
+from collections import deque
+from typing import Callable
+
+from .api import APIError
+from .errors import BrassError
+
+
+class QueueFull(BrassError):
+    """The scheduler's queue holds `max_waiting` requests already."""
+
+
+class StopScanner:
+    """Cuts generated text before the first stop string to be complete (the one ending first;
+    of two ending at the same place, the longer), wherever the text was split into pieces.
+    Text that could be the start of a stop string is held back until the next piece shows
+    whether it is one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was hit)."""
+        self.pending += text
+        hits = [(i + len(s), i) for s in self.stops if (i := self.pending.find(s)) >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)[1]], ""
+            return out, True
+        hold = max((k for s in self.stops for k in range(1, len(s))
+                    if self.pending.endswith(s[:k])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Job:
+    """One request's generation (see the module's docstring for the contract)."""
+
+    def __init__(self, prompt_ids: list[int], max_tokens: int, sampling, stop: list[str], tokenizer,
+                 on_tokens: Callable[[int], None] | None = None):
+        self.prompt_ids, self.max_tokens, self.sampling = prompt_ids, max_tokens, sampling
+        self.tokenizer = tokenizer
+        self.stops = StopScanner(stop)
+        self.events: queue.Queue = queue.Queue()
+        self.wakeup: Callable[[], None] | None = None
+        self.cancelled = threading.Event()
+        self.finished = threading.Event()
+        self.completion_tokens = 0
+        self._decoder = tokenizer.stream_decoder()
+        self._on_tokens = on_tokens     # counts tokens for /metrics
+        self._done = False
+
+    # -- what a scheduler calls --------------------------------------------------------------
+
+    def on_token(self, token: int) -> bool:
+        """Take the next generated token; True when the job is finished."""
+        if self._done:
+            return True
+        self.completion_tokens += 1
+        if self._on_tokens is not None:
+            self._on_tokens(1)
+        if self.tokenizer.is_eog(token):
+            return self._finish("stop", self._decoder.flush())
+        text, hit = self.stops.feed(self._decoder.feed(token))
+        self._emit(text)
+        if hit:
+            return self._finish("stop", None)
+        if self.completion_tokens >= self.max_tokens:
+            return self._finish("length", self._decoder.flush())
+        return False
+
+    def on_error(self, exc: BaseException):
+        if self._done:
+            return
+        self._done = True
+        if isinstance(exc, APIError):
+            err = exc
+        elif isinstance(exc, BrassError):
+            err = APIError(400, str(exc))
+        else:   # a fault of ours: the scheduler printed the traceback; the client gets no internals
+            err = APIError(500, f"internal error during generation: {type(exc).__name__}")
+        self._put(("error", err))
+
+    # -- the rest ----------------------------------------------------------------------------
+
+    def _put(self, event):
+        self.events.put(event)
+        if self.wakeup is not None:
+            self.wakeup()
+
+    def _emit(self, text: str):
+        if text:
+            self._put(("delta", text))
+
+    def _finish(self, reason: str, tail: str | None) -> bool:
+        if tail is not None:
+            text, hit = self.stops.feed(tail)
+            self._emit(text if hit else text + self.stops.flush())
+            reason = "stop" if hit else reason
+        n_prompt = len(self.prompt_ids)
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": self.completion_tokens,
+                 "total_tokens": n_prompt + self.completion_tokens}
+        self._done = True
+        self._put(("done", reason, usage))
+        return True
+
+
+class _Turn:
+    """A job's place in the turn-based worker: its token generator (its own KV cache)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.tokens = None
+
+
+class Scheduler:
+    """The worker thread: FIFO admission, up to `parallel` jobs, each advanced one token per
+    turn (the engine decodes one sequence at a time here), so a long reply does not hold up a
+    short one and every client sees its first token after at most one turn of the others (a
+    prompt's prefill is one turn). A cancelled job is dropped before its next token."""
+
+    QueueFull = QueueFull
+
+    def __init__(self, model, parallel: int, max_waiting: int, start: bool = True):
+        if parallel < 1:
+            raise BrassError(f"parallel must be at least 1, not {parallel}")
+        self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
+        self._cv = threading.Condition()
+        self._waiting: deque = deque()
+        self._running: list[_Turn] = []
+        self.tokens_generated = 0
+        self.batch_size = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="brass-generate", daemon=True)
+        if start:
+            self._thread.start()
+
+    def submit(self, job):
+        with self._cv:
+            # Requests whose clients left while waiting must not hold places in the queue.
+            self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"the server is busy: {len(self._waiting)} requests are already "
+                                "waiting; retry later")
+            self._waiting.append(job)
+            self._cv.notify()
+
+    def counts(self) -> tuple[int, int]:
+        with self._cv:
+            return len(self._running), sum(not j.cancelled.is_set() for j in self._waiting)
+
+    def close(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._running:
+                    self.batch_size = 0
+                    self._cv.wait()
+                if self._stop:
+                    return
+                while self._waiting and len(self._running) < self.parallel:
+                    job = self._waiting.popleft()
+                    if not job.cancelled.is_set():
+                        self._running.append(_Turn(job))
+                turn = list(self._running)
+            self.batch_size = len(turn)
+            for r in turn:
+                if r.job.cancelled.is_set() or self._step(r):
+                    self._end(r)
+
+    def _step(self, r: _Turn) -> bool:
+        """One token for r's job; True when the job is finished."""
+        job = r.job
+        try:
+            if r.tokens is None:
+                session = self.model.new_session(len(job.prompt_ids) + job.max_tokens)
+                r.tokens = self.model.generate(job.prompt_ids, job.max_tokens, job.sampling, session=session)
+            token = next(r.tokens, None)
+            if token is None:       # the generator ended before the job said it was done
+                raise RuntimeError("generation ended early")
+            self.tokens_generated += 1
+            return bool(job.on_token(token))
+        except Exception as e:
+            if not isinstance(e, BrassError):   # a fault of ours: report it, keep serving the others
+                traceback.print_exc(file=sys.stderr)
+            job.on_error(e)
+            return True
+
+    def _end(self, r: _Turn):
+        if r.tokens is not None:
+            r.tokens.close()
+            r.tokens = None
+        with self._cv:
+            self._running.remove(r)
+        r.job.finished.set()
