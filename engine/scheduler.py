@@ -1,7 +1,8 @@
 """What the server asks of generation: jobs, and a scheduler that runs them on its own thread.
 
-The HTTP layer (engine/server.py) only ever touches this interface, so a batched decoder can
-replace the turn-based loop below without touching it:
+The HTTP layer (engine/server.py) only ever touches this interface (the worker itself is
+engine/serving.py's BatchScheduler: the running jobs decoded together, one batched step for
+all of them):
 
     scheduler.submit(job)       queue a job; raises QueueFull when `max_waiting` already wait
     scheduler.counts()          (running, waiting)
@@ -21,18 +22,14 @@ APIError); after each it calls `wakeup()`, the HTTP layer's bridge to its event 
 from __future__ import annotations
 
 import queue
-import sys
 import threading
-import traceback
-from collections import deque
 from typing import Callable
 
 from .api import APIError
 from .errors import BrassError
+from .serving import BatchScheduler, QueueFull  # noqa: F401 (QueueFull: the server catches it)
 
 
-class QueueFull(BrassError):
-    """The scheduler's queue holds `max_waiting` requests already."""
 
 
 class StopScanner:
@@ -135,95 +132,8 @@ class Job:
         return True
 
 
-class _Turn:
-    """A job's place in the turn-based worker: its token generator (its own KV cache)."""
-
-    def __init__(self, job):
-        self.job = job
-        self.tokens = None
-
-
-class Scheduler:
-    """The worker thread: FIFO admission, up to `parallel` jobs, each advanced one token per
-    turn (the engine decodes one sequence at a time here), so a long reply does not hold up a
-    short one and every client sees its first token after at most one turn of the others (a
-    prompt's prefill is one turn). A cancelled job is dropped before its next token."""
-
-    QueueFull = QueueFull
-
-    def __init__(self, model, parallel: int, max_waiting: int, start: bool = True):
-        if parallel < 1:
-            raise BrassError(f"parallel must be at least 1, not {parallel}")
-        self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
-        self._cv = threading.Condition()
-        self._waiting: deque = deque()
-        self._running: list[_Turn] = []
-        self.tokens_generated = 0
-        self.batch_size = 0
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="brass-generate", daemon=True)
-        if start:
-            self._thread.start()
-
-    def submit(self, job):
-        with self._cv:
-            # Requests whose clients left while waiting must not hold places in the queue.
-            self._waiting = deque(j for j in self._waiting if not j.cancelled.is_set())
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"the server is busy: {len(self._waiting)} requests are already "
-                                "waiting; retry later")
-            self._waiting.append(job)
-            self._cv.notify()
-
-    def counts(self) -> tuple[int, int]:
-        with self._cv:
-            return len(self._running), sum(not j.cancelled.is_set() for j in self._waiting)
-
-    def close(self):
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-
-    def _loop(self):
-        while True:
-            with self._cv:
-                while not self._stop and not self._waiting and not self._running:
-                    self.batch_size = 0
-                    self._cv.wait()
-                if self._stop:
-                    return
-                while self._waiting and len(self._running) < self.parallel:
-                    job = self._waiting.popleft()
-                    if not job.cancelled.is_set():
-                        self._running.append(_Turn(job))
-                turn = list(self._running)
-            self.batch_size = len(turn)
-            for r in turn:
-                if r.job.cancelled.is_set() or self._step(r):
-                    self._end(r)
-
-    def _step(self, r: _Turn) -> bool:
-        """One token for r's job; True when the job is finished."""
-        job = r.job
-        try:
-            if r.tokens is None:
-                session = self.model.new_session(len(job.prompt_ids) + job.max_tokens)
-                r.tokens = self.model.generate(job.prompt_ids, job.max_tokens, job.sampling, session=session)
-            token = next(r.tokens, None)
-            if token is None:       # the generator ended before the job said it was done
-                raise RuntimeError("generation ended early")
-            self.tokens_generated += 1
-            return bool(job.on_token(token))
-        except Exception as e:
-            if not isinstance(e, BrassError):   # a fault of ours: report it, keep serving the others
-                traceback.print_exc(file=sys.stderr)
-            job.on_error(e)
-            return True
-
-    def _end(self, r: _Turn):
-        if r.tokens is not None:
-            r.tokens.close()
-            r.tokens = None
-        with self._cv:
-            self._running.remove(r)
-        r.job.finished.set()
+class Scheduler(BatchScheduler):
+    """The server's worker thread: FIFO admission, up to `parallel` jobs decoded together (one
+    batched step over every job that has its next token; each row computed as it would be
+    alone), a new job's prompt read in chunks between steps, a cancelled job dropped before
+    the next step (engine/serving.py)."""

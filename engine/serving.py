@@ -71,12 +71,16 @@ class _Running:
         self.generated = 0
 
 
+class QueueFull(BrassError):
+    """The scheduler's queue holds `max_waiting` requests already."""
+
+
 class BatchScheduler:
     """The worker thread. `submit` queues (a full queue raises QueueFull); `counts()` gives
-    (running, waiting); `tokens_generated` and `steps` / `batch_rows` count the work done."""
+    (running, waiting); `tokens_generated` and `steps` / `batch_rows` count the work done,
+    `batch_size` is the rows of the latest step (0 when idle)."""
 
-    class QueueFull(BrassError):
-        pass
+    QueueFull = QueueFull
 
     def __init__(self, model, parallel: int = 4, max_waiting: int = 64,
                  prefill_chunk: int = PREFILL_CHUNK, start: bool = True):
@@ -90,6 +94,7 @@ class BatchScheduler:
         self._running: list[_Running] = []
         self.tokens_generated = 0
         self.steps = 0                  # decode steps taken
+        self.batch_size = 0             # rows of the latest step
         self.batch_rows = 0             # rows over all decode steps (mean batch = rows / steps)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="brass-batch", daemon=True)
@@ -101,7 +106,7 @@ class BatchScheduler:
         with self._cv:
             self._waiting = deque(r for r in self._waiting if not r.cancelled.is_set())
             if len(self._waiting) >= self.max_waiting:
-                raise self.QueueFull(f"the server is busy: {len(self._waiting)} requests are "
+                raise QueueFull(f"the server is busy: {len(self._waiting)} requests are "
                                      f"already waiting; retry later")
             self._waiting.append(req)
             self._cv.notify()
@@ -120,6 +125,7 @@ class BatchScheduler:
         while True:
             with self._cv:
                 while not self._stop and not self._waiting and not self._running:
+                    self.batch_size = 0
                     self._cv.wait()
                 if self._stop:
                     return
@@ -154,6 +160,7 @@ class BatchScheduler:
         b = self.model.backend
         self.steps += 1
         self.batch_rows += len(ready)
+        self.batch_size = len(ready)
         if len(ready) == 1 or self.batch is None:
             for r in ready:
                 self._guard(r, lambda r: self._accept(r, r.session.pick(r.session.decode(r.next),

@@ -61,7 +61,6 @@ DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts
 MOE_MAX_USED = 64
 SSM_CONV_THREADS = 128
 GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: a block of D threads, a state row each
-MAX_DECODE_BATCH = 64               # rows a batched decode step takes through the decode kernels
 # Batched decode steps write and read each row's KV cache through device arrays of the rows'
 # cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
 ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
@@ -440,11 +439,12 @@ class CudaBackend(Backend):
     def matmul(self, x, w):
         if isinstance(w, CudaWeight) and len(w.shape) == 1:
             # A one-row weight kept as a vector (qwen35moe's shared-expert gate, [n_embd]): one
-            # logit per row, x . w, as the numpy backend gives it ([T]); float32 through cuBLAS.
-            x = _f32(x, "matmul")
-            if x.shape[-1] != w.shape[0]:
-                raise BrassError(f"matmul: input has {x.shape[-1]} features but {w.name} expects {w.shape[0]}")
-            return cupy.matmul(x, w.dense)
+            # logit per row, [T] as the numpy backend gives it, through the F32 mat-vec kernel
+            # as a (1, K) matrix (a row's sum then does not depend on how many rows there are).
+            if w.type != GGMLType.F32:
+                raise UnsupportedError(f"matmul: vector weight {w.name} of type {w.type.name}")
+            row = CudaWeight(w.name, GGMLType.F32, (1, w.shape[0]), data=w.dense.view(np.uint8))
+            return self.matmul_many(x, [row])[0].reshape(x.shape[:-1])
         return self.matmul_many(x, [w])[0]
 
     @contextmanager
@@ -461,7 +461,7 @@ class CudaBackend(Backend):
 
     def _decode_rows(self, n_rows: int) -> bool:
         """Whether n_rows activations take the single-token (decode) kernels."""
-        return n_rows == 1 or (self._rows_independent and 0 < n_rows <= MAX_DECODE_BATCH)
+        return n_rows == 1 or (self._rows_independent and n_rows > 0)
 
     def matmul_many(self, x, ws):
         src = x
@@ -564,7 +564,7 @@ class CudaBackend(Backend):
         if x.shape[:-1] != ((T, k) if per_slot else (T,)):
             raise BrassError(f"matmul_id: x of shape {x.shape} does not match ids of shape {ids.shape}")
         y = self._out((T, k, N), F32)
-        if T and k and uses_f16_gemm(T, K, w.type):
+        if T and k and not self._rows_independent and uses_f16_gemm(T, K, w.type):
             self._matmul_id_gemm(x, w, ids, per_slot, y)
         elif T and k:
             xa = self._activations(x.reshape(-1, K), w)
@@ -833,7 +833,9 @@ class CudaBackend(Backend):
 
     def _row_pointers(self, layers, what: str):
         """Device arrays of the K and V cache addresses of a batched step's rows, after
-        checking that every row's caches have the first row's layout."""
+        checking that every row's caches have the first row's layout. The kernels bound slots
+        by the largest capacity: each row's position is checked against its own cache on the
+        host before the step (engine/batch.py)."""
         k0, v0 = layers[0]
         for kc, vc in layers:
             if (kc.dtype != F16 or vc.dtype != F16 or not kc.flags.c_contiguous or not vc.flags.c_contiguous
@@ -846,7 +848,9 @@ class CudaBackend(Backend):
         return dev[0], dev[1]
 
     def attention_rows(self, q, layers, pos, scale, window=0):
-        if not ROW_KERNELS or len(layers) == 1:
+        if len(layers) == 1:
+            return self.attention(q, *layers[0], pos, scale, window)
+        if not ROW_KERNELS:
             return super().attention_rows(q, layers, pos, scale, window)
         k0, v0 = layers[0]
         if q.shape[0] != len(layers):
@@ -967,7 +971,9 @@ class CudaBackend(Backend):
         return s, y
 
     def rope_store_rows(self, q, k, v, pos, layers, **kw):
-        if not ROW_KERNELS or len(layers) == 1:
+        if len(layers) == 1:
+            return self.rope_store(q, k, v, pos, *layers[0], **kw)
+        if not ROW_KERNELS:
             return super().rope_store_rows(q, k, v, pos, layers, **kw)
         if q.shape[0] != len(layers):
             raise BrassError(f"rope_store_rows: {q.shape[0]} rows for {len(layers)} caches")
