@@ -3,10 +3,11 @@ text, quantized by llama.cpp into a mix of weight types.
 
 They exist for what the real models on PyPI lack: architectures (`qwen3` with q/k norms,
 `qwen3moe` with routed experts, the `qwen35` / `qwen35moe` hybrids of gated delta-nets and
-attention) and weight types (F16, BF16, Q4_0, Q5_1, Q5_K, MXFP4) that none of them use. Every
-model is a config entry in `MODELS`; adding an architecture means adding an entry (and, for a
-tensor kind not seen before, its shape in `TENSOR_SHAPES`; `layer` may be a function of the
-layer index when layers differ).
+attention, `gemma4` dense and MoE with sliding-window and full layers of different shapes)
+and weight types (F16, BF16, Q4_0, Q5_1, Q5_K, MXFP4) that none of them use. Every model is a
+config entry in `MODELS`; adding an architecture means adding an entry (and, for a tensor kind
+not seen before, its shape in `TENSOR_SHAPES`; `layer` may be a function of the layer index
+when layers differ, and `layer_dims` gives a layer's own dimensions).
 
 Deterministic: the same script gives byte-identical files (weights come from a seeded
 generator, the tokenizer from `synth_corpus.txt`, quantization from llama.cpp).
@@ -197,6 +198,16 @@ TENSOR_SHAPES = {
     "ffn_gate_shexp": lambda d: (d["shexp_ffn"], d["hidden"]),
     "ffn_up_shexp": lambda d: (d["shexp_ffn"], d["hidden"]),
     "ffn_down_shexp": lambda d: (d["hidden"], d["shexp_ffn"]),
+    # gemma4: rope factors of the full layers, the experts' merged gate|up and their norms and
+    # scales, the layer's output scalar
+    "rope_freqs": lambda d: (d["head_dim"] // 2,),
+    "ffn_gate_up_exps": lambda d: (d["n_expert"], 2 * d["expert_ffn"], d["hidden"]),
+    "ffn_gate_inp_scale": lambda d: (d["hidden"],),
+    "ffn_down_exps_scale": lambda d: (d["n_expert"],),
+    "pre_ffw_norm_2": lambda d: (d["hidden"],),
+    "post_ffw_norm_1": lambda d: (d["hidden"],),
+    "post_ffw_norm_2": lambda d: (d["hidden"],),
+    "layer_output_scale": lambda d: (1,),
 }
 # Shapes that differ by architecture: qwen35's attn_q also holds the output gate (per head,
 # hd query rows then hd gate rows).
@@ -206,6 +217,8 @@ ARCH_TENSOR_SHAPES = {
 ARCH_TENSOR_SHAPES["qwen35moe"] = ARCH_TENSOR_SHAPES["qwen35"]
 # GGUF names without the usual ".weight" suffix
 TENSOR_SUFFIX = {"ssm_dt": ".bias", "ssm_a": ""}
+# kinds whose GGUF name is another tensor's name with ".scale" (llama.cpp's optional factors)
+SCALE_OF = {"ffn_gate_inp_scale": "ffn_gate_inp", "ffn_down_exps_scale": "ffn_down_exps"}
 
 _DENSE_LAYER = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
@@ -222,6 +235,27 @@ def _qwen35_layer(ffn: list[str], interval: int = 4):
         mixer = delta if (il + 1) % interval else attn
         return ["attn_norm", "post_attention_norm"] + mixer + ffn
     return tensors
+
+def _gemma4_layer(ffn: list[str], no_v: tuple[int, ...] = (),
+                  extra: dict[int, list[str]] | None = None):
+    """gemma4's tensors of layer il: attention (attn_v left out on the `no_v` layers, whose
+    values are then the raw keys), its post-norm, `ffn` and any `extra[il]`."""
+    def tensors(il: int) -> list[str]:
+        attn = ["attn_norm", "attn_q", "attn_k"] + ([] if il in no_v else ["attn_v"]) + \
+            ["attn_output", "attn_q_norm", "attn_k_norm", "post_attention_norm"]
+        return attn + ffn + (extra or {}).get(il, []) + ["ffn_norm", "post_ffw_norm"]
+    return tensors
+
+
+def _gemma4_dims(swa: list[bool], swa_dims: dict, full_dims: dict):
+    """Per-layer dimensions of gemma4 (head size, KV heads, FFN width by layer kind)."""
+    def dims(il: int) -> dict:
+        return swa_dims if swa[il] else full_dims
+    return dims
+
+
+_G4_SWA = [True, False, True, False]
+_G4MOE_SWA = [True, False, True]
 
 # Each entry: architecture, tokenizer, dimensions, tensors, extra GGUF metadata (writer method →
 # value) and the weight type of every matrix as (regex on the tensor name, type) — the first
@@ -367,6 +401,95 @@ MODELS = {
                (r"\.ffn_gate_shexp\.", "Q6_K"), (r"\.ffn_up_shexp\.", "Q4_K"),
                (r"\.ffn_down_shexp\.", "Q8_0")],
     ),
+    "synth-gemma4": dict(
+        arch="gemma4", tokenizer="synth-spm", seed=1007,
+        description="gemma4 dense, 4 layers: sliding-window layers 0 and 2 (window 5, head size "
+                    "32, 2 KV heads, rope base 10000 by default) and full layers 1 and 3 (head "
+                    "size 64, 1 KV head, no attn_v: the values are the raw keys; proportional "
+                    "rope through rope_freqs, 8 of 32 pairs turning); per-layer FFN widths, "
+                    "final logit softcap 30 by default, tied embeddings, SentencePiece",
+        # Tied embeddings: the input holds 16·e (sqrt(hidden) times the embedding) and the
+        # logits are E·rms(x), so a large embedding makes every token predict itself. A small
+        # one (std 0.05) under layer outputs 2.4 times as large (the post-norm gains) lets the
+        # layers decide; output_norm gains ~3 spread the logits to ~±10, where the softcap (30)
+        # bends the top ones by ~0.3. Four layers and q/k norm gains ~0.5: a one-ulp
+        # difference from llama.cpp (a float16 or Q8 activation rounding taken the other way)
+        # grows through every later layer, and attention with scale 1 over unit q/k rows of
+        # 32-64 dims (gains 1: attention logits of std 6-8) grows it fastest; a 6-layer draft
+        # with gains 1 reached logits NMSE 1e-3 on a 79-token prompt (bound 5e-4).
+        # Per-layer values (head size, KV heads, FFN width) by layer kind, from layer_dims.
+        dims=dict(hidden=256, n_layer=4, n_head=4, n_kv_head=[2, 1, 2, 1], head_dim=64,
+                  ffn=[64, 128, 64, 128], rope_base=1000000.0, rms_eps=1e-6,
+                  embd_std=0.05, rope_pairs=8,
+                  norm_gain={"post_attention_norm": 2.4, "post_ffw_norm": 2.4, "output_norm": 3.0,
+                             "attn_q_norm": 0.5, "attn_k_norm": 0.5}),
+        layer_dims=_gemma4_dims(_G4_SWA, dict(head_dim=32, n_kv_head=2, ffn=64),
+                                dict(head_dim=64, n_kv_head=1, ffn=128)),
+        globals=["token_embd", "output_norm", "rope_freqs"],
+        layer=_gemma4_layer(["ffn_gate", "ffn_up", "ffn_down"], no_v=(1, 3)),
+        extra={"add_sliding_window": 5, "add_sliding_window_pattern": _G4_SWA,
+               "add_key_length_swa": 32, "add_value_length_swa": 32,
+               "add_rope_dimension_count": 64, "add_rope_dimension_count_swa": 32,
+               "add_embedding_length_per_layer_input": 0},
+        types=[(r"^token_embd\.", "Q6_K"),
+               (r"blk\.0\.attn_q\.", "Q4_K"), (r"blk\.1\.attn_q\.", "Q6_K"),
+               (r"blk\.2\.attn_q\.", "Q5_K"), (r"blk\.3\.attn_q\.", "Q8_0"),
+               (r"blk\.0\.attn_k\.", "Q6_K"), (r"blk\.1\.attn_k\.", "Q5_K"),
+               (r"blk\.2\.attn_k\.", "Q8_0"), (r"blk\.3\.attn_k\.", "Q4_K"),
+               (r"blk\.0\.attn_v\.", "Q5_K"), (r"blk\.2\.attn_v\.", "Q4_K"),
+               (r"blk\.0\.attn_output\.", "Q4_1"), (r"blk\.2\.attn_output\.", "Q5_0"),
+               (r"blk\.1\.attn_output\.", "Q4_K"), (r"blk\.3\.attn_output\.", "Q5_K"),
+               (r"blk\.[02]\.ffn_gate\.", "Q4_K"), (r"blk\.[13]\.ffn_gate\.", "Q5_K"),
+               (r"blk\.[02]\.ffn_up\.", "Q5_K"), (r"blk\.[13]\.ffn_up\.", "Q4_K"),
+               (r"blk\.[03]\.ffn_down\.", "Q8_0"), (r"blk\.1\.ffn_down\.", "Q5_0"),
+               (r"blk\.2\.ffn_down\.", "Q4_0")],
+    ),
+    "synth-gemma4moe": dict(
+        # seed: of 1008 and 31-34 the one whose recordings put no router near-tie within the
+        # numpy backend's rounding of llama.cpp (with 1008 and 33 a token chooses another
+        # expert and its logits move by units, which tolerances.py allows only on CUDA) and
+        # have >= 8 greedy tokens before a logit near-tie (test_greedy_stream; 31 and 32: 7)
+        arch="gemma4", tokenizer="synth-spm", seed=34,
+        description="gemma4 MoE, 3 layers: sliding-window layers 0 and 2 (window 6, head size 32, "
+                    "2 KV heads, rope base 20000) and full layer 1 (head size 64, 1 KV head, with "
+                    "attn_v, proportional rope); every layer a dense GeGLU branch beside 4 "
+                    "experts top-2 (gate|up merged on layers 0 and 2, apart on layer 1; router "
+                    "input scale, per-expert down scale, pre/post norms), a layer output scale; "
+                    "final logit softcap 20, untied output, SentencePiece",
+        # output_norm gains ~1.5: logits of std ~4.5, whose top (~14) the softcap (20) bends
+        dims=dict(hidden=256, n_layer=3, n_head=4, n_kv_head=[2, 1, 2], head_dim=64, ffn=64,
+                  n_expert=4, n_expert_used=2, expert_ffn=32,
+                  rope_base=1000000.0, rms_eps=1e-6, embd_std=0.2, rope_pairs=8,
+                  norm_gain={"output_norm": 1.5}),
+        layer_dims=_gemma4_dims(_G4MOE_SWA, dict(head_dim=32, n_kv_head=2),
+                                dict(head_dim=64, n_kv_head=1)),
+        globals=["token_embd", "output_norm", "output", "rope_freqs"],
+        layer=_gemma4_layer(
+            ["ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_inp_scale",
+             "ffn_down_exps", "ffn_down_exps_scale", "pre_ffw_norm_2", "post_ffw_norm_1",
+             "post_ffw_norm_2", "layer_output_scale"],
+            extra={0: ["ffn_gate_up_exps"], 1: ["ffn_gate_exps", "ffn_up_exps"],
+                   2: ["ffn_gate_up_exps"]}),
+        extra={"add_sliding_window": 6, "add_sliding_window_pattern": _G4MOE_SWA,
+               "add_key_length_swa": 32, "add_value_length_swa": 32,
+               "add_rope_dimension_count": 64, "add_rope_dimension_count_swa": 32,
+               "add_rope_freq_base_swa": 20000.0, "add_final_logit_softcapping": 20.0,
+               "add_embedding_length_per_layer_input": 0,
+               "add_expert_count": 4, "add_expert_used_count": 2,
+               "add_expert_feed_forward_length": 32},
+        types=[(r"^token_embd\.", "Q5_K"), (r"^output\.", "Q4_K"),
+               (r"blk\.[02]\.attn_q\.", "Q5_K"), (r"blk\.1\.attn_q\.", "Q4_K"),
+               (r"blk\.[02]\.attn_k\.", "Q8_0"), (r"blk\.1\.attn_k\.", "Q6_K"),
+               (r"blk\.[02]\.attn_v\.", "Q4_K"), (r"blk\.1\.attn_v\.", "Q5_K"),
+               (r"blk\.[02]\.attn_output\.", "Q4_1"), (r"blk\.1\.attn_output\.", "Q5_K"),
+               (r"blk\.[01]\.ffn_gate\.", "Q4_K"), (r"blk\.2\.ffn_gate\.", "Q6_K"),
+               (r"blk\.[01]\.ffn_up\.", "Q5_K"), (r"blk\.2\.ffn_up\.", "Q4_K"),
+               (r"\.ffn_down\.", "Q8_0"),
+               (r"blk\.0\.ffn_gate_up_exps\.", "Q4_K"), (r"blk\.2\.ffn_gate_up_exps\.", "Q5_K"),
+               (r"\.ffn_gate_exps\.", "Q6_K"), (r"\.ffn_up_exps\.", "Q4_K"),
+               (r"blk\.0\.ffn_down_exps\.", "Q8_0"), (r"blk\.1\.ffn_down_exps\.", "MXFP4"),
+               (r"blk\.2\.ffn_down_exps\.", "Q5_0")],
+    ),
 }
 
 
@@ -384,10 +507,26 @@ def _weights(cfg: dict) -> dict[str, np.ndarray]:
     names = list(cfg["globals"]) + [f"blk.{i}.{t}" for i in range(d["n_layer"])
                                     for t in _layer_tensors(cfg, i)]
     shapes = {**TENSOR_SHAPES, **ARCH_TENSOR_SHAPES.get(cfg["arch"], {})}
+    layer_dims = cfg.get("layer_dims")
     for name in names:
         kind = name.split(".")[-1]
-        shape = shapes[kind](d)
-        if kind == "ssm_a":
+        dl = d
+        if layer_dims is not None and name.startswith("blk."):
+            dl = {**d, **layer_dims(int(name.split(".")[1]))}
+        shape = shapes[kind](dl)
+        if kind == "rope_freqs":
+            # gemma4's proportional rope: the first rope_pairs pairs turn, the rest get 1e30
+            # (their angle / 1e30 ≈ 0), as the converter writes for partial_rotary_factor
+            w = np.where(np.arange(shape[0]) < d["rope_pairs"], 1.0, 1e30)
+        elif kind == "ffn_gate_inp_scale":
+            # the router input is rms(x)/sqrt(hidden) times this: ~sqrt(hidden) gives the
+            # router logits the same spread as elsewhere
+            w = np.sqrt(d["hidden"]) * rng.uniform(0.8, 1.2, shape)
+        elif kind == "ffn_down_exps_scale":
+            w = rng.uniform(0.5, 2.0, shape)        # far from 1, so that leaving it out shows
+        elif kind == "layer_output_scale":
+            w = rng.uniform(0.5, 0.9, shape)
+        elif kind == "ssm_a":
             # -exp(A_log), stored negated as the converter does: per-step decays exp(g) of
             # 0.5-0.95, so the recurrent state carries a few tokens back
             w = -rng.uniform(0.1, 1.0, shape)
@@ -397,7 +536,8 @@ def _weights(cfg: dict) -> dict[str, np.ndarray]:
             # a dot product with the normed input: sigmoid gates spread over (0, 1)
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         elif len(shape) == 1:
-            w = 1.0 + 0.1 * rng.standard_normal(shape)        # RMS-norm gains near 1
+            # RMS-norm gains near 1, or near dims["norm_gain"][kind] where a model says so
+            w = d.get("norm_gain", {}).get(kind, 1.0) * (1.0 + 0.1 * rng.standard_normal(shape))
         elif kind == "token_embd":
             w = d.get("embd_std", 1.0) * rng.standard_normal(shape)
         elif kind == "output":
@@ -410,13 +550,17 @@ def _weights(cfg: dict) -> dict[str, np.ndarray]:
             w = 1.5 * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        if kind in SCALE_OF:
+            out[name[:-len(kind)] + SCALE_OF[kind] + ".scale"] = w.astype(np.float32)
+            continue
         out[name + TENSOR_SUFFIX.get(kind, ".weight")] = w.astype(np.float32)
     return out
 
 
 def expected_type(cfg: dict, tensor: str, ndim: int) -> str:
     # llama.cpp keeps 1-D tensors, the MoE router and the delta-net's conv1d in F32
-    if ndim == 1 or ".ffn_gate_inp." in tensor or ".ssm_conv1d." in tensor:
+    if ndim == 1 or ".ffn_gate_inp." in tensor or ".ssm_conv1d." in tensor \
+            or tensor.endswith(".scale"):
         return "F32"
     for pattern, typ in cfg["types"]:
         if re.search(pattern, tensor):

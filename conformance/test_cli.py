@@ -203,7 +203,7 @@ def test_models_lists_the_catalog():
     for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
         assert name in r.stdout
     assert "\narchitectures: llama, qwen2, qwen3, qwen3moe, gemma3, qwen35 (numpy only), " \
-           "qwen35moe (numpy only)\n" in r.stdout
+           "qwen35moe (numpy only), gemma4 (numpy only)\n" in r.stdout
 
 
 @pytest.mark.parametrize("tty", [True, False], ids=["stderr-terminal", "stderr-pipe"])

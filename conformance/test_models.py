@@ -15,6 +15,7 @@ from tabulate import tabulate
 from conformance import goldens, tolerances
 from engine import arch as arch_registry
 from engine.backends import cuda_available
+from engine.llamacpp import brass_tap
 from engine.model import Model
 
 MODELS = [m.name for m in goldens.models()]
@@ -93,9 +94,9 @@ def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _tap_name(node) -> str:
-    # llama.cpp names the attention output projection only in `llama`; Brass names it
-    # attn_out everywhere. Every other node is traced under llama.cpp's own name.
-    return f"attn_out-{node.layer}" if node.role == "attn_proj" else node.name
+    # llama.cpp's name, except the attention output projection (attn_out everywhere in
+    # Brass) and gemma4's residual after attention (engine.llamacpp.brass_tap)
+    return brass_tap(node.name, node.role, node.layer)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

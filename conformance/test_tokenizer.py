@@ -251,6 +251,9 @@ BRANCH_DIGESTS = {  # model: (encode(text, False, False) per text, detokenize(ed
 # synth-qwen35 and synth-qwen35moe are built with synth-qwen3's and synth-qwen3moe's vocabularies
 BRANCH_DIGESTS.update({"synth-qwen35": BRANCH_DIGESTS["synth-qwen3"],
                        "synth-qwen35moe": BRANCH_DIGESTS["synth-qwen3moe"]})
+# synth-gemma4 and synth-gemma4moe are built with synth-llama's vocabulary (synth-spm)
+BRANCH_DIGESTS.update({"synth-gemma4": BRANCH_DIGESTS["synth-llama"],
+                       "synth-gemma4moe": BRANCH_DIGESTS["synth-llama"]})
 
 
 def _digest(value) -> str:
@@ -293,7 +296,9 @@ LLAMA_CPP_SPECIAL = {
     "synth-gemma3": dict(bos=1, eos=2, eot=4, add_bos=True, add_eos=False, eog={2, 4}),
 }
 LLAMA_CPP_SPECIAL.update({"synth-qwen35": LLAMA_CPP_SPECIAL["synth-qwen3"],
-                          "synth-qwen35moe": LLAMA_CPP_SPECIAL["synth-qwen3moe"]})
+                          "synth-qwen35moe": LLAMA_CPP_SPECIAL["synth-qwen3moe"],
+                          "synth-gemma4": LLAMA_CPP_SPECIAL["synth-llama"],
+                          "synth-gemma4moe": LLAMA_CPP_SPECIAL["synth-llama"]})
 
 
 @pytest.mark.parametrize("model", [m.name for m in goldens.models()])

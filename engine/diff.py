@@ -122,9 +122,8 @@ class DiffReport:
 
 
 def _tap_name(node: dict) -> str:
-    # llama.cpp leaves the attention output projection unnamed in some architectures
-    # (node_<i>) and calls it attn_out in llama; Brass traces attn_out-<layer> everywhere.
-    return f"attn_out-{node['layer']}" if node["role"] == "attn_proj" else node["name"]
+    from .llamacpp import brass_tap
+    return brass_tap(node["name"], node["role"], node["layer"])
 
 
 def nmse(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -444,7 +444,24 @@ _QWEN35_ROLES = {
     # both: residual after the mixer and the norm before the FFN
     "attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm",
 }
+# gemma4 (src/models/gemma4.cpp): "Qcur-N"/"Kcur-N" are the raw projections (None: not
+# recorded; on a layer whose values are the keys the one projection is named "Vcur-N"), q and k
+# after norm and rope are "Q/Kcur_pos-N"; the values' weightless RMS norm; both post-norms;
+# "attn_out-N" is the residual after attention (Brass: attn_residual-N, see brass_tap). A MoE
+# layer's FFN output is "ffn_moe_combined-N" = dense branch ("ffn_mlp") + the experts' normed
+# sum ("ffn_moe" of "ffn_moe_out"). The experts' scaled outputs (ffn_moe_down_scaled) are not
+# recorded: they are per top-k slot, and two experts of near-equal probability may take their
+# slots in either order without changing the sum.
+_GEMMA4_ROLES = {
+    "Qcur": None, "Kcur": None, "Vcur": None,
+    "Qcur_pos": "q_rope", "Kcur_pos": "k_rope", "Vcur_normed": "v_norm",
+    "attn_post_norm": "attn_post_norm", "attn_out": "ffn_inp",
+    "ffn_mlp": "moe_dense", "ffn_moe_out": "moe_out",
+    "ffn_moe": "moe_normed", "ffn_moe_combined": "ffn_out",
+    "ffn_post_norm": "ffn_post_norm",
+}
 ARCH_NODE_ROLES = {
+    "gemma4": _GEMMA4_ROLES,
     "qwen35": _QWEN35_ROLES,
     # the routed experts' sum, the shared expert and its gate, then ffn_out = their sum
     "qwen35moe": {**_QWEN35_ROLES, "ffn_moe_out": "moe_out", "ffn_shexp": "shexp_out",
@@ -453,8 +470,21 @@ ARCH_NODE_ROLES = {
 
 
 def node_roles(arch: str) -> dict:
-    """Name (without the layer suffix) → role, or → {op: role}, for an architecture's graph."""
+    """Name (without the layer suffix) → role, or → {op: role}, for an architecture's graph;
+    a name mapped to None is not recorded."""
     return {**NODE_ROLES, **ARCH_NODE_ROLES.get(arch, {})}
+
+
+def brass_tap(name: str, role: str, layer: int | None) -> str:
+    """The name Brass traces a recorded node under: llama.cpp's own, except the attention
+    output projection, attn_out-N in every Brass architecture (llama.cpp leaves it unnamed or
+    calls it attn_output / linear_attn_out), and gemma4's residual after attention, which
+    llama.cpp names attn_out-N: attn_residual-N in Brass (qwen35's name for that node)."""
+    if role == "attn_proj":
+        return f"attn_out-{layer}"
+    if role == "ffn_inp" and split_name(name)[0] == "attn_out":
+        return f"attn_residual-{layer}"
+    return name
 
 
 def split_name(name: str) -> tuple[str, int | None]:
@@ -465,7 +495,8 @@ def split_name(name: str) -> tuple[str, int | None]:
 
 def _wanted(roles: dict):
     def wanted(name: str, prev: str | None) -> bool:
-        return split_name(name)[0] in roles or (prev is not None and prev.startswith("kqv_out-"))
+        return roles.get(split_name(name)[0]) is not None or \
+            (prev is not None and prev.startswith("kqv_out-"))
     return wanted
 
 

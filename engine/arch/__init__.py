@@ -16,6 +16,7 @@ ARCHITECTURES = {
     "gemma3": "gemma3",
     "qwen35": "qwen35",
     "qwen35moe": "qwen35moe",
+    "gemma4": "gemma4",
 }
 
 

@@ -245,9 +245,9 @@ class Backend(ABC):
     # are compositions. A backend without them refuses with one line (the architectures that
     # need them are refused at load time first, see engine/arch/qwen35.py).
 
-    def _lacks(self, op: str):
-        raise UnsupportedError(f"the {self.name} backend has no {op} op (gated delta-net layers "
-                               f"need it); use --backend numpy")
+    def _lacks(self, op: str, needed_by: str = "gated delta-net layers"):
+        raise UnsupportedError(f"the {self.name} backend has no {op} op (needed by "
+                               f"{needed_by}); use --backend numpy")
 
     def sigmoid(self, x):
         """`1 / (1 + exp(-x))` elementwise (ggml_sigmoid)."""
@@ -291,6 +291,34 @@ class Backend(ABC):
     def sigmoid_gate(self, x, gate):
         """`x * sigmoid(gate)` (qwen35's attention output gate, its shared-expert gate)."""
         return self.mul(x, self.sigmoid(gate))
+
+    # -- gemma4 ------------------------------------------------------------------------------
+    # Like the recurrent ops: not abstract, and a backend without them refuses in one line
+    # (engine/arch/gemma4.py's BACKENDS keeps such backends from loading the model at all).
+
+    def rope_ff(self, x, pos, n_rot: int, base: float, neox: bool, freq_factors: Weight,
+                freq_scale: float = 1.0):
+        """`rope` whose pair i turns by `θ_i / freq_factors[i]` (ggml_rope_ext with freq
+        factors: ggml divides the angle by the factor, then multiplies by freq_scale). Gemma 4's
+        full-attention layers rotate only the pairs whose factor is 1 this way: the others
+        have 1e30, i.e. stay put ("proportional" rope)."""
+        self._lacks("rope_ff", "gemma4's full-attention layers")
+
+    def tanh(self, x):
+        """`tanh(x)` elementwise (ggml_tanh)."""
+        self._lacks("tanh", "gemma4's final logit softcap")
+
+    def softcap(self, x, cap: float):
+        """`cap · tanh(x / cap)`, as ggml computes it: scale by `1.0f / cap` (a float32
+        quotient), tanh, scale by cap (gemma4's final logits)."""
+        inv = float(np.float32(1) / np.float32(cap))
+        return self.scale(self.tanh(self.scale(x, inv)), cap)
+
+    def mul_expert_scale(self, y, s: Weight, ids):
+        """`y[t, j, :] * s[ids[t, j]]`: the per-expert factor of an expert mat-mul's output
+        (`y [T, k, N]`, `s` `(E,)`, `ids [T, k]`; llama.cpp's build_lora_mm_id with a scale,
+        gemma4's ffn_down_exps.scale)."""
+        self._lacks("mul_expert_scale", "gemma4's experts")
 
     # -- decoding on the device ---------------------------------------------------------------
     supports_graphs = False

@@ -182,8 +182,14 @@ class NumpyBackend(Backend):
         return np.multiply(x, F32(s), dtype=F32)
 
     def rope(self, x, pos, n_rot, base, neox, freq_scale=1.0):
+        return self._rope(x, pos, n_rot, base, neox, freq_scale)
+
+    def rope_ff(self, x, pos, n_rot, base, neox, freq_factors, freq_scale=1.0):
+        return self._rope(x, pos, n_rot, base, neox, freq_scale, freq_factors.dense())
+
+    def _rope(self, x, pos, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
         x = np.asarray(x, F32)
-        cos, sin = rope_cos_sin(np.asarray(pos), n_rot, base, freq_scale)   # [T, n_rot/2]
+        cos, sin = rope_cos_sin(np.asarray(pos), n_rot, base, freq_scale, freq_factors)  # [T, n_rot/2]
         cos, sin = cos[:, None, :], sin[:, None, :]
         y = x.copy()
         if neox:
@@ -297,6 +303,13 @@ class NumpyBackend(Backend):
             out[t] = np.einsum("hji,hi->hj", M, qt) * scale
         return out
 
+    # -- gemma4 ---------------------------------------------------------------------------------
+    def tanh(self, x):
+        return np.tanh(np.asarray(x, F32))
+
+    def mul_expert_scale(self, y, s, ids):
+        return np.multiply(y, s.dense()[np.asarray(ids)][..., None], dtype=F32)
+
     def argmax(self, x):
         return np.argmax(np.asarray(x), axis=-1).astype(np.int32)
 
@@ -312,16 +325,20 @@ def _mm(x: np.ndarray, w: np.ndarray, by_row: bool = False) -> np.ndarray:
     return x @ w.T
 
 
-def rope_cos_sin(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0):
+def rope_cos_sin(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
+                 freq_factors: np.ndarray | None = None):
     """cos/sin `[T, n_rot/2]` of the rope angles, computed like ggml_rope_cache_init: the
     angle of pair i is pos * theta_scale**i built by repeated float32 multiplication (not
-    pow), so long positions carry the same rounding as llama.cpp's."""
+    pow), so long positions carry the same rounding as llama.cpp's; with freq factors it is
+    divided by factor i before the frequency scale is applied (rope_yarn(theta / ff, ...))."""
     theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
     theta = pos.astype(F32)
     angles = np.empty((pos.shape[0], n_rot // 2), F32)
     for i in range(n_rot // 2):
         angles[:, i] = theta
         theta = (theta * theta_scale).astype(F32)
+    if freq_factors is not None:
+        angles = angles / np.asarray(freq_factors, F32)[:n_rot // 2]
     angles = angles * F32(freq_scale)
     return np.cos(angles), np.sin(angles)
 
