@@ -28,6 +28,10 @@ HYBRID = {"qwen35", "qwen35moe"}
 GDN_ROLES = {"attn_norm", "gdn_conv", "gdn_q", "gdn_k", "gdn_beta", "gdn_gate", "gdn_out",
              "gdn_gated_norm", "attn_proj", "ffn_inp", "ffn_norm", "ffn_out", "l_out"}
 HYBRID_MOE_ROLES = MOE_ROLES | {"moe_out", "shexp_out", "shexp_gate"}
+# gemma4: the values' weightless norm and both post-norms in every layer; a layer with a router
+# adds the routing, the routed sum before and after its norm and the dense branch beside it
+GEMMA4_ROLES = LAYER_ROLES | {"v_norm", "attn_post_norm", "ffn_post_norm"}
+GEMMA4_MOE_ROLES = MOE_ROLES | {"moe_out", "moe_normed", "moe_dense"}
 # Architectures whose residual stream is a plain sum: ffn_inp = attn_proj + previous l_out and
 # l_out = ffn_inp + ffn_out (gemma3 puts norms on both branches, so it is not checked this way).
 PLAIN_RESIDUAL = {"llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe"}
@@ -246,9 +250,12 @@ def test_activations_are_complete(name):
     # Only hybrids have delta-net layers; the others' files may not be here (a real model
     # not in the cache), and this test reads goldens only.
     recurrent = recurrent_layers(m) if m.arch in HYBRID else set()
+    routed = layers_with(m, "ffn_gate_inp.weight") if m.arch == "gemma4" else set()
     for layer in range(m.n_layer):
         roles = (GDN_ROLES if layer in recurrent else LAYER_ROLES | ({"attn_gated", "ffn_norm"}
                  if m.arch in HYBRID else set())) | moe
+        if m.arch == "gemma4":      # a layer is MoE when it has a router
+            roles |= GEMMA4_ROLES | (GEMMA4_MOE_ROLES if layer in routed else set())
         have = {n.role for n in acts.nodes.values() if n.layer == layer}
         assert roles <= have, f"{name} layer {layer} lacks {sorted(roles - have)}"
     if m.arch in HYBRID:
@@ -279,9 +286,14 @@ def test_activations_are_complete(name):
 
 def recurrent_layers(m) -> set[int]:
     """The layers of a model file that are gated delta-nets (they hold an ssm_a tensor)."""
+    return layers_with(m, "ssm_a")
+
+
+def layers_with(m, tensor: str) -> set[int]:
+    """The layers of a model file that hold blk.N.<tensor>."""
     gf = GGUFFile(m.path())
     try:
-        return {il for il in range(m.n_layer) if f"blk.{il}.ssm_a" in gf.tensors}
+        return {il for il in range(m.n_layer) if f"blk.{il}.{tensor}" in gf.tensors}
     finally:
         gf.close()
 
@@ -324,7 +336,13 @@ def test_shared_expert_nodes_add_up(name):
         assert np.all(np.abs(routed + shexp * gate - total) <= bound), f"{name} layer {layer}"
 
 
-@pytest.mark.parametrize("name", [m.name for m in goldens.models() if m.arch.endswith("moe")])
+def _has_experts(m) -> bool:
+    """MoE architectures, and gemma4 files whose layers have a router (synth-gemma4moe)."""
+    return m.arch.endswith("moe") or \
+        any(n.role == "moe_topk" for n in goldens.activations(m.name).nodes.values())
+
+
+@pytest.mark.parametrize("name", [m.name for m in goldens.models() if _has_experts(m)])
 def test_moe_routing_nodes_agree(name):
     """moe_topk holds the experts with the largest moe_probs (best first) and moe_weights their
     probabilities renormalized to sum 1. Stored probs are float16 (relative 2^-11), so tokens
