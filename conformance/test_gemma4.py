@@ -329,6 +329,8 @@ def _config(name: str, tensors: dict | None = None, **changes):
     ({"attention.key_length_swa": None}, GGUFError, "gemma4.attention.key_length_swa is missing"),
     ({"attention.sliding_window_pattern": None}, GGUFError,
      "gemma4.attention.sliding_window_pattern is missing"),
+    ({"attention.sliding_window_pattern": np.array([True, False])}, GGUFError,
+     "sliding_window_pattern gives 2 layers, expected block_count = 4"),
     ({"embedding_length_per_layer_input": None}, GGUFError,
      "gemma4.embedding_length_per_layer_input is missing"),
     ({"attention.head_count_kv": np.array([2, 1, 2], np.int32)}, GGUFError,

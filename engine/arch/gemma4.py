@@ -61,6 +61,9 @@ def configure(cfg, gf):
     if not (isinstance(pattern, np.ndarray) and pattern.ndim == 1 and pattern.dtype.kind in "biu"):
         raise GGUFError(f"{path}: metadata key {a}.attention.sliding_window_pattern is "
                         f"{pattern!r:.40}, expected an array of flags (one per layer)")
+    if len(pattern) < cfg.n_layer:
+        raise GGUFError(f"{path}: metadata key {a}.attention.sliding_window_pattern gives "
+                        f"{len(pattern)} layers, expected block_count = {cfg.n_layer}")
     cfg.swa_layers = [bool(v) for v in pattern][:cfg.n_layer]
     if cfg.n_embd_per_layer:
         raise UnsupportedError(f"{path}: per-layer embeddings ({a}.embedding_length_per_layer_input "
