@@ -5,6 +5,13 @@
 # .whl/ (pip download --no-deps gguf==0.19.0 syrupy -d .whl; run's carry=[".whl"]) are
 # installed first; without them the tests that need them skip or fail to import, and the
 # rest of the suite still runs.
+# brass serve (FastAPI + uvicorn) needs these too (Python 3.12, x86_64; 3.7 MB with the above;
+# without them conformance/test_server_cuda.py skips and says why):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --abi cp312 --platform manylinux2014_x86_64 -d .whl fastapi==0.165.0 starlette==1.10.0 \
+#       uvicorn==0.54.0 h11==0.16.0 click==8.5.1 pydantic==2.14.4 pydantic-core==2.50.5 \
+#       annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5 \
+#       anyio==4.16.0 idna==3.20 annotated-doc==0.0.7 opentelemetry-api==1.45.2
 # Usage (from the repository root, on the runner): ci/gpu_conformance.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -76,3 +76,21 @@ def test_repetition_penalty_demotes_recent_tokens():
 def test_bad_parameters_are_user_errors(kw, msg):
     with pytest.raises(BrassError, match=msg):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=5e-324), dict(temperature=1e-300), dict(temperature=1e300),
+                                dict(temperature=1.0, repetition_penalty=5e-324),
+                                dict(temperature=1.0, repetition_penalty=1e300),
+                                dict(temperature=1e-30, repetition_penalty=1e-45, top_p=1.0, min_p=0.0)])
+def test_extreme_parameters_still_draw_a_token(kw, rng):
+    """Valid but extreme values (a server takes them from any client) must not make NaN
+    probabilities: a vanishing temperature is the argmax, a vanishing penalty sends the
+    repeated tokens with positive logits to +inf, which then share the draw."""
+    logits = rng.normal(scale=5, size=500).astype(np.float32)
+    history = [int(i) for i in rng.integers(0, 500, size=8)]
+    draws = _draws(SamplingParams(seed=1, **kw), logits, 20, history)   # NaN probabilities raise here
+    assert all(0 <= d < 500 for d in draws)
+    if kw["temperature"] < 1e-20 and kw.get("repetition_penalty", 1.0) == 1.0:
+        assert set(draws) == {int(np.argmax(logits))}
+    if kw.get("repetition_penalty") == 5e-324:
+        assert set(draws) <= {h for h in history if logits[h] > 0} or not any(logits[h] > 0 for h in history)

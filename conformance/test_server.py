@@ -26,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat_template import ChatTemplate
-from engine.sampling import SamplingParams
-from engine.server import StopScanner
+pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .; "
+                                      "on the GPU runner: the wheels in .whl/, listed in ci/gpu_conformance.sh)")
+from engine.chat_template import ChatTemplate  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+from engine.server import StopScanner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -74,6 +76,11 @@ class LiveServer:
         assert status == 200, body
         return body
 
+    def metrics(self) -> dict:
+        status, headers, text = self.request("GET", "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4"), text
+        return parse_prometheus(text.decode())
+
     def raw(self, data: bytes, timeout: float = 30) -> bytes:
         """Send bytes as they are; return the server's answer: up to the end of one response
         with a Content-Length, else everything until the server closes."""
@@ -89,6 +96,33 @@ class LiveServer:
                     break
                 got += b
             return got
+
+
+PROM_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",?)*\})? '
+                         r'(-?[0-9.]+(?:e[+-]?[0-9]+)?|[+-]Inf|NaN)')
+
+
+def parse_prometheus(text: str) -> dict:
+    """Prometheus' text format (0.0.4), strictly: every metric has HELP and TYPE before its
+    samples, each sample line parses, counters end in _total. {name or name{labels}: value}."""
+    assert text.endswith("\n")
+    types, samples = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name, _, doc = line[7:].partition(" ")
+            assert doc and name not in types, line
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert kind in ("counter", "gauge") and name not in types, line
+            types[name] = kind
+        else:
+            m = PROM_SAMPLE.fullmatch(line)
+            assert m, f"not a sample line: {line!r}"
+            name = m.group(1)
+            assert name in types and name.startswith("brass_"), line
+            assert (types[name] == "counter") == name.endswith("_total"), line
+            samples[name + (m.group(2) or "")] = float(m.group(3))
+    return samples
 
 
 def response_complete(data: bytes) -> bool:
@@ -463,6 +497,7 @@ def test_client_disconnect_stops_generation(server, rng, stream):
     """A client asks for 200 tokens and hangs up after the first (streaming) or after a moment
     (blocking): its generation must stop within a second or two, not run to 200 tokens."""
     before = server.health()["tokens_generated"]
+    cancelled = server.metrics()["brass_requests_cancelled_total"]
     body = json.dumps({"prompt": words(rng, 4), "max_tokens": 200, "temperature": 0.8,
                        "seed": int(rng.integers(2**31)), "stream": stream}).encode()
     s = socket.create_connection((server.host, server.port), timeout=120)
@@ -480,6 +515,7 @@ def test_client_disconnect_stops_generation(server, rng, stream):
     time.sleep(1)
     assert server.health()["tokens_generated"] == h["tokens_generated"]
     assert h["tokens_generated"] - before < 100, "the abandoned request kept generating"
+    assert server.metrics()["brass_requests_cancelled_total"] == cancelled + 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -629,6 +665,215 @@ def test_keep_alive_survives_errors(server):
             assert r.getheader("Connection") != "close"
     finally:
         conn.close()
+
+
+def test_chunked_request_bodies_on_a_kept_alive_connection(server, model, rng):
+    """HTTP/1.1 as clients send it: a chunked body (no Content-Length), then a Content-Length
+    one, then a chunked streaming request, all on one connection, each answered in full."""
+    prompt = words(rng, 4)
+    ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    text, n, reason = expected(model, ids, 3)
+    body = json.dumps({"prompt": prompt, "max_tokens": 3, "temperature": 0}).encode()
+    pieces = [body[i:i + 7] for i in range(0, len(body), 7)]     # many small chunks
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=300)
+    h = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    try:
+        conn.request("POST", COMPLETIONS, body=iter(pieces), headers=h, encode_chunked=True)
+        r = conn.getresponse()
+        out = json.loads(r.read())
+        assert r.status == 200, out
+        assert (out["choices"][0]["text"], out["usage"]["completion_tokens"]) == (text, n)
+        sock = conn.sock
+        conn.request("POST", COMPLETIONS, body=body, headers=h)
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["choices"][0]["text"] == text
+        stream = json.dumps({"prompt": prompt, "max_tokens": 3, "temperature": 0, "stream": True}).encode()
+        conn.request("POST", COMPLETIONS, body=iter([stream[:5], stream[5:]]), headers=h, encode_chunked=True)
+        r = conn.getresponse()
+        events = read_sse(r.read())
+        assert r.status == 200 and events[-1] == "[DONE]"
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
+        assert conn.sock is sock, "the connection was not kept alive"
+    finally:
+        conn.close()
+
+
+def test_chunked_body_over_the_size_limit_gets_413(server):
+    """A chunked body is counted as it arrives: past 1 MiB it is refused and the connection
+    closed, without reading the rest."""
+    big = b"x" * 65536
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n" % API_KEY.encode())
+    request += b"".join(b"%x\r\n%s\r\n" % (len(big), big) for _ in range(17))
+    answer = server.raw(request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 413 Request Entity Too Large", answer[:300]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
+def test_metrics_count_requests_and_tokens(server, rng):
+    """/metrics in Prometheus' text format; a completion adds its usage to the token counters
+    and a 2xx, a bad request a 4xx; nothing is running afterwards."""
+    assert server.request("GET", "/metrics", key=None)[0] == 401
+    before = server.metrics()
+    status, _, out = server.request("POST", COMPLETIONS, {"prompt": words(rng, 3), "max_tokens": 2,
+                                                          "temperature": 0})
+    assert status == 200, out
+    assert server.request("POST", COMPLETIONS, {"prompt": 5})[0] == 400
+    after = server.metrics()
+    usage = out["usage"]
+    assert after["brass_prompt_tokens_total"] - before["brass_prompt_tokens_total"] == usage["prompt_tokens"]
+    assert after["brass_generated_tokens_total"] - before["brass_generated_tokens_total"] == usage["completion_tokens"]
+    # the completion and the first /metrics (counted once its answer began)
+    assert after['brass_requests_total{status="2xx"}'] - before['brass_requests_total{status="2xx"}'] == 2
+    assert after['brass_requests_total{status="4xx"}'] - before['brass_requests_total{status="4xx"}'] == 1
+    assert after["brass_requests_running"] == after["brass_requests_waiting"] == 0
+    assert after["brass_parallel"] == 4 and after["brass_queue_limit"] == 64
+    assert after["brass_tokens_per_second"] > 0
+
+
+def test_openapi_document_and_docs_page(server):
+    """/openapi.json describes the API with the request bodies' schemas (from the pydantic
+    models); /docs is FastAPI's page for it. Both are public, as the chat page is."""
+    status, _, doc = server.request("GET", "/openapi.json", key=None)
+    assert status == 200, doc
+    for path in (CHAT, COMPLETIONS, "/v1/models", "/health", "/metrics"):
+        assert path in doc["paths"], path
+    ref = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    chat = doc["components"]["schemas"][ref.split("/")[-1]]
+    assert {"messages", "max_tokens", "temperature", "stream", "stop"} <= set(chat["properties"])
+    assert chat["required"] == ["messages"]
+    status, headers, page = server.request("GET", "/docs", key=None)
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"/openapi.json" in page
+
+
+def test_fastapi_validation_errors_are_openai_400s(model):
+    """FastAPI's own 422 (for a parameter it checks itself) is answered as ours are: a 400 in
+    OpenAI's error body."""
+    from conformance.server_harness import ASGIClient, StubForward
+    from engine.http_api import create_app
+    from engine.server import App
+    app = App(StubForward(model), MODEL, None, parallel=1, max_waiting=1)
+    asgi = create_app(app)
+
+    @asgi.app.get("/probe")
+    async def probe(n: int):
+        return {"n": n}
+
+    client = ASGIClient(asgi)
+    try:
+        status, _, body = client.request("GET", "/probe?n=seven")
+        assert status == 400, body
+        err = json.loads(body)["error"]
+        assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "invalid_value", "n")
+    finally:
+        client.close()
+        app.scheduler.close()
+
+
+def test_full_queue_over_http_gets_503_with_retry_after(model):
+    """--parallel 1 --max-waiting 1 through uvicorn: one stream running, one waiting, the
+    third request refused with 503, Retry-After and OpenAI's body; the waiting client hangs up
+    and a new request takes its place; once every client has gone nothing runs."""
+    from conformance.server_harness import StubForward, ThreadedServer
+    from engine.server import App
+    server = ThreadedServer(App(StubForward(model, n_ctx=256, delay=0.02, eog_bias=-1e9), MODEL, None, parallel=1,
+                                max_waiting=1))
+    body = json.dumps({"prompt": "The sea", "max_tokens": 200, "temperature": 0, "stream": True}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+
+    def health():
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+        try:
+            conn.request("GET", "/health")
+            return json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+
+    def until(cond, what):
+        deadline = time.monotonic() + 30
+        while not cond(h := health()):
+            assert time.monotonic() < deadline, f"{what}: {h}"
+            time.sleep(0.02)
+
+    streams = []
+    try:
+        for _ in range(2):
+            s = socket.create_connection((server.host, server.port), timeout=30)
+            s.sendall(head + body)
+            streams.append(s)
+        streams[0].recv(1)
+        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 1), "one running, one waiting")
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+        conn.request("POST", COMPLETIONS, body=body)
+        r = conn.getresponse()
+        err = json.loads(r.read())
+        conn.close()
+        assert r.status == 503 and int(r.getheader("Retry-After")) > 0, err
+        assert (err["error"]["code"], err["error"]["type"]) == ("server_busy", "server_error")
+        streams.pop().close()       # the waiting client leaves: its place is free
+        until(lambda h: h["requests_waiting"] == 0, "the waiting request dropped")
+        s = socket.create_connection((server.host, server.port), timeout=30)
+        s.sendall(head + body)
+        streams.append(s)
+        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 1), "a new request waiting")
+        for s in streams:
+            s.close()
+        streams = []
+        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (0, 0), "nothing left running")
+    finally:
+        for s in streams:
+            s.close()
+        server.stop()
+
+
+def _serve(*args, **popen) -> subprocess.Popen:
+    synth = ROOT / "golden" / "models" / "synth-llama.gguf"
+    return subprocess.Popen([sys.executable, "-m", "engine", "serve", str(synth), "--backend", "numpy",
+                             *args], cwd=ROOT, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_port_in_use_is_one_line(server):
+    proc = _serve("--port", str(server.port))
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines()[-1] == f"brass: error: cannot listen on 127.0.0.1:{server.port}: " \
+                                          "Address already in use", err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_stops_the_server_cleanly():
+    """Ctrl-C while a reply is streaming: the server ends within seconds, says so, exit 0, no
+    traceback."""
+    import signal
+    proc = _serve("--port", "0", "--ctx", "512", start_new_session=True)
+    try:
+        lines = [proc.stderr.readline()]
+        while not (m := re.search(r"at http://([0-9.]+):([0-9]+)/", lines[-1])):
+            assert lines[-1], lines
+            lines.append(proc.stderr.readline())
+        s = socket.create_connection((m.group(1), int(m.group(2))), timeout=30)
+        body = b'{"prompt": "sea ship storm", "max_tokens": 500, "stream": true, "temperature": 0.9}'
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = s.recv(4096)
+        while b'"text": "' not in got:
+            got += s.recv(4096)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        while chunk := s.recv(65536):
+            got += chunk
+        s.close()
+        err = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert time.monotonic() - t0 < 15
+    assert err.strip().splitlines()[-1] == "brass: stopped" and "Traceback" not in err, err
+    # The stream was ended, not cut: its last event says why, then [DONE] and the last chunk.
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), got[-300:]
+    assert b'"code": "server_stopping"' in got or b'"finish_reason": "length"' in got, got[-300:]
 
 
 # --------------------------------------------------------------------------------------------

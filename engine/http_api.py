@@ -55,6 +55,14 @@ class ClientGone(Exception):
     """The client closed its connection."""
 
 
+class ServerStopping(Exception):
+    """The server is shutting down: replies in progress end now, with a message saying so."""
+
+
+STOPPING = APIError(503, "the server is stopping; retry later", code="server_stopping",
+                    headers={"Retry-After": "5"})
+
+
 class JSON(Response):
     """JSON as the server has always written it (json.dumps' separators, UTF-8 as is)."""
     media_type = "application/json"
@@ -78,7 +86,7 @@ class JobEvents:
 
     def __init__(self, job):
         self.job = job
-        self.gone = False
+        self.gone = self.stopping = False
         self.completed = False      # set by a stream once its last line is out
         self._ready = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -95,10 +103,17 @@ class JobEvents:
         self.job.cancelled.set()
         self._ready.set()
 
+    def server_stopping(self):
+        self.stopping = True
+        self.job.cancelled.set()
+        self._ready.set()
+
     async def __aiter__(self):
         while True:
             if self.gone:
                 raise ClientGone()
+            if self.stopping:
+                raise ServerStopping()
             self._ready.clear()
             try:
                 event = self.job.events.get_nowait()
@@ -120,10 +135,10 @@ class EventStream(StreamingResponse):
     """Server-sent events; whatever ends the stream (its end, the client leaving, the server
     stopping) cancels the job, so it never runs on for nobody."""
 
-    def __init__(self, events: JobEvents, content, on_left):
+    def __init__(self, events: JobEvents, content, on_left, on_end):
         super().__init__(content, media_type="text/event-stream; charset=utf-8",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.events, self.on_left = events, on_left
+        self.events, self.on_left, self.on_end = events, on_left, on_end
 
     async def __call__(self, scope, receive, send):
         try:
@@ -132,6 +147,7 @@ class EventStream(StreamingResponse):
             pass
         finally:
             self.events.job.cancelled.set()
+            self.on_end(self.events)
             if not self.events.completed:
                 self.on_left()
 
@@ -149,7 +165,7 @@ def create_app(brass: App):
     """The ASGI application serving `brass` (an App): FastAPI inside a guard that counts
     responses and answers a fault of ours with a 500 in OpenAI's body."""
 
-    def require_key(request: Request):
+    async def require_key(request: Request):
         key = brass.api_key
         if key is None:
             return
@@ -160,6 +176,8 @@ def create_app(brass: App):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
+    live: set[JobEvents] = set()     # the replies in progress, ended early if the server stops
+    state = {"stopping": False}
     api = FastAPI(title="Brass", version=__version__, docs_url="/docs", redoc_url=None,
                   openapi_url="/openapi.json", redirect_slashes=False,
                   description="An OpenAI-compatible API over one GGUF model. With --api-key, send "
@@ -250,14 +268,18 @@ def create_app(brass: App):
         except ClientGone:
             return Response(status_code=499)
         job, req = await anyio.to_thread.run_sync(brass.prepare, body, chat)
+        if state["stopping"]:
+            raise STOPPING
         events = JobEvents(job)             # before submit: no event is missed
         brass.submit(job)
+        live.add(events)
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": brass.model_id}
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(events, stream(events, head, chat, usage), on_left=brass.metrics.client_left)
+            return EventStream(events, stream(events, head, chat, usage), on_left=brass.metrics.client_left,
+                               on_end=live.discard)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         gone.add_done_callback(lambda t: t.cancelled() or events.client_gone())
         try:
@@ -265,9 +287,12 @@ def create_app(brass: App):
         except ClientGone:
             brass.metrics.client_left()
             return Response(status_code=499)    # nobody reads it; the guard does not count it
+        except ServerStopping:
+            return error_response(STOPPING)
         finally:
             gone.cancel()
             job.cancelled.set()
+            live.discard(events)
 
     async def reply(events: JobEvents, head: dict, chat: bool) -> Response:
         parts = []
@@ -301,16 +326,19 @@ def create_app(brass: App):
 
         if chat:
             yield sse(chunk("", None, role=True))
-        async for event in events:
-            if event[0] == "delta":
-                yield sse(chunk(event[1], None))
-            elif event[0] == "error":     # mid-stream: the status line is gone; say it here
-                yield sse(event[1].body())
-            else:
-                _, reason, usage = event
-                yield sse(chunk(None, reason))
-                if include_usage:
-                    yield sse({**head, "choices": [], "usage": usage})
+        try:
+            async for event in events:
+                if event[0] == "delta":
+                    yield sse(chunk(event[1], None))
+                elif event[0] == "error":     # mid-stream: the status line is gone; say it here
+                    yield sse(event[1].body())
+                else:
+                    _, reason, usage = event
+                    yield sse(chunk(None, reason))
+                    if include_usage:
+                        yield sse({**head, "choices": [], "usage": usage})
+        except ServerStopping:
+            yield sse(STOPPING.body())
         yield sse("[DONE]")
         events.completed = True
 
@@ -360,7 +388,17 @@ def create_app(brass: App):
         return api.openapi_schema
 
     api.openapi = openapi
-    return Guard(api, brass.metrics)
+
+    def stop_replies():
+        """The server is stopping: every reply in progress ends now, saying so (a stream with
+        an error event, a waiting reply with a 503), instead of being cut off."""
+        state["stopping"] = True
+        for events in list(live):
+            events.server_stopping()
+
+    guard = Guard(api, brass.metrics)
+    guard.stop_replies = stop_replies
+    return guard
 
 
 class Guard:
@@ -464,11 +502,23 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    async def shutdown(self, sockets=None):
+        self.config.app.stop_replies()      # before uvicorn waits for the connections to end
+        await super().shutdown(sockets)
+
+
+def uvicorn_server(brass: App, log_config: dict | None = LOG_CONFIG) -> uvicorn.Server:
+    """uvicorn serving `brass`: `.run(sockets=[sock])` serves until `.should_exit` is set (or, on
+    the main thread, Ctrl-C or SIGTERM); replies in progress then end at once, saying so."""
+    config = uvicorn.Config(create_app(brass), http=BrassH11Protocol, loop="asyncio", lifespan="off",
+                            log_config=log_config, timeout_keep_alive=SOCKET_TIMEOUT,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S, server_header=False,
+                            headers=[("server", f"brass/{__version__}")])
+    return _Server(config)
+
+
 def serve(brass: App, sock: socket.socket):
     """Serve until Ctrl-C or SIGTERM (uvicorn stops gracefully, then raises KeyboardInterrupt for
     Ctrl-C: the caller says it stopped)."""
-    config = uvicorn.Config(create_app(brass), http=BrassH11Protocol, loop="asyncio", lifespan="off",
-                            log_config=LOG_CONFIG, timeout_keep_alive=SOCKET_TIMEOUT,
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S, server_header=False,
-                            headers=[("server", f"brass/{__version__}")])
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn_server(brass).run(sockets=[sock])

@@ -57,8 +57,10 @@ class Sampler:
             recent = np.unique(np.asarray(history[-p.penalty_last_n:], dtype=np.int64))
             recent = recent[(recent >= 0) & (recent < logits.shape[0])]
             vals = logits[recent]
-            logits[recent] = np.where(vals > 0, vals / p.repetition_penalty,
-                                      vals * p.repetition_penalty)
+            # A penalty far from 1 may push logits to ±inf (one below float32's range divides by 0).
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                logits[recent] = np.where(vals > 0, vals / p.repetition_penalty,
+                                          vals * p.repetition_penalty)
         if p.greedy:
             return int(np.argmax(logits))
         if 0 < p.top_k < logits.shape[0]:
@@ -76,10 +78,19 @@ class Sampler:
         if p.min_p > 0.0:
             keep = vals >= vals[0] + np.log(p.min_p)
             ids, vals = ids[keep], vals[keep]
-        probs = _softmax(vals / p.temperature)
+        probs = _softmax(vals, p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x.astype(np.float64) - x.max())
+def _softmax(x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """softmax(x / temperature) for any temperature > 0 and logits that may be ±inf: the
+    maximum is subtracted before dividing (a tiny temperature then gives -inf, not inf - inf),
+    and infinite maxima share the probability among themselves."""
+    x = x.astype(np.float64)
+    top = x.max()
+    if np.isinf(top):
+        e = (x == top).astype(np.float64)
+    else:
+        with np.errstate(over="ignore"):
+            e = np.exp((x - top) / temperature)
     return e / e.sum()
