@@ -7,8 +7,8 @@
 The layers, each its own module:
     engine/api.py         OpenAI's error body; the request body read as strict JSON
     engine/api_models.py  the request bodies as pydantic models (schema and validation)
-    engine/scheduler.py   jobs and the worker thread that generates them (the interface a
-                          batched decoder takes over)
+    engine/scheduler.py   jobs, and the interface of the worker thread that generates them
+                          (engine/serving.py's BatchScheduler: continuous batching)
     engine/server.py      this file: what a request becomes (App), the counters behind
                           /metrics, and the `serve` command
     engine/http_api.py    HTTP on FastAPI + uvicorn: routes, server-sent events, clients that
@@ -145,7 +145,7 @@ class App:
         self.model, self.model_id, self.api_key = model, model_id, api_key
         self.parallel, self.max_waiting = parallel, max_waiting
         self.template = ChatTemplate.from_gguf(model.gguf, model.tokenizer)
-        # Any scheduler with engine/scheduler.py's interface will do (a batched one included).
+        # Any worker with engine/scheduler.py's interface will do (tests pass their own).
         self.scheduler = scheduler or Scheduler(model, parallel, max_waiting)
         self.metrics = Metrics()
         self.created = int(time.time())
@@ -283,7 +283,8 @@ def add_cli(sub, add_model_args):
     p.add_argument("--api-key", default=os.environ.get("BRASS_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on every API request (default: $BRASS_API_KEY)")
     p.add_argument("--parallel", type=int, default=4,
-                   help="sequences generated at once (each holds a KV cache); more requests queue")
+                   help="sequences decoded together, one batched step for all (each holds a KV "
+                        "cache); more requests queue")
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests queued beyond --parallel before new ones get 503 with Retry-After")
     p.set_defaults(func=cmd_serve)
