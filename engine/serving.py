@@ -205,6 +205,8 @@ class BatchScheduler:
         if r in self._running:
             with self._cv:
                 self._running.remove(r)
+                if not self._running:
+                    self.batch_size = 0     # idle: the gauge must not wait for the next loop
         r.req.finished.set()
 
 
