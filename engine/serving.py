@@ -129,10 +129,22 @@ class BatchScheduler:
                     self._cv.wait()
                 if self._stop:
                     return
-                while self._waiting and len(self._running) < self.parallel:
+                admitted = []
+                while self._waiting and len(self._running) + len(admitted) < self.parallel:
                     req = self._waiting.popleft()
                     if not req.cancelled.is_set():
-                        self._running.append(_Running(req, self.model))
+                        admitted.append(req)
+            for req in admitted:            # a session that cannot be made fails its request only
+                try:
+                    r = _Running(req, self.model)
+                except Exception as e:
+                    if not isinstance(e, BrassError):
+                        traceback.print_exc(file=sys.stderr)
+                    req.on_error(e)
+                    req.finished.set()
+                    continue
+                with self._cv:
+                    self._running.append(r)
             try:
                 self.run_once()
             except Exception:       # a fault of ours outside any one request: keep serving
