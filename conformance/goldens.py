@@ -239,3 +239,23 @@ def tokenizer_corpus(name: str) -> tuple[tuple[str, list[int]], ...]:
     if len(texts) != len(doc["ids"]):
         raise GoldenError(f"golden/{entry['corpus']['file']}: {len(doc['ids'])} id lists for {len(texts)} strings")
     return tuple(zip(texts, doc["ids"]))
+
+
+def load_synthetic(name: str, backend: str):
+    """A synthetic model of golden/models on `backend`, skipping the test with the reason when
+    there is no CUDA device or its architecture does not run on that backend yet."""
+    import pytest
+
+    import engine
+    from engine import arch
+    from engine.backends import cuda_available
+    from engine.gguf import GGUFFile
+    if backend == "cuda" and not cuda_available():
+        pytest.skip("no CUDA device here: the CUDA cases run on the GPU runner")
+    path = GOLDEN_DIR / "models" / f"{name}.gguf"
+    gf = GGUFFile(path)
+    arch_name = gf.architecture
+    gf.close()
+    if backend not in arch.backends(arch_name):
+        pytest.skip(f"{arch_name} is not yet supported on the {backend} backend")
+    return engine.load(str(path), backend=backend, quiet=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backends import cuda_available
+from conformance.goldens import load_synthetic
 
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
@@ -23,26 +23,11 @@ MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 PLAN = [(3, 12, 0), (9, 5, 0), (5, 9, 3), (12, 6, 6)]
 
 
-def _load(name: str, backend: str):
-    import engine
-    from engine import arch
-    from engine.gguf import GGUFFile
-    gf = GGUFFile(SYNTH / f"{name}.gguf")
-    arch_name = gf.architecture
-    gf.close()
-    if backend not in arch.backends(arch_name):
-        pytest.skip(f"{arch_name} is not yet supported on the {backend} backend")
-    return engine.load(str(SYNTH / f"{name}.gguf"), backend=backend, quiet=True)
-
-
 @pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in ("numpy", "cuda")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
-    name, backend = request.param
-    if backend == "cuda" and not cuda_available():
-        pytest.skip("no CUDA device here: the CUDA batch runs on the GPU runner")
     from engine.batch import supports_batched_decode
-    m = _load(name, backend)
+    m = load_synthetic(*request.param)
     if not supports_batched_decode(m):
         pytest.skip(f"{m.gguf.architecture} does not decode in batches yet "
                     f"(test_unbatched_architecture_is_refused checks the refusal)")

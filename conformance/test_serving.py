@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import cuda_available
+from conformance.goldens import load_synthetic
 
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = ["synth-qwen3moe", "synth-gemma3", "synth-qwen35"]
@@ -23,18 +23,7 @@ TIMEOUT = 120
 @pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in ("numpy", "cuda")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
-    import engine
-    from engine import arch
-    from engine.gguf import GGUFFile
-    name, backend = request.param
-    if backend == "cuda" and not cuda_available():
-        pytest.skip("no CUDA device here: the CUDA scheduler runs on the GPU runner")
-    gf = GGUFFile(SYNTH / f"{name}.gguf")
-    arch_name = gf.architecture
-    gf.close()
-    if backend not in arch.backends(arch_name):
-        pytest.skip(f"{arch_name} is not yet supported on the {backend} backend")
-    return engine.load(str(SYNTH / f"{name}.gguf"), backend=backend, quiet=True)
+    return load_synthetic(*request.param)
 
 
 def alone(model, req):
@@ -61,14 +50,23 @@ def alone_chunked(model, req, chunk):
     return out
 
 
-def wait(reqs):
-    for r in reqs:
-        assert r.finished.wait(TIMEOUT), "a request did not finish"
+def serve(model, reqs, **kw):
+    """Submit the requests to a BatchScheduler(model, **kw), wait for all; the scheduler."""
+    from engine.serving import BatchScheduler
+    sched = BatchScheduler(model, **kw)
+    try:
+        for r in reqs:
+            sched.submit(r)
+        for r in reqs:
+            assert r.finished.wait(TIMEOUT), "a request did not finish"
+    finally:
+        sched.close()
+    return sched
 
 
 def test_batched_requests_equal_alone(model, rng):
     from engine.sampling import SamplingParams
-    from engine.serving import BatchScheduler, Request
+    from engine.serving import Request
     V = model.config.n_vocab
 
     def prompt(n):
@@ -77,13 +75,7 @@ def test_batched_requests_equal_alone(model, rng):
     reqs = [Request(prompt(5), 10), Request(prompt(23), 6), Request(prompt(3), 12),
             Request(prompt(9), 8, SamplingParams(temperature=0.9, top_k=20, seed=7)),
             Request(prompt(14), 9, SamplingParams(temperature=1.2, top_p=0.9, seed=123))]
-    sched = BatchScheduler(model, parallel=3)     # every prompt in one chunk, as generate reads it
-    try:
-        for r in reqs:
-            sched.submit(r)
-        wait(reqs)
-    finally:
-        sched.close()
+    sched = serve(model, reqs, parallel=3)     # every prompt in one chunk, as generate reads it
     assert sched.steps and sched.batch_rows / sched.steps > 1.5, \
         f"the steps were hardly batched ({sched.batch_rows} rows in {sched.steps} steps)"
     for i, r in enumerate(reqs):
@@ -96,18 +88,12 @@ def test_prompts_read_in_chunks_between_steps(model, rng):
     """A long prompt is read a chunk per step while the others decode: each request gets what
     it gets alone with its prompt read in the same chunks."""
     from engine.sampling import SamplingParams
-    from engine.serving import BatchScheduler, Request
+    from engine.serving import Request
     V = model.config.n_vocab
     reqs = [Request([int(t) for t in rng.integers(0, V, 4)], 14),
             Request([int(t) for t in rng.integers(0, V, 29)], 6),
             Request([int(t) for t in rng.integers(0, V, 17)], 7, SamplingParams(temperature=1.0, seed=5))]
-    sched = BatchScheduler(model, parallel=3, prefill_chunk=6)
-    try:
-        for r in reqs:
-            sched.submit(r)
-        wait(reqs)
-    finally:
-        sched.close()
+    serve(model, reqs, parallel=3, prefill_chunk=6)
     for i, r in enumerate(reqs):
         assert r.error is None, f"request {i}: {r.error!r}"
         want = alone_chunked(model, r, 6)
@@ -115,7 +101,7 @@ def test_prompts_read_in_chunks_between_steps(model, rng):
 
 
 def test_cancel_and_failure_leave_the_others_alone(model, rng):
-    from engine.serving import BatchScheduler, Request
+    from engine.serving import Request
     V = model.config.n_vocab
 
     class Failing(Request):
@@ -133,13 +119,7 @@ def test_cancel_and_failure_leave_the_others_alone(model, rng):
     keep = Request([int(t) for t in rng.integers(0, V, 6)], 12)
     fail = Failing([int(t) for t in rng.integers(0, V, 4)], 12)
     gone = CancelAfter([int(t) for t in rng.integers(0, V, 7)], 12)
-    sched = BatchScheduler(model, parallel=4, prefill_chunk=8)
-    try:
-        for r in (keep, fail, gone):
-            sched.submit(r)
-        wait((keep, fail, gone))
-    finally:
-        sched.close()
+    sched = serve(model, (keep, fail, gone), parallel=4, prefill_chunk=8)
     assert keep.error is None and keep.tokens == alone(model, keep)
     assert isinstance(fail.error, RuntimeError) and len(fail.tokens) == 2
     assert gone.error is None and 4 <= len(gone.tokens) < 12, gone.tokens

@@ -55,6 +55,30 @@ class Forward:
         return x
 
 
+def kv_layers(f: Forward, il: int):
+    """Layer il's (k_cache, v_cache) of the forward's sequence, or the list of each row's in a
+    batched decode step (the cache is then a SequenceBatch: a row per sequence)."""
+    batch = getattr(f.cache, "sequences", None)
+    return f.cache.layer(il) if batch is None else [c.layer(il) for c in batch]
+
+
+def rope_store(f: Forward, il: int, q, k, v, rope: dict):
+    """q/k norms, rope and the K/V cache writes of layer il (one kernel on the GPU), into the
+    sequence's cache or, in a batched step, each row's own. Returns the roped (q, k)."""
+    layers = kv_layers(f, il)
+    if isinstance(layers, list):
+        return f.b.rope_store_rows(q, k, v, f.pos, layers, **rope)
+    return f.b.rope_store(q, k, v, f.pos, *layers, **rope)
+
+
+def attend(f: Forward, il: int, q, scale: float, window: int = 0):
+    """Attention of layer il's queries over its cache (each row over its own in a batch)."""
+    layers = kv_layers(f, il)
+    if isinstance(layers, list):
+        return f.b.attention_rows(q, layers, f.pos, scale, window)
+    return f.b.attention(q, *layers, f.pos, scale, window)
+
+
 def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float | None = None,
               kq_scale: float | None = None, rope_base: float | None = None, window: int = 0):
     """Self-attention of the normed input `x [T, D]` → `[T, D]` (before the residual add).
@@ -79,14 +103,7 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
                 k_norm=w(p + "attn_k_norm.weight") if qk_norm else None,
                 eps=cfg.norm_eps, n_rot=cfg.n_rot, base=base, neox=cfg.rope_neox,
                 freq_scale=cfg.rope_freq_scale)
-    batch = getattr(f.cache, "sequences", None)     # a batched decode step: a row per sequence
-    if batch is None:
-        k_cache, v_cache = f.cache.layer(il)
-        # q/k norms, rope, and the K/V cache writes: one op (one kernel on the GPU).
-        q, k = b.rope_store(q, k, v, f.pos, k_cache, v_cache, **rope)
-    else:
-        layers = [c.layer(il) for c in batch]
-        q, k = b.rope_store_rows(q, k, v, f.pos, layers, **rope)
+    q, k = rope_store(f, il, q, k, v, rope)
     f.cb(q, "Qcur", il)
     f.cb(k, "Kcur", il)
     f.cb(v, "Vcur", il)
@@ -94,11 +111,7 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
         q = b.scale(q, q_scale)
     if kq_scale is None:
         kq_scale = 1.0 / math.sqrt(cfg.head_dim)
-    if batch is None:
-        out = b.attention(q, k_cache, v_cache, f.pos, kq_scale, window)
-    else:
-        out = b.attention_rows(q, layers, f.pos, kq_scale, window)
-    out = f.cb(out, "kqv_out", il)
+    out = f.cb(attend(f, il, q, kq_scale, window), "kqv_out", il)
     out = b.matmul(out, w(p + "attn_output.weight"))
     bias = w.opt(p + "attn_output.bias")
     if bias is not None:

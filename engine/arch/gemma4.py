@@ -115,19 +115,15 @@ def attention(f: common.Forward, il: int, x):
     f.cb(q, "Qcur_pos", il)
     f.cb(k, "Kcur_pos", il)
     window = cfg.layer_window(il)
-    batch = getattr(f.cache, "sequences", None)     # a batched decode step: a row per sequence
-    if batch is None:
-        k_cache, v_cache = f.cache.layer(il)
-        b.kv_store(k_cache, k, f.pos)
-        b.kv_store(v_cache, v, f.pos)
-        o = b.attention(q, k_cache, v_cache, f.pos, cfg.attn_scale, window)
-    else:
-        layers = [c.layer(il) for c in batch]
+    layers = common.kv_layers(f, il)
+    if isinstance(layers, list):                    # a batched decode step: a row per sequence
         for r, (k_cache, v_cache) in enumerate(layers):
             b.kv_store(k_cache, k[r:r + 1], f.pos[r:r + 1])
             b.kv_store(v_cache, v[r:r + 1], f.pos[r:r + 1])
-        o = b.attention_rows(q, layers, f.pos, cfg.attn_scale, window)
-    o = f.cb(o, "kqv_out", il)
+    else:
+        b.kv_store(layers[0], k, f.pos)
+        b.kv_store(layers[1], v, f.pos)
+    o = f.cb(common.attend(f, il, q, cfg.attn_scale, window), "kqv_out", il)
     return f.cb(b.matmul(o, w(p + "attn_output.weight")), "attn_out", il)
 
 

@@ -115,20 +115,10 @@ def gated_attention(f: common.Forward, il: int, x):
                 eps=cfg.norm_eps, n_rot=cfg.n_rot, base=cfg.rope_base, neox=True,
                 freq_scale=cfg.rope_freq_scale)
     k, v = k.reshape(T, Hkv, hd), v.reshape(T, Hkv, cfg.head_dim_v)
-    batch = getattr(f.cache, "sequences", None)     # a batched decode step: a row per sequence
-    if batch is None:
-        k_cache, v_cache = f.cache.layer(il)
-        q, k = b.rope_store(q, k, v, f.pos, k_cache, v_cache, **rope)
-    else:
-        layers = [c.layer(il) for c in batch]
-        q, k = b.rope_store_rows(q, k, v, f.pos, layers, **rope)
+    q, k = common.rope_store(f, il, q, k, v, rope)
     f.cb(q, "Qcur", il)
     f.cb(k, "Kcur", il)
-    if batch is None:
-        o = b.attention(q, k_cache, v_cache, f.pos, cfg.attn_scale)
-    else:
-        o = b.attention_rows(q, layers, f.pos, cfg.attn_scale)
-    o = f.cb(o, "attn_pregate", il)
+    o = f.cb(common.attend(f, il, q, cfg.attn_scale), "attn_pregate", il)
     o = f.cb(b.sigmoid_gate(o, gate.reshape(T, H * hd)), "attn_gated", il)
     return b.matmul(o, w(p + "attn_output.weight"))
 

@@ -181,12 +181,20 @@ class Backend(ABC):
         return q, k
 
     # -- a batch of sequences, one token row each (batched decode) ----------------------------
+    # Set inside rows_independent(); a backend whose multi-row kernels sum in another order
+    # than its single-row ones reads it and takes the single-row ones for the rows.
+    _rows_independent = False
+
+    @contextlib.contextmanager
     def rows_independent(self):
         """Context in which every row of an op's result is computed exactly as it would be
         alone (a batched decode step: a sequence's logits must not depend on which others
-        share its step). A backend whose multi-row kernels sum in another order than its
-        single-row ones switches to the single-row ones for the rows."""
-        return contextlib.nullcontext()
+        share its step)."""
+        before, self._rows_independent = self._rows_independent, True
+        try:
+            yield
+        finally:
+            self._rows_independent = before
 
     def rope_store_rows(self, q, k, v, pos, layers: list, **kw):
         """rope_store for rows that belong to different sequences: row r is written to the

@@ -12,7 +12,6 @@ per-layer comparison with the goldens can be tight:
 
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 
@@ -85,16 +84,8 @@ class NumpyBackend(Backend):
         if act_mode not in ("cpu", "q8_1"):
             raise ValueError(f"act_mode must be 'cpu' or 'q8_1', not {act_mode!r}")
         self.act_mode = act_mode
-        self._rows_independent = False
-
-    @contextlib.contextmanager
-    def rows_independent(self):
-        # BLAS sums a gemm's rows in another order than a gemv's: row by row, as alone.
-        before, self._rows_independent = self._rows_independent, True
-        try:
-            yield
-        finally:
-            self._rows_independent = before
+        # rows_independent (base): BLAS sums a gemm's rows in another order than a gemv's,
+        # so the rows are multiplied one by one, as alone (_mm's by_row).
 
     # -- memory -----------------------------------------------------------------------------
     def weight(self, gf, name):

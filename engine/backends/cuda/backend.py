@@ -244,7 +244,7 @@ class CudaBackend(Backend):
         self.launches = 0           # kernels launched (or captured) so far, by launch()
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
-        self._rows_independent = False  # a batched decode step (rows_independent)
+        self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
@@ -447,20 +447,12 @@ class CudaBackend(Backend):
             return self.matmul_many(x, [row])[0].reshape(x.shape[:-1])
         return self.matmul_many(x, [w])[0]
 
-    @contextmanager
-    def rows_independent(self):
-        # Rows of a batched decode step go through the single-token kernels (a mat-vec's
-        # blockIdx.y is the row; gate/up and the MoE experts the same): per row the same sums
-        # in the same order as a sequence decoded alone, whereas the prompt kernels (tiles,
-        # GEMMs) sum in another order.
-        before, self._rows_independent = self._rows_independent, True
-        try:
-            yield
-        finally:
-            self._rows_independent = before
-
     def _decode_rows(self, n_rows: int) -> bool:
-        """Whether n_rows activations take the single-token (decode) kernels."""
+        """Whether n_rows activations take the single-token (decode) kernels: inside
+        rows_independent (base) the rows of a batched decode step do (a mat-vec's blockIdx.y
+        is the row; gate/up and the MoE experts the same), per row the same sums in the same
+        order as a sequence decoded alone, whereas the prompt kernels (tiles, GEMMs) sum in
+        another order."""
         return n_rows == 1 or (self._rows_independent and n_rows > 0)
 
     def matmul_many(self, x, ws):
@@ -843,8 +835,15 @@ class CudaBackend(Backend):
                     or kc.shape[0] != vc.shape[0]):
                 raise BrassError(f"{what}: the rows' caches differ in layout ({kc.shape} / {vc.shape} "
                                  f"against {k0.shape} / {v0.shape})")
-        ptrs = np.array([[kc.data.ptr for kc, _ in layers], [vc.data.ptr for _, vc in layers]], np.uint64)
-        dev = cupy.asarray(ptrs)
+        key = tuple((kc.data.ptr, vc.data.ptr) for kc, vc in layers)
+        dev = self._row_tables.get(key)
+        if dev is None:
+            # An upload per (layer, batch composition), not per launch: rope_store and
+            # attention of a layer share it, and so do the steps while the batch is unchanged.
+            if len(self._row_tables) >= 4096:
+                self._row_tables.clear()
+            ptrs = np.array([[k for k, _ in key], [v for _, v in key]], np.uint64)
+            dev = self._row_tables[key] = cupy.asarray(ptrs)
         return dev[0], dev[1]
 
     def attention_rows(self, q, layers, pos, scale, window=0):
