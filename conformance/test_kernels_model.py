@@ -1,13 +1,16 @@
 """Whole architectures on the CUDA backend: the same architecture files that run on the numpy
 reference run unchanged on CUDA, over the small synthetic models in golden/models (llama,
-qwen3, qwen3moe, gemma3; every weight type the kernels support).
+qwen3, qwen3moe, gemma3, the hybrids qwen35 and qwen35moe; every weight type the kernels
+support).
 
 Two checks, a prefill of random tokens then decode steps:
 
 - lockstep: every backend op the architecture calls runs on both backends with the same
   inputs (the reference's), and each CUDA result is held to that op's bound from
   kernels/cases.py, the same bounds as the random-input op tests, but on the models' own
-  activations and weights, through their own KV caches;
+  activations and weights, through their own KV caches and recurrent states (the ops that
+  update a state in place, ssm_conv and gated_delta_net, start from the reference's state,
+  and the state each one leaves is held to the op's bound as its output is);
 - free running: each backend runs on its own results; the logits are compared.
   The bound is loose on purpose: activations are re-quantized to Q8_1 before every mat-vec,
   and a float ulp of difference upstream can move a quant by a whole step (1/127 of the
@@ -37,18 +40,36 @@ pytestmark = pytest.mark.skipif(
     reason="no CUDA device here: whole-model CUDA checks run on the GPU runner (ci/gpu_conformance.sh)")
 
 FREE_RUNNING = 1e-3
+# The gated delta-net hybrids amplify such a flip: the output norm rms(o)·silu(z) scales each
+# (token, head) row of the delta rule's output to unit RMS, so the rows where o is small, whose
+# relative error is the largest, weigh as much as the others. Measured against llama.cpp's CPU
+# goldens with the numpy backend in q8_1 mode: NMSE 4.2e-3 at o (gdn_out) becomes 1.1e-2 after
+# the norm (synth-qwen35 layer 2; 8.3e-3 to 2.2e-2 in synth-qwen35moe), 2.6-2.8x. Simulated on
+# the CPU (q8_1 reference against itself with every mat-mul output moved by up to 2 float32
+# ulps at random, 30 runs of this test's steps): free-running logits NMSE up to 1.9e-3
+# (synth-qwen35), 9.5e-4 (synth-qwen35moe), against 3.5e-4 for synth-qwen3. Hence 3x.
+FREE_RUNNING_RECURRENT = 3 * FREE_RUNNING
+# Architectures whose users are still refused the CUDA backend (their BACKENDS) while these
+# checks are what decides whether their ops match on the GPU: run here anyway.
+CHECKED_BEFORE_ENABLED = {"qwen35", "qwen35moe"}
+# Ops that update one of their arguments in place (a recurrent state): its position.
+STATE_ARG = {"ssm_conv": 1, "gated_delta_net": 5}
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 
 
 class Pair:
-    """A weight or a KV cache held by both backends."""
+    """A weight, a KV cache or a recurrent state held by both backends."""
 
     def __init__(self, ref, dev):
         self.ref, self.dev = ref, dev
         self.name = getattr(ref, "name", None)
         self.type = getattr(ref, "type", None)
         self.shape = ref.shape
+
+    def __getitem__(self, i):
+        # one sequence's state of engine.kv_cache.RecurrentState's [n_seq, ...] arrays: views
+        return Pair(self.ref[i], self.dev[i])
 
 
 class Lockstep:
@@ -71,9 +92,9 @@ class Lockstep:
         return np.asarray(a)
 
     def zeros(self, shape, dtype=np.float32):
-        if np.dtype(dtype) == np.float16:          # a KV cache: each backend keeps its own
-            return Pair(self.ref.zeros(shape, dtype), self.cuda.zeros(shape, dtype))
-        return self.ref.zeros(shape, dtype)
+        # KV caches (float16) and recurrent states (float32), the only zeros the forward
+        # allocates: each backend keeps its own, which its ops update in place
+        return Pair(self.ref.zeros(shape, dtype), self.cuda.zeros(shape, dtype))
 
     def empty(self, shape, dtype=np.float32):
         return self.ref.empty(shape, dtype)
@@ -89,10 +110,10 @@ class Lockstep:
             return self.cuda.asarray(a)
         return a
 
-    def _compare(self, op, got, want, bound_key=None):
+    def _compare(self, op, got, want, bound_key=None, what=None):
         got = self.cuda.to_numpy(got)
         want = np.asarray(want)
-        where = f"{self.where}: {op}"
+        where = f"{self.where}: {what or op}"
         assert got.shape == want.shape, f"{where}: shape {got.shape}, expected {want.shape}"
         bound = OP_BOUNDS[bound_key or op]
         if bound == 0.0 or np.issubdtype(want.dtype, np.integer):
@@ -112,8 +133,16 @@ class Lockstep:
         def dev(a):
             return [dev(x) for x in a] if isinstance(a, list) else self._dev(a)
 
+        state = args[STATE_ARG[op]] if op in STATE_ARG else None
+        if state is not None:
+            # the op starts from the reference's state, as it starts from its other inputs
+            with self.cuda.activate():                        # on the backend's own stream
+                state.dev[...] = self.cuda.asarray(state.ref)
         want = getattr(self.ref, op)(*map(ref, args), **{k: ref(v) for k, v in kw.items()})
         got = getattr(self.cuda, op)(*map(dev, args), **{k: dev(v) for k, v in kw.items()})
+        if state is not None:
+            # the state it leaves (written in place) is a result like its output
+            self._compare(op, state.dev, state.ref, what=f"{op} state")
         if isinstance(want, (tuple, list)):
             for g, w in zip(got, want):
                 self._compare(op, g, w)
@@ -146,7 +175,7 @@ def load(name):
     from engine.gguf import GGUFFile
 
     gf = GGUFFile(SYNTH / f"{name}.gguf")
-    if "cuda" not in arch_registry.backends(gf.architecture):
+    if "cuda" not in arch_registry.backends(gf.architecture) and gf.architecture not in CHECKED_BEFORE_ENABLED:
         pytest.skip(f"{gf.architecture} is not yet supported on the cuda backend")
     arch = arch_registry.get(gf.architecture)
     return gf, arch, arch.configure(read_config(gf, gf.architecture), gf)
@@ -182,6 +211,9 @@ def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
         b.where = f"{name} step {i} ({'prefill' if i == 0 else 'decode'})"
         forward(b, weights, cfg, arch, cache, ids, pos)
     assert {"matmul", "matmul_many", "add_rms_norm", "rope_store", "attention"} <= set(b.worst)
+    if any(cfg.is_recurrent(il) for il in range(cfg.n_layer)):
+        assert {"ssm_conv", "gated_delta_net", "sigmoid", "softplus", "silu", "l2_norm",
+                "rms_norm_gated", "sigmoid_gate"} <= set(b.worst)
     record_property("nmse", " ".join(f"{op}={err:.1e}" for op, err in sorted(b.worst.items())))
 
 
@@ -223,6 +255,7 @@ def test_model_free_running_logits(name, rng, record_property):
         runs[key] = [forward_traced(backend, weights, cfg, arch, cache, ids, pos) for ids, pos in tokens]
     for i, ((a, _), (b, _)) in enumerate(zip(runs["cuda"], runs["cuda again"])):
         assert np.array_equal(a, b), f"{name} step {i}: two CUDA runs of the same inputs differ"
+    bound = FREE_RUNNING_RECURRENT if any(cfg.is_recurrent(il) for il in range(cfg.n_layer)) else FREE_RUNNING
     worst, compared, parted = 0.0, 0, None
     for i, ((got, got_nodes), (want, want_nodes)) in enumerate(zip(runs["cuda"], runs["ref"])):
         part = first_parting(cfg, got_nodes, want_nodes)
@@ -236,12 +269,12 @@ def test_model_free_running_logits(name, rng, record_property):
                 if n == 0:
                     continue
                 err = nmse(got_nodes[key][:n], want_nodes[key][:n])
-                assert err <= FREE_RUNNING, f"{name} step {i}: {key} NMSE {err:.3e} exceeds {FREE_RUNNING:.0e}"
+                assert err <= bound, f"{name} step {i}: {key} NMSE {err:.3e} exceeds {bound:.0e}"
         if rows:
             err = nmse(got[:rows], want[:rows])
             worst = max(worst, err)
             compared += rows
-            assert err <= FREE_RUNNING, f"{name} step {i}: logits NMSE {err:.3e} exceeds {FREE_RUNNING:.0e}"
+            assert err <= bound, f"{name} step {i}: logits NMSE {err:.3e} exceeds {bound:.0e}"
         if part is not None:
             parted = f"step {i} token {part[0]} layer {part[1]}"
             break

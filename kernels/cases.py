@@ -84,6 +84,12 @@ OP_BOUNDS = {
     "moe_route": TRANSCENDENTAL, "moe_ffn": REQUANTIZED,
     "sigmoid": TRANSCENDENTAL, "softplus": TRANSCENDENTAL, "silu": TRANSCENDENTAL,
     "ssm_conv": EXACT, "gated_delta_net": RECURRENCE,
+    # the delta-net compositions of engine/backends/base.py, held to the ops they are made of:
+    # l2_norm is rms_norm then an exact scale; rms_norm_gated is rms_norm times silu(z) and
+    # sigmoid_gate x times sigmoid(gate), products of two results each within its bound
+    # (relative errors ~2^-24 that add: still NMSE ~1e-14, far below 1e-12)
+    "l2_norm": RMS_NORM, "rms_norm_gated": max(RMS_NORM, TRANSCENDENTAL),
+    "sigmoid_gate": TRANSCENDENTAL,
 }
 
 
