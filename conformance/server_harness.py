@@ -22,12 +22,16 @@ class StubForward:
     `generate()`, and sessions (`new_session()`: prefill / decode / pick, one sequence a step;
     `arch.BATCHED_DECODE` is false, so no batched step). `n_ctx` may be smaller than the
     model's and `eog_bias` raises the end-of-generation logit, to bound replies; `delay`
-    seconds a token make requests last (queue tests)."""
+    seconds a token make requests last; `gate`, a threading.Event, holds every decode step
+    until it is set (a request stays running, after its first token, for as long as a test
+    needs: queue tests that must not depend on the machine's speed)."""
 
     arch = type("StubArch", (), {"BATCHED_DECODE": False})
 
-    def __init__(self, model, n_ctx: int = 64, delay: float = 0.0, eog_bias: float = 0.0):
+    def __init__(self, model, n_ctx: int = 64, delay: float = 0.0, eog_bias: float = 0.0,
+                 gate: threading.Event | None = None):
         self._model, self.n_ctx, self.delay, self.eog_bias = model, n_ctx, delay, eog_bias
+        self.gate = gate
         eog = min(model.tokenizer.vocab.eog)
         self.ids = np.array([eog] + [i for i in range(200, 300) if i != eog][:63])
 
@@ -72,6 +76,8 @@ class StubSession:
         return self._logits(len(ids))
 
     def decode(self, token):
+        if self.stub.gate is not None:
+            self.stub.gate.wait()
         return self._logits(1)
 
     def pick(self, logits, sampler, history) -> int:

@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -775,11 +776,14 @@ def test_fastapi_validation_errors_are_openai_400s(model):
 def test_full_queue_over_http_gets_503_with_retry_after(model):
     """--parallel 1 --max-waiting 1 through uvicorn: one stream running, one waiting, the
     third request refused with 503, Retry-After and OpenAI's body; the waiting client hangs up
-    and a new request takes its place; once every client has gone nothing runs."""
+    and a new request takes its place; once every client has gone nothing runs. The running
+    request is held after its first token by a gate on the stub's decode step, so it is still
+    running whenever the test looks, however slow the machine."""
     from conformance.server_harness import StubForward, ThreadedServer
     from engine.server import App
-    server = ThreadedServer(App(StubForward(model, n_ctx=256, delay=0.02, eog_bias=-1e9), MODEL, None, parallel=1,
-                                max_waiting=1))
+    gate = threading.Event()
+    server = ThreadedServer(App(StubForward(model, n_ctx=256, eog_bias=-1e9, gate=gate), MODEL, None,
+                                parallel=1, max_waiting=1))
     body = json.dumps({"prompt": "The sea", "max_tokens": 200, "temperature": 0, "stream": True}).encode()
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
 
@@ -797,13 +801,16 @@ def test_full_queue_over_http_gets_503_with_retry_after(model):
             assert time.monotonic() < deadline, f"{what}: {h}"
             time.sleep(0.02)
 
+    def stream():
+        s = socket.create_connection((server.host, server.port), timeout=30)
+        s.sendall(head + body)
+        streams.append(s)
+
     streams = []
     try:
-        for _ in range(2):
-            s = socket.create_connection((server.host, server.port), timeout=30)
-            s.sendall(head + body)
-            streams.append(s)
-        streams[0].recv(1)
+        stream()
+        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 0), "one running")
+        stream()
         until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 1), "one running, one waiting")
         conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
         conn.request("POST", COMPLETIONS, body=body)
@@ -812,19 +819,43 @@ def test_full_queue_over_http_gets_503_with_retry_after(model):
         conn.close()
         assert r.status == 503 and int(r.getheader("Retry-After")) > 0, err
         assert (err["error"]["code"], err["error"]["type"]) == ("server_busy", "server_error")
+        assert err["error"]["message"], err
         streams.pop().close()       # the waiting client leaves: its place is free
-        until(lambda h: h["requests_waiting"] == 0, "the waiting request dropped")
-        s = socket.create_connection((server.host, server.port), timeout=30)
-        s.sendall(head + body)
-        streams.append(s)
+        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 0), "the waiting request dropped")
+        stream()
         until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 1), "a new request waiting")
         for s in streams:
             s.close()
         streams = []
+        gate.set()                  # the running request's next step notices its client left
         until(lambda h: (h["requests_running"], h["requests_waiting"]) == (0, 0), "nothing left running")
     finally:
+        gate.set()
         for s in streams:
             s.close()
+        server.stop()
+
+
+def test_silent_connection_is_closed_after_the_keep_alive_time(model, monkeypatch):
+    """A connection that never sends a request is closed after the kept-alive time
+    (uvicorn's clock starts only after a response: such connections were held for ever, each a
+    file descriptor, a slowloris); one that sends its request in time is served."""
+    from conformance.server_harness import StubForward, ThreadedServer
+    from engine import http_api
+    from engine.server import App
+    monkeypatch.setattr(http_api, "SOCKET_TIMEOUT", 1)
+    server = ThreadedServer(App(StubForward(model), MODEL, None, parallel=1, max_waiting=1))
+    try:
+        silent = socket.create_connection((server.host, server.port), timeout=30)
+        talker = socket.create_connection((server.host, server.port), timeout=30)
+        start = time.monotonic()
+        talker.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert talker.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert silent.recv(1) == b"", "the server sent something to a connection that asked nothing"
+        assert 0.5 < time.monotonic() - start < 20
+        silent.close()
+        talker.close()
+    finally:
         server.stop()
 
 

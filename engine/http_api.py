@@ -444,6 +444,14 @@ class BrassH11Protocol(H11Protocol):
 
     _last_data = b""
 
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        # uvicorn starts the keep-alive clock only once a response is out: a connection that
+        # never sends a request would hold its socket (a file descriptor) for ever, and enough
+        # of them stop the server accepting anyone. It gets the kept-alive connection's time.
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                            self.timeout_keep_alive_handler)
+
     def data_received(self, data: bytes) -> None:
         self._last_data = data      # to quote a header h11 refuses without saying its value
         super().data_received(data)
