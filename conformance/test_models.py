@@ -63,6 +63,13 @@ def spread_bounds(name: str) -> dict:
             for role, s in entry["spread_vs_cpu"]["activations_nmse"].items()}
 
 
+def q8_1_oracle(name: str, backend: str, ref_set: str) -> dict | None:
+    """The figures CUDA is held to against the CPU set on a gated delta-net hybrid: those of
+    the numpy backend in q8_1 mode, the CUDA kernels' oracle (tolerances.Q8_1_ORACLE); None
+    for every other case."""
+    return tolerances.Q8_1_ORACLE.get(name) if (backend, ref_set) == ("cuda", "cpu") else None
+
+
 def settled_positions(name: str, k: int) -> np.ndarray:
     """Teacher-forced positions of CUDA prompt k where llama.cpp's CPU and CUDA backends agree
     on the argmax (where their two sequences hold the same ids), or that only the CUDA
@@ -109,9 +116,15 @@ def test_activations(name, backend, loaded):
     m = loaded(name, backend)
     traced: dict = {}
     m.score(acts.prompt_ids, trace=lambda key, x: traced.__setitem__(key, m.backend.to_numpy(x)))
+    oracle = q8_1_oracle(name, backend, ref_set)
     if ref_set == "cuda":
         role_bounds = spread_bounds(name)
         fallback = (tolerances.CUDA_FLOOR, tolerances.CUDA_FLOOR)
+    elif oracle is not None:
+        f, floor = tolerances.Q8_1_FACTOR, tolerances.Q8_1_FLOOR
+        role_bounds = {role: (max(f * l0, floor), max(f * any_, floor))
+                       for role, (l0, any_) in oracle["activations"].items()}
+        fallback = tolerances.ACTIVATIONS[(backend, ref_set, gm.kind)]
     else:
         role_bounds, fallback = {}, tolerances.ACTIVATIONS[(backend, ref_set, gm.kind)]
     logit_bound = role_bounds.get("result_output", (None, tolerances.LOGITS[(backend, ref_set, gm.kind)]))[1]
@@ -136,9 +149,9 @@ def test_activations(name, backend, loaded):
         err = nmse(ours, ref)
         bound0, bound = role_bounds.get(node.role, fallback)
         limit = logit_bound if node.role == "result_output" else (bound0 if node.layer == 0 else bound)
-        rows.append((key, node.role, f"{err:.2e}", f"{limit:.0e}"))
+        rows.append((key, node.role, f"{err:.2e}", f"{limit:.1e}"))
         if not err <= limit:
-            failures.append(f"{key} ({node.role}): NMSE {err:.3e} > {limit:.0e}")
+            failures.append(f"{key} ({node.role}): NMSE {err:.3e} > {limit:.1e}")
     print(f"{name}: Brass {backend} vs llama.cpp {ref_set} goldens")
     print(tabulate(rows, headers=["node", "role", "NMSE", "bound"]))
     assert not failures, f"{name} on {backend} vs llama.cpp {ref_set}: " + "; ".join(failures[:8])
@@ -154,6 +167,12 @@ def test_teacher_forced(name, backend, loaded, request):
     eps = tolerances.ARGMAX_EPS[(ref_set, gm.kind)]
     logit_bound = tolerances.LOGITS[(backend, ref_set, gm.kind)]
     allowed = tolerances.ARGMAX_MAX_DISAGREEMENT.get((backend, ref_set, "moe" if "moe" in gm.arch else "dense"), 0.0)
+    never_above = np.inf        # llama.cpp margin above which no position may disagree
+    oracle = q8_1_oracle(name, backend, ref_set)
+    if oracle is not None:
+        share, margin = oracle["argmax"]
+        logit_bound = tolerances.Q8_1_FACTOR * oracle["top16"]
+        allowed, never_above = tolerances.Q8_1_FACTOR * share, tolerances.Q8_1_FACTOR * margin
     checked = total = 0
     failures, disagreements = [], []
     worst_top1 = 0.0
@@ -171,13 +190,15 @@ def test_teacher_forced(name, backend, loaded, request):
         bad = np.nonzero(clear & (argmax != p.tf_argmax))[0]
         disagreements += [f"{p.name} position {j}: Brass {argmax[j]}, llama.cpp {p.tf_argmax[j]} "
                           f"(margin {p.tf_margin[j]:.3f})" for j in bad]
+        failures += [f"{p.name} position {j}: Brass {argmax[j]}, llama.cpp {p.tf_argmax[j]} at margin "
+                     f"{p.tf_margin[j]:.3f} > {never_above:.2f}" for j in bad if p.tf_margin[j] > never_above]
         checked += int(clear.sum())
         total += len(clear)
         ours_top = np.take_along_axis(logits, p.tf_top_ids.astype(np.int64), axis=-1)
         worst_top1 = max(worst_top1, float(np.abs(ours_top[:, 0] - p.tf_top_logits[:, 0]).max()))
         err = nmse(ours_top, p.tf_top_logits)
         if not err <= logit_bound:
-            failures.append(f"{p.name}: top-16 logits NMSE {err:.3e} > {logit_bound:.0e}")
+            failures.append(f"{p.name}: top-16 logits NMSE {err:.3e} > {logit_bound:.1e}")
     print(f"{name}: Brass {backend} vs llama.cpp {ref_set}: argmax agrees at {checked - len(disagreements)}"
           f"/{checked} positions with margin > {eps}; worst |Δ| of llama.cpp's top-1 logit {worst_top1:.3f}")
     assert checked / total >= tolerances.MIN_COVERAGE, \
@@ -192,10 +213,16 @@ def test_teacher_forced(name, backend, loaded, request):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", MODELS)
-def test_greedy_stream(name, backend, loaded):
+def test_greedy_stream(name, backend, loaded, request):
     skip_unless_supported(name, backend)
     gm = goldens.model(name)
     ref_set = reference(name, backend)
+    oracle = q8_1_oracle(name, backend, ref_set)
+    if oracle is not None:
+        # runs in full; strict: a stream that no longer parts there means the figures changed
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            f"Q8_1 rounding parts the stream from llama.cpp's CPU one where the numpy q8_1 "
+            f"oracle parts ({oracle['stream']}); needs llama.cpp's CUDA goldens (tolerances.py)")))
     m = loaded(name, backend)
     eps = tolerances.STREAM_EPS[gm.kind]
     compared = 0
