@@ -189,3 +189,10 @@ __device__ __forceinline__ float rope_angle(const int pos, const int i, const fl
     for (int j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
     return __fmul_rn(theta, freq_scale);
 }
+
+// The same angle divided by the pair's frequency factor before freq_scale (ggml_rope_ext with
+// freq_factors: rope_yarn(theta / ff[i], ...)), in that order, as the numpy reference.
+__device__ __forceinline__ float rope_angle_ff(const int pos, const int i, const float theta_scale,
+                                               const float ff, const float freq_scale) {
+    return __fmul_rn(__fdiv_rn(rope_angle(pos, i, theta_scale, 1.0f), ff), freq_scale);   // theta * 1 = theta
+}

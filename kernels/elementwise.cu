@@ -1,7 +1,8 @@
-// Elementwise ops: residual add, multiply, scale, the gated activations and the weighted sum
-// of expert outputs. Each mirrors the numpy reference operation by operation in float32
-// (the _rn intrinsics keep the compiler from fusing a multiply and an add into one FMA,
-// which would round differently).
+// Elementwise ops: residual add, multiply, scale, the gated activations, the weighted sum
+// of expert outputs, and Gemma 4's tanh, final logit softcap and per-expert output scale.
+// Each mirrors the numpy reference operation by operation in float32 (the _rn intrinsics
+// keep the compiler from fusing a multiply and an add into one FMA, which would round
+// differently).
 #include "common.cuh"
 #include "params.cuh"
 
@@ -53,4 +54,36 @@ weighted_sum(const float * __restrict__ y, const float * __restrict__ w, float *
     float acc = __fmul_rn(yt[0], wt[0]);
     for (int j = 1; j < p.k; ++j) acc = __fadd_rn(acc, __fmul_rn(yt[(i64) j * p.n_cols], wt[j]));
     out[(i64) t * p.n_cols + i] = acc;
+}
+
+// ---- Gemma 4 ---------------------------------------------------------------------------------
+// (The kernel is not called tanh: that would clash with the C math function.)
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+tanh_f32(const float * __restrict__ x, float * __restrict__ y, const GluParams p) {
+    for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
+        y[i] = tanhf(x[i]);
+}
+
+// Final logit softcap, cap * tanh(x * (1 / cap)) with p.s = cap: the three operations of
+// Backend.softcap (scale by the float32 quotient 1 / cap, tanh, scale by cap) in one pass,
+// each rounded as there (1.0f / cap is an IEEE division: no fast math).
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+softcap(const float * __restrict__ x, float * __restrict__ y, const ScaleParams p) {
+    const float inv = __fdiv_rn(1.0f, p.s);
+    for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
+        y[i] = __fmul_rn(tanhf(__fmul_rn(x[i], inv)), p.s);
+}
+
+// out[t, j, :] = y[t, j, :] * s[ids[t, j]]: the per-expert scale of an expert mat-mul's output
+// (ffn_down_exps.scale). blockIdx.x is the (token, slot) pair (x: a long prompt's T * k can
+// pass grid.y's 65535); an id outside [0, n_experts) gives NaN, as the expert mat-vecs do.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+mul_expert_scale(const float * __restrict__ y, const float * __restrict__ s, const int * __restrict__ ids,
+                 float * __restrict__ out, const ExpertScaleParams p) {
+    const int slot = blockIdx.x;
+    const int i = blockIdx.y * EW_THREADS + threadIdx.x;
+    if (i >= p.n_cols) return;
+    const int e = ids[slot];
+    const i64 at = (i64) slot * p.n_cols + i;
+    out[at] = (e >= 0 && e < p.n_experts) ? __fmul_rn(y[at], s[e]) : __int_as_float(0x7fc00000);
 }

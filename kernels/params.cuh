@@ -236,3 +236,11 @@ struct GatedDeltaNetParams {
     int head_dim;
 };
 
+// elementwise.cu mul_expert_scale: y and out [n_slots, n_cols] (n_slots = tokens x experts
+// per token), ids [n_slots], s [n_experts].
+struct ExpertScaleParams {
+    int n_slots;
+    int n_cols;
+    int n_experts;
+    int pad0;
+};
