@@ -80,7 +80,7 @@ def main():
             y = cp.empty(N, np.float32)
             units = -(-N // v["rows"])
             rb = nbytes // N
-            params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=N, n_rows1=0, n_rows2=0,
+            params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=N, n_rows1=0, n_rows2=0, cols=1,
                           row_bytes0=rb, row_bytes1=rb, row_bytes2=rb)
             for grid_kind in ("full", "waves"):
                 blocks = -(-units // v["warps"])

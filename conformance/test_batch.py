@@ -4,7 +4,9 @@ On every synthetic model that decodes in batches, on both backends: sequences wi
 different lengths decode together, one joining and one leaving part-way, and each one's greedy
 tokens equal those it generates alone through `Model.generate`; each batched step's logits
 equal the alone step's logits bit for bit (rows are computed as alone by construction, so this
-is an equality, not a tolerance). Architectures that do not batch yet are refused in one line.
+is an equality, not a tolerance). On CUDA, compositions that last more than one step are
+replayed as captured graphs, so the equality covers those too. Architectures that do not batch
+yet are refused in one line.
 """
 
 from __future__ import annotations
@@ -73,13 +75,17 @@ def test_batched_decode_equals_alone(model, rng):
                 active.append(i)
         if active:
             sizes.add(len(active))
-            logits = b.to_numpy(dec.step([sessions[i] for i in active], [nxt[i] for i in active]))
+            logits, best = dec.step_argmax([sessions[i] for i in active], [nxt[i] for i in active])
+            logits, best = b.to_numpy(logits), b.to_numpy(best)
+            assert np.array_equal(best, np.argmax(logits, axis=-1)), "the device argmax differs from the logits'"
             for row, i in zip(logits, active):
                 got_logits[i].append(row.copy())
                 nxt[i] = int(np.argmax(row))
                 got[i].append(nxt[i])
         step += 1
     assert max(sizes) >= 3, f"the plan never batched three sequences (batch sizes {sorted(sizes)})"
+    if b.supports_graphs:   # compositions that last were captured and replayed (engine/batch.py)
+        assert dec.captures >= 2 and dec.replays >= 4, (dec.captures, dec.replays)
     for i, ((tokens, logits), g, gl) in enumerate(zip(alone, got, got_logits)):
         assert g == tokens, f"sequence {i}: batched tokens {g} differ from alone {tokens}"
         for j, (a, c) in enumerate(zip(logits, gl)):

@@ -38,11 +38,22 @@ def test_bench_table_and_skips():
     assert tests == ["test", "tg3"], r.stdout          # the header, then only the generation test
 
 
+def test_bench_parallel_counts_every_sequence():
+    """--parallel P: the generation test is P sequences in batched steps, named tgNxP, its
+    tokens those of all P sequences (n_tokens = N * P)."""
+    r = brass("bench", goldens.model("synth-qwen3").path(), "--backend", "numpy",
+              "-p", 0, "-n", 4, "-r", 1, "--parallel", 3, "--json")
+    assert r.returncode == 0, r.stderr
+    (x,) = json.loads(r.stdout)
+    assert x["test"] == "tg4x3" and x["n_tokens"] == 12 and x["tokens_per_s"] > 0
+
+
 @pytest.mark.parametrize("args,msg", [
     (("-p", 0, "-n", 0), "positive prompt"),
     (("-p", -5), "positive prompt"),
     (("-r", 0), "repetitions"),
     (("-p", 100000, "-n", 1), "exceed the model's context"),
+    (("--parallel", 0), "parallel sequences"),
 ])
 def test_bench_bad_input_is_one_line(args, msg):
     r = brass("bench", goldens.model("synth-llama").path(), "--backend", "numpy", *args)

@@ -506,6 +506,42 @@ def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
     assert_q8_of(cuda, got, "ffn_glu")
 
 
+# A batched decode step's mat-vecs (matvec_cols_, matvec_glu_cols_) read each weight row once
+# for up to MV_COLS tokens; each token must get the very bits the one-token kernels give it
+# (a sequence's answer must not depend on which others share its step). K = 1024 stages 8
+# tokens per block, 12288 four (the staging budget), 28672 one token staged where the
+# one-token kernel reads it from global memory; T = 13 leaves a last block of fewer tokens.
+@pytest.mark.parametrize("T", [2, 5, 13])
+@pytest.mark.parametrize("K", [1024, 12288, 28672])
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q5_K, GGMLType.Q8_0, GGMLType.Q4_0,
+                                   GGMLType.MXFP4, GGMLType.F16, GGMLType.BF16), ids=tname)
+def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T):
+    if qtype == GGMLType.MXFP4 and K != 1024:
+        pytest.skip("one K is enough for MXFP4 (its kernel shares the skeleton)")
+    shapes = {"a": (qtype, (520, K)), "b": (qtype, (513, K)), "c": (qtype, (96, K)),
+              "g": (qtype, (96, K)), "u": (qtype, (96, K))}
+    gf = weights(tmp_path, rng, shapes)
+    w = {n: cuda.weight(gf, n) for n in shapes}
+    x = (rng.uniform(-1, 1, (T, K)) * rng.uniform(0.1, 10, (T, 1))).astype(F32)
+    X = cuda.asarray(x)
+    with cuda.rows_independent():
+        many = [cuda.to_numpy(y) for y in cuda.matmul_many(X, [w["a"], w["b"], w["c"]])]
+        h = cuda.ffn_glu(X, w["g"], w["u"])
+    hb = cuda._q8_of(h)
+    h = cuda.to_numpy(h)
+    for t in range(T):
+        xt = cuda.asarray(x[t:t + 1])
+        alone = [cuda.to_numpy(y) for y in cuda.matmul_many(xt, [w["a"], w["b"], w["c"]])]
+        for i, (got, want) in enumerate(zip(many, alone)):
+            assert np.array_equal(got[t:t + 1], want), \
+                f"token {t}, matrix {i}: batched result differs from alone (max |d| {np.abs(got[t] - want[0]).max():.3g})"
+        ht = cuda.ffn_glu(xt, w["g"], w["u"])
+        assert np.array_equal(h[t:t + 1], cuda.to_numpy(ht)), f"token {t}: batched glu differs from alone"
+        if hb is not None:
+            assert np.array_equal(cuda.to_numpy(hb)[t], cuda.to_numpy(cuda._q8_of(ht))[0]), \
+                f"token {t}: batched glu's Q8_1 blocks differ from alone"
+
+
 @pytest.mark.parametrize("E,k,norm,scale", [(8, 2, True, 1.0), (128, 8, True, 1.0), (64, 6, False, 2.5)])
 def test_moe_route(cuda, ref, rng, E, k, norm, scale, record_property):
     x = rng.uniform(-4, 4, (5, E)).astype(F32)

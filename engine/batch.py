@@ -10,9 +10,21 @@ steps, nor on when they join or leave, so serving many requests together changes
 Sequences join and leave between steps by being passed or not; prefill stays per sequence
 (`Session.prefill`), so a scheduler interleaves a new request's prompt, in chunks, between the
 batched steps of the running ones.
+
+On a graph-capable backend (CUDA) a step is a few hundred kernel launches, each costing more
+host time than the GPU spends on it; so a batch composition (the same sessions in the same
+order) that is stepped a second time in a row is captured as a CUDA graph (`BatchStep`) and
+replayed from then on: the next tokens and positions are uploaded in one copy, the rest stays
+on the device. A composition lives as long as no request joins or leaves, i.e. for most steps
+of a server under steady load; the first step of a new one runs eagerly (a composition seen
+once costs no capture).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from collections import OrderedDict
 
 import numpy as np
 
@@ -33,19 +45,73 @@ def supports_batched_decode(model) -> bool:
     return bool(getattr(model.arch, "BATCHED_DECODE", False))
 
 
+# Captured compositions kept at once (each holds its sessions' caches and its own buffers).
+GRAPHS_KEPT = 4
+
+
 class BatchDecoder:
     """`step(sessions, tokens)`: logits `[B, n_vocab]` (a backend array) after `tokens[r]` at
-    the next position of `sessions[r]`, each session advanced by one."""
+    the next position of `sessions[r]`, each session advanced by one. `step_argmax` also gives
+    each row's greedy token (a device array [B]), computed on the device."""
 
-    def __init__(self, model):
+    def __init__(self, model, graphs: bool | None = None):
         if not supports_batched_decode(model):
             raise UnsupportedError(f"{model.gguf.architecture} does not decode sequences in "
                                    f"batches yet")
+        from .model import graphs_enabled
         self.model = model
+        self.graphs = graphs_enabled(model.backend) if graphs is None else graphs
+        self._steps: OrderedDict[tuple, BatchStep] = OrderedDict()
+        self._last: tuple | None = None
+        self.captures = 0               # graphs captured (a composition stepped twice in a row)
+        self.replays = 0
 
     def step(self, sessions: list, tokens: list[int]):
+        return self.step_argmax(sessions, tokens, argmax=False)[0]
+
+    def step_argmax(self, sessions: list, tokens: list[int], argmax: bool = True):
+        """(logits [B, n_vocab], greedy tokens [B] or None), both backend arrays; on the graph
+        path they are the graph's own, rewritten by the next step of the same composition."""
+        self._check(sessions, tokens)
         m = self.model
         b = m.backend
+        ids = np.asarray([int(t) for t in tokens], np.int32)
+        pos = np.asarray([s.n_past for s in sessions], np.int32)
+        key = tuple(id(s.cache) for s in sessions)
+        st = self._steps.get(key) if self.graphs else None
+        if st is None and self.graphs and key == self._last:
+            st = self._capture(sessions, key)
+        self._last = key
+        if st is not None:
+            self._steps.move_to_end(key)
+            with b.activate():
+                st.run(ids, pos)
+            self.replays += 1
+            logits, best = st.logits, st.best
+        else:
+            with b.activate(), b.rows_independent():
+                logits = m.forward(b.asarray(ids), b.asarray(pos),
+                                   SequenceBatch([s.cache for s in sessions]))
+                best = b.argmax(logits) if argmax else None
+        for s in sessions:
+            s.n_past += 1
+        return logits, best
+
+    def _capture(self, sessions: list, key: tuple):
+        try:
+            st = BatchStep(self.model, sessions)
+        except Exception as e:          # e.g. an op that cannot be captured: stay eager
+            print(f"brass: batched decode stays eager ({type(e).__name__}: {e})", file=sys.stderr)
+            self.graphs = False
+            return None
+        self.captures += 1
+        self._steps[key] = st
+        while len(self._steps) > GRAPHS_KEPT:
+            self._steps.popitem(last=False)
+        return st
+
+    def _check(self, sessions: list, tokens: list[int]):
+        m = self.model
         if not sessions or len(sessions) != len(tokens):
             raise BrassError(f"a batched step needs one token per session "
                              f"({len(sessions)} sessions, {len(tokens)} tokens)")
@@ -58,11 +124,35 @@ class BatchDecoder:
                 raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
             if s.n_past + 1 > s.n_ctx:
                 raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
-        ids = np.asarray([int(t) for t in tokens], np.int32)
-        pos = np.asarray([s.n_past for s in sessions], np.int32)
-        with b.activate(), b.rows_independent():
-            logits = m.forward(b.asarray(ids), b.asarray(pos),
-                               SequenceBatch([s.cache for s in sessions]))
-        for s in sessions:
-            s.n_past += 1
-        return logits
+
+
+class BatchStep:
+    """One batched decode step of a fixed composition of sessions, captured as a graph: the
+    tokens and positions are read from one device array [2, B] (uploaded before each replay),
+    then every layer over the rows' caches, the LM head (`logits`) and the rows' argmax (`best`).
+    It holds the sessions' caches, so that no other array can take their memory while the
+    graph may still write it."""
+
+    def __init__(self, model, sessions: list):
+        b = model.backend
+        B = len(sessions)
+        self.caches = [s.cache for s in sessions]
+        with b.activate():
+            self.inp = b.zeros((2, B), np.int32)
+            self._host = b.pinned_empty(2 * B, np.int32).reshape(2, B)
+        self._uploaded = lambda: None
+
+        def step():
+            with b.rows_independent():
+                logits = model.forward(self.inp[0], self.inp[1], SequenceBatch(self.caches))
+                return logits, b.argmax(logits)
+
+        self.graph = b.capture(step)
+        self.logits, self.best = self.graph.result
+        self.backend = b
+
+    def run(self, ids: np.ndarray, pos: np.ndarray):
+        self._uploaded()            # the last copy has read the pinned buffer (usually long ago)
+        self._host[0], self._host[1] = ids, pos
+        self._uploaded = self.backend.upload_async(self.inp, self._host)
+        self.graph.replay()

@@ -5,7 +5,10 @@ engine code as `brass generate`:
   row, as generation needs), timed to the end of the GPU work;
 - tg N: N tokens generated greedily one after another from an empty context (first token
   random), through Session.greedy: on the GPU the captured decode graph with the argmax fed
-  back on the device, exactly what `generate` runs.
+  back on the device, exactly what `generate` runs;
+- tg N xP (parallel P > 1): P sequences generating N tokens each together, one batched decode
+  step (engine/batch.py) for all of them per token, as the server runs them; tokens per second
+  counts all P sequences' tokens (llama-batched-bench's S_TG).
 
 Each test runs once untimed (kernel compilation, graph capture, memory pools), then `reps`
 times; the result is tokens per second, mean and standard deviation over the repetitions,
@@ -49,12 +52,15 @@ def _timed(backend, fn) -> float:
 
 
 def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int = 0,
-          progress=None) -> list[BenchResult]:
-    """pp`n_prompt` and tg`n_gen` of `model` (either may be 0 to skip it)."""
+          progress=None, parallel: int = 1) -> list[BenchResult]:
+    """pp`n_prompt` and tg`n_gen` of `model` (either may be 0 to skip it); with parallel > 1,
+    the generation test is `parallel` sequences decoded in batched steps."""
     if n_prompt < 0 or n_gen < 0 or not (n_prompt or n_gen):
         raise BrassError("bench: give a positive prompt (-p) and/or generation (-n) length")
     if reps < 1:
         raise BrassError("bench: repetitions (-r) must be >= 1")
+    if parallel < 1:
+        raise BrassError("bench: parallel sequences (--parallel) must be >= 1")
     n_ctx = max(n_prompt, n_gen + 1)
     if n_ctx > model.config.n_ctx_train:
         raise BrassError(f"bench: {n_ctx} tokens exceed the model's context of {model.config.n_ctx_train}")
@@ -77,18 +83,38 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
         if n != n_gen:
             raise BrassError(f"bench: generated {n} of {n_gen} tokens")
 
-    for test, n, fn in (("pp", n_prompt, prefill), ("tg", n_gen, generate)):
+    sessions, dec = [], None
+    if parallel > 1 and n_gen:
+        from .batch import BatchDecoder
+        dec = BatchDecoder(model)           # refuses an architecture that does not batch
+        sessions = [model.new_session(n_gen + 1) for _ in range(parallel)]
+
+    def generate_batched():
+        for q in sessions:
+            q.reset()
+        toks = [int(t) for t in rng.integers(0, vocab, parallel)]
+        for _ in range(n_gen):
+            _, best = dec.step_argmax(sessions, toks)
+            toks = [int(t) for t in b.to_numpy(best)]
+
+    tg = ("tg", n_gen, generate) if parallel == 1 else (f"tg{n_gen}x", parallel, generate_batched)
+    def name(test, n):
+        return f"{test}{parallel}" if test.endswith("x") else f"{test}{n}"
+
+    for test, n, fn in (("pp", n_prompt, prefill), tg):
         if not n:
             continue
+        if fn is generate_batched:
+            n = n_gen * parallel
         with b.activate():
             fn()                                   # warm-up, untimed
             secs = []
             for r in range(reps):
                 secs.append(_timed(b, fn))
                 if progress:
-                    progress(f"{test}{n} {r + 1}/{reps}: {n / secs[-1]:.1f} tok/s")
+                    progress(f"{name(test, n)} {r + 1}/{reps}: {n / secs[-1]:.1f} tok/s")
         tps = [n / t for t in secs]
-        results.append(BenchResult(model=model.name, size_bytes=size, backend=b.name, test=f"{test}{n}",
+        results.append(BenchResult(model=model.name, size_bytes=size, backend=b.name, test=name(test, n),
                                    n_tokens=n, reps=reps, tokens_per_s=statistics.fmean(tps),
                                    stddev=statistics.stdev(tps) if len(tps) > 1 else 0.0, samples=tps,
                                    kernels_per_token=s._step.kernels if test == "tg" and s._step else None))

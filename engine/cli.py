@@ -244,9 +244,12 @@ def cmd_bench(args):
         raise BrassError("bench: give a positive prompt (-p) and/or generation (-n) length")
     if args.reps < 1:
         raise BrassError("bench: repetitions (-r) must be >= 1")
+    if args.parallel < 1:
+        raise BrassError("bench: parallel sequences (--parallel) must be >= 1")
     m = _load(args)
     progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
-    results = bench(m, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps, progress=progress)
+    results = bench(m, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps, progress=progress,
+                    parallel=args.parallel)
     if args.json:
         print(json.dumps([r.as_dict() for r in results]))
     else:
@@ -320,6 +323,9 @@ def build_parser():
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip; default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip; default 128)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default 3)")
+    p.add_argument("--parallel", type=int, default=1, metavar="P",
+                   help="generate with P sequences in batched steps, as the server does "
+                        "(test tgNxP: all sequences' tokens per second; default 1)")
     p.add_argument("--json", action="store_true", help="print the results as a JSON array")
     p.set_defaults(func=cmd_bench)
 

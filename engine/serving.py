@@ -178,16 +178,23 @@ class BatchScheduler:
                 self._guard(r, lambda r: self._accept(r, r.session.pick(r.session.decode(r.next),
                                                                        r.sampler, r.history)), r)
             return
+        # Greedy rows need only their argmax (taken on the device): B integers come back
+        # instead of B rows of logits.
+        greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0 for r in ready)
         try:
-            logits = self.batch.step([r.session for r in ready], [r.next for r in ready])
+            logits, best = self.batch.step_argmax([r.session for r in ready], [r.next for r in ready],
+                                                  argmax=greedy)
             with b.activate():
-                rows = b.to_numpy(logits)
+                rows = b.to_numpy(best if greedy else logits)
         except Exception as e:                    # the step failed for all its rows
             for r in ready:
                 self._fail(r, e)
             return
         for r, row in zip(ready, rows):
-            self._guard(r, lambda r: self._accept(r, _pick(row, r.sampler, r.history)), r)
+            if greedy:
+                self._guard(r, lambda r: self._accept(r, int(row)), r)
+            else:
+                self._guard(r, lambda r: self._accept(r, _pick(row, r.sampler, r.history)), r)
 
     def _accept(self, r: _Running, token: int):
         r.history.append(token)

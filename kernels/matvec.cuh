@@ -13,6 +13,13 @@
 //   matmul_<kind>       prefill: one output row x up to MATMUL_TILE tokens per thread block
 //   matvec_id_<kind>    mul_mat_id: blockIdx.y is a (token, slot) pair and ids[slot] picks
 //                       the expert matrix on the device
+//   matvec_cols_<kind>, matvec_glu_cols_<kind>
+//                       a batched decode step (several sequences' tokens): as matvec_ and
+//                       matvec_glu_, but a block takes up to MV_COLS tokens (blockIdx.x the
+//                       group of tokens, blockIdx.y the rows), so each weight row is read once
+//                       for all of them; each token's sum is the single-token kernel's, term
+//                       for term in the same order, so a sequence's results do not depend on
+//                       which others share its step
 //
 // Decode reads every weight byte once per token, so these kernels are bound by memory
 // bandwidth: a warp per group of rows keeps many independent loads in flight and needs no
@@ -40,6 +47,12 @@
 
 #ifndef MV_STAGE_MAX_K
 #define MV_STAGE_MAX_K 24576     // quantized kinds stage x in shared memory up to this K (48 B per 32)
+#endif
+#ifndef MV_COLS
+#define MV_COLS 8                // matvec_cols_<kind>: tokens per block at most (accumulators per lane)
+#endif
+#ifndef MV_COLS_STAGE_MAX_K
+#define MV_COLS_STAGE_MAX_K 49152  // ... and their staged values (tokens x K) at most (~86 KB)
 #endif
 
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
@@ -125,12 +138,12 @@ struct Staged {
 // block when K can be staged and the rows are short enough (a condition uniform over the
 // block); returns the staged copy, or nullptr when x is read from global memory. The launch
 // gives the shared memory (backend: _stage_bytes).
-template <class K>
+template <class K, int MAX_K = MV_STAGE_MAX_K>
 __device__ __forceinline__ const void * stage_act(const typename K::act * __restrict__ x, const int n_rows,
                                                   const int n_items, void * __restrict__ smem) {
     if constexpr (K::can_stage) {
         const int n_q8 = n_rows * n_items * Staged<K>::blocks_per_item;
-        if (n_q8 * QK8_1 <= MV_STAGE_MAX_K) {
+        if (n_q8 * QK8_1 <= MAX_K) {
             stage_q8_1((const block_q8_1 *) x, (typename Staged<K>::act *) smem, n_q8);
             __syncthreads();
             return smem;
@@ -181,6 +194,40 @@ __device__ __forceinline__ void rows_dot(const u8 * __restrict__ w0, const i64 r
         }
     }
     warp_dot_rows<K, R>(w0, row_bytes, n_valid, x, n_items, acc);
+}
+
+// acc[c] = w_row . x_c for the n_cols tokens c (rows of x n_items apart), summed over the
+// warp. Token c's sum takes the same terms in the same order as warp_dot_rows for that token
+// alone (the lane's items, then the shuffle tree), so it is the same float; the weight item is
+// loaded once for all tokens.
+template <class K, int C>
+__device__ __forceinline__ void warp_dot_cols(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
+                                              const int n_cols, const int n_items, float (&acc)[C]) {
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[c] = 0.0f;
+    for (int i = lane; i < n_items; i += WARP_SIZE) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            acc[c] += K::dot(w_row, i, x + (i64) min(c, n_cols - 1) * n_items + i);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[c] = warp_sum(acc[c]);
+}
+
+// warp_dot_cols on the staged activations xs when there are.
+template <class K, int C>
+__device__ __forceinline__ void cols_dot(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
+                                         const void * __restrict__ xs, const int n_cols, const int n_items,
+                                         float (&acc)[C]) {
+    if constexpr (K::can_stage) {
+        if (xs != nullptr) {
+            warp_dot_cols<Staged<K>, C>(w_row, (const typename Staged<K>::act *) xs, n_cols, n_items, acc);
+            return;
+        }
+    }
+    warp_dot_cols<K, C>(w_row, x, n_cols, n_items, acc);
 }
 
 // The old block-per-row skeleton, kept for prefill tiles and mul_mat_id: one weight row per
@@ -275,6 +322,68 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
         const float v = hs[lane];                                                                  \
         if (row0 + lane < p.n_rows) h[(i64) slot * p.n_rows + row0 + lane] = v;                    \
         if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);  \
+    }                                                                                              \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+                   const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1, \
+                   float * __restrict__ y2, const MultiMatVecParams p) {                           \
+    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warps as in       */ \
+    /* matvec_ (blockIdx.y, grid-stride): one row per warp, the tokens' sums side by side.     */  \
+    const int u0 = p.n_rows0, u1 = p.n_rows1, u2 = p.n_rows2;                                      \
+    const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);                     \
+    const int n_items = p.k / K::values_per_item, lane = threadIdx.x % WARP_SIZE;                  \
+    extern __shared__ int4 staged_x[];                                                             \
+    const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(x + (i64) t0 * n_items, n_cols, n_items, staged_x); \
+    for (int uu = blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE; uu < u0 + u1 + u2;              \
+         uu += gridDim.y * MV_WARPS) {                                                             \
+        int row = uu;                                                                              \
+        const u8 * w; float * y; int n; i64 rb;                                                    \
+        if (row < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                        \
+        else if ((row -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }           \
+        else { row -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                      \
+        float acc[MV_COLS];                                                                        \
+        cols_dot<K, MV_COLS>(w + row * rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc);      \
+        _Pragma("unroll")                                                                          \
+        for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y[(i64) (t0 + c) * n + row] = acc[c]; \
+    }                                                                                              \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
+matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
+                       const K::act * __restrict__ x, float * __restrict__ h,                      \
+                       block_q8_1 * __restrict__ hq, const GluMatVecParams p) {                    \
+    /* matvec_glu_ (no experts) for the tokens t0 .. t0 + n_cols (blockIdx.x); a block takes   */  \
+    /* 32 rows (blockIdx.y) = one Q8_1 block of each token's h, warp w its rows w*4 .. w*4+3.  */  \
+    __shared__ float hs[MV_COLS][GLU_WARPS * GLU_ROWS];                                            \
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;                      \
+    const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);                     \
+    const int row0 = blockIdx.y * (GLU_WARPS * GLU_ROWS);                                          \
+    const int n_items = p.k / K::values_per_item;                                                  \
+    const K::act * xr = x + (i64) t0 * n_items;                                                    \
+    extern __shared__ int4 staged_x[];                                                             \
+    const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(xr, n_cols, n_items, staged_x);            \
+    for (int r = 0; r < GLU_ROWS; ++r) {                                                           \
+        const int row = row0 + warp * GLU_ROWS + r;                                                \
+        float g[MV_COLS], up[MV_COLS];                                                             \
+        if (row < p.n_rows) {                                                                      \
+            cols_dot<K, MV_COLS>(wg + row * p.row_bytes, xr, xs, n_cols, n_items, g);              \
+            cols_dot<K, MV_COLS>(wu + row * p.row_bytes, xr, xs, n_cols, n_items, up);             \
+        } else {                                                                                   \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c) g[c] = up[c] = 0.0f;                                 \
+        }                                                                                          \
+        if (lane == 0) {                                                                           \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c)                                                      \
+                if (c < n_cols) hs[c][warp * GLU_ROWS + r] = glu_value(p.gelu, g[c], up[c]);       \
+        }                                                                                          \
+    }                                                                                              \
+    __syncthreads();                                                                               \
+    for (int c = warp; c < n_cols; c += GLU_WARPS) {                                               \
+        const float v = hs[c][lane];                                                               \
+        const i64 t = t0 + c;                                                                      \
+        if (row0 + lane < p.n_rows) h[t * p.n_rows + row0 + lane] = v;                             \
+        if (p.write_q8) quantize_warp_q8_1(v, hq + t * (p.n_rows / QK8_1) + blockIdx.y);           \
     }                                                                                              \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(DOWN_WARPS * WARP_SIZE)                               \

@@ -104,7 +104,7 @@ struct MultiMatVecParams {
     int n_rows0;          // rows of matrix 0, 1, 2 (0: absent)
     int n_rows1;
     int n_rows2;
-    int pad0;
+    int cols;             // matvec_cols_<kind>: tokens per block (a batched decode step's rows)
     long long row_bytes0;
     long long row_bytes1;
     long long row_bytes2;
@@ -124,6 +124,8 @@ struct GluMatVecParams {
     int n_experts;
     int gelu;             // 0: silu (SwiGLU), 1: gelu_tanh through F16 (GeGLU)
     int write_q8;         // also write h as Q8_1 blocks (n_rows a multiple of 32)
+    int cols;             // matvec_glu_cols_<kind>: tokens per block
+    int pad0;
 };
 
 // MoE down projection with the weighted sum over the chosen experts fused:

@@ -87,6 +87,10 @@ Q8_1_BLOCK_BYTES = 36
 # covers what the kernel writes.
 _MATVEC_H = (KERNEL_DIR / "matvec.cuh").read_text()
 MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
+# matvec_cols_<type> / matvec_glu_cols_<type> (a batched decode step): tokens per block at
+# most, and how many staged values (tokens x K) they stage at most.
+MV_COLS = int(re.search(r"#define MV_COLS (\d+)", _MATVEC_H).group(1))
+MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
 
 
@@ -96,6 +100,16 @@ def _stage_bytes(wtype, n_values: int) -> int:
     if wtype in FLOAT_TYPES or n_values > MV_STAGE_MAX_K:
         return 0
     return n_values // 32 * Q8S_BYTES
+
+
+def _cols_per_block(wtype, n_tokens: int, k: int) -> tuple[int, int]:
+    """(tokens per block, shared memory) of a batched step's mat-vec: as many tokens as the
+    kernel has accumulators for, and, for staged kinds, as fit MV_COLS_STAGE_MAX_K together
+    (so that every block, the last one's fewer tokens too, stages exactly when smem is given)."""
+    if wtype in FLOAT_TYPES:
+        return min(MV_COLS, n_tokens), 0
+    cols = max(1, min(MV_COLS, n_tokens, MV_COLS_STAGE_MAX_K // k))
+    return cols, (cols * k // 32 * Q8S_BYTES if cols * k <= MV_COLS_STAGE_MAX_K else 0)
 
 
 STAGING_BYTES = 32 << 20     # per pinned staging buffer (two of them) for weight uploads
@@ -111,10 +125,12 @@ def launched_kernels() -> list[tuple[str, str]]:
         src = "matvec_f.cu" if t in FLOAT_TYPES else "matvec_q.cu"
         ks += [(src, f"matvec_{n}"), (src, f"matmul_{n}"), (src, f"matvec_id_{n}"),
                (src, f"matvec_glu_{n}"), (src, f"matvec_moe_down_{n}"),
+               (src, f"matvec_cols_{n}"), (src, f"matvec_glu_cols_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
+    ks += [("rope.cu", "rope_ff")] + [("elementwise.cu", k) for k in ("tanh_f32", "softcap", "mul_expert_scale")]
     ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final")]
     ks += [("fused.cu", k) for k in ("add_rms_norm", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
@@ -245,6 +261,7 @@ class CudaBackend(Backend):
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
         self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
+        self._graph_refs: list | None = None   # arrays a graph being captured reads (capture)
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
@@ -381,6 +398,19 @@ class CudaBackend(Backend):
         mem = cupy.cuda.alloc_pinned_memory(max(1, n * dtype.itemsize))
         return np.frombuffer(mem, dtype, n)
 
+    def upload_async(self, dst, src: np.ndarray):
+        """Queue a copy of pinned host array `src` into contiguous device array `dst` (ordered
+        with the kernels on this backend's stream); returns a function that waits until the
+        copy has read `src` (before `src` may be rewritten)."""
+        if not dst.flags.c_contiguous or src.nbytes != dst.nbytes:
+            raise BrassError(f"upload_async: {src.nbytes} bytes into {dst.nbytes} (contiguous: "
+                             f"{dst.flags.c_contiguous})")
+        done = cupy.cuda.Event()
+        cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes,
+                                      cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+        done.record(self.stream)
+        return done.synchronize
+
     def copy_to_host_async(self, src, dst: np.ndarray):
         """Queue a copy of device array `src` into pinned host array `dst`; returns a function
         that waits for the copy and returns its values."""
@@ -493,14 +523,26 @@ class CudaBackend(Backend):
         outs = [y for _, y in group] + [group[0][1]] * (3 - len(group))
         rows = [w.shape[0] for w, _ in group] + [0] * (3 - len(group))
         units = sum(-(-n // MV_ROWS) for n in rows)
-        T = x2.shape[0]         # one row per token (blockIdx.y), each summed as if alone
-        params = pack("MultiMatVecParams", k=x2.shape[1], n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
-                      n_rows2=rows[2], row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
-                      row_bytes2=ws[2].row_bytes)
+        T, K = x2.shape
         src_file = "matvec_f.cu" if w0.type in FLOAT_TYPES else "matvec_q.cu"
-        self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), T), MV_WARPS * 32,
-                    ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
-                    smem=_stage_bytes(w0.type, x2.shape[1]))
+        if T == 1:
+            params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
+                          n_rows2=rows[2], cols=1, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
+                          row_bytes2=ws[2].row_bytes)
+            self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), T), MV_WARPS * 32,
+                        ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
+                        smem=_stage_bytes(w0.type, K))
+            return
+        # A batched step: blocks of `cols` tokens (blockIdx.x, adjacent, so that the groups of
+        # one weight row run together and the later ones find it in L2), each token summed
+        # as if alone; one row per warp.
+        cols, smem = _cols_per_block(w0.type, T, K)
+        params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
+                      n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
+                      row_bytes2=ws[2].row_bytes)
+        self.launch(src_file, f"matvec_cols_{_TYPE_NAMES[w0.type]}",
+                    (-(-T // cols), min(-(-sum(rows) // MV_WARPS), 65535)), MV_WARPS * 32,
+                    ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
 
     def _matmul_tiles(self, x2, w, y, src):
         """A few tokens: each weight row read once per tile of MATMUL_TILE tokens."""
@@ -792,19 +834,30 @@ class CudaBackend(Backend):
         return self._glu("geglu", gate, up)
 
     def rope(self, x, pos, n_rot, base, neox, freq_scale=1.0):
-        x = _f32(x, "rope")
-        pos = _i32(pos, "rope pos")
+        return self._rope(x, pos, n_rot, base, neox, freq_scale)
+
+    def _rope(self, x, pos, n_rot, base, neox, freq_scale, freq_factors=None):
+        """rope, or rope_ff when freq_factors (a 1-D weight of >= n_rot / 2 factors) is given."""
+        what = "rope" if freq_factors is None else "rope_ff"
+        x = _f32(x, what)
+        pos = _i32(pos, f"{what} pos")
         if x.ndim != 3 or pos.shape != (x.shape[0],):
-            raise BrassError(f"rope: expected x [T, H, Dh] and pos [T], got {x.shape} and {pos.shape}")
+            raise BrassError(f"{what}: expected x [T, H, Dh] and pos [T], got {x.shape} and {pos.shape}")
         T, H, Dh = x.shape
         if n_rot % 2 or not 0 < n_rot <= Dh:
-            raise BrassError(f"rope: n_rot {n_rot} must be even and in (0, {Dh}]")
+            raise BrassError(f"{what}: n_rot {n_rot} must be even and in (0, {Dh}]")
+        if freq_factors is not None and (not isinstance(freq_factors, CudaWeight) or freq_factors.dense is None
+                                         or freq_factors.dense.ndim != 1
+                                         or freq_factors.dense.shape[0] < n_rot // 2):
+            raise BrassError(f"rope_ff: the frequency factors must be a 1-D weight of at least "
+                             f"n_rot / 2 = {n_rot // 2} values, got {getattr(freq_factors, 'shape', freq_factors)}")
         # ggml's theta_scale, rounded to float32 the way the numpy reference rounds it.
         theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
         y = self._out(x.shape)
         n_threads = n_rot // 2 + (Dh - n_rot)
+        ff = () if freq_factors is None else (freq_factors.dense,)
         if T:
-            self.launch("rope.cu", "rope", (-(-n_threads // ROPE_THREADS), H, T), ROPE_THREADS, x, pos, y,
+            self.launch("rope.cu", what, (-(-n_threads // ROPE_THREADS), H, T), ROPE_THREADS, x, pos, *ff, y,
                         params=pack("RopeParams", n_tokens=T, n_heads=H, head_dim=Dh, n_rot=n_rot,
                                     theta_scale=theta_scale, freq_scale=freq_scale, neox=int(bool(neox))))
         return y
@@ -837,6 +890,8 @@ class CudaBackend(Backend):
                                  f"against {k0.shape} / {v0.shape})")
         key = tuple((kc.data.ptr, vc.data.ptr) for kc, vc in layers)
         dev = self._row_tables.get(key)
+        if dev is not None and self._graph_refs is not None:
+            self._graph_refs.append(dev)    # a captured graph reads it at every replay
         if dev is None:
             # An upload per (layer, batch composition), not per launch: rope_store and
             # attention of a layer share it, and so do the steps while the batch is unchanged.
@@ -887,6 +942,47 @@ class CudaBackend(Backend):
                         k_rows, v_rows, params=params, smem=smem)
         if T and write_q8:
             self._remember_q8(out, out_q)
+        return out
+
+    # -- gemma4 -------------------------------------------------------------------------------
+    def rope_ff(self, x, pos, n_rot, base, neox, freq_factors, freq_scale=1.0):
+        return self._rope(x, pos, n_rot, base, neox, freq_scale, freq_factors)
+
+    def tanh(self, x):
+        x = _f32(x, "tanh")
+        y = self._out(x.shape)
+        if x.size:
+            self.launch("elementwise.cu", "tanh_f32", _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
+                        params=pack("GluParams", n=x.size))
+        return y
+
+    def softcap(self, x, cap):
+        # One kernel for Backend.softcap's scale, tanh and scale, rounded as those are.
+        cap = float(np.float32(cap))
+        if not (np.isfinite(cap) and cap != 0.0):
+            raise BrassError(f"softcap: the cap must be finite and nonzero, got {cap}")
+        x = _f32(x, "softcap")
+        y = self._out(x.shape)
+        if x.size:
+            self.launch("elementwise.cu", "softcap", _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
+                        params=pack("ScaleParams", n=x.size, s=cap))
+        return y
+
+    def mul_expert_scale(self, y, s, ids):
+        y = _f32(y, "mul_expert_scale")
+        ids = _i32(ids, "mul_expert_scale ids")
+        if not isinstance(s, CudaWeight) or s.dense is None or s.dense.ndim != 1:
+            raise BrassError(f"mul_expert_scale: the scale must be a 1-D weight (one value per expert), "
+                             f"got {getattr(s, 'shape', type(s).__name__)}")
+        if y.ndim != 3 or ids.shape != y.shape[:2]:
+            raise BrassError(f"mul_expert_scale: expected y [T, k, N] and ids [T, k], got {y.shape} "
+                             f"and {ids.shape}")
+        T, k, N = y.shape
+        out = self._out(y.shape)
+        if T * k and N:
+            self.launch("elementwise.cu", "mul_expert_scale", (T * k, -(-N // EW_THREADS)), EW_THREADS,
+                        y, s.dense, ids, out,
+                        params=pack("ExpertScaleParams", n_slots=T * k, n_cols=N, n_experts=s.dense.shape[0]))
         return out
 
     # -- routing ----------------------------------------------------------------------------
@@ -1027,13 +1123,21 @@ class CudaBackend(Backend):
         write_q8 = N % 32 == 0      # for a quantized down projection (unused by a float one)
         hq = self._out((slots, N // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else h
         xa = self._activations(x2, w_gate, src)
-        params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=x2.shape[0],
+        # A batched step (no experts) takes blocks of `cols` tokens, each token's h as the
+        # one-token kernel's.
+        batched = ids is None and slots > 1
+        cols, smem = _cols_per_block(w_gate.type, slots, K) if batched else (1, _stage_bytes(w_gate.type, K))
+        params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=x2.shape[0], cols=cols,
                       n_used=1 if ids is None else ids.shape[1], row_bytes=w_gate.row_bytes,
                       expert_bytes=N * w_gate.row_bytes if ids is not None else 0,
                       has_ids=int(ids is not None), n_experts=w_gate.shape[0] if ids is not None else 1,
                       gelu=int(bool(gelu)), write_q8=int(write_q8))
         src_file = "matvec_f.cu" if w_gate.type in FLOAT_TYPES else "matvec_q.cu"
-        if slots:
+        if batched:
+            self.launch(src_file, f"matvec_glu_cols_{_TYPE_NAMES[w_gate.type]}",
+                        (-(-slots // cols), -(-N // (GLU_WARPS * GLU_ROWS))), GLU_WARPS * 32,
+                        w_gate.data, w_up.data, xa, h, hq, params=params, smem=smem)
+        elif slots:
             self.launch(src_file, f"matvec_glu_{_TYPE_NAMES[w_gate.type]}", (-(-N // (GLU_WARPS * GLU_ROWS)), slots),
                         GLU_WARPS * 32, w_gate.data, w_up.data, xa, x if ids is None else ids, h, hq,
                         params=params, smem=_stage_bytes(w_gate.type, K))
@@ -1116,6 +1220,7 @@ class CudaBackend(Backend):
             return mem
 
         with self.device, self.stream, cupy.cuda.using_allocator(alloc):
+            self._graph_refs = kept     # and the cached arrays its kernels read (row tables)
             self.stream.begin_capture()
             try:
                 result = fn()
@@ -1125,6 +1230,8 @@ class CudaBackend(Backend):
                 except Exception:       # the capture is already invalid; report fn's error
                     pass
                 raise
+            finally:
+                self._graph_refs = None
             graph = self.stream.end_capture()
         return CudaGraph(self, graph, kept, result)
 
@@ -1156,6 +1263,6 @@ for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_m
               "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
               "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
-              "rope_store_rows"):
+              "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
