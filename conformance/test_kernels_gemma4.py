@@ -6,7 +6,7 @@ outputs poisoned with NaN, NMSE within the op's bound from kernels/cases.py OP_B
   rope: factors 1 for the rotated pairs, 1e30 for the rest), at the real models' head size
   512 and the synthetic model's 64;
 - tanh and the final logit softcap (one kernel for scale, tanh, scale);
-- mul_expert_scale (ffn_down_exps.scale);
+- mul_expert_scale (ffn_down_exps.scale), and mul by a one-value weight (layer_output_scale);
 - attention and rope_store at Gemma 4's head sizes (256 on sliding-window layers, 512 on
   full ones), including a cache long enough that attention needs more than the 48 KiB of
   shared memory a kernel gets without opting in;
@@ -143,6 +143,15 @@ def test_mul_expert_scale_bad_expert_gives_nan(cuda, rng, tmp_path):
     ids = cuda.asarray(np.array([[1, 4, -1]], np.int32))      # 4 and -1 are out of range for 4 experts
     out = cuda.to_numpy(cuda.mul_expert_scale(y, cuda.weight(gf, "s"), ids))
     assert np.isfinite(out[0, 0]).all() and np.isnan(out[0, 1:]).all()
+
+
+def test_mul_by_scalar_weight_bit_exact(cuda, ref, rng, tmp_path, record_property):
+    # layer_output_scale: a weight of shape (1,) times the whole residual stream
+    gf = vectors(tmp_path, "one", s=[0.734])
+    x = rng.uniform(-1, 1, (5, 640)).astype(F32)
+    got = cuda.to_numpy(cuda.mul(cuda.asarray(x), cuda.weight(gf, "s")))
+    check(got, ref.mul(x, ref.weight(gf, "s")), OP_BOUNDS["mul"], record_property)
+    assert np.array_equal(got.view(np.uint32), ref.mul(x, ref.weight(gf, "s")).view(np.uint32))
 
 
 # ---- attention and rope_store at Gemma 4's head sizes -------------------------------------------------

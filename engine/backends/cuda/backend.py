@@ -727,6 +727,8 @@ class CudaBackend(Backend):
             n_b = a.size
         elif b.ndim <= a.ndim and a.shape[a.ndim - b.ndim:] == b.shape:
             n_b = b.size
+        elif b.ndim <= a.ndim and b.size == 1:
+            n_b = 1         # a scalar weight (gemma4's layer_output_scale, shape (1,))
         else:
             # Other broadcasts do not occur in the architectures; CuPy's own kernel does them.
             return (cupy.add if kernel == "add" else cupy.multiply)(a, b, dtype=F32)
