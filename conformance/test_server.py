@@ -874,6 +874,30 @@ def test_port_in_use_is_one_line(server):
     assert "Traceback" not in err
 
 
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="needs Linux's /proc/PID/limits")
+def test_serve_raises_its_open_files_limit_to_the_hard_one():
+    """Every connection holds a descriptor: under a soft limit of 256 (hard 4,096) 1,000 idle
+    connections would stop the server accepting anyone, /health included; it raises its own."""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    hard = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+
+    def low_soft_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    proc = _serve("--port", "0", preexec_fn=low_soft_limit)
+    try:
+        line = proc.stderr.readline()
+        while "serving" not in line:
+            assert line, "brass serve ended before serving"
+            line = proc.stderr.readline()
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        soft = int(re.search(r"Max open files\s+(\d+)", limits)[1])
+        assert soft == hard, limits
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
 def test_ctrl_c_stops_the_server_cleanly():
     """Ctrl-C while a reply is streaming: the server ends within seconds, says so, exit 0, no
     traceback."""

@@ -242,6 +242,22 @@ def model_id_for(name: str | None, path: Path) -> str:
     return name if name in catalog.CATALOG else path.name
 
 
+def raise_open_files_limit():
+    """Each connection is a file descriptor: the soft limit (often 1,024) goes up to the hard
+    one, as servers do. At the limit, accept() fails and no one new is served, not even /health,
+    until connections close."""
+    try:
+        import resource
+    except ImportError:     # not a Unix
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):   # e.g. an unlimited hard limit that the kernel caps lower
+            pass
+
+
 def cmd_serve(args):
     from .model import Model
     if args.parallel < 1:
@@ -256,6 +272,7 @@ def cmd_serve(args):
         raise BrassError(f"brass serve needs FastAPI and uvicorn ({e}): pip install -e .") from None
     model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
     app = App(model, model_id_for(args.model, model.path), args.api_key, args.parallel, args.max_waiting)
+    raise_open_files_limit()
     sock = http_api.listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
