@@ -246,3 +246,13 @@ struct ExpertScaleParams {
     int n_experts;
     int pad0;
 };
+
+// mmq.cu mmq_<type>: a prompt's mat-mul on int8 tensor cores, y [n_tokens, n_rows] = x W^T
+// with x as Q8_1 blocks [n_tokens, k / 32].
+struct MmqParams {
+    int n_rows;           // N: weight rows
+    int k;                // K: a multiple of 32 (256 for K-quants)
+    int n_tokens;         // T
+    int pad0;
+    long long row_bytes;  // bytes of one weight row
+};

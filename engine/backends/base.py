@@ -11,6 +11,7 @@ Conventions (see docs/design.md):
 from __future__ import annotations
 
 import contextlib
+import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -29,8 +30,27 @@ GEMM_MIN_TOKENS = 32
 def uses_f16_gemm(n_rows: int, k: int, wtype) -> bool:
     """Whether the CUDA backend multiplies `[n_rows, k]` activations by a weight of GGML type
     `wtype` on tensor cores in float16 (k a multiple of 8: the GEMM's alignment; float32
-    weights keep their precision on the mat-mul kernels)."""
+    weights keep their precision on the mat-mul kernels). The expert mat-muls (mul_mat_id)
+    always go by this; a dense mat-mul goes to MMQ instead where uses_mmq says so."""
     return n_rows >= GEMM_MIN_TOKENS and k % 8 == 0 and int(wtype) != 0   # 0: GGML F32
+
+
+# BRASS_MMQ=1 (read at import; off by default, not yet validated on a GPU): a prompt's dense
+# mat-muls against quantized weights go to int8 tensor cores against Q8_1 activations
+# (kernels/mmq.cu, llama.cpp's MMQ) instead of the float16 GEMM: per block of 32 the same
+# integer dot products and scaling as the decode mat-vec, so the numpy q8_1 reference then
+# computes them as it computes the mat-vec (no float16 rounding).
+MMQ = os.environ.get("BRASS_MMQ", "0") == "1"
+# GGML type ids with an mmq_<type> kernel -> values per block (K must be a multiple):
+# Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 (32), Q4_K, Q5_K, Q6_K (256-value super-blocks).
+MMQ_BLOCK = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 39: 32, 12: 256, 13: 256, 14: 256}
+
+
+def uses_mmq(n_rows: int, k: int, wtype) -> bool:
+    """Whether a dense mat-mul of `[n_rows, k]` activations by a weight of GGML type `wtype`
+    goes to the MMQ kernels (BRASS_MMQ=1, a prompt, a type with an mmq kernel)."""
+    blk = MMQ_BLOCK.get(int(wtype))
+    return MMQ and blk is not None and n_rows >= GEMM_MIN_TOKENS and k % blk == 0
 
 
 class Weight(ABC):

@@ -33,7 +33,7 @@ from kernels.params import pack
 from ... import quants
 from ...errors import BrassError, UnsupportedError
 from ...gguf import BLOCK_SIZES, GGMLType
-from ..base import Backend, Weight, uses_f16_gemm
+from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
 from .errors import CudaError
@@ -92,6 +92,10 @@ MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group
 MV_COLS = int(re.search(r"#define MV_COLS (\d+)", _MATVEC_H).group(1))
 MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
+# mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
+_MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
+MMQ_ROWS, MMQ_COLS, MMQ_THREADS = (int(re.search(rf"#define {n} (\d+)", _MMQ_CU).group(1))
+                                   for n in ("MMQ_ROWS", "MMQ_COLS", "MMQ_THREADS"))
 
 
 def _stage_bytes(wtype, n_values: int) -> int:
@@ -135,6 +139,7 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("fused.cu", k) for k in ("add_rms_norm", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
+    ks += [("mmq.cu", f"mmq_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
     ks += [("ssm.cu", "unary"), ("ssm.cu", "ssm_conv")]
     ks += [("ssm.cu", f"gated_delta_net_{d}") for d in GDN_HEAD_DIMS]
     return ks
@@ -508,8 +513,13 @@ class CudaBackend(Backend):
                 for i in range(0, len(group), 3):
                     self._matvec(x2, group[i:i + 3], src)
         elif T:
+            xa = None           # Q8_1 blocks of x, quantized once for every MMQ weight
             for w, y in zip(ws, ys):
-                if uses_f16_gemm(T, K, w.type):
+                if uses_mmq(T, K, w.type) and self.cc >= 80:
+                    if xa is None:
+                        xa = self._activations(x2, w, src)
+                    self._gemm_mmq(x2, w, y, xa)
+                elif uses_f16_gemm(T, K, w.type):
                     self._gemm_f16(x2, w, y)
                 else:
                     self._matmul_tiles(x2, w, y, src)
@@ -585,6 +595,25 @@ class CudaBackend(Backend):
                           x16.data.ptr, runtime.CUDA_R_16F, K,
                           beta.ctypes.data, y.data.ptr + 4 * r0, runtime.CUDA_R_32F, N,
                           cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+
+    # -- MMQ: a prompt on int8 tensor cores (kernels/mmq.cu; BRASS_MMQ=1, base.uses_mmq) ------
+    def _gemm_mmq(self, x2, w, y, xa=None):
+        """y [T, N] = x [T, K] @ W.T with x as Q8_1 blocks (xa, or quantized here): tiles of
+        MMQ_ROWS weight rows x MMQ_COLS tokens, int8 mma per block of 32, each block's int32
+        product scaled as the decode mat-vec scales it. Any T >= 1 and N; K a multiple of the
+        type's block (MMQ_BLOCK). Needs compute capability 8.0 (int8 m16n8k32 mma)."""
+        T, K = x2.shape
+        N = w.shape[0]
+        blk = MMQ_BLOCK.get(int(w.type))
+        if blk is None or K % blk or len(w.shape) != 2 or w.shape[1] != K:
+            raise BrassError(f"mmq: no kernel for {w.type.name} {w.shape} against K = {K}")
+        if xa is None:
+            xa = self._activations(x2, w)
+        if T and N:
+            self.launch("mmq.cu", f"mmq_{_TYPE_NAMES[w.type]}", (-(-N // MMQ_ROWS), -(-T // MMQ_COLS)),
+                        MMQ_THREADS, w.data, xa, y,
+                        params=pack("MmqParams", n_rows=N, k=K, n_tokens=T, row_bytes=w.row_bytes))
+        return y
 
     def matmul_id(self, x, w, ids):
         x = _f32(x, "matmul_id")

@@ -1,0 +1,325 @@
+// A prompt's mat-mul on int8 tensor cores against Q8_1 activations (llama.cpp's MMQ,
+// ggml-cuda/mmq.cuh): y [T, N] = x [T, K] . W^T, with x already quantized to Q8_1 blocks
+// ([T, K/32] block_q8_1, the quantize_q8_1 kernel's output) and W in its ggml blocks.
+//
+// A thread block takes MMQ_ROWS weight rows x MMQ_COLS tokens. K is walked in chunks of 256
+// values (8 blocks of 32: one K-quant super-block): every row's chunk is unpacked to int8
+// quants in shared memory with its per-32-block scale factors, every token's chunk of Q8_1
+// blocks copied beside it. Each warp then forms, per block of 32, the int32 dot products of
+// its 32 rows x 32 tokens with `mma.sync.m16n8k32.s8.s8.s32` (Q6_K: two m16n8k16, one per
+// 16-value half, which has its own scale) and scales them in float32 exactly as the mat-vec's
+// dot_item<TYPE> does (kernels/matvec_q.cuh), adding block after block in K order. So against
+// the decode mat-vec only the order of the float32 sum over the K/32 blocks differs (the
+// mat-vec strides them over lanes and sums by shuffles); the integer products are the same.
+//
+// Quants are unpacked with the mat-vec's own bit arithmetic: Q4_0 / Q5_0 stay unsigned
+// (0..15 / 0..31, the -8d / -16d constant taken against the activation block's half sum s),
+// Q4_K / Q5_K keep their min against the integer sum of the activation quants, Q6_K is signed
+// (q - 32), MXFP4 is the doubled E2M1 value.
+//
+// Launch: grid (ceil(N / MMQ_ROWS), ceil(T / MMQ_COLS)), MMQ_THREADS threads, static shared
+// memory only (under 48 KiB). Rows past N and tokens past T read row N-1 / token T-1 (valid
+// memory) and are not written. Needs sm_80 (int8 m16n8k32 mma).
+#include "matvec_q.cuh"
+
+#define MMQ_ROWS 64          // weight rows per block (2 warps x 32)
+#define MMQ_COLS 64          // tokens per block (2 warps x 32)
+#define MMQ_THREADS 128      // 4 warps: 2 over rows x 2 over tokens
+#define MMQ_KB 8             // blocks of 32 per K chunk (256 values)
+#define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
+                                      // 8 rows x 4 ints of a fragment load land on 32 banks
+
+// Per (row, block of 32): the unpacked quants as 8 ints (4 per int) such that the mat-vec's
+// sum is sum_i __dp4a(q[i], yq[i]); a, b: the block's float factors; sc: Q6_K's two int8
+// scales (low byte: values 0..15, next: 16..31).
+struct MmqWeightBlock { int q[8]; float a; float b; int sc; };
+
+template <int TYPE>
+__device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const int ib, MmqWeightBlock & o) {
+    o.a = 0.0f; o.b = 0.0f; o.sc = 0;
+    if constexpr (TYPE == Q4_0) {
+        const block_q4_0 * b = (const block_q4_0 *) row + ib;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = load_i32_a2(b->qs + 4 * i);
+            o.q[i] = v & 0x0F0F0F0F;
+            o.q[i + 4] = (v >> 4) & 0x0F0F0F0F;
+        }
+        o.a = f16_to_f32(b->d);
+    } else if constexpr (TYPE == Q4_1) {
+        const block_q4_1 * b = (const block_q4_1 *) row + ib;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = ((const int *) b->qs)[i];
+            o.q[i] = v & 0x0F0F0F0F;
+            o.q[i + 4] = (v >> 4) & 0x0F0F0F0F;
+        }
+        o.a = f16_to_f32(b->d);
+        o.b = f16_to_f32(b->m);
+    } else if constexpr (TYPE == Q5_0) {
+        const block_q5_0 * b = (const block_q5_0 *) row + ib;
+        const u32 qh = (u32) load_i32_a2(b->qh);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = load_i32_a2(b->qs + 4 * i);
+            o.q[i] = (v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i));
+            o.q[i + 4] = ((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i));
+        }
+        o.a = f16_to_f32(b->d);
+    } else if constexpr (TYPE == Q5_1) {
+        const block_q5_1 * b = (const block_q5_1 *) row + ib;
+        const u32 qh = *(const u32 *) b->qh;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = ((const int *) b->qs)[i];
+            o.q[i] = (v & 0x0F0F0F0F) | spread_bits4(qh >> (4 * i));
+            o.q[i + 4] = ((v >> 4) & 0x0F0F0F0F) | spread_bits4(qh >> (16 + 4 * i));
+        }
+        o.a = f16_to_f32(b->d);
+        o.b = f16_to_f32(b->m);
+    } else if constexpr (TYPE == Q8_0) {
+        const block_q8_0 * b = (const block_q8_0 *) row + ib;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o.q[i] = load_i32_a2((const u8 *) b->qs + 4 * i);
+        o.a = f16_to_f32(b->d);
+    } else if constexpr (TYPE == MXFP4) {
+        const block_mxfp4 * b = (const block_mxfp4 *) row + ib;
+        const u32 table[4] = {0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = load_i32_a1(b->qs + 4 * i);
+            o.q[i] = table16_lookup(v, table);
+            o.q[i + 4] = table16_lookup(v >> 4, table);
+        }
+        o.a = e8m0_half_to_f32(b->e);
+    } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+        const int s = ib % 8;
+        const u8 * qs;
+        const u8 * scales;
+        float d, dmin;
+        if constexpr (TYPE == Q4_K) {
+            const block_q4_K * b = (const block_q4_K *) row + ib / 8;
+            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
+        } else {
+            const block_q5_K * b = (const block_q5_K *) row + ib / 8;
+            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
+        }
+        int sc, m;
+        scale_min_k4(s, scales, sc, m);
+        const int * q4 = (const int *) (qs + 32 * (s / 2));
+        const int shift = 4 * (s % 2);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int v = (q4[i] >> shift) & 0x0F0F0F0F;
+            if constexpr (TYPE == Q5_K) {
+                const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
+                v |= ((qh[i] >> s) & 0x01010101) << 4;
+            }
+            o.q[i] = v;
+        }
+        // d * sc and dmin * m are exact in float32 (11-bit by 6-bit mantissas): the mat-vec's
+        // d * sc * sumi - dmin * m * isum, with the products formed in the same order.
+        o.a = d * sc;
+        o.b = dmin * m;
+    } else if constexpr (TYPE == Q6_K) {
+        const block_q6_K * b = (const block_q6_K *) row + ib / 8;
+        const int h = (ib % 8) / 4, r = ib % 4;
+        const u8 * ql = b->ql + 64 * h + 32 * (r % 2);
+        const u8 * qh = b->qh + 32 * h;
+        const int lshift = 4 * (r / 2), hshift = 2 * r;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
+            const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
+            o.q[i] = (int) __vsubss4(vl | vh, 0x20202020);
+        }
+        const i8 * sc = b->scales + 8 * h + 2 * r;
+        o.a = f16_to_f32(b->d);
+        o.sc = (int) (u8) sc[0] | ((int) (u8) sc[1] << 8);
+    }
+}
+
+// One block of 32's float result from its int32 dot product(s), as dot_item<TYPE>:
+// d8 = the activation block's scale, s8 = its half sum s, isum = the integer sum of its quants;
+// sumi (Q6_K: sumi for values 0..15, sumi2 for 16..31).
+template <int TYPE>
+__device__ __forceinline__ float mmq_block_value(const float a, const float b, const int sc,
+                                                 const float d8, const float s8, const int isum,
+                                                 const int sumi, const int sumi2) {
+    if constexpr (TYPE == Q4_0) {
+        return a * (d8 * sumi - 8.0f * s8);
+    } else if constexpr (TYPE == Q5_0) {
+        return a * (d8 * sumi - 16.0f * s8);
+    } else if constexpr (TYPE == Q4_1 || TYPE == Q5_1) {
+        return a * d8 * sumi + b * s8;
+    } else if constexpr (TYPE == Q8_0 || TYPE == MXFP4) {
+        return a * d8 * sumi;
+    } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+        return d8 * (a * sumi - b * isum);
+    } else {    // Q6_K
+        const int sc0 = (int) (i8) (sc & 0xFF), sc1 = (int) (i8) ((sc >> 8) & 0xFF);
+        return a * d8 * (sc0 * sumi + sc1 * sumi2);
+    }
+}
+
+// D (16x8 s32) += A (16 rows x 32 int8, row-major) . B (32 x 8 tokens, column-major).
+// Fragments (PTX ISA, mma.m16n8k32 .s8; g = lane / 4, t = lane % 4, in 32-bit words of 4
+// quants): a0 = A[g][word t], a1 = A[g+8][word t], a2 = A[g][word t+4], a3 = A[g+8][word t+4];
+// b0 = B[word t][token g], b1 = B[word t+4][token g]; d0, d1 = D[g][2t, 2t+1],
+// d2, d3 = D[g+8][2t, 2t+1].
+__device__ __forceinline__ void mma_s8_k32(int (&d)[4], const int a0, const int a1, const int a2, const int a3,
+                                           const int b0, const int b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The same over 16 quants: a0 = A[g][word t], a1 = A[g+8][word t], b0 = B[word t][token g].
+__device__ __forceinline__ void mma_s8_k16(int (&d)[4], const int a0, const int a1, const int b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+template <int TYPE>
+__device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
+                                         float * __restrict__ y, const MmqParams & p) {
+    __shared__ int wq[MMQ_ROWS * MMQ_STRIDE];          // weight quants, a row of 256 per tile row
+    __shared__ float2 wab[MMQ_ROWS][MMQ_KB];           // (a, b) per row and block
+    __shared__ int wsc[MMQ_ROWS][MMQ_KB];              // Q6_K's scales
+    __shared__ int xq[MMQ_COLS * MMQ_STRIDE];          // activation quants, per token
+    __shared__ float xd[MMQ_COLS][MMQ_KB];             // d8
+    __shared__ float xs[MMQ_COLS][MMQ_KB];             // s (the half sum)
+    __shared__ int xsum[MMQ_COLS][MMQ_KB];             // integer sum of the quants
+
+    const int row0 = blockIdx.x * MMQ_ROWS, tok0 = blockIdx.y * MMQ_COLS;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / 4, t = lane % 4;
+    const int wr = (warp % 2) * 32, wc = (warp / 2) * 32;     // this warp's rows and tokens in the tile
+    const int nb = p.k / QK8_1;                               // blocks of 32 per row
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[m][n][c] = 0.0f;
+
+    for (int kb0 = 0; kb0 < nb; kb0 += MMQ_KB) {
+        const int n_kb = min(MMQ_KB, nb - kb0);
+        // Unpack: (row, block) pairs over the threads, a row's blocks on adjacent threads.
+        for (int it = threadIdx.x; it < MMQ_ROWS * MMQ_KB; it += MMQ_THREADS) {
+            const int r = it / MMQ_KB, kb = it % MMQ_KB;
+            if (kb < n_kb) {
+                const u8 * row = w + (i64) min(row0 + r, p.n_rows - 1) * p.row_bytes;
+                MmqWeightBlock o;
+                mmq_unpack<TYPE>(row, kb0 + kb, o);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) wq[r * MMQ_STRIDE + kb * 8 + i] = o.q[i];
+                wab[r][kb] = make_float2(o.a, o.b);
+                wsc[r][kb] = o.sc;
+            }
+        }
+        for (int it = threadIdx.x; it < MMQ_COLS * MMQ_KB; it += MMQ_THREADS) {
+            const int c = it / MMQ_KB, kb = it % MMQ_KB;
+            if (kb < n_kb) {
+                const block_q8_1 * yb = x + (i64) min(tok0 + c, p.n_tokens - 1) * nb + kb0 + kb;
+                int s = 0;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int v = yb->qs[i];
+                    xq[c * MMQ_STRIDE + kb * 8 + i] = v;
+                    s = __dp4a(0x01010101, v, s);
+                }
+                xd[c][kb] = f16_to_f32(yb->d);
+                xs[c][kb] = f16_to_f32(yb->s);
+                xsum[c][kb] = s;
+            }
+        }
+        __syncthreads();
+
+        for (int kb = 0; kb < n_kb; ++kb) {
+            int a[2][4], b[4][2];
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const int * r_lo = wq + (wr + 16 * m + g) * MMQ_STRIDE + kb * 8;
+                const int * r_hi = r_lo + 8 * MMQ_STRIDE;
+                a[m][0] = r_lo[t]; a[m][1] = r_hi[t]; a[m][2] = r_lo[t + 4]; a[m][3] = r_hi[t + 4];
+            }
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+                const int * c = xq + (wc + 8 * n + g) * MMQ_STRIDE + kb * 8;
+                b[n][0] = c[t]; b[n][1] = c[t + 4];
+            }
+            // This lane's rows (wr + 16m + g, + 8) and tokens (wc + 8n + 2t, + 1).
+            float2 ab[2][2];
+            int sc[2][2];
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    ab[m][h] = wab[wr + 16 * m + 8 * h + g][kb];
+                    sc[m][h] = wsc[wr + 16 * m + 8 * h + g][kb];
+                }
+            float d8[4][2], s8[4][2];
+            int is[4][2];
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int c = wc + 8 * n + 2 * t + j;
+                    d8[n][j] = xd[c][kb]; s8[n][j] = xs[c][kb]; is[n][j] = xsum[c][kb];
+                }
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                    if constexpr (TYPE == Q6_K) {
+                        mma_s8_k16(lo, a[m][0], a[m][1], b[n][0]);
+                        mma_s8_k16(hi, a[m][2], a[m][3], b[n][1]);
+                    } else {
+                        mma_s8_k32(lo, a[m][0], a[m][1], a[m][2], a[m][3], b[n][0], b[n][1]);
+                    }
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const int h = c / 2, j = c % 2;       // row g + 8h, token 2t + j
+                        acc[m][n][c] += mmq_block_value<TYPE>(ab[m][h].x, ab[m][h].y, sc[m][h],
+                                                              d8[n][j], s8[n][j], is[n][j], lo[c], hi[c]);
+                    }
+                }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = row0 + wr + 16 * m + 8 * (c / 2) + g;
+                const int tok = tok0 + wc + 8 * n + 2 * t + c % 2;
+                if (r < p.n_rows && tok < p.n_tokens) y[(i64) tok * p.n_rows + r] = acc[m][n][c];
+            }
+}
+
+#define DEFINE_MMQ(name, TYPE)                                                                     \
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                          \
+mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
+           const MmqParams p) {                                                                    \
+    mmq_tile<TYPE>(w, x, y, p);                                                                    \
+}
+
+DEFINE_MMQ(q4_0, Q4_0)
+DEFINE_MMQ(q4_1, Q4_1)
+DEFINE_MMQ(q5_0, Q5_0)
+DEFINE_MMQ(q5_1, Q5_1)
+DEFINE_MMQ(q8_0, Q8_0)
+DEFINE_MMQ(q4_k, Q4_K)
+DEFINE_MMQ(q5_k, Q5_K)
+DEFINE_MMQ(q6_k, Q6_K)
+DEFINE_MMQ(mxfp4, MXFP4)
