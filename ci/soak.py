@@ -6,14 +6,20 @@
    max_tokens; with probability --disconnect a client drops its stream after a random number of
    chunks (a client that goes away). Every request that was not dropped must complete.
 3. Memory: the server's resident memory (--pid, from /proc) and, with --gpu, the GPU memory in
-   use (nvidia-smi) are sampled every --sample seconds; the report gives the first sample after
-   --warmup seconds and the last, so growth after warm-up shows.
+   use (nvidia-smi) are sampled every --sample seconds; growth from the first sample after
+   --warmup seconds to the last must stay within --rss-growth-mb (default 5% of the RSS then,
+   at least 16 MB) and --gpu-growth-mb.
+   /health is timed at each sample too (reported, not judged: under full load it waits for the
+   CPU like everything else).
 
     python3 ci/soak.py --url http://127.0.0.1:8080 --clients 16 --seconds 600 --idle 1000 \
         --pid $(pgrep -f "engine serve") [--gpu] [--json OUT]
 
-Exit status 0 when no request failed and /health answered in time with the idle connections
-open; 1 otherwise; 2 when the server cannot be reached.
+The last line is a one-line summary (PASS / FAIL and the numbers) for a closing note; the JSON
+before it has the details. Exit status 0 when every criterion held (no request failed that the
+client did not drop; /health in time with the idle connections open; memory flat after
+warm-up; the server alive at the end); 1 when one did not; 2 when the test cannot run (no
+server answering, or `ulimit -n` too low for --idle connections: it says how much is needed).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import json
 import random
+import resource
 import socket
 import subprocess
 import sys
@@ -74,6 +81,55 @@ def open_idle(host: str, port: int, n: int) -> list[socket.socket]:
     return socks
 
 
+def fd_limit(pid: int | None = None) -> int | None:
+    """The soft limit on open files: ours, or the server's (from /proc/PID/limits)."""
+    if pid is None:
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                soft = line.split()[3]
+                return None if soft == "unlimited" else int(soft)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def ensure_fds(need: int, pid: int | None) -> str | None:
+    """None when this process (raising its soft limit up to the hard one if needed) and the
+    server can each hold `need` descriptors; else what is wrong, in one line."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY
+                                                        else need, hard))
+        except (ValueError, OSError):
+            pass
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY and soft < need:
+            return (f"ulimit -n is {soft} here (hard limit {hard}); the idle connections and clients "
+                    f"need {need}: run `ulimit -n {need}` (or more) in this shell first")
+    server = fd_limit(pid) if pid else None
+    if server is not None and server < need:
+        return (f"the server (pid {pid}) may open {server} files; the idle connections and clients "
+                f"need {need}: start it after `ulimit -n {need}` (or more)")
+    return None
+
+
+def still_open(socks: list[socket.socket]) -> int:
+    """How many of the idle connections the server has not closed."""
+    n = 0
+    for s in socks:
+        try:
+            s.setblocking(False)
+            n += s.recv(1, socket.MSG_PEEK) != b""     # data: open (and talkative)
+        except BlockingIOError:
+            n += 1                                      # nothing to read: still open
+        except OSError:
+            pass                                        # reset: closed
+    return n
+
+
 async def client(api, model, deadline, disconnect, rng, stats):
     while time.monotonic() < deadline:
         drop_after = rng.randint(1, 8) if rng.random() < disconnect else None
@@ -81,18 +137,23 @@ async def client(api, model, deadline, disconnect, rng, stats):
             stream = await api.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": rng.choice(PROMPTS)}],
                 max_tokens=rng.randint(4, 48), temperature=0, stream=True)
-            chunks = 0
-            async for _ in stream:
+            chunks, finish = 0, None
+            async for chunk in stream:
                 chunks += 1
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
                 if drop_after is not None and chunks >= drop_after:
                     await stream.close()            # the client goes away mid-stream
                     stats["dropped"] += 1
                     break
             else:
+                if finish not in ("stop", "length"):    # a stream cut short without an error
+                    raise RuntimeError(f"the stream ended without a finish_reason after {chunks} chunks")
                 stats["completed"] += 1
         except Exception as e:
             stats["failed"] += 1
-            stats["errors"].append(f"{type(e).__name__}: {str(e)[:160]}")
+            err = f"{type(e).__name__}: {str(e)[:160]}"
+            stats["errors"][err] = stats["errors"].get(err, 0) + 1
 
 
 async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmup):
@@ -100,27 +161,83 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
     api = AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=300, max_retries=0)
     model = (await api.models.list()).data[0].id
     rng = random.Random(seed)
-    stats = dict(completed=0, dropped=0, failed=0, errors=[])
+    stats = dict(completed=0, dropped=0, failed=0, errors={})
     samples = []
     start = time.monotonic()
     deadline = start + seconds
 
+    async def take_sample():
+        health = await asyncio.to_thread(health_seconds, base, 30)
+        samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid),
+                            gpu_mb=gpu_mb() if gpu else None,
+                            health_s=None if health is None else round(health, 4)))
+
     async def sampler():
         while time.monotonic() < deadline:
-            samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid),
-                                gpu_mb=gpu_mb() if gpu else None))
+            await take_sample()
             await asyncio.sleep(sample)
 
     await asyncio.gather(sampler(), *(client(api, model, deadline, disconnect,
                                              random.Random(rng.random()), stats)
                                       for _ in range(clients)))
-    samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid),
-                        gpu_mb=gpu_mb() if gpu else None))
+    await take_sample()
     await api.close()
     after = [s for s in samples if s["t"] >= warmup] or samples[-1:]
-    return dict(stats, errors=stats["errors"][:5], samples=len(samples),
-                rss_mb_after_warmup=after[0]["rss_mb"], rss_mb_last=samples[-1]["rss_mb"],
-                gpu_mb_after_warmup=after[0]["gpu_mb"], gpu_mb_last=samples[-1]["gpu_mb"])
+    healths = sorted(s["health_s"] for s in samples if s["health_s"] is not None)
+
+    def mb(key, which):
+        vals = [s[key] for s in after if s[key] is not None]
+        return round({"first": vals[0], "max": max(vals), "last": vals[-1]}[which], 1) if vals else None
+    return dict(stats, model=model, seconds=seconds, clients=clients, samples=len(samples),
+                health_s_during_median=healths[len(healths) // 2] if healths else None,
+                health_s_during_max=healths[-1] if healths else None,
+                health_unanswered_during=sum(s["health_s"] is None for s in samples),
+                rss_mb_first=samples[0]["rss_mb"], rss_mb_after_warmup=mb("rss_mb", "first"),
+                rss_mb_max_after_warmup=mb("rss_mb", "max"), rss_mb_last=mb("rss_mb", "last"),
+                gpu_mb_after_warmup=mb("gpu_mb", "first"), gpu_mb_max_after_warmup=mb("gpu_mb", "max"),
+                gpu_mb_last=mb("gpu_mb", "last"),
+                rss_series=[(s["t"], s["rss_mb"] and round(s["rss_mb"], 1)) for s in samples])
+
+
+def growth(out, key) -> float | None:
+    a, b = out[f"{key}_after_warmup"], out[f"{key}_last"]
+    return None if a is None or b is None else round(b - a, 1)
+
+
+def summary(out, args) -> tuple[bool, str]:
+    """(every criterion held, the one-line summary)."""
+    failures = []
+    if out["failed"]:
+        failures.append(f"{out['failed']} requests failed")
+    h = out["health_s_with_idle"]
+    if h is None or h > args.health_limit:
+        failures.append(f"/health with {out['idle_open_at_health']} idle connections open: "
+                        f"{'no answer' if h is None else f'{h:.3f} s'} (limit {args.health_limit} s)")
+    if not out["health_after"]:
+        failures.append("no /health answer after the soak")
+    rss, gpu = growth(out, "rss_mb"), growth(out, "gpu_mb")
+    if rss is not None and rss > args.rss_growth_mb:
+        failures.append(f"RSS grew {rss:+.1f} MB after warm-up (limit {args.rss_growth_mb} MB)")
+    if gpu is not None and gpu > args.gpu_growth_mb:
+        failures.append(f"GPU memory grew {gpu:+.1f} MB after warm-up (limit {args.gpu_growth_mb} MB)")
+    if args.pid and out["rss_mb_last"] is None:
+        failures.append(f"no resident memory read for pid {args.pid}")
+    parts = [f"{out['clients']} streaming clients for {out['seconds']:.0f} s on {out['model']}: "
+             f"{out['completed']} requests completed, {out['dropped']} dropped by their client "
+             f"mid-stream, {out['failed']} failed"]
+    if out["rss_mb_last"] is not None:
+        parts.append(f"server RSS {out['rss_mb_first']:.0f} MB at start, {out['rss_mb_after_warmup']:.0f} MB "
+                     f"after {args.warmup:.0f} s warm-up, max {out['rss_mb_max_after_warmup']:.0f}, "
+                     f"{out['rss_mb_last']:.0f} MB at the end ({rss:+.1f} MB, limit {args.rss_growth_mb})")
+    if out["gpu_mb_last"] is not None:
+        parts.append(f"GPU memory {out['gpu_mb_after_warmup']:.0f} MB after warm-up, {out['gpu_mb_last']:.0f} MB "
+                     f"at the end ({gpu:+.1f} MB, limit {args.gpu_growth_mb})")
+    parts.append(f"/health in {'-' if h is None else f'{h:.3f}'} s with {out['idle_open_at_health']} of "
+                 f"{out['idle_connections']} idle connections open (limit {args.health_limit} s); during the "
+                 f"soak median {out['health_s_during_median']} s, max {out['health_s_during_max']} s; "
+                 f"{out['idle_open_at_end']} idle connections still open at the end")
+    return not failures, ("soak: PASS: " if not failures else "soak: FAIL (" + "; ".join(failures) + "): ") \
+        + "; ".join(parts)
 
 
 def main(argv=None) -> int:
@@ -135,34 +252,47 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", action="store_true", help="also sample GPU memory (nvidia-smi)")
     ap.add_argument("--sample", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=30.0)
+    ap.add_argument("--rss-growth-mb", type=float, default=None,
+                    help="most the server's RSS may grow from the end of warm-up to the end "
+                         "(default: 5%% of its RSS after warm-up, at least 16 MB)")
+    ap.add_argument("--gpu-growth-mb", type=float, default=64.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     base = args.url.rstrip("/")
     host, port = base.split("//", 1)[1].split("/")[0].rsplit(":", 1)
     if health_seconds(base, 10) is None:
-        print(f"soak: no server answering {base}/health", file=sys.stderr)
+        print(f"soak: cannot run: no server answering {base}/health", file=sys.stderr)
+        return 2
+    need = args.idle + 2 * args.clients + 64     # + the clients' connections, /health, files
+    if (problem := ensure_fds(need, args.pid)) is not None:
+        print(f"soak: cannot run: {problem}", file=sys.stderr)
         return 2
     try:
         idle = open_idle(host, int(port), args.idle)
     except OSError as e:
-        print(f"soak: could not open {args.idle} idle connections: {e}", file=sys.stderr)
+        print(f"soak: FAIL: could only open some of {args.idle} idle connections: {e}", file=sys.stderr)
         return 1
     try:
         health = health_seconds(base, args.health_limit * 5)
+        idle_open = still_open(idle)
         out = asyncio.run(soak(base, args.clients, args.seconds, args.disconnect, args.seed,
                                args.pid, args.gpu, args.sample, args.warmup))
+        out.update(idle_open_at_end=still_open(idle))
     finally:
         for s in idle:
             s.close()
-    out.update(idle_connections=args.idle, health_s_with_idle=None if health is None else round(health, 4),
+    out.update(idle_connections=args.idle, idle_open_at_health=idle_open,
+               health_s_with_idle=None if health is None else round(health, 4),
                health_after=health_seconds(base, 10) is not None)
-    ok = (out["failed"] == 0 and health is not None and health <= args.health_limit
-          and out["health_after"])
-    text = json.dumps(out, indent=1)
-    print(text)
+    if args.rss_growth_mb is None:
+        args.rss_growth_mb = round(max(16.0, 0.05 * (out["rss_mb_after_warmup"] or 0)), 1)
+    ok, line = summary(out, args)
+    out.update(ok=ok, rss_growth_limit_mb=args.rss_growth_mb)
+    print(json.dumps({k: v for k, v in out.items() if k != "rss_series"}, indent=1))
     if args.json:
-        Path(args.json).write_text(text + "\n")
+        Path(args.json).write_text(json.dumps(dict(out, summary=line), indent=1) + "\n")
+    print(line)
     return 0 if ok else 1
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 
 import pytest
@@ -200,7 +201,10 @@ def test_fuzz_request_bodies_in_process(model, capfd):
         client.close()
         app.scheduler.close()
     log = capfd.readouterr().err
-    print(f"{seen['n']} bodies: {seen['2xx']} answered 2xx, {seen['4xx']} 4xx")
+    five = re.search(r'brass_requests_total\{status="5xx"\} (\S+)', metrics)
+    print(f"fuzz in process: {seen['n']} bodies: {seen['2xx']} answered 2xx, {seen['4xx']} 4xx, "
+          f"{seen['n'] - seen['2xx'] - seen['4xx']} other; /metrics counts {five and five[1]} 5xx; "
+          f"/health after: {health['requests_running']} running, {health['requests_waiting']} waiting")
     assert seen["n"] >= N_IN_PROCESS and seen["2xx"] > N_IN_PROCESS // 20 and seen["4xx"] > N_IN_PROCESS // 4, seen
     assert 'brass_requests_total{status="5xx"} 0' in metrics
     assert f'brass_requests_total{{status="2xx"}} {seen["2xx"] + 1}' in metrics     # + the /health
@@ -251,4 +255,7 @@ def test_fuzz_request_bodies_live(model, forward, n_bodies):
         assert status == 200, body
     finally:
         server.stop()
+    by_class = {f"{c}xx": sum(s // 100 == c for s in seen) for c in (2, 4, 5)}
+    print(f"fuzz live ({forward} forward, uvicorn on loopback): {len(seen)} bodies: {by_class['2xx']} answered "
+          f"2xx, {by_class['4xx']} 4xx, {by_class['5xx']} 5xx; a request after them: {status}")
     assert len(seen) >= n_bodies and seen.count(200) >= n_bodies // 10, sorted(set(seen))
