@@ -32,6 +32,15 @@ EXACT = 0.0
 # already gives ~1e-5. (One output alone can cancel to near zero and exceed it: 1.5e-10 was
 # seen for N = T = 1, hence MATMUL_SHAPES.)
 MATMUL = 1e-10
+# MMQ (kernels/mmq.cu) against the decode mat-vec on the same GPU: per block of 32 the same
+# integer dot product of the same quants, scaled by the same float32 operations (up to FMA
+# contraction, one rounding of 2^-24 relative to the block's value); only the order in which
+# a row's K/32 block values are added differs (MMQ: block after block; the mat-vec: strided
+# over lanes, then a shuffle tree). Each partial sum rounds by ~2^-24 relative, as a random
+# walk over <= 128 blocks: NMSE ~1e-14 pooled over the outputs, 2^-48 * K/32 ~ 5e-13 at worst
+# for K = 4096. 1e-11 leaves a 20x margin above that; a wrong quant, scale or tile edge gives
+# 1e-6 or more.
+MMQ_SUM_ORDER = 1e-11
 # Norm: the same float32 operations; only the double-precision sum of squares is added in
 # another order, which can move the float32 mean by one ulp at a rounding tie (2^-24 relative).
 RMS_NORM = 1e-12

@@ -1,0 +1,199 @@
+"""The prompt mat-mul on int8 tensor cores (kernels/mmq.cu, BRASS_MMQ=1) against the decode
+mat-vec kernels and against the numpy q8_1 reference.
+
+mmq_<type> forms, per block of 32, the same integer dot products of the same quants as the
+mat-vec (matvec_q.cuh dot_item) and scales them with the same float32 operations, so against
+the mat-vec run row by row (matmul under rows_independent: the decode kernels) only the order
+of the float32 sum over a row's K/32 blocks differs: bound MMQ_SUM_ORDER (kernels/cases.py).
+Against the numpy reference in q8_1 mode (the CUDA kernels' oracle) it is held to MATMUL, as
+the mat-vec is. Fresh random inputs (the `rng` fixture; the seed is printed on failure),
+outputs poisoned with NaN before the kernel runs (CudaBackend(poison_outputs=True)).
+
+Shapes: T on either side of the 64-token tile (1, 7, 32, 77, 512), N not a multiple of the
+64-row tile, K from one super-block to 4096; for the 32-value block types also a K whose last
+chunk of 8 blocks is partial (288 = 8 + 1 blocks).
+
+Without a GPU the kernel tests skip; the test of the switch's routing in the numpy reference
+runs everywhere, and CI compiles mmq.cu (test_nvrtc_compile.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from engine.backends import base, cuda_available
+from engine.gguf import GGMLType, GGUFFile
+from kernels.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
+
+needs_cuda = pytest.mark.skipif(
+    not cuda_available(),
+    reason="no CUDA device here: the MMQ kernel tests run on the GPU runner (ci/gpu_mmq.sh); "
+           "CI compiles mmq.cu in test_nvrtc_compile.py")
+
+F32 = np.float32
+
+# The types of the real and shape-true models first; the others share the kernel template.
+MMQ_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_K,
+             GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.MXFP4)
+# (N, K, T)
+MMQ_SHAPES = ((100, 256, 1), (67, 512, 7), (130, 1024, 32), (257, 4096, 77), (96, 2048, 512))
+# K of 9 blocks of 32: one full chunk of 8 and a partial one (32-value block types only).
+MMQ_SHAPES_32 = ((45, 288, 40),)
+CASES = [(t, s) for t in MMQ_TYPES for s in MMQ_SHAPES] + \
+        [(t, s) for t in MMQ_TYPES if base.MMQ_BLOCK[int(t)] == 32 for s in MMQ_SHAPES_32]
+
+
+def tname(t) -> str:
+    return GGMLType(t).name
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    from engine.backends.cuda import CudaBackend
+    return CudaBackend(poison_outputs=True)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return cuda_reference()
+
+
+def check(got, want, bound: float, record_property, what: str = "output") -> float:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    unwritten = np.isnan(got) & ~np.isnan(want)
+    assert not unwritten.any(), (f"{what}: {int(unwritten.sum())} of {got.size} elements are NaN "
+                                 f"(never written?), first at {np.argwhere(unwritten)[0].tolist()}")
+    err = nmse(got, want)
+    record_property("nmse", f"{err:.3e}")
+    if not err <= bound:
+        diff = np.abs(got.astype(np.float64) - want)
+        i = np.unravel_index(int(np.nanargmax(diff)), diff.shape)
+        bad_rows = np.nonzero((diff > 1e-3 * np.abs(want).max()).any(axis=0))[0]
+        bad_toks = np.nonzero((diff > 1e-3 * np.abs(want).max()).any(axis=1))[0]
+        pytest.fail(f"{what}: NMSE {err:.3e} exceeds {bound:.0e}; largest difference at [token, row] "
+                    f"{list(i)}: got {got[i]!r}, expected {want[i]!r}; rows off: {bad_rows[:16].tolist()} "
+                    f"({bad_rows.size}), tokens off: {bad_toks[:16].tolist()} ({bad_toks.size})")
+    return err
+
+
+def _case(tmp_path, rng, qtype, shape):
+    N, K, T = shape
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {"w": (qtype, (N, K))}))
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    return gf, x
+
+
+def _mmq(cuda, gf, x):
+    X = cuda.asarray(x)
+    w = cuda.weight(gf, "w")
+    with cuda.activate():
+        y = cuda._out((x.shape[0], w.shape[0]))
+        cuda._gemm_mmq(X, w, y)
+    return cuda.to_numpy(y), X, w
+
+
+@needs_cuda
+@pytest.mark.parametrize("qtype,shape", CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "N%d-K%d-T%d" % v)
+def test_mmq_vs_matvec(cuda, rng, tmp_path, qtype, shape, record_property):
+    gf, x = _case(tmp_path, rng, qtype, shape)
+    got, X, w = _mmq(cuda, gf, x)
+    with cuda.rows_independent():           # every row through the decode mat-vec kernels
+        want = cuda.to_numpy(cuda.matmul(X, w))
+    check(got, want, MMQ_SUM_ORDER, record_property, "mmq vs mat-vec")
+
+
+@needs_cuda
+@pytest.mark.parametrize("qtype,shape", CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "N%d-K%d-T%d" % v)
+def test_mmq_vs_reference(cuda, ref, rng, tmp_path, qtype, shape, record_property):
+    gf, x = _case(tmp_path, rng, qtype, shape)
+    got, _, _ = _mmq(cuda, gf, x)
+    with ref.rows_independent():            # the reference's Q8_1 path for every row count
+        want = ref.matmul(x, ref.weight(gf, "w"))
+    check(got, want, MATMUL, record_property, "mmq vs numpy q8_1")
+
+
+@needs_cuda
+def test_mmq_extreme_activation(cuda, ref, rng, tmp_path, record_property):
+    # issue 9's case: one massive value in a block (3247 among O(1) values) makes Q8_1 round
+    # its 31 neighbours to zero; MMQ must do that as the mat-vec and the reference do.
+    gf, x = _case(tmp_path, rng, GGMLType.Q4_K, (96, 1024, 40))
+    x[3, 70] = 3247.0
+    x[17, 512] = -900.0
+    got, X, w = _mmq(cuda, gf, x)
+    with ref.rows_independent():
+        want = ref.matmul(x, ref.weight(gf, "w"))
+    check(got, want, MATMUL, record_property, "mmq vs numpy q8_1")
+    with cuda.rows_independent():
+        want = cuda.to_numpy(cuda.matmul(X, w))
+    check(got, want, MMQ_SUM_ORDER, record_property, "mmq vs mat-vec")
+
+
+@needs_cuda
+@pytest.mark.parametrize("mmq", [False, True], ids=["default", "BRASS_MMQ"])
+def test_matmul_many_routes_to_mmq(cuda, ref, rng, tmp_path, monkeypatch, mmq, record_property):
+    # matmul_many's prompt branch: with the switch on, quantized weights go to mmq_<type> (x
+    # quantized once for all of them), a float weight stays on the float16 GEMM; off, nothing
+    # reaches mmq. The numpy reference follows the same switch (base.uses_mmq).
+    monkeypatch.setattr(base, "MMQ", mmq)
+    T, K = 40, 512
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {
+        "a": (GGMLType.Q4_K, (96, K)), "b": (GGMLType.Q6_K, (64, K)), "c": (GGMLType.F16, (32, K))}))
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    launched = []
+    real_launch = cuda.launch
+
+    def counting(source, name, *args, **kw):
+        launched.append(name)
+        return real_launch(source, name, *args, **kw)
+
+    monkeypatch.setattr(cuda, "launch", counting)
+    ws = [cuda.weight(gf, n) for n in "abc"]
+    got = [cuda.to_numpy(y) for y in cuda.matmul_many(cuda.asarray(x), ws)]
+    mmq_launches = [n for n in launched if n.startswith("mmq_")]
+    if mmq:
+        assert mmq_launches == ["mmq_q4_k", "mmq_q6_k"], launched
+        assert launched.count("quantize_q8_1") == 1, launched
+    else:
+        assert not mmq_launches, launched
+    assert "dequant_f16_f16" in launched, launched          # F16 weight: the float16 GEMM either way
+    for n, g in zip("abc", got):
+        want = ref.matmul(x, ref.weight(gf, n))
+        check(g, want, MATMUL, record_property, f"matmul_many {n}")
+
+
+def test_reference_follows_the_switch(rng, tmp_path, monkeypatch):
+    # No GPU needed: with the switch on, the numpy q8_1 reference multiplies a prompt against
+    # a quantized weight as it does a single row (Q8_1 activations, no float16 rounding), and
+    # the expert mat-muls keep the float16 GEMM's rounding (mul_mat_id is not sent to MMQ).
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {
+        "w": (GGMLType.Q4_K, (48, 512)), "f": (GGMLType.F16, (16, 512))}))
+    x = rng.uniform(-1, 1, (40, 512)).astype(F32)
+    ref = cuda_reference()
+    w, f = ref.weight(gf, "w"), ref.weight(gf, "f")
+    with ref.rows_independent():
+        q8_rows, f_rows = ref.matmul(x, w), ref.matmul(x, f)
+    monkeypatch.setattr(base, "MMQ", False)
+    f16_prompt = ref.matmul(x, w)
+    assert nmse(f16_prompt, q8_rows) > 1e-7          # the float16 GEMM's rounding is visible
+    monkeypatch.setattr(base, "MMQ", True)
+    assert base.uses_mmq(40, 512, GGMLType.Q4_K) and not base.uses_mmq(31, 512, GGMLType.Q4_K)
+    assert not base.uses_mmq(40, 512, GGMLType.F16) and not base.uses_mmq(40, 288, GGMLType.Q4_K)
+    assert base.uses_mmq(40, 288, GGMLType.Q8_0)
+    assert nmse(ref.matmul(x, w), q8_rows) <= MATMUL
+    assert nmse(ref.matmul(x, f), f_rows) > 1e-9      # float weights keep the float16 GEMM
+
+
+def test_switch_is_read_from_the_environment():
+    code = "from engine.backends import base; print(base.MMQ)"
+    for env, want in (("1", "True"), ("0", "False"), (None, "False")):
+        e = {k: v for k, v in os.environ.items() if k != "BRASS_MMQ"}
+        if env is not None:
+            e["BRASS_MMQ"] = env
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (env, out.stdout, out.stderr)
