@@ -13,8 +13,10 @@ Shapes: T on either side of the 64-token tile (1, 7, 32, 77, 512), N not a multi
 64-row tile, K from one super-block to 4096; for the 32-value block types also a K whose last
 chunk of 8 blocks is partial (288 = 8 + 1 blocks).
 
-Without a GPU the kernel tests skip; the test of the switch's routing in the numpy reference
-runs everywhere, and CI compiles mmq.cu (test_nvrtc_compile.py).
+Without a GPU the kernel tests skip; what runs everywhere: mmq.cu's own source compiled for
+the CPU with g++ (ci/mmq_host.py: the mma fragments emulated as the PTX ISA lays them out)
+against the numpy reference, and the switch's routing in the numpy reference. CI also
+compiles mmq.cu with NVRTC (test_nvrtc_compile.py).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def check(got, want, bound: float, record_property, what: str = "output") -> flo
         bad_rows = np.nonzero((diff > 1e-3 * np.abs(want).max()).any(axis=0))[0]
         bad_toks = np.nonzero((diff > 1e-3 * np.abs(want).max()).any(axis=1))[0]
         pytest.fail(f"{what}: NMSE {err:.3e} exceeds {bound:.0e}; largest difference at [token, row] "
-                    f"{list(i)}: got {got[i]!r}, expected {want[i]!r}; rows off: {bad_rows[:16].tolist()} "
+                    f"{[int(v) for v in i]}: got {got[i]!r}, expected {want[i]!r}; rows off: {bad_rows[:16].tolist()} "
                     f"({bad_rows.size}), tokens off: {bad_toks[:16].tolist()} ({bad_toks.size})")
     return err
 
@@ -165,6 +167,26 @@ def test_matmul_many_routes_to_mmq(cuda, ref, rng, tmp_path, monkeypatch, mmq, r
     for n, g in zip("abc", got):
         want = ref.matmul(x, ref.weight(gf, n))
         check(g, want, MATMUL, record_property, f"matmul_many {n}")
+
+
+@pytest.mark.parametrize("qtype", MMQ_TYPES, ids=tname)
+def test_mmq_on_the_cpu(rng, tmp_path, qtype, record_property):
+    # The kernel source on the CPU (ci/mmq_host.py), against the reference: two row tiles and
+    # two token tiles with ragged edges, a partial K chunk for the 32-value types, issue 9's
+    # massive activation. Checks everything but the hardware's mma layouts and timing.
+    from ci import mmq_host
+    try:
+        lib = mmq_host.build()
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of mmq.cu: {e}")
+    N, K, T = (67, 512, 70) if base.MMQ_BLOCK[int(qtype)] == 256 else (67, 288, 70)
+    gf, x = _case(tmp_path, rng, qtype, (N, K, T))
+    x[2, 5] = 3247.0
+    got = mmq_host.mmq(lib, qtype, gf.tensor_bytes("w").reshape(N, -1), x)
+    ref = cuda_reference()
+    with ref.rows_independent():
+        want = ref.matmul(x, ref.weight(gf, "w"))
+    check(got, want, MATMUL, record_property, "mmq (CPU build) vs numpy q8_1")
 
 
 def test_reference_follows_the_switch(rng, tmp_path, monkeypatch):

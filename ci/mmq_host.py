@@ -1,0 +1,267 @@
+"""kernels/mmq.cu run on the CPU, for machines without a GPU (CI, development).
+
+The kernel source itself (with its headers) is compiled by g++ against a small shim of the
+CUDA device intrinsics it uses (__dp4a, __vsubss4, __byte_perm, __funnelshift_r, half to
+float): every CUDA thread of a block is a std::thread, __shared__ variables are function
+statics (one block runs at a time), __syncthreads a barrier of the block's threads. The two
+places that are not plain C++ are replaced textually: the half-to-float `cvt` asm of
+common.cuh, and the `mma.sync` asm of mmq.cu, which becomes a warp-cooperative emulation
+(each lane publishes its fragment registers, the warp meets at a barrier, each lane forms its
+four outputs) that follows the PTX ISA fragment layouts of m16n8k32 / m16n8k16 .s8 as mmq.cu's
+comments state them. What this cannot check is that the hardware uses those layouts, nor
+timing, nor FMA contraction; it does check the tiling, the unpacking, the scaling, the tile
+edges and the partial K chunks of the real source, against the numpy q8_1 reference.
+
+    python3 ci/mmq_host.py [seed]      # every type on a few shapes; exit 1 on a failure
+conformance/test_kernels_mmq.py::test_mmq_on_the_cpu uses it (skips without g++).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
+NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
+
+SHIM = r"""// Host shim: CUDA device code of kernels/ compiled by g++, one std::thread per CUDA thread.
+#pragma once
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <algorithm>
+using std::min; using std::max;
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(x)
+#define __shared__ static
+#define __align__(n) alignas(n)
+struct uint3h { unsigned x, y, z; };
+extern thread_local uint3h threadIdx;
+extern uint3h blockIdx, blockDim, gridDim;
+struct int4 { int x, y, z, w; };
+struct float2 { float x, y; };
+inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int) (int8_t) (a >> (8 * i)) * (int) (int8_t) (b >> (8 * i));
+    return c;
+}
+inline unsigned __vsubss4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) {
+        int v = (int) (int8_t) (a >> (8 * i)) - (int) (int8_t) (b >> (8 * i));
+        v = v < -128 ? -128 : v > 127 ? 127 : v;
+        r |= ((unsigned) (uint8_t) (int8_t) v) << (8 * i);
+    }
+    return r;
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t v = ((uint64_t) y << 32) | x; unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned) ((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
+    return (unsigned) ((((uint64_t) hi << 32) | lo) >> (sh & 31));
+}
+inline float __shfl_xor_sync(unsigned, float, int) { abort(); }
+inline double __shfl_xor_sync(unsigned, double, int) { abort(); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+void __syncthreads();
+float host_h2f(unsigned short h);
+unsigned short host_f2h(float f);
+void host_mma_k32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1);
+void host_mma_k16(int (&d)[4], int a0, int a1, int b0);
+"""
+
+HARNESS = r"""#include "shim.h"
+#include "mmq_host.cu"
+thread_local uint3h threadIdx;
+uint3h blockIdx, blockDim, gridDim;
+static std::barrier<> *block_bar;
+static std::barrier<> *warp_bar[MMQ_THREADS / 32];
+static int A[MMQ_THREADS][4], B[MMQ_THREADS][2];
+void __syncthreads() { block_bar->arrive_and_wait(); }
+float host_h2f(unsigned short h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023; float f;
+    if (e == 0) f = std::ldexp((float) m, -24);
+    else if (e == 31) f = m ? NAN : INFINITY;
+    else f = std::ldexp((float) (m | 1024), e - 25);
+    return s ? -f : f;
+}
+unsigned short host_f2h(float) { abort(); }   // unused by mmq.cu
+// PTX ISA fragment layouts (as mmq.cu's comments state them), g = lane / 4, t = lane % 4:
+// k32: a0 = A[g][w t], a1 = A[g+8][w t], a2 = A[g][w t+4], a3 = A[g+8][w t+4]; b0 = B[w t][g],
+// b1 = B[w t+4][g]; d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1].
+static void mma(int (&d)[4], int nk) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, base = warp * 32;
+    const int g = lane / 4, t = lane % 4;
+    for (int c = 0; c < 4; ++c) {
+        const int row = g + 8 * (c / 2), col = 2 * t + c % 2;
+        for (int kw = 0; kw < nk; ++kw) {
+            const int al = base + (row % 8) * 4 + kw % 4, areg = (row >= 8) + 2 * (kw >= 4);
+            const int bl = base + col * 4 + kw % 4, breg = kw >= 4;
+            d[c] = __dp4a(A[al][areg], B[bl][breg], d[c]);
+        }
+    }
+}
+void host_mma_k32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    const int i = threadIdx.x, warp = i / 32;
+    A[i][0] = a0; A[i][1] = a1; A[i][2] = a2; A[i][3] = a3; B[i][0] = b0; B[i][1] = b1;
+    warp_bar[warp]->arrive_and_wait();
+    mma(d, 8);
+    warp_bar[warp]->arrive_and_wait();
+}
+void host_mma_k16(int (&d)[4], int a0, int a1, int b0) {
+    const int i = threadIdx.x, warp = i / 32;
+    A[i][0] = a0; A[i][1] = a1; B[i][0] = b0;
+    warp_bar[warp]->arrive_and_wait();
+    mma(d, 4);
+    warp_bar[warp]->arrive_and_wait();
+}
+typedef void (*kernel_t)(const u8 *, const block_q8_1 *, float *, const MmqParams);
+extern "C" int run_mmq(const char * name, const u8 * w, const block_q8_1 * x, float * y,
+                       int n_rows, int k, int n_tokens, long long row_bytes) {
+    kernel_t fn = nullptr;
+    const char * names[] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4"};
+    kernel_t fns[] = {mmq_q4_0, mmq_q4_1, mmq_q5_0, mmq_q5_1, mmq_q8_0, mmq_q4_k, mmq_q5_k, mmq_q6_k, mmq_mxfp4};
+    for (int i = 0; i < 9; ++i) if (!strcmp(name, names[i])) fn = fns[i];
+    if (!fn) return 1;
+    MmqParams p{}; p.n_rows = n_rows; p.k = k; p.n_tokens = n_tokens; p.row_bytes = row_bytes;
+    std::barrier<> bb(MMQ_THREADS); block_bar = &bb;
+    for (int i = 0; i < MMQ_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {(unsigned) ((n_rows + MMQ_ROWS - 1) / MMQ_ROWS), (unsigned) ((n_tokens + MMQ_COLS - 1) / MMQ_COLS), 1};
+    blockDim = {MMQ_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < MMQ_THREADS; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(w, x, y, p); });
+            for (auto & t : th) t.join();
+        }
+    for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
+    return 0;
+}
+"""
+
+
+def _sources() -> dict[str, str]:
+    out = {}
+    for h in HEADERS:
+        s = (KERNEL_DIR / h).read_text()
+        s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));', "f = host_h2f(h);")
+        s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));', "h = host_f2h(f);")
+        out[h] = s
+    s = (KERNEL_DIR / "mmq.cu").read_text()
+    s, n1 = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k32.*?"r"\(b0\), "r"\(b1\)\);',
+                    "host_mma_k32(d, a0, a1, a2, a3, b0, b1);", s, flags=re.S)
+    s, n2 = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k16.*?"r"\(b0\)\);',
+                    "host_mma_k16(d, a0, a1, b0);", s, flags=re.S)
+    if (n1, n2) != (1, 1):
+        raise RuntimeError(f"mmq.cu: expected one m16n8k32 and one m16n8k16 asm statement, found {n1} and {n2}")
+    out["mmq_host.cu"] = s
+    out["shim.h"] = SHIM
+    out["harness.cpp"] = HARNESS
+    return out
+
+
+def build() -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of mmq.cu; raises RuntimeError without g++."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        raise RuntimeError("g++ is not installed")
+    srcs = _sources()
+    key = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(srcs.items())).encode()).hexdigest()[:16]
+    d = Path(tempfile.gettempdir()) / f"brass-mmq-host-{key}"
+    lib = d / "libmmq.so"
+    if not lib.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in srcs.items():
+            (d / name).write_text(text)
+        tmp = d / f"libmmq.{id(srcs)}.so"
+        r = subprocess.run([gxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++",
+                            str(d / "harness.cpp"), "-o", str(tmp)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"g++ failed on the CPU build of mmq.cu:\n{r.stderr[-3000:]}")
+        tmp.replace(lib)
+    so = ctypes.CDLL(str(lib))
+    so.run_mmq.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong]
+    return so
+
+
+def q8_1_blocks(x: np.ndarray) -> np.ndarray:
+    """x [T, K] as the quantize_q8_1 kernel writes it: [T, K/32] blocks of 36 bytes."""
+    from engine import quants
+    qb = quants.quantize_q8_1_cuda(x)
+    T, K = x.shape
+    out = np.zeros((T, K // 32, 36), np.uint8)
+    out[..., 0:2] = qb.d.astype("<f2").reshape(T, K // 32, 1).view(np.uint8)
+    out[..., 2:4] = qb.s.astype("<f2").reshape(T, K // 32, 1).view(np.uint8)
+    out[..., 4:] = qb.qs.reshape(T, K // 32, 32).view(np.uint8)
+    return out
+
+
+def mmq(lib, qtype, w_raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """y [T, N] = x . W^T by the CPU build of mmq_<type>; w_raw: the weight's ggml bytes [N, row_bytes]."""
+    from engine.backends.cuda.backend import _TYPE_NAMES
+    w_raw = np.ascontiguousarray(w_raw, np.uint8)
+    N, row_bytes = w_raw.shape
+    T, K = x.shape
+    xb = q8_1_blocks(x)
+    y = np.full((T, N), np.nan, np.float32)        # poisoned: an unwritten element stays NaN
+    if lib.run_mmq(_TYPE_NAMES[qtype].encode(), w_raw.ctypes.data, xb.ctypes.data, y.ctypes.data,
+                   N, K, T, row_bytes):
+        raise ValueError(f"no mmq kernel for {qtype}")
+    return y
+
+
+def main(argv: list[str]) -> int:
+    from engine.gguf import GGMLType, GGUFFile
+    from kernels.cases import MATMUL, cuda_reference, nmse, random_weight_file
+    rng = np.random.default_rng(int(argv[0]) if argv else 0)
+    lib = build()
+    ref = cuda_reference()
+    types = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+             GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.MXFP4)
+    cases = [(t, s) for t in types for s in ((70, 256, 1), (67, 512, 7), (130, 768, 33), (65, 512, 77))]
+    cases += [(t, (45, 288, 40)) for t in types if t not in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)]
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for qtype, (N, K, T) in cases:
+            gf = GGUFFile(random_weight_file(Path(tmp) / "w.gguf", rng, {"w": (qtype, (N, K))}))
+            x = rng.uniform(-1, 1, (T, K)).astype(np.float32)
+            if T > 3:
+                x[2, 5] = 3247.0         # issue 9's massive activation
+            y = mmq(lib, qtype, gf.tensor_bytes("w").reshape(N, -1), x)
+            with ref.rows_independent():
+                want = ref.matmul(x, ref.weight(gf, "w"))
+            e = nmse(y, want)
+            ok = e <= MATMUL and not np.isnan(y).any()
+            failed += not ok
+            print(f"{qtype.name:6s} N{N} K{K} T{T}: NMSE {e:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main(sys.argv[1:]))
