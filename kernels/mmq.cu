@@ -187,12 +187,14 @@ template <int TYPE>
 __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
                                          float * __restrict__ y, const MmqParams & p) {
     __shared__ int wq[MMQ_ROWS * MMQ_STRIDE];          // weight quants, a row of 256 per tile row
-    __shared__ float2 wab[MMQ_ROWS][MMQ_KB];           // (a, b) per row and block
-    __shared__ int wsc[MMQ_ROWS][MMQ_KB];              // Q6_K's scales
+    // Per-block factors indexed [block][row or token], so that the lanes of a warp, which
+    // read 8 consecutive rows (or 4 tokens 2 apart) of one block, hit distinct banks.
+    __shared__ float2 wab[MMQ_KB][MMQ_ROWS];           // (a, b) per block and row
+    __shared__ int wsc[MMQ_KB][MMQ_ROWS];              // Q6_K's scales
     __shared__ int xq[MMQ_COLS * MMQ_STRIDE];          // activation quants, per token
-    __shared__ float xd[MMQ_COLS][MMQ_KB];             // d8
-    __shared__ float xs[MMQ_COLS][MMQ_KB];             // s (the half sum)
-    __shared__ int xsum[MMQ_COLS][MMQ_KB];             // integer sum of the quants
+    __shared__ float xd[MMQ_KB][MMQ_COLS];             // d8
+    __shared__ float xs[MMQ_KB][MMQ_COLS];             // s (the half sum)
+    __shared__ int xsum[MMQ_KB][MMQ_COLS];             // integer sum of the quants
 
     const int row0 = blockIdx.x * MMQ_ROWS, tok0 = blockIdx.y * MMQ_COLS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -219,8 +221,8 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
                 mmq_unpack<TYPE>(row, kb0 + kb, o);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) wq[r * MMQ_STRIDE + kb * 8 + i] = o.q[i];
-                wab[r][kb] = make_float2(o.a, o.b);
-                wsc[r][kb] = o.sc;
+                wab[kb][r] = make_float2(o.a, o.b);
+                wsc[kb][r] = o.sc;
             }
         }
         for (int it = threadIdx.x; it < MMQ_COLS * MMQ_KB; it += MMQ_THREADS) {
@@ -234,9 +236,9 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
                     xq[c * MMQ_STRIDE + kb * 8 + i] = v;
                     s = __dp4a(0x01010101, v, s);
                 }
-                xd[c][kb] = f16_to_f32(yb->d);
-                xs[c][kb] = f16_to_f32(yb->s);
-                xsum[c][kb] = s;
+                xd[kb][c] = f16_to_f32(yb->d);
+                xs[kb][c] = f16_to_f32(yb->s);
+                xsum[kb][c] = s;
             }
         }
         __syncthreads();
@@ -261,8 +263,8 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
             for (int m = 0; m < 2; ++m)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    ab[m][h] = wab[wr + 16 * m + 8 * h + g][kb];
-                    sc[m][h] = wsc[wr + 16 * m + 8 * h + g][kb];
+                    ab[m][h] = wab[kb][wr + 16 * m + 8 * h + g];
+                    sc[m][h] = wsc[kb][wr + 16 * m + 8 * h + g];
                 }
             float d8[4][2], s8[4][2];
             int is[4][2];
@@ -271,7 +273,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     const int c = wc + 8 * n + 2 * t + j;
-                    d8[n][j] = xd[c][kb]; s8[n][j] = xs[c][kb]; is[n][j] = xsum[c][kb];
+                    d8[n][j] = xd[kb][c]; s8[n][j] = xs[kb][c]; is[n][j] = xsum[kb][c];
                 }
 #pragma unroll
             for (int m = 0; m < 2; ++m)
