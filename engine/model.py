@@ -209,12 +209,18 @@ class Session:
         st = self._step
         start = self.n_past                     # token goes to this position
         issued, chunks = 0, deque()
+        # Steps run ahead of the consumer are discarded when it stops early: harmless for a KV
+        # cache (those slots are rewritten when reached again), not for a recurrent state,
+        # which they would advance past the last token kept. So a hybrid model's session
+        # issues one step at a time, when the consumer asks for the next token.
+        ahead = getattr(self.cache, "recurrent", None) is None
+        per_issue = GREEDY_CHUNK if ahead else 1
         with b.activate():
             b.decode_set(st.tok, st.pos, token, start)
 
         def issue():
             nonlocal issued
-            c = min(GREEDY_CHUNK, n - issued)
+            c = min(per_issue, n - issued)
             with b.activate():
                 for _ in range(c):
                     st.graph.replay()
@@ -224,13 +230,15 @@ class Session:
         issue()
         done = 0
         while done < n:
-            if issued < n:
+            if ahead and issued < n:
                 issue()                         # keep the next chunk queued behind this one
             read, c = chunks.popleft()
             for tok in read():
                 done += 1
                 self.n_past = start + done
                 yield int(tok)
+            if not ahead and issued < n:
+                issue()
 
     def _check_room(self, n: int):
         if self.n_past + n > self.n_ctx:

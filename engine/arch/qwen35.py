@@ -28,8 +28,6 @@ import numpy as np
 from ..errors import GGUFError, UnsupportedError
 from . import common
 
-# The CUDA backend has no delta-net kernels yet: engine.model refuses it for this architecture.
-BACKENDS = ("numpy",)
 
 FULL_ATTENTION_INTERVAL = 4     # llama.cpp's default when the file has no interval key
 

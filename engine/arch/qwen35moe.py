@@ -8,7 +8,6 @@ from __future__ import annotations
 from ..errors import UnsupportedError
 from . import common, qwen35
 
-BACKENDS = qwen35.BACKENDS
 BATCHED_DECODE = qwen35.BATCHED_DECODE
 
 
