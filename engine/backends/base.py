@@ -270,8 +270,9 @@ class Backend(ABC):
 
     # -- recurrent (gated delta-net) layers: qwen35, qwen35moe -------------------------------
     # Elementwise functions and the two stateful ops a backend must provide itself; the others
-    # are compositions. A backend without them refuses with one line (the architectures that
-    # need them are refused at load time first, see engine/arch/qwen35.py).
+    # are compositions. A backend without them refuses with one line (an architecture whose
+    # ops a backend lacks lists the backends it runs on, BACKENDS, and is refused at load time
+    # first, as gemma4 on CUDA).
 
     def _lacks(self, op: str, needed_by: str = "gated delta-net layers"):
         raise UnsupportedError(f"the {self.name} backend has no {op} op (needed by "
