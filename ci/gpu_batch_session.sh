@@ -8,6 +8,7 @@
 #      let the cuda backend load them (the committed ones refuse it until this passes);
 #   3. brass bench --parallel 1/4/8/16 on the shape-true Qwen3-8B file (batched generation);
 #   4. issue 11's load test beside llama-server (ci/gpu_serving.sh), llama.cpp built meanwhile.
+# BRASS_BATCH_BUCKETS=1 (exported to every part) turns on the bucket graphs of engine/batch.py.
 #   run(command="bash ci/gpu_batch_session.sh", carry=[".whl", ".stage/llama-bin-11434-src.tar.xz"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ sed -i 's/{"matmul", "matmul_many", "add_rms_norm", "rope_store", "attention"} <
     -k "qwen35 or gemma4" -q -rfEsxX -p no:cacheprovider -n 8 > "$out/catalog.log" 2>&1; echo "catalog exit $?")
 grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$out/catalog.log" | head -40
 
-echo "== 3. batched generation, qwen3-8b shape"
+echo "== 3. batched generation, qwen3-8b shape (BRASS_BATCH_BUCKETS=${BRASS_BATCH_BUCKETS:-0})"
 wait $shape
 for p in 1 4 8 16; do
     timeout 45 python3 -m engine bench /tmp/brass-shapes/qwen3-8b.gguf --backend cuda -p 0 -n 64 -r 2 \

@@ -47,6 +47,10 @@ def supports_batched_decode(model) -> bool:
 
 # Captured compositions kept at once (each holds its sessions' caches and its own buffers).
 GRAPHS_KEPT = 4
+# Bucket graphs (BucketStep): a step of n sequences replays the graph of the next power of two
+# rows, whatever the sequences (their cache addresses are data), so requests joining and
+# leaving cost no capture. Not yet run on a GPU: off unless BRASS_BATCH_BUCKETS=1.
+BUCKETS = os.environ.get("BRASS_BATCH_BUCKETS", "0") == "1"
 
 
 class BatchDecoder:
@@ -54,13 +58,20 @@ class BatchDecoder:
     the next position of `sessions[r]`, each session advanced by one. `step_argmax` also gives
     each row's greedy token (a device array [B]), computed on the device."""
 
-    def __init__(self, model, graphs: bool | None = None):
+    def __init__(self, model, graphs: bool | None = None, buckets: bool | None = None):
         if not supports_batched_decode(model):
             raise UnsupportedError(f"{model.gguf.architecture} does not decode sequences in "
                                    f"batches yet")
         from .model import graphs_enabled
         self.model = model
         self.graphs = graphs_enabled(model.backend) if graphs is None else graphs
+        # Bucket graphs need a backend that reads the rows' cache addresses from tables (CUDA)
+        # and a model whose only per-sequence state is its KV cache (a recurrent state is
+        # addressed per sequence by the forward itself).
+        self.buckets = (self.graphs and (BUCKETS if buckets is None else buckets)
+                        and hasattr(model.backend, "row_tables_override"))
+        self._bucket_steps: dict[int, BucketStep] = {}
+        self._pad = None                # a one-slot cache for a bucket's unused rows
         self._steps: OrderedDict[tuple, BatchStep] = OrderedDict()
         self._last: tuple | None = None
         self.captures = 0               # graphs captured (a composition stepped twice in a row)
@@ -77,6 +88,11 @@ class BatchDecoder:
         b = m.backend
         ids = np.asarray([int(t) for t in tokens], np.int32)
         pos = np.asarray([s.n_past for s in sessions], np.int32)
+        if self.buckets and self._bucketable(sessions):
+            logits, best = self._bucket_step(sessions, ids, pos, argmax)
+            for s in sessions:
+                s.n_past += 1
+            return logits, best
         key = tuple(id(s.cache) for s in sessions)
         st = self._steps.get(key) if self.graphs else None
         if st is None and self.graphs and key == self._last:
@@ -96,6 +112,42 @@ class BatchDecoder:
         for s in sessions:
             s.n_past += 1
         return logits, best
+
+    def _bucketable(self, sessions: list) -> bool:
+        return len(sessions) > 1 and all(s.cache.recurrent is None and s.n_ctx <= self.model.n_ctx
+                                         for s in sessions)
+
+    def _bucket_step(self, sessions: list, ids, pos, argmax: bool):
+        """A step of n sequences as a step of B = the next power of two rows, the rows past n
+        reading and writing slot 0 of a one-slot pad cache (their results are dropped; rows
+        are independent, so they change nothing for the others). The first step of a bucket
+        runs eagerly (loading its kernels), and captures the bucket's graph for the next."""
+        m, b = self.model, self.model.backend
+        n = len(sessions)
+        B = 1 << (n - 1).bit_length()
+        if self._pad is None:
+            from .kv_cache import KVCache
+            with b.activate():
+                self._pad = KVCache(b, m.config, 1)
+        caches = [s.cache for s in sessions] + [self._pad] * (B - n)
+        ids = np.concatenate([ids, np.zeros(B - n, np.int32)])
+        pos = np.concatenate([pos, np.zeros(B - n, np.int32)])
+        st = self._bucket_steps.get(B)
+        if st is not None:
+            with b.activate():
+                st.run(caches, ids, pos)
+            self.replays += 1
+            return st.logits[:n], (st.best[:n] if argmax else None)
+        with b.activate(), b.rows_independent():
+            logits = m.forward(b.asarray(ids), b.asarray(pos), SequenceBatch(caches))
+            best = b.argmax(logits) if argmax else None
+        try:
+            self._bucket_steps[B] = BucketStep(m, caches, m.n_ctx)
+            self.captures += 1
+        except Exception as e:          # stay on the composition graphs
+            print(f"brass: bucket graphs off ({type(e).__name__}: {e})", file=sys.stderr)
+            self.buckets = False
+        return logits[:n], (best[:n] if argmax else None)
 
     def _capture(self, sessions: list, key: tuple):
         try:
@@ -155,4 +207,62 @@ class BatchStep:
         self._uploaded()            # the last copy has read the pinned buffer (usually long ago)
         self._host[0], self._host[1] = ids, pos
         self._uploaded = self.backend.upload_async(self.inp, self._host)
+        self.graph.replay()
+
+
+class BucketStep:
+    """A batched decode step of B rows captured once, whatever sequences fill its rows: the
+    tokens and positions come from one device array [2, B], and each layer's rows' cache
+    addresses from a device table [tables, 2, B] (the kernels take them as data), both
+    uploaded before each replay. Every row's cache must hold at most `capacity` slots (the
+    attention kernel's bound, fixed in the graph)."""
+
+    def __init__(self, model, caches: list, capacity: int):
+        b = model.backend
+        B = len(caches)
+        self.backend, self.B = b, B
+        self.layer_of: list[int] = []               # table index -> layer
+        first = {c.data.ptr: il for il, c in enumerate(caches[0].k) if c is not None}
+        with b.activate():
+            self.inp = b.zeros((2, B), np.int32)
+            self._host_inp = b.pinned_empty(2 * B, np.int32).reshape(2, B)
+            n_attn = sum(c is not None for c in caches[0].k)
+            self.tab = b.zeros((n_attn, 2, B), np.uint64)
+            self._host_tab = b.pinned_empty(n_attn * 2 * B, np.uint64).reshape(n_attn, 2, B)
+        self._uploaded = [lambda: None, lambda: None]
+        index: dict[int, int] = {}
+
+        def tables(layers):
+            il = first[layers[0][0].data.ptr]
+            if il not in index:
+                index[il] = len(self.layer_of)
+                self.layer_of.append(il)
+            j = index[il]
+            return self.tab[j, 0], self.tab[j, 1], capacity
+
+        def step():
+            with b.rows_independent():
+                logits = model.forward(self.inp[0], self.inp[1], SequenceBatch(caches))
+                return logits, b.argmax(logits)
+
+        b.row_tables_override = tables
+        try:
+            self.graph = b.capture(step)
+        finally:
+            b.row_tables_override = None
+        self.logits, self.best = self.graph.result
+        self.capacity = capacity
+
+    def run(self, caches: list, ids: np.ndarray, pos: np.ndarray):
+        for wait in self._uploaded:       # the last copies have read the pinned buffers
+            wait()
+        for r, c in enumerate(caches):
+            if c.n_ctx > self.capacity:
+                raise BrassError(f"a bucket step's caches hold at most {self.capacity} slots, not {c.n_ctx}")
+            for j, il in enumerate(self.layer_of):
+                k, v = c.layer(il)
+                self._host_tab[j, 0, r], self._host_tab[j, 1, r] = k.data.ptr, v.data.ptr
+        self._host_inp[0], self._host_inp[1] = ids, pos
+        self._uploaded = [self.backend.upload_async(self.tab, self._host_tab),
+                          self.backend.upload_async(self.inp, self._host_inp)]
         self.graph.replay()

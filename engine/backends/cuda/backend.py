@@ -267,6 +267,11 @@ class CudaBackend(Backend):
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
         self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
         self._graph_refs: list | None = None   # arrays a graph being captured reads (capture)
+        # While a bucket graph of batched steps is captured (engine/batch.py BucketStep): a
+        # function giving, for a layer's rows, the fixed device tables the graph will read the
+        # rows' cache addresses from (rewritten before each replay), and the capacity that
+        # bounds every row's cache.
+        self.row_tables_override = None
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
@@ -908,10 +913,11 @@ class CudaBackend(Backend):
                         params=pack("KvStoreParams", n_tokens=T, row_elems=row, capacity=cache.shape[0]))
 
     def _row_pointers(self, layers, what: str):
-        """Device arrays of the K and V cache addresses of a batched step's rows, after
-        checking that every row's caches have the first row's layout. The kernels bound slots
-        by the largest capacity: each row's position is checked against its own cache on the
-        host before the step (engine/batch.py)."""
+        """Device arrays of the K and V cache addresses of a batched step's rows and the
+        capacity that bounds them, after checking that every row's caches have the first row's
+        layout. The kernels bound slots by the largest capacity (or a bucket graph's, larger):
+        each row's position is checked against its own cache on the host before the step
+        (engine/batch.py)."""
         k0, v0 = layers[0]
         for kc, vc in layers:
             if (kc.dtype != F16 or vc.dtype != F16 or not kc.flags.c_contiguous or not vc.flags.c_contiguous
@@ -919,6 +925,9 @@ class CudaBackend(Backend):
                     or kc.shape[0] != vc.shape[0]):
                 raise BrassError(f"{what}: the rows' caches differ in layout ({kc.shape} / {vc.shape} "
                                  f"against {k0.shape} / {v0.shape})")
+        if self.row_tables_override is not None:
+            return self.row_tables_override(layers)
+        cap = max(kc.shape[0] for kc, _ in layers)
         key = tuple((kc.data.ptr, vc.data.ptr) for kc, vc in layers)
         dev = self._row_tables.get(key)
         if dev is not None and self._graph_refs is not None:
@@ -930,7 +939,7 @@ class CudaBackend(Backend):
                 self._row_tables.clear()
             ptrs = np.array([[k for k, _ in key], [v for _, v in key]], np.uint64)
             dev = self._row_tables[key] = cupy.asarray(ptrs)
-        return dev[0], dev[1]
+        return dev[0], dev[1], cap
 
     def attention_rows(self, q, layers, pos, scale, window=0):
         if len(layers) == 1:
@@ -961,7 +970,7 @@ class CudaBackend(Backend):
         out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
         rows = self._row_pointers(row_caches, "attention") if row_caches is not None else None
         if rows is not None:
-            cap = max(kc.shape[0] for kc, _ in row_caches)
+            *rows, cap = rows
         n_slots = min(cap, window) if window > 0 else cap
         params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv,
                       capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=int(write_q8),
@@ -1128,7 +1137,9 @@ class CudaBackend(Backend):
         theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
         q_out, k_out = self._out(q.shape), self._out(k.shape)
         rows = self._row_pointers(row_caches, "rope_store") if row_caches is not None else None
-        capacity = max(kc.shape[0] for kc, _ in row_caches) if rows is not None else k_cache.shape[0]
+        capacity = k_cache.shape[0]
+        if rows is not None:
+            *rows, capacity = rows
         if T:
             k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
             self.launch("fused.cu", "rope_store", (H + 2 * Hkv, T), ROPE_STORE_THREADS,
