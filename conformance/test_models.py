@@ -64,9 +64,9 @@ def spread_bounds(name: str) -> dict:
 
 
 def q8_1_oracle(name: str, backend: str, ref_set: str) -> dict | None:
-    """The figures CUDA is held to against the CPU set on a gated delta-net hybrid: those of
-    the numpy backend in q8_1 mode, the CUDA kernels' oracle (tolerances.Q8_1_ORACLE); None
-    for every other case."""
+    """The figures CUDA is held to against the CPU set on the models tolerances.Q8_1_ORACLE
+    holds (qwen35, gemma4: no CUDA goldens yet): those of the numpy backend in q8_1 mode, the
+    CUDA kernels' oracle (ci/q8_1_oracle.py measures them); None for every other case."""
     return tolerances.Q8_1_ORACLE.get(name) if (backend, ref_set) == ("cuda", "cpu") else None
 
 
@@ -218,7 +218,7 @@ def test_greedy_stream(name, backend, loaded, request):
     gm = goldens.model(name)
     ref_set = reference(name, backend)
     oracle = q8_1_oracle(name, backend, ref_set)
-    if oracle is not None:
+    if oracle is not None and oracle["stream"] is not None:
         # runs in full; strict: a stream that no longer parts there means the figures changed
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
             f"Q8_1 rounding parts the stream from llama.cpp's CPU one where the numpy q8_1 "
