@@ -9,7 +9,8 @@ and per-request decode tok/s.
 
 Tokens are counted from the usage the server reports at the end of a stream when it does
 (`stream_options.include_usage`), else as the content chunks received (one token per chunk,
-as both servers stream). Uses the official `openai` async client; needs nothing else.
+as both servers stream). Uses the official `openai` async client; needs nothing else. The last
+line is a one-line summary; exit status 1 when a request failed, 2 when no server answered.
 """
 
 from __future__ import annotations
@@ -114,6 +115,14 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
+
+    def s(v):
+        return "-" if v is None else f"{v:.3f}"
+    print(f"load_test: {'PASS' if out['failed'] == 0 else 'FAIL'}: {out['clients']} streaming clients x "
+          f"{out['requests_per_client']} requests of {out['max_tokens']} tokens on {out['model']}: "
+          f"{out['completed']} completed, {out['failed']} failed; {out['generated_tokens']} tokens in "
+          f"{out['wall_s']:.1f} s = {out['tokens_per_s']} tok/s; TTFT p50 {s(out['ttft_p50_s'])} s, "
+          f"p99 {s(out['ttft_p99_s'])} s")
     return 0 if out["failed"] == 0 else 1
 
 

@@ -235,7 +235,8 @@ def summary(out, args) -> tuple[bool, str]:
     parts.append(f"/health in {'-' if h is None else f'{h:.3f}'} s with {out['idle_open_at_health']} of "
                  f"{out['idle_connections']} idle connections open (limit {args.health_limit} s); during the "
                  f"soak median {out['health_s_during_median']} s, max {out['health_s_during_max']} s; "
-                 f"{out['idle_open_at_end']} idle connections still open at the end")
+                 f"{out['idle_open_at_end']} idle connections still open at the end (a server may close silent "
+                 f"ones: brass after its 60 s keep-alive time)")
     return not failures, ("soak: PASS: " if not failures else "soak: FAIL (" + "; ".join(failures) + "): ") \
         + "; ".join(parts)
 
