@@ -51,7 +51,7 @@ FREE_RUNNING = 1e-3
 FREE_RUNNING_RECURRENT = 3 * FREE_RUNNING
 # Architectures whose users are still refused the CUDA backend (their BACKENDS) while these
 # checks are what decides whether their ops match on the GPU: run here anyway.
-CHECKED_BEFORE_ENABLED = {"gemma4"}
+CHECKED_BEFORE_ENABLED: set[str] = set()
 # Ops every architecture's step must have gone through (a lockstep that checked nothing would
 # pass); gemma4 normalises and rotates q and k itself (rope_ff on full layers, a V norm) instead
 # of the fused add_rms_norm / rope_store.

@@ -1,15 +1,16 @@
 """Continuous batching: many requests decoded together, as a server needs it.
 
 `BatchScheduler` runs one worker thread over `Request`s. Each loop iteration admits waiting
-requests (up to `parallel` running), spends at most one prompt chunk (`prefill_chunk` tokens)
-on a request still reading its prompt, then takes one batched decode step (engine/batch.py)
+requests (up to `parallel` running), spends at most one prompt chunk's worth of tokens
+(`prefill_chunk`; at least one chunk) on requests still reading their prompts, then takes one batched decode step (engine/batch.py)
 over every running request that has its next token: the weights are read once for all of them.
 A request joins the batch after its prompt and leaves when it ends or is cancelled, between
 steps, without disturbing the others: rows are computed as alone, so each request gets the
 tokens it would get by itself (greedy or sampled with its own seed).
 
 A long prompt is read in chunks between decode steps, so it delays the running requests by one
-chunk per step instead of by the whole prompt. A step of one request goes through the
+chunk per step instead of by the whole prompt; short prompts arriving together are read in the
+same iteration (up to one chunk's worth of tokens), so they join the batch together. A step of one request goes through the
 single-sequence path (`Session.decode`, a CUDA graph replay on the GPU), which gives the same
 logits as a batch row.
 
@@ -151,12 +152,21 @@ class BatchScheduler:
                 traceback.print_exc(file=sys.stderr)
 
     def run_once(self):
-        """One iteration: drop cancelled requests, one prompt chunk, one decode step."""
+        """One iteration: drop cancelled requests, prompt chunks (one chunk's worth of
+        tokens), one decode step."""
         for r in [r for r in self._running if r.req.cancelled.is_set()]:
             self._end(r)
-        reading = next((r for r in self._running if r.next is None), None)
-        if reading is not None:
-            self._guard(reading, self._prefill_chunk, reading)
+        # Prompt chunks of several requests while they fit in one chunk's worth of tokens
+        # (at least one chunk): short prompts that arrive together join the batch together,
+        # one change of its composition instead of one per request. Each prompt is still read
+        # in the chunks it would be read in alone.
+        budget = self.prefill_chunk
+        for r in [r for r in self._running if r.next is None]:
+            n = min(self.prefill_chunk, len(r.req.prompt_ids) - r.read)
+            if n > budget and budget < self.prefill_chunk:
+                break
+            budget -= n
+            self._guard(r, self._prefill_chunk, r)
         ready = [r for r in self._running if r.next is not None]
         if ready:
             self._decode(ready)

@@ -40,10 +40,6 @@ import numpy as np
 from ..errors import GGUFError, UnsupportedError
 from . import common
 
-# No CUDA kernels yet for rope with frequency factors, the softcap or the per-expert scale:
-# engine.model refuses the CUDA backend for this architecture.
-BACKENDS = ("numpy",)
-
 # Decodes several sequences in one step (attention rows in their own caches).
 BATCHED_DECODE = True
 
