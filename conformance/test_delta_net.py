@@ -22,6 +22,7 @@ from engine.backends.base import Backend
 from engine.backends.numpy_backend import NumpyBackend
 from engine.errors import UnsupportedError
 from engine.model import Model
+from conformance.fakes import ReplayingNumpy
 
 b = NumpyBackend()
 HYBRID = [m.name for m in goldens.models() if m.arch in ("qwen35", "qwen35moe")]
@@ -294,37 +295,6 @@ def test_bad_hybrid_metadata_is_named(changes, error, message):
     with pytest.raises(getattr(engine.errors, error)) as e:
         _config("synth-qwen35", **changes)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
-
-
-class ReplayingNumpy(NumpyBackend):
-    """The numpy backend with the CUDA backend's graph interface, a replay re-running the
-    captured function: enough to drive Session.greedy's device-side loop (steps issued ahead
-    of the consumer, tokens read back in chunks) on the CPU."""
-
-    supports_graphs = True
-
-    def capture(self, fn):
-        class Replay:
-            backend, result = self, None
-
-            def replay(self):
-                self.result = fn()
-        return Replay()
-
-    def decode_set(self, tok, pos, token, position):
-        tok[0], pos[0] = token, position
-
-    def decode_advance(self, next_ids, tok, pos, history):
-        tok[0] = next_ids[0]
-        pos[0] += 1
-        history[pos[0]] = tok[0]
-
-    def pinned_empty(self, n, dtype):
-        return np.empty(n, dtype)
-
-    def copy_to_host_async(self, src, dst):
-        dst[...] = src
-        return dst.copy
 
 
 @pytest.mark.parametrize("name", HYBRID)

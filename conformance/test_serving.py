@@ -147,3 +147,48 @@ def test_bad_requests_are_refused():
         Request([], 4)
     with pytest.raises(BrassError, match="at least 1"):
         Request([1], 0)
+
+
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
+def test_a_request_alone_runs_ahead_and_yields_to_arrivals(name, rng, monkeypatch):
+    """A greedy request decoding by itself on a graph backend streams through Session.greedy
+    (steps run ahead on the device, no host sync per token); a request arriving meanwhile
+    closes that stream and the two are batched. Both still get their tokens alone. On the CPU
+    with a numpy backend that has CUDA's graph interface (conformance/fakes.py)."""
+    from conformance.fakes import ReplayingNumpy
+    from engine.model import Session
+    from engine.serving import Request
+    m = load_synthetic(name, "numpy")
+    m.backend = ReplayingNumpy()
+    V = m.config.n_vocab
+    streams = []
+    greedy = Session.greedy
+
+    def counting(self, token, n):
+        streams.append(n)
+        return greedy(self, token, n)
+    monkeypatch.setattr(Session, "greedy", counting)
+    late = Request([int(t) for t in rng.integers(0, V, 5)], 9)
+    sched = None
+
+    class First(Request):
+        def on_token(self, token):
+            if len(self.tokens) == 11:
+                sched.submit(late)          # arrives while the first streams alone
+            return super().on_token(token)
+
+    first = First([int(t) for t in rng.integers(0, V, 6)], 30)
+    from engine.serving import BatchScheduler
+    sched = BatchScheduler(m, parallel=2)
+    try:
+        sched.submit(first)
+        for r in (first, late):
+            assert r.finished.wait(TIMEOUT), "a request did not finish"
+    finally:
+        sched.close()
+    assert first.error is None and late.error is None
+    assert streams and streams[0] == 29, streams      # the first token comes from its prompt
+    monkeypatch.setattr(Session, "greedy", greedy)
+    ref = load_synthetic(name, "numpy")
+    assert first.tokens == alone(ref, first)
+    assert late.tokens == alone(ref, late)

@@ -33,6 +33,9 @@ from .errors import BrassError
 from .sampling import Sampler, SamplingParams
 
 PREFILL_CHUNK = 256
+# Tokens a request decoding alone takes per loop iteration (greedy, graph backend): the loop
+# looks at the queue between them.
+SOLO_TOKENS = 8
 
 
 class Request:
@@ -70,6 +73,7 @@ class _Running:
         self.read = 0                   # prompt tokens prefilled so far
         self.next: int | None = None    # the token to feed at the next step
         self.generated = 0
+        self.solo = None                # Session.greedy generator while it decodes alone
 
 
 class QueueFull(BrassError):
@@ -185,9 +189,10 @@ class BatchScheduler:
         self.batch_size = len(ready)
         if len(ready) == 1 or self.batch is None:
             for r in ready:
-                self._guard(r, lambda r: self._accept(r, r.session.pick(r.session.decode(r.next),
-                                                                       r.sampler, r.history)), r)
+                self._guard(r, self._decode_alone, r)
             return
+        for r in ready:
+            self._stop_solo(r)
         # Greedy rows need only their argmax (taken on the device): B integers come back
         # instead of B rows of logits.
         greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0 for r in ready)
@@ -205,6 +210,32 @@ class BatchScheduler:
                 self._guard(r, lambda r: self._accept(r, int(row)), r)
             else:
                 self._guard(r, lambda r: self._accept(r, _pick(row, r.sampler, r.history)), r)
+
+    def _decode_alone(self, r: _Running):
+        """The next token(s) of a request decoding by itself. Greedy on a graph backend, it runs
+        as Session.greedy does (the device steps ahead, tokens read back in chunks: no host
+        sync per token), up to SOLO_TOKENS tokens per iteration and only while nothing
+        waits; otherwise one step through Session.decode."""
+        p = r.sampler.p
+        if not (p.greedy and p.repetition_penalty == 1.0 and r.session.graphs):
+            self._accept(r, r.session.pick(r.session.decode(r.next), r.sampler, r.history))
+            return
+        if r.solo is None:
+            r.solo = r.session.greedy(r.next, r.req.max_tokens - r.generated)
+        for i in range(SOLO_TOKENS):
+            if i:
+                self.steps += 1
+                self.batch_rows += 1
+            self._accept(r, next(r.solo))
+            if r not in self._running or r.req.cancelled.is_set() or self._waiting:
+                break
+
+    def _stop_solo(self, r: _Running):
+        """Close a request's greedy stream: its session stays at the last token it yielded
+        (r.next, not yet in the cache); the steps run ahead are dropped."""
+        if r.solo is not None:
+            r.solo.close()
+            r.solo = None
 
     def _accept(self, r: _Running, token: int):
         r.history.append(token)
@@ -231,6 +262,7 @@ class BatchScheduler:
             self._end(r)
 
     def _end(self, r: _Running):
+        self._stop_solo(r)
         if r in self._running:
             with self._cv:
                 self._running.remove(r)

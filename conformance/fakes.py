@@ -1,0 +1,38 @@
+"""Test doubles shared by the conformance tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.numpy_backend import NumpyBackend
+
+
+class ReplayingNumpy(NumpyBackend):
+    """The numpy backend with the CUDA backend's graph interface, a replay re-running the
+    captured function: enough to drive Session.greedy's device-side loop (steps issued ahead
+    of the consumer, tokens read back in chunks) on the CPU."""
+
+    supports_graphs = True
+
+    def capture(self, fn):
+        class Replay:
+            backend, result = self, None
+
+            def replay(self):
+                self.result = fn()
+        return Replay()
+
+    def decode_set(self, tok, pos, token, position):
+        tok[0], pos[0] = token, position
+
+    def decode_advance(self, next_ids, tok, pos, history):
+        tok[0] = next_ids[0]
+        pos[0] += 1
+        history[pos[0]] = tok[0]
+
+    def pinned_empty(self, n, dtype):
+        return np.empty(n, dtype)
+
+    def copy_to_host_async(self, src, dst):
+        dst[...] = src
+        return dst.copy
