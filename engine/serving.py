@@ -217,7 +217,7 @@ class BatchScheduler:
         sync per token), up to SOLO_TOKENS tokens per iteration and only while nothing
         waits; otherwise one step through Session.decode."""
         p = r.sampler.p
-        if not (p.greedy and p.repetition_penalty == 1.0 and r.session.graphs):
+        if not (p.greedy and p.repetition_penalty == 1.0 and getattr(r.session, "graphs", False)):
             self._accept(r, r.session.pick(r.session.decode(r.next), r.sampler, r.history))
             return
         if r.solo is None:
