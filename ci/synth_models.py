@@ -498,63 +498,73 @@ def _layer_tensors(cfg: dict, il: int) -> list[str]:
     return layer(il) if callable(layer) else layer
 
 
-def _weights(cfg: dict) -> dict[str, np.ndarray]:
-    """Random weights with scales that keep activations O(1) and logits well separated."""
+def tensor_shapes(cfg: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{GGUF tensor name: (kind, numpy shape)} of every tensor of a model config (`dims`,
+    `vocab`, `arch`, `globals`, `layer`, optional `layer_dims`), in file order. Also what
+    ci/shape_models.py builds its shape-true qwen35 / qwen35moe / gemma4 files from."""
     d = dict(cfg["dims"])
     d["vocab"] = cfg["vocab"]
-    rng = np.random.default_rng(cfg["seed"])
-    out = {}
     names = list(cfg["globals"]) + [f"blk.{i}.{t}" for i in range(d["n_layer"])
                                     for t in _layer_tensors(cfg, i)]
     shapes = {**TENSOR_SHAPES, **ARCH_TENSOR_SHAPES.get(cfg["arch"], {})}
     layer_dims = cfg.get("layer_dims")
+    out = {}
     for name in names:
         kind = name.split(".")[-1]
         dl = d
         if layer_dims is not None and name.startswith("blk."):
             dl = {**d, **layer_dims(int(name.split(".")[1]))}
-        shape = shapes[kind](dl)
-        if kind == "rope_freqs":
-            # gemma4's proportional rope: the first rope_pairs pairs turn, the rest get 1e30
-            # (their angle / 1e30 ≈ 0), as the converter writes for partial_rotary_factor
-            w = np.where(np.arange(shape[0]) < d["rope_pairs"], 1.0, 1e30)
-        elif kind == "ffn_gate_inp_scale":
-            # the router input is rms(x)/sqrt(hidden) times this: ~sqrt(hidden) gives the
-            # router logits the same spread as elsewhere
-            w = np.sqrt(d["hidden"]) * rng.uniform(0.8, 1.2, shape)
-        elif kind == "ffn_down_exps_scale":
-            w = rng.uniform(0.5, 2.0, shape)        # far from 1, so that leaving it out shows
-        elif kind == "layer_output_scale":
-            w = rng.uniform(0.5, 0.9, shape)
-        elif kind == "ssm_a":
-            # -exp(A_log), stored negated as the converter does: per-step decays exp(g) of
-            # 0.5-0.95, so the recurrent state carries a few tokens back
-            w = -rng.uniform(0.1, 1.0, shape)
-        elif kind == "ssm_dt":
-            w = 0.5 * rng.standard_normal(shape)
-        elif kind == "ffn_gate_inp_shexp":
-            # a dot product with the normed input: sigmoid gates spread over (0, 1)
-            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
-        elif len(shape) == 1:
-            # RMS-norm gains near 1, or near dims["norm_gain"][kind] where a model says so
-            w = d.get("norm_gain", {}).get(kind, 1.0) * (1.0 + 0.1 * rng.standard_normal(shape))
-        elif kind == "token_embd":
-            w = d.get("embd_std", 1.0) * rng.standard_normal(shape)
-        elif kind == "output":
-            # Logit spread ~3: top-1/top-2 gaps are rarely near-ties, so argmax comparisons
-            # are meaningful against a quantized reference.
-            w = 3.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])
-        elif kind == "ffn_gate_inp":
-            # Router logits with spread ~1.5: the top-2 choice is clear (near-tied expert
-            # scores would make it fragile) while the second expert still carries weight.
-            w = 1.5 * rng.standard_normal(shape) / np.sqrt(shape[-1])
-        else:
-            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
-        if kind in SCALE_OF:
-            out[name[:-len(kind)] + SCALE_OF[kind] + ".scale"] = w.astype(np.float32)
-            continue
-        out[name + TENSOR_SUFFIX.get(kind, ".weight")] = w.astype(np.float32)
+        gguf_name = (name[:-len(kind)] + SCALE_OF[kind] + ".scale" if kind in SCALE_OF
+                     else name + TENSOR_SUFFIX.get(kind, ".weight"))
+        out[gguf_name] = (kind, shapes[kind](dl))
     return out
+
+
+def init_weight(kind: str, shape: tuple[int, ...], d: dict, rng: np.random.Generator) -> np.ndarray:
+    """Random values of one tensor kind, with scales that keep activations O(1) and logits
+    well separated (float64; the caller converts)."""
+    if kind == "rope_freqs":
+        # gemma4's proportional rope: the first rope_pairs pairs turn, the rest get 1e30
+        # (their angle / 1e30 ≈ 0), as the converter writes for partial_rotary_factor
+        return np.where(np.arange(shape[0]) < d["rope_pairs"], 1.0, 1e30)
+    if kind == "ffn_gate_inp_scale":
+        # the router input is rms(x)/sqrt(hidden) times this: ~sqrt(hidden) gives the
+        # router logits the same spread as elsewhere
+        return np.sqrt(d["hidden"]) * rng.uniform(0.8, 1.2, shape)
+    if kind == "ffn_down_exps_scale":
+        return rng.uniform(0.5, 2.0, shape)        # far from 1, so that leaving it out shows
+    if kind == "layer_output_scale":
+        return rng.uniform(0.5, 0.9, shape)
+    if kind == "ssm_a":
+        # -exp(A_log), stored negated as the converter does: per-step decays exp(g) of
+        # 0.5-0.95, so the recurrent state carries a few tokens back
+        return -rng.uniform(0.1, 1.0, shape)
+    if kind == "ssm_dt":
+        return 0.5 * rng.standard_normal(shape)
+    if kind == "ffn_gate_inp_shexp":
+        # a dot product with the normed input: sigmoid gates spread over (0, 1)
+        return rng.standard_normal(shape) / np.sqrt(shape[-1])
+    if len(shape) == 1:
+        # RMS-norm gains near 1, or near dims["norm_gain"][kind] where a model says so
+        return d.get("norm_gain", {}).get(kind, 1.0) * (1.0 + 0.1 * rng.standard_normal(shape))
+    if kind == "token_embd":
+        return d.get("embd_std", 1.0) * rng.standard_normal(shape)
+    if kind == "output":
+        # Logit spread ~3: top-1/top-2 gaps are rarely near-ties, so argmax comparisons
+        # are meaningful against a quantized reference.
+        return 3.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])
+    if kind == "ffn_gate_inp":
+        # Router logits with spread ~1.5: the top-2 choice is clear (near-tied expert
+        # scores would make it fragile) while the second expert still carries weight.
+        return 1.5 * rng.standard_normal(shape) / np.sqrt(shape[-1])
+    return rng.standard_normal(shape) / np.sqrt(shape[-1])
+
+
+def _weights(cfg: dict) -> dict[str, np.ndarray]:
+    """Random weights of every tensor (init_weight), drawn in file order from the seed."""
+    rng = np.random.default_rng(cfg["seed"])
+    return {name: init_weight(kind, shape, cfg["dims"], rng).astype(np.float32)
+            for name, (kind, shape) in tensor_shapes(cfg).items()}
 
 
 def expected_type(cfg: dict, tensor: str, ndim: int) -> str:
