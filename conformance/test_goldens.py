@@ -388,9 +388,13 @@ def test_cuda_set_provenance_and_files():
     for rel, digest in man["files"].items():
         path = goldens.REFERENCE_DIRS["cuda"] / rel
         assert path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest, rel
-    # every model of the CPU set whose architecture Brass runs on CUDA (qwen35 does not yet)
+    # every model of the CPU set whose architecture Brass runs on CUDA, except those not yet
+    # recorded on CUDA (qwen35, qwen35moe, gemma4: enabled on CUDA after this set was made),
+    # which are held to the CPU set with bounds from the kernels' oracle (tolerances.Q8_1_ORACLE)
+    from conformance import tolerances
     cuda_models = {m["name"] for m in man["models"]}
-    assert {m.name for m in goldens.models() if "cuda" in arch_registry.backends(m.arch)} <= cuda_models
+    want = {m.name for m in goldens.models() if "cuda" in arch_registry.backends(m.arch)}
+    assert want - set(tolerances.Q8_1_ORACLE) <= cuda_models, "CUDA-capable models with neither CUDA goldens nor oracle bounds"
     assert cuda_models <= {m.name for m in goldens.models()}
     for m in man["models"]:
         assert goldens.references(m["name"]) == ("cpu", "cuda")
