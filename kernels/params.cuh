@@ -229,7 +229,8 @@ struct SsmConvParams {
     int pad0;
 };
 
-// ssm.cu gated_delta_net_<D>: q, k [n_tokens, n_k_heads, D], v [n_tokens, n_v_heads, D],
+// ssm.cu gated_delta_net_<D> and delta_chunked.cu gated_delta_net_chunked_<D>: q, k
+// [n_tokens, n_k_heads, D], v [n_tokens, n_v_heads, D],
 // g, beta [n_tokens, n_v_heads], state [n_v_heads, D, D].
 struct GatedDeltaNetParams {
     int n_tokens;

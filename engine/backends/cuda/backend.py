@@ -61,6 +61,23 @@ DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts
 MOE_MAX_USED = 64
 SSM_CONV_THREADS = 128
 GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: a block of D threads, a state row each
+# gated_delta_net_chunked_<D> (kernels/delta_chunked.cu): a prompt's delta rule in chunks of
+# GDN_CHUNK tokens, a block of GDN_CHUNK_THREADS threads per (value head, GDN_COLS state
+# columns). BRASS_DELTA_CHUNKED=1 sends prompts of at least DELTA_CHUNKED_MIN_TOKENS tokens
+# there (default off: the sequential kernel, as llama.cpp runs it). The threshold is one chunk:
+# below it the chunked kernel has no state steps to save (to be tuned on the GPU timing).
+_DELTA_CU = (KERNEL_DIR / "delta_chunked.cu").read_text()
+GDN_CHUNK, GDN_CHUNK_THREADS, GDN_COLS = (int(re.search(rf"#define {n} (\d+)", _DELTA_CU).group(1))
+                                          for n in ("GDN_CHUNK", "GDN_CHUNK_THREADS", "GDN_COLS"))
+DELTA_CHUNKED = os.environ.get("BRASS_DELTA_CHUNKED", "0") not in ("", "0")
+DELTA_CHUNKED_MIN_TOKENS = GDN_CHUNK
+
+
+def gdn_chunked_smem(d: int) -> int:
+    """Bytes of dynamic shared memory of gated_delta_net_chunked_<d> (GDN_CHUNK_SMEM_FLOATS)."""
+    C = GDN_CHUNK
+    return 4 * (2 * C * (d + 1) + d * (GDN_COLS + 1) + 2 * C * (C + 1) + C * GDN_COLS
+                + 3 * C + GDN_CHUNK_THREADS)
 # Batched decode steps write and read each row's KV cache through device arrays of the rows'
 # cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
 ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
@@ -142,6 +159,7 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("mmq.cu", f"mmq_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
     ks += [("ssm.cu", "unary"), ("ssm.cu", "ssm_conv")]
     ks += [("ssm.cu", f"gated_delta_net_{d}") for d in GDN_HEAD_DIMS]
+    ks += [("delta_chunked.cu", f"gated_delta_net_chunked_{d}") for d in GDN_HEAD_DIMS]
     return ks
 
 
@@ -831,6 +849,19 @@ class CudaBackend(Backend):
         return y
 
     def gated_delta_net(self, q, k, v, g, beta, state):
+        q, k, v, g, beta, (T, Hv, Hk, D) = self._gdn_args(q, k, v, g, beta, state)
+        if DELTA_CHUNKED and T >= DELTA_CHUNKED_MIN_TOKENS \
+                and gdn_chunked_smem(D) <= self.smem_optin_limit:
+            return self._gated_delta_net_chunked(q, k, v, g, beta, state, T, Hv, Hk, D)
+        out = self._out((T, Hv, D))
+        if T:
+            self.launch("ssm.cu", f"gated_delta_net_{D}", Hv, D, q, k, v, g, beta, state, out,
+                        params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk,
+                                    head_dim=D))
+        return out
+
+    def _gdn_args(self, q, k, v, g, beta, state):
+        """The checked float32 inputs of gated_delta_net and (T, Hv, Hk, D)."""
         q, k, v = _f32(q, "gated_delta_net q"), _f32(k, "gated_delta_net k"), _f32(v, "gated_delta_net v")
         g, beta = _f32(g, "gated_delta_net g"), _f32(beta, "gated_delta_net beta")
         if v.ndim != 3 or q.shape != k.shape or q.ndim != 3 or q.shape[0] != v.shape[0] \
@@ -846,11 +877,22 @@ class CudaBackend(Backend):
             raise UnsupportedError(f"gated_delta_net: state size {D} is not supported on the "
                                    f"cuda backend (supported: {', '.join(map(str, GDN_HEAD_DIMS))})")
         self._state(state, (Hv, D, D), "gated_delta_net")
+        return q, k, v, g, beta, (T, Hv, Hk, D)
+
+    # -- gated delta-net prompt in chunks (kernels/delta_chunked.cu, BRASS_DELTA_CHUNKED=1) --------
+    def gated_delta_net_chunked(self, q, k, v, g, beta, state):
+        """gated_delta_net by the chunked kernel whatever the switch and T say (the tests
+        call it directly): the same checks, contract and state update."""
+        q, k, v, g, beta, (T, Hv, Hk, D) = self._gdn_args(q, k, v, g, beta, state)
+        return self._gated_delta_net_chunked(q, k, v, g, beta, state, T, Hv, Hk, D)
+
+    def _gated_delta_net_chunked(self, q, k, v, g, beta, state, T, Hv, Hk, D):
         out = self._out((T, Hv, D))
         if T:
-            self.launch("ssm.cu", f"gated_delta_net_{D}", Hv, D, q, k, v, g, beta, state, out,
+            self.launch("delta_chunked.cu", f"gated_delta_net_chunked_{D}", (Hv, D // GDN_COLS),
+                        GDN_CHUNK_THREADS, q, k, v, g, beta, state, out,
                         params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk,
-                                    head_dim=D))
+                                    head_dim=D), smem=gdn_chunked_smem(D))
         return out
 
     def _glu(self, kernel: str, gate, up):
@@ -1305,6 +1347,7 @@ for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_m
               "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
               "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
+              "gated_delta_net_chunked",
               "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
