@@ -44,8 +44,7 @@ __device__ __forceinline__ void gated_delta_net_chunked(const float * __restrict
                                                         float * __restrict__ out, const GatedDeltaNetParams p) {
     constexpr int C = GDN_CHUNK, NT = GDN_CHUNK_THREADS, DC = GDN_COLS;
     constexpr int KP = D + 1, CP = C + 1, SP = DC + 1, PARTS = NT / DC;
-    constexpr int OUT_PER = C * DC / NT, S_PER = D * DC / NT;
-    static_assert(D % DC == 0 && NT % DC == 0 && (C * DC) % NT == 0 && (D * DC) % NT == 0, "tiling");
+    static_assert(C == 64 && DC == 32 && NT == 256 && D % 16 == 0, "the register tiles assume these");
     extern __shared__ float smem[];
     float * Ks = smem;                  // [C][KP]  k of the chunk (key head h % Hk), zero past n
     float * Qs = Ks + C * KP;           // [C][KP]  q
@@ -91,42 +90,77 @@ __device__ __forceinline__ void gated_delta_net_chunked(const float * __restrict
         __syncthreads();
         if (tid < C) Ws[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
 
-        // A and M: C x C dot products over D; only differences gamma_s - gamma_r with r <= s
-        // are exponentiated (g <= 0: every factor <= 1).
-        for (int e = tid; e < C * C; e += NT) {
-            const int s = e / C, r = e % C;
-            float a = 0.0f, m = 0.0f;
-            if (r <= s && s < n) {
-                float kk = 0.0f, qk = 0.0f;
-#pragma unroll 8
-                for (int i = 0; i < D; ++i) {
-                    const float kr = Ks[r * KP + i];
-                    kk += Ks[s * KP + i] * kr;
-                    qk += Qs[s * KP + i] * kr;
+        // Register tiles: thread (ty, tx) = (tid / 16, tid % 16) takes rows ty + 16 a and
+        // columns tx + 16 b of each product, so a value read from shared memory serves 2 to 4
+        // products, and a warp's reads fall in distinct banks or broadcast.
+        const int ty = tid / 16, tx = tid % 16;
+
+        // A and M: C x C dot products over D (rows s, columns r); only differences
+        // gamma_s - gamma_r with r <= s are exponentiated (g <= 0: every factor <= 1).
+        {
+            float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll 4
+            for (int i = 0; i < D; ++i) {
+                float ks[4], qs[4], kr[4];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    ks[a] = Ks[(ty + 16 * a) * KP + i];
+                    qs[a] = Qs[(ty + 16 * a) * KP + i];
+                    kr[a] = Ks[(tx + 16 * a) * KP + i];
                 }
-                const float d = expf(Gs[s] - Gs[r]);
-                m = d * qk;
-                if (r < s) a = bs[s] * d * kk;
+#pragma unroll
+                for (int a = 0; a < 4; ++a)
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) {
+                        kk[a][b] += ks[a] * kr[b];
+                        qk[a][b] += qs[a] * kr[b];
+                    }
             }
-            As[s * CP + r] = a;
-            Ms[s * CP + r] = m;
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    const int s = ty + 16 * a, r = tx + 16 * b;
+                    float am = 0.0f, m = 0.0f;
+                    if (r <= s && s < n) {
+                        const float d = expf(Gs[s] - Gs[r]);
+                        m = d * qk[a][b];
+                        if (r < s) am = bs[s] * d * kk[a][b];
+                    }
+                    As[s * CP + r] = am;
+                    Ms[s * CP + r] = m;
+                }
         }
 
-        // B_s = beta_s (v_s - Gamma_s S^T k_s) and the inter-chunk output Gamma_t S^T q_t.
-        float o[OUT_PER];
-#pragma unroll
-        for (int j = 0; j < OUT_PER; ++j) {
-            const int e = tid + j * NT, s = e / DC, c = e % DC;
-            float sk = 0.0f, sq = 0.0f;
-#pragma unroll 8
+        // B_s = beta_s (v_s - Gamma_s S^T k_s) and the inter-chunk output Gamma_t S^T q_t:
+        // rows s = ty + 16 a, columns c = tx + 16 b.
+        float o[4][2];
+        {
+            float sk[4][2] = {}, sq[4][2] = {};
+#pragma unroll 4
             for (int i = 0; i < D; ++i) {
-                const float sic = Ss[i * SP + c];
-                sk += Ks[s * KP + i] * sic;
-                sq += Qs[s * KP + i] * sic;
+                const float s0 = Ss[i * SP + tx], s1 = Ss[i * SP + tx + 16];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    const float kv = Ks[(ty + 16 * a) * KP + i], qv = Qs[(ty + 16 * a) * KP + i];
+                    sk[a][0] += kv * s0;
+                    sk[a][1] += kv * s1;
+                    sq[a][0] += qv * s0;
+                    sq[a][1] += qv * s1;
+                }
             }
-            const float Gam = expf(Gs[s]);
-            o[j] = Gam * sq;
-            Bs[s * DC + c] = s < n ? bs[s] * (v[((i64) (t0 + s) * Hv + h) * D + c0 + c] - Gam * sk) : 0.0f;
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                const int s = ty + 16 * a;
+                const float Gam = expf(Gs[s]);
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    const int c = tx + 16 * b;
+                    o[a][b] = Gam * sq[a][b];
+                    Bs[s * DC + c] = s < n ? bs[s] * (v[((i64) (t0 + s) * Hv + h) * D + c0 + c] - Gam * sk[a][b])
+                                           : 0.0f;
+                }
+            }
         }
         __syncthreads();
 
@@ -148,26 +182,49 @@ __device__ __forceinline__ void gated_delta_net_chunked(const float * __restrict
             }
         }
 
-        // o_t = (Gamma_t S^T q_t + sum_{s <= t} M[t, s] delta_s) / sqrt(D)
+        // o_t = (Gamma_t S^T q_t + sum_{s <= t} M[t, s] delta_s) / sqrt(D): M is zero above
+        // its diagonal and delta past n, so the sum runs over s < n unmasked.
+        for (int s = 0; s < n; ++s) {
+            const float d0 = Bs[s * DC + tx], d1 = Bs[s * DC + tx + 16];
 #pragma unroll
-        for (int j = 0; j < OUT_PER; ++j) {
-            const int e = tid + j * NT, t = e / DC, c = e % DC;
+            for (int a = 0; a < 4; ++a) {
+                const float m = Ms[(ty + 16 * a) * CP + s];
+                o[a][0] += m * d0;
+                o[a][1] += m * d1;
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const int t = ty + 16 * a;
             if (t < n) {
-                float acc = o[j];
-                for (int s = 0; s <= t; ++s) acc += Ms[t * CP + s] * Bs[s * DC + c];
-                out[((i64) (t0 + t) * Hv + h) * D + c0 + c] = acc * scale;
+                out[((i64) (t0 + t) * Hv + h) * D + c0 + tx] = o[a][0] * scale;
+                out[((i64) (t0 + t) * Hv + h) * D + c0 + tx + 16] = o[a][1] * scale;
             }
         }
 
-        // S <- Gamma_n S + sum_s exp(gamma_n - gamma_s) k_s delta_s^T. Each thread owns its
-        // elements of S; every read of S in this chunk happened before the solve's barriers.
-        const float Gn = expf(Gs[n - 1]);
+        // S <- Gamma_n S + sum_s exp(gamma_n - gamma_s) k_s delta_s^T, rows i = ty + 16 a,
+        // columns c = tx + 16 b. Each thread owns its elements of S; every read of S in this
+        // chunk happened before the solve's barriers.
+        {
+            constexpr int RI = D / 16;
+            float acc[RI][2] = {};
+            for (int s = 0; s < n; ++s) {
+                const float w = Ws[s], d0 = w * Bs[s * DC + tx], d1 = w * Bs[s * DC + tx + 16];
 #pragma unroll
-        for (int j = 0; j < S_PER; ++j) {
-            const int e = tid + j * NT, i = e / DC, c = e % DC;
-            float acc = 0.0f;
-            for (int s = 0; s < n; ++s) acc += Ks[s * KP + i] * Ws[s] * Bs[s * DC + c];
-            Ss[i * SP + c] = Gn * Ss[i * SP + c] + acc;
+                for (int a = 0; a < RI; ++a) {
+                    const float kv = Ks[s * KP + ty + 16 * a];
+                    acc[a][0] += kv * d0;
+                    acc[a][1] += kv * d1;
+                }
+            }
+            const float Gn = expf(Gs[n - 1]);
+#pragma unroll
+            for (int a = 0; a < RI; ++a)
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    float & S = Ss[(ty + 16 * a) * SP + tx + 16 * b];
+                    S = Gn * S + acc[a][b];
+                }
         }
     }
     __syncthreads();
