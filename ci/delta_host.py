@@ -17,18 +17,14 @@ conformance/test_kernels_delta_chunked.py::test_chunked_kernel_on_the_cpu uses i
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.mmq_host import SHIM  # noqa: E402
+from ci.mmq_host import SHIM, compile_host  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("common.cuh", "params.cuh")
@@ -94,24 +90,7 @@ def _sources() -> dict[str, str]:
 
 def build() -> ctypes.CDLL:
     """Compile (or reuse) the CPU build of delta_chunked.cu; raises RuntimeError without g++."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        raise RuntimeError("g++ is not installed")
-    srcs = _sources()
-    key = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(srcs.items())).encode()).hexdigest()[:16]
-    d = Path(tempfile.gettempdir()) / f"brass-delta-host-{key}"
-    lib = d / "libdelta.so"
-    if not lib.exists():
-        d.mkdir(parents=True, exist_ok=True)
-        for name, text in srcs.items():
-            (d / name).write_text(text)
-        tmp = d / f"libdelta.{id(srcs)}.so"
-        r = subprocess.run([gxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++",
-                            str(d / "harness.cpp"), "-o", str(tmp)], capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"g++ failed on the CPU build of delta_chunked.cu:\n{r.stderr[-3000:]}")
-        tmp.replace(lib)
-    so = ctypes.CDLL(str(lib))
+    so = compile_host(_sources(), "delta", "delta_chunked.cu")
     so.run_gdn_chunked.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3
     so.gdn_chunked_smem_floats.argtypes = [ctypes.c_int]
     return so

@@ -184,26 +184,31 @@ def _sources() -> dict[str, str]:
     return out
 
 
-def build() -> ctypes.CDLL:
-    """Compile (or reuse) the CPU build of mmq.cu; raises RuntimeError without g++."""
+def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
+    """Compile (or reuse, keyed by the sources) harness.cpp of `srcs` with g++ into a shared
+    library named lib<stem>.so; raises RuntimeError without g++ or when it fails."""
     gxx = shutil.which("g++")
     if gxx is None:
         raise RuntimeError("g++ is not installed")
-    srcs = _sources()
     key = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(srcs.items())).encode()).hexdigest()[:16]
-    d = Path(tempfile.gettempdir()) / f"brass-mmq-host-{key}"
-    lib = d / "libmmq.so"
+    d = Path(tempfile.gettempdir()) / f"brass-{stem}-host-{key}"
+    lib = d / f"lib{stem}.so"
     if not lib.exists():
         d.mkdir(parents=True, exist_ok=True)
         for name, text in srcs.items():
             (d / name).write_text(text)
-        tmp = d / f"libmmq.{id(srcs)}.so"
+        tmp = d / f"lib{stem}.{id(srcs)}.so"
         r = subprocess.run([gxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++",
                             str(d / "harness.cpp"), "-o", str(tmp)], capture_output=True, text=True)
         if r.returncode:
-            raise RuntimeError(f"g++ failed on the CPU build of mmq.cu:\n{r.stderr[-3000:]}")
+            raise RuntimeError(f"g++ failed on the CPU build of {what}:\n{r.stderr[-3000:]}")
         tmp.replace(lib)
-    so = ctypes.CDLL(str(lib))
+    return ctypes.CDLL(str(lib))
+
+
+def build() -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of mmq.cu; raises RuntimeError without g++."""
+    so = compile_host(_sources(), "mmq", "mmq.cu")
     so.run_mmq.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong]
     return so
