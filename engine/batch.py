@@ -65,12 +65,15 @@ class BatchDecoder:
         from .model import graphs_enabled
         self.model = model
         self.graphs = graphs_enabled(model.backend) if graphs is None else graphs
-        # Bucket graphs need a backend that reads the rows' cache addresses from tables (CUDA)
-        # and a model whose only per-sequence state is its KV cache (a recurrent state is
-        # addressed per sequence by the forward itself).
+        # Bucket graphs need a backend that reads the rows' cache addresses from tables (CUDA,
+        # with its row kernels on) and an architecture that reaches its caches only through
+        # those (BUCKET_GRAPHS: not gemma4, which writes each row's cache itself; not the
+        # hybrids, whose recurrent state the forward addresses per sequence). While a bucket
+        # graph is captured, the CUDA backend refuses a cache written or read directly.
         self.buckets = (self.graphs and (BUCKETS if buckets is None else buckets)
-                        and hasattr(model.backend, "row_tables_override"))
-        self._bucket_steps: dict[int, BucketStep] = {}
+                        and getattr(model.backend, "row_kernels", False)
+                        and getattr(model.arch, "BUCKET_GRAPHS", False))
+        self._bucket_steps: dict[tuple[int, int], BucketStep] = {}   # (rows, capacity)
         self._pad = None                # a one-slot cache for a bucket's unused rows
         self._steps: OrderedDict[tuple, BatchStep] = OrderedDict()
         self._last: tuple | None = None
@@ -132,7 +135,11 @@ class BatchDecoder:
         caches = [s.cache for s in sessions] + [self._pad] * (B - n)
         ids = np.concatenate([ids, np.zeros(B - n, np.int32)])
         pos = np.concatenate([pos, np.zeros(B - n, np.int32)])
-        st = self._bucket_steps.get(B)
+        # The graph's attention bound (its shared memory grows with it): the next power of two
+        # of the rows' largest cache, at least 256 slots.
+        cap = min(self.model.n_ctx, max(256, 1 << (max(s.n_ctx for s in sessions) - 1).bit_length()))
+        cap = max(cap, max(s.n_ctx for s in sessions))
+        st = self._bucket_steps.get((B, cap))
         if st is not None:
             with b.activate():
                 st.run(caches, ids, pos)
@@ -142,7 +149,7 @@ class BatchDecoder:
             logits = m.forward(b.asarray(ids), b.asarray(pos), SequenceBatch(caches))
             best = b.argmax(logits) if argmax else None
         try:
-            self._bucket_steps[B] = BucketStep(m, caches, m.n_ctx)
+            self._bucket_steps[(B, cap)] = BucketStep(m, caches, cap)
             self.captures += 1
         except Exception as e:          # stay on the composition graphs
             print(f"brass: bucket graphs off ({type(e).__name__}: {e})", file=sys.stderr)
@@ -253,15 +260,24 @@ class BucketStep:
         self.logits, self.best = self.graph.result
         self.capacity = capacity
 
+    def _pointers(self, cache) -> np.ndarray:
+        """[tables, 2] K and V addresses of `cache` in this graph's table order (kept on the
+        cache: its arrays never move)."""
+        key = tuple(self.layer_of)
+        got = getattr(cache, "_row_pointers", None)
+        if got is None or got[0] != key:
+            got = (key, np.array([[cache.layer(il)[0].data.ptr, cache.layer(il)[1].data.ptr]
+                                  for il in self.layer_of], np.uint64))
+            cache._row_pointers = got
+        return got[1]
+
     def run(self, caches: list, ids: np.ndarray, pos: np.ndarray):
         for wait in self._uploaded:       # the last copies have read the pinned buffers
             wait()
         for r, c in enumerate(caches):
             if c.n_ctx > self.capacity:
                 raise BrassError(f"a bucket step's caches hold at most {self.capacity} slots, not {c.n_ctx}")
-            for j, il in enumerate(self.layer_of):
-                k, v = c.layer(il)
-                self._host_tab[j, 0, r], self._host_tab[j, 1, r] = k.data.ptr, v.data.ptr
+            self._host_tab[:, :, r] = self._pointers(c)
         self._host_inp[0], self._host_inp[1] = ids, pos
         self._uploaded = [self.backend.upload_async(self.tab, self._host_tab),
                           self.backend.upload_async(self.inp, self._host_inp)]

@@ -165,7 +165,12 @@ class BatchScheduler:
         # one change of its composition instead of one per request. Each prompt is still read
         # in the chunks it would be read in alone.
         budget = self.prefill_chunk
-        for r in [r for r in self._running if r.next is None]:
+        reading = [r for r in self._running if r.next is None]
+        if reading:
+            # a request streaming alone would keep its steps queued ahead of these prompts
+            for r in self._running:
+                self._stop_solo(r)
+        for r in reading:
             n = min(self.prefill_chunk, len(r.req.prompt_ids) - r.read)
             if n > budget and budget < self.prefill_chunk:
                 break
@@ -227,8 +232,15 @@ class BatchScheduler:
                 self.steps += 1
                 self.batch_rows += 1
             self._accept(r, next(r.solo))
-            if r not in self._running or r.req.cancelled.is_set() or self._waiting:
+            if r not in self._running or r.req.cancelled.is_set() or self._others_pending(r):
                 break
+
+    def _others_pending(self, r: _Running) -> bool:
+        """Whether another request is waiting for a place or reading its prompt (the solo
+        stream must make way for it). Read without the lock: a request submitted meanwhile is
+        seen at the next token."""
+        return ((bool(self._waiting) and len(self._running) < self.parallel)
+                or any(o.next is None for o in self._running if o is not r))
 
     def _stop_solo(self, r: _Running):
         """Close a request's greedy stream: its session stays at the last token it yielded

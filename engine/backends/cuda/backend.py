@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from contextlib import contextmanager
 
 import cupy
@@ -290,6 +290,10 @@ class CudaBackend(Backend):
         # rows' cache addresses from (rewritten before each replay), and the capacity that
         # bounds every row's cache.
         self.row_tables_override = None
+        self.row_kernels = ROW_KERNELS
+        # Pinned host buffers of copies still queued, with their events: held until the copy is
+        # done, so that the pinned pool cannot hand the memory to another array meanwhile.
+        self._inflight = deque()
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
@@ -437,7 +441,14 @@ class CudaBackend(Backend):
         cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes,
                                       cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
         done.record(self.stream)
+        self._hold_until(done, src)
         return done.synchronize
+
+    def _hold_until(self, event, host):
+        """Keep pinned `host` alive until `event` (its copy) is done; drop those done."""
+        self._inflight.append((event, host))
+        while self._inflight and self._inflight[0][0].done:
+            self._inflight.popleft()
 
     def copy_to_host_async(self, src, dst: np.ndarray):
         """Queue a copy of device array `src` into pinned host array `dst`; returns a function
@@ -449,6 +460,7 @@ class CudaBackend(Backend):
         cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes,
                                       cupy.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
         done.record(self.stream)
+        self._hold_until(done, (src, dst))
 
         def wait():
             done.synchronize()
@@ -940,7 +952,15 @@ class CudaBackend(Backend):
                                     theta_scale=theta_scale, freq_scale=freq_scale, neox=int(bool(neox))))
         return y
 
+    def _no_direct_cache(self, what: str):
+        """While a bucket graph is captured every cache must be reached through the row
+        tables (they are rewritten before each replay); an address baked in would be that of
+        a session that may be gone by the next replay."""
+        if self.row_tables_override is not None:
+            raise BrassError(f"{what}: a cache reached directly while a bucket graph is captured")
+
     def kv_store(self, cache, x, pos):
+        self._no_direct_cache("kv_store")
         x = _f32(x, "kv_store")
         pos = _i32(pos, "kv_store pos")
         if cache.dtype != F16 or not cache.flags.c_contiguous:
@@ -1010,6 +1030,8 @@ class CudaBackend(Backend):
         out = self._out((T, H * Dv), F32)
         write_q8 = Dv % 32 == 0
         out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
+        if row_caches is None:
+            self._no_direct_cache("attention")
         rows = self._row_pointers(row_caches, "attention") if row_caches is not None else None
         if rows is not None:
             *rows, cap = rows
@@ -1178,6 +1200,8 @@ class CudaBackend(Backend):
                 raise BrassError(f"rope_store: the {what} norm weight must have shape ({Dh},)")
         theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
         q_out, k_out = self._out(q.shape), self._out(k.shape)
+        if row_caches is None:
+            self._no_direct_cache("rope_store")
         rows = self._row_pointers(row_caches, "rope_store") if row_caches is not None else None
         capacity = k_cache.shape[0]
         if rows is not None:
