@@ -121,13 +121,16 @@ class BatchDecoder:
                                          for s in sessions)
 
     def _bucket_step(self, sessions: list, ids, pos, argmax: bool):
-        """A step of n sequences as a step of B = the next power of two rows, the rows past n
-        reading and writing slot 0 of a one-slot pad cache (their results are dropped; rows
-        are independent, so they change nothing for the others). The first step of a bucket
+        """A step of n sequences as a step of B = the next power of two rows (n itself for a
+        mixture-of-experts model), the rows past n reading and writing slot 0 of a one-slot pad
+        cache (their results are dropped; rows are independent, so they change nothing for the
+        others). The first step of a bucket
         runs eagerly (loading its kernels), and captures the bucket's graph for the next."""
         m, b = self.model, self.model.backend
         n = len(sessions)
-        B = 1 << (n - 1).bit_length()
+        # A pad row of a mixture-of-experts model reads its chosen experts' weights as a real
+        # row does (about as much as a row costs): there, a graph per row count instead.
+        B = n if m.config.n_expert else 1 << (n - 1).bit_length()
         if self._pad is None:
             from .kv_cache import KVCache
             with b.activate():
