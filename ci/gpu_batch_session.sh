@@ -4,7 +4,8 @@
 # did:
 #   1. the whole conformance suite (includes the batched mat-vec, batch-graph, gemma4 kernel and
 #      qwen35 whole-model CUDA checks);
-#   2. the MMQ prompt GEMM (BRASS_MMQ=1) through the model op checks, and its timing;
+#   2. the MMQ prompt GEMM (BRASS_MMQ=1) through the model op checks, and its timing; the
+#      chunked delta-net prompt kernel's timing;
 #   3. brass bench --parallel 1/4/8/16 on the shape-true Qwen3-8B file (batched generation);
 #   4. issue 11's load test beside llama-server (ci/gpu_serving.sh), llama.cpp built meanwhile.
 # BRASS_BATCH_BUCKETS=1 (exported to every part) turns on the bucket graphs of engine/batch.py.
@@ -35,6 +36,8 @@ BRASS_MMQ=1 timeout 75 python3 -m pytest conformance/test_kernels.py conformance
     -k "matmul or model" -q -rfEs -n 8 -p no:cacheprovider > "$out/mmq-model.log" 2>&1
 echo "mmq model checks exit $?"; grep -E "^(FAILED|ERROR)|exceeds" "$out/mmq-model.log" | head -20; tail -1 "$out/mmq-model.log"
 timeout 55 python3 ci/gpu_mmq_bench.py 2>&1 | grep -v "^WARNING" | tail -20
+echo "== 2b. chunked delta-net prompt kernel (BRASS_DELTA_CHUNKED; its tests ran in the suite): timing at T = 512"
+timeout 30 python3 perf/delta_chunked_timing.py 512 16 32 128 50 2>&1 | tail -5
 
 echo "== 3. batched generation, qwen3-8b shape (BRASS_BATCH_BUCKETS=${BRASS_BATCH_BUCKETS:-0})"
 wait $shape
