@@ -187,10 +187,10 @@ class Session:
 
     def greedy(self, token: int, n: int) -> Iterator[int]:
         """Yield the next `n` greedy tokens after `token` (not yet in the cache), decoding on
-        the device ahead of the host. Stopping early leaves n_past at the last token yielded
-        (steps run ahead are discarded)."""
+        the device ahead of the host (a hybrid model's session one step at a time: see below).
+        Stopping early leaves n_past at the last token yielded (steps run ahead are discarded)."""
         self._check_room(n)
-        m, b = self.model, self.model.backend
+        b = self.model.backend
         if not self.graphs:
             for _ in range(n):
                 logits = self.decode(token)
