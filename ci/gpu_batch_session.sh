@@ -27,22 +27,22 @@ build=$!
 shape=$!
 
 echo "== 1. suite"
-timeout 190 bash ci/gpu_conformance.sh -n 8 -q > "$out/suite.log" 2>&1
+timeout 180 bash ci/gpu_conformance.sh -n 8 -q > "$out/suite.log" 2>&1
 echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -30
 cat "$out/gpu-conformance-summary.txt" 2>/dev/null
 
 echo "== 2. MMQ prompt GEMM with BRASS_MMQ=1 (its own kernel tests ran in the suite): model ops, timing"
-BRASS_MMQ=1 timeout 75 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py \
+BRASS_MMQ=1 timeout 60 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py \
     -k "matmul or model" -q -rfEs -n 8 -p no:cacheprovider > "$out/mmq-model.log" 2>&1
 echo "mmq model checks exit $?"; grep -E "^(FAILED|ERROR)|exceeds" "$out/mmq-model.log" | head -20; tail -1 "$out/mmq-model.log"
-timeout 55 python3 ci/gpu_mmq_bench.py 2>&1 | grep -v "^WARNING" | tail -20
+timeout 40 python3 ci/gpu_mmq_bench.py 2>&1 | grep -v "^WARNING" | tail -20
 echo "== 2b. chunked delta-net prompt kernel (BRASS_DELTA_CHUNKED; its tests ran in the suite): timing at T = 512"
-timeout 30 python3 perf/delta_chunked_timing.py 512 16 32 128 50 2>&1 | tail -5
+timeout 25 python3 perf/delta_chunked_timing.py 512 16 32 128 50 2>&1 | tail -5
 
 echo "== 3. batched generation, qwen3-8b shape (BRASS_BATCH_BUCKETS=${BRASS_BATCH_BUCKETS:-0})"
 wait $shape
 for p in 1 4 8 16; do
-    timeout 45 python3 -m engine bench /tmp/brass-shapes/qwen3-8b.gguf --backend cuda -p 0 -n 64 -r 2 \
+    timeout 35 python3 -m engine bench /tmp/brass-shapes/qwen3-8b.gguf --backend cuda -p 0 -n 64 -r 2 \
         --parallel $p 2>> "$out/bench.err" | grep -E "^\| qwen"
 done
 
