@@ -12,6 +12,8 @@
 #       uvicorn==0.54.0 h11==0.16.0 click==8.5.1 pydantic==2.14.4 pydantic-core==2.50.5 \
 #       annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5 \
 #       anyio==4.16.0 idna==3.20 annotated-doc==0.0.7 opentelemetry-api==1.45.2
+# and, for ci/load_test.py (the openai client) on the runner, the same way: openai==3.57.0
+#   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter distro sniffio tqdm certifi
 # Usage (from the repository root, on the runner): ci/gpu_conformance.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
