@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.mmq_host import SHIM, compile_host  # noqa: E402
+from ci.mmq_host import SHIM, compile_host, host_headers  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("common.cuh", "params.cuh")
@@ -72,12 +72,7 @@ extern "C" int gdn_chunked_smem_floats(int D) {
 
 
 def _sources() -> dict[str, str]:
-    out = {}
-    for h in HEADERS:
-        s = (KERNEL_DIR / h).read_text()
-        s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));', "f = host_h2f(h);")
-        s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));', "h = host_f2h(f);")
-        out[h] = s
+    out = host_headers(HEADERS)
     s = (KERNEL_DIR / "delta_chunked.cu").read_text()
     decl = "extern __shared__ float smem[];"
     if s.count(decl) != 1:

@@ -164,13 +164,20 @@ extern "C" int run_mmq(const char * name, const u8 * w, const block_q8_1 * x, fl
 """
 
 
-def _sources() -> dict[str, str]:
+def host_headers(names) -> dict[str, str]:
+    """The kernel headers `names` as g++ can compile them: the half conversions' inline PTX
+    replaced by the shim's host functions."""
     out = {}
-    for h in HEADERS:
+    for h in names:
         s = (KERNEL_DIR / h).read_text()
         s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));', "f = host_h2f(h);")
         s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));', "h = host_f2h(f);")
         out[h] = s
+    return out
+
+
+def _sources() -> dict[str, str]:
+    out = host_headers(HEADERS)
     s = (KERNEL_DIR / "mmq.cu").read_text()
     s, n1 = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k32.*?"r"\(b0\), "r"\(b1\)\);',
                     "host_mma_k32(d, a0, a1, a2, a3, b0, b1);", s, flags=re.S)

@@ -59,13 +59,7 @@ def activations(m: Model, name: str) -> dict:
     for key, node in acts.nodes.items():
         if node.role == "moe_topk":
             continue                # expert choice: compared exactly by the test, no figure
-        ours = np.asarray(traced[brass_tap(node.name, node.role, node.layer)])
-        if node.stored == "top16":
-            ref = acts.arrays[key + ":top_logits"]
-            ours = np.take_along_axis(ours, acts.arrays[key + ":top_ids"].astype(np.int64), axis=-1)
-        else:
-            ref = acts.arrays[key]
-            ours = ours.reshape(ref.shape)
+        ours, ref = acts.pair(key, traced[brass_tap(node.name, node.role, node.layer)])
         err = nmse(ours, ref)
         l0, any_ = roles.get(node.role, (0.0, 0.0))
         roles[node.role] = (max(l0, err) if node.layer == 0 else l0, max(any_, err))

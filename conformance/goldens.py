@@ -191,6 +191,16 @@ class Activations:
     nodes: dict         # key → Node, in graph order
     arrays: dict        # key → array [T, ...]; top16 nodes: key + ":top_ids" / ":top_logits"
 
+    def pair(self, key: str, ours) -> tuple[np.ndarray, np.ndarray]:
+        """(Brass's value of node `key`, llama.cpp's) in the form the golden stores: a top16
+        node's logits at the golden's top-16 ids, any other reshaped to the golden's shape."""
+        ours = np.asarray(ours)
+        if self.nodes[key].stored == "top16":
+            ids = self.arrays[key + ":top_ids"].astype(np.int64)
+            return np.take_along_axis(ours, ids, axis=-1), self.arrays[key + ":top_logits"]
+        ref = self.arrays[key]
+        return ours.reshape(ref.shape), ref
+
     def find(self, role: str, layer: int | None = None) -> Node:
         hits = [n for n in self.nodes.values() if n.role == role and n.layer == layer]
         if len(hits) != 1:

@@ -32,6 +32,17 @@ def _shape(obj):
     return type(obj).__name__
 
 
+@pytest.mark.skipif(not cuda_available(), reason="CUDA backend: no GPU on this machine")
+@pytest.mark.parametrize("name", [m.name for m in goldens.models() if m.arch in ("qwen35", "qwen35moe", "gemma4")])
+def test_generate_on_cuda_runs_the_seed_catalog(name):
+    """`brass generate MODEL --backend cuda` runs the hybrids and Gemma 4 (their kernels and
+    forward are held to the oracle and the goldens by test_kernels*.py and test_models.py)."""
+    r = brass("generate", goldens.model(name).path(), "--backend", "cuda", "--prompt", "The harbour",
+              "--max-tokens", 8, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip(), "no text generated"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["smollm2-135m", "synth-qwen3moe"])
 def test_generate_gives_llama_cpp_tokens(name, backend, real_model_path):

@@ -213,20 +213,6 @@ def test_kv_cache_only_for_attention_layers(hybrid):
 
 
 @pytest.mark.parametrize("name", HYBRID)
-def test_generate_cli_on_cuda(name):
-    """`brass generate MODEL --backend cuda` runs the hybrids (their CUDA kernels and forward
-    are held to the oracle and the goldens by test_kernels*.py and test_models.py)."""
-    from engine.backends import cuda_available
-    if not cuda_available():
-        pytest.skip("no CUDA device here: the CUDA cases run on the GPU runner")
-    path = goldens.model(name).path()
-    r = subprocess.run([sys.executable, "-m", "engine", "generate", str(path), "--backend", "cuda",
-                        "--prompt", "The harbour", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip(), "no text generated"
-
-
-@pytest.mark.parametrize("name", HYBRID)
 def test_generate_cli_on_numpy(name):
     """`brass generate MODEL --backend numpy` greedily: llama.cpp's tokens for the same prompt."""
     path = goldens.model(name).path()

@@ -373,21 +373,6 @@ def test_architecture_a_backend_cannot_run_is_refused_in_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize("name", GEMMA4)
-def test_generate_cli_on_cuda(name):
-    """`brass generate MODEL --backend cuda` runs Gemma 4 (its kernels and forward are held to
-    the oracle and the goldens by test_kernels*.py and test_models.py)."""
-    from engine.backends import cuda_available
-    if not cuda_available():
-        pytest.skip("no CUDA device here: the CUDA cases run on the GPU runner")
-    path = goldens.model(name).path()
-    r = subprocess.run([sys.executable, "-m", "engine", "generate", str(path), "--backend", "cuda",
-                        "--prompt", "The harbour", "--max-tokens", "8"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip(), "no text generated"
-
-
-@pytest.mark.parametrize("name", GEMMA4)
 def test_generate_cli_on_numpy(name):
     """`brass generate MODEL --backend numpy` greedily: llama.cpp's tokens for the same prompt."""
     path = goldens.model(name).path()

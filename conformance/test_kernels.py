@@ -70,9 +70,28 @@ def check(got, want, bound: float, record_property, what: str = "output") -> flo
     if not err <= bound:
         diff = np.abs(got.astype(np.float64) - want)
         i = np.unravel_index(int(np.nanargmax(diff)), diff.shape)
+        where = ""
+        if diff.ndim == 2:      # [token, row]: which rows and tokens are off (a tile edge?)
+            off = diff > 1e-3 * np.abs(want).max()
+            rows, toks = np.nonzero(off.any(axis=0))[0], np.nonzero(off.any(axis=1))[0]
+            where = (f"; rows off: {rows[:16].tolist()} ({rows.size}), tokens off: "
+                     f"{toks[:16].tolist()} ({toks.size})")
         pytest.fail(f"{what}: NMSE {err:.3e} exceeds {bound:.0e}; largest difference at {list(i)}: "
-                    f"got {got[i]!r}, expected {want[i]!r}")
+                    f"got {got[i]!r}, expected {want[i]!r}{where}")
     return err
+
+
+def record_launches(cuda, monkeypatch) -> list[str]:
+    """The names of the kernels `cuda` launches from now on (for the test's duration)."""
+    launched = []
+    real_launch = cuda.launch
+
+    def counting(source, name, *args, **kw):
+        launched.append(name)
+        return real_launch(source, name, *args, **kw)
+
+    monkeypatch.setattr(cuda, "launch", counting)
+    return launched
 
 
 def weights(tmp_path, rng, specs):

@@ -23,7 +23,8 @@ import pytest
 
 from engine.backends import cuda_available
 from engine.backends.numpy_backend import NumpyBackend
-from kernels.cases import DELTA_CHUNKED, nmse
+from conformance.test_kernels import check, cuda, record_launches  # noqa: F401  (fixtures)
+from kernels.cases import DELTA_CHUNKED
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
@@ -40,28 +41,6 @@ TOKENS = (1, 7, 64, 65, 300, 512)
 def random_case(rng, T, Hk, Hv, D, g_hi=2.0):
     from ci.delta_host import random_case
     return random_case(rng, T, Hk, Hv, D, g_hi)
-
-
-def check(got, want, record_property, what: str) -> float:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    unwritten = np.isnan(got) & ~np.isnan(want)
-    assert not unwritten.any(), (f"{what}: {int(unwritten.sum())} of {got.size} elements are NaN "
-                                 f"(never written?), first at {np.argwhere(unwritten)[0].tolist()}")
-    err = nmse(got, want)
-    record_property(f"nmse_{what}", f"{err:.3e}")
-    if not err <= DELTA_CHUNKED:
-        diff = np.abs(got.astype(np.float64) - want)
-        i = np.unravel_index(int(np.nanargmax(diff)), diff.shape)
-        pytest.fail(f"{what}: NMSE {err:.3e} exceeds {DELTA_CHUNKED:.0e}; largest difference at "
-                    f"{list(i)}: got {got[i]!r}, expected {want[i]!r}")
-    return err
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    from engine.backends.cuda import CudaBackend
-    return CudaBackend(poison_outputs=True)
 
 
 def _fits(cuda, D):
@@ -82,8 +61,8 @@ def test_chunked_kernel(cuda, rng, T, Hk, Hv, D, decay, record_property):
     want = NumpyBackend().gated_delta_net(q, k, v, g, beta, want_state)
     dev_state = cuda.asarray(state)
     got = cuda.gated_delta_net_chunked(*(cuda.asarray(a) for a in (q, k, v, g, beta)), dev_state)
-    check(cuda.to_numpy(got), want, record_property, "output")
-    check(cuda.to_numpy(dev_state), want_state, record_property, "state")
+    check(cuda.to_numpy(got), want, DELTA_CHUNKED, record_property, "output")
+    check(cuda.to_numpy(dev_state), want_state, DELTA_CHUNKED, record_property, "state")
 
 
 @needs_cuda
@@ -93,14 +72,7 @@ def test_switch_routes_prompts(cuda, rng, monkeypatch, on):
     # chunked kernel and a decode step (T = 1) stays sequential; off, nothing reaches it.
     from engine.backends.cuda import backend as cb
     monkeypatch.setattr(cb, "DELTA_CHUNKED", on)
-    launched = []
-    real_launch = cuda.launch
-
-    def counting(source, name, *args, **kw):
-        launched.append(name)
-        return real_launch(source, name, *args, **kw)
-
-    monkeypatch.setattr(cuda, "launch", counting)
+    launched = record_launches(cuda, monkeypatch)
     for T in (1, cb.DELTA_CHUNKED_MIN_TOKENS):
         q, k, v, g, beta, state = random_case(rng, T, 2, 4, 32)
         cuda.gated_delta_net(*(cuda.asarray(a) for a in (q, k, v, g, beta)), cuda.asarray(state))
@@ -122,8 +94,8 @@ def test_chunked_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
     want_state, got_state = state.copy(), state.copy()
     want = NumpyBackend().gated_delta_net(q, k, v, g, beta, want_state)
     got = delta_host.gated_delta_net_chunked(lib, q, k, v, g, beta, got_state)
-    check(got, want, record_property, "output")
-    check(got_state, want_state, record_property, "state")
+    check(got, want, DELTA_CHUNKED, record_property, "output")
+    check(got_state, want_state, DELTA_CHUNKED, record_property, "state")
 
 
 def test_shared_memory_size_matches_the_kernel():

@@ -30,6 +30,7 @@ import pytest
 
 from engine.backends import base, cuda_available
 from engine.gguf import GGMLType, GGUFFile
+from conformance.test_kernels import check, cuda, record_launches, ref, tname  # noqa: F401  (fixtures)
 from kernels.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
 
 needs_cuda = pytest.mark.skipif(
@@ -48,40 +49,6 @@ MMQ_SHAPES = ((100, 256, 1), (67, 512, 7), (130, 1024, 32), (257, 4096, 77), (96
 MMQ_SHAPES_32 = ((45, 288, 40),)
 CASES = [(t, s) for t in MMQ_TYPES for s in MMQ_SHAPES] + \
         [(t, s) for t in MMQ_TYPES if base.MMQ_BLOCK[int(t)] == 32 for s in MMQ_SHAPES_32]
-
-
-def tname(t) -> str:
-    return GGMLType(t).name
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    from engine.backends.cuda import CudaBackend
-    return CudaBackend(poison_outputs=True)
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return cuda_reference()
-
-
-def check(got, want, bound: float, record_property, what: str = "output") -> float:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    unwritten = np.isnan(got) & ~np.isnan(want)
-    assert not unwritten.any(), (f"{what}: {int(unwritten.sum())} of {got.size} elements are NaN "
-                                 f"(never written?), first at {np.argwhere(unwritten)[0].tolist()}")
-    err = nmse(got, want)
-    record_property("nmse", f"{err:.3e}")
-    if not err <= bound:
-        diff = np.abs(got.astype(np.float64) - want)
-        i = np.unravel_index(int(np.nanargmax(diff)), diff.shape)
-        bad_rows = np.nonzero((diff > 1e-3 * np.abs(want).max()).any(axis=0))[0]
-        bad_toks = np.nonzero((diff > 1e-3 * np.abs(want).max()).any(axis=1))[0]
-        pytest.fail(f"{what}: NMSE {err:.3e} exceeds {bound:.0e}; largest difference at [token, row] "
-                    f"{[int(v) for v in i]}: got {got[i]!r}, expected {want[i]!r}; rows off: {bad_rows[:16].tolist()} "
-                    f"({bad_rows.size}), tokens off: {bad_toks[:16].tolist()} ({bad_toks.size})")
-    return err
 
 
 def _case(tmp_path, rng, qtype, shape):
@@ -147,14 +114,7 @@ def test_matmul_many_routes_to_mmq(cuda, ref, rng, tmp_path, monkeypatch, mmq, r
     gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {
         "a": (GGMLType.Q4_K, (96, K)), "b": (GGMLType.Q6_K, (64, K)), "c": (GGMLType.F16, (32, K))}))
     x = rng.uniform(-1, 1, (T, K)).astype(F32)
-    launched = []
-    real_launch = cuda.launch
-
-    def counting(source, name, *args, **kw):
-        launched.append(name)
-        return real_launch(source, name, *args, **kw)
-
-    monkeypatch.setattr(cuda, "launch", counting)
+    launched = record_launches(cuda, monkeypatch)
     ws = [cuda.weight(gf, n) for n in "abc"]
     got = [cuda.to_numpy(y) for y in cuda.matmul_many(cuda.asarray(x), ws)]
     mmq_launches = [n for n in launched if n.startswith("mmq_")]

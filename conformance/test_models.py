@@ -132,13 +132,7 @@ def test_activations(name, backend, loaded):
     for key, node in acts.nodes.items():
         tap = _tap_name(node)
         assert tap in traced, f"Brass traced no {tap} (llama.cpp node {key}, role {node.role})"
-        ours = np.asarray(traced[tap])
-        if node.stored == "top16":
-            ref = acts.arrays[key + ":top_logits"]
-            ours = np.take_along_axis(ours, acts.arrays[key + ":top_ids"].astype(np.int64), axis=-1)
-        else:
-            ref = acts.arrays[key]
-            ours = ours.reshape(ref.shape)
+        ours, ref = acts.pair(key, traced[tap])
         if node.role == "moe_topk":
             # expert choice: exact (order within the top-k does not matter to the sum)
             same = np.array_equal(np.sort(ours, axis=-1), np.sort(ref, axis=-1))

@@ -809,10 +809,14 @@ class CudaBackend(Backend):
         return self._binary("mul", a, b)
 
     def scale(self, x, s):
-        x = _f32(x, "scale")
+        return self._with_scalar("scale", x, s)
+
+    def _with_scalar(self, kernel: str, x, s: float):
+        """An elementwise kernel of elementwise.cu taking x and one float (ScaleParams)."""
+        x = _f32(x, kernel)
         y = self._out(x.shape)
         if x.size:
-            self.launch("elementwise.cu", "scale", _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
+            self.launch("elementwise.cu", kernel, _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
                         params=pack("ScaleParams", n=x.size, s=s))
         return y
 
@@ -1065,12 +1069,7 @@ class CudaBackend(Backend):
         cap = float(np.float32(cap))
         if not (np.isfinite(cap) and cap != 0.0):
             raise BrassError(f"softcap: the cap must be finite and nonzero, got {cap}")
-        x = _f32(x, "softcap")
-        y = self._out(x.shape)
-        if x.size:
-            self.launch("elementwise.cu", "softcap", _grid_1d(x.size, EW_THREADS), EW_THREADS, x, y,
-                        params=pack("ScaleParams", n=x.size, s=cap))
-        return y
+        return self._with_scalar("softcap", x, cap)
 
     def mul_expert_scale(self, y, s, ids):
         y = _f32(y, "mul_expert_scale")
