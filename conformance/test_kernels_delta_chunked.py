@@ -1,4 +1,4 @@
-"""The gated delta rule in chunks (kernels/delta_chunked.cu, BRASS_DELTA_CHUNKED=1: a prompt's
+"""The gated delta rule in chunks (kernels/delta_chunked.cu, the default for prompts of 64 tokens or more: a prompt's
 delta-net recurrence as per-chunk matrix products and a state carried chunk to chunk) against
 the numpy backend's sequential rule, as llama.cpp runs it.
 

@@ -82,7 +82,7 @@ REQUANTIZED = 1e-8
 # NMSE ~1e-12 per token, compounded over a few tokens of state updates. A wrong head mapping,
 # a missing decay or a state not carried gives O(1).
 RECURRENCE = 1e-10
-# The chunked gated delta rule (kernels/delta_chunked.cu, BRASS_DELTA_CHUNKED=1) against the
+# The chunked gated delta rule (kernels/delta_chunked.cu, the prompt default) against the
 # sequential numpy rule: both in float32, summing in different orders (the chunk's C x C and
 # C x D matrix products, a triangular solve, the state carried per chunk instead of per
 # token). Measured with the numpy twin (engine/delta_chunked.py, float32) and the sequential
