@@ -49,7 +49,13 @@ drive() {             # $1 engine name, $2 port
             --requests "${REQUESTS:-2}" --max-tokens "${MAX_TOKENS:-128}" \
             --json "$out/load-$1-$n.json" > /dev/null 2> "$out/load-$1-$n.err" \
             || tail -3 "$out/load-$1-$n.err"
+        # where brass's worker spent its time so far (cumulative over the client counts)
+        if [ "$1" = brass ]; then
+            echo "brass after $n clients: $(curl -sf "http://127.0.0.1:$2/metrics" \
+                | grep -E '^brass_(scheduler_seconds_total|generated_tokens_total)' | tr '\n' ' ')"
+        fi
     done
+    return 0
 }
 
 if [ -x "$server" ]; then
@@ -64,6 +70,7 @@ python3 -m engine serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port 8
     > "$out/brass-serve.log" 2>&1 &
 pid=$!
 wait_health 8182 180 && drive brass 8182 || { echo "brass serve did not start"; tail -5 "$out/brass-serve.log"; }
+grep -E "^brass: (ready|bucket|batched)" "$out/brass-serve.log"
 kill "$pid"; wait "$pid" 2> /dev/null
 
 python3 - "$out" <<'PY'

@@ -37,6 +37,7 @@ architectures at tiny sizes. Needs only numpy and this repository (the runner ha
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 import sys
 import time
@@ -394,7 +395,10 @@ def write(name: str, out: Path, layers: int | None = None, seed: int = 0, vocab:
     head = b"GGUF" + struct.pack("<IQQ", 3, len(specs), meta.count) + b"".join(meta.parts) + b"".join(infos)
     data_start = (len(head) + ALIGN - 1) // ALIGN * ALIGN
     t0 = time.time()
-    with open(path, "wb") as f:
+    # written beside, then renamed: a file at `path` is always complete (a script waiting for
+    # it, or a run stopped part-way, never reads half a model)
+    part = path.with_name(path.name + ".part")
+    with open(part, "wb") as f:
         f.write(head + b"\0" * (data_start - len(head)))
         pos = 0
         for tname, (t, shape) in specs.items():
@@ -422,6 +426,7 @@ def write(name: str, out: Path, layers: int | None = None, seed: int = 0, vocab:
                     start = 0
             pos = (pos + n + ALIGN - 1) // ALIGN * ALIGN
         f.write(b"\0" * (data_start + offset - f.tell()))
+    os.replace(part, path)
     size = path.stat().st_size
     print(f"wrote {path} ({size / 2**30:.2f} GiB, {len(specs)} tensors) in {time.time() - t0:.0f} s", flush=True)
     return path

@@ -72,6 +72,9 @@ class StubSession:
         logits[0] += self.stub.eog_bias
         return logits
 
+    def reset(self):
+        self.n_past = 0
+
     def prefill(self, ids, device_logits=False, **kw):
         return self._logits(len(ids))
 

@@ -103,6 +103,51 @@ def test_batched_decode_equals_alone(model, rng, buckets):
         assert s.n_past == len(prompts[i]) + PLAN[i][1] - 1
 
 
+
+def test_greedy_steps_run_ahead_equal_alone(model, rng):
+    """BatchDecoder.greedy_steps (the scheduler's greedy rows: each step fed the last step's
+    argmax on the device, one step queued ahead of the read-back) over bucket graphs captured
+    in advance (prepare_buckets, as the server's warm-up does): three sequences get their
+    tokens alone; closing the run part-way drops the step run ahead, and the sequences go on
+    through step_argmax, then through a second run, still as alone."""
+    from engine.batch import BatchDecoder
+    b = model.backend
+    if not hasattr(b, "row_tables_override"):
+        pytest.skip("bucket graphs are the CUDA backend's (rows' cache addresses as data)")
+    dec = BatchDecoder(model, buckets=True)
+    if not dec.buckets:
+        pytest.skip(f"{model.gguf.architecture} does not take bucket graphs (BUCKET_GRAPHS)")
+    assert dec.prepare_buckets(4, 64) >= 1 and dec.captures >= 1
+    n_new = 14
+    prompts = [[int(t) for t in rng.integers(0, model.config.n_vocab, n)] for n in (4, 9, 6)]
+    alone = [_alone(model, p, n_new)[0] for p in prompts]
+    sessions = [model.new_session(64) for _ in prompts]
+    got = []
+    for s, p in zip(sessions, prompts):
+        got.append([int(np.argmax(b.to_numpy(s.prefill(p, device_logits=True))[-1]))])
+    captures = dec.captures
+    assert dec.can_run_ahead(sessions), "the bucket graph prepared in advance is not taken"
+
+    def run(k):                 # k steps through a run ahead, then close it
+        steps = dec.greedy_steps(sessions, [g[-1] for g in got])
+        for _ in range(k):
+            for g, t in zip(got, next(steps)):
+                g.append(int(t))
+        steps.close()
+
+    run(5)
+    for s, p, g in zip(sessions, prompts, got):
+        assert s.n_past == len(p) + len(g) - 1, "closing the run did not drop the step run ahead"
+    _, best = dec.step_argmax(sessions, [g[-1] for g in got])
+    for g, t in zip(got, b.to_numpy(best)):
+        g.append(int(t))
+    run(n_new - len(got[0]))
+    assert dec.captures == captures, "a step captured a graph that prepare_buckets had captured"
+    for i, (g, a) in enumerate(zip(got, alone)):
+        assert g == a, f"sequence {i}: tokens {g} through greedy_steps, {a} alone"
+    with pytest.raises(Exception, match="bucket graphs"):
+        next(dec.greedy_steps(sessions[:1] + [model.new_session(2048)], [1, 1]))
+
 def test_batched_step_refuses_bad_input(model):
     from engine.batch import BatchDecoder
     from engine.errors import BrassError

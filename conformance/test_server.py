@@ -739,6 +739,10 @@ def test_metrics_count_requests_and_tokens(server, rng):
     assert after["brass_requests_running"] == after["brass_requests_waiting"] == 0
     assert after["brass_parallel"] == 4 and after["brass_queue_limit"] == 64
     assert after["brass_tokens_per_second"] > 0
+    # the worker's time went into prompts and decoding
+    for phase in ("prefill", "decode"):
+        key = f'brass_scheduler_seconds_total{{phase="{phase}"}}'
+        assert after[key] > before[key], (phase, before[key], after[key])
 
 
 def test_openapi_document_and_docs_page(server):

@@ -82,6 +82,10 @@ def test_batched_requests_equal_alone(model, rng):
         assert r.error is None, f"request {i}: {r.error!r}"
         want = alone(model, r)
         assert r.tokens == want, f"request {i}: {r.tokens} served, {want} alone"
+    # five requests through three places: later ones ran on sessions of earlier ones (reset:
+    # on synth-qwen35 a recurrent state carried over would change their tokens)
+    assert sched.sessions.reused >= 2 and sched.sessions.created <= 3, \
+        (sched.sessions.created, sched.sessions.reused)
 
 
 def test_prompts_read_in_chunks_between_steps(model, rng):
@@ -195,3 +199,66 @@ def test_a_request_alone_runs_ahead_and_yields_to_arrivals(name, rng, monkeypatc
     ref = load_synthetic(name, "numpy")
     assert first.tokens == alone(ref, first)
     assert late.tokens == alone(ref, late)
+
+
+def test_session_pool_sizes_and_limit():
+    """Sessions are made in sizes that recur (a power of two, at least MIN_POOLED_CTX, at most
+    the model's context), the smallest idle one that fits is taken, and no more than `limit`
+    exist at once."""
+    from engine.serving import MIN_POOLED_CTX, SessionPool
+
+    class Counted:
+        def __init__(self, n_ctx):
+            self.n_ctx, self.resets = n_ctx, 0
+
+        def reset(self):
+            self.resets += 1
+
+    class Model:
+        n_ctx = 4096
+
+        def new_session(self, n_ctx):
+            return Counted(n_ctx)
+
+    pool = SessionPool(Model(), limit=2)
+    assert [pool.size_for(n) for n in (1, MIN_POOLED_CTX + 1, 3000, 5000)] == \
+        [MIN_POOLED_CTX, 2 * MIN_POOLED_CTX, 4096, 5000]
+    a, b = pool.take(100), pool.take(700)
+    assert (a.n_ctx, b.n_ctx) == (MIN_POOLED_CTX, 1024)
+    pool.give(b)
+    pool.give(a)
+    c = pool.take(10)                   # the smallest that fits, reset
+    assert c is a and a.resets == 1
+    d = pool.take(2000)                 # none fits: b (idle) is dropped to stay within 2
+    assert d.n_ctx == 2048 and pool.created == 3 and pool._idle == []
+    pool.give(c)
+    pool.give(d)
+    assert len(pool._idle) == 2 and pool.taken == 0
+
+
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
+def test_warm_up_captures_before_the_first_request(name, rng):
+    """warm_up() reads a prompt and decodes on a pooled session (its decode graph captured),
+    which then serves the first request: no capture waits for it, and its tokens (after the
+    warm-up's own sequence in that session) equal alone. On the CPU with a numpy backend that
+    has CUDA's graph interface (conformance/fakes.py); numpy itself has nothing to warm."""
+    from conformance.fakes import ReplayingNumpy
+    from engine.serving import BatchScheduler, Request
+    plain = BatchScheduler(load_synthetic(name, "numpy"), parallel=2, start=False)
+    assert plain.warm_up() == 0.0 and plain.sessions.created == 0
+    m = load_synthetic(name, "numpy")
+    m.backend = ReplayingNumpy()
+    sched = BatchScheduler(m, parallel=2, start=False)
+    assert sched.warm_up() > 0
+    (warm,) = sched.sessions._idle
+    assert warm._step is not None, "the warm-up did not capture its decode graph"
+    req = Request([int(t) for t in rng.integers(0, m.config.n_vocab, 7)], 12)
+    sched._thread.start()
+    try:
+        sched.submit(req)
+        assert req.finished.wait(TIMEOUT), "the request did not finish"
+    finally:
+        sched.close()
+    assert req.error is None
+    assert (sched.sessions.created, sched.sessions.reused) == (1, 1), "the warm session was not reused"
+    assert req.tokens == alone(load_synthetic(name, "numpy"), req)

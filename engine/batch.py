@@ -53,6 +53,10 @@ GRAPHS_KEPT = 4
 # them; 16 served clients 577 -> 667 tok/s beside llama-server); BRASS_BATCH_BUCKETS=0 keeps the
 # composition graphs only.
 BUCKETS = os.environ.get("BRASS_BATCH_BUCKETS", "1") not in ("", "0")
+# Greedy rows of a lasting composition run one step ahead on the device (greedy_steps), so the
+# GPU does not wait while the host hands out a step's tokens; BRASS_BATCH_AHEAD=0 reads each
+# step back before issuing the next (for comparison).
+AHEAD = os.environ.get("BRASS_BATCH_AHEAD", "1") not in ("", "0")
 
 
 class BatchDecoder:
@@ -122,6 +126,114 @@ class BatchDecoder:
         return len(sessions) > 1 and all(s.cache.recurrent is None and s.n_ctx <= self.model.n_ctx
                                          for s in sessions)
 
+    def can_run_ahead(self, sessions: list) -> bool:
+        """Whether `greedy_steps` takes these sessions: bucket graphs on, caches without
+        recurrent state, and the bucket's graph already captured (the first step of a bucket
+        goes through step_argmax, which captures it)."""
+        if not (AHEAD and self.buckets and self._bucketable(sessions)):
+            return False
+        key = (self._rows_for(len(sessions)), self._capacity_for(max(s.n_ctx for s in sessions)))
+        return key in self._bucket_steps
+
+    def greedy_steps(self, sessions: list, tokens: list[int]):
+        """Yield the greedy tokens (np.int32 [n]) of successive batched steps of the same
+        sessions, the first step fed `tokens`, each later one fed the previous step's tokens
+        on the device. The device runs one step ahead of the consumer: the step after the one
+        being read back is already queued, so the GPU does not wait for the host's handling of
+        a step's tokens. Closing the generator drops the step run ahead (each session goes
+        back one position; its KV slot is rewritten when reached again, with the same token).
+        Only for sessions `can_run_ahead` takes."""
+        self._check(sessions, tokens)
+        if not self.can_run_ahead(sessions):
+            raise BrassError("greedy_steps needs bucket graphs, captured, over KV caches only")
+        b = self.model.backend
+        n = len(sessions)
+        B = self._rows_for(n)
+        st = self._bucket_steps[(B, self._capacity_for(max(s.n_ctx for s in sessions)))]
+        caches = [s.cache for s in sessions] + [self._pad_cache()] * (B - n)
+        host = [b.pinned_empty(n, np.int32) for _ in range(3)]      # read-backs in flight: 2
+        launched = yielded = 0
+
+        def launch(ids):
+            nonlocal launched
+            for s in sessions:
+                if s.n_past + 1 > s.n_ctx:
+                    raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
+            pos = np.asarray([s.n_past for s in sessions] + [0] * (B - n), np.int32)
+            with b.activate():
+                if ids is None:             # this step's tokens: the last step's argmax
+                    st.run(caches, np.zeros(B, np.int32), pos, ids_from=st.best[:n])
+                else:
+                    st.run(caches, np.concatenate([ids, np.zeros(B - n, np.int32)]), pos)
+                read = b.copy_to_host_async(st.best[:n], host[launched % len(host)])
+            self.replays += 1
+            launched += 1
+            for s in sessions:
+                s.n_past += 1
+            return read
+
+        def room():
+            return all(s.n_past < s.n_ctx for s in sessions)
+
+        try:
+            pending = launch(np.asarray([int(t) for t in tokens], np.int32))
+            while True:
+                ahead = launch(None) if room() else None   # none past a cache's end
+                got = pending()
+                yielded += 1
+                yield got
+                pending = ahead if ahead is not None else launch(None)
+        finally:
+            for s in sessions:              # the steps issued beyond those read
+                s.n_past -= launched - yielded
+
+    def _rows_for(self, n: int) -> int:
+        """The bucket (row count of the graph) that a step of n sequences replays."""
+        # A pad row of a mixture-of-experts model reads its chosen experts' weights as a real
+        # row does (about as much as a row costs): there, a graph per row count instead.
+        return n if self.model.config.n_expert else 1 << (n - 1).bit_length()
+
+    def _capacity_for(self, n_ctx: int) -> int:
+        """The attention bound of the graph for rows whose largest cache holds n_ctx slots (its
+        shared memory grows with it): the next power of two, at least 256 slots."""
+        cap = min(self.model.n_ctx, max(256, 1 << (n_ctx - 1).bit_length()))
+        return max(cap, n_ctx)
+
+    def _pad_cache(self):
+        if self._pad is None:
+            from .kv_cache import KVCache
+            b = self.model.backend
+            with b.activate():
+                self._pad = KVCache(b, self.model.config, 1)
+        return self._pad
+
+    def prepare_buckets(self, max_rows: int, n_ctx: int) -> int:
+        """Capture, ahead of use, the bucket graphs that steps of 2 .. max_rows sequences of
+        caches up to n_ctx slots will replay (rows in the pad cache; what they compute is
+        discarded). Returns the graphs captured (0 where bucket graphs are off)."""
+        if not self.buckets:
+            return 0
+        m, b = self.model, self.model.backend
+        cap = self._capacity_for(n_ctx)
+        before = self.captures
+        for B in sorted({self._rows_for(n) for n in range(2, max_rows + 1)}):
+            if (B, cap) in self._bucket_steps or not self.buckets:
+                continue
+            caches = [self._pad_cache()] * B
+            zeros = np.zeros(B, np.int32)
+            with b.activate(), b.rows_independent():          # loads the kernels of this B
+                m.forward(b.asarray(zeros), b.asarray(zeros), SequenceBatch(caches))
+            self._capture_bucket(B, cap, caches)
+        return self.captures - before
+
+    def _capture_bucket(self, B: int, cap: int, caches: list):
+        try:
+            self._bucket_steps[(B, cap)] = BucketStep(self.model, caches, cap)
+            self.captures += 1
+        except Exception as e:          # stay on the composition graphs
+            print(f"brass: bucket graphs off ({type(e).__name__}: {e})", file=sys.stderr)
+            self.buckets = False
+
     def _bucket_step(self, sessions: list, ids, pos, argmax: bool):
         """A step of n sequences as a step of B = the next power of two rows (n itself for a
         mixture-of-experts model), the rows past n reading and writing slot 0 of a one-slot pad
@@ -130,20 +242,11 @@ class BatchDecoder:
         runs eagerly (loading its kernels), and captures the bucket's graph for the next."""
         m, b = self.model, self.model.backend
         n = len(sessions)
-        # A pad row of a mixture-of-experts model reads its chosen experts' weights as a real
-        # row does (about as much as a row costs): there, a graph per row count instead.
-        B = n if m.config.n_expert else 1 << (n - 1).bit_length()
-        if self._pad is None:
-            from .kv_cache import KVCache
-            with b.activate():
-                self._pad = KVCache(b, m.config, 1)
-        caches = [s.cache for s in sessions] + [self._pad] * (B - n)
+        B = self._rows_for(n)
+        caches = [s.cache for s in sessions] + [self._pad_cache()] * (B - n)
         ids = np.concatenate([ids, np.zeros(B - n, np.int32)])
         pos = np.concatenate([pos, np.zeros(B - n, np.int32)])
-        # The graph's attention bound (its shared memory grows with it): the next power of two
-        # of the rows' largest cache, at least 256 slots.
-        cap = min(self.model.n_ctx, max(256, 1 << (max(s.n_ctx for s in sessions) - 1).bit_length()))
-        cap = max(cap, max(s.n_ctx for s in sessions))
+        cap = self._capacity_for(max(s.n_ctx for s in sessions))
         st = self._bucket_steps.get((B, cap))
         if st is not None:
             with b.activate():
@@ -153,12 +256,7 @@ class BatchDecoder:
         with b.activate(), b.rows_independent():
             logits = m.forward(b.asarray(ids), b.asarray(pos), SequenceBatch(caches))
             best = b.argmax(logits) if argmax else None
-        try:
-            self._bucket_steps[(B, cap)] = BucketStep(m, caches, cap)
-            self.captures += 1
-        except Exception as e:          # stay on the composition graphs
-            print(f"brass: bucket graphs off ({type(e).__name__}: {e})", file=sys.stderr)
-            self.buckets = False
+        self._capture_bucket(B, cap, caches)
         return logits[:n], (best[:n] if argmax else None)
 
     def _capture(self, sessions: list, key: tuple):
@@ -276,7 +374,10 @@ class BucketStep:
             cache._row_pointers = got
         return got[1]
 
-    def run(self, caches: list, ids: np.ndarray, pos: np.ndarray):
+    def run(self, caches: list, ids: np.ndarray, pos: np.ndarray, ids_from=None):
+        """Replay over `caches` with tokens `ids` at positions `pos`; `ids_from`, a device
+        array of n tokens (e.g. this graph's own `best` of the last replay), replaces the
+        first n of `ids` on the device, after the upload and before the replay."""
         for wait in self._uploaded:       # the last copies have read the pinned buffers
             wait()
         for r, c in enumerate(caches):
@@ -286,4 +387,6 @@ class BucketStep:
         self._host_inp[0], self._host_inp[1] = ids, pos
         self._uploaded = [self.backend.upload_async(self.tab, self._host_tab),
                           self.backend.upload_async(self.inp, self._host_inp)]
+        if ids_from is not None:
+            self.inp[0, :len(ids_from)] = ids_from
         self.graph.replay()

@@ -123,6 +123,9 @@ class Metrics:
              [("", parallel)]),
             ("brass_queue_limit", "gauge", "Requests queued at most before new ones get 503 (--max-waiting).",
              [("", max_waiting)]),
+            ("brass_scheduler_seconds_total", "counter",
+             "Seconds the worker spent reading prompts and decoding.",
+             [(f'{{phase="{k}"}}', round(v, 6)) for k, v in getattr(scheduler, "seconds", {}).items()]),
             ("brass_tokens_per_second", "gauge",
              f"Tokens generated per second over the last {self.generated.window} s.",
              [("", round(self.generated.rate(), 3))]),
@@ -272,6 +275,11 @@ def cmd_serve(args):
         raise BrassError(f"brass serve needs FastAPI and uvicorn ({e}): pip install -e .") from None
     model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
     app = App(model, model_id_for(args.model, model.path), args.api_key, args.parallel, args.max_waiting)
+    warm_up = getattr(app.scheduler, "warm_up", None)
+    if warm_up is not None and model.backend.name != "numpy":
+        print("brass: loading kernels and capturing decode graphs before the first request",
+              file=sys.stderr, flush=True)
+        print(f"brass: ready in {warm_up():.1f} s", file=sys.stderr, flush=True)
     raise_open_files_limit()
     sock = http_api.listen(args.host, args.port)
     host, port = sock.getsockname()[:2]

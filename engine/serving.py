@@ -14,6 +14,11 @@ same iteration (up to one chunk's worth of tokens), so they join the batch toget
 single-sequence path (`Session.decode`, a CUDA graph replay on the GPU), which gives the same
 logits as a batch row.
 
+Sessions outlive their requests (`SessionPool`): a finished request's session (its KV cache and,
+on the GPU, its captured decode graph) is reset and serves the next request whose length fits,
+so a request costs neither a cache allocation nor a capture. `warm_up()` loads every kernel and
+captures the decode graphs before the first request, which would otherwise wait for them.
+
 The scheduler knows nothing of HTTP: a Request is told its tokens through `on_token(token) ->
 bool` (True: it is finished) and a failure through `on_error(exc)`; it reads `cancelled` (a
 threading.Event) to leave early.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 
@@ -36,6 +42,48 @@ PREFILL_CHUNK = 256
 # Tokens a request decoding alone takes per loop iteration (greedy, graph backend): the loop
 # looks at the queue between them.
 SOLO_TOKENS = 8
+# Pooled sessions hold at least this many positions (and a power of two): sizes recur, so a
+# session fits many later requests, and the batched graphs' attention bound (engine/batch.py)
+# is the same power of two.
+MIN_POOLED_CTX = 256
+
+
+class SessionPool:
+    """Sessions kept across requests. `take(n)` gives a reset session of at least n positions:
+    an idle one of the smallest size that fits, else a new one of the next power of two (at
+    least MIN_POOLED_CTX, at most the model's context); `give(s)` returns it. At most `limit`
+    sessions exist at once, taken or idle (idle ones are dropped, oldest first, to make room),
+    so the pool holds no more memory than `limit` running requests do."""
+
+    def __init__(self, model, limit: int):
+        self.model, self.limit = model, limit
+        self._idle: list = []             # oldest first
+        self.taken = 0
+        self.created = self.reused = 0
+
+    def size_for(self, n: int) -> int:
+        return max(n, min(self.model.n_ctx, max(MIN_POOLED_CTX, 1 << max(n - 1, 0).bit_length())))
+
+    def take(self, n: int):
+        fits = [s for s in self._idle if s.n_ctx >= n]
+        if fits:
+            s = min(fits, key=lambda s: s.n_ctx)
+            self._idle.remove(s)
+            s.reset()
+            self.reused += 1
+        else:
+            while self._idle and self.taken + len(self._idle) >= self.limit:
+                self._idle.pop(0)
+            s = self.model.new_session(self.size_for(n))
+            self.created += 1
+        self.taken += 1
+        return s
+
+    def give(self, s):
+        self.taken -= 1
+        self._idle.append(s)
+        while self._idle and self.taken + len(self._idle) > self.limit:
+            self._idle.pop(0)
 
 
 class Request:
@@ -65,9 +113,9 @@ class Request:
 class _Running:
     """A request's place in the worker: its session, sampler, history, next token."""
 
-    def __init__(self, req: Request, model):
+    def __init__(self, req: Request, session):
         self.req = req
-        self.session = model.new_session(len(req.prompt_ids) + req.max_tokens)
+        self.session = session
         self.sampler = Sampler(req.sampling)
         self.history = list(req.prompt_ids)
         self.read = 0                   # prompt tokens prefilled so far
@@ -94,6 +142,7 @@ class BatchScheduler:
         self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
         self.prefill_chunk = max(1, prefill_chunk)
         self.batch = BatchDecoder(model) if parallel > 1 and supports_batched_decode(model) else None
+        self.sessions = SessionPool(model, parallel)
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[_Running] = []
@@ -101,6 +150,12 @@ class BatchScheduler:
         self.steps = 0                  # decode steps taken
         self.batch_size = 0             # rows of the latest step
         self.batch_rows = 0             # rows over all decode steps (mean batch = rows / steps)
+        # Seconds the worker spent reading prompts and decoding (what /metrics shows as
+        # brass_scheduler_seconds_total): where a server's time goes under load.
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        # Greedy batched steps run one ahead on the device (BatchDecoder.greedy_steps) while
+        # the same requests decode together: (their ids, the generator).
+        self._ahead: tuple | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="brass-batch", daemon=True)
         if start:
@@ -141,7 +196,7 @@ class BatchScheduler:
                         admitted.append(req)
             for req in admitted:            # a session that cannot be made fails its request only
                 try:
-                    r = _Running(req, self.model)
+                    r = _Running(req, self.sessions.take(len(req.prompt_ids) + req.max_tokens))
                 except Exception as e:
                     if not isinstance(e, BrassError):
                         traceback.print_exc(file=sys.stderr)
@@ -170,15 +225,19 @@ class BatchScheduler:
             # a request streaming alone would keep its steps queued ahead of these prompts
             for r in self._running:
                 self._stop_solo(r)
+        t0 = time.perf_counter()
         for r in reading:
             n = min(self.prefill_chunk, len(r.req.prompt_ids) - r.read)
             if n > budget and budget < self.prefill_chunk:
                 break
             budget -= n
             self._guard(r, self._prefill_chunk, r)
+        t1 = time.perf_counter()
+        self.seconds["prefill"] += t1 - t0
         ready = [r for r in self._running if r.next is not None]
         if ready:
             self._decode(ready)
+            self.seconds["decode"] += time.perf_counter() - t1
 
     def _prefill_chunk(self, r: _Running):
         ids = r.req.prompt_ids[r.read:r.read + self.prefill_chunk]
@@ -193,6 +252,7 @@ class BatchScheduler:
         self.batch_rows += len(ready)
         self.batch_size = len(ready)
         if len(ready) == 1 or self.batch is None:
+            self._stop_ahead()
             for r in ready:
                 self._guard(r, self._decode_alone, r)
             return
@@ -201,6 +261,25 @@ class BatchScheduler:
         # Greedy rows need only their argmax (taken on the device): B integers come back
         # instead of B rows of logits.
         greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0 for r in ready)
+        sessions = [r.session for r in ready]
+        if greedy and (self._ahead is not None or self.batch.can_run_ahead(sessions)):
+            key = tuple(id(r) for r in ready)
+            if self._ahead is not None and self._ahead[0] != key:
+                self._stop_ahead()
+            if self._ahead is None and self.batch.can_run_ahead(sessions):
+                self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]))
+            if self._ahead is not None:
+                try:
+                    rows = next(self._ahead[1])
+                except Exception as e:            # the step failed for all its rows
+                    self._stop_ahead()
+                    for r in ready:
+                        self._fail(r, e)
+                    return
+                for r, tok in zip(ready, rows):
+                    self._guard(r, lambda r: self._accept(r, int(tok)), r)
+                return
+        self._stop_ahead()
         try:
             logits, best = self.batch.step_argmax([r.session for r in ready], [r.next for r in ready],
                                                   argmax=greedy)
@@ -242,6 +321,13 @@ class BatchScheduler:
         return ((bool(self._waiting) and len(self._running) < self.parallel)
                 or any(o.next is None for o in self._running if o is not r))
 
+    def _stop_ahead(self):
+        """Close the batched greedy run: its sessions go back to the last tokens read (the
+        step run ahead is dropped)."""
+        if self._ahead is not None:
+            gen, self._ahead = self._ahead[1], None
+            gen.close()
+
     def _stop_solo(self, r: _Running):
         """Close a request's greedy stream: its session stays at the last token it yielded
         (r.next, not yet in the cache); the steps run ahead are dropped."""
@@ -275,12 +361,41 @@ class BatchScheduler:
 
     def _end(self, r: _Running):
         self._stop_solo(r)
+        if self._ahead is not None and id(r) in self._ahead[0]:
+            self._stop_ahead()          # before its session goes back to the pool
         if r in self._running:
             with self._cv:
                 self._running.remove(r)
                 if not self._running:
                     self.batch_size = 0     # idle: the gauge must not wait for the next loop
+            self.sessions.give(r.session)
         r.req.finished.set()
+
+    # -- before serving -------------------------------------------------------------------------
+    def warm_up(self, prompt_tokens: int = 64, decode_tokens: int = 4) -> float:
+        """On a graph backend, do before the first request what it would otherwise wait for:
+        one pooled session reads a prompt of `prompt_tokens` (loading the prompt kernels) and
+        decodes `decode_tokens` greedy tokens (capturing its decode graph), then returns to the
+        pool; the bucket graphs of 2 .. `parallel` rows are captured. Call it before the worker
+        takes requests (start=False, or before any submit). Seconds spent (0 when there is
+        nothing to capture, e.g. on numpy)."""
+        from .model import graphs_enabled
+        m = self.model
+        if not graphs_enabled(m.backend):
+            return 0.0
+        t0 = time.perf_counter()
+        n = max(1, min(prompt_tokens, m.n_ctx - decode_tokens - 1))
+        s = self.sessions.take(n + decode_tokens + 1)
+        try:
+            ids = [(7 + 13 * i) % m.config.n_vocab for i in range(n)]
+            first = s.pick(s.prefill(ids, device_logits=True), Sampler(SamplingParams(temperature=0.0)), ids)
+            for _ in s.greedy(first, decode_tokens):
+                pass
+        finally:
+            self.sessions.give(s)
+        if self.batch is not None:
+            self.batch.prepare_buckets(self.parallel, s.n_ctx)
+        return time.perf_counter() - t0
 
 
 def _pick(row: np.ndarray, sampler: Sampler, history: list[int]) -> int:
