@@ -49,6 +49,15 @@ FREE_RUNNING = 1e-3
 # ulps at random, 30 runs of this test's steps): free-running logits NMSE up to 1.9e-3
 # (synth-qwen35), 9.5e-4 (synth-qwen35moe), against 3.5e-4 for synth-qwen3. Hence 3x.
 FREE_RUNNING_RECURRENT = 3 * FREE_RUNNING
+# Gemma 4 spreads wider still. Its synthetic models' sub-layer outputs go through their own
+# RMS norms (post_attention_norm, post_ffw_norm_1/_2 and post_ffw_norm over their sum) before
+# each residual add, and its routers score only 4 experts: one Q8_1 rounding flip moves a
+# 4-value router row a lot. The H200 saw 2.7e-3 on synth-gemma4moe's router logits (seed
+# 888497638, step 3, layer 2, no expert chosen differently). The same 2-ulp simulation, over
+# 200 random runs each: synth-gemma4 over 1e-3 in 27 runs (max 2.0e-3), synth-gemma4moe in 7
+# (max 2.4e-3); on seed 888497638's inputs, 7 of 12 noise draws gave 2.1e-3 to 4.8e-3 at that
+# node, the rest ~1e-13 (a flip or none). Hence 10x: twice the worst simulated.
+FREE_RUNNING_POST_NORMS = 10 * FREE_RUNNING
 # Architectures whose users are still refused the CUDA backend (their BACKENDS) while these
 # checks are what decides whether their ops match on the GPU: run here anyway.
 CHECKED_BEFORE_ENABLED: set[str] = set()
@@ -269,7 +278,8 @@ def test_model_free_running_logits(name, rng, record_property):
         runs[key] = [forward_traced(backend, weights, cfg, arch, cache, ids, pos) for ids, pos in tokens]
     for i, ((a, _), (b, _)) in enumerate(zip(runs["cuda"], runs["cuda again"])):
         assert np.array_equal(a, b), f"{name} step {i}: two CUDA runs of the same inputs differ"
-    bound = FREE_RUNNING_RECURRENT if any(cfg.is_recurrent(il) for il in range(cfg.n_layer)) else FREE_RUNNING
+    bound = (FREE_RUNNING_RECURRENT if any(cfg.is_recurrent(il) for il in range(cfg.n_layer))
+             else FREE_RUNNING_POST_NORMS if gf.architecture == "gemma4" else FREE_RUNNING)
     worst, compared, parted = 0.0, 0, None
     for i, ((got, got_nodes), (want, want_nodes)) in enumerate(zip(runs["cuda"], runs["ref"])):
         part = first_parting(cfg, got_nodes, want_nodes)
