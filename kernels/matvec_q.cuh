@@ -24,6 +24,57 @@ __device__ __forceinline__ int table16_lookup(int q, const u32 t[4]) {
     return (int) ((lo & ~upper) | (hi & upper));
 }
 
+// The quants of item ib of a Q4_K / Q5_K row as 8 ints of 4 (dot_item and MMQ read them
+// alike): sub-block s = ib % 8 of super-block ib / 8, 32 quants in the low (s even) or high
+// (s odd) nibbles of qs[32*(s/2) ..], Q5_K's fifth bit is bit s of qh[0..31]; with the
+// sub-block's 6-bit scale and min and the super-block's d and dmin.
+template <int TYPE>
+__device__ __forceinline__ void k45_quants(const u8 * __restrict__ row, const int ib, int q[8],
+                                           int & sc, int & m, float & d, float & dmin) {
+    const int s = ib % 8;
+    const u8 * qs;
+    const u8 * scales;
+    if constexpr (TYPE == Q4_K) {
+        const block_q4_K * b = (const block_q4_K *) row + ib / 8;
+        qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
+    } else {
+        const block_q5_K * b = (const block_q5_K *) row + ib / 8;
+        qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
+    }
+    scale_min_k4(s, scales, sc, m);
+    const int * q4 = (const int *) (qs + 32 * (s / 2));
+    const int shift = 4 * (s % 2);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int v = (q4[i] >> shift) & 0x0F0F0F0F;
+        if constexpr (TYPE == Q5_K) {
+            const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
+            v |= ((qh[i] >> s) & 0x01010101) << 4;
+        }
+        q[i] = v;
+    }
+}
+
+// The quants of item ib of a Q6_K row as 8 ints of 4 signed values (6 bits less 32): quarter
+// r of half h of super-block ib/8, low 4 bits in the nibbles of ql[64h + 32(r%2) ..] (high
+// nibble for r >= 2), high 2 bits at bit 2r of qh[32h ..]. Returns the super-block (its d and
+// its int8 scales, one per 16 quants: scales[8h + 2r], scales[8h + 2r + 1]).
+__device__ __forceinline__ const block_q6_K * q6k_quants(const u8 * __restrict__ row, const int ib,
+                                                         int q[8]) {
+    const block_q6_K * b = (const block_q6_K *) row + ib / 8;
+    const int h = (ib % 8) / 4, r = ib % 4;
+    const u8 * ql = b->ql + 64 * h + 32 * (r % 2);
+    const u8 * qh = b->qh + 32 * h;
+    const int lshift = 4 * (r / 2), hshift = 2 * r;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
+        const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
+        q[i] = (int) __vsubss4(vl | vh, 0x20202020);
+    }
+    return b;
+}
+
 template <int TYPE, class Y>
 __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int ib,
                                           const Y * __restrict__ y) {
@@ -92,51 +143,24 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
         }
         return e8m0_half_to_f32(b->e) * d8 * sumi;
     } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
-        // Item ib is sub-block s of super-block ib/8: 32 quants in the low (s even) or high
-        // (s odd) nibbles of qs[32*(s/2) ..], Q5_K's fifth bit is bit s of qh[0..31].
-        const int s = ib % 8;
-        const u8 * qs;
-        const u8 * scales;
+        int q[8], sc, m;
         float d, dmin;
-        if constexpr (TYPE == Q4_K) {
-            const block_q4_K * b = (const block_q4_K *) row + ib / 8;
-            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
-        } else {
-            const block_q5_K * b = (const block_q5_K *) row + ib / 8;
-            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
-        }
-        int sc, m;
-        scale_min_k4(s, scales, sc, m);
-        const int * q4 = (const int *) (qs + 32 * (s / 2));
-        const int shift = 4 * (s % 2);
+        k45_quants<TYPE>(row, ib, q, sc, m, d, dmin);
         int sumi = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            int v = (q4[i] >> shift) & 0x0F0F0F0F;
-            if constexpr (TYPE == Q5_K) {
-                const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
-                v |= ((qh[i] >> s) & 0x01010101) << 4;
-            }
-            sumi = __dp4a(v, yq[i], sumi);
+            sumi = __dp4a(q[i], yq[i], sumi);
         }
         return d8 * (d * sc * sumi - dmin * m * act_sum(y));
     } else if constexpr (TYPE == Q6_K) {
-        // Item ib is quarter r of half h of super-block ib/8: low 4 bits in the nibbles of
-        // ql[64h + 32(r%2) ..] (high nibble for r >= 2), high 2 bits at bit 2r of qh[32h ..],
-        // one int8 scale per 16 quants.
-        const block_q6_K * b = (const block_q6_K *) row + ib / 8;
-        const int h = (ib % 8) / 4, r = ib % 4;
-        const u8 * ql = b->ql + 64 * h + 32 * (r % 2);
-        const u8 * qh = b->qh + 32 * h;
-        const int lshift = 4 * (r / 2), hshift = 2 * r;
+        int q[8];
+        const block_q6_K * b = q6k_quants(row, ib, q);
         int sumi[2] = {0, 0};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
-            const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
-            sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);
+            sumi[i / 4] = __dp4a(q[i], yq[i], sumi[i / 4]);
         }
-        const i8 * sc = b->scales + 8 * h + 2 * r;
+        const i8 * sc = b->scales + 8 * ((ib % 8) / 4) + 2 * (ib % 4);
         return f16_to_f32(b->d) * d8 * (sc[0] * sumi[0] + sc[1] * sumi[1]);
     }
 }

@@ -93,47 +93,16 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
         }
         o.a = e8m0_half_to_f32(b->e);
     } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
-        const int s = ib % 8;
-        const u8 * qs;
-        const u8 * scales;
-        float d, dmin;
-        if constexpr (TYPE == Q4_K) {
-            const block_q4_K * b = (const block_q4_K *) row + ib / 8;
-            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
-        } else {
-            const block_q5_K * b = (const block_q5_K *) row + ib / 8;
-            qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
-        }
         int sc, m;
-        scale_min_k4(s, scales, sc, m);
-        const int * q4 = (const int *) (qs + 32 * (s / 2));
-        const int shift = 4 * (s % 2);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            int v = (q4[i] >> shift) & 0x0F0F0F0F;
-            if constexpr (TYPE == Q5_K) {
-                const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
-                v |= ((qh[i] >> s) & 0x01010101) << 4;
-            }
-            o.q[i] = v;
-        }
+        float d, dmin;
+        k45_quants<TYPE>(row, ib, o.q, sc, m, d, dmin);
         // d * sc and dmin * m are exact in float32 (11-bit by 6-bit mantissas): the mat-vec's
         // d * sc * sumi - dmin * m * isum, with the products formed in the same order.
         o.a = d * sc;
         o.b = dmin * m;
     } else if constexpr (TYPE == Q6_K) {
-        const block_q6_K * b = (const block_q6_K *) row + ib / 8;
-        const int h = (ib % 8) / 4, r = ib % 4;
-        const u8 * ql = b->ql + 64 * h + 32 * (r % 2);
-        const u8 * qh = b->qh + 32 * h;
-        const int lshift = 4 * (r / 2), hshift = 2 * r;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
-            const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
-            o.q[i] = (int) __vsubss4(vl | vh, 0x20202020);
-        }
-        const i8 * sc = b->scales + 8 * h + 2 * r;
+        const block_q6_K * b = q6k_quants(row, ib, o.q);
+        const i8 * sc = b->scales + 8 * ((ib % 8) / 4) + 2 * (ib % 4);
         o.a = f16_to_f32(b->d);
         o.sc = (int) (u8) sc[0] | ((int) (u8) sc[1] << 8);
     }
