@@ -19,10 +19,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/brass-site .whl/*.whl \
-        && export PYTHONPATH="/tmp/brass-site:$PYTHONPATH"
-fi
+. ci/gpu_lib.sh
+brass_wheels
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
 python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors -o junit_family=xunit1 --junitxml="$out/gpu-conformance.xml" "$@"
 rc=$?

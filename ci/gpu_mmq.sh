@@ -15,10 +15,8 @@ cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export BRASS_CACHE="${BRASS_CACHE:-/tmp/brass-cache}"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/brass-site .whl/*.whl 2> /dev/null \
-        && export PYTHONPATH="/tmp/brass-site:$PYTHONPATH"
-fi
+. ci/gpu_lib.sh
+brass_wheels
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
 xdist=""; python3 -c "import xdist" 2> /dev/null && xdist="-n 4"
 rc=0

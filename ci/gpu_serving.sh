@@ -16,21 +16,12 @@ cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 shape="${SHAPE:-qwen3-8b}"
 dir=/tmp/brass-shapes
-src=/tmp/llama-src
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/brass-site .whl/*.whl \
-        && export PYTHONPATH="/tmp/brass-site:$PYTHONPATH"
-fi
+. ci/gpu_lib.sh
+brass_wheels
+src=$LLAMA_SRC_DIR
 server="$src/llama.cpp/build/bin/llama-server"
-if [ ! -x "$server" ]; then
-    mkdir -p "$src" && tar xJf .stage/llama-bin-11434-src.tar.xz -C "$src"
-    (cd "$src/llama.cpp" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
-        && cmake --build build -j"${SERVER_JOBS:-$(nproc)}" --target llama-server llama-bench) \
-        > "$out/llama-server-build.log" 2>&1 &
-fi
+[ -x "$server" ] || llama_build "$out/llama-server-build.log" "${SERVER_JOBS:-$(nproc)}" llama-server llama-bench
 [ -f "$dir/$shape.gguf" ] || python3 ci/shape_models.py "$shape" "$dir" > /dev/null || exit 1
 wait
 [ -x "$server" ] || { echo "llama-server did not build:"; tail -5 "$out/llama-server-build.log"; }

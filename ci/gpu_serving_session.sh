@@ -12,15 +12,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-.}"
 export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/brass-site .whl/*.whl 2> /dev/null \
-    && export PYTHONPATH="/tmp/brass-site:$PYTHONPATH"
-src=/tmp/llama-src
-mkdir -p "$src" && tar xJf .stage/llama-bin-11434-src.tar.xz -C "$src"
-(cd "$src/llama.cpp" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
-    && cmake --build build -j8 --target llama-server llama-bench) > "$out/llama-build.log" 2>&1 &
-build=$!
+. ci/gpu_lib.sh
+brass_wheels
+llama_build "$out/llama-build.log" 8 llama-server llama-bench
+build=$LLAMA_BUILD_PID
+src=$LLAMA_SRC_DIR
 (for s in qwen3-8b qwen3.6-35b-a3b gemma-4-26b-a4b; do
      python3 ci/shape_models.py "$s" /tmp/brass-shapes || echo "shape $s failed"
  done > "$out/shape.log" 2>&1) &

