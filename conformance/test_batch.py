@@ -145,7 +145,8 @@ def test_greedy_steps_run_ahead_equal_alone(model, rng):
     assert dec.captures == captures, "a step captured a graph that prepare_buckets had captured"
     for i, (g, a) in enumerate(zip(got, alone)):
         assert g == a, f"sequence {i}: tokens {g} through greedy_steps, {a} alone"
-    with pytest.raises(Exception, match="bucket graphs"):
+    from engine.errors import BrassError
+    with pytest.raises(BrassError, match="bucket graphs"):
         next(dec.greedy_steps(sessions[:1] + [model.new_session(2048)], [1, 1]))
 
 def test_batched_step_refuses_bad_input(model):

@@ -130,10 +130,8 @@ class BatchDecoder:
         """Whether `greedy_steps` takes these sessions: bucket graphs on, caches without
         recurrent state, and the bucket's graph already captured (the first step of a bucket
         goes through step_argmax, which captures it)."""
-        if not (AHEAD and self.buckets and self._bucketable(sessions)):
-            return False
-        key = (self._rows_for(len(sessions)), self._capacity_for(max(s.n_ctx for s in sessions)))
-        return key in self._bucket_steps
+        return (AHEAD and self.buckets and self._bucketable(sessions)
+                and self._bucket_key(sessions) in self._bucket_steps)
 
     def greedy_steps(self, sessions: list, tokens: list[int]):
         """Yield the greedy tokens (np.int32 [n]) of successive batched steps of the same
@@ -148,17 +146,19 @@ class BatchDecoder:
             raise BrassError("greedy_steps needs bucket graphs, captured, over KV caches only")
         b = self.model.backend
         n = len(sessions)
-        B = self._rows_for(n)
-        st = self._bucket_steps[(B, self._capacity_for(max(s.n_ctx for s in sessions)))]
-        caches = [s.cache for s in sessions] + [self._pad_cache()] * (B - n)
+        key = self._bucket_key(sessions)
+        B, st = key[0], self._bucket_steps[key]
+        caches = self._padded(sessions, B)
         host = [b.pinned_empty(n, np.int32) for _ in range(3)]      # read-backs in flight: 2
         launched = yielded = 0
 
+        def full():                         # a session whose cache has no slot left
+            return next((s for s in sessions if s.n_past >= s.n_ctx), None)
+
         def launch(ids):
             nonlocal launched
-            for s in sessions:
-                if s.n_past + 1 > s.n_ctx:
-                    raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
+            if (s := full()) is not None:
+                raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
             pos = np.asarray([s.n_past for s in sessions] + [0] * (B - n), np.int32)
             with b.activate():
                 if ids is None:             # this step's tokens: the last step's argmax
@@ -172,13 +172,10 @@ class BatchDecoder:
                 s.n_past += 1
             return read
 
-        def room():
-            return all(s.n_past < s.n_ctx for s in sessions)
-
         try:
             pending = launch(np.asarray([int(t) for t in tokens], np.int32))
             while True:
-                ahead = launch(None) if room() else None   # none past a cache's end
+                ahead = launch(None) if full() is None else None   # none past a cache's end
                 got = pending()
                 yielded += 1
                 yield got
@@ -186,6 +183,14 @@ class BatchDecoder:
         finally:
             for s in sessions:              # the steps issued beyond those read
                 s.n_past -= launched - yielded
+
+    def _bucket_key(self, sessions: list) -> tuple[int, int]:
+        """(rows, attention bound) of the bucket graph a step of these sessions replays."""
+        return self._rows_for(len(sessions)), self._capacity_for(max(s.n_ctx for s in sessions))
+
+    def _padded(self, sessions: list, B: int) -> list:
+        """The sessions' caches, then the pad cache for the rows up to B."""
+        return [s.cache for s in sessions] + [self._pad_cache()] * (B - len(sessions))
 
     def _rows_for(self, n: int) -> int:
         """The bucket (row count of the graph) that a step of n sequences replays."""
@@ -242,11 +247,10 @@ class BatchDecoder:
         runs eagerly (loading its kernels), and captures the bucket's graph for the next."""
         m, b = self.model, self.model.backend
         n = len(sessions)
-        B = self._rows_for(n)
-        caches = [s.cache for s in sessions] + [self._pad_cache()] * (B - n)
+        B, cap = self._bucket_key(sessions)
+        caches = self._padded(sessions, B)
         ids = np.concatenate([ids, np.zeros(B - n, np.int32)])
         pos = np.concatenate([pos, np.zeros(B - n, np.int32)])
-        cap = self._capacity_for(max(s.n_ctx for s in sessions))
         st = self._bucket_steps.get((B, cap))
         if st is not None:
             with b.activate():

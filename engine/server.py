@@ -262,7 +262,7 @@ def raise_open_files_limit():
 
 
 def cmd_serve(args):
-    from .model import Model
+    from .model import Model, graphs_enabled
     if args.parallel < 1:
         raise BrassError("--parallel must be >= 1")
     if args.max_waiting < 1:
@@ -275,11 +275,10 @@ def cmd_serve(args):
         raise BrassError(f"brass serve needs FastAPI and uvicorn ({e}): pip install -e .") from None
     model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
     app = App(model, model_id_for(args.model, model.path), args.api_key, args.parallel, args.max_waiting)
-    warm_up = getattr(app.scheduler, "warm_up", None)
-    if warm_up is not None and model.backend.name != "numpy":
+    if graphs_enabled(model.backend):       # what BatchScheduler.warm_up has work for
         print("brass: loading kernels and capturing decode graphs before the first request",
               file=sys.stderr, flush=True)
-        print(f"brass: ready in {warm_up():.1f} s", file=sys.stderr, flush=True)
+        print(f"brass: ready in {app.scheduler.warm_up():.1f} s", file=sys.stderr, flush=True)
     raise_open_files_limit()
     sock = http_api.listen(args.host, args.port)
     host, port = sock.getsockname()[:2]

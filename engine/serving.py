@@ -261,27 +261,27 @@ class BatchScheduler:
         # Greedy rows need only their argmax (taken on the device): B integers come back
         # instead of B rows of logits.
         greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0 for r in ready)
+        # Greedy rows of an unchanged batch continue its run ahead (BatchDecoder.greedy_steps);
+        # any change of the rows ends it, and a new one starts where the batch takes one.
+        key = tuple(id(r) for r in ready)
+        if self._ahead is not None and (not greedy or self._ahead[0] != key):
+            self._stop_ahead()
         sessions = [r.session for r in ready]
-        if greedy and (self._ahead is not None or self.batch.can_run_ahead(sessions)):
-            key = tuple(id(r) for r in ready)
-            if self._ahead is not None and self._ahead[0] != key:
+        if greedy and self._ahead is None and self.batch.can_run_ahead(sessions):
+            self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]))
+        if self._ahead is not None:
+            try:
+                rows = next(self._ahead[1])
+            except Exception as e:                # the step failed for all its rows
                 self._stop_ahead()
-            if self._ahead is None and self.batch.can_run_ahead(sessions):
-                self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]))
-            if self._ahead is not None:
-                try:
-                    rows = next(self._ahead[1])
-                except Exception as e:            # the step failed for all its rows
-                    self._stop_ahead()
-                    for r in ready:
-                        self._fail(r, e)
-                    return
-                for r, tok in zip(ready, rows):
-                    self._guard(r, lambda r: self._accept(r, int(tok)), r)
+                for r in ready:
+                    self._fail(r, e)
                 return
-        self._stop_ahead()
+            for r, tok in zip(ready, rows):
+                self._guard(r, lambda r: self._accept(r, int(tok)), r)
+            return
         try:
-            logits, best = self.batch.step_argmax([r.session for r in ready], [r.next for r in ready],
+            logits, best = self.batch.step_argmax(sessions, [r.next for r in ready],
                                                   argmax=greedy)
             with b.activate():
                 rows = b.to_numpy(best if greedy else logits)
