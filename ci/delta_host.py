@@ -40,6 +40,7 @@ static std::barrier<> *block_bar;
 void __syncthreads() { block_bar->arrive_and_wait(); }
 float host_h2f(unsigned short) { abort(); }
 unsigned short host_f2h(float) { abort(); }
+float host_shfl_xor(float, int) { abort(); }
 typedef void (*kernel_t)(const float *, const float *, const float *, const float *, const float *,
                          float *, float *, const GatedDeltaNetParams);
 extern "C" int run_gdn_chunked(int D, const float * q, const float * k, const float * v, const float * g,
@@ -101,6 +102,78 @@ def gated_delta_net_chunked(lib, q, k, v, g, beta, state):
     if lib.run_gdn_chunked(D, q.ctypes.data, k.ctypes.data, v.ctypes.data, g.ctypes.data,
                            beta.ctypes.data, state.ctypes.data, out.ctypes.data, T, Hv, q.shape[1]):
         raise ValueError(f"no chunked kernel for head dim {D}")
+    return out
+
+
+# The decode (sequential) kernel of kernels/ssm.cu the same way: shuffles between the threads
+# of a row go through an exchange array and the block's barrier (every thread of a block
+# reaches each shuffle, as on the GPU, where they are warp-uniform).
+SEQ_HARNESS = r"""#include "shim.h"
+#include "ssm_host.cu"
+#include <limits>
+thread_local uint3h threadIdx;
+uint3h blockIdx, blockDim, gridDim;
+static std::barrier<> *block_bar;
+static float xch[1024];
+void __syncthreads() { block_bar->arrive_and_wait(); }
+float host_h2f(unsigned short) { abort(); }
+unsigned short host_f2h(float) { abort(); }
+float host_shfl_xor(float v, int o) {
+    const unsigned i = threadIdx.x;
+    xch[i] = v;
+    block_bar->arrive_and_wait();
+    const float r = xch[(i ^ o) % blockDim.x];
+    block_bar->arrive_and_wait();
+    return r;
+}
+typedef void (*kernel_t)(const float *, const float *, const float *, const float *, const float *,
+                         float *, float *, const GatedDeltaNetParams);
+extern "C" int run_gdn(int D, const float * q, const float * k, const float * v, const float * g,
+                       const float * beta, float * state, float * out, int T, int Hv, int Hk) {
+    kernel_t fn = D == 32 ? gated_delta_net_32 : D == 64 ? gated_delta_net_64
+                : D == 128 ? gated_delta_net_128 : nullptr;
+    if (!fn) return 1;
+    GatedDeltaNetParams p{}; p.n_tokens = T; p.n_v_heads = Hv; p.n_k_heads = Hk; p.head_dim = D;
+    const unsigned threads = GDN_ROWS * gdn_lanes(D);
+    std::barrier<> bb(threads); block_bar = &bb;
+    gridDim = {(unsigned) Hv, (unsigned) (D / GDN_ROWS), 1};
+    blockDim = {threads, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < threads; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(q, k, v, g, beta, state, out, p); });
+            for (auto & t : th) t.join();
+        }
+    return 0;
+}
+extern "C" int gdn_threads(int D) { return GDN_ROWS * gdn_lanes(D); }
+"""
+
+
+def build_sequential() -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of ssm.cu's gated_delta_net_<D>; RuntimeError without g++."""
+    srcs = host_headers(HEADERS)
+    srcs["ssm_host.cu"] = (KERNEL_DIR / "ssm.cu").read_text()
+    srcs["shim.h"] = SHIM
+    srcs["harness.cpp"] = SEQ_HARNESS
+    so = compile_host(srcs, "gdn", "ssm.cu")
+    so.run_gdn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3
+    so.gdn_threads.argtypes = [ctypes.c_int]
+    return so
+
+
+def gated_delta_net(lib, q, k, v, g, beta, state):
+    """The CPU build of gated_delta_net_<D> (the decode kernel): state updated in place, the
+    output poisoned with NaN before the kernel runs."""
+    q, k, v, g, beta = (np.ascontiguousarray(a, np.float32) for a in (q, k, v, g, beta))
+    assert state.dtype == np.float32 and state.flags.c_contiguous
+    T, Hv, D = v.shape
+    out = np.full((T, Hv, D), np.nan, np.float32)
+    if lib.run_gdn(D, q.ctypes.data, k.ctypes.data, v.ctypes.data, g.ctypes.data,
+                   beta.ctypes.data, state.ctypes.data, out.ctypes.data, T, Hv, q.shape[1]):
+        raise ValueError(f"no kernel for head dim {D}")
     return out
 
 

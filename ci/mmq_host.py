@@ -45,6 +45,7 @@ SHIM = r"""// Host shim: CUDA device code of kernels/ compiled by g++, one std::
 #include <algorithm>
 using std::min; using std::max;
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(x)
@@ -55,6 +56,8 @@ extern thread_local uint3h threadIdx;
 extern uint3h blockIdx, blockDim, gridDim;
 struct int4 { int x, y, z, w; };
 struct float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
@@ -80,10 +83,12 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
     return (unsigned) ((((uint64_t) hi << 32) | lo) >> (sh & 31));
 }
-inline float __shfl_xor_sync(unsigned, float, int) { abort(); }
+float host_shfl_xor(float v, int o);     // each harness: across its block's threads, or abort
+inline float __shfl_xor_sync(unsigned, float v, int o) { return host_shfl_xor(v, o); }
 inline double __shfl_xor_sync(unsigned, double, int) { abort(); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 void __syncthreads();
 float host_h2f(unsigned short h);
@@ -108,6 +113,7 @@ float host_h2f(unsigned short h) {
     return s ? -f : f;
 }
 unsigned short host_f2h(float) { abort(); }   // unused by mmq.cu
+float host_shfl_xor(float, int) { abort(); }  // unused by mmq.cu
 // PTX ISA fragment layouts (as mmq.cu's comments state them), g = lane / 4, t = lane % 4:
 // k32: a0 = A[g][w t], a1 = A[g+8][w t], a2 = A[g][w t+4], a3 = A[g+8][w t+4]; b0 = B[w t][g],
 // b1 = B[w t+4][g]; d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1].

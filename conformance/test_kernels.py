@@ -217,6 +217,41 @@ def test_add_mul_scale_bit_exact(cuda, ref, rng, tmp_path, record_property):
         check(cuda.to_numpy(got), want, EXACT, record_property, what)
 
 
+def test_graph_with_pdl_waits_for_each_kernel(rng):
+    """In a captured graph the kernels are launched with programmatic dependent launch (on
+    sm_90+): kernel n+1 may start while kernel n runs, and reads n's output only because
+    PDL_ENTRY waits. A chain of 96 adds and multiplies, each reading the one before, over
+    about one wave of blocks (so that a kernel that did not wait would read its input before
+    it was written), replayed 5 times, must equal the same chain on the host in float32
+    (elementwise operations: exact). Outputs are not poisoned here: a fill between two kernels
+    would serialise them and hide a missing wait."""
+    from engine.backends.cuda import CudaBackend
+    cuda = CudaBackend()
+    if cuda.cc >= 90 and os.environ.get("BRASS_PDL", "1") not in ("", "0"):
+        assert cuda.pdl, "the H100/H200 class launches graph kernels with PDL"
+    n = 1 << 18
+    x0 = rng.uniform(-1, 1, n).astype(F32)
+    y = rng.uniform(-1, 1, n).astype(F32)
+    m = rng.uniform(0.9, 1.1, n).astype(F32)
+    X, Y, M = cuda.asarray(x0), cuda.asarray(y), cuda.asarray(m)
+
+    def chain():
+        v = X
+        for i in range(96):
+            v = cuda.add(v, Y) if i % 3 else cuda.mul(v, M)
+        return v
+
+    graph = cuda.capture(chain)
+    want = x0.copy()
+    for i in range(96):
+        want = (want + y).astype(F32) if i % 3 else (want * m).astype(F32)
+    for r in range(5):
+        graph.replay()
+        got = cuda.to_numpy(graph.result)
+        bad = int(np.count_nonzero(got != want))
+        assert bad == 0, f"replay {r}: {bad} of {n} values differ from the chain's (a kernel read its input early)"
+
+
 @pytest.mark.parametrize("op,bound", [("swiglu", TRANSCENDENTAL), ("geglu", F16_ROUNDED)])
 def test_glu(cuda, ref, rng, op, bound, record_property):
     # Gates up to +-12 also reach GELU's identity/zero regions beyond +-10.

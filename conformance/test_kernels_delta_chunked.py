@@ -24,7 +24,7 @@ import pytest
 from engine.backends import cuda_available
 from engine.backends.numpy_backend import NumpyBackend
 from conformance.test_kernels import check, cuda, record_launches  # noqa: F401  (fixtures)
-from kernels.cases import DELTA_CHUNKED
+from kernels.cases import DELTA_CHUNKED, RECURRENCE
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
@@ -97,6 +97,38 @@ def test_chunked_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
     check(got, want, DELTA_CHUNKED, record_property, "output")
     check(got_state, want_state, DELTA_CHUNKED, record_property, "state")
 
+
+
+@pytest.mark.parametrize("T,Hk,Hv,D", [(1, 2, 4, 32), (9, 2, 6, 32), (1, 16, 32, 128), (5, 4, 8, 128),
+                                       (3, 2, 6, 64)])
+def test_decode_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
+    # ssm.cu's gated_delta_net_<D> (the decode kernel: a block per 32 state rows, a row over
+    # two threads at D = 128, the slab staged through shared memory) on the CPU, against the
+    # rule, with the RECURRENCE bound the GPU test uses: the slab indexing, the row split and
+    # its shuffles, and the tiled head mapping of the real source.
+    from ci import delta_host
+    try:
+        lib = delta_host.build_sequential()
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    q, k, v, g, beta, state = random_case(rng, T, Hk, Hv, D)
+    want_state, got_state = state.copy(), state.copy()
+    want = NumpyBackend().gated_delta_net(q, k, v, g, beta, want_state)
+    got = delta_host.gated_delta_net(lib, q, k, v, g, beta, got_state)
+    check(got, want, RECURRENCE, record_property, "output")
+    check(got_state, want_state, RECURRENCE, record_property, "state")
+
+
+def test_decode_kernel_block_matches_the_backend():
+    # The threads per block the backend launches (gdn_threads) are the kernel's own.
+    pytest.importorskip("cupy")
+    from ci import delta_host
+    from engine.backends.cuda.backend import GDN_HEAD_DIMS, gdn_threads
+    try:
+        lib = delta_host.build_sequential()
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    assert [lib.gdn_threads(d) for d in GDN_HEAD_DIMS] == [gdn_threads(d) for d in GDN_HEAD_DIMS]
 
 def test_shared_memory_size_matches_the_kernel():
     # The bytes the backend gives at launch (gdn_chunked_smem) are those the kernel carves up

@@ -47,3 +47,35 @@ def test_pack_fills_every_field():
         pack("MatVecParams", n_rows=3)
     with pytest.raises(TypeError, match="unknown fields"):
         pack("QuantizeParams", n_rows=1, k=32, extra=1)
+
+
+def _kernel_bodies():
+    """(file, kernel name, text of its body up to PDL_ENTRY or None) of every __global__
+    function under kernels/, macro-defined ones included."""
+    import re
+    from pathlib import Path
+    out = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.cu*")):
+        text = re.sub(r"//[^\n]*", "", path.read_text())
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S).replace("\\\n", "\n")
+        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+(?:##\w+)?)\s*\(", text):
+            body = text[text.index("{", m.end()) + 1:]
+            cut = body.find("PDL_ENTRY();")
+            nxt = body.find("__global__")
+            head = body[:cut] if cut >= 0 and (nxt < 0 or cut < nxt) else None
+            out.append((path.name, m.group(1), head))
+    return out
+
+
+def test_every_kernel_begins_with_pdl_entry():
+    """Decode graphs launch kernels with programmatic dependent launch: a kernel may start
+    before the previous one ends, and only PDL_ENTRY (griddepcontrol.wait) makes it wait for
+    that one's writes. A kernel that touched memory before it would race with its
+    predecessor; so every kernel begins with PDL_ENTRY, with at most pure arithmetic and
+    L2 prefetches of weights (prefetch_l2_span / prefetch_unit) before it."""
+    bodies = _kernel_bodies()
+    assert len(bodies) >= 40, f"found only {len(bodies)} kernels: the scan is broken"
+    missing = [f"{f}:{k}" for f, k, head in bodies if head is None]
+    assert not missing, f"kernels without PDL_ENTRY: {missing}"
+    touching = [f"{f}:{k}" for f, k, head in bodies if any(tok in head for tok in ("[", "->", "__shared__"))]
+    assert not touching, f"kernels that read or write memory before PDL_ENTRY: {touching}"

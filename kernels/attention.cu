@@ -19,6 +19,7 @@
 extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
 kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __restrict__ cache,
          const KvStoreParams p) {
+    PDL_ENTRY();
     const int t = blockIdx.y;
     const int i = blockIdx.x * KV_STORE_THREADS + threadIdx.x;
     const int slot = pos[t];
@@ -35,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
           const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
           const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows, const AttentionParams p) {
+    PDL_ENTRY();
     extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities

@@ -14,6 +14,34 @@ typedef unsigned long long u64;
 #define WARP_SIZE 32
 #define QK8_1 32
 
+// Programmatic dependent launch (Hopper and later). Inside a decode graph the backend launches
+// kernels with the programmatic-serialization attribute: a kernel may then start while the one
+// before it is still running, so the launch and the block scheduling of kernel n+1 hide behind
+// the tail of kernel n. PDL_ENTRY is therefore the first statement of every kernel: it waits
+// until the previous grid has completed and its writes are visible (griddepcontrol.wait), then
+// lets the next kernel be launched (griddepcontrol.launch_dependents; it still waits for this
+// one to complete before it touches memory). Nothing before PDL_ENTRY may read or write memory
+// another kernel writes: only the weights, which no kernel writes, may be prefetched there
+// (prefetch_l2_span). Without the launch attribute (eager launches, other GPUs) the wait
+// returns at once. conformance/test_kernels_plumbing.py checks every kernel begins this way.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() do { asm volatile("griddepcontrol.wait;" ::: "memory");                  \
+                         asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); } while (0)
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
+// Ask L2 for the bytes [p, p + n) ahead of their loads, one 128-byte line per lane of the warp
+// in turn (no registers held, no result). Weights only (see PDL_ENTRY); a kernel calls it
+// before PDL_ENTRY so that its weights stream in while the previous kernel finishes.
+__device__ __forceinline__ void prefetch_l2_span(const void * p, const long long n) {
+#if defined(__CUDA_ARCH__)
+    const char * c = (const char *) p;
+    for (long long o = (long long) (threadIdx.x % 32) * 128; o < n; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(c + o));
+#endif
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -240,6 +240,7 @@ gated_delta_net_chunked_##D(const float * __restrict__ q, const float * __restri
                             const float * __restrict__ v, const float * __restrict__ g,                \
                             const float * __restrict__ beta, float * __restrict__ state,               \
                             float * __restrict__ out, const GatedDeltaNetParams p) {                   \
+    PDL_ENTRY();                                                                                       \
     gated_delta_net_chunked<D>(q, k, v, g, beta, state, out, p);                                       \
 }
 DEFINE_GDN_CHUNKED(32)

@@ -28,6 +28,7 @@ __device__ __forceinline__ void dequant_rows_f16(const u8 * __restrict__ w, cons
 extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                      \
 dequant_f16_##name(const u8 * __restrict__ w, const int * __restrict__ experts, u32 * __restrict__ y, \
                    const DequantParams p) {                                                        \
+    PDL_ENTRY();                                                                                   \
     dequant_rows_f16<TYPE>(w, experts, y, p);                                                      \
 }
 
@@ -47,6 +48,7 @@ DEFINE_DEQUANT(mxfp4, MXFP4)
 // Activations to F16 for the same GEMM (round to nearest even, as numpy's astype).
 extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)
 to_f16(const float * __restrict__ x, u16 * __restrict__ y, const GluParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * DEQUANT_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * DEQUANT_THREADS)
         y[i] = f32_to_f16(x[i]);
 }
@@ -54,6 +56,7 @@ to_f16(const float * __restrict__ x, u16 * __restrict__ y, const GluParams p) {
 extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)
 gather_rows_f16(const float * __restrict__ x, const int * __restrict__ idx, u16 * __restrict__ y,
                 const GatherParams p) {
+    PDL_ENTRY();
     const int c = blockIdx.x * DEQUANT_THREADS + threadIdx.x;
     if (c >= p.n_cols) return;
     for (int r = blockIdx.y; r < p.n_out; r += gridDim.y) {

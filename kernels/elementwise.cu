@@ -11,18 +11,21 @@
 // a + b, with b repeating every n_b elements (a bias or a row broadcast over tokens).
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 add(const float * __restrict__ a, const float * __restrict__ b, float * __restrict__ y, const BinaryParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
         y[i] = __fadd_rn(a[i], b[i % p.n_b]);
 }
 
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 mul(const float * __restrict__ a, const float * __restrict__ b, float * __restrict__ y, const BinaryParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
         y[i] = __fmul_rn(a[i], b[i % p.n_b]);
 }
 
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 scale(const float * __restrict__ x, float * __restrict__ y, const ScaleParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
         y[i] = __fmul_rn(x[i], p.s);
 }
@@ -30,6 +33,7 @@ scale(const float * __restrict__ x, float * __restrict__ y, const ScaleParams p)
 // silu(g) * u = (g / (1 + exp(-g))) * u
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 swiglu(const float * __restrict__ g, const float * __restrict__ u, float * __restrict__ y, const GluParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS) {
         y[i] = swiglu_value(g[i], u[i]);
     }
@@ -38,6 +42,7 @@ swiglu(const float * __restrict__ g, const float * __restrict__ u, float * __res
 // gelu_tanh(g) * u with GELU through F16 as ggml's CPU does (gelu_f16, common.cuh).
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 geglu(const float * __restrict__ g, const float * __restrict__ u, float * __restrict__ y, const GluParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
         y[i] = __fmul_rn(gelu_f16(g[i]), u[i]);
 }
@@ -46,6 +51,7 @@ geglu(const float * __restrict__ g, const float * __restrict__ u, float * __rest
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 weighted_sum(const float * __restrict__ y, const float * __restrict__ w, float * __restrict__ out,
              const WeightedSumParams p) {
+    PDL_ENTRY();
     const int t = blockIdx.y;
     const int i = blockIdx.x * EW_THREADS + threadIdx.x;
     if (i >= p.n_cols) return;
@@ -60,6 +66,7 @@ weighted_sum(const float * __restrict__ y, const float * __restrict__ w, float *
 // (The kernel is not called tanh: that would clash with the C math function.)
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 tanh_f32(const float * __restrict__ x, float * __restrict__ y, const GluParams p) {
+    PDL_ENTRY();
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
         y[i] = tanhf(x[i]);
 }
@@ -69,6 +76,7 @@ tanh_f32(const float * __restrict__ x, float * __restrict__ y, const GluParams p
 // each rounded as there (1.0f / cap is an IEEE division: no fast math).
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 softcap(const float * __restrict__ x, float * __restrict__ y, const ScaleParams p) {
+    PDL_ENTRY();
     const float inv = __fdiv_rn(1.0f, p.s);
     for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS)
         y[i] = __fmul_rn(tanhf(__fmul_rn(x[i], inv)), p.s);
@@ -80,6 +88,7 @@ softcap(const float * __restrict__ x, float * __restrict__ y, const ScaleParams 
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 mul_expert_scale(const float * __restrict__ y, const float * __restrict__ s, const int * __restrict__ ids,
                  float * __restrict__ out, const ExpertScaleParams p) {
+    PDL_ENTRY();
     const int slot = blockIdx.x;
     const int i = blockIdx.y * EW_THREADS + threadIdx.x;
     if (i >= p.n_cols) return;

@@ -33,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_NORM_THREADS)
 add_rms_norm(const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ w,
              float * __restrict__ sum, float * __restrict__ y, block_q8_1 * __restrict__ yq,
              const AddNormParams p) {
+    PDL_ENTRY();
     __shared__ double partial[FUSED_NORM_THREADS / WARP_SIZE];
     const i64 base = (i64) blockIdx.x * p.n_cols;
     double ss = 0.0;
@@ -65,6 +66,7 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
            float * __restrict__ q_out, float * __restrict__ k_out, u16 * __restrict__ k_cache,
            u16 * __restrict__ v_cache, const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows,
            const RopeStoreParams p) {
+    PDL_ENTRY();
     extern __shared__ float row[];          // [head_dim]: the head after its norm
     __shared__ double partial[ROPE_STORE_THREADS / WARP_SIZE];
     const int t = blockIdx.y, hb = blockIdx.x;
@@ -136,6 +138,7 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
 extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
 moe_route(const float * __restrict__ logits, float * __restrict__ probs, int * __restrict__ ids,
           float * __restrict__ weights, const MoeRouteParams p) {
+    PDL_ENTRY();
     __shared__ float scratch[WARP_SIZE];
     __shared__ double scratch_d[ROUTE_THREADS / WARP_SIZE];
     __shared__ float sv[WARP_SIZE];
@@ -201,6 +204,7 @@ moe_route(const float * __restrict__ logits, float * __restrict__ probs, int * _
 extern "C" __global__ void decode_advance(const int * __restrict__ next, int * __restrict__ tok,
                                           int * __restrict__ pos, int * __restrict__ history,
                                           const AdvanceParams p) {
+    PDL_ENTRY();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int t = next[0];
     const int p1 = pos[0] + 1;
@@ -210,5 +214,6 @@ extern "C" __global__ void decode_advance(const int * __restrict__ next, int * _
 }
 
 extern "C" __global__ void decode_set(int * __restrict__ tok, int * __restrict__ pos, const DecodeSetParams p) {
+    PDL_ENTRY();
     if (threadIdx.x == 0 && blockIdx.x == 0) { tok[0] = p.tok; pos[0] = p.pos; }
 }

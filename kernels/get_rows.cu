@@ -22,6 +22,7 @@ __device__ __forceinline__ void get_rows(const u8 * __restrict__ table, const in
 extern "C" __global__ void __launch_bounds__(GET_ROWS_THREADS)                                     \
 get_rows_##name(const u8 * __restrict__ table, const int * __restrict__ ids, float * __restrict__ y, \
                 const GetRowsParams p) {                                                           \
+    PDL_ENTRY();                                                                                   \
     get_rows<TYPE>(table, ids, y, p);                                                              \
 }
 

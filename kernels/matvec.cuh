@@ -263,11 +263,35 @@ __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const
 
 #define NAN_F32 __int_as_float(0x7fc00000)
 
+#ifndef MV_PREFETCH
+#define MV_PREFETCH 1            // prefetch a warp's first weight rows into L2 before PDL_ENTRY
+#endif
+
+// L2 prefetch of `rows` weight rows from row `row` of matrix unit u of a matvec_ / matvec_cols_
+// launch (matrices 0, 1, 2 one after another, units of `rows` rows): the bytes a warp reads
+// first. Weights only, so it may run before PDL_ENTRY (common.cuh).
+__device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, const u8 * w2,
+                                              const MultiMatVecParams & p, int u, const int rows) {
+#if MV_PREFETCH
+    const int u0 = (p.n_rows0 + rows - 1) / rows, u1 = (p.n_rows1 + rows - 1) / rows;
+    const int u2 = (p.n_rows2 + rows - 1) / rows;
+    if (u >= u0 + u1 + u2) return;
+    const u8 * w; int n; long long rb;
+    if (u < u0) { w = w0; n = p.n_rows0; rb = p.row_bytes0; }
+    else if ((u -= u0) < u1) { w = w1; n = p.n_rows1; rb = p.row_bytes1; }
+    else { u -= u1; w = w2; n = p.n_rows2; rb = p.row_bytes2; }
+    const int row = u * rows;
+    prefetch_l2_span(w + row * rb, (long long) min(rows, n - row) * rb);
+#endif
+}
+
 #define DEFINE_MATVEC(name, K)                                                                     \
 extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
               const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,     \
               float * __restrict__ y2, const MultiMatVecParams p) {                                \
+    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    PDL_ENTRY();                                                                                   \
     /* Each matrix takes whole warps: unit u covers rows u*MV_ROWS.. of its matrix. A grid     */  \
     /* smaller than the units makes each warp loop over several (grid-stride).                 */  \
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;  \
@@ -295,6 +319,13 @@ extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)             
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
                   const int * __restrict__ ids, float * __restrict__ h, block_q8_1 * __restrict__ hq, \
                   const GluMatVecParams p) {                                                       \
+    if (MV_PREFETCH && !p.has_ids) {                                   /* weights only */          \
+        const int r0 = blockIdx.x * (GLU_WARPS * GLU_ROWS) + threadIdx.x / WARP_SIZE * GLU_ROWS;   \
+        const long long nb = (long long) max(0, min(GLU_ROWS, p.n_rows - r0)) * p.row_bytes;       \
+        prefetch_l2_span(wg + r0 * p.row_bytes, nb);                                               \
+        prefetch_l2_span(wu + r0 * p.row_bytes, nb);                                               \
+    }                                                                                              \
+    PDL_ENTRY();                                                                                   \
     __shared__ float hs[GLU_WARPS * GLU_ROWS];                                                     \
     const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;   \
     const int row0 = blockIdx.x * (GLU_WARPS * GLU_ROWS), row = row0 + warp * GLU_ROWS;            \
@@ -328,6 +359,8 @@ extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)              
 matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
                    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1, \
                    float * __restrict__ y2, const MultiMatVecParams p) {                           \
+    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, 1);              \
+    PDL_ENTRY();                                                                                   \
     /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warps as in       */ \
     /* matvec_ (blockIdx.y, grid-stride): one row per warp, the tokens' sums side by side.     */  \
     const int u0 = p.n_rows0, u1 = p.n_rows1, u2 = p.n_rows2;                                      \
@@ -352,6 +385,13 @@ extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)             
 matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
                        const K::act * __restrict__ x, float * __restrict__ h,                      \
                        block_q8_1 * __restrict__ hq, const GluMatVecParams p) {                    \
+    if (MV_PREFETCH) {                                                 /* weights only */          \
+        const int r0 = blockIdx.y * (GLU_WARPS * GLU_ROWS) + threadIdx.x / WARP_SIZE * GLU_ROWS;   \
+        const long long nb = (long long) max(0, min(GLU_ROWS, p.n_rows - r0)) * p.row_bytes;       \
+        prefetch_l2_span(wg + r0 * p.row_bytes, nb);                                               \
+        prefetch_l2_span(wu + r0 * p.row_bytes, nb);                                               \
+    }                                                                                              \
+    PDL_ENTRY();                                                                                   \
     /* matvec_glu_ (no experts) for the tokens t0 .. t0 + n_cols (blockIdx.x); a block takes   */  \
     /* 32 rows (blockIdx.y) = one Q8_1 block of each token's h, warp w its rows w*4 .. w*4+3.  */  \
     __shared__ float hs[MV_COLS][GLU_WARPS * GLU_ROWS];                                            \
@@ -390,6 +430,7 @@ extern "C" __global__ void __launch_bounds__(DOWN_WARPS * WARP_SIZE)            
 matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,                   \
                        const int * __restrict__ ids, const float * __restrict__ wts,               \
                        float * __restrict__ out, const MoeDownParams p) {                          \
+    PDL_ENTRY();                                                                                   \
     /* A block takes DOWN_ROWS output rows for every chosen expert: warp w the experts        */  \
     /* j = w, w + DOWN_WARPS, ... (all their loads in flight together, instead of one expert  */  \
     /* after another), then the weighted products are added in j order, as before.            */  \
@@ -423,6 +464,7 @@ matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,
 extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)                                       \
 matmul_##name(const u8 * __restrict__ w, const K::act * __restrict__ x, float * __restrict__ y,    \
               const MatVecParams p) {                                                              \
+    PDL_ENTRY();                                                                                   \
     const int row = blockIdx.x, t0 = blockIdx.y * MATMUL_TILE, n_items = p.k / K::values_per_item; \
     matvec_rows<K, MATMUL_TILE>(w + row * p.row_bytes, x + (i64) t0 * n_items,                     \
                                 y + (i64) t0 * p.n_rows + row, n_items,                            \
@@ -431,6 +473,7 @@ matmul_##name(const u8 * __restrict__ w, const K::act * __restrict__ x, float * 
 extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)                                       \
 matvec_id_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,                         \
                  const int * __restrict__ ids, float * __restrict__ y, const MatVecParams p) {     \
+    PDL_ENTRY();                                                                                   \
     const int row = blockIdx.x, slot = blockIdx.y, n_items = p.k / K::values_per_item;             \
     const int x_row = p.x_per_slot ? slot : slot / p.n_used;                                       \
     const int expert = ids[slot];                                                                  \

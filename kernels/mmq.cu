@@ -282,6 +282,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                          \
 mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
            const MmqParams p) {                                                                    \
+    PDL_ENTRY();                                                                                   \
     mmq_tile<TYPE>(w, x, y, p);                                                                    \
 }
 

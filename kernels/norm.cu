@@ -9,6 +9,7 @@
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 rms_norm(const float * __restrict__ x, const float * __restrict__ w, float * __restrict__ y,
          const RmsNormParams p) {
+    PDL_ENTRY();
     const float * xr = x + (i64) blockIdx.x * p.n_cols;
     float * yr = y + (i64) blockIdx.x * p.n_cols;
     double ss = 0.0;

@@ -6,6 +6,7 @@
 
 extern "C" __global__ void quantize_q8_1(const float * __restrict__ x, block_q8_1 * __restrict__ y,
                                          const QuantizeParams p) {
+    PDL_ENTRY();
     const i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x;   // one thread per value
     // k is a multiple of 32, so a warp is either wholly inside or wholly past the end.
     if (i >= (i64) p.n_rows * p.k) return;

@@ -40,6 +40,7 @@ __device__ __forceinline__ void rope_head(const float * __restrict__ x, const in
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope(const float * __restrict__ x, const int * __restrict__ pos, float * __restrict__ y,
      const RopeParams p) {
+    PDL_ENTRY();
     rope_head<false>(x, pos, nullptr, y, p);
 }
 
@@ -47,5 +48,6 @@ rope(const float * __restrict__ x, const int * __restrict__ pos, float * __restr
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_ff(const float * __restrict__ x, const int * __restrict__ pos, const float * __restrict__ ff,
         float * __restrict__ y, const RopeParams p) {
+    PDL_ENTRY();
     rope_head<true>(x, pos, ff, y, p);
 }

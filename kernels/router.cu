@@ -8,6 +8,7 @@
 // exp(x - max) summed in double and divided in double, as the numpy reference does.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 softmax(const float * __restrict__ x, float * __restrict__ y, const RowParams p) {
+    PDL_ENTRY();
     __shared__ float scratch[WARP_SIZE];
     __shared__ double scratch_d[ROW_THREADS / WARP_SIZE];
     const float * xr = x + (i64) blockIdx.x * p.n_cols;
@@ -47,6 +48,7 @@ __device__ __forceinline__ void block_best(float & v, int & i) {
 // k rounds of a block-wide arg-max, each excluding the indices already chosen.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 topk(const float * __restrict__ x, int * __restrict__ ids, float * __restrict__ vals, const RowParams p) {
+    PDL_ENTRY();
     const float * xr = x + (i64) blockIdx.x * p.n_cols;
     int last_i = -1;
     float last_v = 0.0f;
@@ -73,6 +75,7 @@ topk(const float * __restrict__ x, int * __restrict__ ids, float * __restrict__ 
 // thread of the block with coalesced loads, then reduced by shuffles and one shared round.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax(const float * __restrict__ x, int * __restrict__ ids, const RowParams p) {
+    PDL_ENTRY();
     __shared__ float sv[ARGMAX_THREADS / WARP_SIZE];
     __shared__ int si[ARGMAX_THREADS / WARP_SIZE];
     const float * xr = x + (i64) blockIdx.x * p.n_cols;
@@ -99,6 +102,7 @@ argmax(const float * __restrict__ x, int * __restrict__ ids, const RowParams p) 
 // stages choose what one block would.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_partial(const float * __restrict__ x, float * __restrict__ pv, int * __restrict__ pi, const RowParams p) {
+    PDL_ENTRY();
     __shared__ float sv[ARGMAX_THREADS / WARP_SIZE];
     __shared__ int si[ARGMAX_THREADS / WARP_SIZE];
     const float * xr = x + (i64) blockIdx.y * p.n_cols;
@@ -126,6 +130,7 @@ argmax_partial(const float * __restrict__ x, float * __restrict__ pv, int * __re
 // p.n_cols = partials per row.
 extern "C" __global__ void __launch_bounds__(WARP_SIZE)
 argmax_final(const float * __restrict__ pv, const int * __restrict__ pi, int * __restrict__ ids, const RowParams p) {
+    PDL_ENTRY();
     float v = 0.0f;
     int i = -1;
     for (int j = threadIdx.x; j < p.n_cols; j += WARP_SIZE)

@@ -36,6 +36,7 @@ from ...gguf import BLOCK_SIZES, GGMLType
 from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
+from . import pdl
 from .errors import CudaError
 
 F16, F32 = np.float16, np.float32
@@ -60,7 +61,15 @@ GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = o
 DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts over the warps
 MOE_MAX_USED = 64
 SSM_CONV_THREADS = 128
-GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: a block of D threads, a state row each
+GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: state sizes the kernels take;
+# a block per (value head, GDN_ROWS state rows), each row on max(1, D / GDN_PART) threads
+_SSM_CU = (KERNEL_DIR / "ssm.cu").read_text()
+GDN_ROWS, GDN_PART = (int(re.search(rf"#define {n} (\d+)", _SSM_CU).group(1)) for n in ("GDN_ROWS", "GDN_PART"))
+
+
+def gdn_threads(d: int) -> int:
+    """Threads per block of gated_delta_net_<d> (its __launch_bounds__)."""
+    return GDN_ROWS * max(1, d // GDN_PART)
 # gated_delta_net_chunked_<D> (kernels/delta_chunked.cu): a prompt's delta rule in chunks of
 # GDN_CHUNK tokens, a block of GDN_CHUNK_THREADS threads per (value head, GDN_COLS state
 # columns). Prompts of at least DELTA_CHUNKED_MIN_TOKENS tokens go there (on the H200 at
@@ -82,6 +91,7 @@ def gdn_chunked_smem(d: int) -> int:
 # Batched decode steps write and read each row's KV cache through device arrays of the rows'
 # cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
 ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
+PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -292,6 +302,9 @@ class CudaBackend(Backend):
         # bounds every row's cache.
         self.row_tables_override = None
         self.row_kernels = ROW_KERNELS
+        # Kernels captured into graphs are launched with programmatic dependent launch where the
+        # GPU has it (sm_90+); BRASS_PDL=0 captures plain launches, to compare.
+        self.pdl = PDL and pdl.available(self.cc)
         # Pinned host buffers of copies still queued, with their events: held until the copy is
         # done, so that the pinned pool cannot hand the memory to another array meanwhile.
         self._inflight = deque()
@@ -318,10 +331,20 @@ class CudaBackend(Backend):
         if smem:
             self.kernels.allow_smem(source, name, smem, self.smem_optin_limit)
         grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
-        try:
-            fn(grid, (int(block),), (*buffers, params), shared_mem=int(smem), stream=self.stream)
-        except (cupy.cuda.runtime.CUDARuntimeError, CUDADriverError) as e:
-            raise CudaError(f"kernel {name} (kernels/{source}) did not launch: {e}") from None
+        if self.pdl and self._graph_refs is not None:
+            # Captured into a graph: launched with the programmatic-serialization attribute, so
+            # the graph overlaps each kernel's launch with the previous kernel's tail (pdl.py).
+            try:
+                rc = pdl.launch(fn, grid, int(block), (*buffers, params), int(smem), self.stream)
+            except TypeError as e:
+                raise CudaError(f"kernel {name} (kernels/{source}): {e}") from None
+            if rc:
+                raise CudaError(f"kernel {name} (kernels/{source}) did not launch: CUresult {rc}")
+        else:
+            try:
+                fn(grid, (int(block),), (*buffers, params), shared_mem=int(smem), stream=self.stream)
+            except (cupy.cuda.runtime.CUDARuntimeError, CUDADriverError) as e:
+                raise CudaError(f"kernel {name} (kernels/{source}) did not launch: {e}") from None
         if self.debug:
             try:
                 self.stream.synchronize()
@@ -872,7 +895,7 @@ class CudaBackend(Backend):
             return self._gated_delta_net_chunked(q, k, v, g, beta, state, T, Hv, Hk, D)
         out = self._out((T, Hv, D))
         if T:
-            self.launch("ssm.cu", f"gated_delta_net_{D}", Hv, D, q, k, v, g, beta, state, out,
+            self.launch("ssm.cu", f"gated_delta_net_{D}", (Hv, D // GDN_ROWS), gdn_threads(D), q, k, v, g, beta, state, out,
                         params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk,
                                     head_dim=D))
         return out
