@@ -72,6 +72,8 @@ def launch(fn: cupy.cuda.function.Function, grid: tuple, block: int, args: tuple
     for a in args:
         if isinstance(a, cupy.ndarray):
             holders.append(ctypes.c_void_p(a.data.ptr))
+        elif isinstance(a, cupy.cuda.MemoryPointer):
+            holders.append(ctypes.c_void_p(a.ptr))
         elif isinstance(a, np.ndarray):
             holders.append(a)               # its buffer is the argument's bytes
         else:
