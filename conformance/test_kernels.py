@@ -126,6 +126,29 @@ def test_matmul(cuda, ref, rng, tmp_path, qtype, shape, record_property):
     check(got, ref.matmul(x, ref.weight(gf, "w")), MATMUL, record_property)
 
 
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16), ids=tname)
+def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
+    """A prompt's GEMM reading a float16 copy of the weight kept since the first prompt
+    (BRASS_F16_WEIGHTS; an F16 weight's own bytes, always) gives the product the per-call
+    dequantization gives, bit for bit (the same float16 values, the same single GEMM: N * K
+    fits the scratch), on the first prompt and the next; a budget of 0 keeps nothing."""
+    from engine.backends.cuda import CudaBackend
+    plain, kept, none = CudaBackend(f16_weights=False), CudaBackend(f16_weights=True), CudaBackend(f16_weights=True)
+    none._f16_budget = 0
+    N, K, T = 768, 1024, 64
+    gf = weights(tmp_path, rng, {"w": (qtype, (N, K))})
+    wp, wk, wn = plain.weight(gf, "w"), kept.weight(gf, "w"), none.weight(gf, "w")
+    for r in range(2):
+        x = rng.uniform(-1, 1, (T, K)).astype(F32)
+        want = plain.to_numpy(plain.matmul(plain.asarray(x), wp))
+        for b, w in ((kept, wk), (none, wn)):
+            got = b.to_numpy(b.matmul(b.asarray(x), w))
+            assert np.array_equal(got, want), f"prompt {r}: the GEMM differs with kept weights " \
+                                              f"(max |diff| {np.abs(got - want).max():.3g})"
+    assert kept.f16_weight_bytes == (0 if qtype == GGMLType.F16 else 2 * N * K)
+    assert none.f16_weight_bytes == 0
+
+
 @pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
 @pytest.mark.parametrize("qtype", (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0,
                                    GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4), ids=tname)

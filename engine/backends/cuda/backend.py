@@ -92,6 +92,13 @@ def gdn_chunked_smem(d: int) -> int:
 # cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
 ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
 PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
+# Prompt GEMMs against quantized weights dequantize each weight to float16 every time (on the
+# H200, dequant_f16_q4_k took ~106 us a call: ~26 ms of device time per Qwen3-8B prompt, and
+# 7 launches per layer of host time on small models). BRASS_F16_WEIGHTS=1 keeps the float16
+# copy of each dense weight after its first prompt instead, while the copies fit a budget
+# (BRASS_F16_WEIGHTS_GB, else half the device memory free when the first copy is made); the
+# GEMM then reads the same float16 values, so results do not change. Off until measured on a GPU.
+F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "0") not in ("", "0")
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -269,7 +276,7 @@ class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self, device: int | str | None = None, debug: bool | None = None,
-                 poison_outputs: bool = False):
+                 poison_outputs: bool = False, f16_weights: bool | None = None):
         self.device_id = choose_device(device)
         self.device = cupy.cuda.Device(self.device_id)
         self.device.use()
@@ -305,6 +312,12 @@ class CudaBackend(Backend):
         # Kernels captured into graphs are launched with programmatic dependent launch where the
         # GPU has it (sm_90+); BRASS_PDL=0 captures plain launches, to compare.
         self.pdl = PDL and pdl.available(self.cc)
+        # Float16 copies of dense weights for the prompt GEMMs (F16_WEIGHTS): {id(weight):
+        # (weight, copy)}, their bytes, and the budget (fixed at the first copy).
+        self.f16_weights = F16_WEIGHTS if f16_weights is None else bool(f16_weights)
+        self._f16_copies: dict = {}
+        self.f16_weight_bytes = 0
+        self._f16_budget = None
         # Pinned host buffers of copies still queued, with their events: held until the copy is
         # done, so that the pinned pool cannot hand the memory to another array meanwhile.
         self._inflight = deque()
@@ -635,18 +648,19 @@ class CudaBackend(Backend):
         x16 = cupy.empty((T, K), F16)
         self.launch("dequant.cu", "to_f16", _grid_1d(x2.size, DEQUANT_THREADS), DEQUANT_THREADS, x2, x16,
                     params=pack("GluParams", n=x2.size))
-        chunk = max(1, min(N, GEMM_SCRATCH_BYTES // (2 * K)))
-        scratch = self._scratch_f16(chunk * K)
         handle = cupy.cuda.device.get_cublas_handle()
         cublas.setStream(handle, self.stream.ptr)
         alpha, beta = self._gemm_scalars
+        kept = self._weight_f16(w)
+        if kept is not None:        # the whole float16 matrix, dequantized by an earlier prompt
+            chunk, scratch = N, kept
+        else:
+            chunk = max(1, min(N, GEMM_SCRATCH_BYTES // (2 * K)))
+            scratch = self._scratch_f16(chunk * K)
         for r0 in range(0, N, chunk):
             n = min(chunk, N - r0)
-            self.launch("dequant.cu", f"dequant_f16_{_TYPE_NAMES[w.type]}",
-                        (-(-K // (2 * DEQUANT_THREADS)), min(n, 65535)), DEQUANT_THREADS,
-                        w.data[r0 * w.row_bytes:], self._no_experts, scratch,
-                        params=pack("DequantParams", n_rows=n, n_cols=K, row_bytes=w.row_bytes,
-                                    rows_per_expert=0))
+            if kept is None:
+                self._dequant_f16(w, r0, n, scratch)
             # Column-major view: C^T [n, T] (ld N) = W_chunk [n, K] . x^T; W_chunk is K x n
             # column-major (transposed), x^T is K x T column-major.
             cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
@@ -654,6 +668,48 @@ class CudaBackend(Backend):
                           x16.data.ptr, runtime.CUDA_R_16F, K,
                           beta.ctypes.data, y.data.ptr + 4 * r0, runtime.CUDA_R_32F, N,
                           cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+
+    def _dequant_f16(self, w, r0: int, n: int, out):
+        """Rows r0 .. r0 + n of the 2-D weight w as float16 into out [n, K]."""
+        K = w.shape[-1]
+        self.launch("dequant.cu", f"dequant_f16_{_TYPE_NAMES[w.type]}",
+                    (-(-K // (2 * DEQUANT_THREADS)), min(n, 65535)), DEQUANT_THREADS,
+                    w.data[r0 * w.row_bytes:], self._no_experts, out,
+                    params=pack("DequantParams", n_rows=n, n_cols=K, row_bytes=w.row_bytes,
+                                rows_per_expert=0))
+
+    def _weight_f16(self, w):
+        """The float16 matrix [N, K] of the 2-D weight w for the prompt GEMM without dequantizing:
+        an F16 weight's own bytes; for other types the copy kept since the first prompt, made
+        while the copies fit their budget (F16_WEIGHTS); else None (dequantize per call)."""
+        if len(w.shape) != 2 or self._graph_refs is not None:
+            return None
+        if w.type == GGMLType.F16:      # already float16, row-major [N, K]: no copy needed
+            return w.data
+        if not self.f16_weights:
+            return None
+        entry = self._f16_copies.get(id(w))
+        if entry is not None:
+            return entry[1]
+        N, K = w.shape
+        nbytes = 2 * N * K
+        if self._f16_budget is None:
+            env = os.environ.get("BRASS_F16_WEIGHTS_GB")
+            try:
+                self._f16_budget = int(float(env) * 2**30) if env else None
+            except ValueError:
+                raise BrassError(f"BRASS_F16_WEIGHTS_GB must be a number of GiB, got {env!r}") from None
+            if self._f16_budget is None:
+                free, _ = cupy.cuda.runtime.memGetInfo()
+                pool = cupy.get_default_memory_pool()
+                self._f16_budget = (free + pool.free_bytes()) // 2
+        if self.f16_weight_bytes + nbytes > self._f16_budget:
+            return None
+        copy = cupy.empty((N, K), F16)
+        self._dequant_f16(w, 0, N, copy)
+        self._f16_copies[id(w)] = (w, copy)
+        self.f16_weight_bytes += nbytes
+        return copy
 
     # -- MMQ: a prompt on int8 tensor cores (kernels/mmq.cu; BRASS_MMQ=1, base.uses_mmq) ------
     def _gemm_mmq(self, x2, w, y, xa=None):
