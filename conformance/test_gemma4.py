@@ -202,12 +202,25 @@ def test_rope_on_both_layer_kinds_matches_llama_cpp(dense, moe):
 
 # -- output: softcap, per-expert scale, layer output scale ---------------------------------------
 
-def _top16_nmse(m, name: str) -> float:
-    """The worst teacher-forced top-16 logits NMSE over a model's prompts (test_models')."""
+def _top16_nmse(m, name: str, cut: dict | None = None) -> float:
+    """The worst teacher-forced top-16 logits NMSE over a model's prompts, as test_models
+    takes it: on a MoE model a prompt whose routing leaves llama.cpp's (tolerances.
+    moe_routing_jump) is compared up to that position, at most one such prompt. `cut`: the
+    positions so found ({prompt: position}) are written there when it is empty, and applied
+    when it is not (the run without the softcap is cut where the run with it was)."""
     worst = 0.0
+    find = cut is not None and not cut
     for p in goldens.prompts(name):
         ours = np.take_along_axis(m.score(p.tf_ids), p.tf_top_ids.astype(np.int64), axis=-1)
-        worst = max(worst, nmse(ours, p.tf_top_logits))
+        ref = p.tf_top_logits
+        if find and m.config.n_expert > 0:
+            j = tolerances.moe_routing_jump(ours[:, 0], ref[:, 0])
+            if j is not None:
+                cut[p.name] = j
+        if cut and p.name in cut:
+            ours, ref = ours[:cut[p.name]], ref[:cut[p.name]]
+        worst = max(worst, nmse(ours, ref) if len(ref) else 0.0)
+    assert cut is None or len(cut) <= tolerances.MOE_ROUTING_JUMP_PROMPTS, cut
     return worst
 
 
@@ -228,10 +241,11 @@ def test_final_logit_softcap(dense, moe, rng):
         ref = acts.arrays[acts.find("result_output").key]
         cap = m.config.final_logit_softcap
         assert cap / 4 < np.abs(ref).max() < cap, "the top logits must reach where the cap bends"
-        capped = (nmse(m.score(acts.prompt_ids), ref), _top16_nmse(m, name))
+        cut: dict = {}
+        capped = (nmse(m.score(acts.prompt_ids), ref), _top16_nmse(m, name, cut))
         m.config.final_logit_softcap = 0.0
         try:
-            uncapped = (nmse(m.score(acts.prompt_ids), ref), _top16_nmse(m, name))
+            uncapped = (nmse(m.score(acts.prompt_ids), ref), _top16_nmse(m, name, cut or None))
         finally:
             m.config.final_logit_softcap = cap
         assert max(capped) <= LOGITS, (name, capped)

@@ -168,8 +168,9 @@ def test_teacher_forced(name, backend, loaded, request):
         logit_bound = tolerances.Q8_1_FACTOR * oracle["top16"]
         allowed, never_above = tolerances.Q8_1_FACTOR * share, tolerances.Q8_1_FACTOR * margin
     checked = total = 0
-    failures, disagreements = [], []
+    failures, disagreements, jumps = [], [], []
     worst_top1 = 0.0
+    routing_may_jump = backend == "numpy" and ref_set == "cpu" and m.config.n_expert > 0
     known = KNOWN_CUDA_DEFECTS.get((name, "teacher_forced")) if ref_set == "cuda" else None
     if known:
         # runs in full; strict: the day it passes, this marker must go
@@ -189,12 +190,24 @@ def test_teacher_forced(name, backend, loaded, request):
         checked += int(clear.sum())
         total += len(clear)
         ours_top = np.take_along_axis(logits, p.tf_top_ids.astype(np.int64), axis=-1)
-        worst_top1 = max(worst_top1, float(np.abs(ours_top[:, 0] - p.tf_top_logits[:, 0]).max()))
-        err = nmse(ours_top, p.tf_top_logits)
+        ref_top = p.tf_top_logits
+        j = tolerances.moe_routing_jump(ours_top[:, 0], ref_top[:, 0]) if routing_may_jump else None
+        if j is not None:       # another expert at j (tolerances.MOE_ROUTING_JUMP): compare before it
+            jumps.append(f"{p.name} from position {j} of {len(ref_top)} (top-1 off by "
+                         f"{abs(float(ours_top[j, 0]) - float(ref_top[j, 0])):.2f})")
+            ours_top, ref_top = ours_top[:j], ref_top[:j]
+        if len(ref_top):
+            worst_top1 = max(worst_top1, float(np.abs(ours_top[:, 0] - ref_top[:, 0]).max()))
+        err = nmse(ours_top, ref_top) if len(ref_top) else 0.0
         if not err <= logit_bound:
             failures.append(f"{p.name}: top-16 logits NMSE {err:.3e} > {logit_bound:.1e}")
     print(f"{name}: Brass {backend} vs llama.cpp {ref_set}: argmax agrees at {checked - len(disagreements)}"
           f"/{checked} positions with margin > {eps}; worst |Δ| of llama.cpp's top-1 logit {worst_top1:.3f}")
+    if jumps:
+        print(f"routed to another expert, left out of the logit comparison: {'; '.join(jumps)}")
+        if len(jumps) > tolerances.MOE_ROUTING_JUMP_PROMPTS:
+            failures.append(f"{len(jumps)} prompts routed otherwise (at most "
+                            f"{tolerances.MOE_ROUTING_JUMP_PROMPTS}): {'; '.join(jumps)}")
     assert checked / total >= tolerances.MIN_COVERAGE, \
         f"only {checked}/{total} positions have a clear margin: the check would be vacuous"
     if len(disagreements) > allowed * checked:

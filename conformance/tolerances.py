@@ -200,6 +200,29 @@ MIN_COVERAGE = 0.5
 # 2.5 on the same model by choosing another expert).
 ARGMAX_MAX_DISAGREEMENT = {("cuda", "cpu", "moe"): 0.01, ("cuda", "cuda", "moe"): 0.01}
 
+# The same on the numpy backend, whose mat-muls go through BLAS: which kernels OpenBLAS picks
+# for the CPU it runs on changes the summation order, hence which activations cross a Q8
+# rounding boundary, hence, in a mixture-of-experts model, now and then which expert a token
+# is routed to. Measured 2026-12-01 on an AMD EPYC: with OpenBLAS's Zen (and Haswell) kernels
+# synth-gemma4moe's chat prompt routes position 10 otherwise at layer 2 (router logits 4.9e-2
+# apart between the two kernel sets there; its top-1 logit 1.48 from llama.cpp's, the
+# prompt's top-16 NMSE 5.9e-4 against 5e-4), with the SkylakeX kernels on the same machine it
+# does not; every other position of every synthetic model stays within 0.19 of llama.cpp's
+# top-1 logit on both. So for a MoE model on numpy the first position whose top-1 logit
+# leaves llama.cpp's by more than MOE_ROUTING_JUMP ends that prompt's logit comparison (every
+# later position attends to its keys and values), and at most one prompt of a model may end
+# early so; what it left out is printed.
+MOE_ROUTING_JUMP = 0.5
+MOE_ROUTING_JUMP_PROMPTS = 1
+
+
+def moe_routing_jump(ours_top1, ref_top1):
+    """The first position whose top-1 logit is more than MOE_ROUTING_JUMP from llama.cpp's
+    (a token routed to another expert), or None."""
+    import numpy as np
+    far = np.nonzero(np.abs(np.asarray(ours_top1, np.float64) - ref_top1) > MOE_ROUTING_JUMP)[0]
+    return int(far[0]) if far.size else None
+
 # Free-running greedy tokens are compared up to the first step whose llama.cpp margin (step
 # logits or teacher-forced) is below STREAM_EPS: beyond a near-tie, the two streams may
 # legitimately part. llama.cpp's own step-by-step and batched passes differ by up to 1.65
