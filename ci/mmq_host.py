@@ -39,6 +39,7 @@ SHIM = r"""// Host shim: CUDA device code of kernels/ compiled by g++, one std::
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+#include <atomic>
 #include <barrier>
 #include <thread>
 #include <vector>
@@ -61,6 +62,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline int atomicAdd(int * p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; ++i) c += (int) (int8_t) (a >> (8 * i)) * (int) (int8_t) (b >> (8 * i));
@@ -167,6 +169,46 @@ extern "C" int run_mmq(const char * name, const u8 * w, const block_q8_1 * x, fl
     for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
     return 0;
 }
+// moe_plan then mmq_id_<name> (a prompt's expert mat-mul): blocks run one after another, the
+// plan's block first, as the two launches do on the GPU.
+typedef void (*id_kernel_t)(const u8 *, const block_q8_1 *, const int *, float *, const MmqIdParams);
+extern "C" int run_mmq_id(const char * name, const u8 * w, const block_q8_1 * x, const int * ids,
+                          int * plan, float * y, int n_rows, int k, int n_slots, int n_used,
+                          long long row_bytes, int n_experts, int x_per_slot, int max_tiles) {
+    id_kernel_t fn = nullptr;
+    const char * names[] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4"};
+    id_kernel_t fns[] = {mmq_id_q4_0, mmq_id_q4_1, mmq_id_q5_0, mmq_id_q5_1, mmq_id_q8_0, mmq_id_q4_k,
+                         mmq_id_q5_k, mmq_id_q6_k, mmq_id_mxfp4};
+    for (int i = 0; i < 9; ++i) if (!strcmp(name, names[i])) fn = fns[i];
+    if (!fn) return 1;
+    {
+        MoePlanParams pp{}; pp.n_slots = n_slots; pp.n_experts = n_experts; pp.max_tiles = max_tiles;
+        std::barrier<> bb(MOE_PLAN_THREADS); block_bar = &bb;
+        gridDim = {1, 1, 1}; blockDim = {MOE_PLAN_THREADS, 1, 1}; blockIdx = {0, 0, 0};
+        std::vector<std::thread> th;
+        for (unsigned i = 0; i < MOE_PLAN_THREADS; ++i)
+            th.emplace_back([=] { threadIdx = {i, 0, 0}; moe_plan(ids, plan, pp); });
+        for (auto & t : th) t.join();
+    }
+    MmqIdParams p{}; p.n_rows = n_rows; p.k = k; p.n_slots = n_slots; p.n_used = n_used;
+    p.row_bytes = row_bytes; p.expert_bytes = (long long) n_rows * row_bytes; p.n_experts = n_experts;
+    p.x_per_slot = x_per_slot; p.max_tiles = max_tiles;
+    std::barrier<> bb(MMQ_THREADS); block_bar = &bb;
+    for (int i = 0; i < MMQ_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {(unsigned) ((n_rows + MMQ_ROWS - 1) / MMQ_ROWS), (unsigned) (max_tiles + 1), 1};
+    blockDim = {MMQ_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < MMQ_THREADS; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(w, x, plan, y, p); });
+            for (auto & t : th) t.join();
+        }
+    for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
+    return 0;
+}
+extern "C" int mmq_cols() { return MMQ_COLS; }
 """
 
 
@@ -224,7 +266,41 @@ def build() -> ctypes.CDLL:
     so = compile_host(_sources(), "mmq", "mmq.cu")
     so.run_mmq.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong]
+    so.run_mmq_id.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + \
+        [ctypes.c_longlong] + [ctypes.c_int] * 3
     return so
+
+
+def plan_ints(n_slots: int, n_experts: int, max_tiles: int) -> int:
+    """Ints of moe_plan's output (kernels/mmq.cu)."""
+    return 2 * n_experts + 2 * n_slots + 1 + 2 * max_tiles
+
+
+def max_tiles(n_slots: int, n_experts: int, cols: int) -> int:
+    """Tiles moe_plan may make: one per MMQ_COLS slots of an expert, rounded up per expert."""
+    return -(-n_slots // cols) + min(n_experts, n_slots)
+
+
+def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_experts: int) -> np.ndarray:
+    """y [T, k, N] = expert ids[t, j] applied to x[t] (x [T, K]) or x[t, j] (x [T, k, K]) by the
+    CPU build of moe_plan + mmq_id_<type>; w_raw: the expert tensor's ggml bytes [E * N, row_bytes]."""
+    from engine.backends.cuda.backend import _TYPE_NAMES
+    w_raw = np.ascontiguousarray(w_raw, np.uint8)
+    EN, row_bytes = w_raw.shape
+    N = EN // n_experts
+    T, k = ids.shape
+    S = T * k
+    per_slot = x.ndim == 3
+    K = x.shape[-1]
+    xb = q8_1_blocks(x.reshape(-1, K))
+    mt = max_tiles(S, n_experts, lib.mmq_cols())
+    plan = np.full(plan_ints(S, n_experts, mt), -7, np.int32)      # poisoned as well
+    y = np.full((T, k, N), np.nan, np.float32)
+    ids32 = np.ascontiguousarray(ids, np.int32)
+    if lib.run_mmq_id(_TYPE_NAMES[qtype].encode(), w_raw.ctypes.data, xb.ctypes.data, ids32.ctypes.data,
+                      plan.ctypes.data, y.ctypes.data, N, K, S, k, row_bytes, n_experts, int(per_slot), mt):
+        raise ValueError(f"no mmq_id kernel for {qtype}")
+    return y
 
 
 def q8_1_blocks(x: np.ndarray) -> np.ndarray:

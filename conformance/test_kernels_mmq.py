@@ -179,3 +179,75 @@ def test_switch_is_read_from_the_environment():
             e["BRASS_MMQ"] = env
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want, (env, out.stdout, out.stderr)
+
+
+# -- a prompt's expert mat-muls on the same tiles (mmq_id_<type>, BRASS_MOE_MMQ) ------------------
+# (E, N, K, T, k, x per slot): experts left without a token (E > T * k / 4), tiles of an
+# expert partly filled, T * k not a multiple of the 64-slot tile, N not a multiple of 64 rows.
+MMQ_ID_CASES = [(GGMLType.Q4_K, (16, 70, 256, 40, 4, False)), (GGMLType.Q6_K, (5, 64, 512, 33, 3, True)),
+                (GGMLType.Q8_0, (32, 96, 288, 50, 2, False)), (GGMLType.MXFP4, (4, 40, 256, 70, 2, True)),
+                (GGMLType.Q5_K, (8, 130, 256, 36, 8, False)), (GGMLType.Q4_0, (3, 64, 256, 100, 2, False))]
+# (the last: ~67 slots per expert, so experts span a full tile and part of another)
+
+
+def _id_case(tmp_path, rng, qtype, shape):
+    E, N, K, T, k, per_slot = shape
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {"w": (qtype, (E, N, K))}))
+    x = rng.uniform(-1, 1, (T, k, K) if per_slot else (T, K)).astype(F32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    ids[3, 0], ids[5, k - 1] = -1, E + 2          # out of range: NaN rows, as the mat-vecs give
+    return gf, x, ids
+
+
+def _id_want(ref, gf, x, ids):
+    E = ref.weight(gf, "w").shape[0]
+    bad = (ids < 0) | (ids >= E)
+    with ref.rows_independent():                  # the mat-vec's rounding, as MMQ's
+        want = ref.matmul_id(x, ref.weight(gf, "w"), np.where(bad, 0, ids))
+    return want, bad
+
+
+@pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
+def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
+    # mmq.cu's moe_plan + mmq_id_<type> on the CPU (ci/mmq_host.py), against the numpy q8_1
+    # reference: the device plan (counts, starts, ranks, tiles), the column mapping of a tile
+    # and the NaN rows of out-of-range ids of the real source.
+    from ci import mmq_host
+    try:
+        lib = mmq_host.build()
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of mmq.cu: {e}")
+    gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
+    E = shape[0]
+    got = mmq_host.mmq_id(lib, qtype, gf.tensor_bytes("w").reshape(E * shape[1], -1), x, ids, E)
+    want, bad = _id_want(cuda_reference(), gf, x, ids)
+    assert np.isnan(got[bad]).all(), "an out-of-range expert id must give NaN rows"
+    check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
+
+
+@needs_cuda
+@pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
+def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property, record_launches):
+    # The same through the backend's matmul_id with the switch on (the reference follows it:
+    # base.uses_mmq_id), and against the decode kernels (matvec_id: the same integer sums).
+    monkeypatch.setattr(base, "MOE_MMQ", True)
+    gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
+    w = cuda.weight(gf, "w")
+    got = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), w, cuda.asarray(ids)))
+    assert f"mmq_id_{tname(qtype).lower()}" in record_launches and "moe_plan" in record_launches, record_launches
+    want, bad = _id_want(ref, gf, x, ids)
+    assert np.isnan(got[bad]).all(), "an out-of-range expert id must give NaN rows"
+    check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
+    with cuda.rows_independent():
+        dec = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), w, cuda.asarray(np.where(bad, 0, ids))))
+    check(got[~bad], dec[~bad], MMQ_SUM_ORDER, record_property, "mmq_id vs matvec_id")
+
+
+def test_moe_mmq_switch_routes_the_reference(monkeypatch):
+    # Under BRASS_MOE_MMQ a prompt's expert mat-mul is rounded as the mat-vec in the q8_1
+    # reference (no float16 GEMM); the decode rows and F32 experts are not affected.
+    monkeypatch.setattr(base, "MOE_MMQ", False)
+    assert not base.uses_mmq_id(64, 512, GGMLType.Q4_K)
+    monkeypatch.setattr(base, "MOE_MMQ", True)
+    assert base.uses_mmq_id(64, 512, GGMLType.Q4_K) and not base.uses_mmq_id(31, 512, GGMLType.Q4_K)
+    assert not base.uses_mmq_id(64, 512, GGMLType.F16) and not base.uses_mmq_id(64, 288, GGMLType.Q6_K)

@@ -152,9 +152,14 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], const int a0, const int 
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-template <int TYPE>
+// The tile of weight rows blockIdx.x * MMQ_ROWS.. against MMQ_COLS columns of x: without IDS
+// the tokens tok0 .. tok0 + MMQ_COLS - 1 (past n_tokens: token n_tokens - 1 read, nothing
+// written); with IDS column c reads x row colx[c] and writes y row coly[c] (< 0: not written),
+// both given in shared memory by mmq_id below.
+template <int TYPE, bool IDS>
 __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
-                                         float * __restrict__ y, const MmqParams & p) {
+                                         float * __restrict__ y, const MmqParams & p, const int tok0,
+                                         const int * __restrict__ colx, const int * __restrict__ coly) {
     __shared__ int wq[MMQ_ROWS * MMQ_STRIDE];          // weight quants, a row of 256 per tile row
     // Per-block factors indexed [block][row or token], so that the lanes of a warp, which
     // read 8 consecutive rows (or 4 tokens 2 apart) of one block, hit distinct banks.
@@ -165,7 +170,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
     __shared__ float xs[MMQ_KB][MMQ_COLS];             // s (the half sum)
     __shared__ int xsum[MMQ_KB][MMQ_COLS];             // integer sum of the quants
 
-    const int row0 = blockIdx.x * MMQ_ROWS, tok0 = blockIdx.y * MMQ_COLS;
+    const int row0 = blockIdx.x * MMQ_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / 4, t = lane % 4;
     const int wr = (warp % 2) * 32, wc = (warp / 2) * 32;     // this warp's rows and tokens in the tile
@@ -197,7 +202,8 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
         for (int it = threadIdx.x; it < MMQ_COLS * MMQ_KB; it += MMQ_THREADS) {
             const int c = it / MMQ_KB, kb = it % MMQ_KB;
             if (kb < n_kb) {
-                const block_q8_1 * yb = x + (i64) min(tok0 + c, p.n_tokens - 1) * nb + kb0 + kb;
+                const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
+                const block_q8_1 * yb = x + (i64) xr * nb + kb0 + kb;
                 int s = 0;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
@@ -273,9 +279,81 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int r = row0 + wr + 16 * m + 8 * (c / 2) + g;
-                const int tok = tok0 + wc + 8 * n + 2 * t + c % 2;
-                if (r < p.n_rows && tok < p.n_tokens) y[(i64) tok * p.n_rows + r] = acc[m][n][c];
+                const int col = wc + 8 * n + 2 * t + c % 2;
+                const int yr = IDS ? coly[col] : tok0 + col;
+                if (r < p.n_rows && (IDS ? yr >= 0 : yr < p.n_tokens)) y[(i64) yr * p.n_rows + r] = acc[m][n][c];
             }
+}
+
+// ---- A prompt's expert mat-muls (mul_mat_id) on the same tiles, planned on the device -------
+//
+// moe_plan (one block) sorts the (token, slot) pairs by expert without the host: per expert
+// its count, its start in the sorted list, each valid slot's rank within it, the sorted slots,
+// and the tiles of up to MMQ_COLS slots of one expert (at most ceil(S / MMQ_COLS) + min(E, S)
+// of them, the launch's max_tiles). Ranks come from atomics, so the order of an expert's slots
+// varies from run to run; each output element is still one column's own sum (the columns of a
+// tile never mix), so the results do not. The layout of the plan (ints):
+//   counts[E] | starts[E] | rank[S] (-1: an id outside [0, E)) | sorted[S] | n_tiles | tile_expert[MT] | tile_start[MT]
+#define MOE_PLAN_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
+moe_plan(const int * __restrict__ ids, int * __restrict__ plan, const MoePlanParams p) {
+    PDL_ENTRY();
+    const int E = p.n_experts, S = p.n_slots;
+    int * cnt = plan, * start = plan + E, * rank = plan + 2 * E, * sorted = rank + S;
+    int * n_tiles = sorted + S, * tile_e = n_tiles + 1, * tile_s = tile_e + p.max_tiles;
+    for (int e = threadIdx.x; e < E; e += MOE_PLAN_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += MOE_PLAN_THREADS) {
+        const int e = ids[s];
+        rank[s] = e >= 0 && e < E ? atomicAdd(cnt + e, 1) : -1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, t = 0;
+        for (int e = 0; e < E; ++e) {
+            start[e] = o;
+            for (int i = 0; i < cnt[e]; i += MMQ_COLS) { tile_e[t] = e; tile_s[t] = o + i; ++t; }
+            o += cnt[e];
+        }
+        *n_tiles = t;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += MOE_PLAN_THREADS)
+        if (rank[s] >= 0) sorted[start[ids[s]] + rank[s]] = s;
+}
+
+// Grid (ceil(N / MMQ_ROWS), max_tiles + 1): block row y < n_tiles multiplies tile y's slots by
+// its expert's rows; the last block row writes NaN into the rows of slots whose expert id is
+// out of range (as the mat-vec kernels do); the rest return.
+template <int TYPE>
+__device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
+                                       const int * __restrict__ plan, float * __restrict__ y,
+                                       const MmqIdParams & q) {
+    const int E = q.n_experts, S = q.n_slots;
+    const int * cnt = plan, * start = plan + E, * rank = plan + 2 * E, * sorted = rank + S;
+    const int n_tiles = sorted[S], * tile_e = sorted + S + 1, * tile_s = tile_e + q.max_tiles;
+    const int tile = blockIdx.y;
+    if (tile == q.max_tiles) {
+        for (int s = 0; s < S; ++s)
+            if (rank[s] < 0)
+                for (int r = blockIdx.x * MMQ_ROWS + threadIdx.x; r < min(q.n_rows, (int) (blockIdx.x + 1) * MMQ_ROWS);
+                     r += MMQ_THREADS)
+                    y[(i64) s * q.n_rows + r] = NAN_F32;
+        return;
+    }
+    if (tile >= n_tiles) return;
+    const int e = tile_e[tile], s0 = tile_s[tile], n = min(MMQ_COLS, start[e] + cnt[e] - s0);
+    __shared__ int colx[MMQ_COLS], coly[MMQ_COLS];
+    if (threadIdx.x < MMQ_COLS) {
+        const int s = sorted[s0 + min((int) threadIdx.x, n - 1)];
+        colx[threadIdx.x] = q.x_per_slot ? s : s / q.n_used;
+        coly[threadIdx.x] = (int) threadIdx.x < n ? s : -1;
+    }
+    __syncthreads();
+    MmqParams p;
+    p.n_rows = q.n_rows; p.k = q.k; p.n_tokens = 0; p.pad0 = 0; p.row_bytes = q.row_bytes;
+    mmq_tile<TYPE, true>(w + (i64) e * q.expert_bytes, x, y, p, 0, colx, coly);
 }
 
 #define DEFINE_MMQ(name, TYPE)                                                                     \
@@ -283,7 +361,13 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                       
 mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
            const MmqParams p) {                                                                    \
     PDL_ENTRY();                                                                                   \
-    mmq_tile<TYPE>(w, x, y, p);                                                                    \
+    mmq_tile<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr);                    \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                          \
+mmq_id_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,                        \
+              const int * __restrict__ plan, float * __restrict__ y, const MmqIdParams p) {        \
+    PDL_ENTRY();                                                                                   \
+    mmq_id<TYPE>(w, x, plan, y, p);                                                                \
 }
 
 DEFINE_MMQ(q4_0, Q4_0)

@@ -257,3 +257,39 @@ struct MmqParams {
     int pad0;
     long long row_bytes;  // bytes of one weight row
 };
+
+// A prompt's expert mat-mul on the MMQ tiles (mmq_id_<type>), planned by moe_plan.
+struct MoePlanParams {
+    int n_slots;          // S = T * n_used (token, slot) pairs
+    int n_experts;
+    int max_tiles;        // tiles the plan has room for: ceil(S / MMQ_COLS) + min(E, S)
+    int pad0;
+};
+
+struct MmqIdParams {
+    int n_rows;           // N: rows of one expert's matrix
+    int k;
+    int n_slots;
+    int n_used;           // experts per token
+    long long row_bytes;
+    long long expert_bytes;
+    int n_experts;
+    int x_per_slot;       // x is [S, K] (1) or [T, K], shared by a token's slots (0)
+    int max_tiles;
+    int pad0;
+};
+
+// attention_tiled.cu attention_tiled_<D>_<DV>: a prompt's causal GQA attention in tiles on
+// tensor cores. q [n_tokens, n_heads, D] float32, caches F16 [capacity, n_kv_heads, D] and
+// [capacity, n_kv_heads, DV], pos [n_tokens], out [n_tokens, n_heads * DV] float32 (and its
+// Q8_1 blocks with write_q8). Grid (n_heads, ceil(n_tokens / 64)).
+struct AttentionTiledParams {
+    int n_tokens;
+    int n_heads;
+    int n_kv_heads;       // n_heads is a multiple of it
+    int capacity;         // cache slots; slots past capacity - 1 are never read
+    int window;           // 0: none; else slot s is visible to query t when pos[t] - s < window
+    float scale;
+    int write_q8;         // also write the output as Q8_1 blocks
+    int pad0;
+};

@@ -54,6 +54,22 @@ def uses_mmq(n_rows: int, k: int, wtype) -> bool:
     return MMQ and blk is not None and n_rows >= GEMM_MIN_TOKENS and k % blk == 0
 
 
+# BRASS_MOE_MMQ=1 (read at import; off until measured on a GPU): a prompt's expert mat-muls
+# (mul_mat_id) go to the same int8 tiles (kernels/mmq.cu mmq_id_<type>), planned on the device
+# (moe_plan: the (token, slot) pairs sorted by expert without a host synchronisation), instead
+# of the float16 GEMMs, whose per-layer routing plan is read on the host: on the H200 the
+# Qwen3-30B-A3B shape's prompt spent ~5 ms of wall time per MoE layer against ~1 ms of GPU time.
+# The numpy q8_1 reference then computes those mat-muls as mat-vecs, as for BRASS_MMQ.
+MOE_MMQ = os.environ.get("BRASS_MOE_MMQ", "0") == "1"
+
+
+def uses_mmq_id(n_tokens: int, k: int, wtype) -> bool:
+    """Whether a prompt's expert mat-mul of `n_tokens` tokens, `k` features, against experts of
+    GGML type `wtype` goes to mmq_id (BRASS_MOE_MMQ=1, a prompt, a type with an mmq kernel)."""
+    blk = MMQ_BLOCK.get(int(wtype))
+    return MOE_MMQ and blk is not None and n_tokens >= GEMM_MIN_TOKENS and k % blk == 0
+
+
 class Weight(ABC):
     """A model tensor prepared by a backend. `type` is the GGML type, `shape` numpy-ordered."""
 

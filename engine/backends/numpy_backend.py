@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import quants
 from ..gguf import GGMLType
-from .base import Backend, Weight, uses_f16_gemm, uses_mmq
+from .base import Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
 
 F16, F32 = np.float16, np.float32
 _FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
@@ -145,9 +145,10 @@ class NumpyBackend(Backend):
         T, k = ids.shape
         x = np.ascontiguousarray(x, F32)
         out = np.empty((T, k, w.shape[1]), F32)
-        # The CUDA backend multiplies a prompt's experts as GEMMs (rows of T tokens).
+        # The CUDA backend multiplies a prompt's experts as GEMMs (rows of T tokens), or, under
+        # BRASS_MOE_MMQ, on int8 tiles against Q8_1 (as the mat-vec).
         f16 = (self.act_mode == "q8_1" and not self._rows_independent
-               and uses_f16_gemm(T, x.shape[-1], w.type))
+               and uses_f16_gemm(T, x.shape[-1], w.type) and not uses_mmq_id(T, x.shape[-1], w.type))
         for e in np.unique(ids):
             tt, jj = np.nonzero(ids == e)
             out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e), f16=f16)

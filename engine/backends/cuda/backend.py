@@ -33,7 +33,7 @@ from kernels.params import pack
 from ... import quants
 from ...errors import BrassError, UnsupportedError
 from ...gguf import BLOCK_SIZES, GGMLType
-from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq
+from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
 from . import pdl
@@ -129,8 +129,9 @@ MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVE
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
 # mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
 _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
-MMQ_ROWS, MMQ_COLS, MMQ_THREADS = (int(re.search(rf"#define {n} (\d+)", _MMQ_CU).group(1))
-                                   for n in ("MMQ_ROWS", "MMQ_COLS", "MMQ_THREADS"))
+MMQ_ROWS, MMQ_COLS, MMQ_THREADS, MOE_PLAN_THREADS = (
+    int(re.search(rf"#define {n} (\d+)", _MMQ_CU).group(1))
+    for n in ("MMQ_ROWS", "MMQ_COLS", "MMQ_THREADS", "MOE_PLAN_THREADS"))
 
 
 def _stage_bytes(wtype, n_values: int) -> int:
@@ -175,6 +176,8 @@ def launched_kernels() -> list[tuple[str, str]]:
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
     ks += [("mmq.cu", f"mmq_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
+    ks += [("mmq.cu", f"mmq_id_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
+    ks += [("mmq.cu", "moe_plan")]
     ks += [("ssm.cu", "unary"), ("ssm.cu", "ssm_conv")]
     ks += [("ssm.cu", f"gated_delta_net_{d}") for d in GDN_HEAD_DIMS]
     ks += [("delta_chunked.cu", f"gated_delta_net_chunked_{d}") for d in GDN_HEAD_DIMS]
@@ -301,6 +304,7 @@ class CudaBackend(Backend):
         self.launches = 0           # kernels launched (or captured) so far, by launch()
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
+        self._id_plan = None        # (ids array, experts, device plan) of mmq_id (BRASS_MOE_MMQ)
         self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
         self._graph_refs: list | None = None   # arrays a graph being captured reads (capture)
         # While a bucket graph of batched steps is captured (engine/batch.py BucketStep): a
@@ -742,7 +746,9 @@ class CudaBackend(Backend):
         if x.shape[:-1] != ((T, k) if per_slot else (T,)):
             raise BrassError(f"matmul_id: x of shape {x.shape} does not match ids of shape {ids.shape}")
         y = self._out((T, k, N), F32)
-        if T and k and not self._rows_independent and uses_f16_gemm(T, K, w.type):
+        if T and k and not self._rows_independent and uses_mmq_id(T, K, w.type) and self.cc >= 80:
+            self._matmul_id_mmq(x, w, ids, per_slot, y)
+        elif T and k and not self._rows_independent and uses_f16_gemm(T, K, w.type):
             self._matmul_id_gemm(x, w, ids, per_slot, y)
         elif T and k:
             xa = self._activations(x.reshape(-1, K), w)
@@ -752,6 +758,30 @@ class CudaBackend(Backend):
             self.launch(src, f"matvec_id_{_TYPE_NAMES[w.type]}", (N, T * k), MATVEC_THREADS,
                         w.data, xa, ids, y, params=params)
         return y
+
+    def _matmul_id_mmq(self, x, w, ids, per_slot, y):
+        """A prompt's expert mat-muls on int8 tiles (BRASS_MOE_MMQ): moe_plan sorts the (token,
+        slot) pairs by expert on the device (kept while the same ids come back: gate, up and
+        down of one layer), then one mmq_id launch covers every expert's tiles. No host
+        synchronisation."""
+        E, N, K = w.shape
+        T, k = ids.shape
+        S = T * k
+        max_tiles = -(-S // MMQ_COLS) + min(E, S)
+        if self._id_plan is not None and self._id_plan[0] is ids and self._id_plan[1] == E:
+            plan = self._id_plan[2]
+        else:
+            plan = cupy.empty(2 * E + 2 * S + 1 + 2 * max_tiles, np.int32)
+            self.launch("mmq.cu", "moe_plan", 1, MOE_PLAN_THREADS, ids, plan,
+                        params=pack("MoePlanParams", n_slots=S, n_experts=E, max_tiles=max_tiles))
+            self._id_plan = (ids, E, plan)
+        x2 = x.reshape(-1, K)
+        xa = self._activations(x2, w, x)
+        self.launch("mmq.cu", f"mmq_id_{_TYPE_NAMES[w.type]}", (-(-N // MMQ_ROWS), max_tiles + 1),
+                    MMQ_THREADS, w.data, xa, plan, y,
+                    params=pack("MmqIdParams", n_rows=N, k=K, n_slots=S, n_used=k, row_bytes=w.row_bytes,
+                                expert_bytes=N * w.row_bytes, n_experts=E, x_per_slot=int(per_slot),
+                                max_tiles=max_tiles))
 
     def _moe_plan(self, ids, n_experts: int):
         """Where each (token, slot) goes in the per-expert batches of a prompt's expert GEMMs.
