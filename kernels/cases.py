@@ -57,6 +57,17 @@ F16_ROUNDED = 1e-9
 # errs by 2^-11 relative, NMSE 2^-22 = 2.4e-7. A wrong head, mask or window slot errs by
 # more than 1e-3.
 ATTENTION = 2.5e-7
+# Attention whose logits are equal along each row (every cache slot holds the same key, and
+# q and k are multiples of 1/4 and 1/8 so that every dot product is exact in any order):
+# exp(l - m) = 1 exactly for every visible slot, the sum of n ones is exact, 1/n is rounded
+# once to float32 and then to F16, so a kernel that normalises before rounding gets each
+# probability bit for bit as the reference does, and its output differs only by the float32
+# order of the n products added (each exact: two halves): NMSE ~n * 2^-48 (measured <= 1e-14).
+# ATTENTION cannot see where the rounding happens (any placement errs by at most one F16 ulp,
+# which is what it allows); here a kernel that rounds exp(l - m) to F16 and normalises after
+# P.V (as a flash-attention kernel usually does) errs by the F16 rounding of 1/n, up to
+# 2^-11 relative (NMSE ~1e-8 and more, 0 only where n is a power of two). 1e-10 separates them.
+ATTENTION_UNIFORM = 1e-10
 # The fused gated FFN with GELU: its gate comes from a mat-vec (float32 rounding in another
 # order than the reference's), and GELU rounds its input to F16, so a gate within a float32
 # ulp of an F16 rounding boundary rounds the other way (measured 2.5e-9 on synth-gemma3's
