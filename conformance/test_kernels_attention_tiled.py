@@ -371,3 +371,28 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
     old = timed(lambda: _old_launch(cuda, dq, dk, dv, dp, 0.088, 0, old_out))
     record_property("measured", f"attention_tiled {tiled:.1f} us, attention.cu {old:.1f} us")
     print(f"T=512 H=16/8 D=128: attention_tiled {tiled:.1f} us, attention.cu {old:.1f} us")
+
+
+@needs_cuda
+@pytest.mark.parametrize("on", [False, True], ids=["default", "BRASS_ATTN_TILED"])
+def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
+    """CudaBackend.attention sends a prompt (T >= 2, one cache) to the tiled kernel when
+    BRASS_ATTN_TILED is on and to attention.cu otherwise; a decode token (T = 1) always to
+    attention.cu. Either way the result is the reference's, and the Q8_1 blocks it wrote
+    are remembered for the output projection."""
+    from engine.backends.cuda import backend as cb
+    monkeypatch.setattr(cb, "ATTN_TILED", on)
+    launched = []
+    real = cuda.launch
+    monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
+    ref = cuda_reference()
+    from ci.attn_host import random_case
+    for T in (40, 1):
+        q, k, v, pos = random_case(rng, T, 20, 4, 2, 128, 128)
+        launched.clear()
+        out = cuda.attention(cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos), 0.088)
+        want = ref.attention(q, k, v, pos, 0.088)
+        assert nmse(cuda.to_numpy(out), want.reshape(T, -1)) <= ATTENTION
+        tiled = [n for n in launched if n.startswith("attention_tiled")]
+        assert bool(tiled) == (on and T >= 2), launched
+        assert cuda._q8_of(out) is not None, "the output's Q8_1 blocks were not remembered"

@@ -36,7 +36,7 @@ from ...gguf import BLOCK_SIZES, GGMLType
 from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
-from . import pdl
+from . import attention_tiled, pdl
 from .errors import CudaError
 
 F16, F32 = np.float16, np.float32
@@ -99,6 +99,11 @@ PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
 # (BRASS_F16_WEIGHTS_GB, else half the device memory free when the first copy is made); the
 # GEMM then reads the same float16 values, so results do not change. Off until measured on a GPU.
 F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "0") not in ("", "0")
+# BRASS_ATTN_TILED=1: a prompt's attention (T >= 2, one sequence) in tiles on tensor cores
+# (kernels/attention_tiled.cu), where attention.cu takes a block per (head, query) with the
+# query's whole row of logits in shared memory (8.4 ms of a 13 ms Qwen3-0.6B prompt of 512
+# tokens on the H200, and no context beyond ~57k slots). Off until measured on a GPU.
+ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "0") not in ("", "0")
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -180,6 +185,7 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("mmq.cu", f"mmq_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
     ks += [("mmq.cu", f"mmq_id_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
     ks += [("mmq.cu", "moe_plan")]
+    ks += attention_tiled.launched_kernels()
     ks += [("ssm.cu", "unary"), ("ssm.cu", "ssm_conv")]
     ks += [("ssm.cu", f"gated_delta_net_{d}") for d in GDN_HEAD_DIMS]
     ks += [("delta_chunked.cu", f"gated_delta_net_chunked_{d}") for d in GDN_HEAD_DIMS]
@@ -1148,6 +1154,11 @@ class CudaBackend(Backend):
         out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
         if row_caches is None:
             self._no_direct_cache("attention")
+            if ATTN_TILED and T >= 2 and attention_tiled.attention_tiled(
+                    self, q, k_cache, v_cache, pos, scale, window, out, out_q, write_q8):
+                if write_q8:
+                    self._remember_q8(out, out_q)
+                return out
         rows = self._row_pointers(row_caches, "attention") if row_caches is not None else None
         if rows is not None:
             *rows, cap = rows
