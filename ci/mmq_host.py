@@ -295,7 +295,8 @@ def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_expe
     xb = q8_1_blocks(x.reshape(-1, K))
     mt = max_tiles(S, n_experts, lib.mmq_cols())
     plan = np.full(plan_ints(S, n_experts, mt), -7, np.int32)      # poisoned as well
-    y = np.full((T, k, N), np.nan, np.float32)
+    # poisoned with a finite value: the NaN rows of out-of-range ids must be the kernel's own
+    y = np.full((T, k, N), 1234.5, np.float32)
     ids32 = np.ascontiguousarray(ids, np.int32)
     if lib.run_mmq_id(_TYPE_NAMES[qtype].encode(), w_raw.ctypes.data, xb.ctypes.data, ids32.ctypes.data,
                       plan.ctypes.data, y.ctypes.data, N, K, S, k, row_bytes, n_experts, int(per_slot), mt):

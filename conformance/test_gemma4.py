@@ -204,8 +204,8 @@ def test_rope_on_both_layer_kinds_matches_llama_cpp(dense, moe):
 
 def _top16_nmse(m, name: str, cut: dict | None = None) -> float:
     """The worst teacher-forced top-16 logits NMSE over a model's prompts, as test_models
-    takes it: on a MoE model a prompt whose routing leaves llama.cpp's (tolerances.
-    moe_routing_jump) is compared up to that position, at most one such prompt. `cut`: the
+    takes it: on a MoE model a prompt whose routing leaves llama.cpp's where that is known
+    (tolerances.moe_routing_jump) is compared up to that position. `cut`: the
     positions so found ({prompt: position}) are written there when it is empty, and applied
     when it is not (the run without the softcap is cut where the run with it was)."""
     worst = 0.0
@@ -214,7 +214,7 @@ def _top16_nmse(m, name: str, cut: dict | None = None) -> float:
         ours = np.take_along_axis(m.score(p.tf_ids), p.tf_top_ids.astype(np.int64), axis=-1)
         ref = p.tf_top_logits
         if find and m.config.n_expert > 0:
-            j = tolerances.moe_routing_jump(ours[:, 0], ref[:, 0])
+            j = tolerances.moe_routing_jump(name, p.name, ours[:, 0], ref[:, 0])
             if j is not None:
                 cut[p.name] = j
         if cut and p.name in cut:

@@ -131,7 +131,9 @@ def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
     """A prompt's GEMM reading a float16 copy of the weight kept since the first prompt
     (BRASS_F16_WEIGHTS; an F16 weight's own bytes, always) gives the product the per-call
     dequantization gives, bit for bit (the same float16 values, the same single GEMM: N * K
-    fits the scratch), on the first prompt and the next; a budget of 0 keeps nothing."""
+    fits the scratch; a weight over GEMM_SCRATCH_BYTES goes in chunks without a copy and in
+    one GEMM with it, which cuBLAS may sum in another order), on the first prompt and the
+    next; a budget of 0 keeps nothing."""
     from engine.backends.cuda import CudaBackend
     plain, kept, none = CudaBackend(f16_weights=False), CudaBackend(f16_weights=True), CudaBackend(f16_weights=True)
     none._f16_budget = 0

@@ -123,7 +123,8 @@ def test_matmul_many_routes_to_mmq(cuda, ref, rng, tmp_path, monkeypatch, mmq, r
         assert launched.count("quantize_q8_1") == 1, launched
     else:
         assert not mmq_launches, launched
-    assert "dequant_f16_f16" in launched, launched          # F16 weight: the float16 GEMM either way
+    # the F16 weight: the float16 GEMM either way, on its own bytes (no dequant copy)
+    assert "dequant_f16_f16" not in launched and "to_f16" in launched and "mmq_f16" not in launched, launched
     for n, g in zip("abc", got):
         want = ref.matmul(x, ref.weight(gf, n))
         check(g, want, MATMUL, record_property, f"matmul_many {n}")
@@ -199,6 +200,11 @@ def _id_case(tmp_path, rng, qtype, shape):
     return gf, x, ids
 
 
+def cuda_full(shape, value, dtype):
+    import cupy
+    return cupy.full(shape, value, dtype)
+
+
 def _id_want(ref, gf, x, ids):
     E = ref.weight(gf, "w").shape[0]
     bad = (ids < 0) | (ids >= E)
@@ -222,21 +228,30 @@ def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
     got = mmq_host.mmq_id(lib, qtype, gf.tensor_bytes("w").reshape(E * shape[1], -1), x, ids, E)
     want, bad = _id_want(cuda_reference(), gf, x, ids)
     assert np.isnan(got[bad]).all(), "an out-of-range expert id must give NaN rows"
+    assert not (got == 1234.5).any(), "elements left unwritten"
     check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
 
 
 @needs_cuda
 @pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
-def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property, record_launches):
+def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property):
     # The same through the backend's matmul_id with the switch on (the reference follows it:
     # base.uses_mmq_id), and against the decode kernels (matvec_id: the same integer sums).
     monkeypatch.setattr(base, "MOE_MMQ", True)
     gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
     w = cuda.weight(gf, "w")
-    got = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), w, cuda.asarray(ids)))
-    assert f"mmq_id_{tname(qtype).lower()}" in record_launches and "moe_plan" in record_launches, record_launches
+    X, I = cuda.asarray(x), cuda.asarray(ids)
+    launched = record_launches(cuda, monkeypatch)
+    # the fixture poisons outputs with NaN: the NaN rows must be the kernel's own, so the
+    # output is poisoned with a finite value here instead
+    monkeypatch.setattr(cuda, "_out", lambda shape, dtype=F32: cuda_full(shape, 1234.5, dtype))
+    got = cuda.to_numpy(cuda.matmul_id(X, w, I))
+    assert f"mmq_id_{tname(qtype).lower()}" in launched and "moe_plan" in launched, launched
     want, bad = _id_want(ref, gf, x, ids)
     assert np.isnan(got[bad]).all(), "an out-of-range expert id must give NaN rows"
+    assert not (got == 1234.5).any(), "elements left unwritten"
+    monkeypatch.undo()
+    monkeypatch.setattr(base, "MOE_MMQ", True)
     check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
     with cuda.rows_independent():
         dec = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), w, cuda.asarray(np.where(bad, 0, ids))))

@@ -58,7 +58,7 @@ def _kernel_bodies():
     for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.cu*")):
         text = re.sub(r"//[^\n]*", "", path.read_text())
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S).replace("\\\n", "\n")
-        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+(?:##\w+)?)\s*\(", text):
+        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+(?:##\w+)?)\s*\(", text):
             body = text[text.index("{", m.end()) + 1:]
             cut = body.find("PDL_ENTRY();")
             nxt = body.find("__global__")

@@ -191,7 +191,7 @@ def test_teacher_forced(name, backend, loaded, request):
         total += len(clear)
         ours_top = np.take_along_axis(logits, p.tf_top_ids.astype(np.int64), axis=-1)
         ref_top = p.tf_top_logits
-        j = tolerances.moe_routing_jump(ours_top[:, 0], ref_top[:, 0]) if routing_may_jump else None
+        j = tolerances.moe_routing_jump(name, p.name, ours_top[:, 0], ref_top[:, 0]) if routing_may_jump else None
         if j is not None:       # another expert at j (tolerances.MOE_ROUTING_JUMP): compare before it
             jumps.append(f"{p.name} from position {j} of {len(ref_top)} (top-1 off by "
                          f"{abs(float(ours_top[j, 0]) - float(ref_top[j, 0])):.2f})")

@@ -208,20 +208,26 @@ ARGMAX_MAX_DISAGREEMENT = {("cuda", "cpu", "moe"): 0.01, ("cuda", "cuda", "moe")
 # apart between the two kernel sets there; its top-1 logit 1.48 from llama.cpp's, the
 # prompt's top-16 NMSE 5.9e-4 against 5e-4), with the SkylakeX kernels on the same machine it
 # does not; every other position of every synthetic model stays within 0.19 of llama.cpp's
-# top-1 logit on both. So for a MoE model on numpy the first position whose top-1 logit
-# leaves llama.cpp's by more than MOE_ROUTING_JUMP ends that prompt's logit comparison (every
-# later position attends to its keys and values), and at most one prompt of a model may end
-# early so; what it left out is printed.
+# top-1 logit on both. So for a MoE model on numpy a position whose top-1 logit leaves
+# llama.cpp's by more than MOE_ROUTING_JUMP ends that prompt's logit comparison (every later
+# position attends to its keys and values) only where it is known (MOE_ROUTING_JUMPS: model,
+# prompt -> the position); a jump anywhere else fails as before, and what was left out is
+# printed. The argmax check still covers the positions left out.
 MOE_ROUTING_JUMP = 0.5
+MOE_ROUTING_JUMPS = {("synth-gemma4moe", "chat"): 10}
 MOE_ROUTING_JUMP_PROMPTS = 1
 
 
-def moe_routing_jump(ours_top1, ref_top1):
-    """The first position whose top-1 logit is more than MOE_ROUTING_JUMP from llama.cpp's
-    (a token routed to another expert), or None."""
+def moe_routing_jump(model: str, prompt: str, ours_top1, ref_top1):
+    """Where a known routing jump (MOE_ROUTING_JUMPS) cuts this prompt's comparison: its
+    position if the first position whose top-1 logit is more than MOE_ROUTING_JUMP from
+    llama.cpp's is exactly the known one, else None (compare the whole prompt)."""
     import numpy as np
+    known = MOE_ROUTING_JUMPS.get((model, prompt))
+    if known is None:
+        return None
     far = np.nonzero(np.abs(np.asarray(ours_top1, np.float64) - ref_top1) > MOE_ROUTING_JUMP)[0]
-    return int(far[0]) if far.size else None
+    return known if far.size and int(far[0]) == known else None
 
 # Free-running greedy tokens are compared up to the first step whose llama.cpp margin (step
 # logits or teacher-forced) is below STREAM_EPS: beyond a near-tie, the two streams may

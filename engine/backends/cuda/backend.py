@@ -708,16 +708,26 @@ class CudaBackend(Backend):
         if self._f16_budget is None:
             env = os.environ.get("BRASS_F16_WEIGHTS_GB")
             try:
-                self._f16_budget = int(float(env) * 2**30) if env else None
+                gib = float(env) if env else None
             except ValueError:
-                raise BrassError(f"BRASS_F16_WEIGHTS_GB must be a number of GiB, got {env!r}") from None
-            if self._f16_budget is None:
+                gib = float("nan")
+            if gib is not None and not (gib >= 0 and np.isfinite(gib)):
+                raise BrassError(f"BRASS_F16_WEIGHTS_GB must be a finite number of GiB >= 0, got {env!r}")
+            if gib is not None:
+                self._f16_budget = int(gib * 2**30)
+            else:
                 free, _ = cupy.cuda.runtime.memGetInfo()
                 pool = cupy.get_default_memory_pool()
                 self._f16_budget = (free + pool.free_bytes()) // 2
         if self.f16_weight_bytes + nbytes > self._f16_budget:
             return None
-        copy = cupy.empty((N, K), F16)
+        try:
+            copy = cupy.empty((N, K), F16)
+        except cupy.cuda.memory.OutMemoryError:
+            # the budget was an estimate (KV caches allocated since take their share): keep
+            # what is kept, make no more copies, dequantize per call from here on
+            self._f16_budget = self.f16_weight_bytes
+            return None
         self._dequant_f16(w, 0, N, copy)
         self._f16_copies[id(w)] = (w, copy)
         self.f16_weight_bytes += nbytes
@@ -754,9 +764,12 @@ class CudaBackend(Backend):
         if x.shape[:-1] != ((T, k) if per_slot else (T,)):
             raise BrassError(f"matmul_id: x of shape {x.shape} does not match ids of shape {ids.shape}")
         y = self._out((T, k, N), F32)
-        if T and k and not self._rows_independent and uses_mmq_id(T, K, w.type) and self.cc >= 80:
+        mmq = T and k and not self._rows_independent and uses_mmq_id(T, K, w.type)
+        # (under the switch without int8 mma, sm < 8.0: the mat-vec kernels, which round as
+        # the reference then expects, not the float16 GEMM)
+        if mmq and self.cc >= 80 and -(-T * k // MMQ_COLS) + min(E, T * k) < 65535:
             self._matmul_id_mmq(x, w, ids, per_slot, y)
-        elif T and k and not self._rows_independent and uses_f16_gemm(T, K, w.type):
+        elif T and k and not mmq and not self._rows_independent and uses_f16_gemm(T, K, w.type):
             self._matmul_id_gemm(x, w, ids, per_slot, y)
         elif T and k:
             xa = self._activations(x.reshape(-1, K), w)
