@@ -295,32 +295,35 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 // tile never mix), so the results do not. The layout of the plan (ints):
 //   counts[E] | starts[E] | rank[S] (-1: an id outside [0, E)) | sorted[S] | n_tiles | tile_expert[MT] | tile_start[MT]
 #define MOE_PLAN_THREADS 256
+#define MOE_PLAN_MAX_E 1024          // experts the plan counts in shared memory (backend: more go elsewhere)
 
 extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
 moe_plan(const int * __restrict__ ids, int * __restrict__ plan, const MoePlanParams p) {
     PDL_ENTRY();
+    __shared__ int cs[MOE_PLAN_MAX_E], ss[MOE_PLAN_MAX_E];    // counts, starts
     const int E = p.n_experts, S = p.n_slots;
     int * cnt = plan, * start = plan + E, * rank = plan + 2 * E, * sorted = rank + S;
     int * n_tiles = sorted + S, * tile_e = n_tiles + 1, * tile_s = tile_e + p.max_tiles;
-    for (int e = threadIdx.x; e < E; e += MOE_PLAN_THREADS) cnt[e] = 0;
+    for (int e = threadIdx.x; e < E; e += MOE_PLAN_THREADS) cs[e] = 0;
     __syncthreads();
     for (int s = threadIdx.x; s < S; s += MOE_PLAN_THREADS) {
         const int e = ids[s];
-        rank[s] = e >= 0 && e < E ? atomicAdd(cnt + e, 1) : -1;
+        rank[s] = e >= 0 && e < E ? atomicAdd(cs + e, 1) : -1;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {             // the scan, in shared memory; the tiles' stores need not wait
         int o = 0, t = 0;
         for (int e = 0; e < E; ++e) {
-            start[e] = o;
-            for (int i = 0; i < cnt[e]; i += MMQ_COLS) { tile_e[t] = e; tile_s[t] = o + i; ++t; }
-            o += cnt[e];
+            ss[e] = o;
+            for (int i = 0; i < cs[e]; i += MMQ_COLS) { tile_e[t] = e; tile_s[t] = o + i; ++t; }
+            o += cs[e];
         }
         *n_tiles = t;
     }
     __syncthreads();
+    for (int e = threadIdx.x; e < E; e += MOE_PLAN_THREADS) { cnt[e] = cs[e]; start[e] = ss[e]; }
     for (int s = threadIdx.x; s < S; s += MOE_PLAN_THREADS)
-        if (rank[s] >= 0) sorted[start[ids[s]] + rank[s]] = s;
+        if (rank[s] >= 0) sorted[ss[ids[s]] + rank[s]] = s;
 }
 
 // Grid (ceil(N / MMQ_ROWS), max_tiles + 1): block row y < n_tiles multiplies tile y's slots by

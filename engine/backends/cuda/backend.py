@@ -139,6 +139,7 @@ _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
 MMQ_ROWS, MMQ_COLS, MMQ_THREADS, MOE_PLAN_THREADS = (
     int(re.search(rf"#define {n} (\d+)", _MMQ_CU).group(1))
     for n in ("MMQ_ROWS", "MMQ_COLS", "MMQ_THREADS", "MOE_PLAN_THREADS"))
+MOE_PLAN_MAX_E = int(re.search(r"#define MOE_PLAN_MAX_E (\d+)", _MMQ_CU).group(1))
 
 
 def _stage_bytes(wtype, n_values: int) -> int:
@@ -767,7 +768,7 @@ class CudaBackend(Backend):
         mmq = T and k and not self._rows_independent and uses_mmq_id(T, K, w.type)
         # (under the switch without int8 mma, sm < 8.0: the mat-vec kernels, which round as
         # the reference then expects, not the float16 GEMM)
-        if mmq and self.cc >= 80 and -(-T * k // MMQ_COLS) + min(E, T * k) < 65535:
+        if mmq and self.cc >= 80 and -(-T * k // MMQ_COLS) + min(E, T * k) < 65535 and E <= MOE_PLAN_MAX_E:
             self._matmul_id_mmq(x, w, ids, per_slot, y)
         elif T and k and not mmq and not self._rows_independent and uses_f16_gemm(T, K, w.type):
             self._matmul_id_gemm(x, w, ids, per_slot, y)
