@@ -599,13 +599,16 @@ class CudaBackend(Backend):
                     self._matvec(x2, group[i:i + 3], src)
         elif T:
             xa = None           # Q8_1 blocks of x, quantized once for every MMQ weight
+            x16 = None          # x in float16, converted once for every GEMM
             for w, y in zip(ws, ys):
                 if uses_mmq(T, K, w.type) and self.cc >= 80:
                     if xa is None:
                         xa = self._activations(x2, w, src)
                     self._gemm_mmq(x2, w, y, xa)
                 elif uses_f16_gemm(T, K, w.type):
-                    self._gemm_f16(x2, w, y)
+                    if x16 is None:
+                        x16 = self._to_f16(x2)
+                    self._gemm_f16(x2, w, y, x16)
                 else:
                     self._matmul_tiles(x2, w, y, src)
         return [y.reshape(*lead, y.shape[-1]) for y in ys]
@@ -650,17 +653,24 @@ class CudaBackend(Backend):
         self.launch(src_file, f"matmul_{_TYPE_NAMES[w.type]}", (N, -(-T // MATMUL_TILE)), MATVEC_THREADS,
                     w.data, xa, y, params=params)
 
-    def _gemm_f16(self, x2, w, y):
-        """A prompt's mat-mul on tensor cores: x rounded to float16, the weight dequantized to
-        float16 a chunk of rows at a time (GEMM_SCRATCH_BYTES), products summed in float32
-        by cuBLAS. y [T, N] = x [T, K] @ W.T."""
+    def _to_f16(self, x2):
+        """x rounded to float16 (the prompt GEMM's activations)."""
+        x16 = cupy.empty(x2.shape, F16)
+        self.launch("dequant.cu", "to_f16", _grid_1d(x2.size, DEQUANT_THREADS), DEQUANT_THREADS, x2, x16,
+                    params=pack("GluParams", n=x2.size))
+        return x16
+
+    def _gemm_f16(self, x2, w, y, x16=None):
+        """A prompt's mat-mul on tensor cores: x rounded to float16 (x16, if the caller already
+        has it), the weight dequantized to float16 a chunk of rows at a time
+        (GEMM_SCRATCH_BYTES) or its kept copy, products summed in float32 by cuBLAS.
+        y [T, N] = x [T, K] @ W.T."""
         from cupy_backends.cuda.api import runtime
         cublas = _cublas()
         T, K = x2.shape
         N = w.shape[0]
-        x16 = cupy.empty((T, K), F16)
-        self.launch("dequant.cu", "to_f16", _grid_1d(x2.size, DEQUANT_THREADS), DEQUANT_THREADS, x2, x16,
-                    params=pack("GluParams", n=x2.size))
+        if x16 is None:
+            x16 = self._to_f16(x2)
         handle = cupy.cuda.device.get_cublas_handle()
         cublas.setStream(handle, self.stream.ptr)
         alpha, beta = self._gemm_scalars
@@ -1392,6 +1402,11 @@ class CudaBackend(Backend):
 
     def ffn_glu(self, x, w_gate, w_up, gelu=False):
         rows = x.size // x.shape[-1] if x.shape[-1] else 0
+        if not self._decode_rows(rows) and len(w_gate.shape) == len(w_up.shape) == 2:
+            # a prompt: Backend.ffn_glu's two mat-muls as one matmul_many (x converted or
+            # quantized once for both), then the gated activation
+            up, gate = self.matmul_many(x, [w_up, w_gate])
+            return self.geglu(gate, up) if gelu else self.swiglu(gate, up)
         if not self._decode_rows(rows) or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 2:
             return super().ffn_glu(x, w_gate, w_up, gelu)
         self._check_matrix(_f32(x, "ffn_glu"), w_gate, "ffn_glu", 2)
