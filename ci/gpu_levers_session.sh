@@ -4,11 +4,13 @@
 #   BRASS_F16_WEIGHTS=1  a dense prompt GEMM reads the weight's float16 copy kept since the first prompt
 #   BRASS_MOE_MMQ=1      a prompt's expert mat-muls on int8 tiles planned on the device (no host sync)
 #   BRASS_ATTN_TILED=1   a prompt's attention in tiles on tensor cores
+#   BRASS_PROMPT_GRAPHS=1  a session's prompt of a length read before replays a captured graph
 #   moe_route on one warp instead of eight (a copy of the tree with ROUTE_THREADS 32)
 # Part 1: the suite with the defaults (the new kernels' own GPU tests run whatever the
 #   switches), then the kernel, op and whole-model checks with the three switches on; llama-bench
 #   builds and the shape-true files are written meanwhile (detached: part 2 finds them).
-# Part 2: pp512 of each switch against the defaults (0.6B and 8B: F16 weights, tiled attention;
+# Part 2: pp512 of each switch against the defaults (0.6B and 8B: F16 weights, tiled attention,
+#   prompt graphs, all four;
 #   30B-A3B: MoE MMQ), tg128 of the 30B-A3B with moe_route on 256 and on 32 threads, then
 #   llama-bench and brass bench side by side with the three switches on.
 #   run(command="bash ci/gpu_levers_session.sh 1", carry=[".whl", ".stage"]); then at once
@@ -20,7 +22,7 @@ export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 . ci/gpu_lib.sh
 brass_wheels
 dir=/tmp/brass-shapes
-ON="BRASS_F16_WEIGHTS=1 BRASS_MOE_MMQ=1 BRASS_ATTN_TILED=1"
+ON="BRASS_F16_WEIGHTS=1 BRASS_MOE_MMQ=1 BRASS_ATTN_TILED=1 BRASS_PROMPT_GRAPHS=1"
 
 if [ "${1:-1}" = 1 ]; then
     bash ci/gpu_llama_builds.sh start
@@ -33,7 +35,8 @@ if [ "${1:-1}" = 1 ]; then
     echo "== 2. $ON: kernels, whole models' ops, whole models, graphs"
     env $ON timeout 200 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_mmq.py \
         conformance/test_kernels_attention_tiled.py conformance/test_kernels_model.py conformance/test_models.py \
-        conformance/test_decode_graph.py conformance/test_batch.py -q -rfE -n 12 -p no:cacheprovider > "$out/switches.log" 2>&1
+        conformance/test_decode_graph.py conformance/test_batch.py conformance/test_prompt_graphs.py \
+        conformance/test_serving.py -q -rfE -n 12 -p no:cacheprovider > "$out/switches.log" 2>&1
     echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/switches.log" | head -20; tail -1 "$out/switches.log"
     bash ci/gpu_llama_builds.sh status | head -1; tail -3 /tmp/brass-shapes.log
     exit 0
@@ -48,9 +51,12 @@ for s in qwen3-0.6b qwen3-8b; do
     echo "$s defaults: $(b $s -p 512 -n 0)"
     echo "$s BRASS_F16_WEIGHTS=1: $(BRASS_F16_WEIGHTS=1 b $s -p 512 -n 0)"
     echo "$s BRASS_ATTN_TILED=1: $(BRASS_ATTN_TILED=1 b $s -p 512 -n 0)"
+    echo "$s BRASS_PROMPT_GRAPHS=1: $(BRASS_PROMPT_GRAPHS=1 b $s -p 512 -n 0)"
+    echo "$s all four: $(export $ON; b $s -p 512 -n 0)"
 done
 echo "qwen3-30b-a3b defaults: $(b qwen3-30b-a3b -p 512 -n 0)"
 echo "qwen3-30b-a3b BRASS_MOE_MMQ=1: $(BRASS_MOE_MMQ=1 b qwen3-30b-a3b -p 512 -n 0)"
+echo "qwen3-30b-a3b all four: $(export $ON; b qwen3-30b-a3b -p 512 -n 0)"
 rm -rf /tmp/route32 && mkdir -p /tmp/route32 && cp -r engine kernels ci pyproject.toml /tmp/route32/
 sed -i 's/^#define ROUTE_THREADS 256$/#define ROUTE_THREADS 32/' /tmp/route32/kernels/fused.cu
 echo "qwen3-30b-a3b moe_route 256 threads: $(b qwen3-30b-a3b -p 0 -n 128)"

@@ -14,7 +14,7 @@ class ReplayingNumpy(NumpyBackend):
 
     supports_graphs = True
 
-    def capture(self, fn):
+    def capture(self, fn, reuse_freed=False):
         class Replay:
             backend, result = self, None
 
@@ -36,3 +36,7 @@ class ReplayingNumpy(NumpyBackend):
     def copy_to_host_async(self, src, dst):
         dst[...] = src
         return dst.copy
+
+    def upload_async(self, dst, src):
+        dst[...] = src
+        return lambda: None

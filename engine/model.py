@@ -26,6 +26,13 @@ DEFAULT_CTX = 4096
 # steps, two chunks in flight: the device never waits for Python, and a stop (end of
 # generation) wastes at most two chunks of steps.
 GREEDY_CHUNK = 8
+# BRASS_PROMPT_GRAPHS=1 (off until measured on a GPU): a session's prompt of a length it has
+# read before replays a graph captured the second time (PromptStep), instead of a few hundred
+# launches of Python: a small model's prompt on the GPU is bound by them (the Qwen3-0.6B
+# shape's pp512 took ~21 ms of wall for ~13 ms of GPU time on the H200; a server's short
+# prompts ~35 ms each, ~50 us of host time per launch). A session keeps PROMPT_GRAPHS_KEPT.
+PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "0") not in ("", "0")
+PROMPT_GRAPHS_KEPT = 4
 
 
 def graphs_enabled(backend) -> bool:
@@ -139,6 +146,12 @@ class Session:
         self.n_past = 0
         self.graphs = graphs_enabled(self.model.backend)
         self._step: DecodeStep | None = None
+        # prompt graphs (PROMPT_GRAPHS): {length: PromptStep}, most recent last; the lengths
+        # read once eagerly; False once a capture failed (the forward synchronised with the
+        # host: a MoE prompt whose routing is planned there)
+        self._prompt_steps: dict[int, PromptStep] = {}
+        self._prompt_seen: set[int] = set()
+        self.prompt_graphs = PROMPT_GRAPHS and self.graphs
 
     def reset(self):
         """Forget the sequence (the cache slots are rewritten as positions are reached again;
@@ -155,12 +168,39 @@ class Session:
             raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
+        if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2:
+            st = self._prompt_step(len(ids))
+            if st is not None:
+                with b.activate():
+                    logits = st.run(ids, self.n_past)
+                    self.n_past += len(ids)
+                    return logits if device_logits else b.to_numpy(logits)
         pos = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)
         with b.activate():
             out_rows = None if all_logits else b.asarray(np.array([len(ids) - 1], np.int32))
             logits = m.forward(b.asarray(ids), b.asarray(pos), self.cache, out_rows, trace)
             self.n_past += len(ids)
             return logits if device_logits else b.to_numpy(logits)
+
+    def _prompt_step(self, n: int) -> "PromptStep | None":
+        """The captured prefill of n tokens: None the first time a length comes (read eagerly,
+        loading its kernels), captured the second; a failed capture turns prompt graphs off
+        for this session (its prompts are then read eagerly, as before)."""
+        st = self._prompt_steps.pop(n, None)
+        if st is None:
+            if n not in self._prompt_seen:
+                self._prompt_seen.add(n)
+                return None
+            try:
+                st = PromptStep(self, n)
+            except Exception:
+                self.prompt_graphs = False
+                self._prompt_steps.clear()
+                return None
+            while len(self._prompt_steps) >= PROMPT_GRAPHS_KEPT:
+                self._prompt_steps.pop(next(iter(self._prompt_steps)))
+        self._prompt_steps[n] = st          # most recently used last
+        return st
 
     def decode(self, token: int):
         """Logits (device array) after `token` at the next position. On a graph-capable backend
@@ -286,6 +326,36 @@ class DecodeStep:
         buf = self._host[self._next_host]
         self._next_host = (self._next_host + 1) % len(self._host)
         return self.graph.backend.copy_to_host_async(self.history[start:start + n], buf[:n])
+
+
+class PromptStep:
+    """A prefill of T tokens of a session, captured as a graph: the token ids and positions
+    come from one device array [2, T] (uploaded before each replay), then every layer over the
+    session's cache and the last row's logits (the graph's own array: the next replay of the
+    same length rewrites it). Its intermediate arrays share the graph's own memory pool
+    (Backend.capture reuse_freed): it holds the prompt's peak working set."""
+
+    def __init__(self, session: Session, n: int):
+        m = session.model
+        b = m.backend
+        self.n = n
+        with b.activate():
+            self.inp = b.zeros((2, n), np.int32)
+            self._host = b.pinned_empty(2 * n, np.int32).reshape(2, n)
+            self._out_rows = b.asarray(np.array([n - 1], np.int32))
+        self._uploaded = lambda: None
+        self.backend = b
+        self.graph = b.capture(lambda: m.forward(self.inp[0], self.inp[1], session.cache, self._out_rows),
+                               reuse_freed=True)
+
+    def run(self, ids: np.ndarray, start: int):
+        """Logits after the tokens `ids` (n of them) at positions start .. start + n - 1."""
+        self._uploaded()            # the last copy has read the pinned buffer
+        self._host[0] = ids
+        self._host[1] = np.arange(start, start + self.n, dtype=np.int32)
+        self._uploaded = self.backend.upload_async(self.inp, self._host)
+        self.graph.replay()
+        return self.graph.result
 
 
 def _backend_for(arch_name: str, requested: str | None) -> str | None:

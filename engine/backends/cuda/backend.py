@@ -705,7 +705,7 @@ class CudaBackend(Backend):
         """The float16 matrix [N, K] of the 2-D weight w for the prompt GEMM without dequantizing:
         an F16 weight's own bytes; for other types the copy kept since the first prompt, made
         while the copies fit their budget (F16_WEIGHTS); else None (dequantize per call)."""
-        if len(w.shape) != 2 or self._graph_refs is not None:
+        if len(w.shape) != 2:
             return None
         if w.type == GGMLType.F16:      # already float16, row-major [N, K]: no copy needed
             return w.data
@@ -714,6 +714,8 @@ class CudaBackend(Backend):
         entry = self._f16_copies.get(id(w))
         if entry is not None:
             return entry[1]
+        if self._graph_refs is not None:    # no copy is made inside a capture (nor kept by it)
+            return None
         N, K = w.shape
         nbytes = 2 * N * K
         if self._f16_budget is None:
@@ -894,6 +896,10 @@ class CudaBackend(Backend):
             y2[plan["invalid"]] = np.nan       # as the mat-vec kernels: an expert id out of range
 
     def _scratch_f16(self, n: int):
+        if (self._gemm_scratch is None or self._gemm_scratch.size < n) and self._graph_refs is not None:
+            # the scratch is shared by every prompt, eager or captured: it must not come from
+            # (and die with) one graph's memory
+            raise CudaError("the float16 GEMM scratch would be allocated inside a graph capture")
         if self._gemm_scratch is None or self._gemm_scratch.size < n:
             self._gemm_scratch = None
             self._gemm_scratch = cupy.empty(max(n, GEMM_SCRATCH_BYTES // 2), F16)
@@ -1466,16 +1472,21 @@ class CudaBackend(Backend):
         self.launch("fused.cu", "decode_advance", 1, 32, next_ids, tok, pos, history,
                     params=pack("AdvanceParams", capacity=history.shape[0]))
 
-    def capture(self, fn):
+    def capture(self, fn, reuse_freed: bool = False):
         """Record the kernels `fn()` queues on this backend's stream as a CUDA graph (nothing
         runs). Every allocation made meanwhile is kept with the graph: replays write into that
-        memory, so the pool must never hand it to anyone else."""
-        pool = cupy.get_default_memory_pool()
-        kept = []
+        memory, so the pool must never hand it to anyone else. With reuse_freed the
+        allocations come from a pool of the graph's own instead, where memory an array of the
+        capture freed serves a later allocation of the same capture (the graph runs its
+        kernels in the order they were queued, each waiting for the one before it), so the
+        graph holds its peak working set rather than every intermediate array (a prompt's)."""
+        pool = cupy.cuda.MemoryPool() if reuse_freed else cupy.get_default_memory_pool()
+        kept = [pool] if reuse_freed else []
 
         def alloc(nbytes):
             mem = pool.malloc(nbytes)
-            kept.append(mem)
+            if not reuse_freed:
+                kept.append(mem)
             return mem
 
         with self.device, self.stream, cupy.cuda.using_allocator(alloc):

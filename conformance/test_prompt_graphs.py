@@ -1,0 +1,146 @@
+"""Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py PromptStep): a session's prompt of a
+length it has read before replays a captured graph, and gives what reading it eagerly gives.
+
+On the CPU the session logic runs on the numpy backend with CUDA's graph interface
+(conformance/fakes.py: a replay re-runs the captured forward): which prefill is eager, which
+captures, which replays; the ids and positions uploaded per replay (another prompt, another
+start); the bound on graphs kept; a capture that fails turning prompt graphs off for the
+session without losing the prompt. On the GPU the same against real graphs, bit for bit
+against the eager path (the same kernels on the same inputs), on every synthetic model:
+dense ones capture, mixture-of-experts ones plan their routing on the host unless
+BRASS_MOE_MMQ (the capture then fails and their prompts stay eager, still right).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conformance.fakes import ReplayingNumpy
+from conformance.goldens import load_synthetic
+
+DENSE = ["synth-llama", "synth-qwen3", "synth-gemma3", "synth-qwen35"]
+ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma4moe"]
+
+
+@pytest.fixture
+def prompt_graphs(monkeypatch):
+    from engine import model
+    monkeypatch.setattr(model, "PROMPT_GRAPHS", True)
+
+
+def _prompts(rng, V, n, count):
+    return [[int(t) for t in rng.integers(0, V, n)] for _ in range(count)]
+
+
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
+def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch):
+    m = load_synthetic(name, "numpy")
+    ref = load_synthetic(name, "numpy")
+    m.backend = ReplayingNumpy()
+    captures = []
+    real = m.backend.capture
+    monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (captures.append(kw), real(fn, **kw))[1])
+    s, r = m.new_session(64), ref.new_session(64)
+    assert s.prompt_graphs
+    V = m.config.n_vocab
+    for i, ids in enumerate(_prompts(rng, V, 9, 4)):
+        # the second onwards continue a cache (another start position) after a reset of both
+        if i == 2:
+            s.reset(), r.reset()
+        got = s.prefill(ids)
+        want = r.prefill(ids)
+        assert np.array_equal(got, want), f"prompt {i}: replayed logits differ from eager ones"
+        assert s.n_past == r.n_past
+        assert (9 in s._prompt_steps) == (i >= 1), f"prompt {i}: captured {list(s._prompt_steps)}"
+    assert captures == [{"reuse_freed": True}], "one capture of the length, with its own memory pool"
+    # then decoding goes on from the right position with the right cache
+    tok = int(np.argmax(want[-1]))
+    assert np.array_equal(s.prefill([tok]), r.prefill([tok]))
+
+
+def test_what_is_never_captured(rng, prompt_graphs):
+    # all logits (teacher forcing), a trace, a single token: eager, whatever the length's history
+    m = load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+    s = m.new_session(64)
+    ids = _prompts(rng, m.config.n_vocab, 6, 1)[0]
+    for _ in range(3):
+        s.reset()
+        s.prefill(ids, all_logits=True)
+        s.reset()
+        s.prefill(ids, trace=lambda name, x: None)
+        s.reset()
+        s.prefill(ids[:1])
+    assert not s._prompt_steps
+
+
+def test_graphs_kept_are_bounded(rng, prompt_graphs):
+    from engine.model import PROMPT_GRAPHS_KEPT
+    m = load_synthetic("synth-llama", "numpy")
+    m.backend = ReplayingNumpy()
+    s = m.new_session(128)
+    lengths = list(range(2, 2 + PROMPT_GRAPHS_KEPT + 2))
+    for n in lengths + lengths:
+        s.reset()
+        s.prefill(_prompts(rng, m.config.n_vocab, n, 1)[0])
+    assert len(s._prompt_steps) == PROMPT_GRAPHS_KEPT
+    assert list(s._prompt_steps) == lengths[-PROMPT_GRAPHS_KEPT:], "the most recently used are kept"
+
+
+def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypatch):
+    m = load_synthetic("synth-qwen3", "numpy")
+    ref = load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+
+    def refuse(fn, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(m.backend, "capture", refuse)
+    s, r = m.new_session(64), ref.new_session(64)
+    for ids in _prompts(rng, m.config.n_vocab, 7, 3):
+        assert np.array_equal(s.prefill(ids), r.prefill(ids))
+    assert not s.prompt_graphs and not s._prompt_steps
+
+
+def test_off_by_default(monkeypatch):
+    # off until measured on a GPU: BRASS_PROMPT_GRAPHS turns it on, read at import
+    import os
+    import subprocess
+    import sys
+    code = "from engine import model; print(model.PROMPT_GRAPHS)"
+    for env, want in ((None, "False"), ("1", "True"), ("0", "False")):
+        e = {k: v for k, v in os.environ.items() if k != "BRASS_PROMPT_GRAPHS"}
+        if env is not None:
+            e["BRASS_PROMPT_GRAPHS"] = env
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (env, out.stdout)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
+    """On the GPU: the replayed prefill's logits equal the eager prefill's bit for bit, for a
+    short prompt (mat-mul tiles) and one long enough for the tensor-core GEMMs, continuing a
+    cache; greedy decoding after it then gives the same tokens."""
+    from engine.sampling import SamplingParams
+    m = load_synthetic(name, "cuda")
+    V = m.config.n_vocab
+    for n in (9, 40):
+        s = m.new_session(128)
+        e = m.new_session(128)
+        e.prompt_graphs = False
+        for i, ids in enumerate(_prompts(rng, V, n, 3)):
+            if i == 2:
+                s.reset(), e.reset()
+            got = m.backend.to_numpy(s.prefill(ids, device_logits=True)).copy()
+            want = e.prefill(ids)
+            assert np.array_equal(got, want), f"{name} T={n} prompt {i}: graph logits differ " \
+                                              f"(max |diff| {np.abs(got - want).max():.3g})"
+        moe = m.config.n_expert > 0
+        from engine.backends import base
+        assert s.prompt_graphs == (not moe or base.MOE_MMQ) and bool(s._prompt_steps) == s.prompt_graphs, \
+            (name, s.prompt_graphs, list(s._prompt_steps))
+        greedy = SamplingParams(temperature=0.0)
+        first = int(np.argmax(want[-1]))
+        a = list(m.generate([first], 12, greedy, stop_at_eog=False, session=s))
+        b = list(m.generate([first], 12, greedy, stop_at_eog=False, session=e))
+        assert a == b, f"{name} T={n}: decoding after a replayed prompt parts from eager"
