@@ -134,6 +134,8 @@ float host_shfl_xor(float v, int o) {
     return f;
 }
 
+double host_shfl_xor_d(double, int) { abort(); }
+
 static unsigned short smem_half(unsigned off) {
     if (off + 2 > host_smem_size) { fprintf(stderr, "ldmatrix: shared offset %u out of range\n", off); abort(); }
     unsigned short h; memcpy(&h, host_smem + off, 2);
@@ -284,6 +286,123 @@ def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=Tru
     if lib.run_attn(D, DV, q.ctypes.data, k.ctypes.data, v.ctypes.data, pos.ctypes.data, out.ctypes.data,
                     out_q.ctypes.data, T, H, Hkv, cap, int(window), float(scale), int(write_q8)):
         raise ValueError(f"no tiled attention kernel for head dims {D}/{DV}")
+    return out, (out_q if write_q8 else None)
+
+
+# ---- attention.cu's `attention` (a block per (head, query); the decode kernel) ----------------
+# The same shim; its dynamic shared memory becomes a host buffer poisoned with NaN before each
+# block, and warp shuffles (float and double) go through per-warp slots and barriers, as above.
+ROWWISE_HARNESS = r"""#include "shim.h"
+#include <limits>
+float * host_smem;
+#include "attn_rowwise.cu"
+thread_local uint3h threadIdx;
+uint3h blockIdx, blockDim, gridDim;
+static std::barrier<> * block_bar;
+static std::barrier<> * warp_bar[ATTN_THREADS / 32];
+static unsigned long long xch[2][ATTN_THREADS];
+static thread_local unsigned xseq;
+void __syncthreads() { block_bar->arrive_and_wait(); }
+static unsigned long long exchange(unsigned long long w, int o) {
+    const unsigned i = threadIdx.x;
+    unsigned long long * s = xch[xseq++ & 1];
+    s[i] = w;
+    warp_bar[i / 32]->arrive_and_wait();
+    return s[(i / 32) * 32 + ((i % 32) ^ (unsigned) o)];
+}
+float host_shfl_xor(float v, int o) {
+    unsigned w; memcpy(&w, &v, 4);
+    const unsigned r = (unsigned) exchange(w, o);
+    float f; memcpy(&f, &r, 4); return f;
+}
+double host_shfl_xor_d(double v, int o) {
+    unsigned long long w; memcpy(&w, &v, 8);
+    const unsigned long long r = exchange(w, o);
+    double d; memcpy(&d, &r, 8); return d;
+}
+float host_h2f(unsigned short h) {
+    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float f;
+    if (e == 0) f = std::ldexp((float) m, -24);
+    else if (e == 31) f = m ? NAN : INFINITY;
+    else f = std::ldexp((float) (m | 1024), e - 25);
+    return s ? -f : f;
+}
+unsigned short host_f2h(float f) {
+    unsigned x; memcpy(&x, &f, 4);
+    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (unsigned short) (sign | 0x7e00u);
+    if (ax >= 0x477ff000u) return (unsigned short) (sign | 0x7c00u);
+    if (ax < 0x38800000u) {
+        float a; memcpy(&a, &ax, 4);
+        return (unsigned short) (sign | (unsigned) std::nearbyint((double) a * 16777216.0));
+    }
+    unsigned hbits = ((((ax >> 23) - 112u)) << 10) | ((ax >> 13) & 0x3ffu);
+    const unsigned rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1u))) ++hbits;
+    return (unsigned short) (sign | hbits);
+}
+extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, float * out,
+                             block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap, int window,
+                             float scale, int write_q8) {
+    AttentionParams p{};
+    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
+    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
+    p.scale = scale; p.write_q8 = write_q8; p.per_row = 0;
+    std::vector<float> sm(D + p.n_slots + ATTN_WARPS * DV);
+    host_smem = sm.data();
+    std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {(unsigned) H, (unsigned) T, 1};
+    blockDim = {ATTN_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < ATTN_THREADS; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0;
+                                      attention(q, k, v, pos, out, out_q, nullptr, nullptr, p); });
+            for (auto & t : th) t.join();
+        }
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
+    return 0;
+}
+"""
+
+
+def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of attention.cu's `attention` kernel (or of
+    `kernel_text`, a modified copy of attention.cu); raises RuntimeError without g++."""
+    srcs = host_headers(HEADERS)
+    text = kernel_text if kernel_text is not None else (KERNEL_DIR / "attention.cu").read_text()
+    decl = "extern __shared__ float smem[];"
+    if text.count(decl) != 1:
+        raise RuntimeError(f"attention.cu: expected one {decl!r}")
+    srcs["attn_rowwise.cu"] = text.replace(decl, "float * const smem = host_smem;")
+    srcs["shim.h"] = SHIM
+    srcs["harness.cpp"] = ROWWISE_HARNESS
+    so = compile_host(srcs, "attnrow", "attention.cu")
+    so.run_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
+    return so
+
+
+def attention_rowwise(lib, q, k_cache, v_cache, pos, scale, window=0):
+    """The CPU build of attention.cu's `attention`: (out [T, H * DV], Q8_1 blocks or None),
+    the output poisoned with NaN before the kernel runs."""
+    T, H, D = q.shape
+    cap, Hkv, _ = k_cache.shape
+    DV = v_cache.shape[2]
+    q = np.ascontiguousarray(q, np.float32)
+    k = np.ascontiguousarray(k_cache, np.float16)
+    v = np.ascontiguousarray(v_cache, np.float16)
+    pos = np.ascontiguousarray(pos, np.int32)
+    write_q8 = DV % 32 == 0
+    out = np.full((T, H * DV), np.nan, np.float32)
+    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+    lib.run_attention(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
+                      pos.ctypes.data, out.ctypes.data, out_q.ctypes.data, T, H, Hkv, D, DV, cap,
+                      int(window), float(scale), int(write_q8))
     return out, (out_q if write_q8 else None)
 
 

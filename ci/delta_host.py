@@ -41,6 +41,7 @@ void __syncthreads() { block_bar->arrive_and_wait(); }
 float host_h2f(unsigned short) { abort(); }
 unsigned short host_f2h(float) { abort(); }
 float host_shfl_xor(float, int) { abort(); }
+double host_shfl_xor_d(double, int) { abort(); }
 typedef void (*kernel_t)(const float *, const float *, const float *, const float *, const float *,
                          float *, float *, const GatedDeltaNetParams);
 extern "C" int run_gdn_chunked(int D, const float * q, const float * k, const float * v, const float * g,
@@ -118,6 +119,7 @@ static float xch[1024];
 void __syncthreads() { block_bar->arrive_and_wait(); }
 float host_h2f(unsigned short) { abort(); }
 unsigned short host_f2h(float) { abort(); }
+double host_shfl_xor_d(double, int) { abort(); }
 float host_shfl_xor(float v, int o) {
     const unsigned i = threadIdx.x;
     xch[i] = v;

@@ -87,7 +87,8 @@ inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
 }
 float host_shfl_xor(float v, int o);     // each harness: across its block's threads, or abort
 inline float __shfl_xor_sync(unsigned, float v, int o) { return host_shfl_xor(v, o); }
-inline double __shfl_xor_sync(unsigned, double, int) { abort(); }
+double host_shfl_xor_d(double v, int o);  // likewise, for doubles
+inline double __shfl_xor_sync(unsigned, double v, int o) { return host_shfl_xor_d(v, o); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
@@ -116,6 +117,7 @@ float host_h2f(unsigned short h) {
 }
 unsigned short host_f2h(float) { abort(); }   // unused by mmq.cu
 float host_shfl_xor(float, int) { abort(); }  // unused by mmq.cu
+double host_shfl_xor_d(double, int) { abort(); }
 // PTX ISA fragment layouts (as mmq.cu's comments state them), g = lane / 4, t = lane % 4:
 // k32: a0 = A[g][w t], a1 = A[g+8][w t], a2 = A[g][w t+4], a3 = A[g+8][w t+4]; b0 = B[w t][g],
 // b1 = B[w t+4][g]; d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1].

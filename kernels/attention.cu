@@ -14,6 +14,9 @@
 #define KV_STORE_THREADS 256
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / WARP_SIZE)
+#ifndef ATTN_SLOTS_PER_WARP
+#define ATTN_SLOTS_PER_WARP 4   // pass 1: slots a warp has in flight at once
+#endif
 
 // cache[pos[t], :] = f16(x[t, :]) for rows of H_kv * Dh values.
 extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
@@ -60,21 +63,35 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     __syncthreads();
 
     // Pass 1: a warp per slot computes K.Q, each lane two adjacent dims per step (one 32-bit
-    // load of two halves); lane 0 keeps the logit and the running max.
+    // load of two halves); lane 0 keeps the logit and the running max. A warp takes
+    // ATTN_SLOTS_PER_WARP slots at a time, their loads in flight together (one slot after
+    // another, each waited for before its shuffles, made a decode step's attention a chain of
+    // memory latencies: ~8 us a call at short contexts on the H200); each slot's sum is the
+    // same float operations as one at a time.
     const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
     const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);
-    for (int j = warp; j < n; j += ATTN_WARPS) {
-        const u32 * kr = (const u32 *) (k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim);
-        float dot = 0.0f;
-        for (int c = lane; c < n_pairs; c += WARP_SIZE) {
-            const u32 kk = kr[c];
-            dot += q16[2 * c] * f16_to_f32((u16) (kk & 0xFFFF)) + q16[2 * c + 1] * f16_to_f32((u16) (kk >> 16));
+    for (int j0 = warp; j0 < n; j0 += ATTN_WARPS * ATTN_SLOTS_PER_WARP) {
+        float dot[ATTN_SLOTS_PER_WARP];
+#pragma unroll
+        for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
+            const int j = min(j0 + u * ATTN_WARPS, n - 1);      // past n: slot n-1 again, unused
+            const u32 * kr = (const u32 *) (k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim);
+            dot[u] = 0.0f;
+            for (int c = lane; c < n_pairs; c += WARP_SIZE) {
+                const u32 kk = kr[c];
+                dot[u] += q16[2 * c] * f16_to_f32((u16) (kk & 0xFFFF)) + q16[2 * c + 1] * f16_to_f32((u16) (kk >> 16));
+            }
         }
-        dot = warp_sum(dot);
-        const float logit = __fmul_rn(dot, p.scale);
-        if (lane == 0) prob[j] = logit;
-        m = fmaxf(m, logit);
+#pragma unroll
+        for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
+            const int j = j0 + u * ATTN_WARPS;
+            const float logit = __fmul_rn(warp_sum(dot[u]), p.scale);
+            if (j < n) {
+                if (lane == 0) prob[j] = logit;
+                m = fmaxf(m, logit);
+            }
+        }
     }
     if (lane == 0) red_max[warp] = m;
     __syncthreads();

@@ -1,0 +1,65 @@
+"""attention.cu's `attention` kernel (a block per (head, query): every decode step's attention)
+run on the CPU (ci/attn_host.py build_rowwise: the source under g++, a std::thread per CUDA
+thread, warp shuffles through per-warp barriers, shared memory poisoned with NaN) against the
+numpy reference, and its pass 1 with several slots in flight per warp against one at a time.
+
+The GPU tests of the kernel are in test_kernels.py (test_attention*); these run everywhere.
+Cache slots no query can see are NaN on the kernel's side, so a read of one fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conformance.test_kernels import check
+from kernels.cases import ATTENTION, cuda_reference
+
+# (T, past, H, H_kv, D, DV, window): decode steps (T = 1) at short and longer contexts, GQA,
+# a window, DV != D, an empty past, a few queries at once
+CASES = [(1, 40, 4, 2, 128, 128, 0), (1, 3, 2, 1, 64, 64, 0), (1, 0, 2, 1, 64, 64, 0),
+         (1, 100, 4, 1, 128, 128, 24), (5, 30, 4, 1, 64, 64, 8), (3, 70, 2, 2, 128, 64, 0)]
+
+
+def _lib(kernel_text=None):
+    from ci import attn_host
+    try:
+        return attn_host.build_rowwise(kernel_text)
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of attention.cu: {e}")
+
+
+def _case(rng, T, past, H, Hkv, D, DV, window):
+    from ci.attn_host import random_case, unseen_slots
+    q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV, window=window)
+    unseen = unseen_slots(pos, k.shape[0], window)
+    kk, vk = k.copy(), v.copy()
+    kk[unseen], vk[unseen] = np.nan, np.nan
+    return q, k, v, kk, vk, pos
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "T%d-past%d-H%d-%d-D%d-%d-w%d" % c)
+def test_rowwise_attention_on_the_cpu(rng, case, record_property):
+    from ci.attn_host import attention_rowwise
+    from ci.mmq_host import q8_1_blocks
+    T, past, H, Hkv, D, DV, window = case
+    q, k, v, kk, vk, pos = _case(rng, *case)
+    scale = float(1 / np.sqrt(D))
+    got, blocks = attention_rowwise(_lib(), q, kk, vk, pos, scale, window)
+    want = cuda_reference().attention(q, k, v, pos, scale, window)
+    check(got, want.reshape(T, -1), ATTENTION, record_property)
+    if blocks is not None:
+        assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+
+
+def test_slots_in_flight_change_no_bit(rng):
+    # Pass 1 takes ATTN_SLOTS_PER_WARP slots per warp at a time; each slot's logit must be the
+    # same float operations as with one at a time (ATTN_SLOTS_PER_WARP 1), so the output too.
+    from ci.attn_host import KERNEL_DIR, attention_rowwise
+    one = _lib("#define ATTN_SLOTS_PER_WARP 1\n" + (KERNEL_DIR / "attention.cu").read_text())
+    many = _lib()
+    for case in CASES:
+        q, k, v, kk, vk, pos = _case(rng, *case)
+        a, _ = attention_rowwise(one, q, kk, vk, pos, 0.1, case[-1])
+        b, _ = attention_rowwise(many, q, kk, vk, pos, 0.1, case[-1])
+        assert np.array_equal(a, b), f"{case}: several slots in flight changed the output"
