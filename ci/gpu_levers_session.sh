@@ -6,6 +6,8 @@
 #   BRASS_ATTN_TILED=1   a prompt's attention in tiles on tensor cores
 #   BRASS_PROMPT_GRAPHS=1  a session's prompt of a length read before replays a captured graph
 #   moe_route on one warp instead of eight (a copy of the tree with ROUTE_THREADS 32)
+#   and, on by default already (bit-identical on the CPU, not yet timed): attention.cu's pass 1
+#   with 4 slots in flight per warp, against a copy with ATTN_SLOTS_PER_WARP 1
 # Part 1: the suite with the defaults (the new kernels' own GPU tests run whatever the
 #   switches), then the kernel, op and whole-model checks with the three switches on; llama-bench
 #   builds and the shape-true files are written meanwhile (detached: part 2 finds them).
@@ -61,6 +63,13 @@ rm -rf /tmp/route32 && mkdir -p /tmp/route32 && cp -r engine kernels ci pyprojec
 sed -i 's/^#define ROUTE_THREADS 256$/#define ROUTE_THREADS 32/' /tmp/route32/kernels/fused.cu
 echo "qwen3-30b-a3b moe_route 256 threads: $(b qwen3-30b-a3b -p 0 -n 128)"
 echo "qwen3-30b-a3b moe_route 32 threads ($(grep -c '^#define ROUTE_THREADS 32$' /tmp/route32/kernels/fused.cu)): $(cd /tmp/route32 && PYTHONPATH=/tmp/route32${PYTHONPATH:+:$PYTHONPATH} b qwen3-30b-a3b -p 0 -n 128)"
+
+rm -rf /tmp/slots1 && mkdir -p /tmp/slots1 && cp -r engine kernels ci pyproject.toml /tmp/slots1/
+sed -i 's/^#define ATTN_SLOTS_PER_WARP 4 /#define ATTN_SLOTS_PER_WARP 1 /' /tmp/slots1/kernels/attention.cu
+for s in qwen3-0.6b qwen3-30b-a3b; do
+    echo "$s tg128, attention pass 1 with 4 slots in flight per warp: $(b $s -p 0 -n 128)"
+    echo "$s tg128, with 1 ($(grep -c '^#define ATTN_SLOTS_PER_WARP 1 ' /tmp/slots1/kernels/attention.cu)): $(cd /tmp/slots1 && PYTHONPATH=/tmp/slots1${PYTHONPATH:+:$PYTHONPATH} b $s -p 0 -n 128)"
+done
 
 echo "== 4. side by side, $ON"
 bash ci/gpu_llama_builds.sh wait 120 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
