@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two GPU calls, sent back to back on a warm machine, for what the third session of 2026-12-01
+# Three GPU calls, sent back to back on a warm machine, for what the third session of 2026-12-01
 # wrote without a GPU (each switch is off by default until these calls measure it):
 #   BRASS_F16_WEIGHTS=1  a dense prompt GEMM reads the weight's float16 copy kept since the first prompt
 #   BRASS_MOE_MMQ=1      a prompt's expert mat-muls on int8 tiles planned on the device (no host sync)
@@ -9,14 +9,15 @@
 #   and, on by default already (bit-identical on the CPU, not yet timed): attention.cu's pass 1
 #   with 4 slots in flight per warp, against a copy with ATTN_SLOTS_PER_WARP 1
 # Part 1: the suite with the defaults (the new kernels' own GPU tests run whatever the
-#   switches), then the kernel, op and whole-model checks with the three switches on; llama-bench
+#   switches), then the kernel, op and whole-model checks with the four switches on; llama-bench
 #   builds and the shape-true files are written meanwhile (detached: part 2 finds them).
 # Part 2: pp512 of each switch against the defaults (0.6B and 8B: F16 weights, tiled attention,
 #   prompt graphs, all four;
-#   30B-A3B: MoE MMQ), tg128 of the 30B-A3B with moe_route on 256 and on 32 threads, then
-#   llama-bench and brass bench side by side with the three switches on.
+#   30B-A3B: MoE MMQ), tg128 of the 30B-A3B with moe_route on 256 and on 32 threads, and of
+#   the slots in flight. Part 3: llama-bench and brass bench side by side with the switches on.
 #   run(command="bash ci/gpu_levers_session.sh 1", carry=[".whl", ".stage"]); then at once
-#   run(command="bash ci/gpu_levers_session.sh 2", carry=[".whl", ".stage"])
+#   run(command="bash ci/gpu_levers_session.sh 2", carry=[".whl", ".stage"]); then at once
+#   run(command="bash ci/gpu_levers_session.sh 3", carry=[".whl", ".stage"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-.}"
@@ -44,6 +45,7 @@ if [ "${1:-1}" = 1 ]; then
     exit 0
 fi
 
+if [ "${1:-1}" = 2 ]; then
 echo "== 3. prompt speed: each switch against the defaults (-r 2)"
 b() {   # b SHAPE ARGS...: the bench's figure, e.g. "pp512  | 23523.00 ± 12.00 |"
     local s=$1; shift
@@ -71,7 +73,12 @@ for s in qwen3-0.6b qwen3-30b-a3b; do
     echo "$s tg128, with 1 ($(grep -c '^#define ATTN_SLOTS_PER_WARP 1 ' /tmp/slots1/kernels/attention.cu)): $(cd /tmp/slots1 && PYTHONPATH=/tmp/slots1${PYTHONPATH:+:$PYTHONPATH} b $s -p 0 -n 128)"
 done
 
+[ "${1:-1}" = 2 ] && exit 0
+fi
+
+if [ "${1:-1}" = 3 ]; then
 echo "== 4. side by side, $ON"
 bash ci/gpu_llama_builds.sh wait 120 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
 env $ON LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 timeout 260 \
     bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b 2>&1 | grep -v "^WARNING"
+fi
