@@ -1,0 +1,289 @@
+"""The decode mat-vec kernels (kernels/matvec.cuh through matvec_q.cu) run on the CPU, for
+machines without a GPU (CI, development).
+
+As ci/mmq_host.py, ci/delta_host.py and ci/attn_host.py do for their kernels: the kernel
+source itself (with its headers) compiled by g++ against the shim of CUDA device code (every
+CUDA thread of a block a std::thread, __shared__ variables function statics, one block at a
+time, __syncthreads a barrier of the block's threads). The dynamic shared memory the
+activations are staged in becomes a host buffer poisoned with 0xFF bytes before each block;
+warp shuffles go through per-warp slots and a barrier of the warp's 32 threads (a warp may
+loop more often than another, as the grid-stride loops do). The L2 prefetches and PDL_ENTRY
+compile to nothing on the host.
+
+The launches are the backend's: grids, blocks and shared memory from its own helpers and
+constants (engine/backends/cuda/backend.py), parameter structs from kernels/params.py. What
+this cannot check: timing, coalescing, bank conflicts, FMA contraction (g++ does not contract
+here: -std=c++20 is ISO mode), the GPU's limits. It does check the item indexing, the
+staging of activations, the multi-matrix units, the experts' offsets and ids, the batched
+kernels' per-token sums against the one-token kernels, and the Q8_1 blocks the gated kernels
+write, against the numpy reference.
+
+    python3 ci/matvec_host.py [seed]      # a few shapes; exit 1 on a failure
+conformance/test_kernels_matvec_cpu.py uses it (skips without g++).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ci.mmq_host import SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
+
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
+NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
+MAX_THREADS = 256
+
+HARNESS = r"""#include "shim.h"
+#include <limits>
+unsigned char * host_smem;
+#include "matvec_host.cu"
+thread_local uint3h threadIdx;
+uint3h blockIdx, blockDim, gridDim;
+static std::barrier<> * block_bar;
+static std::barrier<> * warp_bar[MAX_THREADS / 32];
+static unsigned long long xch[2][MAX_THREADS];
+static thread_local unsigned xseq;
+void __syncthreads() { block_bar->arrive_and_wait(); }
+static unsigned long long exchange(unsigned long long w, int o) {
+    const unsigned i = threadIdx.x;
+    unsigned long long * s = xch[xseq++ & 1];
+    s[i] = w;
+    warp_bar[i / 32]->arrive_and_wait();
+    return s[(i / 32) * 32 + ((i % 32) ^ (unsigned) o)];
+}
+float host_shfl_xor(float v, int o) {
+    unsigned w; memcpy(&w, &v, 4);
+    const unsigned r = (unsigned) exchange(w, o);
+    float f; memcpy(&f, &r, 4); return f;
+}
+double host_shfl_xor_d(double v, int o) {
+    unsigned long long w; memcpy(&w, &v, 8);
+    const unsigned long long r = exchange(w, o);
+    double d; memcpy(&d, &r, 8); return d;
+}
+float host_h2f(unsigned short h) {
+    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float f;
+    if (e == 0) f = std::ldexp((float) m, -24);
+    else if (e == 31) f = m ? NAN : INFINITY;
+    else f = std::ldexp((float) (m | 1024), e - 25);
+    return s ? -f : f;
+}
+unsigned short host_f2h(float f) {
+    unsigned x; memcpy(&x, &f, 4);
+    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (unsigned short) (sign | 0x7e00u);
+    if (ax >= 0x477ff000u) return (unsigned short) (sign | 0x7c00u);
+    if (ax < 0x38800000u) {
+        float a; memcpy(&a, &ax, 4);
+        return (unsigned short) (sign | (unsigned) std::nearbyint((double) a * 16777216.0));
+    }
+    unsigned hbits = ((((ax >> 23) - 112u)) << 10) | ((ax >> 13) & 0x3ffu);
+    const unsigned rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1u))) ++hbits;
+    return (unsigned short) (sign | hbits);
+}
+
+// Buffer i of kernel fn, cast to that parameter's type (the activations' type is the kind's).
+#include <tuple>
+template <int I, class R, class... A>
+static auto arg(R (*)(A...), void * p) { return (std::tuple_element_t<I, std::tuple<A...>>) p; }
+
+// Every block of a (gx, gy) grid of `threads` threads, one after another, each with `smem`
+// bytes of dynamic shared memory poisoned with 0xFF.
+template <class F>
+static void run_grid(unsigned gx, unsigned gy, unsigned threads, int smem, F fn) {
+    std::vector<unsigned char> sm(smem > 0 ? smem : 16);
+    host_smem = sm.data();
+    std::barrier<> bb(threads); block_bar = &bb;
+    for (unsigned i = 0; i < threads / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {gx, gy, 1};
+    blockDim = {threads, 1, 1};
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::fill(sm.begin(), sm.end(), (unsigned char) 0xFF);
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < threads; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
+            for (auto & t : th) t.join();
+        }
+    for (unsigned i = 0; i < threads / 32; ++i) delete warp_bar[i];
+}
+
+#define CALL7(fn, P) { P p; memcpy(&p, params, sizeof p);                                          \
+    run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
+        arg<3>(fn, b[3]), arg<4>(fn, b[4]), arg<5>(fn, b[5]), arg<6>(fn, b[6]), p); }); return 0; }
+#define CALL6(fn, P) { P p; memcpy(&p, params, sizeof p);                                          \
+    run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
+        arg<3>(fn, b[3]), arg<4>(fn, b[4]), arg<5>(fn, b[5]), p); }); return 0; }
+#define CALL5(fn, P) { P p; memcpy(&p, params, sizeof p);                                          \
+    run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
+        arg<3>(fn, b[3]), arg<4>(fn, b[4]), p); }); return 0; }
+#define ENTRY(N)                                                                                     \
+    if (!strcmp(name, #N)) {                                                                         \
+        if (!strcmp(kernel, "matvec")) CALL7(matvec_##N, MultiMatVecParams)                          \
+        if (!strcmp(kernel, "matvec_cols")) CALL7(matvec_cols_##N, MultiMatVecParams)                \
+        if (!strcmp(kernel, "matvec_glu")) CALL6(matvec_glu_##N, GluMatVecParams)                    \
+        if (!strcmp(kernel, "matvec_glu_cols")) CALL5(matvec_glu_cols_##N, GluMatVecParams)          \
+        if (!strcmp(kernel, "matvec_moe_down")) CALL5(matvec_moe_down_##N, MoeDownParams)            \
+        return 2;                                                                                    \
+    }
+
+extern "C" int run_kernel(const char * kernel, const char * name, void * const * b, const void * params,
+                          unsigned gx, unsigned gy, unsigned threads, int smem) {
+    ENTRY(q4_0) ENTRY(q4_1) ENTRY(q5_0) ENTRY(q5_1) ENTRY(q8_0) ENTRY(q4_k) ENTRY(q5_k) ENTRY(q6_k)
+    ENTRY(mxfp4)
+    return 1;
+}
+"""
+
+
+def _sources() -> dict[str, str]:
+    out = host_headers(HEADERS)
+    decl = "extern __shared__ int4 staged_x[];"
+    h = out["matvec.cuh"]
+    n = h.count(decl)
+    if n < 5:
+        raise RuntimeError(f"matvec.cuh: expected a {decl!r} in each kernel, found {n}")
+    out["matvec.cuh"] = h.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
+    out["matvec_host.cu"] = (KERNEL_DIR / "matvec_q.cu").read_text()
+    out["shim.h"] = SHIM
+    out["harness.cpp"] = HARNESS.replace("MAX_THREADS", str(MAX_THREADS))
+    return out
+
+
+def build() -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of matvec_q.cu; raises RuntimeError without g++."""
+    so = compile_host(_sources(), "matvec", "matvec_q.cu")
+    so.run_kernel.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
+    return so
+
+
+def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threads: int, smem: int):
+    from engine.backends.cuda.backend import _TYPE_NAMES
+    arrs = [np.ascontiguousarray(a) for a in buffers]
+    ptrs = (ctypes.c_void_p * len(arrs))(*[a.ctypes.data for a in arrs])
+    rc = lib.run_kernel(kernel.encode(), _TYPE_NAMES[qtype].encode(), ptrs, params.ctypes.data,
+                        int(grid[0]), int(grid[1]), int(threads), int(smem))
+    if rc:
+        raise ValueError(f"no host {kernel} for {qtype}")
+    return arrs
+
+
+def matvec(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
+    """y_i = x . W_i^T for up to three weights of one type sharing x [1, K] (the q/k/v launch of
+    a decode step), as CudaBackend._matvec launches matvec_<type> for one token."""
+    from engine.backends.cuda.backend import MV_ROWS, MV_WARPS, _stage_bytes
+    from kernels.params import pack
+    K = x.shape[-1]
+    xb = q8_1_blocks(x.reshape(1, K))
+    raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
+    rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
+    rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
+    ys = [np.full((1, n), np.nan, np.float32) for n in rows[:len(raws)]]
+    units = sum(-(-n // MV_ROWS) for n in rows)
+    params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
+                  cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
+    ws = raws + [raws[0]] * (3 - len(raws))
+    outs = ys + [ys[0]] * (3 - len(ys))
+    res = _run(lib, "matvec", qtype, ws + [xb] + outs, params, (-(-units // MV_WARPS), 1),
+               MV_WARPS * 32, _stage_bytes(qtype, K))
+    return res[4:4 + len(raws)]
+
+
+def matvec_cols(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
+    """The same for T tokens of a batched decode step (matvec_cols_<type>)."""
+    from engine.backends.cuda.backend import MV_WARPS, _cols_per_block
+    from kernels.params import pack
+    T, K = x.shape
+    xb = q8_1_blocks(x)
+    raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
+    rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
+    rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
+    ys = [np.full((T, n), np.nan, np.float32) for n in rows[:len(raws)]]
+    cols, smem = _cols_per_block(qtype, T, K)
+    params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
+                  cols=cols, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
+    ws = raws + [raws[0]] * (3 - len(raws))
+    outs = ys + [ys[0]] * (3 - len(ys))
+    res = _run(lib, "matvec_cols", qtype, ws + [xb] + outs, params,
+               (-(-T // cols), min(-(-sum(rows) // MV_WARPS), 65535)), MV_WARPS * 32, smem)
+    return res[4:4 + len(raws)]
+
+
+def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray, x: np.ndarray, gelu: bool = False, ids=None,
+        n_experts: int = 1, expert_rows: int | None = None):
+    """(h [slots, N], its Q8_1 blocks) of matvec_glu_<type> as CudaBackend._glu_matvec launches
+    it: x [T, K] one token per block row, or with ids [T, k] the chosen experts' matrices (wg,
+    wu: the [E * N, row_bytes] bytes of the expert tensors; expert_rows = N)."""
+    from engine.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _stage_bytes
+    from kernels.params import pack
+    T, K = x.shape
+    xb = q8_1_blocks(x)
+    wg, wu = np.ascontiguousarray(wg, np.uint8), np.ascontiguousarray(wu, np.uint8)
+    rb = wg.shape[1]
+    N = expert_rows if ids is not None else wg.shape[0]
+    slots = T if ids is None else ids.size
+    h = np.full((slots, N), np.nan, np.float32)
+    hq = np.full((slots, N // 32, 36), 0xFF, np.uint8)
+    idsa = np.zeros(1, np.int32) if ids is None else np.ascontiguousarray(ids, np.int32)
+    params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=T, cols=1,
+                  n_used=1 if ids is None else ids.shape[1], row_bytes=rb,
+                  expert_bytes=N * rb if ids is not None else 0, has_ids=int(ids is not None),
+                  n_experts=n_experts if ids is not None else 1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
+    res = _run(lib, "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
+               (-(-N // (GLU_WARPS * GLU_ROWS)), slots), GLU_WARPS * 32, _stage_bytes(qtype, K))
+    return res[4], res[5]
+
+
+def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np.ndarray, n_experts: int):
+    """out [T, D] = sum_j wts[t, j] * (h[t, j] . W_down[ids[t, j]]^T) by matvec_moe_down_<type>,
+    with h [T, k, N] as Q8_1 blocks (as the gated kernel writes them); wd: [E * D, row_bytes]."""
+    from engine.backends.cuda.backend import DOWN_ROWS, DOWN_WARPS, _stage_bytes
+    from kernels.params import pack
+    T, k, N = h.shape
+    wd = np.ascontiguousarray(wd, np.uint8)
+    D = wd.shape[0] // n_experts
+    rb = wd.shape[1]
+    hb = q8_1_blocks(h.reshape(T * k, N))
+    out = np.full((T, D), np.nan, np.float32)
+    params = pack("MoeDownParams", n_rows=D, k=N, n_tokens=T, n_used=k, row_bytes=rb,
+                  expert_bytes=D * rb, n_experts=n_experts)
+    res = _run(lib, "matvec_moe_down", qtype, [wd, hb, np.ascontiguousarray(ids, np.int32),
+                                                 np.ascontiguousarray(wts, np.float32), out], params,
+               (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, _stage_bytes(qtype, k * N))
+    return res[4]
+
+
+def main(argv: list[str]) -> int:
+    import tempfile
+    from engine.gguf import GGMLType, GGUFFile
+    from kernels.cases import MATMUL, cuda_reference, nmse, random_weight_file
+    rng = np.random.default_rng(int(argv[0]) if argv else 0)
+    lib = build()
+    ref = cuda_reference()
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for qtype in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4):
+            N, K = 96, 512
+            gf = GGUFFile(random_weight_file(Path(tmp) / "w.gguf", rng, {"w": (qtype, (N, K))}))
+            x = rng.uniform(-1, 1, (1, K)).astype(np.float32)
+            (y,) = matvec(lib, qtype, [gf.tensor_bytes("w").reshape(N, -1)], x)
+            with ref.rows_independent():
+                want = ref.matmul(x, ref.weight(gf, "w"))
+            e = nmse(y, want)
+            failed += not e <= MATMUL
+            print(f"matvec {qtype.name} N{N} K{K}: NMSE {e:.2e} {'ok' if e <= MATMUL else 'FAIL'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""The decode mat-vec kernels' own source on the CPU (ci/matvec_host.py: g++, a std::thread per
+CUDA thread, warp shuffles through per-warp barriers, staged activations in shared memory
+poisoned with 0xFF), launched as the CUDA backend launches them, against the numpy q8_1
+reference: matvec_<type> with one to three matrices (q/k/v), matvec_cols_<type> (a batched
+step) bit for bit against one token at a time, matvec_glu_<type> (the gated FFN, its Q8_1
+blocks, experts by id) and matvec_moe_down_<type> (the experts' down projection and weighted
+sum). The GPU tests of the same kernels are in test_kernels.py and test_batch.py; these run
+everywhere, so a change to the decode kernels is checked before it reaches a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conformance.test_kernels import check, tname
+from engine.gguf import GGMLType, GGUFFile
+from kernels.cases import MATMUL, OP_BOUNDS, cuda_reference, random_weight_file
+
+TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_K,
+         GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.MXFP4)
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def lib():
+    from ci import matvec_host
+    try:
+        return matvec_host.build()
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+
+
+def _weights(tmp_path, rng, specs):
+    return GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, specs))
+
+
+def _raw(gf, name, rows):
+    return gf.tensor_bytes(name).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=tname)
+def test_matvec_on_the_cpu(lib, rng, tmp_path, qtype, record_property):
+    # three matrices in one launch (q, k, v of a decode step: 100, 40 and 33 rows, so units
+    # of different matrices share blocks), and one alone
+    from ci.matvec_host import matvec
+    K = 512
+    gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in (("a", 100), ("b", 40), ("c", 33))})
+    x = rng.uniform(-1, 1, (1, K)).astype(F32)
+    ref = cuda_reference()
+    got = matvec(lib, qtype, [_raw(gf, n, r) for n, r in (("a", 100), ("b", 40), ("c", 33))], x)
+    (alone,) = matvec(lib, qtype, [_raw(gf, "b", 40)], x)
+    with ref.rows_independent():
+        for n, g in zip("abc", got):
+            check(g, ref.matmul(x, ref.weight(gf, n)), MATMUL, record_property, f"matrix {n}")
+    assert np.array_equal(alone, got[1]), "a matrix's rows depend on the matrices beside it"
+
+
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
+def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
+    # matvec_cols_<type> (a batched decode step: tokens side by side per weight row) must give
+    # each token the one-token kernel's float, bit for bit: a sequence's tokens must not depend
+    # on which others share its step
+    from ci.matvec_host import matvec, matvec_cols
+    K, T = 512, 11                              # 11 tokens: two blocks of 8, the second partial
+    gf = _weights(tmp_path, rng, {"a": (qtype, (70, K)), "b": (qtype, (45, K))})
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    ws = [_raw(gf, "a", 70), _raw(gf, "b", 45)]
+    batched = matvec_cols(lib, qtype, ws, x)
+    for t in range(T):
+        one = matvec(lib, qtype, ws, x[t:t + 1])
+        for i in range(2):
+            assert np.array_equal(batched[i][t], one[i][0]), f"token {t}, matrix {i}"
+
+
+@pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0), ids=tname)
+def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):
+    from ci.matvec_host import glu
+    from ci.mmq_host import q8_1_blocks
+    N, K = 96, 512
+    gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
+    x = rng.uniform(-1, 1, (1, K)).astype(F32)
+    h, hq = glu(lib, qtype, _raw(gf, "g", N), _raw(gf, "u", N), x, gelu=gelu)
+    ref = cuda_reference()
+    with ref.rows_independent():
+        want = ref.ffn_glu(x, ref.weight(gf, "g"), ref.weight(gf, "u"), gelu=gelu)
+    check(h, want, OP_BOUNDS["ffn_glu_gelu" if gelu else "ffn_glu"], record_property)
+    assert np.array_equal(hq, q8_1_blocks(h)), "the Q8_1 blocks written are not those of h"
+
+
+@pytest.mark.parametrize("qtypes", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.MXFP4, GGMLType.MXFP4),
+                                    (GGMLType.Q8_0, GGMLType.Q5_0)], ids=str)
+def test_experts_on_the_cpu(lib, rng, tmp_path, qtypes, record_property):
+    # the chosen experts' gate/up (ids on the device) and down with the weighted sum; the down
+    # is checked on the kernel's own h (re-quantized to Q8_1 between them: test_kernels'
+    # test_moe_ffn_decode says why)
+    from ci.matvec_host import glu, moe_down
+    gu, dn = qtypes
+    E, N, D, T, k = 8, 256, 512, 2, 4
+    gf = _weights(tmp_path, rng, {"g": (gu, (E, N, D)), "u": (gu, (E, N, D)), "d": (dn, (E, D, N))})
+    x = rng.uniform(-1, 1, (T, D)).astype(F32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    wts = rng.uniform(0, 1, (T, k)).astype(F32)
+    h, _ = glu(lib, gu, _raw(gf, "g", E * N), _raw(gf, "u", E * N), x, ids=ids, n_experts=E, expert_rows=N)
+    ref = cuda_reference()
+    with ref.rows_independent():
+        want_h = ref.swiglu(ref.matmul_id(x, ref.weight(gf, "g"), ids), ref.matmul_id(x, ref.weight(gf, "u"), ids))
+        check(h.reshape(T, k, N), want_h, OP_BOUNDS["ffn_glu"], record_property, "h")
+        h3 = h.reshape(T, k, N)
+        out = moe_down(lib, dn, _raw(gf, "d", E * D), h3, ids, wts, E)
+        want = ref.weighted_sum(ref.matmul_id(h3, ref.weight(gf, "d"), ids), wts)
+    check(out, want, MATMUL, record_property, "down")
