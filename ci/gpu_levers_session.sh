@@ -5,11 +5,12 @@
 #   BRASS_MOE_MMQ=1      a prompt's expert mat-muls on int8 tiles planned on the device (no host sync)
 #   BRASS_ATTN_TILED=1   a prompt's attention in tiles on tensor cores
 #   BRASS_PROMPT_GRAPHS=1  a session's prompt of a length read before replays a captured graph
+#   BRASS_GEMMA4_FUSED_MOE=1  Gemma 4's routed experts through the fused moe_ffn kernels (decode)
 #   moe_route on one warp instead of eight (a copy of the tree with ROUTE_THREADS 32)
 #   and, on by default already (bit-identical on the CPU, not yet timed): attention.cu's pass 1
 #   with 4 slots in flight per warp, against a copy with ATTN_SLOTS_PER_WARP 1
 # Part 1: the suite with the defaults (the new kernels' own GPU tests run whatever the
-#   switches), then the kernel, op and whole-model checks with the four switches on; llama-bench
+#   switches), then the kernel, op and whole-model checks with the five switches on; llama-bench
 #   builds and the shape-true files are written meanwhile (detached: part 2 finds them).
 # Part 2: pp512 of each switch against the defaults (0.6B and 8B: F16 weights, tiled attention,
 #   prompt graphs, all four;
@@ -25,11 +26,11 @@ export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 . ci/gpu_lib.sh
 brass_wheels
 dir=/tmp/brass-shapes
-ON="BRASS_F16_WEIGHTS=1 BRASS_MOE_MMQ=1 BRASS_ATTN_TILED=1 BRASS_PROMPT_GRAPHS=1"
+ON="BRASS_F16_WEIGHTS=1 BRASS_MOE_MMQ=1 BRASS_ATTN_TILED=1 BRASS_PROMPT_GRAPHS=1 BRASS_GEMMA4_FUSED_MOE=1"
 
 if [ "${1:-1}" = 1 ]; then
     bash ci/gpu_llama_builds.sh start
-    (setsid nohup bash -c "for s in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do python3 ci/shape_models.py \$s $dir; done" \
+    (setsid nohup bash -c "for s in qwen3-0.6b qwen3-8b qwen3-30b-a3b gemma-4-26b-a4b; do python3 ci/shape_models.py \$s $dir; done" \
         > /tmp/brass-shapes.log 2>&1 < /dev/null &)
     echo "== 1. suite (defaults)"
     timeout 220 bash ci/gpu_conformance.sh -n 12 -q > "$out/suite.log" 2>&1
@@ -73,12 +74,15 @@ for s in qwen3-0.6b qwen3-30b-a3b; do
     echo "$s tg128, with 1 ($(grep -c '^#define ATTN_SLOTS_PER_WARP 1 ' /tmp/slots1/kernels/attention.cu)): $(cd /tmp/slots1 && PYTHONPATH=/tmp/slots1${PYTHONPATH:+:$PYTHONPATH} b $s -p 0 -n 128)"
 done
 
+echo "gemma-4-26b-a4b tg128: $(b gemma-4-26b-a4b -p 0 -n 128)"
+echo "gemma-4-26b-a4b tg128 BRASS_GEMMA4_FUSED_MOE=1: $(BRASS_GEMMA4_FUSED_MOE=1 b gemma-4-26b-a4b -p 0 -n 128)"
+
 [ "${1:-1}" = 2 ] && exit 0
 fi
 
 if [ "${1:-1}" = 3 ]; then
 echo "== 4. side by side, $ON"
 bash ci/gpu_llama_builds.sh wait 120 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
-env $ON LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 timeout 260 \
-    bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b 2>&1 | grep -v "^WARNING"
+env $ON LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 timeout 420 \
+    bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b 2>&1 | grep -v "^WARNING"
 fi

@@ -132,7 +132,7 @@ static void run_grid(unsigned gx, unsigned gy, unsigned threads, int smem, F fn)
         if (!strcmp(kernel, "matvec_cols")) CALL7(matvec_cols_##N, MultiMatVecParams)                \
         if (!strcmp(kernel, "matvec_glu")) CALL6(matvec_glu_##N, GluMatVecParams)                    \
         if (!strcmp(kernel, "matvec_glu_cols")) CALL5(matvec_glu_cols_##N, GluMatVecParams)          \
-        if (!strcmp(kernel, "matvec_moe_down")) CALL5(matvec_moe_down_##N, MoeDownParams)            \
+        if (!strcmp(kernel, "matvec_moe_down")) CALL6(matvec_moe_down_##N, MoeDownParams)            \
         return 2;                                                                                    \
     }
 
@@ -219,34 +219,40 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
     return res[4:4 + len(raws)]
 
 
-def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray, x: np.ndarray, gelu: bool = False, ids=None,
+def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: bool = False, ids=None,
         n_experts: int = 1, expert_rows: int | None = None):
     """(h [slots, N], its Q8_1 blocks) of matvec_glu_<type> as CudaBackend._glu_matvec launches
     it: x [T, K] one token per block row, or with ids [T, k] the chosen experts' matrices (wg,
-    wu: the [E * N, row_bytes] bytes of the expert tensors; expert_rows = N)."""
+    wu: the [E * N, row_bytes] bytes of the expert tensors; expert_rows = N). wu None: wg is
+    the experts' gate and up in one tensor ([E * 2N, row_bytes], each expert's gate rows then
+    its up rows), passed as the backend passes it (up = the same bytes N rows on)."""
     from engine.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _stage_bytes
     from kernels.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x)
-    wg, wu = np.ascontiguousarray(wg, np.uint8), np.ascontiguousarray(wu, np.uint8)
+    wg = np.ascontiguousarray(wg, np.uint8)
     rb = wg.shape[1]
     N = expert_rows if ids is not None else wg.shape[0]
+    fused = wu is None
+    wu = wg.reshape(-1)[N * rb:] if fused else np.ascontiguousarray(wu, np.uint8)
     slots = T if ids is None else ids.size
     h = np.full((slots, N), np.nan, np.float32)
     hq = np.full((slots, N // 32, 36), 0xFF, np.uint8)
     idsa = np.zeros(1, np.int32) if ids is None else np.ascontiguousarray(ids, np.int32)
     params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=T, cols=1,
                   n_used=1 if ids is None else ids.shape[1], row_bytes=rb,
-                  expert_bytes=N * rb if ids is not None else 0, has_ids=int(ids is not None),
+                  expert_bytes=(2 if fused else 1) * N * rb if ids is not None else 0, has_ids=int(ids is not None),
                   n_experts=n_experts if ids is not None else 1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
     res = _run(lib, "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
                (-(-N // (GLU_WARPS * GLU_ROWS)), slots), GLU_WARPS * 32, _stage_bytes(qtype, K))
     return res[4], res[5]
 
 
-def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np.ndarray, n_experts: int):
+def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np.ndarray, n_experts: int,
+             scales: np.ndarray | None = None):
     """out [T, D] = sum_j wts[t, j] * (h[t, j] . W_down[ids[t, j]]^T) by matvec_moe_down_<type>,
-    with h [T, k, N] as Q8_1 blocks (as the gated kernel writes them); wd: [E * D, row_bytes]."""
+    with h [T, k, N] as Q8_1 blocks (as the gated kernel writes them); wd: [E * D, row_bytes];
+    scales [E]: each expert's output times scales[e] before its weight."""
     from engine.backends.cuda.backend import DOWN_ROWS, DOWN_WARPS, _stage_bytes
     from kernels.params import pack
     T, k, N = h.shape
@@ -256,11 +262,12 @@ def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np
     hb = q8_1_blocks(h.reshape(T * k, N))
     out = np.full((T, D), np.nan, np.float32)
     params = pack("MoeDownParams", n_rows=D, k=N, n_tokens=T, n_used=k, row_bytes=rb,
-                  expert_bytes=D * rb, n_experts=n_experts)
+                  expert_bytes=D * rb, n_experts=n_experts, has_scale=int(scales is not None))
+    sc = np.ascontiguousarray(scales if scales is not None else np.full(1, np.nan), np.float32)
     res = _run(lib, "matvec_moe_down", qtype, [wd, hb, np.ascontiguousarray(ids, np.int32),
-                                                 np.ascontiguousarray(wts, np.float32), out], params,
+                                                 np.ascontiguousarray(wts, np.float32), sc, out], params,
                (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, _stage_bytes(qtype, k * N))
-    return res[4]
+    return res[5]
 
 
 def main(argv: list[str]) -> int:

@@ -401,3 +401,21 @@ def test_generate_cli_on_numpy(name):
     margin = p.step_top_logits[:8, 0] - p.step_top_logits[:8, 1]
     n = int(np.argmax(margin < 0.25)) if (margin < 0.25).any() else 8     # up to a near-tie
     assert n >= 4 and doc["tokens"][:n] == p.generated_ids[:n]
+
+
+def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
+    """BRASS_GEMMA4_FUSED_MOE sends the routed experts through Backend.moe_ffn (gate and up of
+    ffn_gate_up_exps in one tensor, GELU, ffn_down_exps.scale): on the numpy backend that is the
+    same composition, so the logits are bit for bit those without it (the CUDA backend's fused
+    kernels are checked against it in test_kernels.py and test_kernels_matvec_cpu.py)."""
+    from engine.arch import gemma4
+    assert "blk.0.ffn_gate_up_exps.weight" in moe.gguf.tensors and "blk.0.ffn_down_exps.scale" in moe.gguf.tensors
+    ids = [int(t) for t in rng.integers(0, moe.config.n_vocab, 24)]
+    want = moe.score(ids)
+    calls = []
+    real = moe.backend.moe_ffn
+    monkeypatch.setattr(gemma4, "FUSED_EXPERTS", True)
+    monkeypatch.setattr(moe.backend, "moe_ffn", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    got = moe.score(ids)
+    assert calls and all(kw["gelu"] and kw["down_scale"] is not None for kw in calls), calls[:1]
+    assert np.array_equal(got, want)

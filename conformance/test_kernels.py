@@ -658,6 +658,32 @@ def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
     check(cuda.to_numpy(got), want, MATMUL, record_property)
 
 
+@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q5_0), (GGMLType.Q8_0, GGMLType.Q6_K)], ids=str)
+def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, monkeypatch, record_property):
+    """Gemma 4's experts (BRASS_GEMMA4_FUSED_MOE): gate and up in one [E, 2F, D] tensor, GELU,
+    a factor per expert on the down projection's output. As test_moe_ffn_decode, in two
+    stages: the kernel's h against the reference's, the output against Backend.moe_ffn's
+    composition on the reference from the kernel's own h; and the fused op really ran."""
+    E, F, D, k = 16, 256, 512, 4
+    gu, dn = types
+    gf = weights(tmp_path, rng, {"gu": (gu, (E, 2 * F, D)), "d": (dn, (E, D, F)), "s": (GGMLType.F32, (E,))})
+    x = rng.uniform(-1, 1, (1, D)).astype(F32)
+    ids = rng.choice(E, (1, k), replace=False).astype(np.int32)
+    wts = rng.uniform(0, 1, (1, k)).astype(F32)
+    cw = {n: cuda.weight(gf, n) for n in ("gu", "d", "s")}
+    rw = {n: ref.weight(gf, n) for n in ("gu", "d", "s")}
+    launched = record_launches(cuda, monkeypatch)
+    got = cuda.moe_ffn(cuda.asarray(x), cw["gu"], None, cw["d"], cuda.asarray(ids), cuda.asarray(wts),
+                       gelu=True, down_scale=cw["s"])
+    assert any(n.startswith("matvec_moe_down_") for n in launched), launched
+    h, _ = cuda._glu_matvec(cuda.asarray(x), cw["gu"], None, True, ids=cuda.asarray(ids), what="moe_ffn")
+    h = cuda.to_numpy(h).reshape(1, k, F)
+    gate_up = ref.matmul_id(x, rw["gu"], ids)
+    check(h, ref.geglu(gate_up[..., :F], gate_up[..., F:]), OP_BOUNDS["ffn_glu_gelu"], record_property, "h")
+    want = ref.weighted_sum(ref.mul_expert_scale(ref.matmul_id(h, rw["d"], ids), rw["s"], ids), wts)
+    check(cuda.to_numpy(got), want, MATMUL, record_property)
+
+
 def test_attention_writes_q8_of_its_output(cuda, rng):
     T, H, Hkv, Dh, cap = 3, 4, 2, 64, 16
     cache = [cuda.asarray(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16)) for _ in range(2)]

@@ -111,3 +111,31 @@ def test_experts_on_the_cpu(lib, rng, tmp_path, qtypes, record_property):
         out = moe_down(lib, dn, _raw(gf, "d", E * D), h3, ids, wts, E)
         want = ref.weighted_sum(ref.matmul_id(h3, ref.weight(gf, "d"), ids), wts)
     check(out, want, MATMUL, record_property, "down")
+
+
+@pytest.mark.parametrize("qtypes,F", [((GGMLType.Q4_K, GGMLType.Q5_0), 96), ((GGMLType.Q8_0, GGMLType.Q6_K), 256)],
+                         ids=str)
+def test_experts_gate_up_in_one_tensor_with_down_scale(lib, rng, tmp_path, qtypes, F, record_property):
+    # Gemma 4's experts (BRASS_GEMMA4_FUSED_MOE): gate and up in one [E, 2F, D] tensor (the up
+    # rows F after each expert's gate rows), GELU, and a factor per expert on the down
+    # projection's output before the routing weight (ffn_down_exps.scale), against
+    # Backend.moe_ffn's composition on the reference (the down checked on the kernel's own h)
+    from ci.matvec_host import glu, moe_down
+    gu, dn = qtypes
+    E, D, T, k = 6, 512, 2, 3
+    gf = _weights(tmp_path, rng, {"gu": (gu, (E, 2 * F, D)), "d": (dn, (E, D, F)), "s": (GGMLType.F32, (E,))})
+    x = rng.uniform(-1, 1, (T, D)).astype(F32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    wts = rng.uniform(0, 1, (T, k)).astype(F32)
+    ref = cuda_reference()
+    scales = ref.weight(gf, "s").dense().astype(F32)
+    h, _ = glu(lib, gu, _raw(gf, "gu", E * 2 * F), None, x, gelu=True, ids=ids, n_experts=E, expert_rows=F)
+    with ref.rows_independent():
+        gate_up = ref.matmul_id(x, ref.weight(gf, "gu"), ids)
+        want_h = ref.geglu(gate_up[..., :F], gate_up[..., F:])
+        check(h.reshape(T, k, F), want_h, OP_BOUNDS["ffn_glu_gelu"], record_property, "h")
+        h3 = h.reshape(T, k, F)
+        out = moe_down(lib, dn, _raw(gf, "d", E * D), h3, ids, wts, E, scales)
+        y = ref.mul_expert_scale(ref.matmul_id(h3, ref.weight(gf, "d"), ids), ref.weight(gf, "s"), ids)
+        want = ref.weighted_sum(y, wts)
+    check(out, want, MATMUL, record_property, "down")

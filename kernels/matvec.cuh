@@ -9,7 +9,7 @@
 //   matvec_glu_<kind>   gate and up with the gated activation fused (and h's Q8_1 blocks);
 //                       with ids, the chosen experts' matrices (MoE)
 //   matvec_moe_down_<kind>  MoE down projection over the chosen experts with their weighted
-//                       sum fused
+//                       sum fused (and, with has_scale, a factor per expert before the weight)
 //   matmul_<kind>       prefill: one output row x up to MATMUL_TILE tokens per thread block
 //   matvec_id_<kind>    mul_mat_id: blockIdx.y is a (token, slot) pair and ids[slot] picks
 //                       the expert matrix on the device
@@ -437,7 +437,8 @@ matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,  
 extern "C" __global__ void __launch_bounds__(DOWN_WARPS * WARP_SIZE)                               \
 matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,                   \
                        const int * __restrict__ ids, const float * __restrict__ wts,               \
-                       float * __restrict__ out, const MoeDownParams p) {                          \
+                       const float * __restrict__ scales, float * __restrict__ out,                \
+                       const MoeDownParams p) {                                                    \
     PDL_ENTRY();                                                                                   \
     /* A block takes DOWN_ROWS output rows for every chosen expert: warp w the experts        */  \
     /* j = w, w + DOWN_WARPS, ... (all their loads in flight together, instead of one expert  */  \
@@ -456,10 +457,12 @@ matvec_moe_down_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,
         rows_dot<K, DOWN_ROWS>(w + (i64) (valid ? e : 0) * p.expert_bytes + row * p.row_bytes,     \
                                p.row_bytes, p.n_rows - row, x + (i64) slot * n_items,              \
                                staged_row<K>(xs, j, n_items), n_items, acc);                       \
-        const float wj = wts[slot];                                                                \
+        /* with has_scale, y * s[e] before the routing weight (mul_expert_scale, then the sum) */  \
+        const float wj = wts[slot], sj = p.has_scale && valid ? scales[e] : 1.0f;                  \
         if (threadIdx.x % WARP_SIZE == 0) {                                                        \
             _Pragma("unroll")                                                                      \
-            for (int r = 0; r < DOWN_ROWS; ++r) part[j][r] = valid ? __fmul_rn(acc[r], wj) : NAN_F32; \
+            for (int r = 0; r < DOWN_ROWS; ++r)                                                    \
+                part[j][r] = valid ? __fmul_rn(p.has_scale ? __fmul_rn(acc[r], sj) : acc[r], wj) : NAN_F32; \
         }                                                                                          \
     }                                                                                              \
     __syncthreads();                                                                               \

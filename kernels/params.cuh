@@ -138,7 +138,7 @@ struct MoeDownParams {
     long long row_bytes;
     long long expert_bytes;
     int n_experts;
-    int pad0;
+    int has_scale;        // each expert's output times scales[e] before its routing weight
 };
 
 // Residual add fused with the RMS norm that follows it: sum = a + b; y = rms_norm(sum) * w,

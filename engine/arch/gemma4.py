@@ -35,6 +35,8 @@ _GEMMA4_ROLES); the residual after attention, llama.cpp's attn_out-N, is attn_re
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import GGUFError, UnsupportedError
@@ -44,6 +46,12 @@ from . import common
 BATCHED_DECODE = True
 
 FINAL_LOGIT_SOFTCAP = 30.0      # llama.cpp's default when the key is absent (llama-hparams.h)
+# BRASS_GEMMA4_FUSED_MOE=1 (off until measured on a GPU): the routed experts through the fused
+# moe_ffn op (gate and up of ffn_gate_up_exps, GELU, the per-expert down scale) instead of
+# their composition of mat-muls by id; the same numbers on the numpy backend, which runs the
+# composition either way. The composition's intermediate nodes (ffn_moe_geglu,
+# ffn_moe_down_scaled) are then not traced.
+FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "0") not in ("", "0")
 
 
 def configure(cfg, gf):
@@ -139,6 +147,16 @@ def experts(f: common.Forward, il: int, x):
     f.cb(probs, "ffn_moe_probs", il)
     f.cb(ids, "ffn_moe_topk", il)
     f.cb(weights, "ffn_moe_weights_norm", il)
+    if FUSED_EXPERTS:
+        # the same composition as one op (Backend.moe_ffn), which the CUDA backend runs for a
+        # decode step as two kernels (the chosen experts' gate/up with GELU, their down with the
+        # per-expert scale and the weighted sum) instead of six
+        fused = p + "ffn_gate_up_exps.weight" in w
+        out = b.moe_ffn(h, w(p + ("ffn_gate_up_exps.weight" if fused else "ffn_gate_exps.weight")),
+                        None if fused else w(p + "ffn_up_exps.weight"), w(p + "ffn_down_exps.weight"),
+                        ids, weights, gelu=True, down_scale=w.opt(p + "ffn_down_exps.scale"))
+        out = f.cb(out, "ffn_moe_out", il)
+        return f.cb(b.rms_norm(out, w(p + "post_ffw_norm_2.weight"), cfg.norm_eps), "ffn_moe", il)
     if p + "ffn_gate_up_exps.weight" in w:
         gate_up = b.matmul_id(h, w(p + "ffn_gate_up_exps.weight"), ids)    # [T, k, 2F]
         n_ff = gate_up.shape[-1] // 2

@@ -277,13 +277,25 @@ class Backend(ABC):
             weights = self.scale(weights, scale)
         return probs, ids, weights
 
-    def moe_ffn(self, x, w_gate: Weight, w_up: Weight, w_down: Weight, ids, weights,
-                gelu: bool = False):
-        """The chosen experts' gated FFNs on `x [T, D]`, summed with `weights [T, k]`."""
-        up = self.matmul_id(x, w_up, ids)
-        gate = self.matmul_id(x, w_gate, ids)
+    def moe_ffn(self, x, w_gate: Weight, w_up: Weight | None, w_down: Weight, ids, weights,
+                gelu: bool = False, down_scale: Weight | None = None):
+        """The chosen experts' gated FFNs on `x [T, D]`, summed with `weights [T, k]`. With
+        `w_up` None, `w_gate` is the experts' gate and up in one tensor `[E, 2F, D]` (each
+        expert's gate rows, then its up rows: gemma4's ffn_gate_up_exps); `down_scale`: a
+        factor per expert on its down projection's output, before the routing weight
+        (gemma4's ffn_down_exps.scale)."""
+        if w_up is None:
+            gate_up = self.matmul_id(x, w_gate, ids)                     # [T, k, 2F]
+            n_ff = gate_up.shape[-1] // 2
+            gate, up = gate_up[..., :n_ff], gate_up[..., n_ff:]
+        else:
+            up = self.matmul_id(x, w_up, ids)
+            gate = self.matmul_id(x, w_gate, ids)
         h = self.geglu(gate, up) if gelu else self.swiglu(gate, up)
-        return self.weighted_sum(self.matmul_id(h, w_down, ids), weights)
+        y = self.matmul_id(h, w_down, ids)
+        if down_scale is not None:
+            y = self.mul_expert_scale(y, down_scale, ids)
+        return self.weighted_sum(y, weights)
 
     # -- recurrent (gated delta-net) layers: qwen35, qwen35moe -------------------------------
     # Elementwise functions and the two stateful ops a backend must provide itself; the others

@@ -1372,11 +1372,16 @@ class CudaBackend(Backend):
         return q_out, k_out
 
     def _glu_matvec(self, x, w_gate, w_up, gelu, ids=None, what="ffn_glu"):
-        """matvec_glu: h = act(x W_gate^T) * (x W_up^T) [rows, N] and its Q8_1 blocks."""
+        """matvec_glu: h = act(x W_gate^T) * (x W_up^T) [rows, N] and its Q8_1 blocks. With ids
+        and w_up None, w_gate holds each expert's gate rows then its up rows ([E, 2N, K]): the
+        up matrix is the same bytes N rows on, every expert 2N rows apart."""
         src = x
         x = _f32(x, what)
         K = x.shape[-1]
-        N = w_gate.shape[-2]
+        fused = w_up is None
+        N = w_gate.shape[-2] // (2 if fused else 1)
+        up_data = w_gate.data[N * w_gate.row_bytes:] if fused else w_up.data
+        stride = (2 if fused else 1) * N * w_gate.row_bytes      # bytes from one expert to the next
         x2 = x.reshape(-1, K)
         slots = x2.shape[0] if ids is None else ids.size
         h = self._out((slots, N), F32)
@@ -1389,17 +1394,17 @@ class CudaBackend(Backend):
         cols, smem = _cols_per_block(w_gate.type, slots, K) if batched else (1, _stage_bytes(w_gate.type, K))
         params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=x2.shape[0], cols=cols,
                       n_used=1 if ids is None else ids.shape[1], row_bytes=w_gate.row_bytes,
-                      expert_bytes=N * w_gate.row_bytes if ids is not None else 0,
+                      expert_bytes=stride if ids is not None else 0,
                       has_ids=int(ids is not None), n_experts=w_gate.shape[0] if ids is not None else 1,
                       gelu=int(bool(gelu)), write_q8=int(write_q8))
         src_file = "matvec_f.cu" if w_gate.type in FLOAT_TYPES else "matvec_q.cu"
         if batched:
             self.launch(src_file, f"matvec_glu_cols_{_TYPE_NAMES[w_gate.type]}",
                         (-(-slots // cols), -(-N // (GLU_WARPS * GLU_ROWS))), GLU_WARPS * 32,
-                        w_gate.data, w_up.data, xa, h, hq, params=params, smem=smem)
+                        w_gate.data, up_data, xa, h, hq, params=params, smem=smem)
         elif slots:
             self.launch(src_file, f"matvec_glu_{_TYPE_NAMES[w_gate.type]}", (-(-N // (GLU_WARPS * GLU_ROWS)), slots),
-                        GLU_WARPS * 32, w_gate.data, w_up.data, xa, x if ids is None else ids, h, hq,
+                        GLU_WARPS * 32, w_gate.data, up_data, xa, x if ids is None else ids, h, hq,
                         params=params, smem=_stage_bytes(w_gate.type, K))
         return h, (hq if write_q8 else None)
 
@@ -1435,17 +1440,22 @@ class CudaBackend(Backend):
                                     scale=1.0 if scale in (0.0, 1.0) else scale))
         return probs, ids, weights
 
-    def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False):
+    def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
         x = _f32(x, "moe_ffn")
         ids = _i32(ids, "moe_ffn ids")
         weights = _f32(weights, "moe_ffn weights")
         T = x.shape[0] if x.ndim == 2 else 0
+        fused = w_up is None                # w_gate is [E, 2F, D]: each expert's gate rows, then up
         if (x.ndim != 2 or not self._decode_rows(T) or ids.shape != weights.shape or ids.shape[0] != T
-                or not self._fusable(w_gate, w_up) or len(w_gate.shape) != 3
-                or w_down.type in FLOAT_TYPES or w_gate.shape[1] % 32 or ids.shape[-1] > MOE_MAX_USED):
-            return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu)
+                or len(w_gate.shape) != 3 or (not fused and not self._fusable(w_gate, w_up))
+                or (fused and w_gate.shape[1] % 2) or w_down.type in FLOAT_TYPES
+                or (w_gate.shape[1] // (2 if fused else 1)) % 32 or ids.shape[-1] > MOE_MAX_USED
+                or (down_scale is not None and (not isinstance(down_scale, CudaWeight) or down_scale.dense is None
+                                                or down_scale.dense.shape != (w_gate.shape[0],)))):
+            return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu, down_scale)
         self._check_matrix(x, w_gate, "moe_ffn", 3)
         E, N, K = w_gate.shape
+        N //= 2 if fused else 1
         D = w_down.shape[1]
         if w_down.shape != (E, D, N):
             raise BrassError(f"moe_ffn: down {w_down.shape} does not match gate {w_gate.shape}")
@@ -1453,9 +1463,11 @@ class CudaBackend(Backend):
         _, hq = self._glu_matvec(x, w_gate, w_up, gelu, ids=ids, what="moe_ffn")
         out = self._out((T, D), F32)
         self.launch("matvec_q.cu", f"matvec_moe_down_{_TYPE_NAMES[w_down.type]}",
-                    (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, w_down.data, hq, ids, weights, out,
+                    (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, w_down.data, hq, ids, weights,
+                    down_scale.dense if down_scale is not None else weights, out,
                     params=pack("MoeDownParams", n_rows=D, k=N, n_tokens=T, n_used=k, row_bytes=w_down.row_bytes,
-                                expert_bytes=D * w_down.row_bytes, n_experts=E),
+                                expert_bytes=D * w_down.row_bytes, n_experts=E,
+                                has_scale=int(down_scale is not None)),
                     smem=_stage_bytes(w_down.type, k * N))
         return out
 
