@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.mmq_host import SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
+from ci.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 SOURCE = "attention_tiled.cu"
@@ -101,30 +101,7 @@ static const Slot * publish(const unsigned * w, int n) {
     return s + (i / 32) * 32;
 }
 
-float host_h2f(unsigned short h) {
-    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    float f;
-    if (e == 0) f = std::ldexp((float) m, -24);
-    else if (e == 31) f = m ? NAN : INFINITY;
-    else f = std::ldexp((float) (m | 1024), e - 25);
-    return s ? -f : f;
-}
-
-// float -> half, round to nearest even, subnormals kept, overflow to infinity.
-unsigned short host_f2h(float f) {
-    unsigned x; memcpy(&x, &f, 4);
-    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (unsigned short) (sign | 0x7e00u);
-    if (ax >= 0x477ff000u) return (unsigned short) (sign | 0x7c00u);    // >= 65520: infinity
-    if (ax < 0x38800000u) {                                              // below 2^-14: subnormal
-        float a; memcpy(&a, &ax, 4);
-        return (unsigned short) (sign | (unsigned) std::nearbyint((double) a * 16777216.0));
-    }
-    unsigned hbits = ((((ax >> 23) - 112u)) << 10) | ((ax >> 13) & 0x3ffu);
-    const unsigned rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1u))) ++hbits;     // a carry rounds up the exponent
-    return (unsigned short) (sign | hbits);
-}
+HOST_HALF
 
 float host_shfl_xor(float v, int o) {
     unsigned w; memcpy(&w, &v, 4);
@@ -243,7 +220,7 @@ def _sources(kernel_text: str | None = None) -> dict[str, str]:
     out["shim.h"] = SHIM
     entries = ", ".join(f"{{{d}, {dv}, attention_tiled_{d}_{dv}, ATTN_TILED_SMEM({d}, {dv})}}"
                         for d, dv in kernel_head_dims(s))
-    out["harness.cpp"] = HARNESS.replace("ENTRIES", entries)
+    out["harness.cpp"] = HARNESS.replace("ENTRIES", entries).replace("HOST_HALF", HOST_HALF)
     return out
 
 
@@ -298,50 +275,8 @@ float * host_smem;
 #include "attn_rowwise.cu"
 thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
-static std::barrier<> * block_bar;
-static std::barrier<> * warp_bar[ATTN_THREADS / 32];
-static unsigned long long xch[2][ATTN_THREADS];
-static thread_local unsigned xseq;
-void __syncthreads() { block_bar->arrive_and_wait(); }
-static unsigned long long exchange(unsigned long long w, int o) {
-    const unsigned i = threadIdx.x;
-    unsigned long long * s = xch[xseq++ & 1];
-    s[i] = w;
-    warp_bar[i / 32]->arrive_and_wait();
-    return s[(i / 32) * 32 + ((i % 32) ^ (unsigned) o)];
-}
-float host_shfl_xor(float v, int o) {
-    unsigned w; memcpy(&w, &v, 4);
-    const unsigned r = (unsigned) exchange(w, o);
-    float f; memcpy(&f, &r, 4); return f;
-}
-double host_shfl_xor_d(double v, int o) {
-    unsigned long long w; memcpy(&w, &v, 8);
-    const unsigned long long r = exchange(w, o);
-    double d; memcpy(&d, &r, 8); return d;
-}
-float host_h2f(unsigned short h) {
-    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    float f;
-    if (e == 0) f = std::ldexp((float) m, -24);
-    else if (e == 31) f = m ? NAN : INFINITY;
-    else f = std::ldexp((float) (m | 1024), e - 25);
-    return s ? -f : f;
-}
-unsigned short host_f2h(float f) {
-    unsigned x; memcpy(&x, &f, 4);
-    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (unsigned short) (sign | 0x7e00u);
-    if (ax >= 0x477ff000u) return (unsigned short) (sign | 0x7c00u);
-    if (ax < 0x38800000u) {
-        float a; memcpy(&a, &ax, 4);
-        return (unsigned short) (sign | (unsigned) std::nearbyint((double) a * 16777216.0));
-    }
-    unsigned hbits = ((((ax >> 23) - 112u)) << 10) | ((ax >> 13) & 0x3ffu);
-    const unsigned rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1u))) ++hbits;
-    return (unsigned short) (sign | hbits);
-}
+HOST_WARP_SYNC
+HOST_HALF
 extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, float * out,
                              block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap, int window,
                              float scale, int write_q8) {
@@ -381,7 +316,8 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
         raise RuntimeError(f"attention.cu: expected one {decl!r}")
     srcs["attn_rowwise.cu"] = text.replace(decl, "float * const smem = host_smem;")
     srcs["shim.h"] = SHIM
-    srcs["harness.cpp"] = ROWWISE_HARNESS
+    srcs["harness.cpp"] = (ROWWISE_HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC)
+                           .replace("NTHREADS", "ATTN_THREADS").replace("HOST_HALF", HOST_HALF))
     so = compile_host(srcs, "attnrow", "attention.cu")
     so.run_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
     return so

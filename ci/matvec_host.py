@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.mmq_host import SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
+from ci.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
@@ -45,50 +45,8 @@ unsigned char * host_smem;
 #include "matvec_host.cu"
 thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
-static std::barrier<> * block_bar;
-static std::barrier<> * warp_bar[MAX_THREADS / 32];
-static unsigned long long xch[2][MAX_THREADS];
-static thread_local unsigned xseq;
-void __syncthreads() { block_bar->arrive_and_wait(); }
-static unsigned long long exchange(unsigned long long w, int o) {
-    const unsigned i = threadIdx.x;
-    unsigned long long * s = xch[xseq++ & 1];
-    s[i] = w;
-    warp_bar[i / 32]->arrive_and_wait();
-    return s[(i / 32) * 32 + ((i % 32) ^ (unsigned) o)];
-}
-float host_shfl_xor(float v, int o) {
-    unsigned w; memcpy(&w, &v, 4);
-    const unsigned r = (unsigned) exchange(w, o);
-    float f; memcpy(&f, &r, 4); return f;
-}
-double host_shfl_xor_d(double v, int o) {
-    unsigned long long w; memcpy(&w, &v, 8);
-    const unsigned long long r = exchange(w, o);
-    double d; memcpy(&d, &r, 8); return d;
-}
-float host_h2f(unsigned short h) {
-    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    float f;
-    if (e == 0) f = std::ldexp((float) m, -24);
-    else if (e == 31) f = m ? NAN : INFINITY;
-    else f = std::ldexp((float) (m | 1024), e - 25);
-    return s ? -f : f;
-}
-unsigned short host_f2h(float f) {
-    unsigned x; memcpy(&x, &f, 4);
-    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (unsigned short) (sign | 0x7e00u);
-    if (ax >= 0x477ff000u) return (unsigned short) (sign | 0x7c00u);
-    if (ax < 0x38800000u) {
-        float a; memcpy(&a, &ax, 4);
-        return (unsigned short) (sign | (unsigned) std::nearbyint((double) a * 16777216.0));
-    }
-    unsigned hbits = ((((ax >> 23) - 112u)) << 10) | ((ax >> 13) & 0x3ffu);
-    const unsigned rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1u))) ++hbits;
-    return (unsigned short) (sign | hbits);
-}
+HOST_WARP_SYNC
+HOST_HALF
 
 // Buffer i of kernel fn, cast to that parameter's type (the activations' type is the kind's).
 #include <tuple>
@@ -155,7 +113,8 @@ def _sources() -> dict[str, str]:
     out["matvec.cuh"] = h.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
     out["matvec_host.cu"] = (KERNEL_DIR / "matvec_q.cu").read_text()
     out["shim.h"] = SHIM
-    out["harness.cpp"] = HARNESS.replace("MAX_THREADS", str(MAX_THREADS))
+    out["harness.cpp"] = (HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC).replace("HOST_HALF", HOST_HALF)
+                          .replace("NTHREADS", str(MAX_THREADS)).replace("MAX_THREADS", str(MAX_THREADS)))
     return out
 
 

@@ -100,6 +100,60 @@ void host_mma_k32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1);
 void host_mma_k16(int (&d)[4], int a0, int a1, int b0);
 """
 
+# Host definitions the harnesses share (C++ text): half <-> float, round to nearest even with
+# subnormals, as the GPU's cvt does (checked against numpy by test_kernels_attention_tiled.py);
+HOST_HALF = r"""float host_h2f(unsigned short h) {
+    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float f;
+    if (e == 0) f = std::ldexp((float) m, -24);
+    else if (e == 31) f = m ? NAN : INFINITY;
+    else f = std::ldexp((float) (m | 1024), e - 25);
+    return s ? -f : f;
+}
+unsigned short host_f2h(float f) {
+    unsigned x; memcpy(&x, &f, 4);
+    const unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (unsigned short) (sign | 0x7e00u);
+    if (ax >= 0x477ff000u) return (unsigned short) (sign | 0x7c00u);
+    if (ax < 0x38800000u) {
+        float a; memcpy(&a, &ax, 4);
+        return (unsigned short) (sign | (unsigned) std::nearbyint((double) a * 16777216.0));
+    }
+    unsigned hbits = ((((ax >> 23) - 112u)) << 10) | ((ax >> 13) & 0x3ffu);
+    const unsigned rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1u))) ++hbits;
+    return (unsigned short) (sign | hbits);
+}
+"""
+# and the block's barrier with warp shuffles of floats and doubles through per-warp slots and a
+# barrier of the warp's 32 threads (a warp may loop more often than another): NTHREADS is the
+# largest block; each call alternates between two slot arrays, so a lane overwrites a slot only
+# after every lane of its warp has passed the barrier of the call in between.
+HOST_WARP_SYNC = r"""static std::barrier<> * block_bar;
+static std::barrier<> * warp_bar[NTHREADS / 32];
+static unsigned long long xch[2][NTHREADS];
+static thread_local unsigned xseq;
+void __syncthreads() { block_bar->arrive_and_wait(); }
+static unsigned long long exchange(unsigned long long w, int o) {
+    const unsigned i = threadIdx.x;
+    unsigned long long * s = xch[xseq++ & 1];
+    s[i] = w;
+    warp_bar[i / 32]->arrive_and_wait();
+    return s[(i / 32) * 32 + ((i % 32) ^ (unsigned) o)];
+}
+float host_shfl_xor(float v, int o) {
+    unsigned w; memcpy(&w, &v, 4);
+    const unsigned r = (unsigned) exchange(w, o);
+    float f; memcpy(&f, &r, 4); return f;
+}
+double host_shfl_xor_d(double v, int o) {
+    unsigned long long w; memcpy(&w, &v, 8);
+    const unsigned long long r = exchange(w, o);
+    double d; memcpy(&d, &r, 8); return d;
+}
+"""
+
+
 HARNESS = r"""#include "shim.h"
 #include "mmq_host.cu"
 thread_local uint3h threadIdx;
@@ -108,14 +162,7 @@ static std::barrier<> *block_bar;
 static std::barrier<> *warp_bar[MMQ_THREADS / 32];
 static int A[MMQ_THREADS][4], B[MMQ_THREADS][2];
 void __syncthreads() { block_bar->arrive_and_wait(); }
-float host_h2f(unsigned short h) {
-    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023; float f;
-    if (e == 0) f = std::ldexp((float) m, -24);
-    else if (e == 31) f = m ? NAN : INFINITY;
-    else f = std::ldexp((float) (m | 1024), e - 25);
-    return s ? -f : f;
-}
-unsigned short host_f2h(float) { abort(); }   // unused by mmq.cu
+HOST_HALF_DEFS
 float host_shfl_xor(float, int) { abort(); }  // unused by mmq.cu
 double host_shfl_xor_d(double, int) { abort(); }
 // PTX ISA fragment layouts (as mmq.cu's comments state them), g = lane / 4, t = lane % 4:
@@ -237,7 +284,7 @@ def _sources() -> dict[str, str]:
         raise RuntimeError(f"mmq.cu: expected one m16n8k32 and one m16n8k16 asm statement, found {n1} and {n2}")
     out["mmq_host.cu"] = s
     out["shim.h"] = SHIM
-    out["harness.cpp"] = HARNESS
+    out["harness.cpp"] = HARNESS.replace("HOST_HALF_DEFS", HOST_HALF)
     return out
 
 
