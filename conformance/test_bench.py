@@ -48,6 +48,23 @@ def test_bench_parallel_counts_every_sequence():
     assert x["test"] == "tg4x3" and x["n_tokens"] == 12 and x["tokens_per_s"] > 0
 
 
+def test_bench_times_replayed_prompts_with_prompt_graphs(monkeypatch):
+    """With prompt graphs every timed prefill replays: the capture is part of the warm-up,
+    as the kernels' loading is (llama-bench warms up the same way)."""
+    from conformance.fakes import ReplayingNumpy
+    from engine import bench, model as model_mod
+    monkeypatch.setattr(model_mod, "PROMPT_GRAPHS", True)
+    m = goldens.load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+    events = []
+    real_capture, real_timed = m.backend.capture, bench._timed
+    monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (events.append("capture"), real_capture(fn, **kw))[1])
+    monkeypatch.setattr(bench, "_timed", lambda b, fn: (events.append("timed"), real_timed(b, fn))[1])
+    (r,) = bench.bench(m, n_prompt=8, n_gen=0, reps=3)
+    assert events == ["capture", "timed", "timed", "timed"], events
+    assert r.test == "pp8" and len(r.samples) == 3
+
+
 @pytest.mark.parametrize("args,msg", [
     (("-p", 0, "-n", 0), "positive prompt"),
     (("-p", -5), "positive prompt"),

@@ -411,6 +411,7 @@ def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
     from engine.arch import gemma4
     assert "blk.0.ffn_gate_up_exps.weight" in moe.gguf.tensors and "blk.0.ffn_down_exps.scale" in moe.gguf.tensors
     ids = [int(t) for t in rng.integers(0, moe.config.n_vocab, 24)]
+    monkeypatch.setattr(gemma4, "FUSED_EXPERTS", False)     # the composition (on by default)
     want = moe.score(ids)
     calls = []
     real = moe.backend.moe_ffn

@@ -151,6 +151,32 @@ def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
     assert none.f16_weight_bytes == 0
 
 
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.F16), ids=tname)
+def test_prompt_gemm_on_own_cublas_handle_is_captured(ref, rng, tmp_path, qtype, record_property):
+    """With its own cuBLAS handle (OWN_CUBLAS, for prompt graphs: CuPy refuses cuBLAS calls
+    during a capture) a prompt's GEMM is the product (the mat-mul bound against the
+    reference), and a captured one replays, on new inputs, what the eager GEMM gives, bit for
+    bit (the same handle, workspace and call)."""
+    from engine.backends.cuda import CudaBackend
+    b = CudaBackend(poison_outputs=True)
+    b.own_cublas = True
+    N, K, T = 768, 1024, 64
+    gf = weights(tmp_path, rng, {"w": (qtype, (N, K))})
+    w = b.weight(gf, "w")
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    xd = b.asarray(x)
+    check(b.to_numpy(b.matmul(xd, w)), ref.matmul(x, ref.weight(gf, "w")), MATMUL, record_property)
+    assert b._own_blas is not None, "the GEMM did not go through the backend's own handle"
+    graph = b.capture(lambda: b.matmul(xd, w))
+    for _ in range(2):
+        with b.activate():
+            xd[...] = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
+        graph.replay()
+        got = b.to_numpy(graph.result)
+        want = b.to_numpy(b.matmul(xd, w))
+        assert np.array_equal(got, want), f"replayed GEMM differs (max |diff| {np.abs(got - want).max():.3g})"
+
+
 @pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
 @pytest.mark.parametrize("qtype", (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0,
                                    GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4), ids=tname)
@@ -163,11 +189,16 @@ def test_matmul_id(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
     check(got, ref.matmul_id(x, ref.weight(gf, "w"), ids), MATMUL, record_property)
 
 
+@pytest.mark.parametrize("moe_mmq", [True, False], ids=["default", "BRASS_MOE_MMQ=0"])
 @pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.Q8_0), ids=tname)
-def test_matmul_id_prompt_gemm(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
-    # A prompt's expert mat-muls (T >= GEMM_MIN_TOKENS): padded per-expert batches on tensor
-    # cores; the experts' loads are uneven (expert 0 takes many rows, some experts none).
+def test_matmul_id_prompt_gemm(cuda, ref, rng, tmp_path, qtype, per_slot, moe_mmq, monkeypatch, record_property):
+    # A prompt's expert mat-muls (T >= GEMM_MIN_TOKENS): on int8 tiles planned on the device
+    # (the default) or padded per-expert float16 batches on tensor cores (BRASS_MOE_MMQ=0, and
+    # the reference rounds as each does); the experts' loads are uneven (expert 0 takes many
+    # rows, some experts none).
+    from engine.backends import base
+    monkeypatch.setattr(base, "MOE_MMQ", moe_mmq)
     E, N, K, T, k = 8, 96, 512, 40, 3
     gf = weights(tmp_path, rng, {"w": (qtype, (E, N, K))})
     ids = np.stack([rng.choice(E - 2, k, replace=False) for _ in range(T)]).astype(np.int32)

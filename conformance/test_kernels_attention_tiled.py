@@ -374,7 +374,7 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
 
 
 @needs_cuda
-@pytest.mark.parametrize("on", [False, True], ids=["default", "BRASS_ATTN_TILED"])
+@pytest.mark.parametrize("on", [False, True], ids=["BRASS_ATTN_TILED=0", "default"])
 def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
     """CudaBackend.attention sends a prompt (T >= 2, one cache) to the tiled kernel when
     BRASS_ATTN_TILED is on and to attention.cu otherwise; a decode token (T = 1) always to

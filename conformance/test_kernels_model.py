@@ -185,6 +185,37 @@ class Lockstep:
                     cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
         return want
 
+    def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
+        """As test_kernels.test_moe_ffn_decode, in two stages where the CUDA backend fuses the
+        op: its kernels re-quantize the intermediate h to Q8_1, and an h within float32 rounding
+        of a quantization boundary rounds to the neighbouring quant, moving the output by a
+        whole quant step of one element (the H200 saw NMSE 2.8e-6 on synth-qwen3moe's small
+        experts, seed 603290303, against REQUANTIZED's 1e-8). So the kernel's h against the
+        reference's h, then the output against the reference's down projection of the
+        kernel's own h (the same Q8_1 blocks on both sides: only the sum order differs)."""
+        dev = [self._dev(a) for a in (x, w_gate, w_up, w_down, ids, weights, down_scale)]
+        if not self.cuda.fuses_moe_ffn(*dev[:6], down_scale=dev[6]):
+            return self._run("moe_ffn", x, w_gate, w_up, w_down, ids, weights, gelu, down_scale)
+        ref = self.ref
+        want = ref.moe_ffn(x, w_gate.ref, w_up.ref if w_up is not None else None, w_down.ref, ids, weights,
+                           gelu, down_scale.ref if down_scale is not None else None)
+        got = self.cuda.moe_ffn(*dev[:6], gelu=gelu, down_scale=dev[6])
+        h, _ = self.cuda._glu_matvec(dev[0], dev[1], dev[2], gelu, ids=dev[4], what="moe_ffn")
+        h = self.cuda.to_numpy(h).reshape(*ids.shape, -1)
+        F = h.shape[-1]
+        if w_up is None:
+            gate_up = ref.matmul_id(x, w_gate.ref, ids)
+            gate, up = gate_up[..., :F], gate_up[..., F:]
+        else:
+            gate, up = ref.matmul_id(x, w_gate.ref, ids), ref.matmul_id(x, w_up.ref, ids)
+        want_h = ref.geglu(gate, up) if gelu else ref.swiglu(gate, up)
+        self._compare("moe_ffn", h, want_h, "ffn_glu_gelu" if gelu else "ffn_glu", what="moe_ffn h")
+        y = ref.matmul_id(h, w_down.ref, ids)
+        if down_scale is not None:
+            y = ref.mul_expert_scale(y, down_scale.ref, ids)
+        self._compare("moe_ffn", got, ref.weighted_sum(y, weights), "matmul_id", what="moe_ffn from its own h")
+        return want
+
     def __getattr__(self, op):
         if op not in OP_BOUNDS:
             raise AttributeError(op)

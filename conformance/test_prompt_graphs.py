@@ -27,6 +27,11 @@ ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma
 def prompt_graphs(monkeypatch):
     from engine import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS", True)
+    try:
+        from engine.backends.cuda import backend
+    except ImportError:                 # no CuPy: the numpy cases run without it
+        return
+    monkeypatch.setattr(backend, "OWN_CUBLAS", True)
 
 
 def _prompts(rng, V, n, count):
@@ -59,6 +64,24 @@ def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch
     assert np.array_equal(s.prefill([tok]), r.prefill([tok]))
 
 
+def test_another_session_captures_a_length_read_before(rng, prompt_graphs):
+    # the kernels of a length are the model's once read: a second session (a server's pooled
+    # one, with its own cache) captures its first prompt of that length and replays the next
+    m = load_synthetic("synth-qwen3", "numpy")
+    ref = load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+    first, r = m.new_session(64), ref.new_session(64)
+    V = m.config.n_vocab
+    ids = _prompts(rng, V, 9, 3)
+    assert np.array_equal(first.prefill(ids[0]), r.prefill(ids[0]))
+    assert not first._prompt_steps
+    second = m.new_session(64)
+    for i in (1, 2):
+        second.reset(), r.reset()
+        assert np.array_equal(second.prefill(ids[i]), r.prefill(ids[i])), f"prompt {i}"
+        assert 9 in second._prompt_steps, f"prompt {i} of the second session was read eagerly"
+
+
 def test_what_is_never_captured(rng, prompt_graphs):
     # all logits (teacher forcing), a trace, a single token: eager, whatever the length's history
     m = load_synthetic("synth-qwen3", "numpy")
@@ -86,6 +109,42 @@ def test_graphs_kept_are_bounded(rng, prompt_graphs):
         s.prefill(_prompts(rng, m.config.n_vocab, n, 1)[0])
     assert len(s._prompt_steps) == PROMPT_GRAPHS_KEPT
     assert list(s._prompt_steps) == lengths[-PROMPT_GRAPHS_KEPT:], "the most recently used are kept"
+
+
+def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
+    # a session's graphs hold at most BRASS_PROMPT_GRAPHS_MB together: the oldest make room;
+    # one over the whole budget is dropped once captured and its length read eagerly after
+    m = load_synthetic("synth-llama", "numpy")
+    ref = load_synthetic("synth-llama", "numpy")
+    m.backend = ReplayingNumpy()
+    m.backend.graph_bytes = 3 << 20
+    captures = []
+    real = m.backend.capture
+    monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (captures.append(1), real(fn, **kw))[1])
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "5")
+    s, r = m.new_session(64), ref.new_session(64)
+    V = m.config.n_vocab
+
+    def read(n):
+        s.reset(), r.reset()
+        ids = _prompts(rng, V, n, 1)[0]
+        assert np.array_equal(s.prefill(ids), r.prefill(ids))
+
+    for n in (5, 5, 6, 6):
+        read(n)
+    assert list(s._prompt_steps) == [6], "two graphs of 3 MiB kept within 5 MiB"
+    assert len(captures) == 2
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "2")
+    for _ in range(3):
+        read(7)
+    assert 7 not in s._prompt_steps and len(captures) == 3, "a graph over the budget is captured once"
+    assert s.prompt_graphs, "an oversized graph does not turn prompt graphs off"
+    read(6)                                 # the kept one still replays
+    assert len(captures) == 3
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "lots")
+    from engine.errors import BrassError
+    with pytest.raises(BrassError, match="BRASS_PROMPT_GRAPHS_MB must be a finite number"):
+        read(8), read(8)
 
 
 def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypatch):
@@ -138,7 +197,9 @@ def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
         moe = m.config.n_expert > 0
         from engine.backends import base
         assert s.prompt_graphs == (not moe or base.MOE_MMQ) and bool(s._prompt_steps) == s.prompt_graphs, \
-            (name, s.prompt_graphs, list(s._prompt_steps))
+            (name, s.prompt_graphs, list(s._prompt_steps), s.prompt_graphs_error)
+        # the memory each graph holds is counted (the session's budget reads it)
+        assert all(st.nbytes > 0 for st in s._prompt_steps.values()), name
         greedy = SamplingParams(temperature=0.0)
         first = int(np.argmax(want[-1]))
         a = list(m.generate([first], 12, greedy, stop_at_eog=False, session=s))

@@ -26,13 +26,33 @@ DEFAULT_CTX = 4096
 # steps, two chunks in flight: the device never waits for Python, and a stop (end of
 # generation) wastes at most two chunks of steps.
 GREEDY_CHUNK = 8
-# BRASS_PROMPT_GRAPHS=1 (off until measured on a GPU): a session's prompt of a length it has
-# read before replays a graph captured the second time (PromptStep), instead of a few hundred
+# BRASS_PROMPT_GRAPHS=1 (off until the whole GPU suite has run with it on; the Qwen3-0.6B
+# shape's pp512 on the H200, 12 repetitions: 31,048 tok/s eager, 90,086 with it): a session's
+# prompt of a length it has read before replays a graph captured the second time (PromptStep), instead of a few hundred
 # launches of Python: a small model's prompt on the GPU is bound by them (the Qwen3-0.6B
 # shape's pp512 took ~21 ms of wall for ~13 ms of GPU time on the H200; a server's short
 # prompts ~35 ms each, ~50 us of host time per launch). A session keeps PROMPT_GRAPHS_KEPT.
 PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "0") not in ("", "0")
 PROMPT_GRAPHS_KEPT = 4
+# Each prompt graph holds its prompt's peak working set (its own memory pool); a session's
+# graphs together hold at most BRASS_PROMPT_GRAPHS_MB (default below): the oldest make room
+# for a new one, and a graph larger than the whole budget is dropped once captured, its length
+# read eagerly from then on.
+PROMPT_GRAPHS_MB = 512
+
+
+def prompt_graphs_budget() -> int:
+    """Bytes a session's prompt graphs may hold together (BRASS_PROMPT_GRAPHS_MB)."""
+    env = os.environ.get("BRASS_PROMPT_GRAPHS_MB")
+    if not env:
+        return PROMPT_GRAPHS_MB << 20
+    try:
+        mb = float(env)
+    except ValueError:
+        mb = float("nan")
+    if not (mb >= 0 and mb < float("inf")):
+        raise BrassError(f"BRASS_PROMPT_GRAPHS_MB must be a finite number of MiB >= 0, got {env!r}")
+    return int(mb * 2**20)
 
 
 def graphs_enabled(backend) -> bool:
@@ -56,6 +76,10 @@ class Model:
         self.backend = get_backend(_backend_for(arch_name, backend), **backend_options)
         self.weights = Weights(self.backend, self.gguf)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
+        # prompt lengths some session read eagerly (their kernels loaded): another session's
+        # first prompt of such a length is captured at once (PROMPT_GRAPHS), which is what a
+        # server's pooled sessions, each with its own cache, need to replay at all
+        self.prompt_lengths_read: set[int] = set()
         if hasattr(self.backend, "load"):
             with self.backend.activate():
                 self.backend.load(self.gguf, self.weights, quiet=quiet)
@@ -146,12 +170,13 @@ class Session:
         self.n_past = 0
         self.graphs = graphs_enabled(self.model.backend)
         self._step: DecodeStep | None = None
-        # prompt graphs (PROMPT_GRAPHS): {length: PromptStep}, most recent last; the lengths
-        # read once eagerly; False once a capture failed (the forward synchronised with the
-        # host: a MoE prompt whose routing is planned there)
+        # prompt graphs (PROMPT_GRAPHS): {length: PromptStep}, most recent last (the lengths
+        # read eagerly once are the model's); prompt_graphs False once a capture failed (the
+        # forward synchronised with the host: a MoE prompt whose routing is planned there)
         self._prompt_steps: dict[int, PromptStep] = {}
-        self._prompt_seen: set[int] = set()
+        self._prompt_eager: set[int] = set()     # lengths whose graph was over the budget
         self.prompt_graphs = PROMPT_GRAPHS and self.graphs
+        self.prompt_graphs_error: str | None = None     # why a capture failed, if one did
 
     def reset(self):
         """Forget the sequence (the cache slots are rewritten as positions are reached again;
@@ -183,21 +208,30 @@ class Session:
             return logits if device_logits else b.to_numpy(logits)
 
     def _prompt_step(self, n: int) -> "PromptStep | None":
-        """The captured prefill of n tokens: None the first time a length comes (read eagerly,
-        loading its kernels), captured the second; a failed capture turns prompt graphs off
+        """The captured prefill of n tokens: None the first time a length comes to the model
+        (read eagerly, loading its kernels), captured the next time, in this session or
+        another; a failed capture turns prompt graphs off
         for this session (its prompts are then read eagerly, as before)."""
         st = self._prompt_steps.pop(n, None)
         if st is None:
-            if n not in self._prompt_seen:
-                self._prompt_seen.add(n)
+            if n in self._prompt_eager:
+                return None
+            if n not in self.model.prompt_lengths_read:
+                self.model.prompt_lengths_read.add(n)
                 return None
             try:
                 st = PromptStep(self, n)
-            except Exception:
+            except Exception as e:
                 self.prompt_graphs = False
+                self.prompt_graphs_error = f"{type(e).__name__}: {e}"
                 self._prompt_steps.clear()
                 return None
-            while len(self._prompt_steps) >= PROMPT_GRAPHS_KEPT:
+            budget = prompt_graphs_budget()
+            if st.nbytes > budget:
+                self._prompt_eager.add(n)       # its memory is freed with it
+                return None
+            while self._prompt_steps and (len(self._prompt_steps) >= PROMPT_GRAPHS_KEPT or
+                                          sum(s.nbytes for s in self._prompt_steps.values()) + st.nbytes > budget):
                 self._prompt_steps.pop(next(iter(self._prompt_steps)))
         self._prompt_steps[n] = st          # most recently used last
         return st
@@ -347,6 +381,7 @@ class PromptStep:
         self.backend = b
         self.graph = b.capture(lambda: m.forward(self.inp[0], self.inp[1], session.cache, self._out_rows),
                                reuse_freed=True)
+        self.nbytes = getattr(self.graph, "nbytes", 0)     # the device memory it holds
 
     def run(self, ids: np.ndarray, start: int):
         """Logits after the tokens `ids` (n of them) at positions start .. start + n - 1."""

@@ -36,7 +36,7 @@ from ...gguf import BLOCK_SIZES, GGMLType
 from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
-from . import attention_tiled, pdl
+from . import attention_tiled, blas, pdl
 from .errors import CudaError
 
 F16, F32 = np.float16, np.float32
@@ -97,13 +97,22 @@ PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
 # 7 launches per layer of host time on small models). BRASS_F16_WEIGHTS=1 keeps the float16
 # copy of each dense weight after its first prompt instead, while the copies fit a budget
 # (BRASS_F16_WEIGHTS_GB, else half the device memory free when the first copy is made); the
-# GEMM then reads the same float16 values, so results do not change. Off until measured on a GPU.
-F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "0") not in ("", "0")
+# GEMM then reads the same float16 values, so results do not change. On unless
+# BRASS_F16_WEIGHTS=0: on the H200 (2026-12-01, same call, pp512) the Qwen3-8B shape went from
+# 7,772 to 12,499 tok/s, the 0.6B from 20,775 to 26,176.
+F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "1") not in ("", "0")
 # BRASS_ATTN_TILED=1: a prompt's attention (T >= 2, one sequence) in tiles on tensor cores
 # (kernels/attention_tiled.cu), where attention.cu takes a block per (head, query) with the
 # query's whole row of logits in shared memory (8.4 ms of a 13 ms Qwen3-0.6B prompt of 512
-# tokens on the H200, and no context beyond ~57k slots). Off until measured on a GPU.
-ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "0") not in ("", "0")
+# tokens on the H200, and no context beyond ~57k slots). On unless BRASS_ATTN_TILED=0: on the
+# H200 (2026-12-01, pp512) the Qwen3-8B shape 7,772 -> 9,386 tok/s, the 30B-A3B (with the
+# other levers) 3,844 -> 4,812; the 0.6B's host-bound figure moved both ways between calls.
+ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "1") not in ("", "0")
+# Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
+# CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
+# handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
+# replayed prompt computes what an eager one does).
+OWN_CUBLAS = os.environ.get("BRASS_PROMPT_GRAPHS", "0") not in ("", "0")
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -280,6 +289,21 @@ def _cublas():
                         f"(pip install -e '.[cuda]', which brings nvidia-cublas) or a CUDA toolkit") from None
 
 
+class _CupyBlas:
+    """CuPy's shared cuBLAS handle of the current device, set to a stream."""
+
+    def __init__(self, stream_ptr: int):
+        self.cublas = _cublas()
+        self.handle = cupy.cuda.device.get_cublas_handle()
+        self.cublas.setStream(self.handle, stream_ptr)
+
+    def gemmEx(self, *args):
+        self.cublas.gemmEx(self.handle, *args)
+
+    def gemmStridedBatchedEx(self, *args):
+        self.cublas.gemmStridedBatchedEx(self.handle, *args)
+
+
 def _grid_1d(n: int, threads: int, cap: int = 65535 * 8) -> int:
     return max(1, min(cap, -(-n // threads)))
 
@@ -313,6 +337,8 @@ class CudaBackend(Backend):
         self.launches = 0           # kernels launched (or captured) so far, by launch()
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
+        self.own_cublas = OWN_CUBLAS
+        self._own_blas = None       # blas.Handle, made on first use when own_cublas
         self._id_plan = None        # (ids array, experts, device plan) of mmq_id (BRASS_MOE_MMQ)
         self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
         self._graph_refs: list | None = None   # arrays a graph being captured reads (capture)
@@ -671,8 +697,7 @@ class CudaBackend(Backend):
         N = w.shape[0]
         if x16 is None:
             x16 = self._to_f16(x2)
-        handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, self.stream.ptr)
+        gemm = self._blas()
         alpha, beta = self._gemm_scalars
         kept = self._weight_f16(w)
         if kept is not None:        # the whole float16 matrix, dequantized by an earlier prompt
@@ -686,11 +711,23 @@ class CudaBackend(Backend):
                 self._dequant_f16(w, r0, n, scratch)
             # Column-major view: C^T [n, T] (ld N) = W_chunk [n, K] . x^T; W_chunk is K x n
             # column-major (transposed), x^T is K x T column-major.
-            cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
+            gemm.gemmEx(cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, T, K,
                           alpha.ctypes.data, scratch.data.ptr, runtime.CUDA_R_16F, K,
                           x16.data.ptr, runtime.CUDA_R_16F, K,
                           beta.ctypes.data, y.data.ptr + 4 * r0, runtime.CUDA_R_32F, N,
                           cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+
+    def _blas(self):
+        """The cuBLAS calls of this backend's stream: CuPy's binding, or a handle of our own
+        with its own workspace (OWN_CUBLAS: calls that a stream capture may record)."""
+        if self._own_blas is None and self.own_cublas:
+            if self._graph_refs is not None:
+                # its workspace would come from the capture's memory: an eager prompt makes it
+                raise CudaError("the cuBLAS handle is made by an eager prompt, not inside a capture")
+            self._own_blas = blas.Handle(self.stream.ptr)
+        if self._own_blas is not None:
+            return self._own_blas
+        return _CupyBlas(self.stream.ptr)
 
     def _dequant_f16(self, w, r0: int, n: int, out):
         """Rows r0 .. r0 + n of the 2-D weight w as float16 into out [n, K]."""
@@ -871,8 +908,7 @@ class CudaBackend(Backend):
         cpad = cupy.empty((R, N), F32)
         per_chunk = max(1, GEMM_SCRATCH_BYTES // (2 * N * K))
         scratch = self._scratch_f16(min(per_chunk, E) * N * K)
-        handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, self.stream.ptr)
+        gemm = self._blas()
         alpha, beta = self._gemm_scalars
         for cap, experts, row0 in plan["groups"]:
             for c0 in range(0, len(experts), per_chunk):
@@ -884,8 +920,8 @@ class CudaBackend(Backend):
                             params=pack("DequantParams", n_rows=ne * N, n_cols=K, row_bytes=w.row_bytes,
                                         rows_per_expert=N))
                 r0 = row0 + c0 * cap
-                cublas.gemmStridedBatchedEx(
-                    handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, N, cap, K,
+                gemm.gemmStridedBatchedEx(
+                    cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, N, cap, K,
                     alpha.ctypes.data, scratch.data.ptr, runtime.CUDA_R_16F, K, N * K,
                     xpad.data.ptr + 2 * r0 * K, runtime.CUDA_R_16F, K, cap * K,
                     beta.ctypes.data, cpad.data.ptr + 4 * r0 * N, runtime.CUDA_R_32F, N, cap * N,
@@ -1440,19 +1476,28 @@ class CudaBackend(Backend):
                                     scale=1.0 if scale in (0.0, 1.0) else scale))
         return probs, ids, weights
 
+    def fuses_moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, down_scale=None) -> bool:
+        """Whether moe_ffn runs these operands as the two fused decode kernels (the experts'
+        gate/up mat-vecs writing h's Q8_1 blocks, then the down projection with the weighted
+        sum) rather than Backend.moe_ffn's composition (a prompt, float down weights, ...)."""
+        T = x.shape[0] if x.ndim == 2 else 0
+        fused = w_up is None                # w_gate is [E, 2F, D]: each expert's gate rows, then up
+        return not (x.ndim != 2 or not self._decode_rows(T) or ids.shape != weights.shape or ids.shape[0] != T
+                    or len(w_gate.shape) != 3 or (not fused and not self._fusable(w_gate, w_up))
+                    or (fused and w_gate.shape[1] % 2) or w_down.type in FLOAT_TYPES
+                    or (w_gate.shape[1] // (2 if fused else 1)) % 32 or ids.shape[-1] > MOE_MAX_USED
+                    or (down_scale is not None and (not isinstance(down_scale, CudaWeight)
+                                                    or down_scale.dense is None
+                                                    or down_scale.dense.shape != (w_gate.shape[0],))))
+
     def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
         x = _f32(x, "moe_ffn")
         ids = _i32(ids, "moe_ffn ids")
         weights = _f32(weights, "moe_ffn weights")
-        T = x.shape[0] if x.ndim == 2 else 0
-        fused = w_up is None                # w_gate is [E, 2F, D]: each expert's gate rows, then up
-        if (x.ndim != 2 or not self._decode_rows(T) or ids.shape != weights.shape or ids.shape[0] != T
-                or len(w_gate.shape) != 3 or (not fused and not self._fusable(w_gate, w_up))
-                or (fused and w_gate.shape[1] % 2) or w_down.type in FLOAT_TYPES
-                or (w_gate.shape[1] // (2 if fused else 1)) % 32 or ids.shape[-1] > MOE_MAX_USED
-                or (down_scale is not None and (not isinstance(down_scale, CudaWeight) or down_scale.dense is None
-                                                or down_scale.dense.shape != (w_gate.shape[0],)))):
+        if not self.fuses_moe_ffn(x, w_gate, w_up, w_down, ids, weights, down_scale):
             return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu, down_scale)
+        T = x.shape[0]
+        fused = w_up is None                # w_gate is [E, 2F, D]: each expert's gate rows, then up
         self._check_matrix(x, w_gate, "moe_ffn", 3)
         E, N, K = w_gate.shape
         N //= 2 if fused else 1
@@ -1527,6 +1572,18 @@ class CudaGraph:
 
     def replay(self):
         self.graph.launch(stream=self.backend.stream)
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held for the graph: its own pool's (reuse_freed) or the allocations
+        made during the capture (arrays it reads that others own are not counted)."""
+        total = 0
+        for m in self.memory:
+            if isinstance(m, cupy.cuda.MemoryPool):
+                total += m.total_bytes()
+            elif isinstance(m, cupy.cuda.MemoryPointer):
+                total += m.mem.size
+        return total
 
 
 def _on_own_stream(method):
