@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Three GPU calls, sent back to back on a warm machine (it goes back ~30 s after a call ends),
+# Four GPU calls, sent back to back on a warm machine (it goes back ~30 s after a call ends),
 # for what the fourth session of 2026-12-01 left to measure:
 #   - the suite on the defaults it turned on (F16 weights kept, MoE prompts on int8 tiles planned
 #     on the device, tiled prompt attention, Gemma 4's experts fused), run once with them on
 #     through the environment only;
 #   - BRASS_PROMPT_GRAPHS=1 over the whole suite (its own tests passed; the rest not yet run
 #     with it on), and how its replays time;
+#   - BRASS_FUSED_ROUTER=1 (the MoE router's mat-vec and routing in one launch, written without
+#     a GPU): whole-model checks with it, tg128 of the 30B-A3B shape with and without;
+#   - BRASS_GEMMA4_ROPE_STORE=1 (a sliding-window layer's q/k norms, rope and cache writes as one
+#     rope_store kernel): Gemma 4's checks with it, its tg128 with and without;
 #   - issue 9's MoE free-running test 20 times with 20 seeds;
 #   - the prompt figures' dependence on the repetitions (0.6B pp512: 16,924 at -r 3, 31,048 at
-#     -r 12 on one machine): every repetition's figure, then the side by side at REPS=10.
+#     -r 12 on one machine): every repetition's figure, then the side by side at REPS=5.
 # Part 1: llama-bench builds and the shape-true files are written meanwhile (detached: part 2
 #   and 3 find them); the suite with the defaults.
 #   run(command="bash ci/gpu_levers_session.sh 1", carry=[".whl", ".stage"]); then at once
 #   run(command="bash ci/gpu_levers_session.sh 2", carry=[".whl", ".stage"]); then at once
-#   run(command="bash ci/gpu_levers_session.sh 3", carry=[".whl", ".stage"])
+#   run(command="bash ci/gpu_levers_session.sh 3", carry=[".whl", ".stage"]); then at once
+#   run(command="bash ci/gpu_levers_session.sh 4", carry=[".whl", ".stage"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-.}"
@@ -57,8 +62,29 @@ if [ "${1:-1}" = 2 ]; then
 fi
 
 if [ "${1:-1}" = 3 ]; then
-    echo "== 4. side by side, REPS=10 (the defaults)"
+    echo "== 3b. BRASS_FUSED_ROUTER=1: whole models' ops and decode graphs, then tg128 against the two launches"
+    BRASS_FUSED_ROUTER=1 timeout 120 python3 -m pytest conformance/test_kernels_model.py conformance/test_decode_graph.py \
+        conformance/test_batch.py -q -rfE -n 12 -p no:cacheprovider > "$out/fused-router.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/fused-router.log" | head -10; tail -1 "$out/fused-router.log"
+    for r in 0 1 0 1; do
+        echo "qwen3-30b-a3b tg128 BRASS_FUSED_ROUTER=$r: $(BRASS_FUSED_ROUTER=$r timeout 60 python3 -m engine bench \
+            "$dir/qwen3-30b-a3b.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
+    done
+    echo "== 3c. BRASS_GEMMA4_ROPE_STORE=1: Gemma 4's whole-model checks, then its tg128 against the composition"
+    BRASS_GEMMA4_ROPE_STORE=1 timeout 100 python3 -m pytest conformance/test_kernels_model.py conformance/test_decode_graph.py \
+        conformance/test_batch.py conformance/test_gemma4.py -k gemma4 -q -rfE -n 12 -p no:cacheprovider > "$out/rope-store.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/rope-store.log" | head -10; tail -1 "$out/rope-store.log"
+    for r in 0 1 0 1; do
+        echo "gemma-4-26b-a4b tg128 BRASS_GEMMA4_ROPE_STORE=$r: $(BRASS_GEMMA4_ROPE_STORE=$r timeout 60 python3 -m engine bench \
+            "$dir/gemma-4-26b-a4b.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
+    done
+    bash ci/gpu_llama_builds.sh status | head -1
+    exit 0
+fi
+
+if [ "${1:-1}" = 4 ]; then
+    echo "== 5. side by side, REPS=5 (the defaults)"
     bash ci/gpu_llama_builds.sh wait 120 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
-    LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=10 timeout 500 \
+    LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=5 timeout 500 \
         bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b 2>&1 | grep -v "^WARNING"
 fi

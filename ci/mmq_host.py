@@ -89,6 +89,8 @@ float host_shfl_xor(float v, int o);     // each harness: across its block's thr
 inline float __shfl_xor_sync(unsigned, float v, int o) { return host_shfl_xor(v, o); }
 double host_shfl_xor_d(double v, int o);  // likewise, for doubles
 inline double __shfl_xor_sync(unsigned, double v, int o) { return host_shfl_xor_d(v, o); }
+int host_shfl_xor_i(int v, int o);         // and ints
+inline int __shfl_xor_sync(unsigned, int v, int o) { return host_shfl_xor_i(v, o); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
@@ -151,6 +153,7 @@ double host_shfl_xor_d(double v, int o) {
     const unsigned long long r = exchange(w, o);
     double d; memcpy(&d, &r, 8); return d;
 }
+int host_shfl_xor_i(int v, int o) { return (int) (unsigned) exchange((unsigned) v, o); }
 """
 
 

@@ -420,3 +420,36 @@ def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
     got = moe.score(ids)
     assert calls and all(kw["gelu"] and kw["down_scale"] is not None for kw in calls), calls[:1]
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_rope_store_switch_changes_no_number(which, dense, moe, rng, monkeypatch):
+    """BRASS_GEMMA4_ROPE_STORE sends a sliding-window layer's q/k norms, rope and cache writes
+    through Backend.rope_store: on the numpy backend that is the same composition, so the
+    logits of a prefill and the decode steps after it are bit for bit those without it (the
+    CUDA kernel is held to the composition's bounds by test_kernels_model.py's lockstep), and
+    only the SWA layers take it (the full ones keep rope_ff)."""
+    from engine.arch import gemma4
+    m = dense if which == "dense" else moe
+    ids = [int(t) for t in rng.integers(0, m.config.n_vocab, 12)]
+
+    def run():
+        s = m.new_session(32)
+        out = [s.prefill(ids, all_logits=True)]
+        for t in (3, 5):
+            out.append(s.prefill([t]))
+        return out
+
+    monkeypatch.setattr(gemma4, "FUSED_ROPE_STORE", False)
+    want = run()
+    calls = []
+    real = m.backend.rope_store
+    monkeypatch.setattr(gemma4, "FUSED_ROPE_STORE", True)
+    monkeypatch.setattr(m.backend, "rope_store", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    got = run()
+    for g, w_ in zip(got, want):
+        assert np.array_equal(g, w_)
+    n_swa = sum(m.config.is_swa(il) for il in range(m.config.n_layer))
+    assert 0 < n_swa < m.config.n_layer, "the synthetic model has both kinds of layer"
+    assert len(calls) == 3 * n_swa, (len(calls), n_swa)
+    assert all(kw["base"] == m.config.rope_base_swa for kw in calls)

@@ -185,6 +185,20 @@ class Lockstep:
                     cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
         return want
 
+    def moe_gate(self, x, w_router, k, norm, scale):
+        """The router in two stages, as the ops it is made of are checked (matmul, then
+        moe_route from the reference's logits): its logits against the reference's, then its
+        probabilities, experts (exactly) and weights against the reference's routing of the
+        CUDA logits themselves (fused, the route reads the kernel's own logits: routed from
+        the reference's, a near-tie within the mat-mul bound could choose another expert)."""
+        want = self.ref.moe_gate(x, w_router.ref, k, norm, scale)
+        got = self.cuda.moe_gate(self._dev(x), w_router.dev, k, norm, scale)
+        self._compare("moe_gate", got[0], want[0], "matmul", what="moe_gate logits")
+        routed = self.ref.moe_route(self.cuda.to_numpy(got[0]), k, norm, scale)
+        for g, w, part in zip(got[1:], routed, ("probs", "ids", "weights")):
+            self._compare("moe_gate", g, w, "moe_route", what=f"moe_gate {part}")
+        return want
+
     def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
         """As test_kernels.test_moe_ffn_decode, in two stages where the CUDA backend fuses the
         op: its kernels re-quantize the intermediate h to Q8_1, and an h within float32 rounding

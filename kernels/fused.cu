@@ -8,10 +8,15 @@
 //   decode_advance greedy decoding on the device: argmax -> next token, position + 1
 #include "common.cuh"
 #include "params.cuh"
+#include "route.cuh"
 
 #define FUSED_NORM_THREADS 1024
 #define ROPE_STORE_THREADS 128
-#define ROUTE_THREADS 256
+// moe_router_f32 (matvec_f.cu) routes with its mat-vec's MATVEC_THREADS; the same count here
+// keeps the two bit for bit (the double sum of the probabilities is per thread, then per warp).
+// On the H200 moe_route took the same time on 32 and on 256 threads (tg128 of the 30B-A3B
+// shape: 261.2 and 262.5 tok/s, 2026-12-01).
+#define ROUTE_THREADS 128
 
 // Sum of a double over the block, in the order norm.cu's rms_norm uses: per warp by shuffles,
 // then the warps' partial sums one after another. `partial` holds one double per warp.
@@ -131,73 +136,14 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
     }
 }
 
-// One block per token: probs = softmax(logits) (exp summed and divided in double, as
-// router.cu's softmax), k rounds of arg-max (ties to the lower expert), then the chosen
-// probabilities, divided by their sum (clamped to F16's smallest normal, as ggml) when norm,
-// times scale.
+// One block per token: route_row (route.cuh) on its row of logits.
 extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
 moe_route(const float * __restrict__ logits, float * __restrict__ probs, int * __restrict__ ids,
           float * __restrict__ weights, const MoeRouteParams p) {
     PDL_ENTRY();
-    __shared__ float scratch[WARP_SIZE];
-    __shared__ double scratch_d[ROUTE_THREADS / WARP_SIZE];
-    __shared__ float sv[WARP_SIZE];
-    __shared__ int si[WARP_SIZE];
-    __shared__ float chosen[64];
-    const int E = p.n_experts;
-    const float * xr = logits + (i64) blockIdx.x * E;
-    float * pr = probs + (i64) blockIdx.x * E;
-    float m = -__int_as_float(0x7f800000);
-    for (int i = threadIdx.x; i < E; i += ROUTE_THREADS) m = fmaxf(m, xr[i]);
-    m = block_max(m, scratch);
-    double sum = 0.0;
-    for (int i = threadIdx.x; i < E; i += ROUTE_THREADS) {
-        const float e = expf(__fsub_rn(xr[i], m));
-        pr[i] = e;
-        sum += e;
-    }
-    sum = warp_sum_f64(sum);
-    if (threadIdx.x % WARP_SIZE == 0) scratch_d[threadIdx.x / WARP_SIZE] = sum;
-    __syncthreads();
-    sum = 0.0;
-#pragma unroll
-    for (int w = 0; w < ROUTE_THREADS / WARP_SIZE; ++w) sum += scratch_d[w];
-    for (int i = threadIdx.x; i < E; i += ROUTE_THREADS) pr[i] = (float) (pr[i] / sum);
-    __syncthreads();        // each thread re-reads other threads' probabilities below
-
-    int last_i = -1;
-    float last_v = 0.0f;
-    for (int r = 0; r < p.k; ++r) {
-        float v = 0.0f;
-        int i = -1;
-        for (int c = threadIdx.x; c < E; c += ROUTE_THREADS) {
-            const float xc = pr[c];
-            if (last_i < 0 || xc < last_v || (xc == last_v && c > last_i)) better(v, i, xc, c);
-        }
-#pragma unroll
-        for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
-            better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-        __syncthreads();
-        if (threadIdx.x % WARP_SIZE == 0) { sv[threadIdx.x / WARP_SIZE] = v; si[threadIdx.x / WARP_SIZE] = i; }
-        __syncthreads();
-        v = sv[0]; i = si[0];
-        for (int w = 1; w < ROUTE_THREADS / WARP_SIZE; ++w) better(v, i, sv[w], si[w]);
-        if (threadIdx.x == 0) {
-            ids[(i64) blockIdx.x * p.k + r] = i;
-            chosen[r] = v;
-        }
-        last_v = v; last_i = i;
-    }
-    if (threadIdx.x == 0) {
-        float total = 0.0f;
-        for (int r = 0; r < p.k; ++r) total = __fadd_rn(total, chosen[r]);
-        total = fmaxf(total, 6.103515625e-5f);
-        for (int r = 0; r < p.k; ++r) {
-            float wr = p.norm ? __fdiv_rn(chosen[r], total) : chosen[r];
-            if (p.scale != 1.0f) wr = __fmul_rn(wr, p.scale);
-            weights[(i64) blockIdx.x * p.k + r] = wr;
-        }
-    }
+    const i64 t = blockIdx.x;
+    route_row<ROUTE_THREADS>(logits + t * p.n_experts, probs + t * p.n_experts, ids + t * p.k,
+                             weights + t * p.k, p.n_experts, p.k, p.norm, p.scale);
 }
 
 // One thread: the argmax of this step is the token of the next position.

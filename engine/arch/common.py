@@ -133,9 +133,9 @@ def moe(f: Forward, il: int, x):
     """Top-k mixture of experts with a softmax router (build_moe_ffn, SILU, gating SOFTMAX)."""
     b, cfg, w = f.b, f.cfg, f.w
     p = f"blk.{il}."
-    logits = f.cb(b.matmul(x, w(p + "ffn_gate_inp.weight")), "ffn_moe_logits", il)
-    probs, ids, weights = b.moe_route(logits, cfg.n_expert_used, cfg.expert_weights_norm,
-                                      cfg.expert_weights_scale)
+    logits, probs, ids, weights = b.moe_gate(x, w(p + "ffn_gate_inp.weight"), cfg.n_expert_used,
+                                             cfg.expert_weights_norm, cfg.expert_weights_scale)
+    f.cb(logits, "ffn_moe_logits", il)
     f.cb(probs, "ffn_moe_probs", il)
     f.cb(ids, "ffn_moe_topk", il)
     f.cb(weights, "ffn_moe_weights_norm" if cfg.expert_weights_norm else "ffn_moe_weights", il)

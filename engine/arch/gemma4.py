@@ -53,6 +53,13 @@ FINAL_LOGIT_SOFTCAP = 30.0      # llama.cpp's default when the key is absent (ll
 # composition either way. The composition's intermediate nodes (ffn_moe_geglu,
 # ffn_moe_down_scaled) are then not traced.
 FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "1") not in ("", "0")
+# BRASS_GEMMA4_ROPE_STORE=1 (off until measured on a GPU): a sliding-window layer's q/k norms,
+# rope and cache writes as one rope_store op (one kernel on the GPU instead of six: q norm,
+# k norm, two ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers) instead of
+# their composition; the same numbers on the numpy backend. Full layers keep rope_ff (their
+# frequency factors), and the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp
+# node matches them) are then not traced on SWA layers.
+FUSED_ROPE_STORE = os.environ.get("BRASS_GEMMA4_ROPE_STORE", "0") not in ("", "0")
 
 
 def configure(cfg, gf):
@@ -104,30 +111,39 @@ def attention(f: common.Forward, il: int, x):
     q, k, *v = b.matmul_many(x, [w(p + "attn_q.weight"), w(p + "attn_k.weight")]
                              + ([w_v] if w_v is not None else []))
     v = v[0] if v else k                # k_eq_v: the values are the raw key projection
-    q = f.cb(b.rms_norm(q.reshape(T, H, hd), w(p + "attn_q_norm.weight"), cfg.norm_eps),
-             "Qcur_normed", il)
-    k = f.cb(b.rms_norm(k.reshape(T, Hkv, hd), w(p + "attn_k_norm.weight"), cfg.norm_eps),
-             "Kcur_normed", il)
     v = f.cb(b.rms_norm(v.reshape(T, Hkv, hd), None, cfg.norm_eps), "Vcur_normed", il)
+    q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
     n_rot = cfg.layer_n_rot(il)
-    if cfg.is_swa(il):
-        # llama.cpp: rope_freq_base_train_swa, and freq_scale 1 on SWA layers
-        q, k = (b.rope(t, f.pos, n_rot, cfg.rope_base_swa, True) for t in (q, k))
-    else:
-        ff = w("rope_freqs.weight")
-        q, k = (b.rope_ff(t, f.pos, n_rot, cfg.rope_base, True, ff, cfg.rope_freq_scale)
-                for t in (q, k))
-    f.cb(q, "Qcur_pos", il)
-    f.cb(k, "Kcur_pos", il)
     window = cfg.layer_window(il)
-    layers = common.kv_layers(f, il)
-    if isinstance(layers, list):                    # a batched decode step: a row per sequence
-        for r, (k_cache, v_cache) in enumerate(layers):
-            b.kv_store(k_cache, k[r:r + 1], f.pos[r:r + 1])
-            b.kv_store(v_cache, v[r:r + 1], f.pos[r:r + 1])
+    if cfg.is_swa(il) and FUSED_ROPE_STORE:
+        # q/k norms, rope (llama.cpp: rope_freq_base_train_swa, freq_scale 1 on SWA layers) and
+        # the cache writes as the one op the other architectures use (one kernel on the GPU
+        # instead of six; the same composition on the numpy backend)
+        rope = dict(q_norm=w(p + "attn_q_norm.weight"), k_norm=w(p + "attn_k_norm.weight"),
+                    eps=cfg.norm_eps, n_rot=n_rot, base=cfg.rope_base_swa, neox=True)
+        q, k = common.rope_store(f, il, q, k, v, rope)
+        f.cb(q, "Qcur_pos", il)
+        f.cb(k, "Kcur_pos", il)
     else:
-        b.kv_store(layers[0], k, f.pos)
-        b.kv_store(layers[1], v, f.pos)
+        q = f.cb(b.rms_norm(q, w(p + "attn_q_norm.weight"), cfg.norm_eps), "Qcur_normed", il)
+        k = f.cb(b.rms_norm(k, w(p + "attn_k_norm.weight"), cfg.norm_eps), "Kcur_normed", il)
+        if cfg.is_swa(il):
+            # llama.cpp: rope_freq_base_train_swa, and freq_scale 1 on SWA layers
+            q, k = (b.rope(t, f.pos, n_rot, cfg.rope_base_swa, True) for t in (q, k))
+        else:
+            ff = w("rope_freqs.weight")
+            q, k = (b.rope_ff(t, f.pos, n_rot, cfg.rope_base, True, ff, cfg.rope_freq_scale)
+                    for t in (q, k))
+        f.cb(q, "Qcur_pos", il)
+        f.cb(k, "Kcur_pos", il)
+        layers = common.kv_layers(f, il)
+        if isinstance(layers, list):                # a batched decode step: a row per sequence
+            for r, (k_cache, v_cache) in enumerate(layers):
+                b.kv_store(k_cache, k[r:r + 1], f.pos[r:r + 1])
+                b.kv_store(v_cache, v[r:r + 1], f.pos[r:r + 1])
+        else:
+            b.kv_store(layers[0], k, f.pos)
+            b.kv_store(layers[1], v, f.pos)
     o = f.cb(common.attend(f, il, q, cfg.attn_scale, window), "kqv_out", il)
     return f.cb(b.matmul(o, w(p + "attn_output.weight")), "attn_out", il)
 

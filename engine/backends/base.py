@@ -266,6 +266,12 @@ class Backend(ABC):
         gate = self.matmul(x, w_gate)
         return self.geglu(gate, up) if gelu else self.swiglu(gate, up)
 
+    def moe_gate(self, x, w_router: Weight, k: int, norm: bool, scale: float):
+        """A top-k MoE's router on `x [T, D]`: its logits `x W_router^T` and moe_route's
+        `(probs, ids, weights)` of them, as `(logits, probs, ids, weights)`."""
+        logits = self.matmul(x, w_router)
+        return (logits, *self.moe_route(logits, k, norm, scale))
+
     def moe_route(self, logits, k: int, norm: bool, scale: float):
         """Router of a top-k MoE (llama.cpp's build_moe_ffn, softmax gating): `(probs, ids,
         weights)`, the weights renormalised to sum to one when `norm` (the sum clamped to

@@ -1,0 +1,73 @@
+// The MoE router's arithmetic on one token's row of logits, for a block of THREADS threads:
+// probs = softmax(logits) (exp summed and divided in double, as router.cu's softmax), k rounds
+// of arg-max (ties to the lower expert), then the chosen probabilities, divided by their sum
+// (clamped to F16's smallest normal, as ggml) when norm, times scale. Shared by moe_route
+// (fused.cu, a block per token) and moe_router_f32 (matvec_f.cu, the router's mat-vec and
+// this in one launch), so that both give the same bits.
+#pragma once
+#include "common.cuh"
+
+// The logits are read through L2 (__ldcg): moe_router_f32's last block reads rows that the
+// grid's other blocks wrote during the same launch, which L1 does not keep coherent.
+template <int THREADS>
+__device__ __forceinline__ void route_row(const float * xr, float * __restrict__ pr, int * __restrict__ ids,
+                                          float * __restrict__ weights, const int E, const int k,
+                                          const int norm, const float scale) {
+    __shared__ float scratch[WARP_SIZE];
+    __shared__ double scratch_d[THREADS / WARP_SIZE];
+    __shared__ float sv[WARP_SIZE];
+    __shared__ int si[WARP_SIZE];
+    __shared__ float chosen[64];
+    float m = -__int_as_float(0x7f800000);
+    for (int i = threadIdx.x; i < E; i += THREADS) m = fmaxf(m, __ldcg(xr + i));
+    m = block_max(m, scratch);
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < E; i += THREADS) {
+        const float e = expf(__fsub_rn(__ldcg(xr + i), m));
+        pr[i] = e;
+        sum += e;
+    }
+    sum = warp_sum_f64(sum);
+    if (threadIdx.x % WARP_SIZE == 0) scratch_d[threadIdx.x / WARP_SIZE] = sum;
+    __syncthreads();
+    sum = 0.0;
+#pragma unroll
+    for (int w = 0; w < THREADS / WARP_SIZE; ++w) sum += scratch_d[w];
+    for (int i = threadIdx.x; i < E; i += THREADS) pr[i] = (float) (pr[i] / sum);
+    __syncthreads();        // each thread re-reads other threads' probabilities below
+
+    int last_i = -1;
+    float last_v = 0.0f;
+    for (int r = 0; r < k; ++r) {
+        float v = 0.0f;
+        int i = -1;
+        for (int c = threadIdx.x; c < E; c += THREADS) {
+            const float xc = pr[c];
+            if (last_i < 0 || xc < last_v || (xc == last_v && c > last_i)) better(v, i, xc, c);
+        }
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+            better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        __syncthreads();
+        if (threadIdx.x % WARP_SIZE == 0) { sv[threadIdx.x / WARP_SIZE] = v; si[threadIdx.x / WARP_SIZE] = i; }
+        __syncthreads();
+        v = sv[0]; i = si[0];
+        for (int w = 1; w < THREADS / WARP_SIZE; ++w) better(v, i, sv[w], si[w]);
+        if (threadIdx.x == 0) {
+            ids[r] = i;
+            chosen[r] = v;
+        }
+        last_v = v; last_i = i;
+    }
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int r = 0; r < k; ++r) total = __fadd_rn(total, chosen[r]);
+        total = fmaxf(total, 6.103515625e-5f);
+        for (int r = 0; r < k; ++r) {
+            float wr = norm ? __fdiv_rn(chosen[r], total) : chosen[r];
+            if (scale != 1.0f) wr = __fmul_rn(wr, scale);
+            weights[r] = wr;
+        }
+    }
+    __syncthreads();        // the shared arrays are reused by the next row's call
+}
