@@ -8,11 +8,12 @@
 #     with it on), and how its replays time;
 #   - BRASS_FUSED_ROUTER=1 (the MoE router's mat-vec and routing in one launch, written without
 #     a GPU): whole-model checks with it, tg128 of the 30B-A3B shape with and without;
-#   - BRASS_GEMMA4_ROPE_STORE=1 (a sliding-window layer's q/k norms, rope and cache writes as one
-#     rope_store kernel): Gemma 4's checks with it, its tg128 with and without;
+#   - BRASS_GEMMA4_FUSED_OPS=1 (Gemma 4 through rope_store on SWA layers and add_rms_norm before
+#     the FFN): Gemma 4's checks with it, its tg128 with and without;
 #   - issue 9's MoE free-running test 20 times with 20 seeds;
 #   - the prompt figures' dependence on the repetitions (0.6B pp512: 16,924 at -r 3, 31,048 at
-#     -r 12 on one machine): every repetition's figure, then the side by side at REPS=5.
+#     -r 12 on one machine): every repetition's figure, then the side by side (with the
+#     Qwen3.6-35B-A3B shape, last measured a session before).
 # Part 1: llama-bench builds and the shape-true files are written meanwhile (detached: part 2
 #   and 3 find them); the suite with the defaults.
 #   run(command="bash ci/gpu_levers_session.sh 1", carry=[".whl", ".stage"]); then at once
@@ -70,12 +71,12 @@ if [ "${1:-1}" = 3 ]; then
         echo "qwen3-30b-a3b tg128 BRASS_FUSED_ROUTER=$r: $(BRASS_FUSED_ROUTER=$r timeout 60 python3 -m engine bench \
             "$dir/qwen3-30b-a3b.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
     done
-    echo "== 3c. BRASS_GEMMA4_ROPE_STORE=1: Gemma 4's whole-model checks, then its tg128 against the composition"
-    BRASS_GEMMA4_ROPE_STORE=1 timeout 100 python3 -m pytest conformance/test_kernels_model.py conformance/test_decode_graph.py \
+    echo "== 3c. BRASS_GEMMA4_FUSED_OPS=1: Gemma 4's whole-model checks, then its tg128 against the composition"
+    BRASS_GEMMA4_FUSED_OPS=1 timeout 100 python3 -m pytest conformance/test_kernels_model.py conformance/test_decode_graph.py \
         conformance/test_batch.py conformance/test_gemma4.py -k gemma4 -q -rfE -n 12 -p no:cacheprovider > "$out/rope-store.log" 2>&1
     echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/rope-store.log" | head -10; tail -1 "$out/rope-store.log"
     for r in 0 1 0 1; do
-        echo "gemma-4-26b-a4b tg128 BRASS_GEMMA4_ROPE_STORE=$r: $(BRASS_GEMMA4_ROPE_STORE=$r timeout 60 python3 -m engine bench \
+        echo "gemma-4-26b-a4b tg128 BRASS_GEMMA4_FUSED_OPS=$r: $(BRASS_GEMMA4_FUSED_OPS=$r timeout 60 python3 -m engine bench \
             "$dir/gemma-4-26b-a4b.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
     done
     bash ci/gpu_llama_builds.sh status | head -1
@@ -83,8 +84,14 @@ if [ "${1:-1}" = 3 ]; then
 fi
 
 if [ "${1:-1}" = 4 ]; then
-    echo "== 5. side by side, REPS=5 (the defaults)"
+    echo "== 5a. where the 30B-A3B's prompt goes (0.67x llama.cpp): GPU time by kernel (CUPTI)"
+    timeout 70 python3 ci/gpu_profile.py torch prefill "$dir/qwen3-30b-a3b.gguf" 512 2>&1 | head -30
+    echo "== 5. side by side, REPS=3 (the defaults), each repetition's figure in the JSON files"
     bash ci/gpu_llama_builds.sh wait 120 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
-    LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=5 timeout 500 \
-        bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b 2>&1 | grep -v "^WARNING"
+    # DROP=1: each file goes once both engines have read it, so that the 35B-A3B's fits the disk
+    LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 timeout 480 \
+        bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 | grep -v "^WARNING"
+    for f in "$out"/brass-*.json; do
+        echo "$f: $(python3 -c 'import json, sys; print([[round(x) for x in r["samples"]] for r in json.load(open(sys.argv[1]))])' "$f" 2>&1)"
+    done
 fi

@@ -423,12 +423,14 @@ def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
-def test_rope_store_switch_changes_no_number(which, dense, moe, rng, monkeypatch):
-    """BRASS_GEMMA4_ROPE_STORE sends a sliding-window layer's q/k norms, rope and cache writes
-    through Backend.rope_store: on the numpy backend that is the same composition, so the
-    logits of a prefill and the decode steps after it are bit for bit those without it (the
-    CUDA kernel is held to the composition's bounds by test_kernels_model.py's lockstep), and
-    only the SWA layers take it (the full ones keep rope_ff)."""
+def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch):
+    """BRASS_GEMMA4_FUSED_OPS sends a sliding-window layer's q/k norms, rope and cache writes
+    through Backend.rope_store, and every layer's residual add after attention with the FFN's
+    input norm through Backend.add_rms_norm: on the numpy backend those are the same
+    compositions, so the logits of a prefill and the decode steps after it are bit for bit
+    those without it (the CUDA kernels are held to the compositions' bounds by
+    test_kernels_model.py's lockstep); only the SWA layers take rope_store (the full ones keep
+    rope_ff), and every layer add_rms_norm."""
     from engine.arch import gemma4
     m = dense if which == "dense" else moe
     ids = [int(t) for t in rng.integers(0, m.config.n_vocab, 12)]
@@ -440,12 +442,13 @@ def test_rope_store_switch_changes_no_number(which, dense, moe, rng, monkeypatch
             out.append(s.prefill([t]))
         return out
 
-    monkeypatch.setattr(gemma4, "FUSED_ROPE_STORE", False)
+    monkeypatch.setattr(gemma4, "FUSED_OPS", False)
     want = run()
-    calls = []
-    real = m.backend.rope_store
-    monkeypatch.setattr(gemma4, "FUSED_ROPE_STORE", True)
+    calls, norms = [], []
+    real, real_norm = m.backend.rope_store, m.backend.add_rms_norm
+    monkeypatch.setattr(gemma4, "FUSED_OPS", True)
     monkeypatch.setattr(m.backend, "rope_store", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
+    monkeypatch.setattr(m.backend, "add_rms_norm", lambda *a, **kw: (norms.append(1), real_norm(*a, **kw))[1])
     got = run()
     for g, w_ in zip(got, want):
         assert np.array_equal(g, w_)
@@ -453,3 +456,4 @@ def test_rope_store_switch_changes_no_number(which, dense, moe, rng, monkeypatch
     assert 0 < n_swa < m.config.n_layer, "the synthetic model has both kinds of layer"
     assert len(calls) == 3 * n_swa, (len(calls), n_swa)
     assert all(kw["base"] == m.config.rope_base_swa for kw in calls)
+    assert len(norms) == 3 * m.config.n_layer

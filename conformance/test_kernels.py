@@ -151,6 +151,33 @@ def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
     assert none.f16_weight_bytes == 0
 
 
+def test_out_of_memory_frees_the_f16_copies_then_says_so(rng, tmp_path):
+    """A session's memory (a KV cache: Backend.zeros) that does not fit: the float16 weight
+    copies (a cache) are freed and no more are made, prompts still give the same product
+    (dequantized per call), and what still does not fit is one line (CudaError), not CuPy's
+    traceback; with prompt graphs on (their GEMMs may read a copy) the copies stay."""
+    from engine.backends.cuda import CudaBackend
+    from engine.backends.cuda.errors import CudaError
+    b = CudaBackend(f16_weights=True)
+    N, K, T = 768, 1024, 64
+    gf = weights(tmp_path, rng, {"w": (GGMLType.Q4_K, (N, K))})
+    w = b.weight(gf, "w")
+    x = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
+    want = b.to_numpy(b.matmul(x, w))
+    assert b.f16_weight_bytes == 2 * N * K
+    b.own_cublas = True
+    with pytest.raises(CudaError, match=r"^out of GPU memory: \d+ MiB do not fit"):
+        b.zeros((1 << 40,), np.uint8)                  # a tebibyte
+    assert b.f16_weight_bytes == 2 * N * K, "prompt graphs may read the copies: they must stay"
+    b.own_cublas = False
+    with pytest.raises(CudaError, match="a smaller context"):
+        b.zeros((1 << 40,), np.uint8)
+    assert b.f16_weight_bytes == 0 and not b._f16_copies
+    for _ in range(2):
+        assert np.array_equal(b.to_numpy(b.matmul(x, w)), want)
+    assert b.f16_weight_bytes == 0, "a copy was made again after the memory ran out"
+
+
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.F16), ids=tname)
 def test_prompt_gemm_on_own_cublas_handle_is_captured(ref, rng, tmp_path, qtype, record_property):
     """With its own cuBLAS handle (OWN_CUBLAS, for prompt graphs: CuPy refuses cuBLAS calls

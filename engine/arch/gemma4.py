@@ -53,13 +53,16 @@ FINAL_LOGIT_SOFTCAP = 30.0      # llama.cpp's default when the key is absent (ll
 # composition either way. The composition's intermediate nodes (ffn_moe_geglu,
 # ffn_moe_down_scaled) are then not traced.
 FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "1") not in ("", "0")
-# BRASS_GEMMA4_ROPE_STORE=1 (off until measured on a GPU): a sliding-window layer's q/k norms,
-# rope and cache writes as one rope_store op (one kernel on the GPU instead of six: q norm,
-# k norm, two ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers) instead of
-# their composition; the same numbers on the numpy backend. Full layers keep rope_ff (their
-# frequency factors), and the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp
-# node matches them) are then not traced on SWA layers.
-FUSED_ROPE_STORE = os.environ.get("BRASS_GEMMA4_ROPE_STORE", "0") not in ("", "0")
+# BRASS_GEMMA4_FUSED_OPS=1 (off until measured on a GPU): the fused ops the other architectures
+# use, where Gemma 4's composition allows them: a sliding-window layer's q/k norms, rope and
+# cache writes as one rope_store (one kernel on the GPU instead of six: q norm, k norm, two
+# ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), and the residual add
+# after attention with the FFN's input norm as one add_rms_norm (which also writes the Q8_1
+# blocks the FFN's mat-vecs read: two kernels fewer per layer). The same numbers on the numpy
+# backend, whose fused ops are those compositions. Full layers keep rope_ff (their frequency
+# factors); the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches them)
+# are then not traced on SWA layers.
+FUSED_OPS = os.environ.get("BRASS_GEMMA4_FUSED_OPS", "0") not in ("", "0")
 
 
 def configure(cfg, gf):
@@ -115,7 +118,7 @@ def attention(f: common.Forward, il: int, x):
     q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
     n_rot = cfg.layer_n_rot(il)
     window = cfg.layer_window(il)
-    if cfg.is_swa(il) and FUSED_ROPE_STORE:
+    if cfg.is_swa(il) and FUSED_OPS:
         # q/k norms, rope (llama.cpp: rope_freq_base_train_swa, freq_scale 1 on SWA layers) and
         # the cache writes as the one op the other architectures use (one kernel on the GPU
         # instead of six; the same composition on the numpy backend)
@@ -190,14 +193,22 @@ def experts(f: common.Forward, il: int, x):
     return f.cb(b.rms_norm(out, w(p + "post_ffw_norm_2.weight"), cfg.norm_eps), "ffn_moe", il)
 
 
-def ffn(f: common.Forward, il: int, x):
-    """The FFN of layer `il` on the residual `x` → `[T, D]`, before post_ffw_norm."""
+def ffn_norm_name(f: common.Forward, il: int) -> str:
+    """The trace name of the FFN's input norm (ffn_norm.weight): the dense FFN's own, or the
+    dense branch's of a MoE layer."""
+    return "ffn_norm_1" if f"blk.{il}.ffn_gate_inp.weight" in f.w else "ffn_norm"
+
+
+def ffn(f: common.Forward, il: int, x, h=None):
+    """The FFN of layer `il` on the residual `x` → `[T, D]`, before post_ffw_norm; `h`: x
+    normed by ffn_norm.weight already (add_rms_norm), else normed here."""
     b, cfg, w = f.b, f.cfg, f.w
     p = f"blk.{il}."
+    if h is None:
+        h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps)
+    h = f.cb(h, ffn_norm_name(f, il), il)
     if p + "ffn_gate_inp.weight" not in w:
-        h = f.cb(b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps), "ffn_norm", il)
         return f.cb(common.ffn(f, il, h, gelu=True), "ffn_out", il)
-    h = f.cb(b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps), "ffn_norm_1", il)
     dense = common.ffn(f, il, h, gelu=True)
     dense = f.cb(b.rms_norm(dense, w(p + "post_ffw_norm_1.weight"), cfg.norm_eps), "ffn_mlp", il)
     return f.cb(b.add(dense, experts(f, il, x)), "ffn_moe_combined", il)
@@ -213,8 +224,13 @@ def forward(f: common.Forward, ids, out_rows=None):
         h = attention(f, il, h)
         h = f.cb(b.rms_norm(h, w(p + "post_attention_norm.weight"), cfg.norm_eps),
                  "attn_post_norm", il)
-        x = f.cb(b.add(h, x), "attn_residual", il)
-        h = f.cb(b.rms_norm(ffn(f, il, x), w(p + "post_ffw_norm.weight"), cfg.norm_eps),
+        if FUSED_OPS:
+            # the residual add and the FFN's input norm in one op (add_rms_norm: h + x, as add)
+            x, hn = b.add_rms_norm(h, x, w(p + "ffn_norm.weight"), cfg.norm_eps)
+        else:
+            x, hn = b.add(h, x), None
+        x = f.cb(x, "attn_residual", il)
+        h = f.cb(b.rms_norm(ffn(f, il, x, hn), w(p + "post_ffw_norm.weight"), cfg.norm_eps),
                  "ffn_post_norm", il)
         x = b.add(h, x)
         scale = w.opt(p + "layer_output_scale.weight")

@@ -501,12 +501,44 @@ class CudaBackend(Backend):
         return out
 
     def empty(self, shape, dtype=F32):
-        with self.activate():
-            return cupy.empty(shape, dtype)
+        return self._allocate(cupy.empty, shape, dtype)
 
     def zeros(self, shape, dtype=F32):
+        # KV caches and recurrent states: a session's memory
+        return self._allocate(cupy.zeros, shape, dtype)
+
+    def _allocate(self, make, shape, dtype):
+        """make(shape, dtype) on this device; when it does not fit, the float16 weight copies
+        (a cache of the prompt GEMMs, F16_WEIGHTS) make room, and no more are made; when it
+        still does not fit, one line says so."""
         with self.activate():
-            return cupy.zeros(shape, dtype)
+            try:
+                return make(shape, dtype)
+            except cupy.cuda.memory.OutOfMemoryError:
+                if self.drop_f16_weights():
+                    try:
+                        return make(shape, dtype)
+                    except cupy.cuda.memory.OutOfMemoryError:
+                        pass
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            free, total = cupy.cuda.runtime.memGetInfo()
+            raise CudaError(f"out of GPU memory: {nbytes / 2**20:.0f} MiB do not fit in the "
+                            f"{free / 2**20:.0f} MiB free of {total / 2**30:.1f} GiB on {self.device_name} "
+                            f"(a smaller context, --ctx, or fewer parallel sequences need less)") from None
+
+    def drop_f16_weights(self) -> bool:
+        """Free the float16 weight copies and make no more (prompts then dequantize per call,
+        with the same results). Not while prompt graphs may hold them (OWN_CUBLAS: a captured
+        GEMM reads its copy at every replay). Whether anything was freed."""
+        if not self._f16_copies or self.own_cublas:
+            return False
+        self._f16_copies.clear()
+        self.f16_weight_bytes = 0
+        self._f16_budget = 0
+        with self.activate():
+            self.stream.synchronize()       # no queued GEMM still reads a copy
+            cupy.get_default_memory_pool().free_all_blocks()
+        return True
 
     def synchronize(self):
         self.stream.synchronize()
