@@ -32,7 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
+from ci.mmq_host import (HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host,  # noqa: E402
+                         host_headers, q8_1_blocks)
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
@@ -53,27 +54,7 @@ HOST_HALF
 template <int I, class R, class... A>
 static auto arg(R (*)(A...), void * p) { return (std::tuple_element_t<I, std::tuple<A...>>) p; }
 
-// Every block of a (gx, gy) grid of `threads` threads, one after another, each with `smem`
-// bytes of dynamic shared memory poisoned with 0xFF.
-template <class F>
-static void run_grid(unsigned gx, unsigned gy, unsigned threads, int smem, F fn) {
-    std::vector<unsigned char> sm(smem > 0 ? smem : 16);
-    host_smem = sm.data();
-    std::barrier<> bb(threads); block_bar = &bb;
-    for (unsigned i = 0; i < threads / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {gx, gy, 1};
-    blockDim = {threads, 1, 1};
-    for (unsigned by = 0; by < gy; ++by)
-        for (unsigned bx = 0; bx < gx; ++bx) {
-            std::fill(sm.begin(), sm.end(), (unsigned char) 0xFF);
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < threads; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
-            for (auto & t : th) t.join();
-        }
-    for (unsigned i = 0; i < threads / 32; ++i) delete warp_bar[i];
-}
+HOST_RUN_GRID
 
 #define CALL7(fn, P) { P p; memcpy(&p, params, sizeof p);                                          \
     run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
@@ -114,6 +95,7 @@ def _sources() -> dict[str, str]:
     out["matvec_host.cu"] = (KERNEL_DIR / "matvec_q.cu").read_text()
     out["shim.h"] = SHIM
     out["harness.cpp"] = (HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC).replace("HOST_HALF", HOST_HALF)
+                          .replace("HOST_RUN_GRID", HOST_RUN_GRID)
                           .replace("NTHREADS", str(MAX_THREADS)).replace("MAX_THREADS", str(MAX_THREADS)))
     return out
 

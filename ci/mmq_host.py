@@ -156,6 +156,30 @@ double host_shfl_xor_d(double v, int o) {
 int host_shfl_xor_i(int v, int o) { return (int) (unsigned) exchange((unsigned) v, o); }
 """
 
+# and the grid: every block one after another (after HOST_WARP_SYNC, whose barriers it sets up;
+# host_smem: the dynamic shared memory, poisoned before each block).
+HOST_RUN_GRID = r"""// Every block of a (gx, gy) grid of `threads` threads, one after another, each with `smem`
+// bytes of dynamic shared memory poisoned with 0xFF.
+template <class F>
+static void run_grid(unsigned gx, unsigned gy, unsigned threads, int smem, F fn) {
+    std::vector<unsigned char> sm(smem > 0 ? smem : 16);
+    host_smem = sm.data();
+    std::barrier<> bb(threads); block_bar = &bb;
+    for (unsigned i = 0; i < threads / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {gx, gy, 1};
+    blockDim = {threads, 1, 1};
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::fill(sm.begin(), sm.end(), (unsigned char) 0xFF);
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < threads; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
+            for (auto & t : th) t.join();
+        }
+    for (unsigned i = 0; i < threads / 32; ++i) delete warp_bar[i];
+}
+"""
 
 HARNESS = r"""#include "shim.h"
 #include "mmq_host.cu"

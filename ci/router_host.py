@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers  # noqa: E402
+from ci.mmq_host import HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host, host_headers  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("common.cuh", "matvec.cuh", "params.cuh", "route.cuh")
@@ -39,27 +39,12 @@ uint3h blockIdx, blockDim, gridDim;
 HOST_WARP_SYNC
 HOST_HALF
 
-template <class F>
-static void run_grid(unsigned gx, unsigned gy, unsigned threads, F fn) {
-    std::barrier<> bb(threads); block_bar = &bb;
-    for (unsigned i = 0; i < threads / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {gx, gy, 1};
-    blockDim = {threads, 1, 1};
-    for (unsigned by = 0; by < gy; ++by)
-        for (unsigned bx = 0; bx < gx; ++bx) {
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < threads; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
-            for (auto & t : th) t.join();
-        }
-    for (unsigned i = 0; i < threads / 32; ++i) delete warp_bar[i];
-}
+HOST_RUN_GRID
 
 extern "C" int run_router(const void * w, const void * x, float * logits, float * probs, int * ids,
                           float * weights, unsigned * ticket, const void * params, unsigned gx, unsigned threads) {
     MoeRouterParams p; memcpy(&p, params, sizeof p);
-    run_grid(gx, 1, threads, [=] { moe_router_f32((const u8 *) w, (const float4 *) x, logits, probs, ids,
+    run_grid(gx, 1, threads, 0, [=] { moe_router_f32((const u8 *) w, (const float4 *) x, logits, probs, ids,
                                                   weights, ticket, p); });
     return 0;
 }
@@ -67,7 +52,7 @@ extern "C" int run_router(const void * w, const void * x, float * logits, float 
 extern "C" int run_matmul(const void * w, const void * x, float * y, const void * params, unsigned gx,
                           unsigned gy, unsigned threads) {
     MatVecParams p; memcpy(&p, params, sizeof p);
-    run_grid(gx, gy, threads, [=] { matmul_f32((const u8 *) w, (const float4 *) x, y, p); });
+    run_grid(gx, gy, threads, 0, [=] { matmul_f32((const u8 *) w, (const float4 *) x, y, p); });
     return 0;
 }
 """
@@ -80,6 +65,7 @@ def _sources() -> dict[str, str]:
     out["router_host.cu"] = (KERNEL_DIR / "matvec_f.cu").read_text()
     out["shim.h"] = SHIM
     out["harness.cpp"] = (HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC).replace("HOST_HALF", HOST_HALF)
+                          .replace("HOST_RUN_GRID", HOST_RUN_GRID)
                           .replace("NTHREADS", str(THREADS)))
     return out
 

@@ -49,22 +49,50 @@ def test_pack_fills_every_field():
         pack("QuantizeParams", n_rows=1, k=32, extra=1)
 
 
-def _kernel_bodies():
-    """(file, kernel name, text of its body up to PDL_ENTRY or None) of every __global__
-    function under kernels/, macro-defined ones included."""
+def _kernel_bodies(sources=None):
+    """(file, kernel name, text of its body up to PDL_ENTRY or None, its pointer parameters)
+    of every __global__ function under kernels/ (or of `sources`: {name: text}), macro-defined
+    ones included."""
     import re
     from pathlib import Path
+    if sources is None:
+        sources = {path.name: path.read_text()
+                   for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.cu*"))}
     out = []
-    for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.cu*")):
-        text = re.sub(r"//[^\n]*", "", path.read_text())
+    for name, text in sources.items():
+        text = re.sub(r"//[^\n]*", "", text)
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S).replace("\\\n", "\n")
         for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+(?:##\w+)?)\s*\(", text):
+            params = text[m.end():text.index(")", m.end())]
+            pointers = {re.findall(r"\w+", q)[-1] for q in params.split(",") if "*" in q}
             body = text[text.index("{", m.end()) + 1:]
             cut = body.find("PDL_ENTRY();")
             nxt = body.find("__global__")
             head = body[:cut] if cut >= 0 and (nxt < 0 or cut < nxt) else None
-            out.append((path.name, m.group(1), head))
+            out.append((name, m.group(1), head, pointers))
     return out
+
+
+# What may come before PDL_ENTRY: arithmetic on the launch's indices and parameters, and L2
+# prefetches of weights (read-only for the whole run, so no predecessor writes them), whose
+# pointer parameters are named w* by convention.
+PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "min", "max", "if"}
+
+
+def _pre_pdl_violations(bodies):
+    import re
+    bad = []
+    for f, k, head, pointers in bodies:
+        if head is None:
+            continue
+        why = [tok for tok in ("[", "->", "__shared__") if tok in head]
+        why += [f"calls {c}" for c in re.findall(r"(\w+)\s*\(", head) if c not in PRE_PDL_CALLS
+                and c not in ("long", "int", "unsigned", "float", "double")]
+        why += [f"reads {ptr}" for ptr in sorted(pointers) if not ptr.startswith("w")
+                and re.search(rf"(?<![.\w]){ptr}\b", head)]       # not a member: blockIdx.x
+        if why:
+            bad.append(f"{f}:{k} ({', '.join(why)})")
+    return bad
 
 
 def test_every_kernel_begins_with_pdl_entry():
@@ -72,10 +100,39 @@ def test_every_kernel_begins_with_pdl_entry():
     before the previous one ends, and only PDL_ENTRY (griddepcontrol.wait) makes it wait for
     that one's writes. A kernel that touched memory before it would race with its
     predecessor; so every kernel begins with PDL_ENTRY, with at most pure arithmetic and
-    L2 prefetches of weights (prefetch_l2_span / prefetch_unit) before it."""
+    L2 prefetches of weights (prefetch_l2_span / prefetch_unit) before it: no indexing, no
+    calls but those, and no pointer parameter named there but the weights'."""
     bodies = _kernel_bodies()
     assert len(bodies) >= 40, f"found only {len(bodies)} kernels: the scan is broken"
-    missing = [f"{f}:{k}" for f, k, head in bodies if head is None]
+    missing = [f"{f}:{k}" for f, k, head, _ in bodies if head is None]
     assert not missing, f"kernels without PDL_ENTRY: {missing}"
-    touching = [f"{f}:{k}" for f, k, head in bodies if any(tok in head for tok in ("[", "->", "__shared__"))]
-    assert not touching, f"kernels that read or write memory before PDL_ENTRY: {touching}"
+    bad = _pre_pdl_violations(bodies)
+    assert not bad, f"kernels that read or write memory before PDL_ENTRY: {bad}"
+
+
+def test_the_pdl_lint_sees_reads_before_pdl_entry():
+    # the lint's own teeth, on kernels written to break it: a dereference of an activation
+    # pointer, a call that could read memory, an index; a weight prefetch passes
+    src = {"t.cu": """
+extern "C" __global__ void __launch_bounds__(128) deref(const float * __restrict__ x, float * y, const P p) {
+    const float v = *x;
+    PDL_ENTRY();
+}
+extern "C" __global__ void call(const u8 * w, const float * x, const P p) {
+    warm(w);
+    PDL_ENTRY();
+}
+extern "C" __global__ void index(const float * x, const P p) {
+    const int i = p.n + blockIdx.x;
+    float a = x[i];
+    PDL_ENTRY();
+}
+extern "C" __global__ void fine(const u8 * w0, const float * x, const P p) {
+    prefetch_l2_span(w0 + blockIdx.x * p.row_bytes, (long long) min(4, p.n) * p.row_bytes);
+    PDL_ENTRY();
+    y[0] = x[0];
+}
+"""}
+    bad = _pre_pdl_violations(_kernel_bodies(src))
+    assert [b.split(" ")[0] for b in bad] == ["t.cu:deref", "t.cu:call", "t.cu:index"], bad
+    assert "reads x" in bad[0] and "calls warm" in bad[1] and "[" in bad[2], bad
