@@ -84,12 +84,14 @@ if [ "${1:-1}" = 3 ]; then
 fi
 
 if [ "${1:-1}" = 4 ]; then
+    echo "== 5b. issue 8's Q4_K mat-vec bar (>= 75 % of the copy bandwidth): the mat-vec kernels alone"
+    timeout 60 python3 ci/gpu_speed.py 2>&1 | tail -12
     echo "== 5a. where the 30B-A3B's prompt goes (0.67x llama.cpp): GPU time by kernel (CUPTI)"
     timeout 70 python3 ci/gpu_profile.py torch prefill "$dir/qwen3-30b-a3b.gguf" 512 2>&1 | head -30
     echo "== 5. side by side, REPS=3 (the defaults), each repetition's figure in the JSON files"
     bash ci/gpu_llama_builds.sh wait 120 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
     # DROP=1: each file goes once both engines have read it, so that the 35B-A3B's fits the disk
-    LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 timeout 480 \
+    LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 timeout 420 \
         bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 | grep -v "^WARNING"
     for f in "$out"/brass-*.json; do
         echo "$f: $(python3 -c 'import json, sys; print([[round(x) for x in r["samples"]] for r in json.load(open(sys.argv[1]))])' "$f" 2>&1)"
