@@ -430,7 +430,8 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
     compositions, so the logits of a prefill and the decode steps after it are bit for bit
     those without it (the CUDA kernels are held to the compositions' bounds by
     test_kernels_model.py's lockstep); only the SWA layers take rope_store (the full ones keep
-    rope_ff), and every layer add_rms_norm."""
+    rope_ff), and every layer add_rms_norm (a MoE layer twice: its branches' sum with
+    post_ffw_norm too)."""
     from engine.arch import gemma4
     m = dense if which == "dense" else moe
     ids = [int(t) for t in rng.integers(0, m.config.n_vocab, 12)]
@@ -456,4 +457,8 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
     assert 0 < n_swa < m.config.n_layer, "the synthetic model has both kinds of layer"
     assert len(calls) == 3 * n_swa, (len(calls), n_swa)
     assert all(kw["base"] == m.config.rope_base_swa for kw in calls)
-    assert len(norms) == 3 * m.config.n_layer
+    # every layer's add before its FFN, and a MoE layer's sum of its two branches before
+    # post_ffw_norm
+    n_moe = sum(f"blk.{il}.ffn_gate_inp.weight" in m.gguf.tensors for il in range(m.config.n_layer))
+    assert (n_moe == 0) == (which == "dense")
+    assert len(norms) == 3 * (m.config.n_layer + n_moe)

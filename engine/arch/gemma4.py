@@ -58,7 +58,8 @@ FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "1") not in ("", "0")
 # cache writes as one rope_store (one kernel on the GPU instead of six: q norm, k norm, two
 # ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), and the residual add
 # after attention with the FFN's input norm as one add_rms_norm (which also writes the Q8_1
-# blocks the FFN's mat-vecs read: two kernels fewer per layer). The same numbers on the numpy
+# blocks the FFN's mat-vecs read: two kernels fewer per layer), and a MoE layer's sum of its
+# dense and routed branches with post_ffw_norm as another (one fewer). The same numbers on the numpy
 # backend, whose fused ops are those compositions. Full layers keep rope_ff (their frequency
 # factors); the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches them)
 # are then not traced on SWA layers.
@@ -200,18 +201,28 @@ def ffn_norm_name(f: common.Forward, il: int) -> str:
 
 
 def ffn(f: common.Forward, il: int, x, h=None):
-    """The FFN of layer `il` on the residual `x` → `[T, D]`, before post_ffw_norm; `h`: x
+    """The FFN of layer `il` on the residual `x` → `[T, D]`, normed by post_ffw_norm; `h`: x
     normed by ffn_norm.weight already (add_rms_norm), else normed here."""
     b, cfg, w = f.b, f.cfg, f.w
     p = f"blk.{il}."
+    post = w(p + "post_ffw_norm.weight")
     if h is None:
         h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps)
     h = f.cb(h, ffn_norm_name(f, il), il)
     if p + "ffn_gate_inp.weight" not in w:
-        return f.cb(common.ffn(f, il, h, gelu=True), "ffn_out", il)
+        out = f.cb(common.ffn(f, il, h, gelu=True), "ffn_out", il)
+        return f.cb(b.rms_norm(out, post, cfg.norm_eps), "ffn_post_norm", il)
     dense = common.ffn(f, il, h, gelu=True)
     dense = f.cb(b.rms_norm(dense, w(p + "post_ffw_norm_1.weight"), cfg.norm_eps), "ffn_mlp", il)
-    return f.cb(b.add(dense, experts(f, il, x)), "ffn_moe_combined", il)
+    routed = experts(f, il, x)
+    if FUSED_OPS:
+        # the two branches' sum and post_ffw_norm in one op (add_rms_norm: dense + routed, as add)
+        out, normed = b.add_rms_norm(dense, routed, post, cfg.norm_eps)
+    else:
+        out = b.add(dense, routed)
+        normed = None
+    out = f.cb(out, "ffn_moe_combined", il)
+    return f.cb(b.rms_norm(out, post, cfg.norm_eps) if normed is None else normed, "ffn_post_norm", il)
 
 
 def forward(f: common.Forward, ids, out_rows=None):
@@ -230,9 +241,7 @@ def forward(f: common.Forward, ids, out_rows=None):
         else:
             x, hn = b.add(h, x), None
         x = f.cb(x, "attn_residual", il)
-        h = f.cb(b.rms_norm(ffn(f, il, x, hn), w(p + "post_ffw_norm.weight"), cfg.norm_eps),
-                 "ffn_post_norm", il)
-        x = b.add(h, x)
+        x = b.add(ffn(f, il, x, hn), x)
         scale = w.opt(p + "layer_output_scale.weight")
         if scale is not None:
             x = b.mul(x, scale)
