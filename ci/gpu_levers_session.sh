@@ -75,6 +75,8 @@ if [ "${1:-1}" = 3 ]; then
     BRASS_GEMMA4_FUSED_OPS=1 timeout 100 python3 -m pytest conformance/test_kernels_model.py conformance/test_decode_graph.py \
         conformance/test_batch.py conformance/test_gemma4.py -k gemma4 -q -rfE -n 12 -p no:cacheprovider > "$out/rope-store.log" 2>&1
     echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/rope-store.log" | head -10; tail -1 "$out/rope-store.log"
+    echo "gemma-4-26b-a4b tg128 with both switches: $(BRASS_GEMMA4_FUSED_OPS=1 BRASS_FUSED_ROUTER=1 timeout 60 \
+        python3 -m engine bench "$dir/gemma-4-26b-a4b.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
     for r in 0 1 0 1; do
         echo "gemma-4-26b-a4b tg128 BRASS_GEMMA4_FUSED_OPS=$r: $(BRASS_GEMMA4_FUSED_OPS=$r timeout 60 python3 -m engine bench \
             "$dir/gemma-4-26b-a4b.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"

@@ -162,9 +162,11 @@ def experts(f: common.Forward, il: int, x):
     r = b.scale(b.rms_norm(x, None, cfg.norm_eps),
                 float(np.float32(1) / np.sqrt(np.float32(cfg.n_embd))))
     r = b.mul(r, w(p + "ffn_gate_inp.scale"))
-    logits = f.cb(b.matmul(r, w(p + "ffn_gate_inp.weight")), "ffn_moe_logits", il)
-    probs, ids, weights = b.moe_route(logits, cfg.n_expert_used, cfg.expert_weights_norm,
-                                      cfg.expert_weights_scale)
+    # the router's mat-vec and its softmax / top-k as one op (one launch on the GPU with
+    # BRASS_FUSED_ROUTER)
+    logits, probs, ids, weights = b.moe_gate(r, w(p + "ffn_gate_inp.weight"), cfg.n_expert_used,
+                                             cfg.expert_weights_norm, cfg.expert_weights_scale)
+    f.cb(logits, "ffn_moe_logits", il)
     f.cb(probs, "ffn_moe_probs", il)
     f.cb(ids, "ffn_moe_topk", il)
     f.cb(weights, "ffn_moe_weights_norm", il)
