@@ -31,7 +31,8 @@ GREEDY_CHUNK = 8
 # length the model has read before is captured (PromptStep) by the session reading it and
 # replayed the next times, instead of a few hundred launches of Python: a small model's prompt
 # on the GPU is bound by them (the Qwen3-0.6B shape's pp512 took ~21 ms of wall for ~13 ms of
-# GPU time on the H200; a server's short prompts ~35 ms each, ~50 us of host time per launch). A session keeps PROMPT_GRAPHS_KEPT.
+# GPU time on the H200; a server's short prompts ~35 ms each, ~50 us of host time per launch).
+# A session keeps PROMPT_GRAPHS_KEPT.
 PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "0") not in ("", "0")
 PROMPT_GRAPHS_KEPT = 4
 # Each prompt graph holds its prompt's peak working set (its own memory pool); a session's
