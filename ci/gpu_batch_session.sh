@@ -12,10 +12,8 @@
 #   run(command="bash ci/gpu_batch_session.sh", carry=[".whl", ".stage/llama-bin-11434-src.tar.xz"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-.}"
-export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 . ci/gpu_lib.sh
-brass_wheels
+brass_env
 llama_build "$out/llama-build.log" 8 llama-server
 build=$LLAMA_BUILD_PID
 src=$LLAMA_SRC_DIR

@@ -22,11 +22,8 @@
 #   run(command="bash ci/gpu_levers_session.sh 4", carry=[".whl", ".stage"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-.}"
-export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 . ci/gpu_lib.sh
-brass_wheels
-dir=/tmp/brass-shapes
+brass_env
 
 if [ "${1:-1}" = 1 ]; then
     bash ci/gpu_llama_builds.sh start

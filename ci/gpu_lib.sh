@@ -8,7 +8,18 @@
 #   build the targets with CUDA for sm_90 in the background (~4.5 min on 16 cores); its PID is
 #   LLAMA_BUILD_PID, the binaries land in $LLAMA_SRC_DIR/llama.cpp/build/bin.
 
+# brass_env: what every session script starts with (from the repository root): $out (the
+#   runner's result folder, else .), $dir (the shape-true files), the environment the engine and
+#   the tests run offline in, the carried wheels.
+
 LLAMA_SRC_DIR=/tmp/llama-src
+
+brass_env() {
+    out="${OUT:-.}"
+    dir=/tmp/brass-shapes
+    export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    brass_wheels
+}
 
 brass_wheels() {
     if compgen -G ".whl/*.whl" > /dev/null; then

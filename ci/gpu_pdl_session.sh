@@ -11,12 +11,9 @@
 #   run(command="bash ci/gpu_pdl_session.sh", carry=[".whl", ".stage"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-.}"
-export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 . ci/gpu_lib.sh
-brass_wheels
+brass_env
 bash ci/gpu_llama_builds.sh start
-dir=/tmp/brass-shapes
 (for s in qwen3-0.6b qwen3-8b; do python3 ci/shape_models.py $s $dir; done > "$out/shape-dense.log" 2>&1) &
 dense=$!
 

@@ -10,10 +10,8 @@
 #   run(command="bash ci/gpu_serving_session.sh", carry=[".whl", ".stage/llama-bin-11434-src.tar.xz"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-.}"
-export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 . ci/gpu_lib.sh
-brass_wheels
+brass_env
 llama_build "$out/llama-build.log" 8 llama-server llama-bench
 build=$LLAMA_BUILD_PID
 src=$LLAMA_SRC_DIR

@@ -190,6 +190,23 @@ static std::barrier<> *warp_bar[MMQ_THREADS / 32];
 static int A[MMQ_THREADS][4], B[MMQ_THREADS][2];
 void __syncthreads() { block_bar->arrive_and_wait(); }
 HOST_HALF_DEFS
+// Every block of a (gx, gy) grid of MMQ_THREADS threads, one after another.
+template <class F>
+static void run_blocks(unsigned gx, unsigned gy, F fn) {
+    std::barrier<> bb(MMQ_THREADS); block_bar = &bb;
+    for (int i = 0; i < MMQ_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {gx, gy, 1};
+    blockDim = {MMQ_THREADS, 1, 1};
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < MMQ_THREADS; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(); });
+            for (auto & t : th) t.join();
+        }
+    for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
+}
 float host_shfl_xor(float, int) { abort(); }  // unused by mmq.cu
 double host_shfl_xor_d(double, int) { abort(); }
 // PTX ISA fragment layouts (as mmq.cu's comments state them), g = lane / 4, t = lane % 4:
@@ -230,19 +247,8 @@ extern "C" int run_mmq(const char * name, const u8 * w, const block_q8_1 * x, fl
     for (int i = 0; i < 9; ++i) if (!strcmp(name, names[i])) fn = fns[i];
     if (!fn) return 1;
     MmqParams p{}; p.n_rows = n_rows; p.k = k; p.n_tokens = n_tokens; p.row_bytes = row_bytes;
-    std::barrier<> bb(MMQ_THREADS); block_bar = &bb;
-    for (int i = 0; i < MMQ_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {(unsigned) ((n_rows + MMQ_ROWS - 1) / MMQ_ROWS), (unsigned) ((n_tokens + MMQ_COLS - 1) / MMQ_COLS), 1};
-    blockDim = {MMQ_THREADS, 1, 1};
-    for (unsigned by = 0; by < gridDim.y; ++by)
-        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < MMQ_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(w, x, y, p); });
-            for (auto & t : th) t.join();
-        }
-    for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
+    run_blocks((n_rows + MMQ_ROWS - 1) / MMQ_ROWS, (n_tokens + MMQ_COLS - 1) / MMQ_COLS,
+               [=] { fn(w, x, y, p); });
     return 0;
 }
 // moe_plan then mmq_id_<name> (a prompt's expert mat-mul): blocks run one after another, the
@@ -269,19 +275,7 @@ extern "C" int run_mmq_id(const char * name, const u8 * w, const block_q8_1 * x,
     MmqIdParams p{}; p.n_rows = n_rows; p.k = k; p.n_slots = n_slots; p.n_used = n_used;
     p.row_bytes = row_bytes; p.expert_bytes = (long long) n_rows * row_bytes; p.n_experts = n_experts;
     p.x_per_slot = x_per_slot; p.max_tiles = max_tiles;
-    std::barrier<> bb(MMQ_THREADS); block_bar = &bb;
-    for (int i = 0; i < MMQ_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {(unsigned) ((n_rows + MMQ_ROWS - 1) / MMQ_ROWS), (unsigned) (max_tiles + 1), 1};
-    blockDim = {MMQ_THREADS, 1, 1};
-    for (unsigned by = 0; by < gridDim.y; ++by)
-        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < MMQ_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(w, x, plan, y, p); });
-            for (auto & t : th) t.join();
-        }
-    for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
+    run_blocks((n_rows + MMQ_ROWS - 1) / MMQ_ROWS, max_tiles + 1, [=] { fn(w, x, plan, y, p); });
     return 0;
 }
 extern "C" int mmq_cols() { return MMQ_COLS; }

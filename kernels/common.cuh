@@ -93,6 +93,21 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
     return v;
 }
 
+// Sum of a double over the block (THREADS threads; every thread gets it), the order rms_norm,
+// add_rms_norm, rope_store's head norms and the router's softmax sum in: per warp by shuffles,
+// then the warps' partial sums one after another. `partial` holds one double per warp.
+template <int THREADS>
+__device__ __forceinline__ double block_sum_f64(double v, double * partial) {
+    v = warp_sum_f64(v);
+    __syncthreads();     // partial may still be read by a previous call
+    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads();
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < THREADS / WARP_SIZE; ++i) s += partial[i];
+    return s;
+}
+
 // Sum over a whole thread block (blockDim.x a multiple of 32, at most 1024); every thread
 // gets the result. `scratch` holds 32 floats of shared memory.
 __device__ __forceinline__ float block_sum(float v, float * scratch) {

@@ -18,20 +18,6 @@
 // shape: 261.2 and 262.5 tok/s, 2026-12-01).
 #define ROUTE_THREADS 128
 
-// Sum of a double over the block, in the order norm.cu's rms_norm uses: per warp by shuffles,
-// then the warps' partial sums one after another. `partial` holds one double per warp.
-template <int THREADS>
-__device__ __forceinline__ double block_sum_f64(double v, double * partial) {
-    v = warp_sum_f64(v);
-    __syncthreads();     // partial may still be read by a previous call
-    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = v;
-    __syncthreads();
-    double s = 0.0;
-#pragma unroll
-    for (int i = 0; i < THREADS / WARP_SIZE; ++i) s += partial[i];
-    return s;
-}
-
 // One block per row. Element i is handled by thread i % 1024 in every pass, so a warp holds
 // whole 32-value blocks in lane order and quantizes them as the quantize kernel would.
 extern "C" __global__ void __launch_bounds__(FUSED_NORM_THREADS)

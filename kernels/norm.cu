@@ -18,12 +18,7 @@ rms_norm(const float * __restrict__ x, const float * __restrict__ w, float * __r
         ss += v * v;
     }
     __shared__ double partial[NORM_THREADS / WARP_SIZE];
-    ss = warp_sum_f64(ss);
-    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
-    __syncthreads();
-    ss = 0.0;
-#pragma unroll
-    for (int i = 0; i < NORM_THREADS / WARP_SIZE; ++i) ss += partial[i];
+    ss = block_sum_f64<NORM_THREADS>(ss, partial);
     const float mean = (float) (ss / p.n_cols);
     const float scale = 1.0f / sqrtf(__fadd_rn(mean, p.eps));
     for (int i = threadIdx.x; i < p.n_cols; i += NORM_THREADS) {

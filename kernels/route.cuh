@@ -21,12 +21,7 @@ __device__ __forceinline__ void softmax_row(const float * xr, float * __restrict
         yr[i] = e;
         sum += e;
     }
-    sum = warp_sum_f64(sum);
-    if (threadIdx.x % WARP_SIZE == 0) scratch_d[threadIdx.x / WARP_SIZE] = sum;
-    __syncthreads();
-    sum = 0.0;
-#pragma unroll
-    for (int w = 0; w < THREADS / WARP_SIZE; ++w) sum += scratch_d[w];
+    sum = block_sum_f64<THREADS>(sum, scratch_d);
     for (int i = threadIdx.x; i < n; i += THREADS) yr[i] = (float) (yr[i] / sum);
 }
 
