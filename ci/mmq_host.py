@@ -49,7 +49,7 @@ using std::min; using std::max;
 #define __host__
 #define __forceinline__ inline
 #define __global__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) alignas(n)
 struct uint3h { unsigned x, y, z; };
@@ -279,6 +279,7 @@ extern "C" int run_mmq_id(const char * name, const u8 * w, const block_q8_1 * x,
     return 0;
 }
 extern "C" int mmq_cols() { return MMQ_COLS; }
+extern "C" int mmq_rows() { return MMQ_ROWS; }
 """
 
 
@@ -294,9 +295,11 @@ def host_headers(names) -> dict[str, str]:
     return out
 
 
-def _sources() -> dict[str, str]:
+def _sources(defines: tuple[str, ...] = ()) -> dict[str, str]:
     out = host_headers(HEADERS)
-    s = (KERNEL_DIR / "mmq.cu").read_text()
+    # a variant of the tiles (ci/gpu_tune_mmq.py's -D options: "MMQ_KB=4", ...) as #defines
+    # ahead of the source, which only sets what is not defined already
+    s = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines) + (KERNEL_DIR / "mmq.cu").read_text()
     s, n1 = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k32.*?"r"\(b0\), "r"\(b1\)\);',
                     "host_mma_k32(d, a0, a1, a2, a3, b0, b1);", s, flags=re.S)
     s, n2 = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k16.*?"r"\(b0\)\);',
@@ -331,9 +334,10 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def build() -> ctypes.CDLL:
-    """Compile (or reuse) the CPU build of mmq.cu; raises RuntimeError without g++."""
-    so = compile_host(_sources(), "mmq", "mmq.cu")
+def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of mmq.cu (with `defines`, "NAME=VALUE" each);
+    raises RuntimeError without g++."""
+    so = compile_host(_sources(tuple(defines)), "mmq", "mmq.cu")
     so.run_mmq.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong]
     so.run_mmq_id.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + \

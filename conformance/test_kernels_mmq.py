@@ -232,6 +232,41 @@ def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
     check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
 
 
+# Tile variants ci/gpu_tune_mmq.py times on the GPU (each #define of kernels/mmq.cu it may
+# change): every one must compute what the default does, term for term.
+MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
+                ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
+                ("MMQ_ROWS=32", "MMQ_COLS=64", "MMQ_THREADS=64"))
+
+
+@pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0), ids=tname)
+def test_mmq_variants_on_the_cpu(rng, tmp_path, qtype, defines):
+    # The variants on the CPU against the default build, bit for bit: the same integer products
+    # and the same float sums in K order per output, whatever the tile (a variant that mixed
+    # columns, dropped a partial chunk or misplaced a warp's rows would differ). Both kernels:
+    # mmq on ragged tiles, moe_plan + mmq_id on skewed routing.
+    from ci import mmq_host
+    try:
+        base_lib, lib = mmq_host.build(), mmq_host.build(defines)
+    except RuntimeError as e:
+        pytest.skip(f"no CPU build of mmq.cu: {e}")
+    N, K, T = (70, 768, 45) if base.MMQ_BLOCK[int(qtype)] == 256 else (70, 288, 45)
+    gf, x = _case(tmp_path, rng, qtype, (N, K, T))
+    raw = gf.tensor_bytes("w").reshape(N, -1)
+    want = mmq_host.mmq(base_lib, qtype, raw, x)
+    assert not np.isnan(want).any()
+    assert np.array_equal(mmq_host.mmq(lib, qtype, raw, x), want), f"mmq with {defines} differs from the default"
+    E, k = 5, 3
+    shape = (E, 70, K, 90, k, False)         # ~54 slots per expert: two tiles of 32 columns
+    gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
+    raw = gf.tensor_bytes("w").reshape(E * 70, -1)
+    want = mmq_host.mmq_id(base_lib, qtype, raw, x, ids, E)
+    assert np.isnan(want).sum() == 2 * 70, "the two out-of-range slots' rows only"
+    got = mmq_host.mmq_id(lib, qtype, raw, x, ids, E)
+    assert np.array_equal(got, want, equal_nan=True), f"mmq_id with {defines} differs from the default"
+
+
 @needs_cuda
 @pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
 def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property):

@@ -161,13 +161,15 @@ def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypat
     assert not s.prompt_graphs and not s._prompt_steps
 
 
-def test_off_by_default(monkeypatch):
-    # off until measured on a GPU: BRASS_PROMPT_GRAPHS turns it on, read at import
+def test_on_by_default(monkeypatch):
+    # on since the whole GPU suite passed with it (2026-12-01); BRASS_PROMPT_GRAPHS=0 turns it
+    # off, read at import, and the backend's own cuBLAS handle follows it
     import os
     import subprocess
     import sys
-    code = "from engine import model; print(model.PROMPT_GRAPHS)"
-    for env, want in ((None, "False"), ("1", "True"), ("0", "False")):
+    code = ("from engine import model; from engine.backends.cuda import backend; "
+            "print(model.PROMPT_GRAPHS and backend.OWN_CUBLAS, model.PROMPT_GRAPHS or backend.OWN_CUBLAS)")
+    for env, want in ((None, "True True"), ("1", "True True"), ("0", "False False")):
         e = {k: v for k, v in os.environ.items() if k != "BRASS_PROMPT_GRAPHS"}
         if env is not None:
             e["BRASS_PROMPT_GRAPHS"] = env

@@ -26,14 +26,15 @@ DEFAULT_CTX = 4096
 # steps, two chunks in flight: the device never waits for Python, and a stop (end of
 # generation) wastes at most two chunks of steps.
 GREEDY_CHUNK = 8
-# BRASS_PROMPT_GRAPHS=1 (off until the whole GPU suite has run with it on; the Qwen3-0.6B
-# shape's pp512 on the H200, 12 repetitions: 31,048 tok/s eager, 90,086 with it): a prompt of a
-# length the model has read before is captured (PromptStep) by the session reading it and
-# replayed the next times, instead of a few hundred launches of Python: a small model's prompt
-# on the GPU is bound by them (the Qwen3-0.6B shape's pp512 took ~21 ms of wall for ~13 ms of
-# GPU time on the H200; a server's short prompts ~35 ms each, ~50 us of host time per launch).
+# Prompt graphs, on unless BRASS_PROMPT_GRAPHS=0: a prompt of a length the model has read
+# before is captured (PromptStep) by the session reading it and replayed the next times,
+# instead of a few hundred launches of Python: a small model's prompt on the GPU is bound by
+# them (the Qwen3-0.6B shape's pp512 took ~21 ms of wall for ~13 ms of GPU time on the H200;
+# a server's short prompts ~35 ms each, ~50 us of host time per launch). On the H200
+# (2026-12-01, `brass bench -r 8`, every repetition within 8 % of the mean): Qwen3-0.6B pp512
+# ~22,000 -> ~94,000 tok/s, Qwen3-8B ~12,400 -> ~26,900; the whole GPU suite passed with it on.
 # A session keeps PROMPT_GRAPHS_KEPT.
-PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "0") not in ("", "0")
+PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
 PROMPT_GRAPHS_KEPT = 4
 # Each prompt graph holds its prompt's peak working set (its own memory pool); a session's
 # graphs together hold at most BRASS_PROMPT_GRAPHS_MB (default below): the oldest make room

@@ -42,6 +42,14 @@ __device__ __forceinline__ void prefetch_l2_span(const void * p, const long long
 #endif
 }
 
+// The same from one thread: the 128-byte lines that [p, p + n) touches.
+__device__ __forceinline__ void prefetch_l2_bytes(const void * p, const long long n) {
+#if defined(__CUDA_ARCH__)
+    const char * c = (const char *) ((size_t) p & ~(size_t) 127);
+    for (; c < (const char *) p + n; c += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(c));
+#endif
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -22,10 +22,28 @@
 // memory) and are not written. Needs sm_80 (int8 m16n8k32 mma).
 #include "matvec_q.cuh"
 
+// (each #ifndef: ci/gpu_tune_mmq.py compiles variants; the backend reads these defaults)
+#ifndef MMQ_ROWS
 #define MMQ_ROWS 64          // weight rows per block (2 warps x 32)
+#endif
+#ifndef MMQ_COLS
 #define MMQ_COLS 64          // tokens per block (2 warps x 32)
+#endif
+#ifndef MMQ_THREADS
 #define MMQ_THREADS 128      // 4 warps: 2 over rows x 2 over tokens
+#endif
+#define MMQ_WARPS_R (MMQ_ROWS / 32)     // warps over the tile's rows (each 32 rows x 32 tokens)
+static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROWS * MMQ_COLS / 32,
+              "mmq: a warp per 32 rows x 32 tokens of the tile");
+#ifndef MMQ_KB
 #define MMQ_KB 8             // blocks of 32 per K chunk (256 values)
+#endif
+#ifndef MMQ_MIN_BLOCKS
+#define MMQ_MIN_BLOCKS 1     // resident blocks per SM asked of ptxas (__launch_bounds__): a register cap
+#endif
+#ifndef MMQ_PREFETCH
+#define MMQ_PREFETCH 0       // 1: while a chunk is multiplied, ask L2 for the next chunk's weight bytes
+#endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
                                       // 8 rows x 4 ints of a fragment load land on 32 banks
 
@@ -173,7 +191,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
     const int row0 = blockIdx.x * MMQ_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / 4, t = lane % 4;
-    const int wr = (warp % 2) * 32, wc = (warp / 2) * 32;     // this warp's rows and tokens in the tile
+    const int wr = (warp % MMQ_WARPS_R) * 32, wc = (warp / MMQ_WARPS_R) * 32;   // this warp's rows and tokens
     const int nb = p.k / QK8_1;                               // blocks of 32 per row
 
     float acc[2][4][4];
@@ -217,6 +235,17 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
             }
         }
         __syncthreads();
+#if MMQ_PREFETCH
+        // The next chunk's weight bytes (a row's blocks kb0 + MMQ_KB ..: the span they fall in,
+        // to the row's end at most) are asked of L2 now, so that its unpack, after this chunk's
+        // products, finds them there instead of waiting on DRAM. Weights only (see PDL_ENTRY).
+        if (kb0 + MMQ_KB < nb && threadIdx.x < MMQ_ROWS) {
+            const u8 * row = w + (i64) min(row0 + (int) threadIdx.x, p.n_rows - 1) * p.row_bytes;
+            const i64 lo = (i64) p.row_bytes * (kb0 + MMQ_KB) / nb;
+            const i64 hi = min((i64) p.row_bytes, (i64) p.row_bytes * (kb0 + 2 * MMQ_KB) / nb + 1);
+            prefetch_l2_bytes(row + lo, hi - lo);
+        }
+#endif
 
         for (int kb = 0; kb < n_kb; ++kb) {
             int a[2][4], b[4][2];
@@ -360,13 +389,13 @@ __device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8
 }
 
 #define DEFINE_MMQ(name, TYPE)                                                                     \
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                          \
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)                          \
 mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
            const MmqParams p) {                                                                    \
     PDL_ENTRY();                                                                                   \
     mmq_tile<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr);                    \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                          \
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)                          \
 mmq_id_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,                        \
               const int * __restrict__ plan, float * __restrict__ y, const MmqIdParams p) {        \
     PDL_ENTRY();                                                                                   \

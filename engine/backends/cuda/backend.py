@@ -112,7 +112,7 @@ ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "1") not in ("", "0")
 # CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
 # handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
 # replayed prompt computes what an eager one does).
-OWN_CUBLAS = os.environ.get("BRASS_PROMPT_GRAPHS", "0") not in ("", "0")
+OWN_CUBLAS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
