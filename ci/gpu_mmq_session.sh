@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# One GPU call (the fifth session of 2026-12-01, with ~10 minutes of device time left):
-#   1. the MoE prompt's expert mat-muls in tile variants (ci/gpu_tune_mmq.py --apply: the
-#      fastest variant that equals the default bit for bit, if >= 5 % faster per layer, is
-#      written into this copy's kernels/mmq.cu);
-#   2. why BRASS_GEMMA4_FUSED_OPS=1 fails the lockstep (ci/gpu_gemma4_fused_ops_probe.py);
-#   3. the whole suite on that tree (prompt graphs now on by default);
+# One GPU call: the MoE prompt's expert mat-mul tiles measured, the best applied, the suite on it.
+#   1. the expert mat-muls in tile variants (ci/gpu_tune_mmq.py --apply: the fastest variant
+#      that equals the default bit for bit, if >= 5 % faster per layer, is written into this
+#      copy's kernels/mmq.cu); since the fifth session of 2026-12-01 with MMQ_PACKED's variants
+#      (mmq_tile_packed: half the shared-memory wavefronts, written after ncu showed the tile
+#      bound by them; bit for bit the default on the CPU, never yet run on a GPU);
+#   2. why BRASS_GEMMA4_FUSED_OPS=1 failed the lockstep (ci/gpu_gemma4_fused_ops_probe.py);
+#   3. the whole suite on that tree;
 #   4. the Qwen3-30B-A3B shape's pp512 with the default tiles and the chosen ones, alternated;
 #   5. ncu on the chosen tiles' Q4_K expert mat-mul (stall reasons, occupancy), time allowing.
-# No llama.cpp build: beside it the suite took 386 s instead of 250 (call 1 and 2 of the day).
+# A chosen variant lands by writing the same #define values into kernels/mmq.cu (the printed
+# diff, mmq-applied.diff) and committing it with the suite's summary line.
+# No llama.cpp build: beside it the suite took 386 s instead of 250 (calls 1 and 2 of that day).
 #   run(command="bash ci/gpu_mmq_session.sh", carry=[".whl", ".stage"])
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -48,6 +48,13 @@ VARIANTS = {
     "64x32": ("MMQ_COLS=32", "MMQ_THREADS=64"),
     "32x64": ("MMQ_ROWS=32", "MMQ_THREADS=64"),
     "128x64 kb4": ("MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
+    # mmq_tile_packed: fewer, wider shared-memory loads (the default's limit, ncu: L1/TEX 78 %)
+    "packed": ("MMQ_PACKED=1",),
+    "packed prefetch": ("MMQ_PACKED=1", "MMQ_PREFETCH=1"),
+    "packed kb4": ("MMQ_PACKED=1", "MMQ_KB=4"),
+    "packed kb4 cap5": ("MMQ_PACKED=1", "MMQ_KB=4", "MMQ_MIN_BLOCKS=5"),
+    "packed 128x32 kb4": ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
+    "packed 128x64 kb4": ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
 }
 
 

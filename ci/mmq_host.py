@@ -56,12 +56,15 @@ struct uint3h { unsigned x, y, z; };
 extern thread_local uint3h threadIdx;
 extern uint3h blockIdx, blockDim, gridDim;
 struct int4 { int x, y, z, w; };
+struct int2 { int x, y; };
 struct float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+inline int2 make_int2(int a, int b) { return {a, b}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 inline int atomicAdd(int * p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 inline int __dp4a(int a, int b, int c) {

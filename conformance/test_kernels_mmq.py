@@ -236,7 +236,21 @@ def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
 # change): every one must compute what the default does, term for term.
 MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
-                ("MMQ_ROWS=32", "MMQ_COLS=64", "MMQ_THREADS=64"))
+                ("MMQ_ROWS=32", "MMQ_COLS=64", "MMQ_THREADS=64"),
+                ("MMQ_PACKED=1",), ("MMQ_PACKED=1", "MMQ_KB=2", "MMQ_PREFETCH=1"),
+                ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
+
+
+@pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))
+def test_mmq_variants_compile(defines):
+    # each variant builds for sm_90 with NVRTC (as ci/gpu_tune_mmq.py will build it), with
+    # the moe_plan and the mmq / mmq_id kernels the backend looks up
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
+    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    image = compile_text("mmq.cu", (KERNEL_DIR / "mmq.cu").read_text(), "sm_90",
+                         tuple(f"-D{d}" for d in defines), use_cache=False)
+    for name in (b"moe_plan", b"mmq_id_q4_k", b"mmq_id_q6_k", b"mmq_q8_0"):
+        assert name in image, name
 
 
 @pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))

@@ -44,8 +44,13 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #ifndef MMQ_PREFETCH
 #define MMQ_PREFETCH 0       // 1: while a chunk is multiplied, ask L2 for the next chunk's weight bytes
 #endif
+#ifndef MMQ_PACKED
+#define MMQ_PACKED 0         // 1: mmq_tile_packed (fewer, wider shared-memory loads; below)
+#endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
                                       // 8 rows x 4 ints of a fragment load land on 32 banks
+#define MMQ_PSTRIDE (MMQ_KB * 8 + 8)  // mmq_tile_packed's: +8, so that 4 rows x 8 ints of its
+                                      // 64-bit fragment loads (a half warp) land on 32 banks
 
 // Per (row, block of 32): the unpacked quants as 8 ints (4 per int) such that the mat-vec's
 // sum is sum_i __dp4a(q[i], yq[i]); a, b: the block's float factors; sc: Q6_K's two int8
@@ -314,6 +319,168 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
             }
 }
 
+// ---- The same tile with its shared memory read in fewer, wider loads (MMQ_PACKED) -----------
+//
+// ncu on mmq_id_q4_k (H200, the Qwen3-30B-A3B shape): L1/TEX throughput 78 %, DRAM 3.5 %, SM 20 %:
+// mmq_tile is bound by its shared-memory wavefronts, 48 per block of 32 and warp for 8 mma
+// (8 32-bit loads of A fragments, 8 of B, 8 + 24 of the blocks' factors). Here:
+//  - a block's 8 words of quants are stored in the order 0 4 1 5 2 6 3 7, so that the two words
+//    a lane takes for a fragment (t and t + 4) are adjacent: one 64-bit load each (and the
+//    unpack writes them as two 128-bit stores);
+//  - the factors a block's value needs are two floats per (row, block) and per (token, block)
+//    (mmq_weight_pair / mmq_token_pair): one 64-bit load per row pair, one 128-bit load per
+//    two tokens;
+// 24 wavefronts per block and warp. The float arithmetic is mmq_block_value's on the same
+// values in the same order: the results equal mmq_tile's bit for bit (the CPU test of every
+// variant, conformance/test_kernels_mmq.py, and ci/gpu_tune_mmq.py on the GPU check it).
+// One of the two goes once the GPU has timed them.
+
+// (a, b) or, for Q6_K, (a, its two int8 scales as an int's bits).
+template <int TYPE>
+__device__ __forceinline__ float2 mmq_weight_pair(const MmqWeightBlock & o) {
+    if constexpr (TYPE == Q6_K) return make_float2(o.a, __int_as_float(o.sc));
+    else return make_float2(o.a, o.b);
+}
+
+// (d8, the quants' integer sum as an int's bits) for the K-quants' min term, else (d8, s).
+template <int TYPE>
+__device__ __forceinline__ float2 mmq_token_pair(const float d8, const float s8, const int isum) {
+    if constexpr (TYPE == Q4_K || TYPE == Q5_K) return make_float2(d8, __int_as_float(isum));
+    else return make_float2(d8, s8);
+}
+
+template <int TYPE>
+__device__ __forceinline__ float mmq_pair_value(const float2 wv, const float2 xv, const int sumi, const int sumi2) {
+    float b = 0.0f, s8 = 0.0f;
+    int sc = 0, isum = 0;
+    if constexpr (TYPE == Q6_K) sc = __float_as_int(wv.y); else b = wv.y;
+    if constexpr (TYPE == Q4_K || TYPE == Q5_K) isum = __float_as_int(xv.y); else s8 = xv.y;
+    return mmq_block_value<TYPE>(wv.x, b, sc, xv.x, s8, isum, sumi, sumi2);
+}
+
+template <int TYPE, bool IDS>
+__device__ __forceinline__ void mmq_tile_packed(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
+                                                float * __restrict__ y, const MmqParams & p, const int tok0,
+                                                const int * __restrict__ colx, const int * __restrict__ coly) {
+    __align__(16) __shared__ int wq[MMQ_ROWS * MMQ_PSTRIDE];     // weight quants, words permuted
+    __align__(16) __shared__ int xq[MMQ_COLS * MMQ_PSTRIDE];     // activation quants, the same
+    __align__(16) __shared__ float2 wf[MMQ_KB][MMQ_ROWS];        // mmq_weight_pair per block, row
+    __align__(16) __shared__ float2 xf[MMQ_KB][MMQ_COLS];        // mmq_token_pair per block, token
+
+    const int row0 = blockIdx.x * MMQ_ROWS;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / 4, t = lane % 4;
+    const int wr = (warp % MMQ_WARPS_R) * 32, wc = (warp / MMQ_WARPS_R) * 32;
+    const int nb = p.k / QK8_1;
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[m][n][c] = 0.0f;
+
+    for (int kb0 = 0; kb0 < nb; kb0 += MMQ_KB) {
+        const int n_kb = min(MMQ_KB, nb - kb0);
+        for (int it = threadIdx.x; it < MMQ_ROWS * MMQ_KB; it += MMQ_THREADS) {
+            const int r = it / MMQ_KB, kb = it % MMQ_KB;
+            if (kb < n_kb) {
+                const u8 * row = w + (i64) min(row0 + r, p.n_rows - 1) * p.row_bytes;
+                MmqWeightBlock o;
+                mmq_unpack<TYPE>(row, kb0 + kb, o);
+                int4 * dst = (int4 *) (wq + r * MMQ_PSTRIDE + kb * 8);
+                dst[0] = make_int4(o.q[0], o.q[4], o.q[1], o.q[5]);
+                dst[1] = make_int4(o.q[2], o.q[6], o.q[3], o.q[7]);
+                wf[kb][r] = mmq_weight_pair<TYPE>(o);
+            }
+        }
+        for (int it = threadIdx.x; it < MMQ_COLS * MMQ_KB; it += MMQ_THREADS) {
+            const int c = it / MMQ_KB, kb = it % MMQ_KB;
+            if (kb < n_kb) {
+                const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
+                const block_q8_1 * yb = x + (i64) xr * nb + kb0 + kb;
+                int v[8], s = 0;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    v[i] = yb->qs[i];
+                    s = __dp4a(0x01010101, v[i], s);
+                }
+                int4 * dst = (int4 *) (xq + c * MMQ_PSTRIDE + kb * 8);
+                dst[0] = make_int4(v[0], v[4], v[1], v[5]);
+                dst[1] = make_int4(v[2], v[6], v[3], v[7]);
+                xf[kb][c] = mmq_token_pair<TYPE>(f16_to_f32(yb->d), f16_to_f32(yb->s), s);
+            }
+        }
+        __syncthreads();
+#if MMQ_PREFETCH
+        if (kb0 + MMQ_KB < nb && threadIdx.x < MMQ_ROWS) {
+            const u8 * row = w + (i64) min(row0 + (int) threadIdx.x, p.n_rows - 1) * p.row_bytes;
+            const i64 lo = (i64) p.row_bytes * (kb0 + MMQ_KB) / nb;
+            const i64 hi = min((i64) p.row_bytes, (i64) p.row_bytes * (kb0 + 2 * MMQ_KB) / nb + 1);
+            prefetch_l2_bytes(row + lo, hi - lo);
+        }
+#endif
+
+        for (int kb = 0; kb < n_kb; ++kb) {
+            int2 a_lo[2], a_hi[2], b[4];       // (word t, word t + 4) of a row's or token's block
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const int * r_lo = wq + (wr + 16 * m + g) * MMQ_PSTRIDE + kb * 8 + 2 * t;
+                a_lo[m] = *(const int2 *) r_lo;
+                a_hi[m] = *(const int2 *) (r_lo + 8 * MMQ_PSTRIDE);
+            }
+#pragma unroll
+            for (int n = 0; n < 4; ++n) b[n] = *(const int2 *) (xq + (wc + 8 * n + g) * MMQ_PSTRIDE + kb * 8 + 2 * t);
+            float2 wv[2][2];
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wv[m][h] = wf[kb][wr + 16 * m + 8 * h + g];
+            float4 xv[4];                       // tokens wc + 8n + 2t and + 1
+#pragma unroll
+            for (int n = 0; n < 4; ++n) xv[n] = *(const float4 *) &xf[kb][wc + 8 * n + 2 * t];
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                    if constexpr (TYPE == Q6_K) {
+                        mma_s8_k16(lo, a_lo[m].x, a_hi[m].x, b[n].x);
+                        mma_s8_k16(hi, a_lo[m].y, a_hi[m].y, b[n].y);
+                    } else {
+                        mma_s8_k32(lo, a_lo[m].x, a_hi[m].x, a_lo[m].y, a_hi[m].y, b[n].x, b[n].y);
+                    }
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const int h = c / 2, j = c % 2;       // row g + 8h, token 2t + j
+                        const float2 tv = j ? make_float2(xv[n].z, xv[n].w) : make_float2(xv[n].x, xv[n].y);
+                        acc[m][n][c] += mmq_pair_value<TYPE>(wv[m][h], tv, lo[c], hi[c]);
+                    }
+                }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = row0 + wr + 16 * m + 8 * (c / 2) + g;
+                const int col = wc + 8 * n + 2 * t + c % 2;
+                const int yr = IDS ? coly[col] : tok0 + col;
+                if (r < p.n_rows && (IDS ? yr >= 0 : yr < p.n_tokens)) y[(i64) yr * p.n_rows + r] = acc[m][n][c];
+            }
+}
+
+#if MMQ_PACKED
+#define MMQ_TILE mmq_tile_packed
+#else
+#define MMQ_TILE mmq_tile
+#endif
+
 // ---- A prompt's expert mat-muls (mul_mat_id) on the same tiles, planned on the device -------
 //
 // moe_plan (one block) sorts the (token, slot) pairs by expert without the host: per expert
@@ -385,7 +552,7 @@ __device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8
     __syncthreads();
     MmqParams p;
     p.n_rows = q.n_rows; p.k = q.k; p.n_tokens = 0; p.pad0 = 0; p.row_bytes = q.row_bytes;
-    mmq_tile<TYPE, true>(w + (i64) e * q.expert_bytes, x, y, p, 0, colx, coly);
+    MMQ_TILE<TYPE, true>(w + (i64) e * q.expert_bytes, x, y, p, 0, colx, coly);
 }
 
 #define DEFINE_MMQ(name, TYPE)                                                                     \
@@ -393,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)       
 mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
            const MmqParams p) {                                                                    \
     PDL_ENTRY();                                                                                   \
-    mmq_tile<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr);                    \
+    MMQ_TILE<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr);                    \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)                          \
 mmq_id_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,                        \
