@@ -425,13 +425,14 @@ def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch):
     """BRASS_GEMMA4_FUSED_OPS sends a sliding-window layer's q/k norms, rope and cache writes
-    through Backend.rope_store, and every layer's residual add after attention with the FFN's
-    input norm through Backend.add_rms_norm: on the numpy backend those are the same
-    compositions, so the logits of a prefill and the decode steps after it are bit for bit
-    those without it (the CUDA kernels are held to the compositions' bounds by
-    test_kernels_model.py's lockstep); only the SWA layers take rope_store (the full ones keep
-    rope_ff), and every layer add_rms_norm (a MoE layer twice: its branches' sum with
-    post_ffw_norm too)."""
+    through Backend.rope_store, every layer's residual add after attention with the FFN's
+    input norm through Backend.add_rms_norm, the layer's last residual add and
+    layer_output_scale with the next layer's input norm (or the output norm) through
+    add_rms_norm with a scale, and a MoE layer's experts' and router's norms through
+    Backend.moe_norms: on the numpy backend those are the same compositions, so the logits of
+    a prefill and the decode steps after it are bit for bit those without it (the CUDA kernels
+    are held to the compositions' bounds by test_kernels_model.py's lockstep); only the SWA
+    layers take rope_store (the full ones keep rope_ff)."""
     from engine.arch import gemma4
     m = dense if which == "dense" else moe
     ids = [int(t) for t in rng.integers(0, m.config.n_vocab, 12)]
@@ -445,11 +446,13 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
 
     monkeypatch.setattr(gemma4, "FUSED_OPS", False)
     want = run()
-    calls, norms = [], []
-    real, real_norm = m.backend.rope_store, m.backend.add_rms_norm
+    calls, norms, moe_norms = [], [], []
+    real, real_norm, real_moe = m.backend.rope_store, m.backend.add_rms_norm, m.backend.moe_norms
     monkeypatch.setattr(gemma4, "FUSED_OPS", True)
     monkeypatch.setattr(m.backend, "rope_store", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
-    monkeypatch.setattr(m.backend, "add_rms_norm", lambda *a, **kw: (norms.append(1), real_norm(*a, **kw))[1])
+    monkeypatch.setattr(m.backend, "add_rms_norm",
+                        lambda *a, **kw: (norms.append(kw.get("scale") is not None), real_norm(*a, **kw))[1])
+    monkeypatch.setattr(m.backend, "moe_norms", lambda *a, **kw: (moe_norms.append(1), real_moe(*a, **kw))[1])
     got = run()
     for g, w_ in zip(got, want):
         assert np.array_equal(g, w_)
@@ -461,4 +464,10 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
     # post_ffw_norm
     n_moe = sum(f"blk.{il}.ffn_gate_inp.weight" in m.gguf.tensors for il in range(m.config.n_layer))
     assert (n_moe == 0) == (which == "dense")
-    assert len(norms) == 3 * (m.config.n_layer + n_moe)
+    # per forward: each layer's add before its FFN, each layer's (but the first's) input norm
+    # and the output norm with the add and scale before them, a MoE layer's branches' sum
+    L = m.config.n_layer
+    assert len(norms) == 3 * (2 * L + n_moe), (len(norms), L, n_moe)
+    n_scaled = sum(f"blk.{il}.layer_output_scale.weight" in m.gguf.tensors for il in range(L))
+    assert sum(norms) == 3 * n_scaled, "each layer output scale goes with the next norm"
+    assert len(moe_norms) == 3 * n_moe

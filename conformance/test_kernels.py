@@ -568,19 +568,38 @@ def assert_q8_of(cuda, x, what):
         f"{what}: its Q8_1 blocks differ from the quantize kernel's"
 
 
-@pytest.mark.parametrize("shape,residual", [((1, 1024), True), ((5, 576), True), ((3, 2048), False),
-                                            ((2, 200), True)], ids=str)
-def test_add_rms_norm(cuda, ref, rng, tmp_path, shape, residual, record_property):
+@pytest.mark.parametrize("shape,residual,scaled", [((1, 1024), True, False), ((5, 576), True, False),
+                                                   ((3, 2048), False, False), ((2, 200), True, False),
+                                                   ((4, 2816), True, True), ((1, 256), False, True)], ids=str)
+def test_add_rms_norm(cuda, ref, rng, tmp_path, shape, residual, scaled, record_property):
+    # scaled: the sum times one value before the norm (gemma4's layer_output_scale)
     D = shape[-1]
-    gf = weights(tmp_path, rng, {"norm": (GGMLType.F32, (D,))})
+    gf = weights(tmp_path, rng, {"norm": (GGMLType.F32, (D,)), "scale": (GGMLType.F32, (1,))})
     a, b = (rng.uniform(-1, 1, shape).astype(F32) * rng.uniform(0.1, 10) for _ in range(2))
     s_got, y_got = cuda.add_rms_norm(cuda.asarray(a), cuda.asarray(b) if residual else None,
-                                     cuda.weight(gf, "norm"), 1e-6)
-    s_want, y_want = ref.add_rms_norm(a, b if residual else None, ref.weight(gf, "norm"), 1e-6)
+                                     cuda.weight(gf, "norm"), 1e-6,
+                                     scale=cuda.weight(gf, "scale") if scaled else None)
+    s_want, y_want = ref.add_rms_norm(a, b if residual else None, ref.weight(gf, "norm"), 1e-6,
+                                      scale=ref.weight(gf, "scale") if scaled else None)
     check(cuda.to_numpy(s_got), s_want, EXACT, record_property, "sum")
     check(cuda.to_numpy(y_got), y_want, RMS_NORM, record_property, "norm")
     if D % 32 == 0:
         assert_q8_of(cuda, y_got, "add_rms_norm")
+
+
+@pytest.mark.parametrize("shape", [(1, 2816), (6, 256), (2, 200)], ids=str)
+def test_moe_norms(cuda, ref, rng, tmp_path, shape, record_property):
+    # gemma4's experts' norm and router input norm of one residual, in one kernel
+    D = shape[-1]
+    gf = weights(tmp_path, rng, {"norm": (GGMLType.F32, (D,)), "router": (GGMLType.F32, (D,))})
+    x = rng.uniform(-1, 1, shape).astype(F32) * rng.uniform(0.1, 50)
+    factor = float(np.float32(1) / np.sqrt(np.float32(D)))
+    h_got, r_got = cuda.moe_norms(cuda.asarray(x), cuda.weight(gf, "norm"), cuda.weight(gf, "router"), factor, 1e-6)
+    h_want, r_want = ref.moe_norms(x, ref.weight(gf, "norm"), ref.weight(gf, "router"), factor, 1e-6)
+    check(cuda.to_numpy(h_got), h_want, RMS_NORM, record_property, "experts' norm")
+    check(cuda.to_numpy(r_got), r_want, RMS_NORM, record_property, "router input")
+    if D % 32 == 0:
+        assert_q8_of(cuda, h_got, "moe_norms")
 
 
 @pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K),

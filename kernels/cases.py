@@ -84,7 +84,7 @@ REQUANTIZED = 1e-8
 # The bound each backend op is held to (conformance/test_kernels_model.py checks every op of
 # whole models against these, on the models' own activations).
 # A fused op is held to the bound of the composition it replaces (engine/backends/base.py):
-# add_rms_norm as the norm; rope_store as rope (its cache writes are F16 roundings of the
+# add_rms_norm (and moe_norms) as the norm; rope_store as rope (its cache writes are F16 roundings of the
 # roped values, compared separately); ffn_glu as the mat-vecs and SiLU, or with GELU as
 # GELU's rounding of a mat-vec's output (ffn_glu_gelu); moe_route as the softmax (ids exactly); moe_ffn as
 # the mat-vecs.
@@ -112,7 +112,7 @@ OP_BOUNDS = {
     "matmul": MATMUL, "matmul_id": MATMUL, "matmul_many": MATMUL, "rms_norm": RMS_NORM,
     "rope": TRANSCENDENTAL, "swiglu": TRANSCENDENTAL, "softmax": TRANSCENDENTAL,
     "geglu": F16_ROUNDED, "attention": ATTENTION,
-    "add_rms_norm": RMS_NORM, "rope_store": TRANSCENDENTAL, "ffn_glu": max(MATMUL, TRANSCENDENTAL), "ffn_glu_gelu": F16_INPUT_ROUNDED,
+    "add_rms_norm": RMS_NORM, "moe_norms": RMS_NORM, "rope_store": TRANSCENDENTAL, "ffn_glu": max(MATMUL, TRANSCENDENTAL), "ffn_glu_gelu": F16_INPUT_ROUNDED,
     "moe_route": TRANSCENDENTAL, "moe_ffn": REQUANTIZED,
     "sigmoid": TRANSCENDENTAL, "softplus": TRANSCENDENTAL, "silu": TRANSCENDENTAL,
     "ssm_conv": EXACT, "gated_delta_net": RECURRENCE,

@@ -2,7 +2,10 @@
 // after another, with the same float32 operations in the same order as those ops' kernels
 // (norm.cu, rope.cu, attention.cu's kv_store, router.cu), so fusion changes no number.
 //
-//   add_rms_norm   residual add + RMS norm (+ the normed row as Q8_1 blocks for the mat-vecs)
+//   add_rms_norm   residual add (then a scalar factor) + RMS norm (+ the normed row as Q8_1
+//                  blocks for the mat-vecs)
+//   moe_norms      gemma4's two norms of a MoE layer's residual: the experts' input and the
+//                  router's (weightless norm, a scalar factor, a weight), from one sum of squares
 //   rope_store     q/k head norms + rope of q and k + K/V cache writes
 //   moe_route      router softmax + top-k + renormalised, scaled expert weights
 //   decode_advance greedy decoding on the device: argmax -> next token, position + 1
@@ -22,27 +25,56 @@
 // whole 32-value blocks in lane order and quantizes them as the quantize kernel would.
 extern "C" __global__ void __launch_bounds__(FUSED_NORM_THREADS)
 add_rms_norm(const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ w,
-             float * __restrict__ sum, float * __restrict__ y, block_q8_1 * __restrict__ yq,
-             const AddNormParams p) {
+             const float * __restrict__ sc, float * __restrict__ sum, float * __restrict__ y,
+             block_q8_1 * __restrict__ yq, const AddNormParams p) {
     PDL_ENTRY();
     __shared__ double partial[FUSED_NORM_THREADS / WARP_SIZE];
     const i64 base = (i64) blockIdx.x * p.n_cols;
+    const bool own_sum = p.has_residual || p.has_scale;       // else sum is a itself
     double ss = 0.0;
     for (int i = threadIdx.x; i < p.n_cols; i += FUSED_NORM_THREADS) {
-        const float s = p.has_residual ? __fadd_rn(a[base + i], b[base + i]) : a[base + i];
-        if (p.has_residual) sum[base + i] = s;
+        float s = p.has_residual ? __fadd_rn(a[base + i], b[base + i]) : a[base + i];
+        if (p.has_scale) s = __fmul_rn(s, sc[0]);          // as the mul op, after the add
+        if (own_sum) sum[base + i] = s;
         const double v = s;
         ss += v * v;
     }
     ss = block_sum_f64<FUSED_NORM_THREADS>(ss, partial);
     const float mean = (float) (ss / p.n_cols);
     const float scale = 1.0f / sqrtf(__fadd_rn(mean, p.eps));
-    const float * src = p.has_residual ? sum : a;
+    const float * src = own_sum ? sum : a;
     for (int i = threadIdx.x; i < p.n_cols; i += FUSED_NORM_THREADS) {
         const float v = __fmul_rn(__fmul_rn(src[base + i], scale), w[i]);
         y[base + i] = v;
         // n_cols is a multiple of 32 when write_q8 is set: whole warps take this branch.
         if (p.write_q8) quantize_warp_q8_1(v, yq + (base + i) / QK8_1);
+    }
+}
+
+// One block per row of x: h = rms_norm(x) * w (and its Q8_1 blocks), r = ((rms_norm(x) *
+// factor) * w_router), the float32 operations of rms_norm, rms_norm without a weight, scale
+// and mul in their order, the sum of squares (as add_rms_norm's) shared by both.
+extern "C" __global__ void __launch_bounds__(FUSED_NORM_THREADS)
+moe_norms(const float * __restrict__ x, const float * __restrict__ w, const float * __restrict__ w_router,
+          float * __restrict__ h, block_q8_1 * __restrict__ hq, float * __restrict__ r, const MoeNormsParams p) {
+    PDL_ENTRY();
+    __shared__ double partial[FUSED_NORM_THREADS / WARP_SIZE];
+    const i64 base = (i64) blockIdx.x * p.n_cols;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < p.n_cols; i += FUSED_NORM_THREADS) {
+        const double v = x[base + i];
+        ss += v * v;
+    }
+    ss = block_sum_f64<FUSED_NORM_THREADS>(ss, partial);
+    const float mean = (float) (ss / p.n_cols);
+    const float scale = 1.0f / sqrtf(__fadd_rn(mean, p.eps));
+    for (int i = threadIdx.x; i < p.n_cols; i += FUSED_NORM_THREADS) {
+        const float n = __fmul_rn(x[base + i], scale);
+        const float v = __fmul_rn(n, w[i]);
+        h[base + i] = v;
+        r[base + i] = __fmul_rn(__fmul_rn(n, p.factor), w_router[i]);
+        // n_cols is a multiple of 32 when write_q8 is set: whole warps take this branch.
+        if (p.write_q8) quantize_warp_q8_1(v, hq + (base + i) / QK8_1);
     }
 }
 

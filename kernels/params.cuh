@@ -149,6 +149,15 @@ struct AddNormParams {
     float eps;
     int has_residual;     // 0: sum is a itself (no add; the first layer's norm)
     int write_q8;
+    int has_scale;        // the sum times scale[0] before the norm (gemma4's layer_output_scale)
+};
+
+struct MoeNormsParams {
+    int n_rows;
+    int n_cols;
+    float eps;
+    float factor;         // the router input's scalar factor (gemma4: 1 / sqrt(n_embd))
+    int write_q8;         // the experts' input as Q8_1 blocks too
     int pad0;
 };
 

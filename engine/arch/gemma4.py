@@ -53,16 +53,21 @@ FINAL_LOGIT_SOFTCAP = 30.0      # llama.cpp's default when the key is absent (ll
 # composition either way. The composition's intermediate nodes (ffn_moe_geglu,
 # ffn_moe_down_scaled) are then not traced.
 FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "1") not in ("", "0")
-# BRASS_GEMMA4_FUSED_OPS=1 (off until measured on a GPU): the fused ops the other architectures
-# use, where Gemma 4's composition allows them: a sliding-window layer's q/k norms, rope and
-# cache writes as one rope_store (one kernel on the GPU instead of six: q norm, k norm, two
-# ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), and the residual add
-# after attention with the FFN's input norm as one add_rms_norm (which also writes the Q8_1
-# blocks the FFN's mat-vecs read: two kernels fewer per layer), and a MoE layer's sum of its
-# dense and routed branches with post_ffw_norm as another (one fewer). The same numbers on the numpy
-# backend, whose fused ops are those compositions. Full layers keep rope_ff (their frequency
-# factors); the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches them)
-# are then not traced on SWA layers.
+# BRASS_GEMMA4_FUSED_OPS=1 (off until the whole GPU suite has run with it on): the fused ops the
+# other architectures use, where Gemma 4's composition allows them: a sliding-window layer's
+# q/k norms, rope and cache writes as one rope_store (one kernel on the GPU instead of six: q
+# norm, k norm, two ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), the
+# residual add after attention with the FFN's input norm as one add_rms_norm (which also writes
+# the Q8_1 blocks the FFN's mat-vecs read: two kernels fewer per layer), a MoE layer's sum of its
+# dense and routed branches with post_ffw_norm as another (one fewer). On the H200 (2026-12-01)
+# those took the Gemma-4-26B-A4B shape's tg128 from 213.6 to 220.7 tok/s. Written after that,
+# not yet run on a GPU: the layer's last residual add and layer_output_scale with the next
+# layer's input norm (or the output norm) as add_rms_norm with a scale (three kernels fewer:
+# add, mul, the q/k/v mat-vecs' quantize), and a MoE layer's two norms of its residual, the
+# experts' and the router's, as moe_norms (four fewer). The same numbers on the numpy backend,
+# whose fused ops are those compositions. Full layers keep rope_ff (their frequency factors);
+# the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches them) are then
+# not traced on SWA layers.
 FUSED_OPS = os.environ.get("BRASS_GEMMA4_FUSED_OPS", "0") not in ("", "0")
 
 
@@ -157,11 +162,16 @@ def experts(f: common.Forward, il: int, x):
     post_ffw_norm_2 (gemma4.cpp's "Expert FFN" with its own router input)."""
     b, cfg, w = f.b, f.cfg, f.w
     p = f"blk.{il}."
-    h = f.cb(b.rms_norm(x, w(p + "pre_ffw_norm_2.weight"), cfg.norm_eps), "ffn_norm_2", il)
     # router input: rms(x) (no weight) · 1/sqrtf(n_embd) · ffn_gate_inp.scale
-    r = b.scale(b.rms_norm(x, None, cfg.norm_eps),
-                float(np.float32(1) / np.sqrt(np.float32(cfg.n_embd))))
-    r = b.mul(r, w(p + "ffn_gate_inp.scale"))
+    factor = float(np.float32(1) / np.sqrt(np.float32(cfg.n_embd)))
+    if FUSED_OPS:
+        # the experts' norm and the router's as one op (one kernel on the GPU instead of four,
+        # and the experts' Q8_1 blocks written beside it: the quantize kernel goes too)
+        h, r = b.moe_norms(x, w(p + "pre_ffw_norm_2.weight"), w(p + "ffn_gate_inp.scale"), factor, cfg.norm_eps)
+    else:
+        h = b.rms_norm(x, w(p + "pre_ffw_norm_2.weight"), cfg.norm_eps)
+        r = b.mul(b.scale(b.rms_norm(x, None, cfg.norm_eps), factor), w(p + "ffn_gate_inp.scale"))
+    h = f.cb(h, "ffn_norm_2", il)
     # the router's mat-vec and its softmax / top-k as one op (one launch on the GPU with
     # BRASS_FUSED_ROUTER)
     logits, probs, ids, weights = b.moe_gate(r, w(p + "ffn_gate_inp.weight"), cfg.n_expert_used,
@@ -231,9 +241,17 @@ def forward(f: common.Forward, ids, out_rows=None):
     b, cfg, w = f.b, f.cfg, f.w
     x = b.embed(w("token_embd.weight"), ids)
     x = f.cb(b.scale(x, float(np.sqrt(np.float32(cfg.n_embd)))), "inp_scaled")   # sqrtf
+    pending = None      # FUSED_OPS: (FFN output, residual, layer_output_scale) of the layer before
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
-        h = f.cb(b.rms_norm(x, w(p + "attn_norm.weight"), cfg.norm_eps), "attn_norm", il)
+        if pending is None:
+            h = b.rms_norm(x, w(p + "attn_norm.weight"), cfg.norm_eps)
+        else:
+            # the layer before's residual add and output scale with this layer's input norm in
+            # one op (add_rms_norm, which also writes the q/k/v mat-vecs' Q8_1 blocks)
+            x, h = b.add_rms_norm(*pending[:2], w(p + "attn_norm.weight"), cfg.norm_eps, scale=pending[2])
+            f.cb(x, "l_out", il - 1)
+        h = f.cb(h, "attn_norm", il)
         h = attention(f, il, h)
         h = f.cb(b.rms_norm(h, w(p + "post_attention_norm.weight"), cfg.norm_eps),
                  "attn_post_norm", il)
@@ -243,14 +261,26 @@ def forward(f: common.Forward, ids, out_rows=None):
         else:
             x, hn = b.add(h, x), None
         x = f.cb(x, "attn_residual", il)
-        x = b.add(ffn(f, il, x, hn), x)
+        out = ffn(f, il, x, hn)
         scale = w.opt(p + "layer_output_scale.weight")
+        if FUSED_OPS:
+            pending = (out, x, scale)           # added (and scaled) by the next norm
+            continue
+        x = b.add(out, x)
         if scale is not None:
             x = b.mul(x, scale)
         f.cb(x, "l_out", il)
-    if out_rows is not None:
-        x = b.take_rows(x, out_rows)
-    h = f.cb(b.rms_norm(x, w("output_norm.weight"), cfg.norm_eps), "result_norm")
+    if pending is None:
+        if out_rows is not None:
+            x = b.take_rows(x, out_rows)
+        h = b.rms_norm(x, w("output_norm.weight"), cfg.norm_eps)
+    else:
+        out, x, scale = pending
+        if out_rows is not None:
+            out, x = b.take_rows(out, out_rows), b.take_rows(x, out_rows)
+        x, h = b.add_rms_norm(out, x, w("output_norm.weight"), cfg.norm_eps, scale=scale)
+        f.cb(x, "l_out", cfg.n_layer - 1)
+    h = f.cb(h, "result_norm")
     logits = b.matmul(h, w.output())
     if cfg.final_logit_softcap:
         logits = b.softcap(logits, cfg.final_logit_softcap)

@@ -194,11 +194,21 @@ class Backend(ABC):
     # runs them; a backend may override one with a single kernel that computes the same
     # numbers (the conformance suite holds it to the composition's bounds).
 
-    def add_rms_norm(self, a, b, w: Weight, eps: float):
+    def add_rms_norm(self, a, b, w: Weight, eps: float, scale: Weight | None = None):
         """The residual add and the RMS norm that follows it: `(a + b, rms_norm(a + b, w))`.
-        `b` None: `(a, rms_norm(a, w))` (the first layer's norm)."""
+        `b` None: `(a, rms_norm(a, w))` (the first layer's norm). `scale` (one value): the sum
+        times it before the norm, `s = (a + b) * scale` (gemma4's layer_output_scale)."""
         s = a if b is None else self.add(a, b)
+        if scale is not None:
+            s = self.mul(s, scale)
         return s, self.rms_norm(s, w, eps)
+
+    def moe_norms(self, x, w: Weight, w_router: Weight, factor: float, eps: float):
+        """Gemma 4's two norms of a MoE layer's residual `x`: the routed experts' input
+        `rms_norm(x, w)` and the router's `rms_norm(x) * factor * w_router` (a weightless norm,
+        a scalar, a weight, in that order)."""
+        r = self.mul(self.scale(self.rms_norm(x, None, eps), factor), w_router)
+        return self.rms_norm(x, w, eps), r
 
     def matmul_many(self, x, ws: list):
         """`[matmul(x, w) for w in ws]`: projections of one input (q, k, v)."""

@@ -196,7 +196,7 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
     ks += [("rope.cu", "rope_ff")] + [("elementwise.cu", k) for k in ("tanh_f32", "softcap", "mul_expert_scale")]
     ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final")]
-    ks += [("fused.cu", k) for k in ("add_rms_norm", "rope_store", "moe_route", "decode_advance",
+    ks += [("fused.cu", k) for k in ("add_rms_norm", "moe_norms", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
     ks += [("mmq.cu", f"mmq_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
@@ -1377,7 +1377,7 @@ class CudaBackend(Backend):
         return cupy.take(x, _i32(rows, "take_rows rows"), axis=0)
 
     # -- fused ops (base.py defines each by the ops it replaces) --------------------------------
-    def add_rms_norm(self, a, b, w, eps):
+    def add_rms_norm(self, a, b, w, eps, scale=None):
         a = _f32(a, "add_rms_norm")
         if b is not None:
             b = _f32(b, "add_rms_norm")
@@ -1386,19 +1386,43 @@ class CudaBackend(Backend):
         D = a.shape[-1]
         if w is None or tuple(w.shape) != (D,):
             raise BrassError(f"add_rms_norm: the weight must have shape ({D},)")
+        sc = None
+        if scale is not None:
+            sc = _f32(scale.dense if isinstance(scale, Weight) else scale, "add_rms_norm scale")
+            if sc.size != 1:
+                raise BrassError(f"add_rms_norm: the scale must be one value, got shape {sc.shape}")
         rows = a.size // D if D else 0
-        s = self._out(a.shape) if b is not None else a
+        s = self._out(a.shape) if b is not None or sc is not None else a
         y = self._out(a.shape)
         write_q8 = D % 32 == 0
         yq = self._out((rows, D // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else y
         if rows:
             self.launch("fused.cu", "add_rms_norm", rows, FUSED_NORM_THREADS, a, a if b is None else b,
-                        w.dense, s, y, yq,
+                        w.dense, a if sc is None else sc, s, y, yq,
                         params=pack("AddNormParams", n_rows=rows, n_cols=D, eps=eps,
-                                    has_residual=int(b is not None), write_q8=int(write_q8)))
+                                    has_residual=int(b is not None), write_q8=int(write_q8),
+                                    has_scale=int(sc is not None)))
             if write_q8:
                 self._remember_q8(y, yq)
         return s, y
+
+    def moe_norms(self, x, w, w_router, factor, eps):
+        x = _f32(x, "moe_norms")
+        D = x.shape[-1]
+        for v, what in ((w, "weight"), (w_router, "router weight")):
+            if v is None or tuple(v.shape) != (D,):
+                raise BrassError(f"moe_norms: the {what} must have shape ({D},)")
+        rows = x.size // D if D else 0
+        h, r = self._out(x.shape), self._out(x.shape)
+        write_q8 = D % 32 == 0
+        hq = self._out((rows, D // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else h
+        if rows:
+            self.launch("fused.cu", "moe_norms", rows, FUSED_NORM_THREADS, x, w.dense, w_router.dense, h, hq, r,
+                        params=pack("MoeNormsParams", n_rows=rows, n_cols=D, eps=eps, factor=factor,
+                                    write_q8=int(write_q8)))
+            if write_q8:
+                self._remember_q8(h, hq)
+        return h, r
 
     def rope_store_rows(self, q, k, v, pos, layers, **kw):
         if len(layers) == 1:
@@ -1664,6 +1688,6 @@ for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_m
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
               "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
               "gated_delta_net_chunked",
-              "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale"):
+              "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale", "moe_norms"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
