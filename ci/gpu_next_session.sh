@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Three GPU calls, sent back to back on a warm machine (it goes back ~30 s after a call ends),
+# for what the fifth session of 2026-12-01 left to measure:
+#   - the MoE prompt's expert mat-muls with mmq_tile_packed (MMQ_PACKED, written after ncu put
+#     the tile at 78 % of L1/TEX and 3.5 % of DRAM; bit for bit the default on the CPU, never run
+#     on a GPU): ci/gpu_tune_mmq.py --apply keeps the fastest variant equal to the default that
+#     is >= 5 % faster per layer (the chosen mmq.cu is kept in /tmp for the later calls);
+#   - BRASS_GEMMA4_FUSED_OPS=1 through the whole suite (its first half measured +3.3 % tg on
+#     Gemma-4-26B-A4B; add_rms_norm with layer_output_scale and moe_norms added since, ~7 kernels
+#     fewer per layer, unmeasured), then its tg128 against the defaults, alternated;
+#   - the lockstep's unfused moe_ffn op by op and the delta-net hybrids' free-running bounds from
+#     ci/free_running_spread.py (both changed without a GPU);
+#   - side by side with llama.cpp with whatever passed.
+#   run(command="bash ci/gpu_next_session.sh 1", carry=[".whl", ".stage"]); then at once 2, then 3.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ci/gpu_lib.sh
+brass_env
+t0=$SECONDS
+# a tile variant chosen by part 1 (this call's tree is a fresh copy of the checkout)
+[ -f /tmp/mmq-chosen.cu ] && cp /tmp/mmq-chosen.cu kernels/mmq.cu
+
+if [ "${1:-1}" = 1 ]; then
+    bash ci/gpu_llama_builds.sh start > /dev/null
+    (setsid nohup bash -c "for s in qwen3-30b-a3b gemma-4-26b-a4b qwen3-0.6b qwen3-8b; do python3 ci/shape_models.py \$s $dir; done" \
+        > /tmp/brass-shapes.log 2>&1 < /dev/null &)
+    cp kernels/mmq.cu /tmp/mmq-default.cu
+    echo "== 1. MoE prompt tiles, packed variants among them (t=$((SECONDS - t0)) s)"
+    timeout 150 python3 ci/gpu_tune_mmq.py --apply 2>&1 | tee "$out/tune-mmq.txt" | tail -22
+    diff /tmp/mmq-default.cu kernels/mmq.cu > "$out/mmq-applied.diff" && echo "(tiles unchanged)" || cat "$out/mmq-applied.diff"
+    cp kernels/mmq.cu /tmp/mmq-chosen.cu
+    echo "== 2. suite with BRASS_GEMMA4_FUSED_OPS=1 and those tiles (llama.cpp builds meanwhile; t=$((SECONDS - t0)) s)"
+    BRASS_GEMMA4_FUSED_OPS=1 timeout 420 bash ci/gpu_conformance.sh -n 12 -q > "$out/suite-gemma4-fused.log" 2>&1
+    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite-gemma4-fused.log" | head -20
+    cat "$out/gpu-conformance-summary.txt" 2>/dev/null
+    bash ci/gpu_llama_builds.sh status | head -1; tail -2 /tmp/brass-shapes.log
+    echo "done at t=$((SECONDS - t0)) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 2 ]; then
+    echo "== 3. suite on the defaults with the chosen tiles (t=$((SECONDS - t0)) s)"
+    timeout 300 bash ci/gpu_conformance.sh -n 12 -q > "$out/suite.log" 2>&1
+    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
+    cat "$out/gpu-conformance-summary.txt" 2>/dev/null
+    echo "== 4. gemma-4-26b-a4b tg128, BRASS_GEMMA4_FUSED_OPS alternated (t=$((SECONDS - t0)) s)"
+    for r in 0 1 0 1; do
+        echo "fused ops $r: $(BRASS_GEMMA4_FUSED_OPS=$r timeout 60 python3 -m engine bench "$dir/gemma-4-26b-a4b.gguf" \
+            --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
+    done
+    echo "== 5. qwen3-30b-a3b pp512, default tiles and chosen, alternated (t=$((SECONDS - t0)) s)"
+    if cmp -s /tmp/mmq-default.cu /tmp/mmq-chosen.cu; then echo "(the default was kept)"; else
+        for i in 1 2; do
+            for v in default chosen; do
+                cp /tmp/mmq-$v.cu kernels/mmq.cu
+                echo "$v: $(timeout 60 python3 -m engine bench "$dir/qwen3-30b-a3b.gguf" --backend cuda -r 3 -p 512 -n 0 \
+                    2>/dev/null | grep -oE "pp512 .*")"
+            done
+        done
+        cp /tmp/mmq-chosen.cu kernels/mmq.cu
+    fi
+    bash ci/gpu_llama_builds.sh status | head -1
+    echo "done at t=$((SECONDS - t0)) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 3 ]; then
+    echo "== 6. side by side, REPS=3 (Gemma 4's fused ops on: BRASS_GEMMA4_FUSED_OPS=${G4:-1})"
+    bash ci/gpu_llama_builds.sh wait 200 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
+    BRASS_GEMMA4_FUSED_OPS=${G4:-1} LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 \
+        timeout 480 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 \
+        | grep -v "^WARNING"
+    echo "done at t=$((SECONDS - t0)) s"
+fi
