@@ -41,6 +41,11 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #ifndef MMQ_MIN_BLOCKS
 #define MMQ_MIN_BLOCKS 1     // resident blocks per SM asked of ptxas (__launch_bounds__): a register cap
 #endif
+#if MMQ_MIN_BLOCKS > 1
+#define MMQ_BOUNDS __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
+#else
+#define MMQ_BOUNDS __launch_bounds__(MMQ_THREADS)   // (a minimum of 1 given changes ptxas's choices: 103 -> 109 registers)
+#endif
 #ifndef MMQ_PREFETCH
 #define MMQ_PREFETCH 0       // 1: while a chunk is multiplied, ask L2 for the next chunk's weight bytes
 #endif
@@ -175,6 +180,41 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], const int a0, const int 
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// MMQ_PREFETCH: the next chunk's weight bytes (a row's blocks kb0 + MMQ_KB ..: the span they
+// fall in, to the row's end at most) are asked of L2 while this chunk is multiplied, so that
+// its unpack finds them there instead of waiting on DRAM. Weights only (see PDL_ENTRY).
+__device__ __forceinline__ void mmq_prefetch_next(const u8 * __restrict__ w, const MmqParams & p, const int row0,
+                                                  const int kb0, const int nb) {
+#if MMQ_PREFETCH
+    if (kb0 + MMQ_KB < nb && threadIdx.x < MMQ_ROWS) {
+        const u8 * row = w + (i64) min(row0 + (int) threadIdx.x, p.n_rows - 1) * p.row_bytes;
+        const i64 lo = (i64) p.row_bytes * (kb0 + MMQ_KB) / nb;
+        const i64 hi = min((i64) p.row_bytes, (i64) p.row_bytes * (kb0 + 2 * MMQ_KB) / nb + 1);
+        prefetch_l2_bytes(row + lo, hi - lo);
+    }
+#endif
+}
+
+// A warp's 32 rows (from r0) x 32 tokens (from wc) of results into y: lane (g, t) holds rows
+// r0 + 16m + 8h + g and tokens wc + 8n + 2t + j in acc[m][n][2h + j] (the mma's D layout);
+// without IDS token c is row tok0 + c of y, with IDS row coly[c] (< 0: not written).
+template <bool IDS>
+__device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float * __restrict__ y, const MmqParams & p,
+                                          const int r0, const int wc, const int g, const int t, const int tok0,
+                                          const int * __restrict__ coly) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = r0 + 16 * m + 8 * (c / 2) + g;
+                const int col = wc + 8 * n + 2 * t + c % 2;
+                const int yr = IDS ? coly[col] : tok0 + col;
+                if (r < p.n_rows && (IDS ? yr >= 0 : yr < p.n_tokens)) y[(i64) yr * p.n_rows + r] = acc[m][n][c];
+            }
+}
+
 // The tile of weight rows blockIdx.x * MMQ_ROWS.. against MMQ_COLS columns of x: without IDS
 // the tokens tok0 .. tok0 + MMQ_COLS - 1 (past n_tokens: token n_tokens - 1 read, nothing
 // written); with IDS column c reads x row colx[c] and writes y row coly[c] (< 0: not written),
@@ -240,17 +280,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
             }
         }
         __syncthreads();
-#if MMQ_PREFETCH
-        // The next chunk's weight bytes (a row's blocks kb0 + MMQ_KB ..: the span they fall in,
-        // to the row's end at most) are asked of L2 now, so that its unpack, after this chunk's
-        // products, finds them there instead of waiting on DRAM. Weights only (see PDL_ENTRY).
-        if (kb0 + MMQ_KB < nb && threadIdx.x < MMQ_ROWS) {
-            const u8 * row = w + (i64) min(row0 + (int) threadIdx.x, p.n_rows - 1) * p.row_bytes;
-            const i64 lo = (i64) p.row_bytes * (kb0 + MMQ_KB) / nb;
-            const i64 hi = min((i64) p.row_bytes, (i64) p.row_bytes * (kb0 + 2 * MMQ_KB) / nb + 1);
-            prefetch_l2_bytes(row + lo, hi - lo);
-        }
-#endif
+        mmq_prefetch_next(w, p, row0, kb0, nb);
 
         for (int kb = 0; kb < n_kb; ++kb) {
             int a[2][4], b[4][2];
@@ -306,17 +336,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
         __syncthreads();
     }
 
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int r = row0 + wr + 16 * m + 8 * (c / 2) + g;
-                const int col = wc + 8 * n + 2 * t + c % 2;
-                const int yr = IDS ? coly[col] : tok0 + col;
-                if (r < p.n_rows && (IDS ? yr >= 0 : yr < p.n_tokens)) y[(i64) yr * p.n_rows + r] = acc[m][n][c];
-            }
+    mmq_store<IDS>(acc, y, p, row0 + wr, wc, g, t, tok0, coly);
 }
 
 // ---- The same tile with its shared memory read in fewer, wider loads (MMQ_PACKED) -----------
@@ -413,14 +433,7 @@ __device__ __forceinline__ void mmq_tile_packed(const u8 * __restrict__ w, const
             }
         }
         __syncthreads();
-#if MMQ_PREFETCH
-        if (kb0 + MMQ_KB < nb && threadIdx.x < MMQ_ROWS) {
-            const u8 * row = w + (i64) min(row0 + (int) threadIdx.x, p.n_rows - 1) * p.row_bytes;
-            const i64 lo = (i64) p.row_bytes * (kb0 + MMQ_KB) / nb;
-            const i64 hi = min((i64) p.row_bytes, (i64) p.row_bytes * (kb0 + 2 * MMQ_KB) / nb + 1);
-            prefetch_l2_bytes(row + lo, hi - lo);
-        }
-#endif
+        mmq_prefetch_next(w, p, row0, kb0, nb);
 
         for (int kb = 0; kb < n_kb; ++kb) {
             int2 a_lo[2], a_hi[2], b[4];       // (word t, word t + 4) of a row's or token's block
@@ -462,17 +475,7 @@ __device__ __forceinline__ void mmq_tile_packed(const u8 * __restrict__ w, const
         __syncthreads();
     }
 
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int r = row0 + wr + 16 * m + 8 * (c / 2) + g;
-                const int col = wc + 8 * n + 2 * t + c % 2;
-                const int yr = IDS ? coly[col] : tok0 + col;
-                if (r < p.n_rows && (IDS ? yr >= 0 : yr < p.n_tokens)) y[(i64) yr * p.n_rows + r] = acc[m][n][c];
-            }
+    mmq_store<IDS>(acc, y, p, row0 + wr, wc, g, t, tok0, coly);
 }
 
 #if MMQ_PACKED
@@ -556,13 +559,13 @@ __device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8
 }
 
 #define DEFINE_MMQ(name, TYPE)                                                                     \
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)                          \
+extern "C" __global__ void MMQ_BOUNDS                                                             \
 mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
            const MmqParams p) {                                                                    \
     PDL_ENTRY();                                                                                   \
     MMQ_TILE<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr);                    \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)                          \
+extern "C" __global__ void MMQ_BOUNDS                                                             \
 mmq_id_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,                        \
               const int * __restrict__ plan, float * __restrict__ y, const MmqIdParams p) {        \
     PDL_ENTRY();                                                                                   \
