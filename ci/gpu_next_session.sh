@@ -10,6 +10,8 @@
 #     fewer per layer, unmeasured), then its tg128 against the defaults, alternated;
 #   - the lockstep's unfused moe_ffn op by op and the delta-net hybrids' free-running bounds from
 #     ci/free_running_spread.py (both changed without a GPU);
+#   - decode attention with a slot per thread (ATTN_SLOT_LANES, CPU-checked only): its GPU
+#     checks and tg128 of the 0.6B and 30B-A3B shapes against the default, alternated;
 #   - side by side with llama.cpp with whatever passed.
 #   run(command="bash ci/gpu_next_session.sh 1", carry=[".whl", ".stage"]); then at once 2, then 3.
 set -uo pipefail
@@ -59,6 +61,20 @@ if [ "${1:-1}" = 2 ]; then
         done
         cp /tmp/mmq-chosen.cu kernels/mmq.cu
     fi
+    echo "== 6. decode attention with a slot per thread (ATTN_SLOT_LANES=1): its GPU checks, then tg128 alternated (t=$((SECONDS - t0)) s)"
+    cp kernels/attention.cu /tmp/attention-default.cu
+    sed 's/^#define ATTN_SLOT_LANES 0/#define ATTN_SLOT_LANES 1/' /tmp/attention-default.cu > /tmp/attention-lanes.cu
+    cp /tmp/attention-lanes.cu kernels/attention.cu
+    timeout 150 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py conformance/test_decode_graph.py \
+        conformance/test_batch.py -k "attention or model or graph or batch" -q -n 12 -p no:cacheprovider > "$out/attn-lanes.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/attn-lanes.log" | head -10; tail -1 "$out/attn-lanes.log"
+    for s in qwen3-0.6b qwen3-30b-a3b; do
+        for v in default lanes default lanes; do
+            cp /tmp/attention-$v.cu kernels/attention.cu
+            echo "$s $v: $(timeout 60 python3 -m engine bench "$dir/$s.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
+        done
+    done
+    cp /tmp/attention-default.cu kernels/attention.cu
     bash ci/gpu_llama_builds.sh status | head -1
     echo "done at t=$((SECONDS - t0)) s"
     exit 0

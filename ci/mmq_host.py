@@ -57,6 +57,7 @@ extern thread_local uint3h threadIdx;
 extern uint3h blockIdx, blockDim, gridDim;
 struct int4 { int x, y, z, w; };
 struct int2 { int x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }

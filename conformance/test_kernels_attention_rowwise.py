@@ -65,3 +65,23 @@ def test_slots_in_flight_change_no_bit(rng):
         a, _ = attention_rowwise(one, q, kk, vk, pos, 0.1, case[-1])
         b, _ = attention_rowwise(many, q, kk, vk, pos, 0.1, case[-1])
         assert np.array_equal(a, b), f"{case}: several slots in flight changed the output"
+
+
+@pytest.mark.parametrize("case", CASES + [(1, 20, 2, 1, 36, 36, 0), (1, 300, 4, 2, 128, 128, 0)], ids=lambda c: "T%d-past%d-H%d-%d-D%d-%d-w%d" % c)
+def test_slot_per_thread_on_the_cpu(rng, case, record_property):
+    # ATTN_SLOT_LANES=1 (off until timed on a GPU): pass 1 with a slot per thread, its dot
+    # product summed in the thread; another order of the same additions, so held to the
+    # kernel's bound against the reference (head_dim 36: not a multiple of 8, the warp path)
+    from ci.attn_host import KERNEL_DIR, attention_rowwise
+    from ci.mmq_host import q8_1_blocks
+    lib = _lib("#define ATTN_SLOT_LANES 1\n" + (KERNEL_DIR / "attention.cu").read_text())
+    T, past, H, Hkv, D, DV, window = case
+    q, k, v, kk, vk, pos = _case(rng, *case)
+    # the usual scale, and one that spreads a row's logits over hundreds (exp of the logit
+    # less a max that is not the row's own would overflow)
+    for scale in (float(1 / np.sqrt(D)), float(400 / np.sqrt(D))):
+        got, blocks = attention_rowwise(lib, q, kk, vk, pos, scale, window)
+        want = cuda_reference().attention(q, k, v, pos, scale, window)
+        check(got, want.reshape(T, -1), ATTENTION, record_property)
+        if blocks is not None:
+            assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"

@@ -19,6 +19,13 @@
 // one call: Qwen3-0.6B shape 663 against 685 tok/s with 1, 30B-A3B 262.5 against 268.3).
 #define ATTN_SLOTS_PER_WARP 1
 #endif
+#ifndef ATTN_SLOT_LANES
+// 1: pass 1 takes a slot per thread (its K row read as 16-byte words, the dot product summed
+// in the thread: a block's 128 slots in flight at once, no shuffles) instead of a slot per
+// warp; written after the H200 put a decode step's attention at ~8 us a call at short contexts
+// (0.6B: ~15 % of a token), not yet timed there. Needs head_dim % 8 == 0 (else pass 1 as before).
+#define ATTN_SLOT_LANES 0
+#endif
 
 // cache[pos[t], :] = f16(x[t, :]) for rows of H_kv * Dh values.
 extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
@@ -73,6 +80,29 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
     const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);
+#if ATTN_SLOT_LANES
+    if (p.head_dim % 8 == 0) {
+        // A thread per slot: 8 halves of its K row per 16-byte load, each pair of dims added as
+        // in the warp-per-slot loop (q0 k0 + q1 k1), the pairs in dim order.
+        for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
+            const uint4 * kr = (const uint4 *) (k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim);
+            float dot = 0.0f;
+            for (int c = 0; c < p.head_dim / 8; ++c) {
+                const uint4 kk = kr[c];
+                const u32 w4[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int d = 8 * c + 2 * i;
+                    dot += q16[d] * f16_to_f32((u16) (w4[i] & 0xFFFF)) + q16[d + 1] * f16_to_f32((u16) (w4[i] >> 16));
+                }
+            }
+            const float logit = __fmul_rn(dot, p.scale);
+            prob[j] = logit;
+            m = fmaxf(m, logit);
+        }
+        m = warp_max(m);
+    } else
+#endif
     for (int j0 = warp; j0 < n; j0 += ATTN_WARPS * ATTN_SLOTS_PER_WARP) {
         float dot[ATTN_SLOTS_PER_WARP];
 #pragma unroll
