@@ -61,6 +61,12 @@ if [ "${1:-1}" = 2 ]; then
         done
         cp /tmp/mmq-chosen.cu kernels/mmq.cu
     fi
+    bash ci/gpu_llama_builds.sh status | head -1
+    echo "done at t=$((SECONDS - t0)) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 3 ]; then
     echo "== 6. decode attention with a slot per thread (ATTN_SLOT_LANES=1): its GPU checks, then tg128 alternated (t=$((SECONDS - t0)) s)"
     cp kernels/attention.cu /tmp/attention-default.cu
     sed 's/^#define ATTN_SLOT_LANES 0/#define ATTN_SLOT_LANES 1/' /tmp/attention-default.cu > /tmp/attention-lanes.cu
@@ -75,13 +81,7 @@ if [ "${1:-1}" = 2 ]; then
         done
     done
     cp /tmp/attention-default.cu kernels/attention.cu
-    bash ci/gpu_llama_builds.sh status | head -1
-    echo "done at t=$((SECONDS - t0)) s"
-    exit 0
-fi
-
-if [ "${1:-1}" = 3 ]; then
-    echo "== 6. side by side, REPS=3 (Gemma 4's fused ops on: BRASS_GEMMA4_FUSED_OPS=${G4:-1})"
+    echo "== 7. side by side, REPS=3 (Gemma 4's fused ops on: BRASS_GEMMA4_FUSED_OPS=${G4:-1})"
     bash ci/gpu_llama_builds.sh wait 200 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
     BRASS_GEMMA4_FUSED_OPS=${G4:-1} LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 \
         timeout 480 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 \
