@@ -84,7 +84,7 @@ if [ "${1:-1}" = 3 ]; then
     echo "== 7. side by side, REPS=3 (Gemma 4's fused ops on: BRASS_GEMMA4_FUSED_OPS=${G4:-1})"
     bash ci/gpu_llama_builds.sh wait 200 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
     BRASS_GEMMA4_FUSED_OPS=${G4:-1} LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 \
-        timeout 480 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 \
+        timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 \
         | grep -v "^WARNING"
     echo "done at t=$((SECONDS - t0)) s"
 fi
