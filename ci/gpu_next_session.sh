@@ -10,6 +10,8 @@
 #     fewer per layer, unmeasured), then its tg128 against the defaults, alternated;
 #   - the lockstep's unfused moe_ffn op by op and the delta-net hybrids' free-running bounds from
 #     ci/free_running_spread.py (both changed without a GPU);
+#   - a batched step's mat-vec columns per block (MV_COLS, the staging cap): tg128 x16 on the 8B
+#     shape, the lever for issue 11's 16 clients;
 #   - decode attention with a slot per thread (ATTN_SLOT_LANES, CPU-checked only): its GPU
 #     checks and tg128 of the 0.6B and 30B-A3B shapes against the default, alternated;
 #   - side by side with llama.cpp with whatever passed.
@@ -60,6 +62,22 @@ if [ "${1:-1}" = 2 ]; then
             done
         done
         cp /tmp/mmq-chosen.cu kernels/mmq.cu
+    fi
+    if [ $((SECONDS - t0)) -lt 420 ]; then
+        # A batched step's mat-vecs take at most MV_COLS tokens per block, and staged ones only as
+        # many as fit MV_COLS_STAGE_MAX_K values (K = 12288, the 8B's down: 4): at 16 rows every
+        # weight is read 2 to 4 times. Each token's sum is the one-token kernel's whatever the
+        # block (test_batched_mat_vecs_equal_one_token_each), so only the time changes.
+        echo "== 5b. qwen3-8b tg128 x16 sequences, batched mat-vec columns (MV_COLS, staging cap) (t=$((SECONDS - t0)) s)"
+        cp kernels/matvec.cuh /tmp/matvec-default.cuh
+        for v in "8 49152" "8 98304" "16 98304" "8 49152" "8 98304" "16 98304"; do
+            set -- $v
+            sed -e "s/^#define MV_COLS [0-9]*/#define MV_COLS $1/" \
+                -e "s/^#define MV_COLS_STAGE_MAX_K [0-9]*/#define MV_COLS_STAGE_MAX_K $2/" /tmp/matvec-default.cuh > kernels/matvec.cuh
+            echo "cols $1, staging cap $2: $(timeout 50 python3 -m engine bench "$dir/qwen3-8b.gguf" --backend cuda -r 2 -p 0 \
+                -n 128 --parallel 16 2>/dev/null | grep -oE "tg128 .*")"
+        done
+        cp /tmp/matvec-default.cuh kernels/matvec.cuh
     fi
     bash ci/gpu_llama_builds.sh status | head -1
     echo "done at t=$((SECONDS - t0)) s"
