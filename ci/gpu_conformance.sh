@@ -25,4 +25,6 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || 
 python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors -o junit_family=xunit1 --junitxml="$out/gpu-conformance.xml" "$@"
 rc=$?
 python3 ci/gpu_summary.py "$out/gpu-conformance.xml" | tee "$out/gpu-conformance-summary.txt"
+# whole models against llama.cpp's goldens (CPU and CUDA sets): issue 9's table
+python3 ci/gpu_summary.py "$out/gpu-conformance.xml" --models > "$out/gpu-models.txt" 2>&1 || true
 exit $rc

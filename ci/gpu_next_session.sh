@@ -47,6 +47,7 @@ if [ "${1:-1}" = 2 ]; then
     timeout 300 bash ci/gpu_conformance.sh -n 12 -q > "$out/suite.log" 2>&1
     echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
     cat "$out/gpu-conformance-summary.txt" 2>/dev/null
+    grep -E "cuda" "$out/gpu-models.txt" 2>/dev/null | head -20     # issue 9's table: Brass CUDA against llama.cpp's goldens
     echo "== 4. gemma-4-26b-a4b tg128, BRASS_GEMMA4_FUSED_OPS alternated (t=$((SECONDS - t0)) s)"
     for r in 0 1 0 1; do
         echo "fused ops $r: $(BRASS_GEMMA4_FUSED_OPS=$r timeout 60 python3 -m engine bench "$dir/gemma-4-26b-a4b.gguf" \
