@@ -2,7 +2,9 @@
 on the GPU runner: the #defines of mmq.cu (tile rows / tokens / threads, the K chunk, a
 register cap, the L2 prefetch of the next chunk's weights) compiled in turn, each timed on the
 Qwen3-30B-A3B shape (128 experts, 8 per token, a 512-token prompt: gate / up Q4_K 768 x 2048,
-down Q6_K 2048 x 768), routing uniform at random (8 distinct experts per token). Every
+down Q6_K 2048 x 768), routing uniform at random (8 distinct experts per token), and a dense
+prompt mat-mul (mmq_q4_k, the Qwen3-8B shape's 12288 x 4096 at 512 tokens: BRASS_MMQ=1's
+kernel, against which ci/gpu_mmq_bench.py times the float16 GEMM). Every
 variant's output must equal the default's bit for bit (each output is one column's own sum
 in K order, whatever the tile: conformance/test_kernels_mmq.py checks the same on the CPU); a
 variant that differs is reported and never chosen.
@@ -35,6 +37,9 @@ from kernels.params import pack  # noqa: E402
 MMQ_CU = Path(__file__).resolve().parents[1] / "kernels" / "mmq.cu"
 E, K_USED, T = 128, 8, 512
 CASES = (("gate", GGMLType.Q4_K, "q4_k", 768, 2048), ("down", GGMLType.Q6_K, "q6_k", 2048, 768))
+# and a dense prompt mat-mul (mmq_<type>, BRASS_MMQ=1; the float16 GEMM is the default there):
+# the Qwen3-8B shape's gate, 12288 x 4096 Q4_K, 512 tokens
+DENSE = ("dense", GGMLType.Q4_K, "q4_k", 12288, 4096)
 VARIANTS = {
     "default": (),
     "kb4": ("MMQ_KB=4",),
@@ -83,6 +88,10 @@ def main() -> int:
             w = cp.asarray(random_blocks(qtype, E * N, K, rng).reshape(-1))
             x = cp.asarray(rng.uniform(-1, 1, (T if what == "gate" else T * K_USED, K)).astype(np.float32))
             data[what] = (w, cuda.quantize_q8_1(x), w.size // (E * N))
+        what, qtype, name, N, K = DENSE
+        w = cp.asarray(random_blocks(qtype, N, K, rng).reshape(-1))
+        x = cp.asarray(rng.uniform(-1, 1, (T, K)).astype(np.float32))
+        data[what] = (w, cuda.quantize_q8_1(x), w.size // N)
         cuda.synchronize()
     print(f"{cuda.device_name}: E {E}, {K_USED} per token, T {T}; median of 10 launches after a warm-up", flush=True)
     rows, first, differ, totals = [], {}, [], {}
@@ -95,7 +104,7 @@ def main() -> int:
         try:
             image = compile_text("mmq.cu", source, target_for(cuda.cc), tuple(f"-D{x}" for x in defines))
         except Exception as e:              # a variant that does not build is reported, not chosen
-            rows.append((label, f"compile failed: {str(e).splitlines()[0][:60]}", "", "", ""))
+            rows.append((label, f"compile failed: {str(e).splitlines()[0][:60]}", "", "", "", ""))
             continue
         mod = cp.cuda.function.Module()
         mod.load(image)
@@ -107,14 +116,20 @@ def main() -> int:
             plan = cp.empty(2 * E + 2 * S + 1 + 2 * max_tiles, np.int32)
             mod.get_function("moe_plan")((1,), (plan_threads,), (I, plan, pack("MoePlanParams", n_slots=S, n_experts=E,
                                                                                 max_tiles=max_tiles)))
-            for what, qtype, name, N, K in CASES:
+            for what, qtype, name, N, K in CASES + (DENSE,):
                 w, xa, row_bytes = data[what]
-                fn = mod.get_function(f"mmq_id_{name}")
-                y = cp.full((S, N), np.nan, np.float32)
-                params = pack("MmqIdParams", n_rows=N, k=K, n_slots=S, n_used=K_USED, row_bytes=row_bytes,
-                              expert_bytes=N * row_bytes, n_experts=E, x_per_slot=int(what == "down"),
-                              max_tiles=max_tiles)
-                args = ((-(-N // R), max_tiles + 1), (TH,), (w, xa, plan, y, params))
+                if what == "dense":
+                    fn = mod.get_function(f"mmq_{name}")
+                    y = cp.full((T, N), np.nan, np.float32)
+                    params = pack("MmqParams", n_rows=N, k=K, n_tokens=T, row_bytes=row_bytes)
+                    args = ((-(-N // R), -(-T // C)), (TH,), (w, xa, y, params))
+                else:
+                    fn = mod.get_function(f"mmq_id_{name}")
+                    y = cp.full((S, N), np.nan, np.float32)
+                    params = pack("MmqIdParams", n_rows=N, k=K, n_slots=S, n_used=K_USED, row_bytes=row_bytes,
+                                  expert_bytes=N * row_bytes, n_experts=E, x_per_slot=int(what == "down"),
+                                  max_tiles=max_tiles)
+                    args = ((-(-N // R), max_tiles + 1), (TH,), (w, xa, plan, y, params))
                 fn(*args)
                 samples = []
                 for _ in range(10):
@@ -134,13 +149,15 @@ def main() -> int:
         layer = 2 * times["gate"] + times["down"]
         totals[label] = (layer, label not in differ)
         rows.append((label, f"{times['gate']:.0f}", f"{times['down']:.0f}", f"{layer:.0f}",
-                     "yes" if label not in differ else "NO"))
+                     f"{times['dense']:.0f}", "yes" if label not in differ else "NO"))
     if only is not None:
-        print(tabulate(rows, headers=["variant", "gate us", "down us", "layer us", "equals default"], tablefmt="github"))
+        print(tabulate(rows, headers=["variant", "gate us", "down us", "layer us", "dense us", "equals default"],
+                       tablefmt="github"))
         return 0
     base = totals["default"][0]
     print(tabulate([(*r, f"{base / totals[r[0]][0]:.2f}x" if r[0] in totals else "") for r in rows],
-                   headers=["variant", "gate us", "down us", "layer us", "equals default", "speed-up"],
+                   headers=["variant", "gate us", "down us", "layer us", "dense 12288x4096 us", "equals default",
+                            "speed-up (layer)"],
                    tablefmt="github"))
     ok = {k: v for k, (v, same) in totals.items() if same}
     best = min(ok, key=ok.get)
