@@ -63,6 +63,11 @@ def test_bench_times_replayed_prompts_with_prompt_graphs(monkeypatch):
     (r,) = bench.bench(m, n_prompt=8, n_gen=0, reps=3)
     assert events == ["capture", "timed", "timed", "timed"], events
     assert r.test == "pp8" and len(r.samples) == 3
+    assert r.prompt_graph is True, "the result says its reads were replays"
+    assert "replayed a prompt graph" in bench.table([r])
+    monkeypatch.setattr(model_mod, "PROMPT_GRAPHS", False)
+    (r,) = bench.bench(goldens.load_synthetic("synth-qwen3", "numpy"), n_prompt=8, n_gen=0, reps=1)
+    assert r.prompt_graph is False and "replayed" not in bench.table([r])
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -38,6 +38,10 @@ class BenchResult:
     stddev: float
     samples: list
     kernels_per_token: int | None = None    # tg on a graph backend: kernels in the decode graph
+    # pp: whether its timed reads replayed a prompt graph captured in the warm-up (a length read
+    # before, as the bench's is; BRASS_PROMPT_GRAPHS=0, a backend without graphs or a failed
+    # capture: read eagerly); None for tg
+    prompt_graph: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,7 +132,8 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
         results.append(BenchResult(model=model.name, size_bytes=size, backend=b.name, test=name(test, n),
                                    n_tokens=n, reps=reps, tokens_per_s=statistics.fmean(tps),
                                    stddev=statistics.stdev(tps) if len(tps) > 1 else 0.0, samples=tps,
-                                   kernels_per_token=s._step.kernels if test == "tg" and s._step else None))
+                                   kernels_per_token=s._step.kernels if test == "tg" and s._step else None,
+                                   prompt_graph=bool(s.prompt_graphs and n in s._prompt_steps) if test == "pp" else None))
     return results
 
 
@@ -136,5 +141,9 @@ def table(results: list[BenchResult]) -> str:
     from tabulate import tabulate
     rows = [(r.model, f"{r.size_bytes / 2**30:.2f} GiB", r.backend, r.test,
              f"{r.tokens_per_s:.2f} ± {r.stddev:.2f}") for r in results]
-    return tabulate(rows, headers=["model", "size", "backend", "test", "t/s"], tablefmt="github",
-                    disable_numparse=True)
+    out = tabulate(rows, headers=["model", "size", "backend", "test", "t/s"], tablefmt="github",
+                   disable_numparse=True)
+    if any(r.prompt_graph for r in results):
+        out += ("\npp: every timed read replayed a prompt graph captured in the warm-up "
+                "(BRASS_PROMPT_GRAPHS=0 reads prompts eagerly)")
+    return out
