@@ -186,33 +186,18 @@ static void run_grid(unsigned gx, unsigned gy, unsigned threads, int smem, F fn)
 """
 
 HARNESS = r"""#include "shim.h"
+unsigned char * host_smem;
 #include "mmq_host.cu"
 thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
-static std::barrier<> *block_bar;
-static std::barrier<> *warp_bar[MMQ_THREADS / 32];
+HOST_WARP_SYNC
 static int A[MMQ_THREADS][4], B[MMQ_THREADS][2];
-void __syncthreads() { block_bar->arrive_and_wait(); }
 HOST_HALF_DEFS
-// Every block of a (gx, gy) grid of MMQ_THREADS threads, one after another.
+HOST_RUN_GRID
+// Every block of a (gx, gy) grid of MMQ_THREADS threads, one after another (static shared
+// memory only).
 template <class F>
-static void run_blocks(unsigned gx, unsigned gy, F fn) {
-    std::barrier<> bb(MMQ_THREADS); block_bar = &bb;
-    for (int i = 0; i < MMQ_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {gx, gy, 1};
-    blockDim = {MMQ_THREADS, 1, 1};
-    for (unsigned by = 0; by < gy; ++by)
-        for (unsigned bx = 0; bx < gx; ++bx) {
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < MMQ_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(); });
-            for (auto & t : th) t.join();
-        }
-    for (int i = 0; i < MMQ_THREADS / 32; ++i) delete warp_bar[i];
-}
-float host_shfl_xor(float, int) { abort(); }  // unused by mmq.cu
-double host_shfl_xor_d(double, int) { abort(); }
+static void run_blocks(unsigned gx, unsigned gy, F fn) { run_grid(gx, gy, MMQ_THREADS, 0, fn); }
 // PTX ISA fragment layouts (as mmq.cu's comments state them), g = lane / 4, t = lane % 4:
 // k32: a0 = A[g][w t], a1 = A[g+8][w t], a2 = A[g][w t+4], a3 = A[g+8][w t+4]; b0 = B[w t][g],
 // b1 = B[w t+4][g]; d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1].
@@ -312,7 +297,8 @@ def _sources(defines: tuple[str, ...] = ()) -> dict[str, str]:
         raise RuntimeError(f"mmq.cu: expected one m16n8k32 and one m16n8k16 asm statement, found {n1} and {n2}")
     out["mmq_host.cu"] = s
     out["shim.h"] = SHIM
-    out["harness.cpp"] = HARNESS.replace("HOST_HALF_DEFS", HOST_HALF)
+    out["harness.cpp"] = (HARNESS.replace("HOST_HALF_DEFS", HOST_HALF).replace("HOST_WARP_SYNC", HOST_WARP_SYNC)
+                          .replace("HOST_RUN_GRID", HOST_RUN_GRID).replace("NTHREADS", "MMQ_THREADS"))
     return out
 
 
