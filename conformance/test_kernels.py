@@ -709,47 +709,6 @@ def test_moe_route(cuda, ref, rng, E, k, norm, scale, record_property):
     check(cuda.to_numpy(got[2]), np.asarray(want[2]), TRANSCENDENTAL, record_property, "weights")
 
 
-@pytest.mark.parametrize("T,E,K,k,norm,scale", [(1, 128, 2048, 8, True, 1.0), (1, 256, 2048, 8, True, 1.0),
-                                                (5, 128, 512, 8, False, 2.5), (8, 64, 256, 4, True, 1.0)])
-def test_fused_router_equals_its_two_launches(rng, tmp_path, monkeypatch, T, E, K, k, norm, scale):
-    """BRASS_FUSED_ROUTER: moe_router_f32 (the router's mat-vec and moe_route in one launch,
-    its last block to finish routing) gives the logits, probabilities, experts and weights of
-    matmul_f32 then moe_route bit for bit (the same mat-vec code, route_row on as many
-    threads), launch after launch (its ticket back at 0 each time) and replayed in a graph."""
-    from engine.backends.cuda import CudaBackend
-    b = CudaBackend(poison_outputs=True)
-    gf = weights(tmp_path, rng, {"r": (GGMLType.F32, (E, K))})
-    w = b.weight(gf, "r")
-
-    def both(x):
-        b.fused_router = False
-        want = [b.to_numpy(a) for a in b.moe_gate(x, w, k, norm, scale)]
-        b.fused_router = True
-        return want
-
-    def same(got, want, where):
-        for g, wn, part in zip(got, want, ("logits", "probs", "ids", "weights")):
-            g = b.to_numpy(g)
-            assert np.array_equal(g, wn), f"{where}: {part} differ (max |diff| {np.abs(g - wn).max():.3g})"
-
-    launched = record_launches(b, monkeypatch)
-    b.fused_router = True
-    # several token rows: a batched decode step's, where each row is computed as alone
-    monkeypatch.setattr(b, "_rows_independent", True)
-    for i in range(3):
-        x = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
-        got = b.moe_gate(x, w, k, norm, scale)
-        same(got, both(x), f"launch {i}")
-    assert "moe_router_f32" in launched and "moe_route" in launched, launched
-    x = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
-    graph = b.capture(lambda: b.moe_gate(x, w, k, norm, scale))
-    for r in range(2):
-        with b.activate():
-            x[...] = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
-        graph.replay()
-        same(graph.result, both(x), f"replay {r}")
-
-
 @pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.MXFP4, GGMLType.MXFP4),
                                    (GGMLType.Q8_0, GGMLType.Q5_0)], ids=str)
 def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):

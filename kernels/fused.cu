@@ -15,8 +15,6 @@
 
 #define FUSED_NORM_THREADS 1024
 #define ROPE_STORE_THREADS 128
-// moe_router_f32 (matvec_f.cu) routes with its mat-vec's MATVEC_THREADS; the same count here
-// keeps the two bit for bit (the double sum of the probabilities is per thread, then per warp).
 // On the H200 moe_route took the same time on 32 and on 256 threads (tg128 of the 30B-A3B
 // shape: 261.2 and 262.5 tok/s, 2026-12-01).
 #define ROUTE_THREADS 128

@@ -1,7 +1,6 @@
 // Float weights (F32, F16, BF16) × float32 activations, products and sums in float32, as
 // llama.cpp's CUDA path computes them. Kernels: see matvec.cuh.
 #include "matvec.cuh"
-#include "route.cuh"
 
 // An item is 16 bytes of a weight row (4 float32 or 8 half / bfloat16 values), one vector
 // load, against the float32 activations it meets (rows are 16-byte aligned: K is a multiple
@@ -53,29 +52,3 @@ typedef Half8Kind<true> BF16Kind;
 DEFINE_MATVEC(f32, F32Kind)
 DEFINE_MATVEC(f16, F16Kind)
 DEFINE_MATVEC(bf16, BF16Kind)
-
-// The MoE router of a decode step in one launch (BRASS_FUSED_ROUTER): block r computes row r
-// of the logits for every token (T <= MATMUL_TILE), as matmul_f32 does; the last block to
-// finish (its ticket from an atomic counter, which it sets back to 0 for the next launch) then
-// routes each token as moe_route does, with the same route_row on as many threads, so the
-// logits, probabilities, experts and weights are those of the two launches, bit for bit.
-extern "C" __global__ void __launch_bounds__(MATVEC_THREADS)
-moe_router_f32(const u8 * __restrict__ w, const float4 * __restrict__ x, float * logits,
-               float * __restrict__ probs, int * __restrict__ ids, float * __restrict__ weights,
-               unsigned * __restrict__ ticket, const MoeRouterParams p) {
-    PDL_ENTRY();
-    const int row = blockIdx.x, n_items = p.k / F32Kind::values_per_item;
-    matvec_rows<F32Kind, MATMUL_TILE>(w + row * p.row_bytes, x, logits + row, n_items, p.n_tokens, n_items,
-                                      p.n_rows);
-    __shared__ int is_last;
-    __threadfence();        // this block's logits reach the grid before its ticket is taken
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();        // every other block's logits, read through L2 by route_row
-    for (int t = 0; t < p.n_tokens; ++t)
-        route_row<MATVEC_THREADS>(logits + (i64) t * p.n_rows, probs + (i64) t * p.n_rows, ids + (i64) t * p.n_used,
-                                  weights + (i64) t * p.n_used, p.n_rows, p.n_used, p.norm, p.scale);
-    if (threadIdx.x == 0) *ticket = 0u;
-}

@@ -183,16 +183,6 @@ struct RopeStoreParams {
 
 // MoE router: softmax over the experts, top-k, the chosen weights optionally renormalised
 // to sum to one, then scaled.
-struct MoeRouterParams {
-    int n_rows;           // E: experts (router rows)
-    int k;                // K: input features
-    int n_tokens;         // T <= MATMUL_TILE
-    int n_used;           // experts chosen per token
-    long long row_bytes;  // bytes of one router row
-    int norm;             // the chosen weights divided by their sum
-    float scale;          // then multiplied by this (1: not)
-};
-
 struct MoeRouteParams {
     int n_rows;
     int n_experts;

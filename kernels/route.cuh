@@ -1,13 +1,12 @@
 // The MoE router's arithmetic on one row, for a block of THREADS threads, shared by router.cu's
-// softmax and topk kernels, moe_route (fused.cu, a block per token) and moe_router_f32
-// (matvec_f.cu: the router's mat-vec and the routing in one launch), so that all of them give
-// the same bits.
+// softmax and topk kernels and moe_route (fused.cu, a block per token), so that all of them
+// give the same bits.
 #pragma once
 #include "common.cuh"
 
 // yr = softmax(xr) over n values: exp(x - max) summed in double and divided in double, as the
-// numpy reference does. xr is read through L2 (__ldcg): moe_router_f32's last block reads rows
-// that the grid's other blocks wrote during the same launch, which L1 does not keep coherent.
+// numpy reference does. xr is read through L2 (__ldcg), as when a fused router (since removed)
+// read rows written by other blocks of its launch; plain loads would give the same values.
 template <int THREADS>
 __device__ __forceinline__ void softmax_row(const float * xr, float * __restrict__ yr, const int n) {
     __shared__ float scratch[WARP_SIZE];

@@ -119,13 +119,6 @@ ROPE_STORE_THREADS = 128
 # moe_route's block (kernels/fused.cu), read from the source so that a variant of the kernel
 # compiled with another size (ci/gpu_levers_session.sh) is launched with its own
 ROUTE_THREADS = int(re.search(r"#define ROUTE_THREADS (\d+)", (KERNEL_DIR / "fused.cu").read_text()).group(1))
-# moe_router_f32 (matvec_f.cu) routes with route_row on its mat-vec's block: the same count as
-# moe_route's keeps the fused router bit for bit the two launches it replaces.
-assert ROUTE_THREADS == MATVEC_THREADS, "kernels/fused.cu ROUTE_THREADS must equal MATVEC_THREADS"
-# BRASS_FUSED_ROUTER=1 (off until measured on a GPU): a decode step's MoE router (its F32
-# mat-vec, then moe_route) in one launch, moe_router_f32, whose last block to finish routes
-# (one launch and one kernel boundary fewer per MoE layer: 48 a token on Qwen3-30B-A3B).
-FUSED_ROUTER = os.environ.get("BRASS_FUSED_ROUTER", "0") not in ("", "0")
 ARGMAX_THREADS = 1024
 DEQUANT_THREADS = 256
 QUANTIZE_THREADS = 256
@@ -345,10 +338,6 @@ class CudaBackend(Backend):
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
         self.own_cublas = OWN_CUBLAS
-        self.fused_router = FUSED_ROUTER
-        # moe_router_f32's ticket: the blocks that have finished their rows; its last block
-        # sets it back to 0, so every launch (and graph replay) finds it there
-        self._router_ticket = cupy.zeros(1, np.uint32)
         self._own_blas = None       # blas.Handle, made on first use when own_cublas
         self._id_plan = None        # (ids array, experts, device plan) of mmq_id (BRASS_MOE_MMQ)
         self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
@@ -1542,24 +1531,6 @@ class CudaBackend(Backend):
                         params=pack("MoeRouteParams", n_rows=R, n_experts=E, k=k, norm=int(bool(norm)),
                                     scale=1.0 if scale in (0.0, 1.0) else scale))
         return probs, ids, weights
-
-    def moe_gate(self, x, w_router, k, norm, scale):
-        x = _f32(x, "moe_gate")
-        T = x.shape[0] if x.ndim == 2 else 0
-        if not (self.fused_router and x.ndim == 2 and 0 < T <= MATMUL_TILE and self._decode_rows(T)
-                and isinstance(w_router, CudaWeight) and w_router.type == GGMLType.F32
-                and len(w_router.shape) == 2 and 0 < k <= min(w_router.shape[0], 64)
-                and w_router.shape[0] <= SMALL_FLOAT_ROWS):
-            return super().moe_gate(x, w_router, k, norm, scale)
-        self._check_matrix(x, w_router, "moe_gate", 2)
-        E, K = w_router.shape
-        logits, probs = self._out((T, E)), self._out((T, E))
-        ids, weights = self._out((T, k), np.int32), self._out((T, k), F32)
-        self.launch("matvec_f.cu", "moe_router_f32", E, MATVEC_THREADS, w_router.data, x, logits, probs, ids,
-                    weights, self._router_ticket,
-                    params=pack("MoeRouterParams", n_rows=E, k=K, n_tokens=T, n_used=k, row_bytes=w_router.row_bytes,
-                                norm=int(bool(norm)), scale=1.0 if scale in (0.0, 1.0) else scale))
-        return logits, probs, ids, weights
 
     def fuses_moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, down_scale=None) -> bool:
         """Whether moe_ffn runs these operands as the two fused decode kernels (the experts'
