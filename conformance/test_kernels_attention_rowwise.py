@@ -53,11 +53,11 @@ def test_rowwise_attention_on_the_cpu(rng, case, record_property):
 
 
 def test_slots_in_flight_change_no_bit(rng):
-    # Pass 1 may take ATTN_SLOTS_PER_WARP slots per warp at a time (1 by default: 4 measured
-    # slower on the H200); each slot's logit must be the same float operations as with one at
-    # a time, so the output too.
+    # Pass 1 with a slot per warp may take ATTN_SLOTS_PER_WARP slots per warp at a time (1 by
+    # default: 4 measured slower on the H200); each slot's logit must be the same float
+    # operations as with one at a time, so the output too.
     from ci.attn_host import KERNEL_DIR, attention_rowwise
-    src = (KERNEL_DIR / "attention.cu").read_text()
+    src = "#define ATTN_SLOT_LANES 0\n" + (KERNEL_DIR / "attention.cu").read_text()
     one = _lib("#define ATTN_SLOTS_PER_WARP 1\n" + src)
     many = _lib("#define ATTN_SLOTS_PER_WARP 4\n" + src)
     for case in CASES:
@@ -67,14 +67,16 @@ def test_slots_in_flight_change_no_bit(rng):
         assert np.array_equal(a, b), f"{case}: several slots in flight changed the output"
 
 
+@pytest.mark.parametrize("lanes", [1, 0], ids=["slot-per-thread", "slot-per-warp"])
 @pytest.mark.parametrize("case", CASES + [(1, 20, 2, 1, 36, 36, 0), (1, 300, 4, 2, 128, 128, 0)], ids=lambda c: "T%d-past%d-H%d-%d-D%d-%d-w%d" % c)
-def test_slot_per_thread_on_the_cpu(rng, case, record_property):
-    # ATTN_SLOT_LANES=1 (off until timed on a GPU): pass 1 with a slot per thread, its dot
-    # product summed in the thread; another order of the same additions, so held to the
-    # kernel's bound against the reference (head_dim 36: not a multiple of 8, the warp path)
+def test_pass1_layouts_on_the_cpu(rng, case, lanes, record_property):
+    # Pass 1 with a slot per thread (ATTN_SLOT_LANES=1, the default: its dot product summed in
+    # the thread) or per warp (0, the path for head_dim % 8 != 0, and the layout before): other
+    # orders of the same additions, each held to the kernel's bound against the reference
+    # (head_dim 36: not a multiple of 8, the warp path either way)
     from ci.attn_host import KERNEL_DIR, attention_rowwise
     from ci.mmq_host import q8_1_blocks
-    lib = _lib("#define ATTN_SLOT_LANES 1\n" + (KERNEL_DIR / "attention.cu").read_text())
+    lib = _lib(f"#define ATTN_SLOT_LANES {lanes}\n" + (KERNEL_DIR / "attention.cu").read_text())
     T, past, H, Hkv, D, DV, window = case
     q, k, v, kk, vk, pos = _case(rng, *case)
     # the usual scale, and one that spreads a row's logits over hundreds (exp of the logit

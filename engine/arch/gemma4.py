@@ -53,22 +53,22 @@ FINAL_LOGIT_SOFTCAP = 30.0      # llama.cpp's default when the key is absent (ll
 # composition either way. The composition's intermediate nodes (ffn_moe_geglu,
 # ffn_moe_down_scaled) are then not traced.
 FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "1") not in ("", "0")
-# BRASS_GEMMA4_FUSED_OPS=1 (off until the whole GPU suite has run with it on): the fused ops the
-# other architectures use, where Gemma 4's composition allows them: a sliding-window layer's
-# q/k norms, rope and cache writes as one rope_store (one kernel on the GPU instead of six: q
-# norm, k norm, two ropes, two cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), the
-# residual add after attention with the FFN's input norm as one add_rms_norm (which also writes
-# the Q8_1 blocks the FFN's mat-vecs read: two kernels fewer per layer), a MoE layer's sum of its
-# dense and routed branches with post_ffw_norm as another (one fewer). On the H200 (2026-12-01)
-# those took the Gemma-4-26B-A4B shape's tg128 from 213.6 to 220.7 tok/s. Written after that,
-# not yet run on a GPU: the layer's last residual add and layer_output_scale with the next
-# layer's input norm (or the output norm) as add_rms_norm with a scale (three kernels fewer:
-# add, mul, the q/k/v mat-vecs' quantize), and a MoE layer's two norms of its residual, the
-# experts' and the router's, as moe_norms (four fewer). The same numbers on the numpy backend,
+# BRASS_GEMMA4_FUSED_OPS (on; 0 turns it off): the fused ops the other architectures use,
+# where Gemma 4's composition allows them: a sliding-window layer's q/k norms, rope and cache
+# writes as one rope_store (one kernel on the GPU instead of six: q norm, k norm, two ropes, two
+# cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), the residual add after attention
+# with the FFN's input norm as one add_rms_norm (which also writes the Q8_1 blocks the FFN's
+# mat-vecs read: two kernels fewer per layer), a MoE layer's sum of its dense and routed
+# branches with post_ffw_norm as another (one fewer), the layer's last residual add and
+# layer_output_scale with the next layer's input norm (or the output norm) as add_rms_norm with
+# a scale (three fewer: add, mul, the q/k/v mat-vecs' quantize), and a MoE layer's two norms of
+# its residual, the experts' and the router's, as moe_norms (four fewer). On the H200
+# (2026-12-02, tg128 alternated in one call) the Gemma-4-26B-A4B shape went 213.8 -> 230.4
+# tok/s, and the whole GPU suite passed with it on. The same numbers on the numpy backend,
 # whose fused ops are those compositions. Full layers keep rope_ff (their frequency factors);
 # the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches them) are then
 # not traced on SWA layers.
-FUSED_OPS = os.environ.get("BRASS_GEMMA4_FUSED_OPS", "0") not in ("", "0")
+FUSED_OPS = os.environ.get("BRASS_GEMMA4_FUSED_OPS", "1") not in ("", "0")
 
 
 def configure(cfg, gf):
@@ -172,8 +172,7 @@ def experts(f: common.Forward, il: int, x):
         h = b.rms_norm(x, w(p + "pre_ffw_norm_2.weight"), cfg.norm_eps)
         r = b.mul(b.scale(b.rms_norm(x, None, cfg.norm_eps), factor), w(p + "ffn_gate_inp.scale"))
     h = f.cb(h, "ffn_norm_2", il)
-    # the router's mat-vec and its softmax / top-k as one op (one launch on the GPU with
-    # BRASS_FUSED_ROUTER)
+    # the router's mat-vec and its softmax / top-k as one op (moe_gate: matmul, then moe_route)
     logits, probs, ids, weights = b.moe_gate(r, w(p + "ffn_gate_inp.weight"), cfg.n_expert_used,
                                              cfg.expert_weights_norm, cfg.expert_weights_scale)
     f.cb(logits, "ffn_moe_logits", il)
