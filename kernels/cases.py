@@ -149,12 +149,14 @@ PERF_MATMUL_SHAPES = ((4096, 4096, 1), (12288, 4096, 1), (32768, 4096, 1), (4096
                       (12288, 4096, 512))
 
 
-def nmse(actual, expected) -> float:
+def nmse(actual, expected, terms: float = 0.0) -> float:
     """Normalised mean squared error, sum((a - e)^2) / sum(e^2), in float64 (llama.cpp's
-    test-backend-ops measure)."""
+    test-backend-ops measure). `terms`: for a sum's outputs, the sum of its terms' squares;
+    the denominator is the larger of the two (rounding is relative to the terms, and an output
+    whose terms cancel would otherwise be held to a bound scaled by its own small value)."""
     a = np.asarray(actual, np.float64)
     e = np.asarray(expected, np.float64)
-    den = float((e * e).sum())
+    den = max(float((e * e).sum()), terms)
     num = float(((a - e) ** 2).sum())
     return num / den if den else (0.0 if num == 0 else float("inf"))
 
