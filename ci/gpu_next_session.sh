@@ -16,6 +16,9 @@
 #     checks and tg128 of the 0.6B and 30B-A3B shapes against the default, alternated;
 #   - side by side with llama.cpp with whatever passed.
 #   run(command="bash ci/gpu_next_session.sh 1", carry=[".whl", ".stage"]); then at once 2, then 3.
+# Part 4 (a fresh machine, the sixth session's last ~490 s): the whole suite on the tree with
+# what 1-3 chose turned on (decode attention with a slot per thread, Gemma 4's fused ops), then
+# tg128 of the shapes they changed (Brass alone: no llama.cpp build fits).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -76,7 +79,7 @@ if [ "${1:-1}" = 2 ]; then
             sed -e "s/^#define MV_COLS [0-9]*/#define MV_COLS $1/" \
                 -e "s/^#define MV_COLS_STAGE_MAX_K [0-9]*/#define MV_COLS_STAGE_MAX_K $2/" /tmp/matvec-default.cuh > kernels/matvec.cuh
             echo "cols $1, staging cap $2: $(timeout 50 python3 -m engine bench "$dir/qwen3-8b.gguf" --backend cuda -r 2 -p 0 \
-                -n 128 --parallel 16 2>/dev/null | grep -oE "tg128 .*")"
+                -n 128 --parallel 16 2>/dev/null | grep -oE "tg128x16 .*")"
         done
         cp /tmp/matvec-default.cuh kernels/matvec.cuh
     fi
@@ -105,5 +108,20 @@ if [ "${1:-1}" = 3 ]; then
     BRASS_GEMMA4_FUSED_OPS=${G4:-1} LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 \
         timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b,gemma-4-26b-a4b,qwen3.6-35b-a3b 2>&1 \
         | grep -v "^WARNING"
+    echo "done at t=$((SECONDS - t0)) s"
+fi
+
+if [ "${1:-1}" = 4 ]; then
+    (setsid nohup bash -c "for s in qwen3-0.6b qwen3-30b-a3b gemma-4-26b-a4b; do python3 ci/shape_models.py \$s $dir; done" \
+        > /tmp/brass-shapes.log 2>&1 < /dev/null &)
+    echo "== 8. the whole suite on the final defaults (t=$((SECONDS - t0)) s)"
+    timeout 300 bash ci/gpu_conformance.sh -n 12 -q > "$out/suite.log" 2>&1
+    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
+    cat "$out/gpu-conformance-summary.txt" 2>/dev/null
+    echo "== 9. tg128 on the defaults (t=$((SECONDS - t0)) s)"
+    for s in qwen3-0.6b qwen3-30b-a3b gemma-4-26b-a4b; do
+        [ $((SECONDS - t0)) -lt 340 ] || break
+        echo "$s: $(timeout 45 python3 -m engine bench "$dir/$s.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
+    done
     echo "done at t=$((SECONDS - t0)) s"
 fi
