@@ -85,6 +85,57 @@ MUTATIONS = {
         ["conformance/test_models.py::test_activations"],
         "gemma3: embedding scaled by sqrt(n_embd - 1)",
     ),
+    # the seed catalog's ops (issue 12): qwen35 / qwen35moe hybrids and gemma4
+    "delta_net_grouped_heads": (
+        "engine/backends/numpy_backend.py",
+        "head = np.arange(Hv) % q.shape[1]",
+        "head = np.arange(Hv) // (Hv // q.shape[1])",
+        ["conformance/test_models.py::test_activations[synth-qwen35-numpy]", "conformance/test_models.py::test_activations[synth-qwen35moe-numpy]"],
+        "delta net: value head h reads key head h // (Hv/Hk) (qwen3next's grouped order) instead of h mod Hk",
+    ),
+    "conv_state_shifted": (
+        "engine/backends/numpy_backend.py",
+        "conv_state[...] = X[T:]",
+        "conv_state[...] = X[T - 1:-1]",
+        ["conformance/test_models.py::test_greedy_stream[synth-qwen35-numpy]",
+         "conformance/test_models.py::test_teacher_forced[synth-qwen35-numpy]"],
+        "causal conv1d: the carried window shifted by one token (the prompt's own output is right)",
+    ),
+    "gated_norm_gate_first": (
+        "engine/backends/base.py",
+        "return self.mul(self.rms_norm(x, w, eps), self.silu(z))",
+        "return self.rms_norm(self.mul(x, self.silu(z)), w, eps)",
+        ["conformance/test_models.py::test_activations[synth-qwen35-numpy]"],
+        "delta net's output norm: silu(z) applied before the RMS norm instead of after",
+    ),
+    "shared_expert_gate_no_sigmoid": (
+        "engine/arch/qwen35moe.py",
+        'gate = f.cb(b.sigmoid(gate), "shared_expert_gate_sigmoid", il)',
+        'gate = f.cb(gate, "shared_expert_gate_sigmoid", il)',
+        ["conformance/test_models.py::test_activations[synth-qwen35moe-numpy]"],
+        "qwen35moe: the shared expert scaled by its gate logit, not sigmoid(logit)",
+    ),
+    "gemma4_attn_scale": (
+        "engine/arch/gemma4.py",
+        "cfg.attn_scale = 1.0            # llama.cpp",
+        "cfg.attn_scale = cfg.head_dim ** -0.5            # llama.cpp",
+        ["conformance/test_models.py::test_activations[synth-gemma4-numpy]"],
+        "gemma4: attention scaled by 1/sqrt(head_dim) instead of 1.0",
+    ),
+    "gemma4_values_not_normed": (
+        "engine/arch/gemma4.py",
+        'v = f.cb(b.rms_norm(v.reshape(T, Hkv, hd), None, cfg.norm_eps), "Vcur_normed", il)',
+        'v = f.cb(v.reshape(T, Hkv, hd), "Vcur_normed", il)',
+        ["conformance/test_models.py::test_activations[synth-gemma4-numpy]"],
+        "gemma4: values without their RMS norm (on full layers, the raw key projection)",
+    ),
+    "gemma4_expert_scale_dropped": (
+        "engine/backends/base.py",      # Backend.moe_ffn: gemma4's routed experts (the fused op)
+        "            y = self.mul_expert_scale(y, down_scale, ids)",
+        "            y = y",
+        ["conformance/test_models.py::test_activations[synth-gemma4moe-numpy]"],
+        "gemma4 MoE: the per-expert down scale (ffn_down_exps.scale) not applied",
+    ),
 }
 
 
