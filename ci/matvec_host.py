@@ -84,7 +84,7 @@ extern "C" int run_kernel(const char * kernel, const char * name, void * const *
 """
 
 
-def _sources() -> dict[str, str]:
+def _sources(defines: tuple[str, ...] = ()) -> dict[str, str]:
     out = host_headers(HEADERS)
     decl = "extern __shared__ int4 staged_x[];"
     h = out["matvec.cuh"]
@@ -92,7 +92,8 @@ def _sources() -> dict[str, str]:
     if n < 5:
         raise RuntimeError(f"matvec.cuh: expected a {decl!r} in each kernel, found {n}")
     out["matvec.cuh"] = h.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
-    out["matvec_host.cu"] = (KERNEL_DIR / "matvec_q.cu").read_text()
+    out["matvec_host.cu"] = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines) + \
+        (KERNEL_DIR / "matvec_q.cu").read_text()
     out["shim.h"] = SHIM
     out["harness.cpp"] = (HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC).replace("HOST_HALF", HOST_HALF)
                           .replace("HOST_RUN_GRID", HOST_RUN_GRID)
@@ -100,9 +101,10 @@ def _sources() -> dict[str, str]:
     return out
 
 
-def build() -> ctypes.CDLL:
-    """Compile (or reuse) the CPU build of matvec_q.cu; raises RuntimeError without g++."""
-    so = compile_host(_sources(), "matvec", "matvec_q.cu")
+def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of matvec_q.cu (with `defines`, "NAME=VALUE" each, ahead
+    of its #ifndef defaults); raises RuntimeError without g++."""
+    so = compile_host(_sources(tuple(defines)), "matvec", "matvec_q.cu")
     so.run_kernel.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
     return so
@@ -119,10 +121,12 @@ def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threa
     return arrs
 
 
-def matvec(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
+def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three weights of one type sharing x [1, K] (the q/k/v launch of
-    a decode step), as CudaBackend._matvec launches matvec_<type> for one token."""
-    from engine.backends.cuda.backend import MV_ROWS, MV_WARPS, _stage_bytes
+    a decode step), as CudaBackend._matvec launches matvec_<type> for one token. `split`: the
+    MV_SPLIT `lib` was built with (default: the backend's)."""
+    from engine.backends.cuda.backend import MV_ROWS, MV_SPLIT, MV_WARPS, _stage_bytes
+    upb = MV_WARPS // (split or MV_SPLIT)
     from kernels.params import pack
     K = x.shape[-1]
     xb = q8_1_blocks(x.reshape(1, K))
@@ -135,14 +139,15 @@ def matvec(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
                   cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
-    res = _run(lib, "matvec", qtype, ws + [xb] + outs, params, (-(-units // MV_WARPS), 1),
+    res = _run(lib, "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
                MV_WARPS * 32, _stage_bytes(qtype, K))
     return res[4:4 + len(raws)]
 
 
-def matvec_cols(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
+def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -> list[np.ndarray]:
     """The same for T tokens of a batched decode step (matvec_cols_<type>)."""
-    from engine.backends.cuda.backend import MV_WARPS, _cols_per_block
+    from engine.backends.cuda.backend import MV_SPLIT, MV_WARPS, _cols_per_block
+    upb = MV_WARPS // (split or MV_SPLIT)
     from kernels.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x)
@@ -156,7 +161,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray) -> list[np.ndarray]:
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
     res = _run(lib, "matvec_cols", qtype, ws + [xb] + outs, params,
-               (-(-T // cols), min(-(-sum(rows) // MV_WARPS), 65535)), MV_WARPS * 32, smem)
+               (-(-T // cols), min(-(-sum(rows) // upb), 65535)), MV_WARPS * 32, smem)
     return res[4:4 + len(raws)]
 
 

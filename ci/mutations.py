@@ -73,8 +73,8 @@ MUTATIONS = {
     ),
     "q4_1_min_term": (
         "engine/backends/numpy_backend.py",
-        "return _mm(xq, dq) + _mm(qb.s.astype(F32), mins)",
-        "return _mm(xq, dq + np.repeat(mins, 32, axis=-1))",
+        "return _mm(xq, dq, by_row) + _mm(qb.s.astype(F32), mins, by_row)",
+        "return _mm(xq, dq + np.repeat(mins, 32, axis=-1), by_row)",
         ["conformance/test_models.py::test_activations"],
         "Q4_1/Q5_1: mins multiplied by the exact activation sum instead of llama.cpp's fp16 s",
     ),

@@ -39,6 +39,19 @@
 #ifndef MV_UNROLL
 #define MV_UNROLL 1         // items of a row a lane has in flight (1: best with staged activations)
 #endif
+#ifndef MV_SPLIT
+// matvec_<kind> / matvec_cols_<kind>: warps that share a unit of rows (split-K), warp s of the
+// group taking items lane + 32 s, lane + 32 (s + MV_SPLIT), ...; their warp sums are added in
+// the order s = 0, 1, ... through shared memory. 1: a warp per unit, as tuned before. Written
+// (2026-12-02, not yet timed) because a warp per row leaves the H200 short of loads in flight
+// on the shapes that miss the bandwidth: ncu put the Q4_K mat-vec at ~54 % achieved occupancy,
+// stalled on memory latency; a 4096-row matrix is 4,096 warps, ~31 of an SM's 64 slots, and
+// 12,288 rows are 1.45 waves of resident warps (the last wave runs at half occupancy). llama.cpp's
+// mmvq splits each row over its block's warps likewise. Another order of the same sums than
+// MV_SPLIT 1: within the mat-mul bound of the reference, not bit for bit the default.
+#define MV_SPLIT 1
+#endif
+static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 #define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
 #define GLU_ROWS 4
 #define DOWN_WARPS 8        // matvec_moe_down_<kind>: warps per block (over the chosen experts)
@@ -161,17 +174,17 @@ __device__ __forceinline__ const void * staged_row(const void * xs, const int r,
     return nullptr;
 }
 
-// acc[r] = row r (r < n_valid) of w0 (rows row_bytes apart) . x, summed over the warp; every
-// lane ends with the full sums.
+// acc[r] = row r (r < n_valid) of w0 (rows row_bytes apart) . x over the items first, first +
+// step, ... (a lane's: first = lane, step = WARP_SIZE, or its share of a split row), summed
+// over the warp; every lane ends with the warp's sums.
 template <class K, int R>
 __device__ __forceinline__ void warp_dot_rows(const u8 * __restrict__ w0, const i64 row_bytes, const int n_valid,
                                               const typename K::act * __restrict__ x, const int n_items,
-                                              float (&acc)[R]) {
-    const int lane = threadIdx.x % WARP_SIZE;
+                                              float (&acc)[R], const int first, const int step) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 #pragma unroll MV_UNROLL
-    for (int i = lane; i < n_items; i += WARP_SIZE) {
+    for (int i = first; i < n_items; i += step) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             if (r < n_valid) acc[r] += K::dot(w0 + r * row_bytes, i, x + i);
@@ -186,14 +199,16 @@ __device__ __forceinline__ void warp_dot_rows(const u8 * __restrict__ w0, const 
 template <class K, int R>
 __device__ __forceinline__ void rows_dot(const u8 * __restrict__ w0, const i64 row_bytes, const int n_valid,
                                          const typename K::act * __restrict__ x, const void * __restrict__ xs,
-                                         const int n_items, float (&acc)[R]) {
+                                         const int n_items, float (&acc)[R],
+                                         const int first = threadIdx.x % WARP_SIZE, const int step = WARP_SIZE) {
     if constexpr (K::can_stage) {
         if (xs != nullptr) {
-            warp_dot_rows<Staged<K>, R>(w0, row_bytes, n_valid, (const typename Staged<K>::act *) xs, n_items, acc);
+            warp_dot_rows<Staged<K>, R>(w0, row_bytes, n_valid, (const typename Staged<K>::act *) xs, n_items, acc,
+                                        first, step);
             return;
         }
     }
-    warp_dot_rows<K, R>(w0, row_bytes, n_valid, x, n_items, acc);
+    warp_dot_rows<K, R>(w0, row_bytes, n_valid, x, n_items, acc, first, step);
 }
 
 // acc[c] = w_row . x_c for the n_cols tokens c (rows of x n_items apart), summed over the
@@ -202,11 +217,11 @@ __device__ __forceinline__ void rows_dot(const u8 * __restrict__ w0, const i64 r
 // loaded once for all tokens.
 template <class K, int C>
 __device__ __forceinline__ void warp_dot_cols(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
-                                              const int n_cols, const int n_items, float (&acc)[C]) {
-    const int lane = threadIdx.x % WARP_SIZE;
+                                              const int n_cols, const int n_items, float (&acc)[C],
+                                              const int first, const int step) {
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[c] = 0.0f;
-    for (int i = lane; i < n_items; i += WARP_SIZE) {
+    for (int i = first; i < n_items; i += step) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             acc[c] += K::dot(w_row, i, x + (i64) min(c, n_cols - 1) * n_items + i);
@@ -220,14 +235,16 @@ __device__ __forceinline__ void warp_dot_cols(const u8 * __restrict__ w_row, con
 template <class K, int C>
 __device__ __forceinline__ void cols_dot(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
                                          const void * __restrict__ xs, const int n_cols, const int n_items,
-                                         float (&acc)[C]) {
+                                         float (&acc)[C], const int first = threadIdx.x % WARP_SIZE,
+                                         const int step = WARP_SIZE) {
     if constexpr (K::can_stage) {
         if (xs != nullptr) {
-            warp_dot_cols<Staged<K>, C>(w_row, (const typename Staged<K>::act *) xs, n_cols, n_items, acc);
+            warp_dot_cols<Staged<K>, C>(w_row, (const typename Staged<K>::act *) xs, n_cols, n_items, acc,
+                                        first, step);
             return;
         }
     }
-    warp_dot_cols<K, C>(w_row, x, n_cols, n_items, acc);
+    warp_dot_cols<K, C>(w_row, x, n_cols, n_items, acc, first, step);
 }
 
 // The old block-per-row skeleton, kept for prefill tiles and mul_mat_id: one weight row per
@@ -298,26 +315,60 @@ extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)              
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
               const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,     \
               float * __restrict__ y2, const MultiMatVecParams p) {                                \
-    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    constexpr int UPB = MV_WARPS / MV_SPLIT;      /* units per block: a group of MV_SPLIT warps each */ \
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;                      \
+    const int g = warp / MV_SPLIT, s = warp % MV_SPLIT;                                            \
+    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.x * UPB + g, MV_ROWS);                       \
     PDL_ENTRY();                                                                                   \
-    /* Each matrix takes whole warps: unit u covers rows u*MV_ROWS.. of its matrix. A grid     */  \
-    /* smaller than the units makes each warp loop over several (grid-stride).                 */  \
+    /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */ \
+    /* grid smaller than the units makes each group loop over several (grid-stride).           */  \
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;  \
     const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;                                            \
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;                                  \
     extern __shared__ int4 staged_x[];                                                             \
     const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);                   \
-    for (int uu = blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE; uu < u0 + u1 + u2;              \
-         uu += gridDim.x * MV_WARPS) {                                                             \
-        int u = uu;                                                                                \
+    __shared__ float mv_part[MV_SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];                                \
+    if constexpr (MV_SPLIT == 1) {                                                                 \
+        for (int uu = blockIdx.x * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.x * MV_WARPS) { \
+            int u = uu;                                                                            \
+            const u8 * w; float * y; int n; i64 rb;                                                \
+            if (u < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                      \
+            else if ((u -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }         \
+            else { u -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                    \
+            const int row = u * MV_ROWS;                                                           \
+            float acc[MV_ROWS];                                                                    \
+            rows_dot<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, xs, n_items, acc); \
+            if (lane == 0) {                                                                       \
+                _Pragma("unroll")                                                                  \
+                for (int r = 0; r < MV_ROWS; ++r) if (row + r < n) y[(i64) t * n + row + r] = acc[r]; \
+            }                                                                                      \
+        }                                                                                          \
+        return;                                                                                    \
+    }                                                                                              \
+    /* split: the block's groups loop together (ub is uniform), so the barriers are too */         \
+    for (int ub = blockIdx.x * UPB; ub < u0 + u1 + u2; ub += gridDim.x * UPB) {                    \
+        int u = ub + g;                                                                            \
+        const bool valid = u < u0 + u1 + u2;                                                       \
         const u8 * w; float * y; int n; i64 rb;                                                    \
         if (u < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                          \
         else if ((u -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }             \
         else { u -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                        \
         const int row = u * MV_ROWS;                                                               \
         float acc[MV_ROWS];                                                                        \
-        rows_dot<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, xs, n_items, acc);    \
-        if (threadIdx.x % WARP_SIZE == 0) {                                                        \
+        if (valid) rows_dot<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, xs, n_items, acc, \
+                                        lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);                \
+        if (valid && lane == 0) {                                                                  \
+            _Pragma("unroll")                                                                      \
+            for (int r = 0; r < MV_ROWS; ++r) mv_part[warp][r] = acc[r];                           \
+        }                                                                                          \
+        __syncthreads();                                                                           \
+        if (valid && s == 0) {                                                                     \
+            _Pragma("unroll")                                                                      \
+            for (int r = 0; r < MV_ROWS; ++r)                                                      \
+                for (int j = 1; j < MV_SPLIT; ++j) acc[r] += mv_part[warp + j][r];                 \
+        }                                                                                          \
+        __syncthreads();                                                                           \
+        if (valid && s == 0 && lane == 0) {                                                        \
             _Pragma("unroll")                                                                      \
             for (int r = 0; r < MV_ROWS; ++r) if (row + r < n) y[(i64) t * n + row + r] = acc[r];  \
         }                                                                                          \
@@ -367,26 +418,59 @@ extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)              
 matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
                    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1, \
                    float * __restrict__ y2, const MultiMatVecParams p) {                           \
-    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, 1);              \
+    constexpr int UPB = MV_WARPS / MV_SPLIT;      /* rows per block: a group of MV_SPLIT warps each */  \
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;                      \
+    const int g = warp / MV_SPLIT, s = warp % MV_SPLIT;                                            \
+    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.y * UPB + g, 1);                             \
     PDL_ENTRY();                                                                                   \
-    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warps as in       */ \
-    /* matvec_ (blockIdx.y, grid-stride): one row per warp, the tokens' sums side by side.     */  \
+    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warp groups as   */  \
+    /* in matvec_ (blockIdx.y, grid-stride): one row per group, the tokens' sums side by side, */  \
+    /* each token's items split over the group's warps as matvec_ splits them.                 */  \
     const int u0 = p.n_rows0, u1 = p.n_rows1, u2 = p.n_rows2;                                      \
     const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);                     \
-    const int n_items = p.k / K::values_per_item, lane = threadIdx.x % WARP_SIZE;                  \
+    const int n_items = p.k / K::values_per_item;                                                  \
     extern __shared__ int4 staged_x[];                                                             \
     const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(x + (i64) t0 * n_items, n_cols, n_items, staged_x); \
-    for (int uu = blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE; uu < u0 + u1 + u2;              \
-         uu += gridDim.y * MV_WARPS) {                                                             \
-        int row = uu;                                                                              \
+    __shared__ float mv_part[MV_SPLIT > 1 ? MV_WARPS : 1][MV_COLS];                                \
+    if constexpr (MV_SPLIT == 1) {                                                                 \
+        for (int uu = blockIdx.y * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.y * MV_WARPS) { \
+            int row = uu;                                                                          \
+            const u8 * w; float * y; int n; i64 rb;                                                \
+            if (row < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                    \
+            else if ((row -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }       \
+            else { row -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                  \
+            float acc[MV_COLS];                                                                    \
+            cols_dot<K, MV_COLS>(w + row * rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc);  \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y[(i64) (t0 + c) * n + row] = acc[c]; \
+        }                                                                                          \
+        return;                                                                                    \
+    }                                                                                              \
+    for (int ub = blockIdx.y * UPB; ub < u0 + u1 + u2; ub += gridDim.y * UPB) {                    \
+        int row = ub + g;                                                                          \
+        const bool valid = row < u0 + u1 + u2;                                                     \
         const u8 * w; float * y; int n; i64 rb;                                                    \
         if (row < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                        \
         else if ((row -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }           \
         else { row -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                      \
         float acc[MV_COLS];                                                                        \
-        cols_dot<K, MV_COLS>(w + row * rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc);      \
-        _Pragma("unroll")                                                                          \
-        for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y[(i64) (t0 + c) * n + row] = acc[c]; \
+        if (valid) cols_dot<K, MV_COLS>(w + row * rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc, \
+                                        lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);                \
+        if (valid && lane == 0) {                                                                  \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c) mv_part[warp][c] = acc[c];                           \
+        }                                                                                          \
+        __syncthreads();                                                                           \
+        if (valid && s == 0) {                                                                     \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c)                                                      \
+                for (int j = 1; j < MV_SPLIT; ++j) acc[c] += mv_part[warp + j][c];                 \
+        }                                                                                          \
+        __syncthreads();                                                                           \
+        if (valid && s == 0) {                                                                     \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y[(i64) (t0 + c) * n + row] = acc[c]; \
+        }                                                                                          \
     }                                                                                              \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \

@@ -142,6 +142,9 @@ MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group
 # most, and how many staged values (tokens x K) they stage at most.
 MV_COLS = int(re.search(r"#define MV_COLS (\d+)", _MATVEC_H).group(1))
 MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
+# matvec_<type> / matvec_cols_<type>: warps that share a unit of rows (kernels/matvec.cuh); a
+# block takes MV_WARPS // MV_SPLIT units
+MV_SPLIT = int(re.search(r"#define MV_SPLIT (\d+)", _MATVEC_H).group(1))
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
 # mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
 _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
@@ -685,7 +688,8 @@ class CudaBackend(Backend):
             params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                           n_rows2=rows[2], cols=1, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                           row_bytes2=ws[2].row_bytes)
-            self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), T), MV_WARPS * 32,
+            self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // (MV_WARPS // MV_SPLIT)), T),
+                        MV_WARPS * 32,
                         ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                         smem=_stage_bytes(w0.type, K))
             return
@@ -697,7 +701,7 @@ class CudaBackend(Backend):
                       n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                       row_bytes2=ws[2].row_bytes)
         self.launch(src_file, f"matvec_cols_{_TYPE_NAMES[w0.type]}",
-                    (-(-T // cols), min(-(-sum(rows) // MV_WARPS), 65535)), MV_WARPS * 32,
+                    (-(-T // cols), min(-(-sum(rows) // (MV_WARPS // MV_SPLIT)), 65535)), MV_WARPS * 32,
                     ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
 
     def _matmul_tiles(self, x2, w, y, src):
