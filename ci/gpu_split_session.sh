@@ -8,7 +8,8 @@
 #      the 8B >= 2 % faster than 1 is kept for calls 2 and 3 (in /tmp);
 #      llama-server and llama-bench build meanwhile;
 #   2. the whole suite with that split, then side by side with llama.cpp (REPS=3);
-#   3. issue 11's load test (ci/gpu_serving.sh: 1 / 4 / 16 streaming clients against
+#   3. the CUDA mutations (ci/gpu_mutations.sh, the delta net's and conv's among them), then
+#      issue 11's load test (ci/gpu_serving.sh: 1 / 4 / 16 streaming clients against
 #      llama-server --parallel 16 on the 8B shape) with that split.
 #   run(command="bash ci/gpu_split_session.sh 1", carry=[".whl", ".stage"]); then at once 2, then 3.
 # Then write the chosen MV_SPLIT into kernels/matvec.cuh (the backend reads it from there).
@@ -94,7 +95,9 @@ if [ "${1:-1}" = 2 ]; then
 fi
 
 if [ "${1:-1}" = 3 ]; then
+    echo "== CUDA mutations (ci/gpu_mutations.sh: each planted bug must be caught)"
+    timeout 150 bash ci/gpu_mutations.sh 2>&1 | tail -8
     echo "== issue 11's load test at MV_SPLIT=$(grep -oE '^#define MV_SPLIT [0-9]+' kernels/matvec.cuh | awk '{print $3}')"
-    timeout 580 bash ci/gpu_serving.sh 2>&1 | tail -30
+    timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_serving.sh 2>&1 | tail -30
     echo "done at t=$((SECONDS - t0)) s"
 fi
