@@ -136,6 +136,21 @@ MUTATIONS = {
         ["conformance/test_models.py::test_activations[synth-gemma4moe-numpy]"],
         "gemma4 MoE: the per-expert down scale (ffn_down_exps.scale) not applied",
     ),
+    # the delta net's CUDA kernels, through their CPU builds (ci/delta_host.py)
+    "cuda_delta_decode_grouped_heads": (
+        "kernels/ssm.cu",
+        "hk = h % Hk;",
+        "hk = h / (Hv / Hk);",
+        ["conformance/test_kernels_delta_chunked.py::test_decode_kernel_on_the_cpu"],
+        "CUDA delta net (decode, ssm.cu): value heads read key heads in the grouped order",
+    ),
+    "cuda_delta_chunked_grouped_heads": (
+        "kernels/delta_chunked.cu",
+        "hk = h % Hk;",
+        "hk = h / (Hv / Hk);",
+        ["conformance/test_kernels_delta_chunked.py::test_chunked_kernel_on_the_cpu"],
+        "CUDA delta net (chunked prompt, delta_chunked.cu): value heads in the grouped order",
+    ),
 }
 
 
