@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Run by the sixth session (2026-12-02; results in perf/NOTES.md): since then a slot per thread
+# and Gemma 4's fused ops are the defaults, and the fused router is gone.
 # Three GPU calls, sent back to back on a warm machine (it goes back ~30 s after a call ends),
 # for what the fifth session of 2026-12-01 left to measure:
 #   - the MoE prompt's expert mat-muls with mmq_tile_packed (MMQ_PACKED, written after ncu put
@@ -90,8 +92,10 @@ fi
 
 if [ "${1:-1}" = 3 ]; then
     echo "== 6. decode attention with a slot per thread (ATTN_SLOT_LANES=1): its GPU checks, then tg128 alternated (t=$((SECONDS - t0)) s)"
-    cp kernels/attention.cu /tmp/attention-default.cu
-    sed 's/^#define ATTN_SLOT_LANES 0/#define ATTN_SLOT_LANES 1/' /tmp/attention-default.cu > /tmp/attention-lanes.cu
+    cp kernels/attention.cu /tmp/attention-file.cu
+    # (a slot per warp, "default" here, against a slot per thread, whatever the file's default)
+    sed 's/^#define ATTN_SLOT_LANES [0-9]*/#define ATTN_SLOT_LANES 0/' kernels/attention.cu > /tmp/attention-default.cu
+    sed 's/^#define ATTN_SLOT_LANES [0-9]*/#define ATTN_SLOT_LANES 1/' kernels/attention.cu > /tmp/attention-lanes.cu
     cp /tmp/attention-lanes.cu kernels/attention.cu
     timeout 150 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py conformance/test_decode_graph.py \
         conformance/test_batch.py -k "attention or model or graph or batch" -q -n 12 -p no:cacheprovider > "$out/attn-lanes.log" 2>&1
@@ -102,7 +106,7 @@ if [ "${1:-1}" = 3 ]; then
             echo "$s $v: $(timeout 60 python3 -m engine bench "$dir/$s.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*")"
         done
     done
-    cp /tmp/attention-default.cu kernels/attention.cu
+    cp /tmp/attention-file.cu kernels/attention.cu
     echo "== 7. side by side, REPS=3 (Gemma 4's fused ops on: BRASS_GEMMA4_FUSED_OPS=${G4:-1})"
     bash ci/gpu_llama_builds.sh wait 200 > /dev/null; bash ci/gpu_llama_builds.sh status | head -1
     BRASS_GEMMA4_FUSED_OPS=${G4:-1} LLAMA_BENCH=/tmp/llama-bench-11434/llama.cpp/build/bin/llama-bench REPS=3 DROP=1 \

@@ -8,23 +8,27 @@
 #      the 8B >= 2 % faster than 1 is kept for calls 2 and 3 (in /tmp);
 #      llama-server and llama-bench build meanwhile;
 #   2. the whole suite with that split, then side by side with llama.cpp (REPS=3);
-#   3. the CUDA mutations (ci/gpu_mutations.sh, the delta net's and conv's among them), then
-#      issue 11's load test (ci/gpu_serving.sh: 1 / 4 / 16 streaming clients against
-#      llama-server --parallel 16 on the 8B shape) with that split.
+#   3. decode attention a slot per thread (ATTN_SLOT_LANES, on since the sixth session: timed
+#      only on head_dim 128) against a slot per warp on Gemma-4-26B-A4B (head_dim 256 / 512),
+#      alternated; issue 11's load test (ci/gpu_serving.sh: 1 / 4 / 16 streaming clients
+#      against llama-server --parallel 16 on the 8B shape) with that split; the CUDA mutations
+#      (ci/gpu_mutations.sh, the delta net's and conv's among them) in what time is left.
 #   run(command="bash ci/gpu_split_session.sh 1", carry=[".whl", ".stage"]); then at once 2, then 3.
 # Then write the chosen MV_SPLIT into kernels/matvec.cuh (the backend reads it from there).
 set -uo pipefail
+t0=$SECONDS
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
 brass_env
-t0=$SECONDS
 split_to() { sed -i "s/^#define MV_SPLIT [0-9]*/#define MV_SPLIT $1/" kernels/matvec.cuh; }
 [ -f /tmp/mv-split ] && split_to "$(cat /tmp/mv-split)"
 tg() {  # $1 shape: "tg128 | mean ± sd |"
-    timeout 60 python3 -m engine bench "$dir/$1.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
+    timeout 50 python3 -m engine bench "$dir/$1.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
 }
 
 if [ "${1:-1}" = 1 ]; then
+    rm -f /tmp/mv-split /tmp/mv-split-passed /tmp/mv-split-tg   # a rerun starts afresh
+    split_to 1
     # detached, so that it goes on after this call (a warm runner keeps /tmp and its processes)
     (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(( $(nproc) / 2 )) llama-server llama-bench; wait" \
         > /dev/null 2>&1 < /dev/null &)
@@ -33,7 +37,7 @@ if [ "${1:-1}" = 1 ]; then
     for s in 2 4; do
         split_to $s
         echo "== MV_SPLIT=$s: the mat-vec, batch, graph and whole-model checks (t=$((SECONDS - t0)) s)"
-        timeout 150 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py conformance/test_decode_graph.py \
+        timeout 120 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py conformance/test_decode_graph.py \
             conformance/test_kernels_model.py -k "matvec or matmul or mat_vec or batch or graph or model" -q -n 12 \
             -p no:cacheprovider > "$out/split-$s.log" 2>&1
         echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/split-$s.log" | head -8; tail -1 "$out/split-$s.log"
@@ -43,14 +47,14 @@ if [ "${1:-1}" = 1 ]; then
     for s in 1 2 4; do
         split_to $s
         echo "== MV_SPLIT=$s: mat-vecs alone (t=$((SECONDS - t0)) s)"
-        timeout 90 python3 ci/gpu_speed.py --dir "$dir" 2>&1 | grep -E "copy|Q4_K|Q6_K|Q8_0|F16" | tail -9
+        timeout 70 python3 ci/gpu_speed.py --dir "$dir" 2>&1 | grep -E "copy|Q4_K|Q6_K|Q8_0|F16" | tail -9
     done
     echo "== tg128 at MV_SPLIT 1 / 2 / 4, alternated (shapes: $(tail -1 /tmp/brass-shapes.log); t=$((SECONDS - t0)) s)"
     for r in 1 2; do
         for s in 1 2 4; do
             split_to $s
             for m in qwen3-0.6b qwen3-8b; do
-                [ $((SECONDS - t0)) -lt 540 ] || break 3
+                [ $((SECONDS - t0)) -lt 500 ] || break 3
                 v=$(tg $m); echo "split $s $m: $v"
                 echo "$s $m $(echo "$v" | awk -F'|' '{print $2}' | awk '{print $1}')" >> /tmp/mv-split-tg
             done
@@ -60,7 +64,8 @@ if [ "${1:-1}" = 1 ]; then
     python3 - <<'EOF'
 import collections, pathlib
 runs = collections.defaultdict(list)
-for line in pathlib.Path("/tmp/mv-split-tg").read_text().split("\n"):
+tg = pathlib.Path("/tmp/mv-split-tg")
+for line in (tg.read_text() if tg.exists() else "").split("\n"):
     p = line.split()
     if len(p) == 3 and p[1] == "qwen3-8b" and p[2]:
         runs[int(p[0])].append(float(p[2]))
@@ -95,9 +100,20 @@ if [ "${1:-1}" = 2 ]; then
 fi
 
 if [ "${1:-1}" = 3 ]; then
-    echo "== CUDA mutations (ci/gpu_mutations.sh: each planted bug must be caught)"
-    timeout 150 bash ci/gpu_mutations.sh 2>&1 | tail -8
-    echo "== issue 11's load test at MV_SPLIT=$(grep -oE '^#define MV_SPLIT [0-9]+' kernels/matvec.cuh | awk '{print $3}')"
-    timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_serving.sh 2>&1 | tail -30
+    echo "== gemma-4-26b-a4b tg128, decode attention a slot per thread (1) or per warp (0), alternated"
+    [ -f "$dir/gemma-4-26b-a4b.gguf" ] || python3 ci/shape_models.py gemma-4-26b-a4b "$dir" > /dev/null
+    cp kernels/attention.cu /tmp/attention-lanes.cu
+    for v in 1 0 1 0; do
+        sed "s/^#define ATTN_SLOT_LANES [0-9]*/#define ATTN_SLOT_LANES $v/" /tmp/attention-lanes.cu > kernels/attention.cu
+        echo "lanes $v: $(tg gemma-4-26b-a4b)"
+    done
+    cp /tmp/attention-lanes.cu kernels/attention.cu
+    rm -f "$dir/gemma-4-26b-a4b.gguf"            # the disk: the 8B's and llama-server's room
+    echo "== issue 11's load test at MV_SPLIT=$(grep -oE '^#define MV_SPLIT [0-9]+' kernels/matvec.cuh | awk '{print $3}') (t=$((SECONDS - t0)) s)"
+    timeout $(( 500 - (SECONDS - t0) )) bash ci/gpu_serving.sh 2>&1 | tail -30
+    if [ $((SECONDS - t0)) -lt 480 ]; then
+        echo "== CUDA mutations (ci/gpu_mutations.sh: each planted bug must be caught; t=$((SECONDS - t0)) s)"
+        timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_mutations.sh 2>&1 | tail -8
+    fi
     echo "done at t=$((SECONDS - t0)) s"
 fi

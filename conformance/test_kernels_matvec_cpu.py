@@ -74,22 +74,24 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
 
 
 @pytest.mark.parametrize("qtype, split, K", [(GGMLType.Q4_K, 2, 5120), (GGMLType.Q6_K, 4, 5120),
-                                             (GGMLType.Q8_0, 8, 9216), (GGMLType.MXFP4, 2, 5120)],
+                                             (GGMLType.Q8_0, 8, 9216), (GGMLType.MXFP4, 2, 5120),
+                                             (GGMLType.Q4_K, 4, 28672)],
                          ids=lambda v: tname(v) if isinstance(v, GGMLType) else str(v))
 def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
     # MV_SPLIT (off: 1): a row's items shared by `split` warps (warp s: items lane + 32 s,
     # stepping 32 split), their sums added through shared memory. Against the reference within
     # the mat-mul bound (another order of the same sums). K gives every warp of the split items
     # and some lanes one item more than others (Q4_K: 80 items of 64 values; Q6_K, MXFP4: 160
-    # of 32; Q8_0: 288 of 32 over 8 warps); q/k/v's three matrices in one launch (units of
-    # different matrices share blocks), and the batched kernel with the same split bit for bit
-    # one token at a time.
+    # of 32; Q8_0: 288 of 32 over 8 warps; K = 28672: the one-token kernel reads x from global
+    # memory, past MV_STAGE_MAX_K); q/k/v's three matrices in one launch (37 rows: units of
+    # different matrices share blocks, and the last block has warp groups with no row), and the
+    # batched kernel with the same split bit for bit one token at a time.
     from ci import matvec_host
     try:
         lib = matvec_host.build((f"MV_SPLIT={split}",))
     except RuntimeError as e:
         pytest.skip(f"no CPU build of matvec_q.cu: {e}")
-    shapes = (("a", 20), ("b", 9), ("c", 7))
+    shapes = (("a", 21), ("b", 9), ("c", 7))
     gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
     ws = [_raw(gf, n, r) for n, r in shapes]
     x = rng.uniform(-1, 1, (3, K)).astype(F32)

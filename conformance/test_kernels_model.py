@@ -215,11 +215,13 @@ class Lockstep:
         """The router in two stages, as the ops it is made of are checked (matmul, then
         moe_route from the reference's logits): its logits against the reference's, then its
         probabilities, experts (exactly) and weights against the reference's routing of the
-        CUDA logits themselves (fused, the route reads the kernel's own logits: routed from
-        the reference's, a near-tie within the mat-mul bound could choose another expert)."""
+        CUDA logits themselves (the backend routes its own logits: routed from the
+        reference's, a near-tie within the mat-mul bound could choose another expert); the
+        logits' error scaled by their terms (_matmul_terms: a router's few logits can cancel)."""
         want = self.ref.moe_gate(x, w_router.ref, k, norm, scale)
         got = self.cuda.moe_gate(self._dev(x), w_router.dev, k, norm, scale)
-        self._compare("moe_gate", got[0], want[0], "matmul", what="moe_gate logits")
+        self._compare("moe_gate", got[0], want[0], "matmul", what="moe_gate logits",
+                      terms=self._matmul_terms(x, w_router))
         routed = self.ref.moe_route(self.cuda.to_numpy(got[0]), k, norm, scale)
         for g, w, part in zip(got[1:], routed, ("probs", "ids", "weights")):
             self._compare("moe_gate", g, w, "moe_route", what=f"moe_gate {part}")

@@ -695,7 +695,7 @@ class CudaBackend(Backend):
             return
         # A batched step: blocks of `cols` tokens (blockIdx.x, adjacent, so that the groups of
         # one weight row run together and the later ones find it in L2), each token summed
-        # as if alone; one row per warp.
+        # as if alone; one row per warp (per MV_SPLIT warps).
         cols, smem = _cols_per_block(w0.type, T, K)
         params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                       n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
