@@ -291,6 +291,44 @@ __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const
 #define MV_PREFETCH_MAX_BYTES (8ll << 20)
 #endif
 
+// Matrix unit u of a matvec_ / matvec_cols_ launch (matrices 0, 1, 2 one after another, units
+// of `rows` rows): its weights, output, row count and row bytes; u becomes the unit's index
+// within its matrix.
+struct MatVecUnit { const u8 * w; float * y; int n; i64 rb; };
+__device__ __forceinline__ MatVecUnit unit_matrix(int & u, const int rows, const u8 * w0, const u8 * w1,
+                                                  const u8 * w2, float * y0, float * y1, float * y2,
+                                                  const MultiMatVecParams & p) {
+    const int u0 = (p.n_rows0 + rows - 1) / rows, u1 = (p.n_rows1 + rows - 1) / rows;
+    if (u < u0) return {w0, y0, p.n_rows0, p.row_bytes0};
+    if ((u -= u0) < u1) return {w1, y1, p.n_rows1, p.row_bytes1};
+    u -= u1;
+    return {w2, y2, p.n_rows2, p.row_bytes2};
+}
+
+// Output element (token t, row r) of a unit's matrix.
+__device__ __forceinline__ float & y_row(const MatVecUnit & m, const int t, const int r) {
+    return m.y[(i64) t * m.n + r];
+}
+
+// MV_SPLIT > 1: the warp sums acc[N] of a group's MV_SPLIT warps (warp = g * MV_SPLIT + s) added
+// into warp s = 0's, in the order s = 0, 1, ..., through part[MV_WARPS][N]. Every thread of the
+// block calls it (two barriers); `valid`: the group has a unit this round.
+template <int N>
+__device__ __forceinline__ void split_sum(float (&acc)[N], float (*part)[N], const int warp, const int s,
+                                          const bool valid) {
+    if (valid && threadIdx.x % WARP_SIZE == 0) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) part[warp][i] = acc[i];
+    }
+    __syncthreads();
+    if (valid && s == 0) {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            for (int j = 1; j < MV_SPLIT; ++j) acc[i] += part[warp + j][i];
+    }
+    __syncthreads();    // part is written again next round
+}
+
 // L2 prefetch of `rows` weight rows from row `row` of matrix unit u of a matvec_ / matvec_cols_
 // launch (matrices 0, 1, 2 one after another, units of `rows` rows): the bytes a warp reads
 // first. Weights only, so it may run before PDL_ENTRY (common.cuh).
@@ -301,12 +339,9 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
     const int u2 = (p.n_rows2 + rows - 1) / rows;
     if (u >= u0 + u1 + u2 || (long long) p.n_rows0 * p.row_bytes0 + (long long) p.n_rows1 * p.row_bytes1
                              + (long long) p.n_rows2 * p.row_bytes2 > MV_PREFETCH_MAX_BYTES) return;
-    const u8 * w; int n; long long rb;
-    if (u < u0) { w = w0; n = p.n_rows0; rb = p.row_bytes0; }
-    else if ((u -= u0) < u1) { w = w1; n = p.n_rows1; rb = p.row_bytes1; }
-    else { u -= u1; w = w2; n = p.n_rows2; rb = p.row_bytes2; }
+    const MatVecUnit m = unit_matrix(u, rows, w0, w1, w2, nullptr, nullptr, nullptr, p);
     const int row = u * rows;
-    prefetch_l2_span(w + row * rb, (long long) min(rows, n - row) * rb);
+    prefetch_l2_span(m.w + row * m.rb, (long long) min(rows, m.n - row) * m.rb);
 #endif
 }
 
@@ -331,16 +366,13 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     if constexpr (MV_SPLIT == 1) {                                                                 \
         for (int uu = blockIdx.x * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.x * MV_WARPS) { \
             int u = uu;                                                                            \
-            const u8 * w; float * y; int n; i64 rb;                                                \
-            if (u < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                      \
-            else if ((u -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }         \
-            else { u -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                    \
+            const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);                \
             const int row = u * MV_ROWS;                                                           \
             float acc[MV_ROWS];                                                                    \
-            rows_dot<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, xs, n_items, acc); \
+            rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs, n_items, acc); \
             if (lane == 0) {                                                                       \
                 _Pragma("unroll")                                                                  \
-                for (int r = 0; r < MV_ROWS; ++r) if (row + r < n) y[(i64) t * n + row + r] = acc[r]; \
+                for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r]; \
             }                                                                                      \
         }                                                                                          \
         return;                                                                                    \
@@ -349,28 +381,15 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     for (int ub = blockIdx.x * UPB; ub < u0 + u1 + u2; ub += gridDim.x * UPB) {                    \
         int u = ub + g;                                                                            \
         const bool valid = u < u0 + u1 + u2;                                                       \
-        const u8 * w; float * y; int n; i64 rb;                                                    \
-        if (u < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                          \
-        else if ((u -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }             \
-        else { u -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                        \
+        const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);                    \
         const int row = u * MV_ROWS;                                                               \
         float acc[MV_ROWS];                                                                        \
-        if (valid) rows_dot<K, MV_ROWS>(w + row * rb, rb, n - row, x + (i64) t * n_items, xs, n_items, acc, \
-                                        lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);                \
-        if (valid && lane == 0) {                                                                  \
-            _Pragma("unroll")                                                                      \
-            for (int r = 0; r < MV_ROWS; ++r) mv_part[warp][r] = acc[r];                           \
-        }                                                                                          \
-        __syncthreads();                                                                           \
-        if (valid && s == 0) {                                                                     \
-            _Pragma("unroll")                                                                      \
-            for (int r = 0; r < MV_ROWS; ++r)                                                      \
-                for (int j = 1; j < MV_SPLIT; ++j) acc[r] += mv_part[warp + j][r];                 \
-        }                                                                                          \
-        __syncthreads();                                                                           \
+        if (valid) rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs, \
+                                        n_items, acc, lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);  \
+        split_sum<MV_ROWS>(acc, mv_part, warp, s, valid);                                          \
         if (valid && s == 0 && lane == 0) {                                                        \
             _Pragma("unroll")                                                                      \
-            for (int r = 0; r < MV_ROWS; ++r) if (row + r < n) y[(i64) t * n + row + r] = acc[r];  \
+            for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];    \
         }                                                                                          \
     }                                                                                              \
 }                                                                                                  \
@@ -435,41 +454,25 @@ matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const
     if constexpr (MV_SPLIT == 1) {                                                                 \
         for (int uu = blockIdx.y * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.y * MV_WARPS) { \
             int row = uu;                                                                          \
-            const u8 * w; float * y; int n; i64 rb;                                                \
-            if (row < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                    \
-            else if ((row -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }       \
-            else { row -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                  \
+            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);                    \
             float acc[MV_COLS];                                                                    \
-            cols_dot<K, MV_COLS>(w + row * rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc);  \
+            cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc); \
             _Pragma("unroll")                                                                      \
-            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y[(i64) (t0 + c) * n + row] = acc[c]; \
+            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c]; \
         }                                                                                          \
         return;                                                                                    \
     }                                                                                              \
     for (int ub = blockIdx.y * UPB; ub < u0 + u1 + u2; ub += gridDim.y * UPB) {                    \
         int row = ub + g;                                                                          \
         const bool valid = row < u0 + u1 + u2;                                                     \
-        const u8 * w; float * y; int n; i64 rb;                                                    \
-        if (row < u0) { w = w0; y = y0; n = p.n_rows0; rb = p.row_bytes0; }                        \
-        else if ((row -= u0) < u1) { w = w1; y = y1; n = p.n_rows1; rb = p.row_bytes1; }           \
-        else { row -= u1; w = w2; y = y2; n = p.n_rows2; rb = p.row_bytes2; }                      \
+        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);                        \
         float acc[MV_COLS];                                                                        \
-        if (valid) cols_dot<K, MV_COLS>(w + row * rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc, \
+        if (valid) cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc, \
                                         lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);                \
-        if (valid && lane == 0) {                                                                  \
-            _Pragma("unroll")                                                                      \
-            for (int c = 0; c < MV_COLS; ++c) mv_part[warp][c] = acc[c];                           \
-        }                                                                                          \
-        __syncthreads();                                                                           \
+        split_sum<MV_COLS>(acc, mv_part, warp, s, valid);                                          \
         if (valid && s == 0) {                                                                     \
             _Pragma("unroll")                                                                      \
-            for (int c = 0; c < MV_COLS; ++c)                                                      \
-                for (int j = 1; j < MV_SPLIT; ++j) acc[c] += mv_part[warp + j][c];                 \
-        }                                                                                          \
-        __syncthreads();                                                                           \
-        if (valid && s == 0) {                                                                     \
-            _Pragma("unroll")                                                                      \
-            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y[(i64) (t0 + c) * n + row] = acc[c]; \
+            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c]; \
         }                                                                                          \
     }                                                                                              \
 }                                                                                                  \
