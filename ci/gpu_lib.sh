@@ -8,6 +8,9 @@
 #   build the targets with CUDA for sm_90 in the background (~4.5 min on 16 cores); its PID is
 #   LLAMA_BUILD_PID, the binaries land in $LLAMA_SRC_DIR/llama.cpp/build/bin.
 
+# brass_tg MODEL [SECONDS]: "tg128 | mean ± sd |" of brass bench -r 3 -p 0 -n 128 on the GPU
+#   (empty when it fails or runs past SECONDS, default 50).
+
 # brass_env: what every session script starts with (from the repository root): $out (the
 #   runner's result folder, else .), $dir (the shape-true files), the environment the engine and
 #   the tests run offline in, the carried wheels.
@@ -38,4 +41,8 @@ llama_build() {
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
         && cmake --build build -j"$jobs" --target "$@") > "$log" 2>&1 &
     LLAMA_BUILD_PID=$!
+}
+
+brass_tg() {
+    timeout "${2:-50}" python3 -m engine bench "$1" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
 }

@@ -22,9 +22,7 @@ cd "$(dirname "$0")/.."
 brass_env
 split_to() { sed -i "s/^#define MV_SPLIT [0-9]*/#define MV_SPLIT $1/" kernels/matvec.cuh; }
 [ -f /tmp/mv-split ] && split_to "$(cat /tmp/mv-split)"
-tg() {  # $1 shape: "tg128 | mean ± sd |"
-    timeout 50 python3 -m engine bench "$dir/$1.gguf" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
-}
+tg() { brass_tg "$dir/$1.gguf"; }     # $1 shape
 
 if [ "${1:-1}" = 1 ]; then
     rm -f /tmp/mv-split /tmp/mv-split-passed /tmp/mv-split-tg   # a rerun starts afresh
