@@ -70,7 +70,8 @@ def main():
     reference: dict = {}
     mismatches: list = []
     for v in VARIANTS:
-        # a warp per row (MV_SPLIT=1): the grids below are one unit per warp
+        # matvec_<kind>, a warp per row (the grids below are one unit per warp); MV_SPLIT=1 so
+        # that the split kernels compile at any MV_WARPS
         opts = (f"-DMV_WARPS={v['warps']}", f"-DMV_ROWS={v['rows']}", f"-DMV_UNROLL={v['unroll']}", "-DMV_SPLIT=1")
         if not v["stage"]:
             opts += ("-DMV_STAGE_MAX_K=0",)

@@ -69,6 +69,8 @@ HOST_RUN_GRID
     if (!strcmp(name, #N)) {                                                                         \
         if (!strcmp(kernel, "matvec")) CALL7(matvec_##N, MultiMatVecParams)                          \
         if (!strcmp(kernel, "matvec_cols")) CALL7(matvec_cols_##N, MultiMatVecParams)                \
+        if (!strcmp(kernel, "matvec_split")) CALL7(matvec_split_##N, MultiMatVecParams)              \
+        if (!strcmp(kernel, "matvec_cols_split")) CALL7(matvec_cols_split_##N, MultiMatVecParams)    \
         if (!strcmp(kernel, "matvec_glu")) CALL6(matvec_glu_##N, GluMatVecParams)                    \
         if (!strcmp(kernel, "matvec_glu_cols")) CALL5(matvec_glu_cols_##N, GluMatVecParams)          \
         if (!strcmp(kernel, "matvec_moe_down")) CALL6(matvec_moe_down_##N, MoeDownParams)            \
@@ -123,12 +125,14 @@ def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threa
 
 def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three weights of one type sharing x [1, K] (the q/k/v launch of
-    a decode step), as CudaBackend._matvec launches matvec_<type> for one token. `split`: the
-    MV_SPLIT `lib` was built with (default: the backend's)."""
-    from engine.backends.cuda.backend import MV_ROWS, MV_SPLIT, MV_WARPS, _stage_bytes
-    upb = MV_WARPS // (split or MV_SPLIT)
+    a decode step), as CudaBackend._matvec launches matvec_<type> for one token. `split`: 1 for
+    matvec_<type>, else the MV_SPLIT `lib` was built with, for matvec_split_<type> (default: the
+    backend's choice for K, with the default MV_SPLIT)."""
+    from engine.backends.cuda.backend import MV_ROWS, MV_WARPS, _stage_bytes, mv_split
     from kernels.params import pack
     K = x.shape[-1]
+    split = mv_split(K) if split is None else split
+    upb = MV_WARPS // split
     xb = q8_1_blocks(x.reshape(1, K))
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
@@ -139,17 +143,19 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -
                   cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
-    res = _run(lib, "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
+    res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
                MV_WARPS * 32, _stage_bytes(qtype, K))
     return res[4:4 + len(raws)]
 
 
 def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -> list[np.ndarray]:
-    """The same for T tokens of a batched decode step (matvec_cols_<type>)."""
-    from engine.backends.cuda.backend import MV_SPLIT, MV_WARPS, _cols_per_block
-    upb = MV_WARPS // (split or MV_SPLIT)
+    """The same for T tokens of a batched decode step (matvec_cols_<type>, or with split > 1
+    matvec_cols_split_<type>)."""
+    from engine.backends.cuda.backend import MV_WARPS, _cols_per_block, mv_split
     from kernels.params import pack
     T, K = x.shape
+    split = mv_split(K) if split is None else split
+    upb = MV_WARPS // split
     xb = q8_1_blocks(x)
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
@@ -160,7 +166,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
                   cols=cols, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
-    res = _run(lib, "matvec_cols", qtype, ws + [xb] + outs, params,
+    res = _run(lib, "matvec_cols_split" if split > 1 else "matvec_cols", qtype, ws + [xb] + outs, params,
                (-(-T // cols), min(-(-sum(rows) // upb), 65535)), MV_WARPS * 32, smem)
     return res[4:4 + len(raws)]
 

@@ -78,8 +78,9 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
                                              (GGMLType.Q4_K, 4, 28672)],
                          ids=lambda v: tname(v) if isinstance(v, GGMLType) else str(v))
 def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
-    # MV_SPLIT (off: 1): a row's items shared by `split` warps (warp s: items lane + 32 s,
-    # stepping 32 split), their sums added through shared memory. Against the reference within
+    # matvec_split_ (built here with MV_SPLIT 2 / 4 / 8): a row's items shared by `split` warps
+    # (warp s: items lane + 32 s, stepping 32 split), their sums added through shared memory.
+    # Against the reference within
     # the mat-mul bound (another order of the same sums). K gives every warp of the split items
     # and some lanes one item more than others (Q4_K: 80 items of 64 values; Q6_K, MXFP4: 160
     # of 32; Q8_0: 288 of 32 over 8 warps; K = 28672: the one-token kernel reads x from global

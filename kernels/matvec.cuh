@@ -6,6 +6,8 @@
 //   matvec_<kind>       decode: up to three matrices sharing one activation row (q, k, v),
 //                       R rows per warp, the row's items strided over the warp's lanes;
 //                       blockIdx.y is the token
+//   matvec_split_<kind> the same with each unit's items split over MV_SPLIT warps (long rows:
+//                       K >= MV_SPLIT_MIN_K; see MV_SPLIT)
 //   matvec_glu_<kind>   gate and up with the gated activation fused (and h's Q8_1 blocks);
 //                       with ids, the chosen experts' matrices (MoE)
 //   matvec_moe_down_<kind>  MoE down projection over the chosen experts with their weighted
@@ -40,16 +42,24 @@
 #define MV_UNROLL 1         // items of a row a lane has in flight (1: best with staged activations)
 #endif
 #ifndef MV_SPLIT
-// matvec_<kind> / matvec_cols_<kind>: warps that share a unit of rows (split-K), warp s of the
-// group taking items lane + 32 s, lane + 32 (s + MV_SPLIT), ...; their warp sums are added in
-// the order s = 0, 1, ... through shared memory. 1: a warp per unit, as tuned before. Written
-// (2026-12-02, not yet timed) because a warp per row leaves the H200 short of loads in flight
-// on the shapes that miss the bandwidth: ncu put the Q4_K mat-vec at ~54 % achieved occupancy,
-// stalled on memory latency; a 4096-row matrix is 4,096 warps, ~31 of an SM's 64 slots, and
-// 12,288 rows are 1.45 waves of resident warps (the last wave runs at half occupancy). llama.cpp's
-// mmvq splits each row over its block's warps likewise. Another order of the same sums than
-// MV_SPLIT 1: within the mat-mul bound of the reference, not bit for bit the default.
-#define MV_SPLIT 1
+// matvec_split_<kind> / matvec_cols_split_<kind>: the warps that share a unit of rows (split-K),
+// warp s of the group taking items lane + 32 s, lane + 32 (s + MV_SPLIT), ...; their warp sums
+// added in the order s = 0, 1, ... through shared memory. matvec_<kind> / matvec_cols_<kind>
+// keep a warp per unit. Why: a warp per row leaves the H200 short of loads in flight on long
+// rows (ncu: the Q4_K mat-vec at ~54 % achieved occupancy, stalled on memory latency), and
+// llama.cpp's mmvq splits a row over its block's warps likewise. But a short row split leaves
+// lanes idle: at K = 1024 (32 Q8_1 items) the second warp of a pair has nothing to read, and
+// the 151936 x 1024 output head took 127 us split against 70 us not. Measured on the H200
+// (2026-12-02, tg128, every decode mat-vec split alike, alternated): split 2 took Qwen3-8B
+// (K 4096 / 12288) from 288.0 to 301.8 tok/s, Qwen3-0.6B (K <= 3072) from 840.9 down to 802.7
+// and split 4 both down (283.3, 721.0). Hence the backend splits rows of K >= MV_SPLIT_MIN_K
+// only. Another order of the same sums than a warp per row: within the mat-mul bound of the
+// reference, not bit for bit the unsplit kernel (a matrix takes one of the two always, so a
+// token's result still does not depend on the batch it is in).
+#define MV_SPLIT 2
+#endif
+#ifndef MV_SPLIT_MIN_K
+#define MV_SPLIT_MIN_K 4096      // the backend's rule, read from here (engine/backends/cuda/backend.py)
 #endif
 static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 #define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
@@ -310,10 +320,10 @@ __device__ __forceinline__ float & y_row(const MatVecUnit & m, const int t, cons
     return m.y[(i64) t * m.n + r];
 }
 
-// MV_SPLIT > 1: the warp sums acc[N] of a group's MV_SPLIT warps (warp = g * MV_SPLIT + s) added
+// SPLIT > 1: the warp sums acc[N] of a group's SPLIT warps (warp = g * SPLIT + s) added
 // into warp s = 0's, in the order s = 0, 1, ..., through part[MV_WARPS][N]. Every thread of the
 // block calls it (two barriers); `valid`: the group has a unit this round.
-template <int N>
+template <int N, int SPLIT>
 __device__ __forceinline__ void split_sum(float (&acc)[N], float (*part)[N], const int warp, const int s,
                                           const bool valid) {
     if (valid && threadIdx.x % WARP_SIZE == 0) {
@@ -324,7 +334,7 @@ __device__ __forceinline__ void split_sum(float (&acc)[N], float (*part)[N], con
     if (valid && s == 0) {
 #pragma unroll
         for (int i = 0; i < N; ++i)
-            for (int j = 1; j < MV_SPLIT; ++j) acc[i] += part[warp + j][i];
+            for (int j = 1; j < SPLIT; ++j) acc[i] += part[warp + j][i];
     }
     __syncthreads();    // part is written again next round
 }
@@ -345,54 +355,115 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
 #endif
 }
 
+// matvec_<kind> (SPLIT 1) and matvec_split_<kind> (SPLIT = MV_SPLIT): one token's rows.
+template <class K, int SPLIT>
+__device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                            const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
+                                            float * __restrict__ y0, float * __restrict__ y1,
+                                            float * __restrict__ y2, const MultiMatVecParams p) {
+    constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = warp / SPLIT, s = warp % SPLIT;
+    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.x * UPB + g, MV_ROWS);
+    PDL_ENTRY();
+    /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */
+    /* grid smaller than the units makes each group loop over several (grid-stride).           */
+    const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;
+    const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;
+    const int t = blockIdx.y, n_items = p.k / K::values_per_item;
+    extern __shared__ int4 staged_x[];
+    const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);
+    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];
+    if constexpr (SPLIT == 1) {
+        for (int uu = blockIdx.x * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.x * MV_WARPS) {
+            int u = uu;
+            const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);
+            const int row = u * MV_ROWS;
+            float acc[MV_ROWS];
+            rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs, n_items, acc);
+            if (lane == 0) {
+                _Pragma("unroll")
+                for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];
+            }
+        }
+        return;
+    }
+    /* split: the block's groups loop together (ub is uniform), so the barriers are too */
+    for (int ub = blockIdx.x * UPB; ub < u0 + u1 + u2; ub += gridDim.x * UPB) {
+        int u = ub + g;
+        const bool valid = u < u0 + u1 + u2;
+        const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);
+        const int row = u * MV_ROWS;
+        float acc[MV_ROWS];
+        if (valid) rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs,
+                                        n_items, acc, lane + s * WARP_SIZE, SPLIT * WARP_SIZE);
+        split_sum<MV_ROWS, SPLIT>(acc, mv_part, warp, s, valid);
+        if (valid && s == 0 && lane == 0) {
+            _Pragma("unroll")
+            for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];
+        }
+    }
+}
+
+// matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows.
+template <class K, int SPLIT>
+__device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                            const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
+                                            float * __restrict__ y0, float * __restrict__ y1,
+                                            float * __restrict__ y2, const MultiMatVecParams p) {
+    constexpr int UPB = MV_WARPS / SPLIT;      /* rows per block: a group of SPLIT warps each */
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = warp / SPLIT, s = warp % SPLIT;
+    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.y * UPB + g, 1);
+    PDL_ENTRY();
+    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warp groups as   */
+    /* in matvec_ (blockIdx.y, grid-stride): one row per group, the tokens' sums side by side, */
+    /* each token's items split over the group's warps as matvec_ splits them.                 */
+    const int u0 = p.n_rows0, u1 = p.n_rows1, u2 = p.n_rows2;
+    const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);
+    const int n_items = p.k / K::values_per_item;
+    extern __shared__ int4 staged_x[];
+    const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(x + (i64) t0 * n_items, n_cols, n_items, staged_x);
+    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_COLS];
+    if constexpr (SPLIT == 1) {
+        for (int uu = blockIdx.y * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.y * MV_WARPS) {
+            int row = uu;
+            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);
+            float acc[MV_COLS];
+            cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc);
+            _Pragma("unroll")
+            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c];
+        }
+        return;
+    }
+    for (int ub = blockIdx.y * UPB; ub < u0 + u1 + u2; ub += gridDim.y * UPB) {
+        int row = ub + g;
+        const bool valid = row < u0 + u1 + u2;
+        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);
+        float acc[MV_COLS];
+        if (valid) cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc,
+                                        lane + s * WARP_SIZE, SPLIT * WARP_SIZE);
+        split_sum<MV_COLS, SPLIT>(acc, mv_part, warp, s, valid);
+        if (valid && s == 0) {
+            _Pragma("unroll")
+            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c];
+        }
+    }
+}
+
 #define DEFINE_MATVEC(name, K)                                                                     \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
-              const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,     \
-              float * __restrict__ y2, const MultiMatVecParams p) {                                \
-    constexpr int UPB = MV_WARPS / MV_SPLIT;      /* units per block: a group of MV_SPLIT warps each */ \
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;                      \
-    const int g = warp / MV_SPLIT, s = warp % MV_SPLIT;                                            \
-    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.x * UPB + g, MV_ROWS);                       \
-    PDL_ENTRY();                                                                                   \
-    /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */ \
-    /* grid smaller than the units makes each group loop over several (grid-stride).           */  \
-    const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;  \
-    const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;                                            \
-    const int t = blockIdx.y, n_items = p.k / K::values_per_item;                                  \
-    extern __shared__ int4 staged_x[];                                                             \
-    const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);                   \
-    __shared__ float mv_part[MV_SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];                                \
-    if constexpr (MV_SPLIT == 1) {                                                                 \
-        for (int uu = blockIdx.x * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.x * MV_WARPS) { \
-            int u = uu;                                                                            \
-            const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);                \
-            const int row = u * MV_ROWS;                                                           \
-            float acc[MV_ROWS];                                                                    \
-            rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs, n_items, acc); \
-            if (lane == 0) {                                                                       \
-                _Pragma("unroll")                                                                  \
-                for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r]; \
-            }                                                                                      \
-        }                                                                                          \
-        return;                                                                                    \
-    }                                                                                              \
-    /* split: the block's groups loop together (ub is uniform), so the barriers are too */         \
-    for (int ub = blockIdx.x * UPB; ub < u0 + u1 + u2; ub += gridDim.x * UPB) {                    \
-        int u = ub + g;                                                                            \
-        const bool valid = u < u0 + u1 + u2;                                                       \
-        const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);                    \
-        const int row = u * MV_ROWS;                                                               \
-        float acc[MV_ROWS];                                                                        \
-        if (valid) rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs, \
-                                        n_items, acc, lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);  \
-        split_sum<MV_ROWS>(acc, mv_part, warp, s, valid);                                          \
-        if (valid && s == 0 && lane == 0) {                                                        \
-            _Pragma("unroll")                                                                      \
-            for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];    \
-        }                                                                                          \
-    }                                                                                              \
-}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                      \
+matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,       \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                    \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                               \
+    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                                    \
+}                                                                                                       \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                      \
+matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                    \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                               \
+    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                             \
+}                                                                                                       \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
                   const int * __restrict__ ids, float * __restrict__ h, block_q8_1 * __restrict__ hq, \
@@ -433,49 +504,18 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
         if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);  \
     }                                                                                              \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-                   const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1, \
-                   float * __restrict__ y2, const MultiMatVecParams p) {                           \
-    constexpr int UPB = MV_WARPS / MV_SPLIT;      /* rows per block: a group of MV_SPLIT warps each */  \
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;                      \
-    const int g = warp / MV_SPLIT, s = warp % MV_SPLIT;                                            \
-    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.y * UPB + g, 1);                             \
-    PDL_ENTRY();                                                                                   \
-    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warp groups as   */  \
-    /* in matvec_ (blockIdx.y, grid-stride): one row per group, the tokens' sums side by side, */  \
-    /* each token's items split over the group's warps as matvec_ splits them.                 */  \
-    const int u0 = p.n_rows0, u1 = p.n_rows1, u2 = p.n_rows2;                                      \
-    const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);                     \
-    const int n_items = p.k / K::values_per_item;                                                  \
-    extern __shared__ int4 staged_x[];                                                             \
-    const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(x + (i64) t0 * n_items, n_cols, n_items, staged_x); \
-    __shared__ float mv_part[MV_SPLIT > 1 ? MV_WARPS : 1][MV_COLS];                                \
-    if constexpr (MV_SPLIT == 1) {                                                                 \
-        for (int uu = blockIdx.y * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.y * MV_WARPS) { \
-            int row = uu;                                                                          \
-            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);                    \
-            float acc[MV_COLS];                                                                    \
-            cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc); \
-            _Pragma("unroll")                                                                      \
-            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c]; \
-        }                                                                                          \
-        return;                                                                                    \
-    }                                                                                              \
-    for (int ub = blockIdx.y * UPB; ub < u0 + u1 + u2; ub += gridDim.y * UPB) {                    \
-        int row = ub + g;                                                                          \
-        const bool valid = row < u0 + u1 + u2;                                                     \
-        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);                        \
-        float acc[MV_COLS];                                                                        \
-        if (valid) cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc, \
-                                        lane + s * WARP_SIZE, MV_SPLIT * WARP_SIZE);                \
-        split_sum<MV_COLS>(acc, mv_part, warp, s, valid);                                          \
-        if (valid && s == 0) {                                                                     \
-            _Pragma("unroll")                                                                      \
-            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c]; \
-        }                                                                                          \
-    }                                                                                              \
-}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                           \
+matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,       \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                         \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                                    \
+    decode_cols<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                                         \
+}                                                                                                            \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                           \
+matvec_cols_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                         \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                                    \
+    decode_cols<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                                  \
+}                                                                                                            \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
                        const K::act * __restrict__ x, float * __restrict__ h,                      \

@@ -142,9 +142,17 @@ MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group
 # most, and how many staged values (tokens x K) they stage at most.
 MV_COLS = int(re.search(r"#define MV_COLS (\d+)", _MATVEC_H).group(1))
 MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
-# matvec_<type> / matvec_cols_<type>: warps that share a unit of rows (kernels/matvec.cuh); a
-# block takes MV_WARPS // MV_SPLIT units
+# matvec_split_<type> / matvec_cols_split_<type>: warps that share a unit of rows, taken by
+# matrices of rows of at least MV_SPLIT_MIN_K values (kernels/matvec.cuh says why); a block
+# takes MV_WARPS // split units
 MV_SPLIT = int(re.search(r"#define MV_SPLIT (\d+)", _MATVEC_H).group(1))
+MV_SPLIT_MIN_K = int(re.search(r"#define MV_SPLIT_MIN_K (\d+)", _MATVEC_H).group(1))
+
+
+def mv_split(k: int) -> int:
+    """Warps per unit of rows of a decode mat-vec over rows of k values (1: a warp per unit).
+    A matrix takes the same kernel whatever the batch, so a token's sums do not depend on it."""
+    return MV_SPLIT if k >= MV_SPLIT_MIN_K else 1
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
 # mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
 _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
@@ -186,6 +194,7 @@ def launched_kernels() -> list[tuple[str, str]]:
         ks += [(src, f"matvec_{n}"), (src, f"matmul_{n}"), (src, f"matvec_id_{n}"),
                (src, f"matvec_glu_{n}"), (src, f"matvec_moe_down_{n}"),
                (src, f"matvec_cols_{n}"), (src, f"matvec_glu_cols_{n}"),
+               (src, f"matvec_split_{n}"), (src, f"matvec_cols_split_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
@@ -684,24 +693,26 @@ class CudaBackend(Backend):
         units = sum(-(-n // MV_ROWS) for n in rows)
         T, K = x2.shape
         src_file = "matvec_f.cu" if w0.type in FLOAT_TYPES else "matvec_q.cu"
+        split = mv_split(K)
         if T == 1:
             params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                           n_rows2=rows[2], cols=1, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                           row_bytes2=ws[2].row_bytes)
-            self.launch(src_file, f"matvec_{_TYPE_NAMES[w0.type]}", (-(-units // (MV_WARPS // MV_SPLIT)), T),
+            self.launch(src_file, f"matvec_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
+                        (-(-units // (MV_WARPS // split)), T),
                         MV_WARPS * 32,
                         ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                         smem=_stage_bytes(w0.type, K))
             return
         # A batched step: blocks of `cols` tokens (blockIdx.x, adjacent, so that the groups of
         # one weight row run together and the later ones find it in L2), each token summed
-        # as if alone; one row per warp (per MV_SPLIT warps).
+        # as if alone; one row per warp (per `split` warps).
         cols, smem = _cols_per_block(w0.type, T, K)
         params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                       n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                       row_bytes2=ws[2].row_bytes)
-        self.launch(src_file, f"matvec_cols_{_TYPE_NAMES[w0.type]}",
-                    (-(-T // cols), min(-(-sum(rows) // (MV_WARPS // MV_SPLIT)), 65535)), MV_WARPS * 32,
+        self.launch(src_file, f"matvec_cols_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
+                    (-(-T // cols), min(-(-sum(rows) // (MV_WARPS // split)), 65535)), MV_WARPS * 32,
                     ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
 
     def _matmul_tiles(self, x2, w, y, src):
