@@ -53,13 +53,15 @@
 // (2026-12-02, tg128, every decode mat-vec split alike, alternated): split 2 took Qwen3-8B
 // (K 4096 / 12288) from 288.0 to 301.8 tok/s, Qwen3-0.6B (K <= 3072) from 840.9 down to 802.7
 // and split 4 both down (283.3, 721.0). Hence the backend splits rows of K >= MV_SPLIT_MIN_K
-// only. Another order of the same sums than a warp per row: within the mat-mul bound of the
+// only: at 4096 / 8192 / never (alternated, twice): 0.6B 841.0 / 841.3 / 841.8, 8B 301.9 /
+// 301.3 / 288.1, 30B-A3B (rows of 2048 and 4096) 309.3 / - / 311.1. So 8192: of the 8B only
+// the down projection (K 12288) splits, and it holds nearly all of the gain. Another order of the same sums than a warp per row: within the mat-mul bound of the
 // reference, not bit for bit the unsplit kernel (a matrix takes one of the two always, so a
 // token's result still does not depend on the batch it is in).
 #define MV_SPLIT 2
 #endif
 #ifndef MV_SPLIT_MIN_K
-#define MV_SPLIT_MIN_K 4096      // the backend's rule, read from here (engine/backends/cuda/backend.py)
+#define MV_SPLIT_MIN_K 8192      // the backend's rule, read from here (engine/backends/cuda/backend.py)
 #endif
 static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 #define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
@@ -355,7 +357,8 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
 #endif
 }
 
-// matvec_<kind> (SPLIT 1) and matvec_split_<kind> (SPLIT = MV_SPLIT): one token's rows.
+// matvec_<kind> (SPLIT 1) and matvec_split_<kind> (SPLIT = MV_SPLIT): one token's rows, after the
+// kernel's prefetch and PDL_ENTRY (in the kernel itself, where the PDL lint reads them).
 template <class K, int SPLIT>
 __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
@@ -364,8 +367,6 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
-    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.x * UPB + g, MV_ROWS);
-    PDL_ENTRY();
     /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */
     /* grid smaller than the units makes each group loop over several (grid-stride).           */
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;
@@ -414,8 +415,6 @@ __device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8
     constexpr int UPB = MV_WARPS / SPLIT;      /* rows per block: a group of SPLIT warps each */
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
-    if (s == 0) prefetch_unit(w0, w1, w2, p, blockIdx.y * UPB + g, 1);
-    PDL_ENTRY();
     /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warp groups as   */
     /* in matvec_ (blockIdx.y, grid-stride): one row per group, the tokens' sums side by side, */
     /* each token's items split over the group's warps as matvec_ splits them.                 */
@@ -452,18 +451,24 @@ __device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8
 }
 
 #define DEFINE_MATVEC(name, K)                                                                     \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                      \
-matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,       \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                    \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                               \
-    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                                    \
-}                                                                                                       \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                      \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    PDL_ENTRY();                                                                                   \
+    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                               \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                    \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                               \
-    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                             \
-}                                                                                                       \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
+        prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
+                      MV_ROWS);                                                                    \
+    PDL_ENTRY();                                                                                   \
+    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                        \
+}                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
                   const int * __restrict__ ids, float * __restrict__ h, block_q8_1 * __restrict__ hq, \
@@ -504,18 +509,24 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
         if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);  \
     }                                                                                              \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                           \
-matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,       \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                         \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                                    \
-    decode_cols<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                                         \
-}                                                                                                            \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                           \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, 1);              \
+    PDL_ENTRY();                                                                                   \
+    decode_cols<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                               \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_cols_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,                         \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                                    \
-    decode_cols<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                                  \
-}                                                                                                            \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
+        prefetch_unit(w0, w1, w2, p, blockIdx.y * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
+                      1);                                                                          \
+    PDL_ENTRY();                                                                                   \
+    decode_cols<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                        \
+}                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
                        const K::act * __restrict__ x, float * __restrict__ h,                      \
