@@ -280,6 +280,14 @@ def host_headers(names) -> dict[str, str]:
         s = (KERNEL_DIR / h).read_text()
         s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));', "f = host_h2f(h);")
         s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));', "h = host_f2h(f);")
+        if h == "matvec.cuh":
+            # The mat-vecs stage activations in dynamic shared memory: on the host, the
+            # harness's buffer `host_smem` (every harness including this header declares it),
+            # poisoned before each block. The shim's static __shared__ cannot be extern.
+            decl = "extern __shared__ int4 staged_x[];"
+            if s.count(decl) < 5:
+                raise RuntimeError(f"matvec.cuh: expected a {decl!r} in each kernel, found {s.count(decl)}")
+            s = s.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
         out[h] = s
     return out
 
@@ -302,12 +310,18 @@ def _sources(defines: tuple[str, ...] = ()) -> dict[str, str]:
     return out
 
 
+class NoHostCompiler(RuntimeError):
+    """No g++ on this machine: the kernels' CPU builds cannot be made (their tests skip). Any
+    other failure to build one is a RuntimeError: a broken harness or kernel source, which
+    its tests must report rather than skip."""
+
+
 def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     """Compile (or reuse, keyed by the sources) harness.cpp of `srcs` with g++ into a shared
-    library named lib<stem>.so; raises RuntimeError without g++ or when it fails."""
+    library named lib<stem>.so; raises NoHostCompiler without g++, RuntimeError when it fails."""
     gxx = shutil.which("g++")
     if gxx is None:
-        raise RuntimeError("g++ is not installed")
+        raise NoHostCompiler("g++ is not installed")
     key = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(srcs.items())).encode()).hexdigest()[:16]
     d = Path(tempfile.gettempdir()) / f"brass-{stem}-host-{key}"
     lib = d / f"lib{stem}.so"

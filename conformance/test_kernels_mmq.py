@@ -32,6 +32,7 @@ from engine.backends import base, cuda_available
 from engine.gguf import GGMLType, GGUFFile
 from conformance.test_kernels import check, cuda, record_launches, ref, tname  # noqa: F401  (fixtures)
 from kernels.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
+from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
@@ -138,7 +139,7 @@ def test_mmq_on_the_cpu(rng, tmp_path, qtype, record_property):
     from ci import mmq_host
     try:
         lib = mmq_host.build()
-    except RuntimeError as e:
+    except NoHostCompiler as e:
         pytest.skip(f"no CPU build of mmq.cu: {e}")
     N, K, T = (67, 512, 70) if base.MMQ_BLOCK[int(qtype)] == 256 else (67, 288, 70)
     gf, x = _case(tmp_path, rng, qtype, (N, K, T))
@@ -221,7 +222,7 @@ def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
     from ci import mmq_host
     try:
         lib = mmq_host.build()
-    except RuntimeError as e:
+    except NoHostCompiler as e:
         pytest.skip(f"no CPU build of mmq.cu: {e}")
     gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
     E = shape[0]
@@ -263,7 +264,7 @@ def test_mmq_variants_on_the_cpu(rng, tmp_path, qtype, defines):
     from ci import mmq_host
     try:
         base_lib, lib = mmq_host.build(), mmq_host.build(defines)
-    except RuntimeError as e:
+    except NoHostCompiler as e:
         pytest.skip(f"no CPU build of mmq.cu: {e}")
     N, K, T = (70, 768, 45) if base.MMQ_BLOCK[int(qtype)] == 256 else (70, 288, 45)
     gf, x = _case(tmp_path, rng, qtype, (N, K, T))
