@@ -64,22 +64,66 @@ def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch
     assert np.array_equal(s.prefill([tok]), r.prefill([tok]))
 
 
-def test_another_session_captures_a_length_read_before(rng, prompt_graphs):
-    # the kernels of a length are the model's once read: a second session (a server's pooled
-    # one, with its own cache) captures its first prompt of that length and replays the next
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
+def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_graphs, monkeypatch):
+    # a server's pooled sessions (each its own cache) read a length from position 0 a few times
+    # each: the model captures it once (StartStep, over a cache of its own) and every session
+    # that has not read the length itself replays it, its keys, values and recurrent state
+    # copied into the session's cache; a session that read the length eagerly captures its own
+    m = load_synthetic(name, "numpy")
+    ref = load_synthetic(name, "numpy")
+    m.backend = ReplayingNumpy()
+    captures = []
+    real = m.backend.capture
+    monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (captures.append(1), real(fn, **kw))[1])
+    V = m.config.n_vocab
+    first = m.new_session(64)
+    ids = _prompts(rng, V, 9, 6)
+    r = ref.new_session(64)
+    assert np.array_equal(first.prefill(ids[0]), r.prefill(ids[0]))
+    assert not captures, "the model's first read of a length is eager"
+    others = [m.new_session(64) for _ in range(3)]
+    for i, s in enumerate(others):
+        r.reset()
+        assert np.array_equal(s.prefill(ids[1 + i]), r.prefill(ids[1 + i])), f"session {i}: logits differ"
+        assert s.n_past == r.n_past == 9
+        # the cache holds the prompt: decoding on gives what it gives after an eager read
+        for tok in (int(t) for t in rng.integers(0, V, 3)):
+            assert np.array_equal(s.prefill([tok]), r.prefill([tok])), f"session {i}: decoding after the prompt"
+    assert len(captures) == 1 and list(m._start_steps) == [(9, 64)], (captures, list(m._start_steps))
+    assert not any(s._prompt_steps for s in others), "they replayed the model's graph, not their own"
+    # again after a reset: the model's graph again (their second request), no new capture
+    others[0].reset(), r.reset()
+    assert np.array_equal(others[0].prefill(ids[4]), r.prefill(ids[4]))
+    assert len(captures) == 1
+    # the session that read the length eagerly captures its own and replays it
+    for k in (4, 5):
+        first.reset(), r.reset()
+        assert np.array_equal(first.prefill(ids[k]), r.prefill(ids[k]))
+    assert len(captures) == 2 and 9 in first._prompt_steps
+    # a session of another size does not take a graph over a cache of 64 slots
+    big = m.new_session(128)
+    r.reset()
+    assert np.array_equal(big.prefill(ids[1]), r.prefill(ids[1]))
+    assert (9, 128) in m._start_steps and len(captures) == 3
+
+
+def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, prompt_graphs, monkeypatch):
+    # the model's capture fails (a MoE prompt planned on the host): it says why, the session's
+    # prompt is read eagerly and right, and later sessions try their own graphs as before
     m = load_synthetic("synth-qwen3", "numpy")
     ref = load_synthetic("synth-qwen3", "numpy")
     m.backend = ReplayingNumpy()
-    first, r = m.new_session(64), ref.new_session(64)
-    V = m.config.n_vocab
-    ids = _prompts(rng, V, 9, 3)
-    assert np.array_equal(first.prefill(ids[0]), r.prefill(ids[0]))
-    assert not first._prompt_steps
-    second = m.new_session(64)
-    for i in (1, 2):
-        second.reset(), r.reset()
-        assert np.array_equal(second.prefill(ids[i]), r.prefill(ids[i])), f"prompt {i}"
-        assert 9 in second._prompt_steps, f"prompt {i} of the second session was read eagerly"
+
+    def refuse(fn, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(m.backend, "capture", refuse)
+    ids = _prompts(rng, m.config.n_vocab, 7, 3)
+    r = ref.new_session(64)
+    for i, s in enumerate(m.new_session(64) for _ in range(3)):
+        r.reset()
+        assert np.array_equal(s.prefill(ids[i]), r.prefill(ids[i])), f"session {i}"
+    assert m.start_graphs_error and "capturing" in m.start_graphs_error and not m._start_steps
 
 
 def test_what_is_never_captured(rng, prompt_graphs):
@@ -175,6 +219,36 @@ def test_on_by_default(monkeypatch):
             e["BRASS_PROMPT_GRAPHS"] = env
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want, (env, out.stdout)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cuda_start_graph_equals_eager(name, rng, prompt_graphs):
+    """On the GPU: sessions reading a length from position 0 through the model's graph
+    (StartStep: its own cache, copied into theirs) get the eager read's logits bit for bit,
+    and greedy decoding after it the same tokens."""
+    from engine.backends import base
+    from engine.sampling import SamplingParams
+    m = load_synthetic(name, "cuda")
+    V = m.config.n_vocab
+    greedy = SamplingParams(temperature=0.0)
+    for n in (9, 40):
+        e = m.new_session(128)
+        e.prompt_graphs = False
+        m.new_session(128).prefill(_prompts(rng, V, n, 1)[0])     # the model's first read: eager
+        for i, ids in enumerate(_prompts(rng, V, n, 3)):
+            s = m.new_session(128)
+            e.reset()
+            got = m.backend.to_numpy(s.prefill(ids, device_logits=True)).copy()
+            want = e.prefill(ids)
+            assert np.array_equal(got, want), f"{name} T={n} session {i}: logits differ " \
+                                              f"(max |diff| {np.abs(got - want).max():.3g})"
+            first = int(np.argmax(want[-1]))
+            a = list(m.generate([first], 8, greedy, stop_at_eog=False, session=s))
+            b = list(m.generate([first], 8, greedy, stop_at_eog=False, session=e))
+            assert a == b, f"{name} T={n} session {i}: decoding after the shared graph parts from eager"
+        moe = m.config.n_expert > 0
+        assert ((n, 128) in m._start_steps) == (not moe or base.MOE_MMQ), \
+            (name, list(m._start_steps), m.start_graphs_error)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -37,6 +37,12 @@ class RecurrentState:
             else:
                 a[seq] = 0
 
+    def copy_from(self, src: "RecurrentState"):
+        """Every sequence's state from `src` (of the same model and sequence count)."""
+        for il in self.layers:
+            self.conv[il][...] = src.conv[il]
+            self.ssm[il][...] = src.ssm[il]
+
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in list(self.conv.values()) + list(self.ssm.values()))
@@ -64,6 +70,16 @@ class KVCache:
         again, the recurrent state must start from zero."""
         if self.recurrent is not None:
             self.recurrent.reset()
+
+    def copy_prefix(self, src: "KVCache", n: int):
+        """Slots 0 .. n - 1 of every layer's keys and values, and the recurrent state, from
+        `src` (a cache of the same model and size): a sequence's first n positions as read
+        there (engine/model.py StartStep)."""
+        for dst_l, src_l in zip(self.k + self.v, src.k + src.v):
+            if dst_l is not None:
+                dst_l[:n] = src_l[:n]
+        if self.recurrent is not None:
+            self.recurrent.copy_from(src.recurrent)
 
     @property
     def nbytes(self) -> int:

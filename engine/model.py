@@ -34,6 +34,13 @@ GREEDY_CHUNK = 8
 # (2026-12-01, `brass bench -r 8`, every repetition within 8 % of the mean): Qwen3-0.6B pp512
 # ~22,000 -> ~94,000 tok/s, Qwen3-8B ~12,400 -> ~26,900; the whole GPU suite passed with it on.
 # A session keeps PROMPT_GRAPHS_KEPT.
+# A prompt that starts a sequence (position 0: a new request, a reset session) is not the
+# session's to capture: the model keeps PROMPT_GRAPHS_KEPT of those (StartStep), each over a
+# cache of its own, and a replay's keys, values and recurrent state are copied into the
+# session's cache (the same bits: a sequence's first prompt reads nothing else of its cache).
+# Why: a server's pooled sessions each saw a length about twice, so each captured once and
+# hardly replayed (16 streaming clients, 2 requests each, on the H200: 0.87 s of the 5.9 s run
+# read prompts, ~27 ms a prompt); shared, a length is captured once for all of them.
 PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
 PROMPT_GRAPHS_KEPT = 4
 # Each prompt graph holds its prompt's peak working set (its own memory pool); a session's
@@ -41,6 +48,39 @@ PROMPT_GRAPHS_KEPT = 4
 # for a new one, and a graph larger than the whole budget is dropped once captured, its length
 # read eagerly from then on.
 PROMPT_GRAPHS_MB = 512
+
+
+class GraphShelf:
+    """Captured prompt graphs by key, most recently used last: at most PROMPT_GRAPHS_KEPT,
+    holding at most prompt_graphs_budget() bytes together (the oldest make room); a graph over
+    the whole budget is dropped once captured and its key read eagerly from then on."""
+
+    def __init__(self):
+        self.steps: dict = {}
+        self.eager: set = set()
+
+    def get(self, key, capture: Callable, failed: Callable):
+        """The graph of `key`, captured by `capture()` if not kept; None for a key read
+        eagerly, or when the capture raised (then `failed(exception)` was called). A bad
+        BRASS_PROMPT_GRAPHS_MB is raised, before any capture."""
+        st = self.steps.pop(key, None)
+        if st is None:
+            if key in self.eager:
+                return None
+            budget = prompt_graphs_budget()
+            try:
+                st = capture()
+            except Exception as e:
+                failed(e)
+                return None
+            if st.nbytes > budget:
+                self.eager.add(key)             # its memory is freed with it
+                return None
+            while self.steps and (len(self.steps) >= PROMPT_GRAPHS_KEPT or
+                                  sum(s.nbytes for s in self.steps.values()) + st.nbytes > budget):
+                self.steps.pop(next(iter(self.steps)))
+        self.steps[key] = st
+        return st
 
 
 def prompt_graphs_budget() -> int:
@@ -82,6 +122,12 @@ class Model:
         # first prompt of such a length is captured at once (PROMPT_GRAPHS), which is what a
         # server's pooled sessions, each with its own cache, need to replay at all
         self.prompt_lengths_read: set[int] = set()
+        # sequences' first prompts, captured once for every session (StartStep): keyed by
+        # (length, the sessions' n_ctx); start_graphs_error says why a capture failed (the
+        # sessions then capture and fail, or not, on their own, as before)
+        self._start_shelf = GraphShelf()
+        self._start_steps = self._start_shelf.steps
+        self.start_graphs_error: str | None = None
         if hasattr(self.backend, "load"):
             with self.backend.activate():
                 self.backend.load(self.gguf, self.weights, quiet=quiet)
@@ -175,8 +221,13 @@ class Session:
         # prompt graphs (PROMPT_GRAPHS): {length: PromptStep}, most recent last (the lengths
         # read eagerly once are the model's); prompt_graphs False once a capture failed (the
         # forward synchronised with the host: a MoE prompt whose routing is planned there)
-        self._prompt_steps: dict[int, PromptStep] = {}
-        self._prompt_eager: set[int] = set()     # lengths whose graph was over the budget
+        self._prompt_shelf = GraphShelf()
+        self._prompt_steps: dict[int, PromptStep] = self._prompt_shelf.steps
+        # lengths this session read eagerly from position 0: it captures its own graph of
+        # them next (a session reading one length again and again, as a bench or a loop does,
+        # replays without StartStep's copies); a length it has not read itself goes to the
+        # model's StartStep (a server's pooled sessions, each reading a length a few times)
+        self._read_here: set[int] = set()
         self.prompt_graphs = PROMPT_GRAPHS and self.graphs
         self.prompt_graphs_error: str | None = None     # why a capture failed, if one did
 
@@ -196,7 +247,21 @@ class Session:
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2:
-            st = self._prompt_step(len(ids))
+            n = len(ids)
+            if self.n_past == 0 and n not in self._prompt_steps and n not in self._read_here \
+                    and m.start_graphs_error is None:
+                # a length this session has not read itself: the model's graph, if any
+                st = self._start_step(n)
+                if st is not None:
+                    with b.activate():
+                        logits = st.run(ids, self.cache)
+                        self.n_past = n
+                        return logits if device_logits else b.to_numpy(logits)
+                st = None
+                if self.prompt_graphs:
+                    self._read_here.add(n)      # read eagerly here: captured here next time
+            else:
+                st = self._prompt_step(n)
             if st is not None:
                 with b.activate():
                     logits = st.run(ids, self.n_past)
@@ -214,29 +279,29 @@ class Session:
         (read eagerly, loading its kernels), captured the next time, in this session or
         another; a failed capture turns prompt graphs off
         for this session (its prompts are then read eagerly, as before)."""
-        st = self._prompt_steps.pop(n, None)
-        if st is None:
-            if n in self._prompt_eager:
-                return None
-            if n not in self.model.prompt_lengths_read:
-                self.model.prompt_lengths_read.add(n)
-                return None
-            try:
-                st = PromptStep(self, n)
-            except Exception as e:
-                self.prompt_graphs = False
-                self.prompt_graphs_error = f"{type(e).__name__}: {e}"
-                self._prompt_steps.clear()
-                return None
-            budget = prompt_graphs_budget()
-            if st.nbytes > budget:
-                self._prompt_eager.add(n)       # its memory is freed with it
-                return None
-            while self._prompt_steps and (len(self._prompt_steps) >= PROMPT_GRAPHS_KEPT or
-                                          sum(s.nbytes for s in self._prompt_steps.values()) + st.nbytes > budget):
-                self._prompt_steps.pop(next(iter(self._prompt_steps)))
-        self._prompt_steps[n] = st          # most recently used last
-        return st
+        if n not in self._prompt_steps and n not in self.model.prompt_lengths_read:
+            self.model.prompt_lengths_read.add(n)
+            return None
+        def failed(e):
+            self.prompt_graphs = False
+            self.prompt_graphs_error = f"{type(e).__name__}: {e}"
+            self._prompt_steps.clear()
+        return self._prompt_shelf.get(n, lambda: PromptStep(self, n), failed)
+
+    def _start_step(self, n: int) -> "StartStep | None":
+        """The model's captured prefill of n tokens from position 0 for caches of this
+        session's size: None the first time the model reads the length (eagerly, here), captured
+        the next time, by whichever session. A failed capture is the model's
+        (start_graphs_error) and this session's (prompt_graphs off), as a session's own."""
+        m = self.model
+        key = (n, self.n_ctx)
+        if key not in m._start_steps and n not in m.prompt_lengths_read:
+            m.prompt_lengths_read.add(n)        # read eagerly by the caller: its kernels load
+            return None
+        def failed(e):
+            m.start_graphs_error = self.prompt_graphs_error = f"{type(e).__name__}: {e}"
+            self.prompt_graphs = False
+        return m._start_shelf.get(key, lambda: StartStep(m, n, self.n_ctx), failed)
 
     def decode(self, token: int):
         """Logits (device array) after `token` at the next position. On a graph-capable backend
@@ -393,6 +458,42 @@ class PromptStep:
         self._uploaded = self.backend.upload_async(self.inp, self._host)
         self.graph.replay()
         return self.graph.result
+
+
+class StartStep:
+    """A prefill of n tokens from position 0, captured as a graph over a cache of its own
+    (`cache`, n_ctx slots like the sessions' it serves), for every session of the model: the
+    token ids come from a device array (uploaded before each replay); `run` zeroes the cache's
+    recurrent state, replays, and copies the n slots of keys and values (and the recurrent
+    state) into the session's cache. The same bits as the session reading the prompt itself:
+    the same kernels on the same inputs, and attention from position 0 reads only the slots
+    the prompt writes. It holds its cache and its peak working set (own memory pool)."""
+
+    def __init__(self, model: Model, n: int, n_ctx: int):
+        b = model.backend
+        self.n = n
+        with b.activate():
+            self.cache = KVCache(b, model.config, n_ctx)
+            self.ids = b.zeros((n,), np.int32)
+            self._host = b.pinned_empty(n, np.int32)
+            self._pos = b.asarray(np.arange(n, dtype=np.int32))
+            self._out_rows = b.asarray(np.array([n - 1], np.int32))
+        self._uploaded = lambda: None
+        self.backend = b
+        self.graph = b.capture(lambda: model.forward(self.ids, self._pos, self.cache, self._out_rows),
+                               reuse_freed=True)
+        self.nbytes = getattr(self.graph, "nbytes", 0) + self.cache.nbytes
+
+    def run(self, ids: np.ndarray, cache: KVCache):
+        """Logits after the tokens `ids` at positions 0 .. n - 1 of `cache` (written there).
+        The logits are a copy: the next session's replay rewrites the graph's own."""
+        self._uploaded()            # the last copy has read the pinned buffer
+        self._host[:] = ids
+        self._uploaded = self.backend.upload_async(self.ids, self._host)
+        self.cache.reset()
+        self.graph.replay()
+        cache.copy_prefix(self.cache, self.n)
+        return self.graph.result.copy()
 
 
 def _backend_for(arch_name: str, requested: str | None) -> str | None:
