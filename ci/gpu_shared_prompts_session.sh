@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Three GPU calls, sent back to back on a warm machine (it goes back ~30 s after a call ends),
+# for what the seventh session (2026-12-02) wrote after its GPU time was spent:
+#   1. the whole suite (the model's shared prompt graphs, StartStep, engine/model.py, and its
+#      GPU test test_cuda_start_graph_equals_eager; the kernels' CPU builds now failing instead
+#      of skipping when they break), llama-server and llama-bench building meanwhile, the
+#      qwen3 shapes written;
+#   2. issue 11's load test (ci/gpu_serving.sh: 1 / 4 / 16 streaming clients, llama-server
+#      --parallel 16 beside brass serve on the 8B shape), then the batched step at 16 sequences
+#      with the rows of K >= 8192 split (the default) and never split, alternated: whether the
+#      split costs the batched step;
+#   3. side by side with llama.cpp (REPS=3) on the qwen3 shapes, then where the 0.6B's decode
+#      token goes (ci/gpu_profile.sh, CUPTI: kernel time by name), for issue 8's last 0.6B bar.
+#   run(command="bash ci/gpu_shared_prompts_session.sh 1", carry=[".whl", ".stage"]); then at once 2, 3.
+set -uo pipefail
+t0=$SECONDS
+cd "$(dirname "$0")/.."
+. ci/gpu_lib.sh
+brass_env
+set_def() { sed -i "s/^#define $1 [0-9]*/#define $1 $2/" kernels/matvec.cuh; }   # NAME VALUE
+
+if [ "${1:-1}" = 1 ]; then
+    (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(( $(nproc) / 2 )) llama-server llama-bench; wait" \
+        > /dev/null 2>&1 < /dev/null &)
+    (setsid nohup bash -c "for s in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do python3 ci/shape_models.py \$s $dir; done" \
+        > /tmp/brass-shapes.log 2>&1 < /dev/null &)
+    echo "== the whole suite (t=$((SECONDS - t0)) s)"
+    timeout 420 bash ci/gpu_conformance.sh -n 12 -q > "$out/suite.log" 2>&1
+    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
+    cat "$out/gpu-conformance-summary.txt" 2>/dev/null
+    # the skips, most frequent first: none may be a build or a plumbing failure
+    grep "^SKIPPED" "$out/suite.log" | sort -t[ -k2 -rn | head -12 | cut -c1-200
+    rm -f "$out/gpu-conformance.xml"             # the files that come back are counted
+    echo "shapes: $(tail -1 /tmp/brass-shapes.log); llama.cpp build: $(tail -1 /tmp/llama-build.log)"
+    echo "done at t=$((SECONDS - t0)) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 2 ]; then
+    echo "== issue 11's load test (t=$((SECONDS - t0)) s)"
+    while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-server" ] && [ $((SECONDS - t0)) -lt 200 ]; do sleep 5; done
+    timeout 400 bash ci/gpu_serving.sh 2>&1 | tail -12
+    rm -f "$out"/load-*.err
+    echo "== 16 sequences (brass bench --parallel 16 -p 0 -n 64 -r 2, Qwen3-8B), MV_SPLIT_MIN_K 8192 / never (t=$((SECONDS - t0)) s)"
+    for k in 8192 1000000 8192 1000000; do
+        [ $((SECONDS - t0)) -lt 560 ] || break
+        set_def MV_SPLIT_MIN_K $k
+        echo "min_k $k: $(timeout 60 python3 -m engine bench "$dir/qwen3-8b.gguf" --backend cuda -r 2 -p 0 -n 64 \
+            --parallel 16 2>/dev/null | grep -oE "tg64x16 .*")"
+    done
+    set_def MV_SPLIT_MIN_K 8192
+    echo "done at t=$((SECONDS - t0)) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 3 ]; then
+    echo "== side by side (t=$((SECONDS - t0)) s)"
+    LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=3 \
+        timeout 330 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b 2>&1 | grep -v "^WARNING"
+    rm -f "$out"/llama-*.log "$out"/brass-*.log
+    echo "== where the 0.6B's decode token goes (t=$((SECONDS - t0)) s)"
+    MODES=decode timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_profile.sh qwen3-0.6b 2>&1 | tail -30
+    echo "done at t=$((SECONDS - t0)) s"
+fi
