@@ -8,7 +8,8 @@
 #   2. issue 11's load test (ci/gpu_serving.sh: 1 / 4 / 16 streaming clients, llama-server
 #      --parallel 16 beside brass serve on the 8B shape), then the batched step at 16 sequences
 #      with the rows of K >= 8192 split (the default) and never split, alternated: whether the
-#      split costs the batched step;
+#      split costs the batched step; GLU_PAIRED=1 (kernels/matvec.cuh: gate and up in one loop,
+#      off: 105 registers against 60 on Q4_K) through its checks and tg128 against 0, alternated;
 #   3. side by side with llama.cpp (REPS=3) on the qwen3 shapes, then where the 0.6B's decode
 #      token goes (ci/gpu_profile.sh, CUPTI: kernel time by name), for issue 8's last 0.6B bar.
 #   run(command="bash ci/gpu_shared_prompts_session.sh 1", carry=[".whl", ".stage"]); then at once 2, 3.
@@ -49,6 +50,21 @@ if [ "${1:-1}" = 2 ]; then
             --parallel 16 2>/dev/null | grep -oE "tg64x16 .*")"
     done
     set_def MV_SPLIT_MIN_K 8192
+    echo "== GLU_PAIRED=1 (gate and up read in one loop): its checks, then tg128 0 / 1 alternated (t=$((SECONDS - t0)) s)"
+    set_def GLU_PAIRED 1
+    timeout 100 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py conformance/test_kernels_model.py \
+        -k "glu or ffn or batched or moe or model" -q -n 12 -p no:cacheprovider > "$out/paired.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/paired.log" | head -8; tail -1 "$out/paired.log"
+    for r in 1 2; do
+        for v in 0 1; do
+            set_def GLU_PAIRED $v
+            for m in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do
+                [ $((SECONDS - t0)) -lt 570 ] || break 3
+                echo "paired $v $m: $(brass_tg "$dir/$m.gguf" 60)"
+            done
+        done
+    done
+    set_def GLU_PAIRED 0
     echo "done at t=$((SECONDS - t0)) s"
     exit 0
 fi

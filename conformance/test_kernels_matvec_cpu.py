@@ -125,6 +125,31 @@ def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):
     assert np.array_equal(hq, q8_1_blocks(h)), "the Q8_1 blocks written are not those of h"
 
 
+@pytest.mark.parametrize("qtype, K", [(GGMLType.Q4_K, 1024), (GGMLType.Q6_K, 768), (GGMLType.Q8_0, 28672),
+                                      (GGMLType.MXFP4, 512)], ids=lambda v: tname(v) if isinstance(v, GGMLType) else str(v))
+def test_gate_and_up_read_together_give_the_same_floats(lib, rng, tmp_path, qtype, K):
+    # GLU_PAIRED=1 (kernels/matvec.cuh: gate and up in one loop) must give matvec_glu_'s h and
+    # Q8_1 blocks bit for bit, dense (staged; K = 28672 unstaged) and over chosen experts, so
+    # that the switch moves time only (and the batched kernel still equals it token by token)
+    from ci import matvec_host
+    try:
+        paired = matvec_host.build(("GLU_PAIRED=1",))
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    E, N, T, k = 4, 96, 3, 2
+    gf = _weights(tmp_path, rng, {"g": (qtype, (E, N, K)), "u": (qtype, (E, N, K))})
+    g, u = _raw(gf, "g", E * N), _raw(gf, "u", E * N)
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    for what, kw, wg, wu in (("dense", {}, g[:N], u[:N]),
+                             ("experts", dict(ids=ids, n_experts=E, expert_rows=N), g, u)):
+        xs = x[:1] if what == "dense" else x
+        h0, q0 = matvec_host.glu(lib, qtype, wg, wu, xs, **kw)
+        h1, q1 = matvec_host.glu(paired, qtype, wg, wu, xs, **kw)
+        assert np.array_equal(h0, h1, equal_nan=True), f"{what}: h differs (max |d| {np.nanmax(np.abs(h0 - h1)):.3g})"
+        assert np.array_equal(q0, q1), f"{what}: the Q8_1 blocks differ"
+
+
 @pytest.mark.parametrize("qtypes", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.MXFP4, GGMLType.MXFP4),
                                     (GGMLType.Q8_0, GGMLType.Q5_0)], ids=str)
 def test_experts_on_the_cpu(lib, rng, tmp_path, qtypes, record_property):

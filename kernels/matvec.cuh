@@ -66,6 +66,14 @@
 static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 #define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
 #define GLU_ROWS 4
+#ifndef GLU_PAIRED
+// matvec_glu_<kind>: 1 reads gate and up in one loop (rows_dot2: both matrices' loads in
+// flight together, the same floats), 0 one after the other. Written 2026-12-02 without a GPU
+// at hand (bit for bit the same h on the CPU build, 15 type / K cases); off until timed: ptxas
+// gives it 105 registers against 60 on Q4_K (64 / 40 on Q8_0 and MXFP4, 80 / 80 on Q6_K),
+// which halves the resident blocks of the 8B's 384-block gate/up launch.
+#define GLU_PAIRED 0
+#endif
 #define DOWN_WARPS 8        // matvec_moe_down_<kind>: warps per block (over the chosen experts)
 #define DOWN_ROWS 4         //   output rows per block
 #define MOE_MAX_USED 64     //   chosen experts per token at most (moe_route's bound)
@@ -204,6 +212,49 @@ __device__ __forceinline__ void warp_dot_rows(const u8 * __restrict__ w0, const 
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// warp_dot_rows of two matrices' rows (gate and up) in one loop: the loads of both in flight
+// together, where two calls would wait for the first's sums (its shuffles) before the second's
+// loads. Each sum takes its terms in the order warp_dot_rows takes them: the same floats.
+template <class K, int R>
+__device__ __forceinline__ void warp_dot_rows2(const u8 * __restrict__ wa, const u8 * __restrict__ wb,
+                                               const i64 row_bytes, const int n_valid,
+                                               const typename K::act * __restrict__ x, const int n_items,
+                                               float (&a)[R], float (&b)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) a[r] = b[r] = 0.0f;
+#pragma unroll MV_UNROLL
+    for (int i = threadIdx.x % WARP_SIZE; i < n_items; i += WARP_SIZE) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (r < n_valid) {
+                a[r] += K::dot(wa + r * row_bytes, i, x + i);
+                b[r] += K::dot(wb + r * row_bytes, i, x + i);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        a[r] = warp_sum(a[r]);
+        b[r] = warp_sum(b[r]);
+    }
+}
+
+// warp_dot_rows2 on the staged activations xs when there are.
+template <class K, int R>
+__device__ __forceinline__ void rows_dot2(const u8 * __restrict__ wa, const u8 * __restrict__ wb, const i64 row_bytes,
+                                          const int n_valid, const typename K::act * __restrict__ x,
+                                          const void * __restrict__ xs, const int n_items, float (&a)[R],
+                                          float (&b)[R]) {
+    if constexpr (K::can_stage) {
+        if (xs != nullptr) {
+            warp_dot_rows2<Staged<K>, R>(wa, wb, row_bytes, n_valid, (const typename Staged<K>::act *) xs,
+                                         n_items, a, b);
+            return;
+        }
+    }
+    warp_dot_rows2<K, R>(wa, wb, row_bytes, n_valid, x, n_items, a, b);
 }
 
 // warp_dot_rows on the staged activations xs when there are (xs: the row's staged items;
@@ -495,8 +546,13 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
     extern __shared__ int4 staged_x[];                                                             \
     const void * xs = stage_act<K>(xr, 1, n_items, staged_x);                                      \
     float g[GLU_ROWS], up[GLU_ROWS];                                                               \
-    rows_dot<K, GLU_ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, g); \
-    rows_dot<K, GLU_ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, up); \
+    if constexpr (GLU_PAIRED) {                                                                    \
+        rows_dot2<K, GLU_ROWS>(wg + off + row * p.row_bytes, wu + off + row * p.row_bytes, p.row_bytes, \
+                               p.n_rows - row, xr, xs, n_items, g, up);                            \
+    } else {                                                                                       \
+        rows_dot<K, GLU_ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, g); \
+        rows_dot<K, GLU_ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, up); \
+    }                                                                                              \
     if (lane == 0) {                                                                               \
         _Pragma("unroll")                                                                          \
         for (int r = 0; r < GLU_ROWS; ++r)                                                         \
