@@ -12,7 +12,12 @@
 #      off: 105 registers against 60 on Q4_K) through its checks and tg128 against 0, alternated;
 #   3. side by side with llama.cpp (REPS=3) on the qwen3 shapes, then where the 0.6B's decode
 #      token goes (ci/gpu_profile.sh, CUPTI: kernel time by name), for issue 8's last 0.6B bar.
-#   run(command="bash ci/gpu_shared_prompts_session.sh 1", carry=[".whl", ".stage"]); then at once 2, 3.
+#   4. (if ~7 minutes are left) issue 9's CUDA goldens of the models that have none yet
+#      (synth-qwen35, synth-qwen35moe, synth-gemma4, synth-gemma4moe): llama.cpp b11312 with
+#      CUDA (ci/build_llamacpp_cuda.sh, from .stage/llama-b11312-src.tar.xz, ~4.5 min), then
+#      ci/record_goldens.py --device cuda --only ...; golden/cuda comes back packed as
+#      cuda-goldens.tar.xz (unpack it over golden/ here, check `git diff --stat`, run the suite).
+#   run(command="bash ci/gpu_shared_prompts_session.sh 1", carry=[".whl", ".stage"]); then at once 2, 3 (, 4).
 set -uo pipefail
 t0=$SECONDS
 cd "$(dirname "$0")/.."
@@ -76,5 +81,17 @@ if [ "${1:-1}" = 3 ]; then
     rm -f "$out"/llama-*.log "$out"/brass-*.log
     echo "== where the 0.6B's decode token goes (t=$((SECONDS - t0)) s)"
     MODES=decode timeout $(( 585 - (SECONDS - t0) )) bash ci/gpu_profile.sh qwen3-0.6b 2>&1 | tail -30
+    echo "done at t=$((SECONDS - t0)) s"
+fi
+
+if [ "${1:-1}" = 4 ]; then
+    echo "== llama.cpp b11312 with CUDA (t=$((SECONDS - t0)) s)"
+    timeout 360 bash ci/build_llamacpp_cuda.sh > "$out/b11312-build.log" 2>&1 || { echo "build failed:"; tail -5 "$out/b11312-build.log"; exit 1; }
+    echo "== CUDA goldens of the hybrids and Gemma 4 (t=$((SECONDS - t0)) s)"
+    LLAMA_CPP_LIB_PATH=/tmp/llama-b11312-cuda/lib PYTHONPATH="/tmp/llama-b11312-cuda/py:$PYTHONPATH" \
+        timeout $(( 570 - (SECONDS - t0) )) python3 ci/record_goldens.py --device cuda \
+        --only synth-qwen35,synth-qwen35moe,synth-gemma4,synth-gemma4moe 2>&1 | tail -15
+    tar cJf "$out/cuda-goldens.tar.xz" golden/cuda && ls -la "$out/cuda-goldens.tar.xz"
+    find golden/cuda -type f -newer ci/gpu_lib.sh | head -12    # the files written
     echo "done at t=$((SECONDS - t0)) s"
 fi
