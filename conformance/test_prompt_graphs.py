@@ -27,6 +27,7 @@ ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma
 def prompt_graphs(monkeypatch):
     from engine import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS", True)
+    monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", True)
     try:
         from engine.backends.cuda import backend
     except ImportError:                 # no CuPy: the numpy cases run without it
@@ -106,6 +107,27 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_gra
     r.reset()
     assert np.array_equal(big.prefill(ids[1]), r.prefill(ids[1]))
     assert (9, 128) in m._start_steps and len(captures) == 3
+
+
+def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs, monkeypatch):
+    # BRASS_SHARED_PROMPT_GRAPHS=0: a second session (a server's pooled one, with its own
+    # cache) captures its first prompt of a length the model read before, and replays the next
+    from engine import model
+    monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
+    m = load_synthetic("synth-qwen3", "numpy")
+    ref = load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+    first, r = m.new_session(64), ref.new_session(64)
+    V = m.config.n_vocab
+    ids = _prompts(rng, V, 9, 3)
+    assert np.array_equal(first.prefill(ids[0]), r.prefill(ids[0]))
+    assert not first._prompt_steps
+    second = m.new_session(64)
+    for i in (1, 2):
+        second.reset(), r.reset()
+        assert np.array_equal(second.prefill(ids[i]), r.prefill(ids[i])), f"prompt {i}"
+        assert 9 in second._prompt_steps, f"prompt {i} of the second session was read eagerly"
+    assert not m._start_steps
 
 
 def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, prompt_graphs, monkeypatch):
@@ -203,6 +225,20 @@ def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypat
     for ids in _prompts(rng, m.config.n_vocab, 7, 3):
         assert np.array_equal(s.prefill(ids), r.prefill(ids))
     assert not s.prompt_graphs and not s._prompt_steps
+
+
+def test_shared_graphs_off_by_default():
+    # off until the GPU suite has run with it; BRASS_SHARED_PROMPT_GRAPHS=1 turns it on
+    import os
+    import subprocess
+    import sys
+    code = "from engine import model; print(model.SHARED_PROMPT_GRAPHS)"
+    for env, want in ((None, "False"), ("1", "True"), ("0", "False")):
+        e = {k: v for k, v in os.environ.items() if k != "BRASS_SHARED_PROMPT_GRAPHS"}
+        if env is not None:
+            e["BRASS_SHARED_PROMPT_GRAPHS"] = env
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (env, out.stdout)
 
 
 def test_on_by_default(monkeypatch):

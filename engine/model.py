@@ -40,8 +40,11 @@ GREEDY_CHUNK = 8
 # session's cache (the same bits: a sequence's first prompt reads nothing else of its cache).
 # Why: a server's pooled sessions each saw a length about twice, so each captured once and
 # hardly replayed (16 streaming clients, 2 requests each, on the H200: 0.87 s of the 5.9 s run
-# read prompts, ~27 ms a prompt); shared, a length is captured once for all of them.
+# read prompts, ~27 ms a prompt); shared, a length is captured once for all of them. Off until
+# the GPU suite has run with it (written 2026-12-02 after that session's GPU time):
+# BRASS_SHARED_PROMPT_GRAPHS=1 turns it on.
 PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
+SHARED_PROMPT_GRAPHS = os.environ.get("BRASS_SHARED_PROMPT_GRAPHS", "0") not in ("", "0")
 PROMPT_GRAPHS_KEPT = 4
 # Each prompt graph holds its prompt's peak working set (its own memory pool); a session's
 # graphs together hold at most BRASS_PROMPT_GRAPHS_MB (default below): the oldest make room
@@ -248,8 +251,8 @@ class Session:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2:
             n = len(ids)
-            if self.n_past == 0 and n not in self._prompt_steps and n not in self._read_here \
-                    and m.start_graphs_error is None:
+            if SHARED_PROMPT_GRAPHS and self.n_past == 0 and n not in self._prompt_steps \
+                    and n not in self._read_here and m.start_graphs_error is None:
                 # a length this session has not read itself: the model's graph, if any
                 st = self._start_step(n)
                 if st is not None:
