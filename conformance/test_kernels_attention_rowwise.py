@@ -69,15 +69,19 @@ def test_slots_in_flight_change_no_bit(rng):
 
 
 @pytest.mark.parametrize("lanes", [1, 0], ids=["slot-per-thread", "slot-per-warp"])
-@pytest.mark.parametrize("case", CASES + [(1, 20, 2, 1, 36, 36, 0), (1, 300, 4, 2, 128, 128, 0)], ids=lambda c: "T%d-past%d-H%d-%d-D%d-%d-w%d" % c)
+@pytest.mark.parametrize("case", CASES + [(1, 20, 2, 1, 36, 36, 0), (1, 300, 4, 2, 128, 128, 0), (1, 50, 2, 1, 256, 256, 0),
+                                  (2, 33, 2, 1, 512, 512, 16)], ids=lambda c: "T%d-past%d-H%d-%d-D%d-%d-w%d" % c)
 def test_pass1_layouts_on_the_cpu(rng, case, lanes, record_property):
     # Pass 1 with a slot per thread (ATTN_SLOT_LANES=1, the default: its dot product summed in
     # the thread) or per warp (0, the path for head_dim % 8 != 0, and the layout before): other
     # orders of the same additions, each held to the kernel's bound against the reference
-    # (head_dim 36: not a multiple of 8, the warp path either way)
+    # (head_dim 36: not a multiple of 8, the warp path either way; 256 and 512, Gemma 4's, take
+    # a slot per warp by default, ATTN_SLOT_LANES_MAX_DIM: a slot per thread is built here for
+    # every head size, so that both layouts are checked at each)
     from ci.attn_host import KERNEL_DIR, attention_rowwise
     from ci.mmq_host import q8_1_blocks
-    lib = _lib(f"#define ATTN_SLOT_LANES {lanes}\n" + (KERNEL_DIR / "attention.cu").read_text())
+    lib = _lib(f"#define ATTN_SLOT_LANES {lanes}\n#define ATTN_SLOT_LANES_MAX_DIM 1024\n"
+               + (KERNEL_DIR / "attention.cu").read_text())
     T, past, H, Hkv, D, DV, window = case
     q, k, v, kk, vk, pos = _case(rng, *case)
     # the usual scale, and one that spreads a row's logits over hundreds (exp of the logit

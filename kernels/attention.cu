@@ -28,6 +28,13 @@
 // pass 1 takes a slot per warp).
 #define ATTN_SLOT_LANES 1
 #endif
+#ifndef ATTN_SLOT_LANES_MAX_DIM
+// ... and head_dim <= this: longer rows take a slot per warp. The gains above were at head_dim
+// 128; Gemma-4-26B-A4B (head_dim 256 and 512) decoded at 222.63 / 222.60 tok/s with a slot per
+// thread against 224.94 / 224.94 per warp (H200, 2026-12-02, alternated): a thread's serial dot
+// over 256-512 dims outweighs the slots in flight.
+#define ATTN_SLOT_LANES_MAX_DIM 128
+#endif
 
 // cache[pos[t], :] = f16(x[t, :]) for rows of H_kv * Dh values.
 extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
@@ -83,7 +90,7 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);
 #if ATTN_SLOT_LANES
-    if (p.head_dim % 8 == 0) {
+    if (p.head_dim % 8 == 0 && p.head_dim <= ATTN_SLOT_LANES_MAX_DIM) {
         // A thread per slot: 8 halves of its K row per 16-byte load, each pair of dims added as
         // in the warp-per-slot loop (q0 k0 + q1 k1), the pairs in dim order.
         for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
