@@ -10,8 +10,9 @@
 #      --parallel 16 beside brass serve on the 8B shape) with the shared prompt graphs on, then
 #      off, then the batched step at 16 sequences
 #      with the rows of K >= 8192 split (the default) and never split, alternated: whether the
-#      split costs the batched step; GLU_PAIRED=1 (kernels/matvec.cuh: gate and up in one loop,
-#      off: 105 registers against 60 on Q4_K) through its checks and tg128 against 0, alternated;
+#      split costs the batched step; the gated kernel's knobs (kernels/matvec.cuh: GLU_PAIRED,
+#      gate and up in one loop, 105 registers against 60 on Q4_K; GLU_WARPS x GLU_ROWS 16 x 2,
+#      twice the warps on the 0.6B's 96 blocks), their checks and tg128 alternated;
 #   3. side by side with llama.cpp (REPS=3) on the qwen3 shapes, then where the 0.6B's decode
 #      token goes (ci/gpu_profile.sh, CUPTI: kernel time by name), for issue 8's last 0.6B bar.
 #   4. (if ~7 minutes are left) issue 9's CUDA goldens of the models that have none yet
@@ -60,21 +61,22 @@ if [ "${1:-1}" = 2 ]; then
             --parallel 16 2>/dev/null | grep -oE "tg64x16 .*")"
     done
     set_def MV_SPLIT_MIN_K 8192
-    echo "== GLU_PAIRED=1 (gate and up read in one loop): its checks, then tg128 0 / 1 alternated (t=$((SECONDS - t0)) s)"
-    set_def GLU_PAIRED 1
+    echo "== the gated kernel's knobs (GLU_WARPS x GLU_ROWS, GLU_PAIRED): the checks at 16 x 2 paired, then tg128 alternated (t=$((SECONDS - t0)) s)"
+    glu() { set_def GLU_WARPS $1; set_def GLU_ROWS $2; set_def GLU_PAIRED $3; }
+    glu 16 2 1
     timeout 100 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py conformance/test_kernels_model.py \
-        -k "glu or ffn or batched or moe or model" -q -n 12 -p no:cacheprovider > "$out/paired.log" 2>&1
-    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/paired.log" | head -8; tail -1 "$out/paired.log"
+        -k "glu or ffn or batched or moe or model" -q -n 12 -p no:cacheprovider > "$out/glu.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/glu.log" | head -8; tail -1 "$out/glu.log"
     for r in 1 2; do
-        for v in 0 1; do
-            set_def GLU_PAIRED $v
+        for v in "8 4 0" "16 2 0" "8 4 1" "16 2 1"; do
+            glu $v
             for m in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do
-                [ $((SECONDS - t0)) -lt 570 ] || break 3
-                echo "paired $v $m: $(brass_tg "$dir/$m.gguf" 60)"
+                [ $((SECONDS - t0)) -lt 575 ] || break 3
+                echo "glu $v $m: $(brass_tg "$dir/$m.gguf" 60)"
             done
         done
     done
-    set_def GLU_PAIRED 0
+    glu 8 4 0
     echo "done at t=$((SECONDS - t0)) s"
     exit 0
 fi

@@ -38,7 +38,7 @@ from ci.mmq_host import (HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
-MAX_THREADS = 256
+MAX_THREADS = 1024
 
 HARNESS = r"""#include "shim.h"
 #include <limits>
@@ -166,13 +166,15 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
 
 
 def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: bool = False, ids=None,
-        n_experts: int = 1, expert_rows: int | None = None):
+        n_experts: int = 1, expert_rows: int | None = None, warps: int | None = None):
     """(h [slots, N], its Q8_1 blocks) of matvec_glu_<type> as CudaBackend._glu_matvec launches
     it: x [T, K] one token per block row, or with ids [T, k] the chosen experts' matrices (wg,
     wu: the [E * N, row_bytes] bytes of the expert tensors; expert_rows = N). wu None: wg is
     the experts' gate and up in one tensor ([E * 2N, row_bytes], each expert's gate rows then
-    its up rows), passed as the backend passes it (up = the same bytes N rows on)."""
-    from engine.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _stage_bytes
+    its up rows), passed as the backend passes it (up = the same bytes N rows on). `warps`: the
+    GLU_WARPS `lib` was built with (default: the header's)."""
+    from engine.backends.cuda.backend import GLU_WARPS, _stage_bytes
+    warps = warps or GLU_WARPS
     from kernels.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x)
@@ -190,7 +192,7 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
                   expert_bytes=(2 if fused else 1) * N * rb if ids is not None else 0, has_ids=int(ids is not None),
                   n_experts=n_experts if ids is not None else 1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
     res = _run(lib, "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
-               (-(-N // (GLU_WARPS * GLU_ROWS)), slots), GLU_WARPS * 32, _stage_bytes(qtype, K))
+               (-(-N // 32), slots), warps * 32, _stage_bytes(qtype, K))      # 32 rows a block
     return res[4], res[5]
 
 

@@ -64,8 +64,18 @@
 #define MV_SPLIT_MIN_K 8192      // the backend's rule, read from here (engine/backends/cuda/backend.py)
 #endif
 static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
-#define GLU_WARPS 8         // matvec_glu_<kind>: 8 warps x 4 rows = one Q8_1 block of h
+#ifndef GLU_WARPS
+// matvec_glu_<kind> / matvec_glu_cols_<kind>: GLU_WARPS warps x GLU_ROWS rows = 32 rows a block,
+// one Q8_1 block of h. Each row's sums are the same floats whatever the split (a row's items,
+// lanes and order do not depend on it), so these move time only. 8 x 4 measured nothing
+// against; 16 x 2 gives the 0.6B's 96-block gate/up launch twice the warps, each half the
+// rows (its K = 1024 rows are 16 items: a warp's lanes 16-31 idle), not yet timed.
+#define GLU_WARPS 8
+#endif
+#ifndef GLU_ROWS
 #define GLU_ROWS 4
+#endif
+static_assert(GLU_WARPS * GLU_ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
 #ifndef GLU_PAIRED
 // matvec_glu_<kind>: 1 reads gate and up in one loop (rows_dot2: both matrices' loads in
 // flight together, the same floats), 0 one after the other. Written 2026-12-02 without a GPU

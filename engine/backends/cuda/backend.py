@@ -57,7 +57,6 @@ MATVEC_THREADS, MATMUL_TILE = 128, 8
 # matvec_<type>: warps per block, rows per warp (chosen by ci/gpu_tune_matvec.py on the H200:
 # one row per warp and 8 warps per block were fastest for both large and small matrices)
 MV_WARPS, MV_ROWS = 8, 1
-GLU_WARPS, GLU_ROWS = 8, 4          # matvec_glu_<type>: one block = 32 rows = one Q8_1 block of h
 DOWN_WARPS, DOWN_ROWS = 8, 4        # matvec_moe_down_<type>: the chosen experts over the warps
 MOE_MAX_USED = 64
 SSM_CONV_THREADS = 128
@@ -146,6 +145,9 @@ MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVE
 # matrices of rows of at least MV_SPLIT_MIN_K values (kernels/matvec.cuh says why); a block
 # takes MV_WARPS // split units
 MV_SPLIT = int(re.search(r"#define MV_SPLIT (\d+)", _MATVEC_H).group(1))
+# matvec_glu_<type>: warps x rows of a block, 32 rows = one Q8_1 block of h (kernels/matvec.cuh)
+GLU_WARPS = int(re.search(r"#define GLU_WARPS (\d+)", _MATVEC_H).group(1))
+GLU_ROWS = int(re.search(r"#define GLU_ROWS (\d+)", _MATVEC_H).group(1))
 MV_SPLIT_MIN_K = int(re.search(r"#define MV_SPLIT_MIN_K (\d+)", _MATVEC_H).group(1))
 
 
