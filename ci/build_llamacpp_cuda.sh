@@ -4,7 +4,8 @@
 # and `brass diff --reference cuda` load through LLAMA_CPP_LIB_PATH. ~4.5 min on the runner's
 # 16 cores.
 #
-# Source: a trimmed copy of the sdist (77 MB, over the runner's 64 MiB carry), made here with
+# Source: a trimmed copy of the sdist (77 MB, over the runner's 64 MiB carry), made here by
+# ci/stage_llama_b11312_src.sh, i.e.
 #   tar -xzf llama_cpp_python-0.3.36.tar.gz && cd llama_cpp_python-0.3.36 && \
 #   tar cJf .stage/llama-b11312-src.tar.xz --exclude='*.md' vendor/llama.cpp/{CMakeLists.txt,cmake,ggml,include,src,vendor,licenses,LICENSE} llama_cpp
 # (3.6 MB) and carried as .stage.

@@ -20,6 +20,8 @@
 #      CUDA (ci/build_llamacpp_cuda.sh, from .stage/llama-b11312-src.tar.xz, ~4.5 min), then
 #      ci/record_goldens.py --device cuda --only ...; golden/cuda comes back packed as
 #      cuda-goldens.tar.xz (unpack it over golden/ here, check `git diff --stat`, run the suite).
+#   First, here (a fresh checkout has neither): bash ci/stage_llama_src.sh; bash
+#   ci/stage_llama_b11312_src.sh; the wheels of ci/gpu_conformance.sh's header into .whl/.
 #   run(command="bash ci/gpu_shared_prompts_session.sh 1", carry=[".whl", ".stage"]); then at once 2, 3 (, 4).
 set -uo pipefail
 t0=$SECONDS
