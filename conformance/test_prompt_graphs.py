@@ -109,6 +109,29 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_gra
     assert (9, 128) in m._start_steps and len(captures) == 3
 
 
+def test_a_large_cache_is_not_shared(rng, prompt_graphs, monkeypatch):
+    # a StartStep holds a cache of its sessions' size: for a cache over half the graphs' budget
+    # the session reads eagerly and then captures its own graph, as without sharing
+    from engine.kv_cache import KVCache
+    m = load_synthetic("synth-qwen3", "numpy")
+    ref = load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", str(KVCache.nbytes_for(m.config, 64) / 2 ** 20 * 1.5))
+    V = m.config.n_vocab
+    ids = _prompts(rng, V, 9, 4)
+    r = ref.new_session(64)
+    assert np.array_equal(m.new_session(64).prefill(ids[0]), r.prefill(ids[0]))
+    s = m.new_session(64)
+    for i in (1, 2, 3):
+        s.reset(), r.reset()
+        assert np.array_equal(s.prefill(ids[i]), r.prefill(ids[i])), f"prompt {i}"
+    assert not m._start_steps and 9 in s._prompt_steps
+    small = m.new_session(16)                   # a cache of 16 slots is shared
+    r.reset()
+    assert np.array_equal(small.prefill(ids[1]), r.prefill(ids[1]))
+    assert list(m._start_steps) == [(9, 16)]
+
+
 def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs, monkeypatch):
     # BRASS_SHARED_PROMPT_GRAPHS=0: a second session (a server's pooled one, with its own
     # cache) captures its first prompt of a length the model read before, and replays the next

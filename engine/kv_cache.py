@@ -65,6 +65,13 @@ class KVCache:
     def layer(self, il: int):
         return self.k[il], self.v[il]
 
+    @staticmethod
+    def nbytes_for(cfg, n_ctx: int) -> int:
+        """The device bytes of the keys and values of a cache of n_ctx slots (its recurrent
+        state aside), without allocating it."""
+        return sum(2 * n_ctx * cfg.layer_n_head_kv(il) * (cfg.layer_head_dim(il) + cfg.layer_head_dim_v(il))
+                   for il in range(cfg.n_layer) if not cfg.is_recurrent(il))
+
     def reset(self):
         """Back to an empty sequence: the KV slots are rewritten as positions are reached
         again, the recurrent state must start from zero."""

@@ -294,16 +294,20 @@ class Session:
     def _start_step(self, n: int) -> "StartStep | None":
         """The model's captured prefill of n tokens from position 0 for caches of this
         session's size: None the first time the model reads the length (eagerly, here), captured
-        the next time, by whichever session. A failed capture is the model's
-        (start_graphs_error) and this session's (prompt_graphs off), as a session's own."""
+        the next time, by whichever session; None too for a session whose cache would take more
+        than half the graphs' budget (a StartStep holds a cache of that size: the session
+        captures its own graph instead). A failed capture is the model's (start_graphs_error):
+        the sessions go on with their own graphs."""
         m = self.model
         key = (n, self.n_ctx)
-        if key not in m._start_steps and n not in m.prompt_lengths_read:
-            m.prompt_lengths_read.add(n)        # read eagerly by the caller: its kernels load
-            return None
+        if key not in m._start_steps:
+            if n not in m.prompt_lengths_read:
+                m.prompt_lengths_read.add(n)    # read eagerly by the caller: its kernels load
+                return None
+            if KVCache.nbytes_for(m.config, self.n_ctx) > prompt_graphs_budget() // 2:
+                return None
         def failed(e):
-            m.start_graphs_error = self.prompt_graphs_error = f"{type(e).__name__}: {e}"
-            self.prompt_graphs = False
+            m.start_graphs_error = f"{type(e).__name__}: {e}"
         return m._start_shelf.get(key, lambda: StartStep(m, n, self.n_ctx), failed)
 
     def decode(self, token: int):
