@@ -11,6 +11,9 @@
 # brass_tg MODEL [SECONDS]: "tg128 | mean ± sd |" of brass bench -r 3 -p 0 -n 128 on the GPU
 #   (empty when it fails or runs past SECONDS, default 50).
 
+# matvec_define NAME VALUE: set kernels/matvec.cuh's `#define NAME` to VALUE (the backend reads
+#   MV_SPLIT_MIN_K, MV_COLS, GLU_WARPS, ... from there, so a variant needs no other change).
+
 # brass_env: what every session script starts with (from the repository root): $out (the
 #   runner's result folder, else .), $dir (the shape-true files), the environment the engine and
 #   the tests run offline in, the carried wheels.
@@ -41,6 +44,10 @@ llama_build() {
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
         && cmake --build build -j"$jobs" --target "$@") > "$log" 2>&1 &
     LLAMA_BUILD_PID=$!
+}
+
+matvec_define() {
+    sed -i "s/^#define $1 [0-9]*/#define $1 $2/" kernels/matvec.cuh
 }
 
 brass_tg() {

@@ -28,7 +28,6 @@ t0=$SECONDS
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
 brass_env
-set_def() { sed -i "s/^#define $1 [0-9]*/#define $1 $2/" kernels/matvec.cuh; }   # NAME VALUE
 
 if [ "${1:-1}" = 1 ]; then
     (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(( $(nproc) / 2 )) llama-server llama-bench; wait" \
@@ -64,7 +63,7 @@ if [ "${1:-1}" = 2 ]; then
         echo "llama-server not built by t=$(t) s: $(tail -1 /tmp/llama-build.log)"
     fi
     echo "== the gated kernel's knobs (GLU_WARPS x GLU_ROWS, GLU_PAIRED): the checks at 16 x 2 paired, then tg128 alternated (t=$(t) s)"
-    glu() { set_def GLU_WARPS $1; set_def GLU_ROWS $2; set_def GLU_PAIRED $3; }
+    glu() { matvec_define GLU_WARPS $1; matvec_define GLU_ROWS $2; matvec_define GLU_PAIRED $3; }
     if [ "$(t)" -lt 400 ]; then
         glu 16 2 1
         timeout 90 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py conformance/test_kernels_model.py \
@@ -84,11 +83,11 @@ if [ "${1:-1}" = 2 ]; then
     echo "== 16 sequences (brass bench --parallel 16 -p 0 -n 64 -r 2, Qwen3-8B), MV_SPLIT_MIN_K 8192 / never (t=$(t) s)"
     for k in 8192 1000000; do
         [ "$(t)" -lt 540 ] || break
-        set_def MV_SPLIT_MIN_K $k
+        matvec_define MV_SPLIT_MIN_K $k
         echo "min_k $k: $(timeout 40 python3 -m engine bench "$dir/qwen3-8b.gguf" --backend cuda -r 2 -p 0 -n 64 \
             --parallel 16 2>/dev/null | grep -oE "tg64x16 .*")"
     done
-    set_def MV_SPLIT_MIN_K 8192
+    matvec_define MV_SPLIT_MIN_K 8192
     echo "done at t=$(t) s"
     exit 0
 fi

@@ -39,14 +39,33 @@ def _prompts(rng, V, n, count):
     return [[int(t) for t in rng.integers(0, V, n)] for _ in range(count)]
 
 
-@pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
-def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch):
+def _faked(name):
+    """(a model on the numpy backend with CUDA's graph interface faked, the same model plain
+    numpy: the eager reference)."""
     m = load_synthetic(name, "numpy")
-    ref = load_synthetic(name, "numpy")
     m.backend = ReplayingNumpy()
+    return m, load_synthetic(name, "numpy")
+
+
+def _count_captures(m, monkeypatch) -> list:
+    """The keyword arguments of each capture m's backend makes from now on."""
     captures = []
     real = m.backend.capture
     monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (captures.append(kw), real(fn, **kw))[1])
+    return captures
+
+
+def _refuse_captures(m, monkeypatch):
+    """Every capture of m's backend fails, as a forward that synchronises with the host does."""
+    def refuse(fn, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(m.backend, "capture", refuse)
+
+
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
+def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch):
+    m, ref = _faked(name)
+    captures = _count_captures(m, monkeypatch)
     s, r = m.new_session(64), ref.new_session(64)
     assert s.prompt_graphs
     V = m.config.n_vocab
@@ -71,12 +90,8 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_gra
     # each: the model captures it once (StartStep, over a cache of its own) and every session
     # that has not read the length itself replays it, its keys, values and recurrent state
     # copied into the session's cache; a session that read the length eagerly captures its own
-    m = load_synthetic(name, "numpy")
-    ref = load_synthetic(name, "numpy")
-    m.backend = ReplayingNumpy()
-    captures = []
-    real = m.backend.capture
-    monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (captures.append(1), real(fn, **kw))[1])
+    m, ref = _faked(name)
+    captures = _count_captures(m, monkeypatch)
     V = m.config.n_vocab
     first = m.new_session(64)
     ids = _prompts(rng, V, 9, 6)
@@ -113,9 +128,7 @@ def test_a_large_cache_is_not_shared(rng, prompt_graphs, monkeypatch):
     # a StartStep holds a cache of its sessions' size: for a cache over half the graphs' budget
     # the session reads eagerly and then captures its own graph, as without sharing
     from engine.kv_cache import KVCache
-    m = load_synthetic("synth-qwen3", "numpy")
-    ref = load_synthetic("synth-qwen3", "numpy")
-    m.backend = ReplayingNumpy()
+    m, ref = _faked("synth-qwen3")
     monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", str(KVCache.nbytes_for(m.config, 64) / 2 ** 20 * 1.5))
     V = m.config.n_vocab
     ids = _prompts(rng, V, 9, 4)
@@ -137,9 +150,7 @@ def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs,
     # cache) captures its first prompt of a length the model read before, and replays the next
     from engine import model
     monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
-    m = load_synthetic("synth-qwen3", "numpy")
-    ref = load_synthetic("synth-qwen3", "numpy")
-    m.backend = ReplayingNumpy()
+    m, ref = _faked("synth-qwen3")
     first, r = m.new_session(64), ref.new_session(64)
     V = m.config.n_vocab
     ids = _prompts(rng, V, 9, 3)
@@ -156,13 +167,8 @@ def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs,
 def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, prompt_graphs, monkeypatch):
     # the model's capture fails (a MoE prompt planned on the host): it says why, the session's
     # prompt is read eagerly and right, and later sessions try their own graphs as before
-    m = load_synthetic("synth-qwen3", "numpy")
-    ref = load_synthetic("synth-qwen3", "numpy")
-    m.backend = ReplayingNumpy()
-
-    def refuse(fn, **kw):
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(m.backend, "capture", refuse)
+    m, ref = _faked("synth-qwen3")
+    _refuse_captures(m, monkeypatch)
     ids = _prompts(rng, m.config.n_vocab, 7, 3)
     r = ref.new_session(64)
     for i, s in enumerate(m.new_session(64) for _ in range(3)):
@@ -173,8 +179,7 @@ def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, prompt_gr
 
 def test_what_is_never_captured(rng, prompt_graphs):
     # all logits (teacher forcing), a trace, a single token: eager, whatever the length's history
-    m = load_synthetic("synth-qwen3", "numpy")
-    m.backend = ReplayingNumpy()
+    m, _ = _faked("synth-qwen3")
     s = m.new_session(64)
     ids = _prompts(rng, m.config.n_vocab, 6, 1)[0]
     for _ in range(3):
@@ -189,8 +194,7 @@ def test_what_is_never_captured(rng, prompt_graphs):
 
 def test_graphs_kept_are_bounded(rng, prompt_graphs):
     from engine.model import PROMPT_GRAPHS_KEPT
-    m = load_synthetic("synth-llama", "numpy")
-    m.backend = ReplayingNumpy()
+    m, _ = _faked("synth-llama")
     s = m.new_session(128)
     lengths = list(range(2, 2 + PROMPT_GRAPHS_KEPT + 2))
     for n in lengths + lengths:
@@ -203,13 +207,9 @@ def test_graphs_kept_are_bounded(rng, prompt_graphs):
 def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
     # a session's graphs hold at most BRASS_PROMPT_GRAPHS_MB together: the oldest make room;
     # one over the whole budget is dropped once captured and its length read eagerly after
-    m = load_synthetic("synth-llama", "numpy")
-    ref = load_synthetic("synth-llama", "numpy")
-    m.backend = ReplayingNumpy()
+    m, ref = _faked("synth-llama")
     m.backend.graph_bytes = 3 << 20
-    captures = []
-    real = m.backend.capture
-    monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (captures.append(1), real(fn, **kw))[1])
+    captures = _count_captures(m, monkeypatch)
     monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "5")
     s, r = m.new_session(64), ref.new_session(64)
     V = m.config.n_vocab
@@ -237,13 +237,8 @@ def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
 
 
 def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypatch):
-    m = load_synthetic("synth-qwen3", "numpy")
-    ref = load_synthetic("synth-qwen3", "numpy")
-    m.backend = ReplayingNumpy()
-
-    def refuse(fn, **kw):
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(m.backend, "capture", refuse)
+    m, ref = _faked("synth-qwen3")
+    _refuse_captures(m, monkeypatch)
     s, r = m.new_session(64), ref.new_session(64)
     for ids in _prompts(rng, m.config.n_vocab, 7, 3):
         assert np.array_equal(s.prefill(ids), r.prefill(ids))
