@@ -72,6 +72,7 @@ HOST_RUN_GRID
         if (!strcmp(kernel, "matvec_split")) CALL7(matvec_split_##N, MultiMatVecParams)              \
         if (!strcmp(kernel, "matvec_cols_split")) CALL7(matvec_cols_split_##N, MultiMatVecParams)    \
         if (!strcmp(kernel, "matvec_glu")) CALL6(matvec_glu_##N, GluMatVecParams)                    \
+        if (!strcmp(kernel, "matvec_glu_wide")) CALL6(matvec_glu_wide_##N, GluMatVecParams)          \
         if (!strcmp(kernel, "matvec_glu_cols")) CALL5(matvec_glu_cols_##N, GluMatVecParams)          \
         if (!strcmp(kernel, "matvec_moe_down")) CALL6(matvec_moe_down_##N, MoeDownParams)            \
         return 2;                                                                                    \
@@ -166,15 +167,16 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
 
 
 def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: bool = False, ids=None,
-        n_experts: int = 1, expert_rows: int | None = None, warps: int | None = None):
+        n_experts: int = 1, expert_rows: int | None = None, warps: int | None = None, wide: bool = False):
     """(h [slots, N], its Q8_1 blocks) of matvec_glu_<type> as CudaBackend._glu_matvec launches
     it: x [T, K] one token per block row, or with ids [T, k] the chosen experts' matrices (wg,
     wu: the [E * N, row_bytes] bytes of the expert tensors; expert_rows = N). wu None: wg is
     the experts' gate and up in one tensor ([E * 2N, row_bytes], each expert's gate rows then
     its up rows), passed as the backend passes it (up = the same bytes N rows on). `warps`: the
-    GLU_WARPS `lib` was built with (default: the header's)."""
-    from engine.backends.cuda.backend import GLU_WARPS, _stage_bytes
-    warps = warps or GLU_WARPS
+    GLU_WARPS `lib` was built with (default: the header's); `wide`: matvec_glu_wide_<type>, the
+    backend's kernel for launches of few blocks (GLU_WIDE_WARPS warps)."""
+    from engine.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
+    warps = GLU_WIDE_WARPS if wide else (warps or GLU_WARPS)
     from kernels.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x)
@@ -191,7 +193,7 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
                   n_used=1 if ids is None else ids.shape[1], row_bytes=rb,
                   expert_bytes=(2 if fused else 1) * N * rb if ids is not None else 0, has_ids=int(ids is not None),
                   n_experts=n_experts if ids is not None else 1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
-    res = _run(lib, "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
+    res = _run(lib, "matvec_glu_wide" if wide else "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
                (-(-N // 32), slots), warps * 32, _stage_bytes(qtype, K))      # 32 rows a block
     return res[4], res[5]
 

@@ -125,18 +125,20 @@ def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):
     assert np.array_equal(hq, q8_1_blocks(h)), "the Q8_1 blocks written are not those of h"
 
 
-@pytest.mark.parametrize("variant", [("GLU_PAIRED=1",), ("GLU_WARPS=16", "GLU_ROWS=2"),
+@pytest.mark.parametrize("variant", [("wide",), ("GLU_PAIRED=1",), ("GLU_WARPS=16", "GLU_ROWS=2"),
                                      ("GLU_WARPS=32", "GLU_ROWS=1", "GLU_PAIRED=1")], ids="+".join)
 @pytest.mark.parametrize("qtype, K", [(GGMLType.Q4_K, 1024), (GGMLType.Q6_K, 768), (GGMLType.Q8_0, 28672),
                                       (GGMLType.MXFP4, 512)], ids=lambda v: tname(v) if isinstance(v, GGMLType) else str(v))
 def test_gated_ffn_layouts_give_the_same_floats(lib, rng, tmp_path, qtype, K, variant):
     # The gated kernel's tuning knobs (kernels/matvec.cuh: GLU_PAIRED reads gate and up in one
-    # loop; GLU_WARPS x GLU_ROWS splits a block's 32 rows) must give matvec_glu_'s h and Q8_1
-    # blocks bit for bit, dense (staged; K = 28672 unstaged) and over chosen experts, so that
-    # they move time only (and the batched kernel still equals it token by token)
+    # loop; GLU_WARPS x GLU_ROWS splits a block's 32 rows), and matvec_glu_wide_ (the backend's
+    # kernel for small launches, "wide"), must give matvec_glu_'s h and Q8_1 blocks bit for bit,
+    # dense (staged; K = 28672 unstaged) and over chosen experts, so that they move time only
+    # (and the batched kernel, which keeps 8 x 4, still equals one token at a time)
     from ci import matvec_host
+    wide = variant == ("wide",)
     try:
-        other = matvec_host.build(variant)
+        other = lib if wide else matvec_host.build(variant)
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of matvec_q.cu: {e}")
     warps = next((int(v.split("=")[1]) for v in variant if v.startswith("GLU_WARPS=")), None)
@@ -149,7 +151,7 @@ def test_gated_ffn_layouts_give_the_same_floats(lib, rng, tmp_path, qtype, K, va
                              ("experts", dict(ids=ids, n_experts=E, expert_rows=N), g, u)):
         xs = x[:1] if what == "dense" else x
         h0, q0 = matvec_host.glu(lib, qtype, wg, wu, xs, **kw)
-        h1, q1 = matvec_host.glu(other, qtype, wg, wu, xs, warps=warps, **kw)
+        h1, q1 = matvec_host.glu(other, qtype, wg, wu, xs, warps=warps, wide=wide, **kw)
         assert np.array_equal(h0, h1, equal_nan=True), f"{what}: h differs (max |d| {np.nanmax(np.abs(h0 - h1)):.3g})"
         assert np.array_equal(q0, q1), f"{what}: the Q8_1 blocks differ"
 

@@ -9,7 +9,8 @@
 //   matvec_split_<kind> the same with each unit's items split over MV_SPLIT warps (long rows:
 //                       K >= MV_SPLIT_MIN_K; see MV_SPLIT)
 //   matvec_glu_<kind>   gate and up with the gated activation fused (and h's Q8_1 blocks);
-//                       with ids, the chosen experts' matrices (MoE)
+//                       with ids, the chosen experts' matrices (MoE); matvec_glu_wide_<kind>
+//                       the same for small launches (more warps a block)
 //   matvec_moe_down_<kind>  MoE down projection over the chosen experts with their weighted
 //                       sum fused (and, with has_scale, a factor per expert before the weight)
 //   matmul_<kind>       prefill: one output row x up to MATMUL_TILE tokens per thread block
@@ -67,9 +68,7 @@ static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 #ifndef GLU_WARPS
 // matvec_glu_<kind> / matvec_glu_cols_<kind>: GLU_WARPS warps x GLU_ROWS rows = 32 rows a block,
 // one Q8_1 block of h. Each row's sums are the same floats whatever the split (a row's items,
-// lanes and order do not depend on it), so these move time only. 8 x 4 measured nothing
-// against; 16 x 2 gives the 0.6B's 96-block gate/up launch twice the warps, each half the
-// rows (its K = 1024 rows are 16 items: a warp's lanes 16-31 idle), not yet timed.
+// lanes and order do not depend on it), so these move time only.
 #define GLU_WARPS 8
 #endif
 #ifndef GLU_ROWS
@@ -78,12 +77,22 @@ static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 static_assert(GLU_WARPS * GLU_ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
 #ifndef GLU_PAIRED
 // matvec_glu_<kind>: 1 reads gate and up in one loop (rows_dot2: both matrices' loads in
-// flight together, the same floats), 0 one after the other. Written 2026-12-02 without a GPU
-// at hand (bit for bit the same h on the CPU build, 15 type / K cases); off until timed: ptxas
-// gives it 105 registers against 60 on Q4_K (64 / 40 on Q8_0 and MXFP4, 80 / 80 on Q6_K),
-// which halves the resident blocks of the 8B's 384-block gate/up launch.
+// flight together, the same floats), 0 one after the other. ptxas gives the paired loop 105
+// registers against 60 on Q4_K, which halves the resident blocks of a large launch.
 #define GLU_PAIRED 0
 #endif
+#ifndef GLU_WIDE_WARPS
+// matvec_glu_wide_<kind>: GLU_WIDE_WARPS warps x 32 / GLU_WIDE_WARPS rows, gate and up in one
+// loop, for launches of fewer than GLU_WIDE_MAX_BLOCKS_PER_SM blocks per SM (the backend's
+// rule). Measured 2026-12-02 on the H200 (tg128 alternated twice, against 8 x 4 one after the
+// other): the Qwen3-0.6B shape's 96-block gate/up launch 841 -> 850 tok/s, the 30B-A3B's
+// 8 experts x 24 blocks 311 -> 321; the 8B's 384 blocks 295 -> 289, so it keeps 8 x 4.
+#define GLU_WIDE_WARPS 16
+#endif
+#ifndef GLU_WIDE_MAX_BLOCKS_PER_SM
+#define GLU_WIDE_MAX_BLOCKS_PER_SM 2
+#endif
+static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1 block of h");
 #define DOWN_WARPS 8        // matvec_moe_down_<kind>: warps per block (over the chosen experts)
 #define DOWN_ROWS 4         //   output rows per block
 #define MOE_MAX_USED 64     //   chosen experts per token at most (moe_route's bound)
@@ -511,6 +520,60 @@ __device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8
     }
 }
 
+// matvec_glu_ / matvec_glu_wide_: a block's 32 rows of h (one Q8_1 block), WARPS warps x ROWS
+// rows; PAIRED reads gate and up in one loop. Every choice gives the same floats (a row's items,
+// lanes and order do not depend on it): they move time only.
+template <int WARPS, int ROWS>
+__device__ __forceinline__ void glu_prefetch(const u8 * wg, const u8 * wu, const GluMatVecParams & p) {
+    if (MV_PREFETCH && !p.has_ids && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {
+        const int r0 = blockIdx.x * (WARPS * ROWS) + threadIdx.x / WARP_SIZE * ROWS;
+        const long long nb = (long long) max(0, min(ROWS, p.n_rows - r0)) * p.row_bytes;
+        prefetch_l2_span(wg + r0 * p.row_bytes, nb);
+        prefetch_l2_span(wu + r0 * p.row_bytes, nb);
+    }
+}
+
+template <typename K, int WARPS, int ROWS, bool PAIRED>
+__device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * __restrict__ wu,
+                                         const typename K::act * __restrict__ x, const int * __restrict__ ids,
+                                         float * __restrict__ h, block_q8_1 * __restrict__ hq,
+                                         const GluMatVecParams & p) {
+    static_assert(WARPS * ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
+    __shared__ float hs[WARPS * ROWS];
+    const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int row0 = blockIdx.x * (WARPS * ROWS), row = row0 + warp * ROWS;
+    const int n_items = p.k / K::values_per_item;
+    i64 off = 0;
+    bool valid = true;
+    if (p.has_ids) {
+        const int e = ids[slot];
+        valid = e >= 0 && e < p.n_experts;
+        off = (i64) (valid ? e : 0) * p.expert_bytes;
+    }
+    const typename K::act * xr = x + (i64) (slot / p.n_used) * n_items;
+    extern __shared__ int4 staged_x[];
+    const void * xs = stage_act<K>(xr, 1, n_items, staged_x);
+    float g[ROWS], up[ROWS];
+    if constexpr (PAIRED) {
+        rows_dot2<K, ROWS>(wg + off + row * p.row_bytes, wu + off + row * p.row_bytes, p.row_bytes,
+                           p.n_rows - row, xr, xs, n_items, g, up);
+    } else {
+        rows_dot<K, ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, g);
+        rows_dot<K, ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, up);
+    }
+    if (lane == 0) {
+        _Pragma("unroll")
+        for (int r = 0; r < ROWS; ++r)
+            hs[warp * ROWS + r] = valid ? glu_value(p.gelu, g[r], up[r]) : NAN_F32;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const float v = hs[lane];
+        if (row0 + lane < p.n_rows) h[(i64) slot * p.n_rows + row0 + lane] = v;
+        if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);
+    }
+}
+
 #define DEFINE_MATVEC(name, K)                                                                     \
 extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
@@ -534,46 +597,17 @@ extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)             
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
                   const int * __restrict__ ids, float * __restrict__ h, block_q8_1 * __restrict__ hq, \
                   const GluMatVecParams p) {                                                       \
-    if (MV_PREFETCH && !p.has_ids && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {      \
-        const int r0 = blockIdx.x * (GLU_WARPS * GLU_ROWS) + threadIdx.x / WARP_SIZE * GLU_ROWS;   \
-        const long long nb = (long long) max(0, min(GLU_ROWS, p.n_rows - r0)) * p.row_bytes;       \
-        prefetch_l2_span(wg + r0 * p.row_bytes, nb);                                               \
-        prefetch_l2_span(wu + r0 * p.row_bytes, nb);                                               \
-    }                                                                                              \
+    glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, p);                                                  \
     PDL_ENTRY();                                                                                   \
-    __shared__ float hs[GLU_WARPS * GLU_ROWS];                                                     \
-    const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;   \
-    const int row0 = blockIdx.x * (GLU_WARPS * GLU_ROWS), row = row0 + warp * GLU_ROWS;            \
-    const int n_items = p.k / K::values_per_item;                                                  \
-    i64 off = 0;                                                                                   \
-    bool valid = true;                                                                             \
-    if (p.has_ids) {                                                                               \
-        const int e = ids[slot];                                                                   \
-        valid = e >= 0 && e < p.n_experts;                                                         \
-        off = (i64) (valid ? e : 0) * p.expert_bytes;                                              \
-    }                                                                                              \
-    const K::act * xr = x + (i64) (slot / p.n_used) * n_items;                                     \
-    extern __shared__ int4 staged_x[];                                                             \
-    const void * xs = stage_act<K>(xr, 1, n_items, staged_x);                                      \
-    float g[GLU_ROWS], up[GLU_ROWS];                                                               \
-    if constexpr (GLU_PAIRED) {                                                                    \
-        rows_dot2<K, GLU_ROWS>(wg + off + row * p.row_bytes, wu + off + row * p.row_bytes, p.row_bytes, \
-                               p.n_rows - row, xr, xs, n_items, g, up);                            \
-    } else {                                                                                       \
-        rows_dot<K, GLU_ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, g); \
-        rows_dot<K, GLU_ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, up); \
-    }                                                                                              \
-    if (lane == 0) {                                                                               \
-        _Pragma("unroll")                                                                          \
-        for (int r = 0; r < GLU_ROWS; ++r)                                                         \
-            hs[warp * GLU_ROWS + r] = valid ? glu_value(p.gelu, g[r], up[r]) : NAN_F32;            \
-    }                                                                                              \
-    __syncthreads();                                                                               \
-    if (warp == 0) {                                                                               \
-        const float v = hs[lane];                                                                  \
-        if (row0 + lane < p.n_rows) h[(i64) slot * p.n_rows + row0 + lane] = v;                    \
-        if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);  \
-    }                                                                                              \
+    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, x, ids, h, hq, p);                        \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
+matvec_glu_wide_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
+                       const K::act * __restrict__ x, const int * __restrict__ ids,                \
+                       float * __restrict__ h, block_q8_1 * __restrict__ hq, const GluMatVecParams p) { \
+    glu_prefetch<GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS>(wg, wu, p);                                  \
+    PDL_ENTRY();                                                                                   \
+    glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, x, ids, h, hq, p);              \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \

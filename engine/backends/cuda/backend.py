@@ -149,6 +149,9 @@ MV_SPLIT = int(re.search(r"#define MV_SPLIT (\d+)", _MATVEC_H).group(1))
 GLU_WARPS = int(re.search(r"#define GLU_WARPS (\d+)", _MATVEC_H).group(1))
 GLU_ROWS = int(re.search(r"#define GLU_ROWS (\d+)", _MATVEC_H).group(1))
 MV_SPLIT_MIN_K = int(re.search(r"#define MV_SPLIT_MIN_K (\d+)", _MATVEC_H).group(1))
+# matvec_glu_wide_<type>: its warps per block, and the launches it takes (fewer blocks per SM)
+GLU_WIDE_WARPS = int(re.search(r"#define GLU_WIDE_WARPS (\d+)", _MATVEC_H).group(1))
+GLU_WIDE_MAX_BLOCKS_PER_SM = int(re.search(r"#define GLU_WIDE_MAX_BLOCKS_PER_SM (\d+)", _MATVEC_H).group(1))
 
 
 def mv_split(k: int) -> int:
@@ -196,7 +199,7 @@ def launched_kernels() -> list[tuple[str, str]]:
         ks += [(src, f"matvec_{n}"), (src, f"matmul_{n}"), (src, f"matvec_id_{n}"),
                (src, f"matvec_glu_{n}"), (src, f"matvec_moe_down_{n}"),
                (src, f"matvec_cols_{n}"), (src, f"matvec_glu_cols_{n}"),
-               (src, f"matvec_split_{n}"), (src, f"matvec_cols_split_{n}"),
+               (src, f"matvec_split_{n}"), (src, f"matvec_cols_split_{n}"), (src, f"matvec_glu_wide_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
@@ -332,6 +335,7 @@ class CudaBackend(Backend):
         self.device.use()
         props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
         self.device_name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        self.n_sms = int(props["multiProcessorCount"])
         self.cc = int(props["major"]) * 10 + int(props["minor"])
         self.smem_optin_limit = int(props.get("sharedMemPerBlockOptin", _DEFAULT_SMEM))
         self.debug = os.environ.get("BRASS_CUDA_DEBUG", "") not in ("", "0") if debug is None else debug
@@ -1512,8 +1516,13 @@ class CudaBackend(Backend):
                         (-(-slots // cols), -(-N // (GLU_WARPS * GLU_ROWS))), GLU_WARPS * 32,
                         w_gate.data, up_data, xa, h, hq, params=params, smem=smem)
         elif slots:
-            self.launch(src_file, f"matvec_glu_{_TYPE_NAMES[w_gate.type]}", (-(-N // (GLU_WARPS * GLU_ROWS)), slots),
-                        GLU_WARPS * 32, w_gate.data, up_data, xa, x if ids is None else ids, h, hq,
+            # a launch of few blocks (a small model's FFN, a token's chosen experts) takes more
+            # warps a block, gate and up in one loop: the same floats, more loads in flight
+            blocks = -(-N // 32) * slots
+            wide = blocks < GLU_WIDE_MAX_BLOCKS_PER_SM * self.n_sms
+            self.launch(src_file, f"matvec_glu_{'wide_' if wide else ''}{_TYPE_NAMES[w_gate.type]}",
+                        (-(-N // 32), slots), (GLU_WIDE_WARPS if wide else GLU_WARPS) * 32,
+                        w_gate.data, up_data, xa, x if ids is None else ids, h, hq,
                         params=params, smem=_stage_bytes(w_gate.type, K))
         return h, (hq if write_q8 else None)
 
