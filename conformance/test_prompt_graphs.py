@@ -245,13 +245,14 @@ def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypat
     assert not s.prompt_graphs and not s._prompt_steps
 
 
-def test_shared_graphs_off_by_default():
-    # off until the GPU suite has run with it; BRASS_SHARED_PROMPT_GRAPHS=1 turns it on
+def test_shared_graphs_on_by_default():
+    # on since the whole GPU suite passed with it (2026-12-02); BRASS_SHARED_PROMPT_GRAPHS=0
+    # turns it off
     import os
     import subprocess
     import sys
     code = "from engine import model; print(model.SHARED_PROMPT_GRAPHS)"
-    for env, want in ((None, "False"), ("1", "True"), ("0", "False")):
+    for env, want in ((None, "True"), ("1", "True"), ("0", "False")):
         e = {k: v for k, v in os.environ.items() if k != "BRASS_SHARED_PROMPT_GRAPHS"}
         if env is not None:
             e["BRASS_SHARED_PROMPT_GRAPHS"] = env
