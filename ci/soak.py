@@ -52,11 +52,26 @@ def rss_mb(pid: int | None) -> float | None:
     return None
 
 
-def gpu_mb() -> float | None:
+GPU_SCOPE = {}     # what gpu_mb measured: "process" or "device" -> samples
+
+
+def gpu_mb(pid: int | None = None) -> float | None:
+    """GPU memory in use, MB: the server process's own (nvidia-smi's compute apps) when it is
+    listed, so that other work on the GPU during a soak does not count; else the whole GPU's."""
     try:
+        if pid:
+            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            for line in out.splitlines():
+                fields = [f.strip() for f in line.split(",")]
+                if len(fields) == 2 and fields[0] == str(pid):
+                    GPU_SCOPE["process"] = GPU_SCOPE.get("process", 0) + 1
+                    return float(fields[1])
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
-        return float(out.split()[0])
+        mb = float(out.split()[0])
+        GPU_SCOPE["device"] = GPU_SCOPE.get("device", 0) + 1
+        return mb
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
 
@@ -169,7 +184,7 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
     async def take_sample():
         health = await asyncio.to_thread(health_seconds, base, 30)
         samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid),
-                            gpu_mb=gpu_mb() if gpu else None,
+                            gpu_mb=gpu_mb(pid) if gpu else None,
                             health_s=None if health is None else round(health, 4)))
 
     async def sampler():
@@ -230,7 +245,8 @@ def summary(out, args) -> tuple[bool, str]:
                      f"after {args.warmup:.0f} s warm-up, max {out['rss_mb_max_after_warmup']:.0f}, "
                      f"{out['rss_mb_last']:.0f} MB at the end ({rss:+.1f} MB, limit {args.rss_growth_mb})")
     if out["gpu_mb_last"] is not None:
-        parts.append(f"GPU memory {out['gpu_mb_after_warmup']:.0f} MB after warm-up, {out['gpu_mb_last']:.0f} MB "
+        scope = "/".join(out.get("gpu_scope") or {}) or "?"
+        parts.append(f"GPU memory ({scope}) {out['gpu_mb_after_warmup']:.0f} MB after warm-up, {out['gpu_mb_last']:.0f} MB "
                      f"at the end ({gpu:+.1f} MB, limit {args.gpu_growth_mb})")
     parts.append(f"/health in {'-' if h is None else f'{h:.3f}'} s with {out['idle_open_at_health']} of "
                  f"{out['idle_connections']} idle connections open (limit {args.health_limit} s); during the "
@@ -279,7 +295,7 @@ def main(argv=None) -> int:
         idle_open = still_open(idle)
         out = asyncio.run(soak(base, args.clients, args.seconds, args.disconnect, args.seed,
                                args.pid, args.gpu, args.sample, args.warmup))
-        out.update(idle_open_at_end=still_open(idle))
+        out.update(idle_open_at_end=still_open(idle), gpu_scope=dict(GPU_SCOPE))
     finally:
         for s in idle:
             s.close()

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The next session's GPU calls (written 2026-12-02 by the eighth, after its device time was
+# spent), sent back to back on a warm machine (it goes back ~30 s after a call ends):
+#   1. the GPU soak started (ci/gpu_soak.sh: brass serve on the 8B shape, 16 streaming clients
+#      with random disconnects for 600 s, 1,000 idle connections, RSS and the server's GPU memory
+#      sampled; detached, it runs on through call 2), then llama.cpp b11312 with CUDA built and
+#      issue 9's CUDA goldens recorded for the models that have none (synth-qwen35,
+#      synth-qwen35moe, synth-gemma4, synth-gemma4moe), packed as cuda-goldens.tar.xz: here, at
+#      once, `tar xJf /work/.device/N/cuda-goldens.tar.xz -C .` and `git status --short golden/`,
+#      then call 2 (the tree it carries then holds them);
+#   2. llama-server and llama-bench building (detached); the soak's result; the CUDA cases of
+#      test_models / test_goldens on the new goldens; where the 0.6B's decode token goes
+#      (ci/gpu_profile.sh, CUPTI, after the soak so that nothing else runs on the GPU);
+#   3. issue 11's load test three times (REQUESTS=6: longer runs than the 2 of before, whose
+#      llama-server figures moved by 25 %), then the side by side (REPS=3);
+#   4. (if ~5 minutes are left) the whole suite.
+#   First, here (a fresh checkout has neither): bash ci/stage_llama_src.sh; bash
+#   ci/stage_llama_b11312_src.sh; the wheels of ci/gpu_conformance.sh's header into .whl/.
+#   run(command="bash ci/gpu_ninth_session.sh 1", carry=[".whl", ".stage"]); then 2, 3 (, 4).
+set -uo pipefail
+t0=$SECONDS
+cd "$(dirname "$0")/.."
+. ci/gpu_lib.sh
+brass_env
+t() { echo $((SECONDS - t0)); }
+
+if [ "${1:-1}" = 1 ]; then
+    (setsid nohup bash -c "python3 ci/shape_models.py qwen3-0.6b $dir" > /tmp/brass-shapes.log 2>&1 < /dev/null &)
+    echo "== the GPU soak (t=$(t) s)"
+    bash ci/gpu_soak.sh start
+    echo "== llama.cpp b11312 with CUDA (t=$(t) s)"
+    timeout 400 bash ci/build_llamacpp_cuda.sh > "$out/b11312-build.log" 2>&1 || { echo "build failed:"; tail -5 "$out/b11312-build.log"; exit 1; }
+    echo "== CUDA goldens of the hybrids and Gemma 4 (t=$(t) s)"
+    LLAMA_CPP_LIB_PATH=/tmp/llama-b11312-cuda/lib PYTHONPATH="/tmp/llama-b11312-cuda/py:$PYTHONPATH" \
+        timeout $(( 570 - $(t) )) python3 ci/record_goldens.py --device cuda \
+        --only synth-qwen35,synth-qwen35moe,synth-gemma4,synth-gemma4moe 2>&1 | tail -15
+    tar cJf "$out/cuda-goldens.tar.xz" golden/cuda && ls -la "$out/cuda-goldens.tar.xz"
+    git status --short golden/ | head -12
+    rm -f "$out/b11312-build.log"
+    echo "soak so far: $(tail -c 300 /tmp/brass-soak/soak.log 2>/dev/null | tail -1)"
+    echo "done at t=$(t) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 2 ]; then
+    llama_build /tmp/llama-build.log "$(nproc)" llama-server llama-bench
+    echo "== the soak's result (t=$(t) s)"
+    WAIT=400 bash ci/gpu_soak.sh result
+    echo "== the CUDA cases on the new goldens (t=$(t) s)"
+    timeout 150 python3 -m pytest conformance/test_models.py conformance/test_goldens.py -q -n 8 -p no:cacheprovider \
+        -k "qwen35 or gemma4" -rfEs > "$out/goldens-tests.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/goldens-tests.log" | head -10; tail -1 "$out/goldens-tests.log"
+    python3 ci/gpu_summary.py --help > /dev/null 2>&1 || true
+    echo "== where the 0.6B's decode token goes (t=$(t) s)"
+    MODES=decode timeout $(( 585 - $(t) )) bash ci/gpu_profile.sh qwen3-0.6b 2>&1 | tail -40
+    echo "llama.cpp build: $(tail -1 /tmp/llama-build.log)"
+    echo "done at t=$(t) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 3 ]; then
+    wait_bin() { while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/$1" ] && [ "$(t)" -lt 200 ]; do sleep 5; done; }
+    wait_bin llama-server; wait_bin llama-bench
+    for i in 1 2 3; do
+        [ "$(t)" -lt 420 ] || break
+        echo "== load test $i (REQUESTS=6, t=$(t) s)"
+        REQUESTS=6 timeout 150 bash ci/gpu_serving.sh 2>&1 | tail -5
+        rm -f "$out"/load-*.err "$out"/load-*.json "$out"/llama-server.log "$out"/brass-serve.log
+    done
+    echo "== side by side (t=$(t) s)"
+    LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=3 \
+        timeout $(( 590 - $(t) )) bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b 2>&1 | grep -v "^WARNING"
+    rm -f "$out"/llama-*.log "$out"/brass-*.log "$out"/llama-*.json "$out"/brass-*.json "$out"/bytes-*
+    echo "done at t=$(t) s"
+    exit 0
+fi
+
+if [ "${1:-1}" = 4 ]; then
+    timeout 560 bash ci/gpu_conformance.sh -n 14 -q > "$out/suite.log" 2>&1
+    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
+    cat "$out/gpu-conformance-summary.txt"
+    rm -f "$out/gpu-conformance.xml"
+fi
