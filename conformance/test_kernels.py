@@ -661,6 +661,32 @@ def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
     assert_q8_of(cuda, got, "ffn_glu")
 
 
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.F16),
+                         ids=tname)
+def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtype, monkeypatch):
+    # matvec_glu_wide_ (16 warps x 2 rows, gate and up in one loop) takes the launches of few
+    # blocks and matvec_glu_ (8 x 4) the rest (backend: GLU_WIDE_MAX_BLOCKS_PER_SM); the test
+    # models' launches are all small, so each kernel is forced here in turn: the same h and Q8_1
+    # blocks, dense and over chosen experts, or which one a matrix takes would move numbers
+    from engine.backends.cuda import backend as cb
+    E, N, K, k = 8, 736, 1024, 4
+    gf = weights(tmp_path, rng, {"g": (qtype, (E, N, K)), "u": (qtype, (E, N, K)),
+                                 "g2": (qtype, (N, K)), "u2": (qtype, (N, K))})
+    w = {n: cuda.weight(gf, n) for n in ("g", "u", "g2", "u2")}
+    x = cuda.asarray(rng.uniform(-1, 1, (1, K)).astype(F32))
+    ids = cuda.asarray(rng.choice(E, (1, k), replace=False).astype(np.int32))
+    out = {}
+    for wide, limit in (("wide", 1 << 20), ("8x4", 0)):
+        monkeypatch.setattr(cb, "GLU_WIDE_MAX_BLOCKS_PER_SM", limit)
+        h, hq = cuda._glu_matvec(x, w["g2"], w["u2"], False)
+        he, hqe = cuda._glu_matvec(x, w["g"], w["u"], False, ids=ids, what="moe_ffn")
+        out[wide] = [cuda.to_numpy(a) for a in (h, he) + tuple(q for q in (hq, hqe) if q is not None)]
+    for what, a, b in zip(("dense h", "experts' h", "dense Q8_1", "experts' Q8_1"), out["wide"], out["8x4"]):
+        if a.dtype == F32:
+            assert not np.isnan(a).any(), f"{what}: rows left unwritten"
+        assert np.array_equal(a, b), f"{what}: matvec_glu_wide_ differs from matvec_glu_"
+
+
 # A batched decode step's mat-vecs (matvec_cols_, matvec_glu_cols_) read each weight row once
 # for up to MV_COLS tokens; each token must get the very bits the one-token kernels give it
 # (a sequence's answer must not depend on which others share its step). K = 1024 stages 8
