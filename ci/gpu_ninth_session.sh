@@ -11,7 +11,9 @@
 #   2. llama-server and llama-bench building (detached); the soak's result; the CUDA cases of
 #      test_models / test_goldens on the new goldens; where the 0.6B's decode token goes
 #      (ci/gpu_profile.sh, CUPTI, after the soak so that nothing else runs on the GPU);
-#   3. issue 11's load test three times (REQUESTS=6: longer runs than the 2 of before, whose
+#   3. the batched step's MV_COLS_ROW_ITERS (kernels/matvec.cuh: rounds of rows a block takes,
+#      the same bits; its checks at 4, then brass bench --parallel 16 at 1 / 2 / 4 alternated);
+#      issue 11's load test three times (REQUESTS=6: longer runs than the 2 of before, whose
 #      llama-server figures moved by 25 %), then the side by side (REPS=3);
 #   4. (if ~5 minutes are left) the whole suite.
 #   First, here (a fresh checkout has neither): bash ci/stage_llama_src.sh; bash
@@ -59,10 +61,24 @@ if [ "${1:-1}" = 2 ]; then
 fi
 
 if [ "${1:-1}" = 3 ]; then
-    wait_bin() { while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/$1" ] && [ "$(t)" -lt 200 ]; do sleep 5; done; }
+    echo "== the batched step's rounds of rows a block (MV_COLS_ROW_ITERS): checks at 4, then 16 sequences alternated (t=$(t) s)"
+    matvec_define MV_COLS_ROW_ITERS 4
+    timeout 90 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py -k "batched" -q -n 8 \
+        -p no:cacheprovider > "$out/iters.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/iters.log" | head -5; tail -1 "$out/iters.log"
+    for r in 1 2; do
+        for v in 1 2 4; do
+            [ "$(t)" -lt 230 ] || break 2
+            matvec_define MV_COLS_ROW_ITERS $v
+            echo "iters $v: $(timeout 40 python3 -m engine bench "$dir/qwen3-8b.gguf" --backend cuda -r 2 -p 0 -n 64 \
+                --parallel 16 2>/dev/null | grep -oE "tg64x16 .*")"
+        done
+    done
+    matvec_define MV_COLS_ROW_ITERS 1     # the load tests below on the committed default
+    wait_bin() { while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/$1" ] && [ "$(t)" -lt 260 ]; do sleep 5; done; }
     wait_bin llama-server; wait_bin llama-bench
     for i in 1 2 3; do
-        [ "$(t)" -lt 420 ] || break
+        [ "$(t)" -lt 440 ] || break
         echo "== load test $i (REQUESTS=6, t=$(t) s)"
         REQUESTS=6 timeout 150 bash ci/gpu_serving.sh 2>&1 | tail -5
         rm -f "$out"/load-*.err "$out"/load-*.json "$out"/llama-server.log "$out"/brass-serve.log

@@ -143,14 +143,15 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -
     return res[4:4 + len(raws)]
 
 
-def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -> list[np.ndarray]:
+def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
+                iters: int | None = None) -> list[np.ndarray]:
     """The same for T tokens of a batched decode step (matvec_cols_<type>, or with split > 1
-    matvec_cols_split_<type>)."""
-    from engine.backends.cuda.backend import MV_WARPS, _cols_per_block, mv_split
+    matvec_cols_split_<type>); `iters`: rounds of rows a block takes (default the header's
+    MV_COLS_ROW_ITERS, as the backend launches it)."""
+    from engine.backends.cuda.backend import MV_WARPS, _cols_per_block, cols_row_blocks, mv_split
     from kernels.params import pack
     T, K = x.shape
     split = mv_split(K) if split is None else split
-    upb = MV_WARPS // split
     xb = q8_1_blocks(x)
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
@@ -162,7 +163,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
     res = _run(lib, "matvec_cols_split" if split > 1 else "matvec_cols", qtype, ws + [xb] + outs, params,
-               (-(-T // cols), min(-(-sum(rows) // upb), 65535)), MV_WARPS * 32, smem)
+               (-(-T // cols), cols_row_blocks(sum(rows), split, iters)), MV_WARPS * 32, smem)
     return res[4:4 + len(raws)]
 
 

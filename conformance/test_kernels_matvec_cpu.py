@@ -68,6 +68,10 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     x = rng.uniform(-1, 1, (T, K)).astype(F32)
     ws = [_raw(gf, "a", 70), _raw(gf, "b", 45)]
     batched = matvec_cols(lib, qtype, ws, x)
+    for iters in (2, 5):                        # fewer blocks, several rounds of rows each
+        strided = matvec_cols(lib, qtype, ws, x, iters=iters)
+        for i in range(2):
+            assert np.array_equal(strided[i], batched[i]), f"{iters} rounds of rows, matrix {i}"
     for t in range(T):
         one = matvec(lib, qtype, ws, x[t:t + 1])
         for i in range(2):
@@ -103,6 +107,11 @@ def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
         for (n, _), g in zip(shapes, got):
             check(g, ref.matmul(x[:1], ref.weight(gf, n)), MATMUL, record_property, f"matrix {n}")
     batched = matvec_host.matvec_cols(lib, qtype, ws, x, split=split)
+    # fewer blocks, each taking several rounds of rows (MV_COLS_ROW_ITERS): the same bits
+    for iters in (2, 3):
+        strided = matvec_host.matvec_cols(lib, qtype, ws, x, split=split, iters=iters)
+        for i in range(3):
+            assert np.array_equal(strided[i], batched[i]), f"split {split}: {iters} rounds of rows, matrix {i}"
     for t in range(x.shape[0]):
         one = matvec_host.matvec(lib, qtype, ws, x[t:t + 1], split=split)
         for i in range(3):

@@ -106,6 +106,16 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #ifndef MV_COLS_STAGE_MAX_K
 #define MV_COLS_STAGE_MAX_K 49152  // ... and their staged values (tokens x K) at most (~86 KB)
 #endif
+#ifndef MV_COLS_ROW_ITERS
+// matvec_cols_<kind> / matvec_cols_split_<kind>: rounds of rows a block takes (the backend's
+// grid: blockIdx.y over units / (units per block x this); the kernels stride over the rest).
+// Why: each block stages its tokens' activations (the 8B's down projection, K = 12288: 4
+// tokens, ~55 KB from L2) for the rows it then reads, so a block of few rows reads more staged
+// bytes than weight bytes; split 2 halves a block's rows, and the batched step at 16
+// sequences ran 989 tok/s with the down projection split against 1032 not (2026-12-02). Each
+// row's sums do not depend on which block takes it: the same bits for any value. 1 until timed.
+#define MV_COLS_ROW_ITERS 1
+#endif
 
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
 __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {

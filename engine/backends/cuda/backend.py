@@ -141,6 +141,7 @@ MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group
 # most, and how many staged values (tokens x K) they stage at most.
 MV_COLS = int(re.search(r"#define MV_COLS (\d+)", _MATVEC_H).group(1))
 MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
+MV_COLS_ROW_ITERS = int(re.search(r"#define MV_COLS_ROW_ITERS (\d+)", _MATVEC_H).group(1))
 # matvec_split_<type> / matvec_cols_split_<type>: warps that share a unit of rows, taken by
 # matrices of rows of at least MV_SPLIT_MIN_K values (kernels/matvec.cuh says why); a block
 # takes MV_WARPS // split units
@@ -165,6 +166,13 @@ MMQ_ROWS, MMQ_COLS, MMQ_THREADS, MOE_PLAN_THREADS = (
     int(re.search(rf"#define {n} (\d+)", _MMQ_CU).group(1))
     for n in ("MMQ_ROWS", "MMQ_COLS", "MMQ_THREADS", "MOE_PLAN_THREADS"))
 MOE_PLAN_MAX_E = int(re.search(r"#define MOE_PLAN_MAX_E (\d+)", _MMQ_CU).group(1))
+
+
+def cols_row_blocks(n_rows: int, split: int, iters: int | None = None) -> int:
+    """blockIdx.y's extent of a batched step's mat-vec over n_rows rows (matvec_cols_, split or
+    not): MV_COLS_ROW_ITERS rounds of a block's rows each (the kernel strides over the rest)."""
+    iters = MV_COLS_ROW_ITERS if iters is None else iters
+    return max(1, min(-(-n_rows // (MV_WARPS // split * iters)), 65535))
 
 
 def _stage_bytes(wtype, n_values: int) -> int:
@@ -718,7 +726,7 @@ class CudaBackend(Backend):
                       n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                       row_bytes2=ws[2].row_bytes)
         self.launch(src_file, f"matvec_cols_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
-                    (-(-T // cols), min(-(-sum(rows) // (MV_WARPS // split)), 65535)), MV_WARPS * 32,
+                    (-(-T // cols), cols_row_blocks(sum(rows), split)), MV_WARPS * 32,
                     ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
 
     def _matmul_tiles(self, x2, w, y, src):
