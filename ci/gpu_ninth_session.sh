@@ -8,14 +8,17 @@
 #      synth-qwen35moe, synth-gemma4, synth-gemma4moe), packed as cuda-goldens.tar.xz: here, at
 #      once, `tar xJf /work/.device/N/cuda-goldens.tar.xz -C .` and `git status --short golden/`,
 #      then call 2 (the tree it carries then holds them);
-#   2. llama-server and llama-bench building (detached); the soak's result; the CUDA cases of
+#   2. llama-server and llama-bench building (detached); the soak's result; BRASS_MIXED_MATVEC
+#      (matvec_mixed_, engine/backends/cuda/backend.py: q, k and v of two types in one launch,
+#      the same bits) checked and timed (tg128 on / off alternated); the CUDA cases of
 #      test_models / test_goldens on the new goldens; where the 0.6B's decode token goes
 #      (ci/gpu_profile.sh, CUPTI, after the soak so that nothing else runs on the GPU);
 #   3. the batched step's MV_COLS_ROW_ITERS (kernels/matvec.cuh: rounds of rows a block takes,
 #      the same bits; its checks at 4, then brass bench --parallel 16 at 1 / 2 / 4 alternated);
 #      issue 11's load test three times (REQUESTS=6: longer runs than the 2 of before, whose
 #      llama-server figures moved by 25 %), then the side by side (REPS=3);
-#   4. (if ~5 minutes are left) the whole suite.
+#   4. (if ~5 minutes are left) the whole suite, with BRASS_MIXED_MATVEC=1 (on by default after
+#      it, if call 2 timed it faster).
 #   First, here (a fresh checkout has neither): bash ci/stage_llama_src.sh; bash
 #   ci/stage_llama_b11312_src.sh; the wheels of ci/gpu_conformance.sh's header into .whl/.
 #   run(command="bash ci/gpu_ninth_session.sh 1", carry=[".whl", ".stage"]); then 2, 3 (, 4).
@@ -48,13 +51,26 @@ if [ "${1:-1}" = 2 ]; then
     llama_build /tmp/llama-build.log "$(nproc)" llama-server llama-bench
     echo "== the soak's result (t=$(t) s)"
     WAIT=400 bash ci/gpu_soak.sh result
+    echo "== BRASS_MIXED_MATVEC (q, k and v of two types in one launch): its checks, then tg128 on / off alternated (t=$(t) s)"
+    timeout 60 python3 -m pytest conformance/test_kernels.py -k "mixed_matvec or wide_and_not" -q -p no:cacheprovider \
+        > "$out/mixed.log" 2>&1
+    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/mixed.log" | head -5; tail -1 "$out/mixed.log"
+    for r in 1 2; do
+        for v in 1 0; do
+            for m in qwen3-0.6b qwen3-8b; do
+                [ "$(t)" -lt 400 ] || break 3
+                [ -f "$dir/$m.gguf" ] || python3 ci/shape_models.py $m $dir > /dev/null
+                echo "mixed $v $m: $(BRASS_MIXED_MATVEC=$v brass_tg "$dir/$m.gguf" 40)"
+            done
+        done
+    done
     echo "== the CUDA cases on the new goldens (t=$(t) s)"
     timeout 150 python3 -m pytest conformance/test_models.py conformance/test_goldens.py -q -n 8 -p no:cacheprovider \
         -k "qwen35 or gemma4" -rfEs > "$out/goldens-tests.log" 2>&1
     echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/goldens-tests.log" | head -10; tail -1 "$out/goldens-tests.log"
     python3 ci/gpu_summary.py --help > /dev/null 2>&1 || true
     echo "== where the 0.6B's decode token goes (t=$(t) s)"
-    MODES=decode timeout $(( 585 - $(t) )) bash ci/gpu_profile.sh qwen3-0.6b 2>&1 | tail -40
+    [ "$(t)" -lt 500 ] && MODES=decode timeout $(( 585 - $(t) )) bash ci/gpu_profile.sh qwen3-0.6b 2>&1 | tail -40
     echo "llama.cpp build: $(tail -1 /tmp/llama-build.log)"
     echo "done at t=$(t) s"
     exit 0
@@ -92,7 +108,8 @@ if [ "${1:-1}" = 3 ]; then
 fi
 
 if [ "${1:-1}" = 4 ]; then
-    timeout 560 bash ci/gpu_conformance.sh -n 14 -q > "$out/suite.log" 2>&1
+    # with the mixed launch on: it gives the same bits, so the whole suite checks it too
+    BRASS_MIXED_MATVEC=1 timeout 560 bash ci/gpu_conformance.sh -n 14 -q > "$out/suite.log" 2>&1
     echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
     cat "$out/gpu-conformance-summary.txt"
     rm -f "$out/gpu-conformance.xml"

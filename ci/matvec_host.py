@@ -82,6 +82,11 @@ extern "C" int run_kernel(const char * kernel, const char * name, void * const *
                           unsigned gx, unsigned gy, unsigned threads, int smem) {
     ENTRY(q4_0) ENTRY(q4_1) ENTRY(q5_0) ENTRY(q5_1) ENTRY(q8_0) ENTRY(q4_k) ENTRY(q5_k) ENTRY(q6_k)
     ENTRY(mxfp4)
+    if (!strcmp(kernel, "matvec_mixed")) {
+        if (!strcmp(name, "q4_k_q6_k")) CALL7(matvec_mixed_q4_k_q6_k, MultiMatVecParams)
+        if (!strcmp(name, "q5_k_q6_k")) CALL7(matvec_mixed_q5_k_q6_k, MultiMatVecParams)
+        return 2;
+    }
     return 1;
 }
 """
@@ -108,10 +113,12 @@ def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
 
 
 def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threads: int, smem: int):
+    """qtype: a weight type, or the name a kernel is instantiated under (matvec_mixed_'s pairs)."""
     from engine.backends.cuda.backend import _TYPE_NAMES
     arrs = [np.ascontiguousarray(a) for a in buffers]
     ptrs = (ctypes.c_void_p * len(arrs))(*[a.ctypes.data for a in arrs])
-    rc = lib.run_kernel(kernel.encode(), _TYPE_NAMES[qtype].encode(), ptrs, params.ctypes.data,
+    name = qtype if isinstance(qtype, str) else _TYPE_NAMES[qtype]
+    rc = lib.run_kernel(kernel.encode(), name.encode(), ptrs, params.ctypes.data,
                         int(grid[0]), int(grid[1]), int(threads), int(smem))
     if rc:
         raise ValueError(f"no host {kernel} for {qtype}")
@@ -141,6 +148,29 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -
     res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
                MV_WARPS * 32, _stage_bytes(qtype, K))
     return res[4:4 + len(raws)]
+
+
+def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x: np.ndarray) -> list[np.ndarray]:
+    """[y_a0, (y_a1,) y_b] of matvec_mixed_<a>_<b> for one token x [1, K], as
+    CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b."""
+    from engine.backends.cuda.backend import MIXED_PAIRS, MV_ROWS, MV_WARPS, _stage_bytes
+    from kernels.params import pack
+    K = x.shape[-1]
+    xb = q8_1_blocks(x.reshape(1, K))
+    ra = [np.ascontiguousarray(w, np.uint8) for w in weights_a]
+    rb = np.ascontiguousarray(weight_b, np.uint8)
+    rows = [ra[0].shape[0], ra[1].shape[0] if len(ra) > 1 else 0, rb.shape[0]]
+    ya = [np.full((1, r.shape[0]), np.nan, np.float32) for r in ra]
+    yb = np.full((1, rb.shape[0]), np.nan, np.float32)
+    blocks_a = -(-sum(-(-n // MV_ROWS) for n in rows[:2]) // MV_WARPS)
+    blocks_b = -(-(-(-rows[2] // MV_ROWS)) // MV_WARPS)
+    a1 = ra[1] if len(ra) > 1 else ra[0]
+    params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
+                  cols=1, row_bytes0=ra[0].shape[1], row_bytes1=a1.shape[1], row_bytes2=rb.shape[1])
+    outs = [ya[0], ya[1] if len(ya) > 1 else ya[0], yb]
+    res = _run(lib, "matvec_mixed", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, xb] + outs, params,
+               (blocks_a + blocks_b, 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
+    return [res[4]] + ([res[5]] if len(ra) > 1 else []) + [res[6]]
 
 
 def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,

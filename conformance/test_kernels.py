@@ -661,6 +661,30 @@ def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
     assert_q8_of(cuda, got, "ffn_glu")
 
 
+@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q5_K, GGMLType.Q6_K)],
+                         ids=lambda t: f"{tname(t[0])}+{tname(t[1])}")
+@pytest.mark.parametrize("K", [1024, 4096])
+def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types, K, monkeypatch):
+    # BRASS_MIXED_MATVEC: q and k of one type, v of another, in one launch (matvec_mixed_) must
+    # give what the two launches give, bit for bit; and it must be the launch taken
+    from engine.backends.cuda import backend as cb
+    ta, tb = types
+    gf = weights(tmp_path, rng, {"q": (ta, (2048, K)), "k": (ta, (512, K)), "v": (tb, (520, K))})
+    w = [cuda.weight(gf, n) for n in "qkv"]
+    x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
+    out, launched = {}, []
+    real = cuda.launch
+    monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
+    for mixed in (True, False):
+        monkeypatch.setattr(cb, "MIXED_MATVEC", mixed)
+        launched.clear()
+        out[mixed] = [cuda.to_numpy(y) for y in cuda.matmul_many(x, w)]
+        assert any(n.startswith("matvec_mixed_") for n in launched) == mixed, launched
+    for i, (a, b) in enumerate(zip(out[True], out[False])):
+        assert not np.isnan(a).any(), f"matrix {i}: rows left unwritten"
+        assert np.array_equal(a, b), f"matrix {i}: matvec_mixed_ differs from its own launch"
+
+
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.F16),
                          ids=tname)
 def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtype, monkeypatch):

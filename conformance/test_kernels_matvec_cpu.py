@@ -118,6 +118,30 @@ def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
             assert np.array_equal(batched[i][t], one[i][0]), f"split {split}: token {t}, matrix {i}"
 
 
+@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q5_K, GGMLType.Q6_K)],
+                         ids=lambda t: f"{tname(t[0])}+{tname(t[1])}")
+@pytest.mark.parametrize("K", [1024, 5120, 28672])
+@pytest.mark.parametrize("n_a", [1, 2])
+def test_mixed_matvec_equals_its_two_launches(lib, rng, tmp_path, types, K, n_a):
+    # matvec_mixed_<a>_<b> (q, k of one type and v of another in one launch) must give each
+    # matrix the bits of its own launch (matvec_<a> over q and k, matvec_<b> over v): 37 + 9
+    # rows leave matvec_<a>'s last block part-filled, 21 rows matvec_<b>'s; K = 28672 reads x
+    # from global memory (past MV_STAGE_MAX_K), the others stage it
+    from ci import matvec_host
+    ta, tb = types
+    shapes = {"q": (ta, (37, K)), "k": (ta, (9, K)), "v": (tb, (21, K))}
+    gf = _weights(tmp_path, rng, shapes)
+    wa = [_raw(gf, "q", 37), _raw(gf, "k", 9)][:n_a]
+    wv = _raw(gf, "v", 21)
+    x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
+    got = matvec_host.matvec_mixed(lib, ta, tb, wa, wv, x)
+    want = matvec_host.matvec(lib, ta, wa, x, split=1) + matvec_host.matvec(lib, tb, [wv], x, split=1)
+    assert len(got) == len(want) == n_a + 1
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert not np.isnan(g).any(), f"matrix {i}: rows left unwritten"
+        assert np.array_equal(g, w), f"matrix {i}: the mixed launch differs from its own (max |d| {np.abs(g - w).max():.3g})"
+
+
 @pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0), ids=tname)
 def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):

@@ -443,7 +443,10 @@ template <class K, int SPLIT>
 __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                             float * __restrict__ y0, float * __restrict__ y1,
-                                            float * __restrict__ y2, const MultiMatVecParams p) {
+                                            float * __restrict__ y2, const MultiMatVecParams p,
+                                            const int bx, const int gx) {
+    /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
+    /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
     constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
@@ -456,7 +459,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
-        for (int uu = blockIdx.x * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.x * MV_WARPS) {
+        for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {
             int u = uu;
             const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);
             const int row = u * MV_ROWS;
@@ -470,7 +473,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
         return;
     }
     /* split: the block's groups loop together (ub is uniform), so the barriers are too */
-    for (int ub = blockIdx.x * UPB; ub < u0 + u1 + u2; ub += gridDim.x * UPB) {
+    for (int ub = bx * UPB; ub < u0 + u1 + u2; ub += gx * UPB) {
         int u = ub + g;
         const bool valid = u < u0 + u1 + u2;
         const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);
@@ -591,7 +594,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
     PDL_ENTRY();                                                                                   \
-    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                               \
+    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x);                        \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
@@ -601,7 +604,7 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
         prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
                       MV_ROWS);                                                                    \
     PDL_ENTRY();                                                                                   \
-    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                        \
+    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x);                 \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
@@ -743,4 +746,33 @@ matvec_id_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,      
     matvec_rows<K, 1>(w + expert * p.expert_bytes + row * p.row_bytes,                             \
                       x + (i64) x_row * n_items, y + (i64) slot * p.n_rows + row,                  \
                       n_items, 1, 0, 0);                                                           \
+}
+
+// matvec_mixed_<a>_<b>: a decode step's q, k (kind KA: matrices 0 and 1) and v (kind KB: matrix
+// 2) in one launch, where the recipe gives v another type (Q4_K_M: q, k Q4_K, v Q6_K) and two
+// launches would otherwise be needed. The first ceil(units of 0 and 1 / MV_WARPS) blocks run
+// matvec_<a>'s body over matrices 0 and 1, the rest matvec_<b>'s over matrix 2, each with its
+// own staged activations: every row the very bits of the two launches (one launch boundary
+// fewer a layer; the backend takes it for one token, rows of K < MV_SPLIT_MIN_K).
+#define DEFINE_MATVEC_MIXED(name, KA, KB)                                                          \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const KA::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,              \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    const int blocks_a = ((p.n_rows0 + MV_ROWS - 1) / MV_ROWS + (p.n_rows1 + MV_ROWS - 1) / MV_ROWS \
+                          + MV_WARPS - 1) / MV_WARPS;                                              \
+    const bool a = (int) blockIdx.x < blocks_a;                                                    \
+    const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
+    const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
+    MultiMatVecParams q = p;            /* the matrices this block's kind takes, as its launch */  \
+    q.n_rows2 = 0;                                                                                 \
+    if (!a) {                                                                                      \
+        q.n_rows0 = p.n_rows2;                                                                     \
+        q.row_bytes0 = p.row_bytes2;                                                               \
+        q.n_rows1 = 0;                                                                             \
+    }                                                                                              \
+    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS); \
+    PDL_ENTRY();                                                                                   \
+    if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx);                               \
+    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx);               \
 }

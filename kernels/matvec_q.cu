@@ -13,3 +13,7 @@ DEFINE_MATVEC(q4_k, Q4KPairKind)
 DEFINE_MATVEC(q5_k, QuantKind<Q5_K>)
 DEFINE_MATVEC(q6_k, Q6KKind)
 DEFINE_MATVEC(mxfp4, QuantKind<MXFP4>)
+
+// q and k of one type, v of another (llama-quantize's *_M recipes give attn_v more bits)
+DEFINE_MATVEC_MIXED(q4_k_q6_k, Q4KPairKind, Q6KKind)
+DEFINE_MATVEC_MIXED(q5_k_q6_k, QuantKind<Q5_K>, Q6KKind)

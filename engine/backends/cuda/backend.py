@@ -90,6 +90,13 @@ def gdn_chunked_smem(d: int) -> int:
 # Batched decode steps write and read each row's KV cache through device arrays of the rows'
 # cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
 ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
+# A decode step's q, k (one type) and v (another: Q4_K_M gives attn_v Q6_K) in one launch,
+# matvec_mixed_<a>_<b> (kernels/matvec.cuh: the same bits as the two launches), one launch
+# boundary fewer a layer. BRASS_MIXED_MATVEC=1 turns it on; off until timed on a GPU (written
+# 2026-12-02 after that session's GPU time: the 0.6B shape's decode is bound by its 258
+# launches a token rather than its bytes).
+MIXED_MATVEC = os.environ.get("BRASS_MIXED_MATVEC", "0") not in ("", "0")
+MIXED_PAIRS = {(GGMLType.Q4_K, GGMLType.Q6_K): "q4_k_q6_k", (GGMLType.Q5_K, GGMLType.Q6_K): "q5_k_q6_k"}
 PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
 # Prompt GEMMs against quantized weights dequantize each weight to float16 every time (on the
 # H200, dequant_f16_q4_k took ~106 us a call: ~26 ms of device time per Qwen3-8B prompt, and
@@ -209,6 +216,7 @@ def launched_kernels() -> list[tuple[str, str]]:
                (src, f"matvec_cols_{n}"), (src, f"matvec_glu_cols_{n}"),
                (src, f"matvec_split_{n}"), (src, f"matvec_cols_split_{n}"), (src, f"matvec_glu_wide_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
+    ks += [("matvec_q.cu", f"matvec_mixed_{n}") for n in MIXED_PAIRS.values()]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
@@ -678,6 +686,10 @@ class CudaBackend(Backend):
                     self._matmul_tiles(x2, w, y, src)
                 else:
                     by_type.setdefault(w.type, []).append((w, y))
+            pair = self._mixed_pair(T, K, by_type)
+            if pair is not None:
+                self._matvec_mixed(x2, by_type[pair[0]], by_type[pair[1]], src)
+                by_type = {}
             for wtype, group in by_type.items():
                 for i in range(0, len(group), 3):
                     self._matvec(x2, group[i:i + 3], src)
@@ -696,6 +708,36 @@ class CudaBackend(Backend):
                 else:
                     self._matmul_tiles(x2, w, y, src)
         return [y.reshape(*lead, y.shape[-1]) for y in ys]
+
+    @staticmethod
+    def _mixed_pair(T: int, K: int, by_type: dict):
+        """(type of matrices 0 and 1, type of matrix 2) when one matvec_mixed_ launch takes the
+        decode groups `by_type` (one token, two types of a MIXED_PAIRS pair, at most two
+        matrices of the first and one of the second, rows not split), else None."""
+        if not MIXED_MATVEC or T != 1 or len(by_type) != 2 or mv_split(K) != 1:
+            return None
+        a, b = by_type
+        for ta, tb in ((a, b), (b, a)):
+            if (ta, tb) in MIXED_PAIRS and len(by_type[ta]) <= 2 and len(by_type[tb]) == 1:
+                return ta, tb
+        return None
+
+    def _matvec_mixed(self, x2, group_a, group_b, src):
+        """matvec_mixed_<a>_<b>: group_a's one or two matrices and group_b's one, one token, in
+        one launch: the blocks of matvec_<a>'s launch over group_a, then matvec_<b>'s over group_b."""
+        (wb, yb), = group_b
+        wa0 = group_a[0][0]
+        xa = self._activations(x2, wa0, src)        # the same Q8_1 blocks for both kinds
+        wa1, ya1 = group_a[1] if len(group_a) > 1 else (wa0, group_a[0][1])
+        rows = [wa0.shape[0], wa1.shape[0] if len(group_a) > 1 else 0, wb.shape[0]]
+        K = x2.shape[1]
+        blocks_a = -(-sum(-(-n // MV_ROWS) for n in rows[:2]) // MV_WARPS)
+        blocks_b = -(-(-(-rows[2] // MV_ROWS)) // MV_WARPS)
+        params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
+                      cols=1, row_bytes0=wa0.row_bytes, row_bytes1=wa1.row_bytes, row_bytes2=wb.row_bytes)
+        self.launch("matvec_q.cu", f"matvec_mixed_{MIXED_PAIRS[(wa0.type, wb.type)]}", (blocks_a + blocks_b, 1),
+                    MV_WARPS * 32, wa0.data, wa1.data, wb.data, xa, group_a[0][1], ya1, yb, params=params,
+                    smem=_stage_bytes(wa0.type, K))
 
     def _matvec(self, x2, group, src):
         """One decode mat-vec launch over up to three (weight, output) pairs of one type."""
