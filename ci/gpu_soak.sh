@@ -6,7 +6,8 @@
 # runner (background processes and /tmp survive between them):
 #   ci/gpu_soak.sh start     the shape written if missing, the server started, the soak detached
 #   ci/gpu_soak.sh result    waits for the soak (at most WAIT seconds, default 560), prints its
-#                            one-line summary, copies its JSON to $OUT, stops the server
+#                            one-line summary, copies its JSON to $OUT, stops the server (a soak
+#                            not done by then is left running, for a later `result`)
 # Env: SOAK_SECONDS (600), SHAPE (qwen3-8b), PORT (8183).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +20,16 @@ mkdir -p "$state"
 
 if [ "${1:-start}" = start ]; then
     [ -f "$dir/$shape.gguf" ] || python3 ci/shape_models.py "$shape" "$dir" > /dev/null || exit 1
+    # a server of an earlier start still running would hold the port and GPU memory
+    [ -f "$state/serve.pid" ] && kill "$(cat "$state/serve.pid")" 2> /dev/null
     rm -f "$state"/*
     setsid nohup python3 -m engine serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port "$port" \
         > "$state/serve.log" 2>&1 < /dev/null &
     echo $! > "$state/serve.pid"
     for _ in $(seq 1 180); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
-    curl -sf "http://127.0.0.1:$port/health" > /dev/null || { echo "soak: brass serve did not start"; tail -5 "$state/serve.log"; exit 1; }
+    curl -sf "http://127.0.0.1:$port/health" > /dev/null || {
+        echo "soak: brass serve did not start in 180 s"; tail -5 "$state/serve.log"
+        kill "$(cat "$state/serve.pid")" 2> /dev/null; exit 1; }
     (setsid nohup bash -c "python3 ci/soak.py --url http://127.0.0.1:$port --clients 16 --seconds ${SOAK_SECONDS:-600} \
         --idle 1000 --pid $(cat "$state/serve.pid") --gpu --json $state/soak.json > $state/soak.log 2>&1; \
         echo \$? > $state/soak.rc" > /dev/null 2>&1 < /dev/null &)
@@ -38,9 +43,11 @@ if [ "$1" = result ]; then
     if [ -f "$state/soak.rc" ]; then
         echo "soak exit $(cat "$state/soak.rc"): $(tail -1 "$state/soak.log")"
         cp "$state/soak.json" "$out/" 2> /dev/null
+        kill "$(cat "$state/serve.pid")" 2> /dev/null
+        grep -ciE "traceback|error" "$state/serve.log" | sed 's/^/server log lines naming an error: /'
     else
-        echo "soak: still running after $((SECONDS - t0)) s: $(tail -2 "$state/soak.log")"
+        # left running: a later `result` (on the same warm machine) still gets it
+        echo "soak: still running after $((SECONDS - t0)) s (server and soak left running): $(tail -2 "$state/soak.log")"
+        exit 1
     fi
-    kill "$(cat "$state/serve.pid")" 2> /dev/null
-    grep -ciE "traceback|error" "$state/serve.log" | sed 's/^/server log lines naming an error: /'
 fi

@@ -52,12 +52,10 @@ def rss_mb(pid: int | None) -> float | None:
     return None
 
 
-GPU_SCOPE = {}     # what gpu_mb measured: "process" or "device" -> samples
-
-
-def gpu_mb(pid: int | None = None) -> float | None:
-    """GPU memory in use, MB: the server process's own (nvidia-smi's compute apps) when it is
-    listed, so that other work on the GPU during a soak does not count; else the whole GPU's."""
+def gpu_mb(pid: int | None = None) -> tuple[float | None, str | None]:
+    """(GPU memory in use in MB, what was read: "process" or "device"): the server process's own
+    (nvidia-smi's compute apps) when it is listed, so that other work on the GPU during a soak
+    does not count; else the whole GPU's. (None, None) when nvidia-smi gives nothing."""
     try:
         if pid:
             out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
@@ -65,15 +63,12 @@ def gpu_mb(pid: int | None = None) -> float | None:
             for line in out.splitlines():
                 fields = [f.strip() for f in line.split(",")]
                 if len(fields) == 2 and fields[0] == str(pid):
-                    GPU_SCOPE["process"] = GPU_SCOPE.get("process", 0) + 1
-                    return float(fields[1])
+                    return float(fields[1]), "process"
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
-        mb = float(out.split()[0])
-        GPU_SCOPE["device"] = GPU_SCOPE.get("device", 0) + 1
-        return mb
+        return float(out.split()[0]), "device"
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
+        return None, None
 
 
 def health_seconds(base: str, timeout: float) -> float | None:
@@ -183,8 +178,8 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
 
     async def take_sample():
         health = await asyncio.to_thread(health_seconds, base, 30)
-        samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid),
-                            gpu_mb=gpu_mb(pid) if gpu else None,
+        g, kind = gpu_mb(pid) if gpu else (None, None)
+        samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid), gpu_mb=g, gpu_kind=kind,
                             health_s=None if health is None else round(health, 4)))
 
     async def sampler():
@@ -211,6 +206,9 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
                 rss_mb_max_after_warmup=mb("rss_mb", "max"), rss_mb_last=mb("rss_mb", "last"),
                 gpu_mb_after_warmup=mb("gpu_mb", "first"), gpu_mb_max_after_warmup=mb("gpu_mb", "max"),
                 gpu_mb_last=mb("gpu_mb", "last"),
+                # the process's own and the whole device's memory are not comparable: growth is
+                # judged only when every sample after warm-up read the same one
+                gpu_scope=sorted({s["gpu_kind"] for s in after if s["gpu_kind"]}),
                 rss_series=[(s["t"], s["rss_mb"] and round(s["rss_mb"], 1)) for s in samples])
 
 
@@ -233,7 +231,10 @@ def summary(out, args) -> tuple[bool, str]:
     rss, gpu = growth(out, "rss_mb"), growth(out, "gpu_mb")
     if rss is not None and rss > args.rss_growth_mb:
         failures.append(f"RSS grew {rss:+.1f} MB after warm-up (limit {args.rss_growth_mb} MB)")
-    if gpu is not None and gpu > args.gpu_growth_mb:
+    if len(out.get("gpu_scope") or []) > 1:
+        failures.append("GPU memory read from the process in some samples and the whole device in others: "
+                        "its growth cannot be judged")
+    elif gpu is not None and gpu > args.gpu_growth_mb:
         failures.append(f"GPU memory grew {gpu:+.1f} MB after warm-up (limit {args.gpu_growth_mb} MB)")
     if args.pid and out["rss_mb_last"] is None:
         failures.append(f"no resident memory read for pid {args.pid}")
@@ -245,7 +246,7 @@ def summary(out, args) -> tuple[bool, str]:
                      f"after {args.warmup:.0f} s warm-up, max {out['rss_mb_max_after_warmup']:.0f}, "
                      f"{out['rss_mb_last']:.0f} MB at the end ({rss:+.1f} MB, limit {args.rss_growth_mb})")
     if out["gpu_mb_last"] is not None:
-        scope = "/".join(out.get("gpu_scope") or {}) or "?"
+        scope = "/".join(out.get("gpu_scope") or []) or "?"
         parts.append(f"GPU memory ({scope}) {out['gpu_mb_after_warmup']:.0f} MB after warm-up, {out['gpu_mb_last']:.0f} MB "
                      f"at the end ({gpu:+.1f} MB, limit {args.gpu_growth_mb})")
     parts.append(f"/health in {'-' if h is None else f'{h:.3f}'} s with {out['idle_open_at_health']} of "
@@ -295,7 +296,7 @@ def main(argv=None) -> int:
         idle_open = still_open(idle)
         out = asyncio.run(soak(base, args.clients, args.seconds, args.disconnect, args.seed,
                                args.pid, args.gpu, args.sample, args.warmup))
-        out.update(idle_open_at_end=still_open(idle), gpu_scope=dict(GPU_SCOPE))
+        out.update(idle_open_at_end=still_open(idle))
     finally:
         for s in idle:
             s.close()

@@ -76,7 +76,7 @@ def _kernel_bodies(sources=None):
 # What may come before PDL_ENTRY: arithmetic on the launch's indices and parameters, and L2
 # prefetches of weights (read-only for the whole run, so no predecessor writes them), whose
 # pointer parameters are named w* by convention.
-PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "min", "max", "if"}
+PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "min", "max", "if"}
 
 
 def _pre_pdl_violations(bodies):
@@ -86,7 +86,8 @@ def _pre_pdl_violations(bodies):
         if head is None:
             continue
         why = [tok for tok in ("[", "->", "__shared__") if tok in head]
-        why += [f"calls {c}" for c in re.findall(r"(\w+)\s*\(", head) if c not in PRE_PDL_CALLS
+        # a call, a template's too: name(...) or name<...>(...)
+        why += [f"calls {c}" for c in re.findall(r"(\w+)\s*(?:<[^<>()]*>)?\s*\(", head) if c not in PRE_PDL_CALLS
                 and c not in ("long", "int", "unsigned", "float", "double")]
         why += [f"reads {ptr}" for ptr in sorted(pointers) if not ptr.startswith("w")
                 and re.search(rf"(?<![.\w]){ptr}\b", head)]       # not a member: blockIdx.x
@@ -127,6 +128,10 @@ extern "C" __global__ void index(const float * x, const P p) {
     float a = x[i];
     PDL_ENTRY();
 }
+extern "C" __global__ void templated(const u8 * w, const float * x, const P p) {
+    warm<4, 2>(w);
+    PDL_ENTRY();
+}
 extern "C" __global__ void fine(const u8 * w0, const float * x, const P p) {
     prefetch_l2_span(w0 + blockIdx.x * p.row_bytes, (long long) min(4, p.n) * p.row_bytes);
     PDL_ENTRY();
@@ -134,5 +139,28 @@ extern "C" __global__ void fine(const u8 * w0, const float * x, const P p) {
 }
 """}
     bad = _pre_pdl_violations(_kernel_bodies(src))
-    assert [b.split(" ")[0] for b in bad] == ["t.cu:deref", "t.cu:call", "t.cu:index"], bad
-    assert "reads x" in bad[0] and "calls warm" in bad[1] and "[" in bad[2], bad
+    assert [b.split(" ")[0] for b in bad] == ["t.cu:deref", "t.cu:call", "t.cu:index", "t.cu:templated"], bad
+    assert "reads x" in bad[0] and "calls warm" in bad[1] and "[" in bad[2] and "calls warm" in bad[3], bad
+
+
+def test_which_decode_groups_take_the_mixed_launch(monkeypatch):
+    # CudaBackend._mixed_pair: one token, two types of a MIXED_PAIRS pair (either order), at
+    # most two matrices of the first and exactly one of the second, rows not split; else the
+    # launches of one type each (and never with BRASS_MIXED_MATVEC off)
+    from engine.backends.cuda import backend as cb
+    from engine.gguf import GGMLType as T
+    pick = cb.CudaBackend._mixed_pair
+    q4, q6, q5, q8 = T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0
+    monkeypatch.setattr(cb, "MIXED_MATVEC", True)
+    assert pick(1, 1024, {q4: [1, 2], q6: [3]}) == (q4, q6)
+    assert pick(1, 1024, {q6: [3], q4: [1, 2]}) == (q4, q6)            # either order of the groups
+    assert pick(1, 1024, {q5: [1], q6: [3]}) == (q5, q6)
+    assert pick(1, 1024, {q4: [1, 2, 3], q6: [4]}) is None               # three of the first type
+    assert pick(1, 1024, {q4: [1], q6: [3, 4]}) is None                  # two of the second
+    assert pick(1, 1024, {q4: [1], q8: [3]}) is None                     # not a pair
+    assert pick(1, 1024, {q4: [1, 2]}) is None                           # one type: one launch anyway
+    assert pick(1, 1024, {q4: [1], q6: [2], q8: [3]}) is None
+    assert pick(2, 1024, {q4: [1, 2], q6: [3]}) is None                  # a batched step
+    assert pick(1, cb.MV_SPLIT_MIN_K, {q4: [1, 2], q6: [3]}) is None     # split rows
+    monkeypatch.setattr(cb, "MIXED_MATVEC", False)
+    assert pick(1, 1024, {q4: [1, 2], q6: [3]}) is None

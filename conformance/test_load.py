@@ -106,3 +106,23 @@ def test_soak_says_when_ulimit_is_too_low_for_the_idle_connections(url):
                        timeout=120, preexec_fn=low_limit)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "ulimit -n is 256" in r.stderr and "ulimit -n 1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_soak_judges_gpu_memory_only_on_one_kind_of_reading():
+    # ci/soak.py reads the server process's own GPU memory where nvidia-smi lists it, else the
+    # whole device's: a growth from one kind to the other means nothing, so a run that mixed
+    # them fails saying so, and one kind alone is judged against its limit
+    import argparse
+    sys.path.insert(0, str(ROOT))
+    from ci import soak
+    args = argparse.Namespace(health_limit=1.0, rss_growth_mb=16.0, gpu_growth_mb=64.0, pid=None, warmup=30.0)
+    out = dict(failed=0, completed=5, dropped=1, clients=4, seconds=10, model="m", health_s_with_idle=0.01,
+               idle_open_at_health=10, idle_connections=10, idle_open_at_end=10, health_after=True,
+               health_s_during_median=0.01, health_s_during_max=0.02, rss_mb_first=None,
+               rss_mb_after_warmup=None, rss_mb_max_after_warmup=None, rss_mb_last=None,
+               gpu_mb_after_warmup=1000.0, gpu_mb_max_after_warmup=1010.0, gpu_mb_last=1010.0)
+    for scope, grown, ok in ((["process"], 10.0, True), (["device"], 100.0, False),
+                             (["device", "process"], 10.0, False)):
+        ok_got, line = soak.summary(dict(out, gpu_scope=scope, gpu_mb_last=1000.0 + grown), args)
+        assert ok_got == ok, (scope, grown, line)
+        assert ("cannot be judged" in line) == (len(scope) > 1), line
