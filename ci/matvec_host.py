@@ -153,7 +153,7 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -
 def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x: np.ndarray) -> list[np.ndarray]:
     """[y_a0, (y_a1,) y_b] of matvec_mixed_<a>_<b> for one token x [1, K], as
     CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b."""
-    from engine.backends.cuda.backend import MIXED_PAIRS, MV_ROWS, MV_WARPS, _stage_bytes
+    from engine.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
     from kernels.params import pack
     K = x.shape[-1]
     xb = q8_1_blocks(x.reshape(1, K))
@@ -162,14 +162,12 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
     rows = [ra[0].shape[0], ra[1].shape[0] if len(ra) > 1 else 0, rb.shape[0]]
     ya = [np.full((1, r.shape[0]), np.nan, np.float32) for r in ra]
     yb = np.full((1, rb.shape[0]), np.nan, np.float32)
-    blocks_a = -(-sum(-(-n // MV_ROWS) for n in rows[:2]) // MV_WARPS)
-    blocks_b = -(-(-(-rows[2] // MV_ROWS)) // MV_WARPS)
     a1 = ra[1] if len(ra) > 1 else ra[0]
     params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
                   cols=1, row_bytes0=ra[0].shape[1], row_bytes1=a1.shape[1], row_bytes2=rb.shape[1])
     outs = [ya[0], ya[1] if len(ya) > 1 else ya[0], yb]
     res = _run(lib, "matvec_mixed", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, xb] + outs, params,
-               (blocks_a + blocks_b, 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
+               (mixed_blocks(rows), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
     return [res[4]] + ([res[5]] if len(ra) > 1 else []) + [res[6]]
 
 

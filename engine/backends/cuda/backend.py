@@ -182,6 +182,13 @@ def cols_row_blocks(n_rows: int, split: int, iters: int | None = None) -> int:
     return max(1, min(-(-n_rows // (MV_WARPS // split * iters)), 65535))
 
 
+def mixed_blocks(rows: list[int]) -> int:
+    """matvec_mixed_'s blocks for rows [n0, n1, n2] (matrices 0, 1 of the first kind, 2 of the
+    second): matvec_<a>'s launch over 0 and 1, then matvec_<b>'s over 2 (the kernel's split)."""
+    units_a = sum(-(-n // MV_ROWS) for n in rows[:2])
+    return -(-units_a // MV_WARPS) + -(-(-(-rows[2] // MV_ROWS)) // MV_WARPS)
+
+
 def _stage_bytes(wtype, n_values: int) -> int:
     """Shared memory for a quantized mat-vec whose staged activations are `n_values` long
     (0: a float weight, or too long to stage: the kernel reads them from global memory)."""
@@ -731,11 +738,9 @@ class CudaBackend(Backend):
         wa1, ya1 = group_a[1] if len(group_a) > 1 else (wa0, group_a[0][1])
         rows = [wa0.shape[0], wa1.shape[0] if len(group_a) > 1 else 0, wb.shape[0]]
         K = x2.shape[1]
-        blocks_a = -(-sum(-(-n // MV_ROWS) for n in rows[:2]) // MV_WARPS)
-        blocks_b = -(-(-(-rows[2] // MV_ROWS)) // MV_WARPS)
         params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
                       cols=1, row_bytes0=wa0.row_bytes, row_bytes1=wa1.row_bytes, row_bytes2=wb.row_bytes)
-        self.launch("matvec_q.cu", f"matvec_mixed_{MIXED_PAIRS[(wa0.type, wb.type)]}", (blocks_a + blocks_b, 1),
+        self.launch("matvec_q.cu", f"matvec_mixed_{MIXED_PAIRS[(wa0.type, wb.type)]}", (mixed_blocks(rows), 1),
                     MV_WARPS * 32, wa0.data, wa1.data, wb.data, xa, group_a[0][1], ya1, yb, params=params,
                     smem=_stage_bytes(wa0.type, K))
 
