@@ -437,16 +437,15 @@ class DecodeStep:
         return self.graph.backend.copy_to_host_async(self.history[start:start + n], buf[:n])
 
 
-class PromptStep:
-    """A prefill of T tokens of a session, captured as a graph: the token ids and positions
-    come from one device array [2, T] (uploaded before each replay), then every layer over the
-    session's cache and the last row's logits (the graph's own array: the next replay of the
-    same length rewrites it). Its intermediate arrays share the graph's own memory pool
-    (Backend.capture reuse_freed): it holds the prompt's peak working set."""
+class _PrefillGraph:
+    """A prefill of n tokens over `cache`, captured as a graph: the token ids and positions
+    come from one device array [2, n] (uploaded before each replay), then every layer and the
+    last row's logits (the graph's own array: the next replay rewrites it). Its intermediate
+    arrays share the graph's own memory pool (Backend.capture reuse_freed): it holds the
+    prompt's peak working set."""
 
-    def __init__(self, session: Session, n: int):
-        m = session.model
-        b = m.backend
+    def __init__(self, model: Model, n: int, cache):
+        b = model.backend
         self.n = n
         with b.activate():
             self.inp = b.zeros((2, n), np.int32)
@@ -454,12 +453,11 @@ class PromptStep:
             self._out_rows = b.asarray(np.array([n - 1], np.int32))
         self._uploaded = lambda: None
         self.backend = b
-        self.graph = b.capture(lambda: m.forward(self.inp[0], self.inp[1], session.cache, self._out_rows),
+        self.graph = b.capture(lambda: model.forward(self.inp[0], self.inp[1], cache, self._out_rows),
                                reuse_freed=True)
         self.nbytes = getattr(self.graph, "nbytes", 0)     # the device memory it holds
 
-    def run(self, ids: np.ndarray, start: int):
-        """Logits after the tokens `ids` (n of them) at positions start .. start + n - 1."""
+    def _replay(self, ids: np.ndarray, start: int):
         self._uploaded()            # the last copy has read the pinned buffer
         self._host[0] = ids
         self._host[1] = np.arange(start, start + self.n, dtype=np.int32)
@@ -468,38 +466,36 @@ class PromptStep:
         return self.graph.result
 
 
-class StartStep:
-    """A prefill of n tokens from position 0, captured as a graph over a cache of its own
-    (`cache`, n_ctx slots like the sessions' it serves), for every session of the model: the
-    token ids come from a device array (uploaded before each replay); `run` zeroes the cache's
+class PromptStep(_PrefillGraph):
+    """A session's prefill of n tokens, over the session's cache, from any position."""
+
+    def __init__(self, session: Session, n: int):
+        super().__init__(session.model, n, session.cache)
+
+    def run(self, ids: np.ndarray, start: int):
+        """Logits after the tokens `ids` (n of them) at positions start .. start + n - 1."""
+        return self._replay(ids, start)
+
+
+class StartStep(_PrefillGraph):
+    """A prefill of n tokens from position 0 over a cache of its own (`cache`, n_ctx slots like
+    the sessions' it serves), for every session of the model: `run` zeroes the cache's
     recurrent state, replays, and copies the n slots of keys and values (and the recurrent
     state) into the session's cache. The same bits as the session reading the prompt itself:
     the same kernels on the same inputs, and attention from position 0 reads only the slots
     the prompt writes. It holds its cache and its peak working set (own memory pool)."""
 
     def __init__(self, model: Model, n: int, n_ctx: int):
-        b = model.backend
-        self.n = n
-        with b.activate():
-            self.cache = KVCache(b, model.config, n_ctx)
-            self.ids = b.zeros((n,), np.int32)
-            self._host = b.pinned_empty(n, np.int32)
-            self._pos = b.asarray(np.arange(n, dtype=np.int32))
-            self._out_rows = b.asarray(np.array([n - 1], np.int32))
-        self._uploaded = lambda: None
-        self.backend = b
-        self.graph = b.capture(lambda: model.forward(self.ids, self._pos, self.cache, self._out_rows),
-                               reuse_freed=True)
-        self.nbytes = getattr(self.graph, "nbytes", 0) + self.cache.nbytes
+        with model.backend.activate():
+            self.cache = KVCache(model.backend, model.config, n_ctx)
+        super().__init__(model, n, self.cache)
+        self.nbytes += self.cache.nbytes
 
     def run(self, ids: np.ndarray, cache: KVCache):
         """Logits after the tokens `ids` at positions 0 .. n - 1 of `cache` (written there).
         The logits are a copy: the next session's replay rewrites the graph's own."""
-        self._uploaded()            # the last copy has read the pinned buffer
-        self._host[:] = ids
-        self._uploaded = self.backend.upload_async(self.ids, self._host)
         self.cache.reset()
-        self.graph.replay()
+        self._replay(ids, 0)
         cache.copy_prefix(self.cache, self.n)
         return self.graph.result.copy()
 
