@@ -16,11 +16,18 @@
 
 # brass_env: what every session script starts with (from the repository root): $out (the
 #   runner's result folder, else .), $dir (the shape-true files), the environment the engine and
-#   the tests run offline in, the carried wheels.
+#   the tests run offline in, the carried wheels; t0 for the helpers below.
+# t: seconds since brass_env. left N: the seconds until t = N (a call's limit is 600).
+# guarded N CMD...: CMD under `timeout` until t = N, or a line saying it was skipped (GNU
+#   timeout takes 0 as no limit and refuses a negative one).
+# brass_suite N [pytest args]: the whole suite (ci/gpu_conformance.sh) until t = N, its log in
+#   $out/suite.log, its failures and summary line printed, its junit XML removed (the files
+#   that come back are counted).
 
 LLAMA_SRC_DIR=/tmp/llama-src
 
 brass_env() {
+    t0=$SECONDS
     out="${OUT:-.}"
     dir=/tmp/brass-shapes
     export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -52,4 +59,19 @@ matvec_define() {
 
 brass_tg() {
     timeout "${2:-50}" python3 -m engine bench "$1" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
+}
+
+t() { echo $((SECONDS - t0)); }
+left() { echo $(( $1 - $(t) )); }
+guarded() {
+    local rem; rem=$(left "$1"); shift
+    if [ "$rem" -ge 20 ]; then timeout "$rem" "$@"; else echo "skipped at t=$(t) s (no time left): $*"; return 124; fi
+}
+
+brass_suite() {
+    local until=$1; shift
+    guarded "$until" bash ci/gpu_conformance.sh "$@" > "$out/suite.log" 2>&1
+    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
+    cat "$out/gpu-conformance-summary.txt" 2>/dev/null || echo "no summary: the suite did not end in time"
+    rm -f "$out/gpu-conformance.xml"
 }

