@@ -99,9 +99,10 @@ def lib():
             pass
         try:
             import llama_cpp.llama_cpp as L
-        except ImportError:
+        except ImportError as e:
+            # the binding's own imports (jinja2, diskcache, typing_extensions) fail here too: name which
             raise LlamaCppMissing("this needs llama.cpp's Python binding (llama-cpp-python 0.3.36): "
-                                  "pip install -e '.[record]'  (see golden/README.md)") from None
+                                  f"pip install -e '.[record]'  (see golden/README.md); import failed: {e}") from None
         except (OSError, RuntimeError) as e:
             raise LlamaCppMissing(f"llama.cpp's library could not be loaded: {e}") from None
         L.llama_backend_init()
