@@ -326,15 +326,23 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     d = Path(tempfile.gettempdir()) / f"brass-{stem}-host-{key}"
     lib = d / f"lib{stem}.so"
     if not lib.exists():
+        # Test workers (pytest -n) build the same variant at once: each writes its sources and its
+        # library in a folder of its own and renames the finished library into place (atomic), so
+        # none reads a source another is rewriting or loads a library another is still linking
+        # (seen on the GPU runner at -n 14: a variant's results NaN and 1e33 from such a library).
         d.mkdir(parents=True, exist_ok=True)
-        for name, text in srcs.items():
-            (d / name).write_text(text)
-        tmp = d / f"lib{stem}.{id(srcs)}.so"
-        r = subprocess.run([gxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++",
-                            str(d / "harness.cpp"), "-o", str(tmp)], capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"g++ failed on the CPU build of {what}:\n{r.stderr[-3000:]}")
-        tmp.replace(lib)
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=d))
+        try:
+            for name, text in srcs.items():
+                (work / name).write_text(text)
+            tmp = work / f"lib{stem}.so"
+            r = subprocess.run([gxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++",
+                                str(work / "harness.cpp"), "-o", str(tmp)], capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError(f"g++ failed on the CPU build of {what}:\n{r.stderr[-3000:]}")
+            tmp.replace(lib)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return ctypes.CDLL(str(lib))
 
 

@@ -92,10 +92,10 @@ def gdn_chunked_smem(d: int) -> int:
 ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
 # A decode step's q, k (one type) and v (another: Q4_K_M gives attn_v Q6_K) in one launch,
 # matvec_mixed_<a>_<b> (kernels/matvec.cuh: the same bits as the two launches), one launch
-# boundary fewer a layer. BRASS_MIXED_MATVEC=1 turns it on; off until timed on a GPU (written
-# 2026-12-02 after that session's GPU time: the 0.6B shape's decode is bound by its 258
-# launches a token rather than its bytes).
-MIXED_MATVEC = os.environ.get("BRASS_MIXED_MATVEC", "0") not in ("", "0")
+# boundary fewer a layer; BRASS_MIXED_MATVEC=0 turns it off. On since the H200 timed it (tg128
+# alternated twice, 2026-12-02): the Qwen3-0.6B shape 878.7 / 880.2 against 848.0 / 841.7 tok/s,
+# the 8B 319.4 / 318.4 against 301.1 / 300.2 (small decodes are bound by their launches).
+MIXED_MATVEC = os.environ.get("BRASS_MIXED_MATVEC", "1") not in ("", "0")
 MIXED_PAIRS = {(GGMLType.Q4_K, GGMLType.Q6_K): "q4_k_q6_k", (GGMLType.Q5_K, GGMLType.Q6_K): "q5_k_q6_k"}
 PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
 # Prompt GEMMs against quantized weights dequantize each weight to float16 every time (on the
