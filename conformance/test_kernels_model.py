@@ -33,7 +33,16 @@ import numpy as np
 import pytest
 
 from engine.backends import cuda_available
-from kernels.cases import F16_ROUNDED, OP_BOUNDS, cuda_reference, nmse
+from kernels.cases import OP_BOUNDS, cuda_reference, nmse
+
+
+def f16_steps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How many F16 values apart each element of a and b is (both F16 arrays; +0 and -0 are 0
+    apart): the bit patterns mapped onto a monotonic integer line."""
+    def line(x):
+        u = np.ascontiguousarray(x, np.float16).view(np.uint16).astype(np.int32)
+        return np.where(u & 0x8000, 0x8000 - u, u)       # negatives below zero, -0 onto +0
+    return np.abs(line(a) - line(b))
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
@@ -187,11 +196,19 @@ class Lockstep:
             self._compare(op, got, want, "ffn_glu_gelu" if gelu else None)
         if op == "rope_store":
             # The caches hold the F16 roundings of the roped keys (and of v as given): a key
-            # one float32 ulp off (the rope bound) can round to the neighbouring F16 value.
+            # a few float32 ulps off (the rope bound) can round to the neighbouring F16 value,
+            # and nothing farther. Checked per element, not as an NMSE: in a short prompt's
+            # small cache one flipped large element alone gave 1.24e-9 (the GPU suite,
+            # synth-gemma4, 2026-12-02), over F16_ROUNDED's rate-based 1e-9.
             for cache in args[4:6]:
                 got_c, want_c = self.cuda.to_numpy(cache.dev), cache.ref
-                err = nmse(got_c.astype(np.float64), want_c.astype(np.float64))
-                assert err <= F16_ROUNDED, f"{self.where}: rope_store cache NMSE {err:.3e}"
+                steps = f16_steps(got_c, want_c)
+                assert steps.max() <= 1, \
+                    f"{self.where}: rope_store cache {int(steps.max())} F16 steps off (at most 1)"
+                # a flip needs the float32 key within a few ulps of an F16 rounding tie, ~2^-12
+                # of elements a ulp; 1 % is far above that and far below a wrong rotation's
+                flips = float(np.mean(steps > 0))
+                assert flips <= 0.01, f"{self.where}: rope_store cache {flips:.2%} of elements flipped"
                 with self.cuda.activate():                    # on the backend's own stream
                     cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
         return want
