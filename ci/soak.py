@@ -83,6 +83,19 @@ def health_seconds(base: str, timeout: float) -> float | None:
     return time.perf_counter() - start
 
 
+def graph_mb(base: str, timeout: float) -> float | None:
+    """MB the server says its captured prompt graphs hold (brass serve's /metrics,
+    brass_prompt_graph_bytes, all kinds); None where the server reports none (llama-server)."""
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=timeout) as r:
+            text = r.read().decode(errors="replace")
+    except OSError:
+        return None
+    vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("brass_prompt_graph_bytes{")]
+    return round(sum(vals) / 2**20, 1) if vals else None
+
+
 def open_idle(host: str, port: int, n: int) -> list[socket.socket]:
     socks = []
     for _ in range(n):
@@ -179,8 +192,9 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
     async def take_sample():
         health = await asyncio.to_thread(health_seconds, base, 30)
         g, kind = gpu_mb(pid) if gpu else (None, None)
+        graphs = await asyncio.to_thread(graph_mb, base, 30) if gpu else None
         samples.append(dict(t=round(time.monotonic() - start, 1), rss_mb=rss_mb(pid), gpu_mb=g, gpu_kind=kind,
-                            health_s=None if health is None else round(health, 4)))
+                            graph_mb=graphs, health_s=None if health is None else round(health, 4)))
 
     async def sampler():
         while time.monotonic() < deadline:
@@ -209,7 +223,9 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
                 # the process's own and the whole device's memory are not comparable: growth is
                 # judged only when every sample after warm-up read the same one
                 gpu_scope=sorted({s["gpu_kind"] for s in after if s["gpu_kind"]}),
-                rss_series=[(s["t"], s["rss_mb"] and round(s["rss_mb"], 1)) for s in samples])
+                rss_series=[(s["t"], s["rss_mb"] and round(s["rss_mb"], 1)) for s in samples],
+                # beside the process's GPU memory: what the server's prompt graphs say they hold
+                gpu_series=[(s["t"], s["gpu_mb"], s["graph_mb"]) for s in samples] if gpu else None)
 
 
 def growth(out, key) -> float | None:

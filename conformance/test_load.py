@@ -126,3 +126,12 @@ def test_soak_judges_gpu_memory_only_on_one_kind_of_reading():
         ok_got, line = soak.summary(dict(out, gpu_scope=scope, gpu_mb_last=1000.0 + grown), args)
         assert ok_got == ok, (scope, grown, line)
         assert ("cannot be judged" in line) == (len(scope) > 1), line
+
+
+def test_soak_reads_the_servers_prompt_graph_bytes(url):
+    """ci/soak.py's graph_mb: brass serve's brass_prompt_graph_bytes summed (0 on the numpy
+    backend, which captures no graphs); None from a server that reports none or is not there."""
+    from ci.soak import graph_mb
+    base = url[0].removesuffix("/v1")
+    assert graph_mb(base, 10) == 0.0
+    assert graph_mb(f"http://127.0.0.1:{_free_port()}", 2) is None

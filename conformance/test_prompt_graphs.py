@@ -334,3 +334,23 @@ def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
         a = list(m.generate([first], 12, greedy, stop_at_eog=False, session=s))
         b = list(m.generate([first], 12, greedy, stop_at_eog=False, session=e))
         assert a == b, f"{name} T={n}: decoding after a replayed prompt parts from eager"
+
+
+def test_graph_bytes_counts_live_sessions_and_the_model():
+    """Model.graph_bytes (a server's /metrics, brass_prompt_graph_bytes): every live session's
+    own prompt graphs and the model's shared ones; a session gone is no longer counted."""
+    import gc
+    m = load_synthetic("synth-qwen3", "numpy")
+
+    class Held:                     # what the shelves count of a captured step: its nbytes
+        def __init__(self, n):
+            self.nbytes = n
+    a, b = m.new_session(64), m.new_session(64)
+    a._prompt_steps[5] = Held(100)
+    a._prompt_steps[9] = Held(20)
+    b._prompt_steps[5] = Held(3)
+    m._start_steps[(5, 64)] = Held(4000)
+    assert m.graph_bytes() == {"prompt": 123, "start": 4000}
+    del a
+    gc.collect()
+    assert m.graph_bytes() == {"prompt": 3, "start": 4000}

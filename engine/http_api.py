@@ -232,7 +232,8 @@ def create_app(brass: App):
 
     @api.get("/metrics", dependencies=keyed, summary="Prometheus metrics")
     async def metrics():
-        text = brass.metrics.prometheus(brass.scheduler, brass.parallel, brass.max_waiting)
+        text = brass.metrics.prometheus(brass.scheduler, brass.parallel, brass.max_waiting,
+                                        brass.model.graph_bytes())
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @api.get("/v1/models", dependencies=keyed, summary="The served model")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -132,6 +133,8 @@ class Model:
         self._start_shelf = GraphShelf()
         self._start_steps = self._start_shelf.steps
         self.start_graphs_error: str | None = None
+        # live sessions by id, for graph_bytes (Session is a dataclass: compared by value, unhashable)
+        self._sessions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         if hasattr(self.backend, "load"):
             with self.backend.activate():
                 self.backend.load(self.gguf, self.weights, quiet=quiet)
@@ -145,7 +148,24 @@ class Model:
         return self.gguf.get("tokenizer.chat_template")
 
     def new_session(self, n_ctx: int | None = None) -> "Session":
-        return Session(self, n_ctx or self.n_ctx)
+        s = Session(self, n_ctx or self.n_ctx)
+        self._sessions[id(s)] = s
+        return s
+
+    def graph_bytes(self) -> dict[str, int]:
+        """Device bytes the captured prompt graphs hold: "prompt", every live session's own
+        (PromptStep), and "start", the model's (StartStep, with their caches). Read from another
+        thread (a server's /metrics) while the worker captures: the collections are copied
+        first, and a dictionary resized meanwhile is read again."""
+        for _ in range(8):
+            try:
+                prompt = sum(st.nbytes for s in list(self._sessions.values())
+                             for st in list(s._prompt_steps.values()))
+                start = sum(st.nbytes for st in list(self._start_steps.values()))
+                return {"prompt": prompt, "start": start}
+            except RuntimeError:        # changed size during iteration: read again
+                continue
+        return {"prompt": -1, "start": -1}
 
     def forward(self, ids, pos, cache: KVCache, out_rows=None, trace: Callable | None = None):
         """Logits (backend array) for tokens `ids` at positions `pos`; `out_rows` selects the

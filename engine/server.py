@@ -99,8 +99,8 @@ class Metrics:
             self.generated_tokens += n
         self.generated.add(n)
 
-    def prometheus(self, scheduler, parallel: int, max_waiting: int) -> str:
-        """The Prometheus text format (version 0.0.4)."""
+    def prometheus(self, scheduler, parallel: int, max_waiting: int, graph_bytes: dict | None = None) -> str:
+        """The Prometheus text format (version 0.0.4); graph_bytes: Model.graph_bytes()."""
         running, waiting = scheduler.counts()
         with self._lock:
             responses, cancelled = dict(self.responses), self.cancelled
@@ -129,6 +129,10 @@ class Metrics:
             ("brass_tokens_per_second", "gauge",
              f"Tokens generated per second over the last {self.generated.window} s.",
              [("", round(self.generated.rate(), 3))]),
+            # the soak of 2026-12-02 saw a server's GPU memory grow with prompt graphs on
+            ("brass_prompt_graph_bytes", "gauge",
+             "Device bytes held by captured prompt graphs: sessions' own and the model's shared ones.",
+             [(f'{{kind="{k}"}}', v) for k, v in (graph_bytes or {}).items()]),
         ]
         out = []
         for name, kind, doc, samples in rows:
