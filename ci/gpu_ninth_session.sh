@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran in the ninth session (calls 1 and 2, as folded below; 3 and 4 did not run: device time):
+# its results are in perf/NOTES.md; the next calls are ci/gpu_tenth_session.sh.
 # The next session's GPU calls (written 2026-12-02 by the eighth, after its device time was
 # spent), sent back to back on a warm machine (it goes back ~30 s after a call ends; processes
 # started in their own session, setsid, and /tmp survive between calls):
