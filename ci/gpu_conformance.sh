@@ -14,6 +14,7 @@
 #       anyio==4.16.0 idna==3.20 annotated-doc==0.0.7 opentelemetry-api==1.45.2
 # and, for ci/load_test.py (the openai client) on the runner, the same way: openai==3.57.0
 #   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter distro sniffio tqdm certifi
+# and, for record_goldens.py --device cuda (llama-cpp-python's own imports), jinja2 markupsafe diskcache
 # Usage (from the repository root, on the runner): ci/gpu_conformance.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
