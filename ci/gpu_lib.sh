@@ -11,6 +11,10 @@
 # brass_tg MODEL [SECONDS]: "tg128 | mean ± sd |" of brass bench -r 3 -p 0 -n 128 on the GPU
 #   (empty when it fails or runs past SECONDS, default 50).
 
+# llama_build_detached: llama-server and llama-bench built as above on every core, in a session
+#   of their own (setsid), so the build goes on between a warm runner's calls; its log is
+#   /tmp/llama-build.log (whose existence says a build was started).
+
 # matvec_define NAME VALUE: set kernels/matvec.cuh's `#define NAME` to VALUE (the backend reads
 #   MV_SPLIT_MIN_K, MV_COLS, GLU_WARPS, ... from there, so a variant needs no other change).
 
@@ -51,6 +55,11 @@ llama_build() {
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
         && cmake --build build -j"$jobs" --target "$@") > "$log" 2>&1 &
     LLAMA_BUILD_PID=$!
+}
+
+llama_build_detached() {
+    (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(nproc) llama-server llama-bench; wait" \
+        > /dev/null 2>&1 < /dev/null &)
 }
 
 matvec_define() {

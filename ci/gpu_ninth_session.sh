@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Ran in the ninth session (calls 1 and 2, as folded below; 3 and 4 did not run: device time):
-# its results are in perf/NOTES.md; the next calls are ci/gpu_tenth_session.sh.
+# Ran in the ninth session (calls 1 and 2, as folded below): its results are in perf/NOTES.md.
+# Calls 3 and 4 of the plan below did not run (device time); ci/gpu_tenth_session.sh has them.
 # The next session's GPU calls (written 2026-12-02 by the eighth, after its device time was
 # spent), sent back to back on a warm machine (it goes back ~30 s after a call ends; processes
 # started in their own session, setsid, and /tmp survive between calls):
@@ -38,11 +38,11 @@ if [ "${1:-1}" = 1 ]; then
     echo "== llama.cpp b11312 with CUDA (t=$(t) s)"
     if guarded 400 bash ci/build_llamacpp_cuda.sh > "$out/b11312-build.log" 2>&1; then
         # llama-server and llama-bench (calls 3 and 4) build beside the recording, which is GPU work
-        (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(nproc) llama-server llama-bench; wait" \
-            > /dev/null 2>&1 < /dev/null &)
+        llama_build_detached
         echo "== CUDA goldens of the hybrids and Gemma 4 (t=$(t) s)"
         # what the binding's import needs (a first try failed there; the reason is printed now)
-        PYTHONPATH="/tmp/llama-b11312-cuda/py:$PYTHONPATH" python3 -c "import jinja2, diskcache, llama_cpp" 2>&1 | tail -2
+        LLAMA_CPP_LIB_PATH=/tmp/llama-b11312-cuda/lib PYTHONPATH="/tmp/llama-b11312-cuda/py:$PYTHONPATH" \
+            python3 -c "import jinja2, diskcache, llama_cpp" 2>&1 | tail -2
         touch /tmp/brass-goldens-mark        # the runner's copy of the tree has no .git to diff against
         LLAMA_CPP_LIB_PATH=/tmp/llama-b11312-cuda/lib PYTHONPATH="/tmp/llama-b11312-cuda/py:$PYTHONPATH" \
             guarded 520 python3 ci/record_goldens.py --device cuda \
@@ -66,8 +66,7 @@ if [ "${1:-1}" = 1 ]; then
 fi
 
 if [ "${1:-1}" = 2 ]; then
-    [ -f /tmp/llama-build.log ] || (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(nproc) llama-server llama-bench; wait" \
-        > /dev/null 2>&1 < /dev/null &)
+    [ -f /tmp/llama-build.log ] || llama_build_detached
     echo "== BRASS_MIXED_MATVEC (q, k and v of two types in one launch): tg128 on / off alternated (t=$(t) s)"
     for r in 1 2; do
         for v in 1 0; do
@@ -93,42 +92,4 @@ if [ "${1:-1}" = 2 ]; then
     fi
     echo "done at t=$(t) s"
     exit 0
-fi
-
-if [ "${1:-1}" = 3 ]; then
-    echo "== the batched step's rounds of rows a block (MV_COLS_ROW_ITERS): checks at 4, then 16 sequences alternated (t=$(t) s)"
-    # a new header value recompiles every kernel module: the checks at 4 pay for that one, and
-    # each bench below is given 60 s
-    matvec_define MV_COLS_ROW_ITERS 4
-    guarded 120 python3 -m pytest conformance/test_kernels.py conformance/test_batch.py -k "batched" -q -n 8 \
-        -p no:cacheprovider > "$out/iters.log" 2>&1
-    echo "exit $?"; grep -E "^(FAILED|ERROR)" "$out/iters.log" | head -5; tail -1 "$out/iters.log"
-    for r in 1 2; do
-        for v in 1 2 4; do
-            [ "$(left 330)" -ge 60 ] || break 2
-            matvec_define MV_COLS_ROW_ITERS $v
-            echo "iters $v: $(timeout 60 python3 -m engine bench "$dir/qwen3-8b.gguf" --backend cuda -r 2 -p 0 -n 64 \
-                --parallel 16 2>/dev/null | grep -oE "tg64x16 .*")"
-        done
-    done
-    matvec_define MV_COLS_ROW_ITERS 1     # the load tests below on the committed default
-    while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-server" ] && [ "$(left 360)" -gt 0 ]; do sleep 5; done
-    for i in 1 2 3; do
-        [ "$(left 590)" -ge 150 ] || break
-        echo "== load test $i (REQUESTS=6, t=$(t) s)"
-        REQUESTS=6 timeout 145 bash ci/gpu_serving.sh 2>&1 | tail -5
-        rm -f "$out"/load-*.err "$out"/load-*.json "$out"/llama-server.log "$out"/brass-serve.log
-    done
-    echo "done at t=$(t) s"
-    exit 0
-fi
-
-if [ "${1:-1}" = 4 ]; then
-    echo "== side by side (t=$(t) s)"
-    LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=3 \
-        guarded 180 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b 2>&1 | grep -v "^WARNING"
-    rm -f "$out"/llama-*.log "$out"/brass-*.log "$out"/llama-*.json "$out"/brass-*.json "$out"/bytes-*
-    echo "== the whole suite, BRASS_MIXED_MATVEC=1 (t=$(t) s)"
-    # gpu_conformance.sh writes the summary only when pytest ends: its own limit stays inside the call's
-    BRASS_MIXED_MATVEC=1 brass_suite 585 -n 14 -q
 fi

@@ -21,8 +21,7 @@ cd "$(dirname "$0")/.."
 brass_env
 
 if [ "${1:-1}" = 1 ]; then
-    (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(nproc) llama-server llama-bench; wait" \
-        > /dev/null 2>&1 < /dev/null &)
+    llama_build_detached
     echo "== the soak with the prompt graphs' bytes (t=$(t) s)"
     SOAK_SECONDS=300 bash ci/gpu_soak.sh start
     echo "== MV_COLS_ROW_ITERS at 4: its bit checks (t=$(t) s)"

@@ -33,16 +33,8 @@ import numpy as np
 import pytest
 
 from engine.backends import cuda_available
-from kernels.cases import OP_BOUNDS, cuda_reference, nmse
+from kernels.cases import OP_BOUNDS, cuda_reference, f16_steps, nmse
 
-
-def f16_steps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """How many F16 values apart each element of a and b is (both F16 arrays; +0 and -0 are 0
-    apart): the bit patterns mapped onto a monotonic integer line."""
-    def line(x):
-        u = np.ascontiguousarray(x, np.float16).view(np.uint16).astype(np.int32)
-        return np.where(u & 0x8000, 0x8000 - u, u)       # negatives below zero, -0 onto +0
-    return np.abs(line(a) - line(b))
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
@@ -417,3 +409,4 @@ def test_model_free_running_logits(name, rng, record_property):
     if parted:
         record_property("parted_at", parted)
         print(f"{name}: experts chosen differently at {parted} (router near-tie); {compared} rows compared")
+

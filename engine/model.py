@@ -155,17 +155,12 @@ class Model:
     def graph_bytes(self) -> dict[str, int]:
         """Device bytes the captured prompt graphs hold: "prompt", every live session's own
         (PromptStep), and "start", the model's (StartStep, with their caches). Read from another
-        thread (a server's /metrics) while the worker captures: the collections are copied
-        first, and a dictionary resized meanwhile is read again."""
-        for _ in range(8):
-            try:
-                prompt = sum(st.nbytes for s in list(self._sessions.values())
-                             for st in list(s._prompt_steps.values()))
-                start = sum(st.nbytes for st in list(self._start_steps.values()))
-                return {"prompt": prompt, "start": start}
-            except RuntimeError:        # changed size during iteration: read again
-                continue
-        return {"prompt": -1, "start": -1}
+        thread (a server's /metrics) while the worker captures: each collection is copied whole
+        first (list() of a dict's values runs under the GIL; WeakValueDictionary guards its own
+        iteration), so none changes size under the sums."""
+        prompt = sum(st.nbytes for s in list(self._sessions.values())
+                     for st in list(s._prompt_steps.values()))
+        return {"prompt": prompt, "start": sum(st.nbytes for st in list(self._start_steps.values()))}
 
     def forward(self, ids, pos, cache: KVCache, out_rows=None, trace: Callable | None = None):
         """Logits (backend array) for tokens `ids` at positions `pos`; `out_rows` selects the

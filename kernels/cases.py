@@ -163,6 +163,15 @@ def nmse(actual, expected, terms: float = 0.0) -> float:
     return num / den if den else (0.0 if num == 0 else float("inf"))
 
 
+def f16_steps(a, b) -> np.ndarray:
+    """How many F16 values apart each element of a and b is (F16 arrays; +0 and -0 are 0
+    apart): the bit patterns mapped onto a monotonic integer line."""
+    def line(x):
+        u = np.ascontiguousarray(x, np.float16).view(np.uint16).astype(np.int32)
+        return np.where(u & 0x8000, 0x8000 - u, u)       # negatives below zero, -0 onto +0
+    return np.abs(line(a) - line(b))
+
+
 def write_gguf(path: str | Path, tensors: dict, alignment: int = 32) -> Path:
     """Write a GGUF v3 file holding `tensors` {name: (GGMLType, numpy_shape, raw uint8 bytes)}
     and no metadata besides general.alignment."""
