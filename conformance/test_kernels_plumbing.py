@@ -73,10 +73,11 @@ def _kernel_bodies(sources=None):
     return out
 
 
-# What may come before PDL_ENTRY: arithmetic on the launch's indices and parameters, and L2
-# prefetches of weights (read-only for the whole run, so no predecessor writes them), whose
-# pointer parameters are named w* by convention.
-PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "min", "max", "if"}
+# What may come before PDL_ENTRY: arithmetic on the launch's indices and parameters, L2
+# prefetches of weights and a decode mat-vec's first weight loads into registers
+# (decode_preload: weights are read-only for the whole run, so no predecessor writes them),
+# whose pointer parameters are named w* by convention.
+PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "decode_preload", "min", "max", "if"}
 
 
 def _pre_pdl_violations(bodies):
@@ -101,7 +102,7 @@ def test_every_kernel_begins_with_pdl_entry():
     before the previous one ends, and only PDL_ENTRY (griddepcontrol.wait) makes it wait for
     that one's writes. A kernel that touched memory before it would race with its
     predecessor; so every kernel begins with PDL_ENTRY, with at most pure arithmetic and
-    L2 prefetches of weights (prefetch_l2_span / prefetch_unit) before it: no indexing, no
+    L2 prefetches or preloads of weights (prefetch_l2_span / prefetch_unit / decode_preload) before it: no indexing, no
     calls but those, and no pointer parameter named there but the weights'."""
     bodies = _kernel_bodies()
     assert len(bodies) >= 40, f"found only {len(bodies)} kernels: the scan is broken"

@@ -117,6 +117,28 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #define MV_COLS_ROW_ITERS 1
 #endif
 
+#ifndef MV_PRELOAD
+// matvec_<kind> / matvec_split_<kind> with one row per warp, for kinds whose loads stand apart
+// from their arithmetic (K::raw, K::load, K::dot_raw; Preloads<K>::depth items, MV_PRELOAD for
+// Q4_K, MV_PRELOAD_Q6K for Q6_K): each lane loads its first `depth` items of the row before the
+// block stages the activations, and keeps `depth` items in flight after (each item's loads
+// issued `depth` items before its arithmetic), where the plain loop waits for every item's
+// loads before it issues the next item's. Why: ncu put
+// the Q4_K mat-vec at 47 % DRAM throughput with half its stalls on the L1TEX scoreboard (memory
+// latency; 2026-12-01), 58-59 % of the copy rate alone (issue 8 asks 75 %). The same terms in
+// the same order as warp_dot_rows: the same floats. 0: the plain loop.
+#define MV_PRELOAD 0
+#endif
+#ifndef MV_PRELOAD_Q6K
+#define MV_PRELOAD_Q6K 0        // (Q6_K's items hold 21 registers, Q4_K's 12)
+#endif
+template <class K> struct Preloads { static constexpr int depth = 0; };
+#ifndef MV_PRELOAD_EARLY
+// 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
+// that inside a decode graph they are in flight while the previous kernel ends; 0: after it.
+#define MV_PRELOAD_EARLY 0
+#endif
+
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
 __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
     int s = 0;
@@ -437,6 +459,109 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
 #endif
 }
 
+// The Q8_1 blocks of one item, whatever form the activations have (a block, a pair of blocks,
+// a staged item).
+__device__ __forceinline__ const block_q8_1 * item_blocks(const block_q8_1 * y) { return y; }
+template <int B> __device__ __forceinline__ const q8s * item_blocks(const StagedItem<B> * y) { return y->b; }
+
+// MV_PRELOAD: a lane's first P items of row w (first, first + step, ...) into buf.
+template <class K, int P>
+__device__ __forceinline__ void preload_items(const u8 * __restrict__ w, const int n_items, const int first,
+                                              const int step, typename K::raw (&buf)[P]) {
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+        if (first + q * step < n_items) K::load(w, first + q * step, buf[q]);
+    }
+}
+
+// Row w . x over the lane's items first, first + step, ... in that order, summed over the warp:
+// warp_dot_rows<K, 1>'s terms and order (the same float). buf holds the first P items
+// (preload_items); each slot is refilled with the item P items on as soon as it is used.
+template <class K, int P, class A>
+__device__ __forceinline__ float preloaded_dot(const u8 * __restrict__ w, const A * __restrict__ x, const int n_items,
+                                               typename K::raw (&buf)[P], const int first, const int step) {
+    float acc = 0.0f;
+    for (int i0 = first; i0 < n_items; i0 += P * step) {
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+            const int i = i0 + q * step;
+            if (i < n_items) {
+                acc += K::dot_raw(buf[q], i, item_blocks(x + i));
+                if (i + P * step < n_items) K::load(w, i + P * step, buf[q]);
+            }
+        }
+    }
+    return warp_sum(acc);
+}
+
+// A lane's preloaded items (MV_PRELOAD) for kind K; empty for the kinds without (Preloads<K>).
+template <class K, bool = (Preloads<K>::depth > 0)> struct PreloadBuf { };
+template <class K> struct PreloadBuf<K, true> { typename K::raw r[Preloads<K>::depth]; };
+
+template <class KA, class KB> union MixedPreloadBuf { PreloadBuf<KA> a; PreloadBuf<KB> b; };
+
+template <class K>
+__device__ __forceinline__ constexpr bool decode_preloads() {
+    return Preloads<K>::depth > 0 && MV_ROWS == 1;
+}
+
+// decode_rows' first loads (MV_PRELOAD): the warp's first row's items, into pb. Weights only,
+// so a kernel may call it before PDL_ENTRY (MV_PRELOAD_EARLY); nothing for other kinds.
+template <class K, int SPLIT>
+__device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                               const u8 * __restrict__ w2, const MultiMatVecParams & p,
+                                               const int bx, PreloadBuf<K> & pb) {
+    if constexpr (decode_preloads<K>()) {
+        constexpr int UPB = MV_WARPS / SPLIT;
+        const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+        const int g = warp / SPLIT, s = warp % SPLIT;
+        int row = bx * UPB + g;
+        if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
+            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
+            preload_items<K, Preloads<K>::depth>(m.w + row * m.rb, p.k / K::values_per_item,
+                                                 lane + s * WARP_SIZE, SPLIT * WARP_SIZE, pb.r);
+        }
+    }
+}
+
+// decode_rows for MV_PRELOAD (one row per warp): the warp's first row's loads go out before the
+// activations are staged (pb: by the kernel before PDL_ENTRY with MV_PRELOAD_EARLY, else here);
+// every row's result is decode_rows' (the same sums, blocks and order).
+template <class K, int SPLIT>
+__device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                                      const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
+                                                      float * __restrict__ y0, float * __restrict__ y1,
+                                                      float * __restrict__ y2, const MultiMatVecParams & p,
+                                                      const int bx, const int gx, PreloadBuf<K> & pb) {
+    constexpr int UPB = MV_WARPS / SPLIT;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = warp / SPLIT, s = warp % SPLIT;
+    const int units = p.n_rows0 + p.n_rows1 + p.n_rows2;
+    const int t = blockIdx.y, n_items = p.k / K::values_per_item;
+    const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
+    if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
+    extern __shared__ int4 staged_x[];
+    const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);
+    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][1];
+    /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
+    for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
+        int row = ub + g;
+        const bool valid = row < units;
+        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);
+        float acc[1] = {0.0f};
+        if (valid) {
+            const u8 * w = m.w + row * m.rb;
+            constexpr int P = Preloads<K>::depth;
+            if (ub != bx * UPB) preload_items<K, P>(w, n_items, first, step, pb.r);
+            acc[0] = xs != nullptr
+                ? preloaded_dot<K, P>(w, (const typename Staged<K>::act *) xs, n_items, pb.r, first, step)
+                : preloaded_dot<K, P>(w, x + (i64) t * n_items, n_items, pb.r, first, step);
+        }
+        if constexpr (SPLIT > 1) split_sum<1, SPLIT>(acc, mv_part, warp, s, valid);
+        if (valid && s == 0 && lane == 0) y_row(m, t, row) = acc[0];
+    }
+}
+
 // matvec_<kind> (SPLIT 1) and matvec_split_<kind> (SPLIT = MV_SPLIT): one token's rows, after the
 // kernel's prefetch and PDL_ENTRY (in the kernel itself, where the PDL lint reads them).
 template <class K, int SPLIT>
@@ -444,7 +569,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                             float * __restrict__ y0, float * __restrict__ y1,
                                             float * __restrict__ y2, const MultiMatVecParams p,
-                                            const int bx, const int gx) {
+                                            const int bx, const int gx, PreloadBuf<K> & pb) {
     /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
     /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
     constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
@@ -454,6 +579,10 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     /* grid smaller than the units makes each group loop over several (grid-stride).           */
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;
     const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;
+    if constexpr (decode_preloads<K>()) {
+        decode_rows_preloaded<K, SPLIT>(w0, w1, w2, x, y0, y1, y2, p, bx, gx, pb);
+        return;
+    }
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     extern __shared__ int4 staged_x[];
     const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);
@@ -592,19 +721,23 @@ extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)              
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    PreloadBuf<K> pb;                                                                              \
     prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, p, blockIdx.x, pb);                     \
     PDL_ENTRY();                                                                                   \
-    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x);                        \
+    decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    PreloadBuf<K> pb;                                                                              \
     if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
         prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
                       MV_ROWS);                                                                    \
+    if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
     PDL_ENTRY();                                                                                   \
-    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x);                 \
+    decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);             \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
@@ -771,8 +904,11 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
         q.row_bytes0 = p.row_bytes2;                                                               \
         q.n_rows1 = 0;                                                                             \
     }                                                                                              \
+    MixedPreloadBuf<KA, KB> pre;        /* a block takes one kind: one buffer's registers */      \
     prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS); \
+    if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
+    if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
     PDL_ENTRY();                                                                                   \
-    if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx);                               \
-    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx);               \
+    if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx, pre.a);                        \
+    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx, pre.b);        \
 }

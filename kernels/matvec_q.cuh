@@ -177,17 +177,28 @@ __device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2,
     return (int) ((w >> (8 * (k & 3))) & 0xFF);
 }
 
-// y: the item's two Q8_1 blocks (either form).
-template <class Y>
-__device__ __forceinline__ float q4k_pair_dot(const u8 * __restrict__ row, const int ip, const Y * __restrict__ y) {
+// An item's weight bytes as one lane holds them: its 32 bytes of qs (two 16-byte loads) and the
+// super-block's d, dmin and 12 scale bytes. Loaded apart from the arithmetic so that a lane can
+// have several items' loads in flight before it needs the first (MV_PRELOAD); q4k_pair_dot is
+// the two one after the other, so both paths give the same floats.
+struct Q4KPairRaw { int4 q0, q1; u32 dm, w0, w1, w2; };
+
+__device__ __forceinline__ void q4k_pair_load(const u8 * __restrict__ row, const int ip, Q4KPairRaw & r) {
     const block_q4_K * b = (const block_q4_K *) row + ip / 4;
     const int j = ip % 4;
-    const int4 q0 = ((const int4 *) (b->qs + 32 * j))[0];
-    const int4 q1 = ((const int4 *) (b->qs + 32 * j))[1];
-    const int v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    const u32 dm = *(const u32 *) b;
+    r.q0 = ((const int4 *) (b->qs + 32 * j))[0];
+    r.q1 = ((const int4 *) (b->qs + 32 * j))[1];
+    r.dm = *(const u32 *) b;
     const u32 * sw = (const u32 *) b->scales;
-    const u32 w0 = sw[0], w1 = sw[1], w2 = sw[2];
+    r.w0 = sw[0]; r.w1 = sw[1]; r.w2 = sw[2];
+}
+
+// y: the item's two Q8_1 blocks (either form).
+template <class Y>
+__device__ __forceinline__ float q4k_pair_math(const Q4KPairRaw & r, const int ip, const Y * __restrict__ y) {
+    const int j = ip % 4;
+    const int v[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+    const u32 dm = r.dm, w0 = r.w0, w1 = r.w1, w2 = r.w2;
     float out = 0.0f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -212,6 +223,13 @@ __device__ __forceinline__ float q4k_pair_dot(const u8 * __restrict__ row, const
     return out;
 }
 
+template <class Y>
+__device__ __forceinline__ float q4k_pair_dot(const u8 * __restrict__ row, const int ip, const Y * __restrict__ y) {
+    Q4KPairRaw r;
+    q4k_pair_load(row, ip, r);
+    return q4k_pair_math(r, ip, y);
+}
+
 struct Q4KPairKind {
     typedef block_q8_1x2 act;
     static constexpr int values_per_item = 64;
@@ -224,41 +242,68 @@ struct Q4KPairKind {
                                                  const q8s * __restrict__ y) {
         return q4k_pair_dot(row, ip, y);
     }
+    // MV_PRELOAD: an item's loads apart from its arithmetic (y: its Q8_1 blocks, either form)
+    typedef Q4KPairRaw raw;
+    static __device__ __forceinline__ void load(const u8 * __restrict__ row, const int ip, raw & r) {
+        q4k_pair_load(row, ip, r);
+    }
+    template <class Y>
+    static __device__ __forceinline__ float dot_raw(const raw & r, const int ip, const Y * __restrict__ y) {
+        return q4k_pair_math(r, ip, y);
+    }
 };
+template <> struct Preloads<Q4KPairKind> { static constexpr int depth = MV_PRELOAD; };
+__device__ __forceinline__ const block_q8_1 * item_blocks(const block_q8_1x2 * y) { return y->b; }
 
 // ---- Q6_K with aligned loads -----------------------------------------------------------------
 // Q6_K blocks are 210 bytes, so their fields are only 2-byte aligned: eight 32-bit words at a
 // 2-aligned address are read as nine aligned words and funnel-shifted into place (instead of
 // sixteen 16-bit loads).
-__device__ __forceinline__ void load8_a2(const u8 * p, int (&out)[8]) {
-    const u32 * base = (const u32 *) ((size_t) p & ~(size_t) 3);
-    const u32 shift = 8 * ((u32) (size_t) p & 3);
-    u32 w[9];
+// An item's weight bytes as one lane holds them (MV_PRELOAD): the nine aligned words under its
+// 32 bytes of ql and of qh, their shift (ql and qh lie at the same offset mod 4 in a block), the
+// super-block's d and the item's two int8 scales.
+struct Q6KRaw { u32 wl[9], wh[9]; u32 shift; u32 d_sc; };
+
+__device__ __forceinline__ void q6k_load(const u8 * __restrict__ row, const int ib, Q6KRaw & r) {
+    const block_q6_K * b = (const block_q6_K *) row + ib / 8;
+    const int h = (ib % 8) / 4, q = ib % 4;
+    const u8 * ql = b->ql + 64 * h + 32 * (q % 2);
+    const u32 * bl = (const u32 *) ((size_t) ql & ~(size_t) 3);
+    const u32 * bh = (const u32 *) ((size_t) (b->qh + 32 * h) & ~(size_t) 3);
+    r.shift = 8 * ((u32) (size_t) ql & 3);
 #pragma unroll
-    for (int i = 0; i < 9; ++i) w[i] = base[i];
+    for (int i = 0; i < 9; ++i) {
+        r.wl[i] = bl[i];
+        r.wh[i] = bh[i];
+    }
+    const i8 * sc = b->scales + 8 * h + 2 * q;
+    r.d_sc = (u32) b->d | ((u32) (u8) sc[0] << 16) | ((u32) (u8) sc[1] << 24);
+}
+
+template <class Y>
+__device__ __forceinline__ float q6k_math(const Q6KRaw & r, const int ib, const Y * __restrict__ y) {
+    const int q = ib % 4;
+    int yq[8];
+    act_qs(y, yq);
+    const int lshift = 4 * (q / 2), hshift = 2 * q;
+    int sumi[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = (int) __funnelshift_r(w[i], w[i + 1], shift);
+    for (int i = 0; i < 8; ++i) {
+        const int ql = (int) __funnelshift_r(r.wl[i], r.wl[i + 1], r.shift);
+        const int qh = (int) __funnelshift_r(r.wh[i], r.wh[i + 1], r.shift);
+        const int vl = (ql >> lshift) & 0x0F0F0F0F;
+        const int vh = ((qh >> hshift) & 0x03030303) << 4;
+        sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);
+    }
+    const int sc0 = (int) (i8) (u8) (r.d_sc >> 16), sc1 = (int) (i8) (u8) (r.d_sc >> 24);
+    return f16_to_f32((u16) (r.d_sc & 0xFFFF)) * act_d(y) * (sc0 * sumi[0] + sc1 * sumi[1]);
 }
 
 template <class Y>
 __device__ __forceinline__ float q6k_dot(const u8 * __restrict__ row, const int ib, const Y * __restrict__ y) {
-    const block_q6_K * b = (const block_q6_K *) row + ib / 8;
-    const int h = (ib % 8) / 4, r = ib % 4;
-    int ql[8], qh[8];
-    load8_a2(b->ql + 64 * h + 32 * (r % 2), ql);
-    load8_a2(b->qh + 32 * h, qh);
-    int yq[8];
-    act_qs(y, yq);
-    const int lshift = 4 * (r / 2), hshift = 2 * r;
-    int sumi[2] = {0, 0};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int vl = (ql[i] >> lshift) & 0x0F0F0F0F;
-        const int vh = ((qh[i] >> hshift) & 0x03030303) << 4;
-        sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);
-    }
-    const i8 * sc = b->scales + 8 * h + 2 * r;
-    return f16_to_f32(b->d) * act_d(y) * (sc[0] * sumi[0] + sc[1] * sumi[1]);
+    Q6KRaw r;
+    q6k_load(row, ib, r);
+    return q6k_math(r, ib, y);
 }
 
 struct Q6KKind {
@@ -273,7 +318,17 @@ struct Q6KKind {
                                                  const q8s * __restrict__ y) {
         return q6k_dot(row, ib, y);
     }
+    // MV_PRELOAD: an item's loads apart from its arithmetic (y: its Q8_1 block, either form)
+    typedef Q6KRaw raw;
+    static __device__ __forceinline__ void load(const u8 * __restrict__ row, const int ib, raw & r) {
+        q6k_load(row, ib, r);
+    }
+    template <class Y>
+    static __device__ __forceinline__ float dot_raw(const raw & r, const int ib, const Y * __restrict__ y) {
+        return q6k_math(r, ib, y);
+    }
 };
+template <> struct Preloads<Q6KKind> { static constexpr int depth = MV_PRELOAD_Q6K; };
 
 template <int TYPE>
 struct QuantKind {
