@@ -354,3 +354,48 @@ def test_graph_bytes_counts_live_sessions_and_the_model():
     del a
     gc.collect()
     assert m.graph_bytes() == {"prompt": 3, "start": 4000}
+
+
+def _read(s, rng, n):
+    s.reset()
+    s.prefill(_prompts(rng, s.model.config.n_vocab, n, 1)[0])
+
+
+def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, monkeypatch):
+    """On the GPU: prompt graphs captured and evicted again and again (one kept at a time, a
+    new length each) leave the device's memory where it was. Issue 11: each graph's memory
+    pool, dropped with the graph, kept its free blocks for good (CuPy's arenas hold them by
+    references the collector cannot see), so a server capturing and evicting grew without end.
+    Each graph's bytes are the blocks it holds, and nothing of its memory is left with the
+    backend's memos (escaped)."""
+    import cupy
+    from engine import model
+    monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
+    m = load_synthetic("synth-qwen3", "cuda")
+    s = m.new_session(512)
+    pool = cupy.get_default_memory_pool()
+
+    def used():
+        m.backend.synchronize()
+        pool.free_all_blocks()
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return total - free
+
+    def capture(n):
+        for _ in range(2):                      # eager (the model's first read), then captured
+            _read(s, rng, n)
+        assert list(s._prompt_steps) == [n]
+        return s._prompt_steps[n].graph
+
+    for n in (300, 302):                        # kernels loaded, a graph held: the baseline
+        capture(n)
+    before = used()
+    held = []
+    for n in range(304, 400, 2):
+        g = capture(n)
+        held.append(g.nbytes)
+        assert g.nbytes > 0 and g.escaped == 0, (n, g.nbytes, g.escaped)
+        del g
+    grown = used() - before
+    assert grown < 4 << 20, f"{len(held)} graphs of ~{max(held) / 2**20:.1f} MiB captured and evicted: " \
+                            f"the device's memory grew {grown / 2**20:.1f} MiB"
