@@ -54,9 +54,10 @@ SHARED_PROMPT_GRAPHS = os.environ.get("BRASS_SHARED_PROMPT_GRAPHS", "1") not in 
 # is dropped once captured, its length read eagerly from then on by whoever captured it. Until
 # issue 11 the budget and the count were a session's, so a server's graphs could hold
 # --parallel times them (and evicted graphs kept their memory: backends/cuda CudaBackend.capture).
-# The count bounds what a graph's bytes do not show (its instantiated graph, pinned buffers):
-# real shapes reach the bytes first (a StartStep over a 256-slot cache: ~30 MB on the
-# Qwen3-0.6B shape, ~40 MB on the 8B).
+# The count bounds what a graph's bytes do not show (its instantiated graph, pinned buffers);
+# real shapes reach the bytes first (a StartStep over a server's 256-slot cache holds ~29 MB of
+# keys and values on the Qwen3-0.6B shape, ~38 MB on the 8B, besides its working set). A new
+# graph is captured before older ones make room: for that moment the graphs hold one more.
 PROMPT_GRAPHS_KEPT = 32
 PROMPT_GRAPHS_MB = 512
 
@@ -94,9 +95,9 @@ class GraphLedger:
         return st
 
     def drop(self, shelf: "GraphShelf"):
-        """Free every graph on `shelf`."""
-        for k in [k for k in self.steps if k[0] is shelf]:
-            del self.steps[k]
+        """Free every graph on `shelf` (a session's when it goes: whichever thread drops it)."""
+        for k in [k for k in list(self.steps) if k[0] is shelf]:
+            self.steps.pop(k, None)
 
 
 class GraphShelf:
