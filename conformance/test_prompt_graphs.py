@@ -517,3 +517,30 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, m
     grown = used() - before
     assert grown < 4 << 20, f"{len(held)} graphs of ~{max(held) / 2**20:.1f} MiB captured and evicted: " \
                             f"the device's memory grew {grown / 2**20:.1f} MiB"
+
+
+def test_graph_memory_script_runs(monkeypatch, capsys):
+    """ci/gpu_graph_memory.py (a server's worker under soak-like churn, the prompt graphs'
+    memory sampled) runs on the CPU: a few requests on the numpy backend with CUDA's graph
+    interface faked, so that prompt graphs are captured and counted; no verdict without a GPU."""
+    import importlib.util
+    from pathlib import Path
+    from engine import model
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gpu_graph_memory", root / "ci" / "gpu_graph_memory.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    real = model.Model
+
+    def faked(*args, **kw):
+        m = real(*args, **kw)
+        m.backend = ReplayingNumpy()
+        m.backend.graph_bytes = 1 << 20
+        return m
+    monkeypatch.setattr(model, "Model", faked)
+    rc = script.main([str(root / "golden" / "models" / "synth-qwen3.gguf"), "--backend", "numpy",
+                      "--requests", "8", "--every", "4", "--clients", "3", "--long-share", "0"])
+    out = capsys.readouterr().out
+    assert rc == 2 and "verdict: NONE: 8 requests (0 failed)" in out, out
+    end = next(line for line in out.splitlines() if line.endswith("<- end"))
+    assert " 8 req " in end and "captured 0" not in end and "graphs 0 " not in end, end
