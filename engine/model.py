@@ -35,7 +35,7 @@ GREEDY_CHUNK = 8
 # (2026-12-01, `brass bench -r 8`, every repetition within 8 % of the mean): Qwen3-0.6B pp512
 # ~22,000 -> ~94,000 tok/s, Qwen3-8B ~12,400 -> ~26,900; the whole GPU suite passed with it on.
 # A prompt that starts a sequence (position 0: a new request, a reset session) is not the
-# session's to capture: the model keeps PROMPT_GRAPHS_KEPT of those (StartStep), each over a
+# session's to capture: the model keeps those (StartStep, in the same ledger), each over a
 # cache of its own, and a replay's keys, values and recurrent state are copied into the
 # session's cache (the same bits: a sequence's first prompt reads nothing else of its cache).
 # Why: a server's pooled sessions each saw a length about twice, so each captured once and
