@@ -16,13 +16,7 @@ class ReplayingNumpy(NumpyBackend):
     graph_bytes = 0
 
     def capture(self, fn, reuse_freed=False):
-        class Replay:
-            backend, result = self, None
-            nbytes = self.graph_bytes           # what a CUDA graph would hold
-
-            def replay(self):
-                self.result = fn()
-        return Replay()
+        return _Replay(self, fn)
 
     def decode_set(self, tok, pos, token, position):
         tok[0], pos[0] = token, position
@@ -42,3 +36,16 @@ class ReplayingNumpy(NumpyBackend):
     def upload_async(self, dst, src):
         dst[...] = src
         return lambda: None
+
+
+class _Replay:
+    """A captured "graph": its replay re-runs the captured function. It keeps the function, as
+    a backend may (a class made per capture would be a cycle of its own, freed only by the
+    garbage collector with the function and all it reaches)."""
+
+    def __init__(self, backend, fn):
+        self.backend, self.fn, self.result = backend, fn, None
+        self.nbytes = backend.graph_bytes       # what a CUDA graph would hold
+
+    def replay(self):
+        self.result = self.fn()

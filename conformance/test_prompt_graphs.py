@@ -4,14 +4,20 @@ length it has read before replays a captured graph, and gives what reading it ea
 On the CPU the session logic runs on the numpy backend with CUDA's graph interface
 (conformance/fakes.py: a replay re-runs the captured forward): which prefill is eager, which
 captures, which replays; the ids and positions uploaded per replay (another prompt, another
-start); the bound on graphs kept; a capture that fails turning prompt graphs off for the
-session without losing the prompt. On the GPU the same against real graphs, bit for bit
+start); the bound on graphs kept, one for the whole model (every session's graphs and the
+model's, least recently used out first), and that a graph evicted, or its session dropped, is
+freed at once (nothing else holds it: no cycle waits for the garbage collector); a capture that
+fails turning prompt graphs off for the session without losing the prompt. On the GPU the same against real graphs, bit for bit
 against the eager path (the same kernels on the same inputs), on every synthetic model:
 dense ones capture, mixture-of-experts ones plan their routing on the host unless
 BRASS_MOE_MMQ (the capture then fails and their prompts stay eager, still right).
 """
 
 from __future__ import annotations
+
+import gc
+import weakref
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -205,7 +211,7 @@ def test_graphs_kept_are_bounded(rng, prompt_graphs):
 
 
 def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
-    # a session's graphs hold at most BRASS_PROMPT_GRAPHS_MB together: the oldest make room;
+    # the model's graphs hold at most BRASS_PROMPT_GRAPHS_MB together: the oldest make room;
     # one over the whole budget is dropped once captured and its length read eagerly after
     m, ref = _faked("synth-llama")
     m.backend.graph_bytes = 3 << 20
@@ -336,21 +342,206 @@ def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
         assert a == b, f"{name} T={n}: decoding after a replayed prompt parts from eager"
 
 
-def test_graph_bytes_counts_live_sessions_and_the_model():
-    """Model.graph_bytes (a server's /metrics, brass_prompt_graph_bytes): every live session's
-    own prompt graphs and the model's shared ones; a session gone is no longer counted."""
-    import gc
-    m = load_synthetic("synth-qwen3", "numpy")
+class _Held:
+    """What the ledger counts of a captured graph: its nbytes."""
 
-    class Held:                     # what the shelves count of a captured step: its nbytes
-        def __init__(self, n):
-            self.nbytes = n
+    def __init__(self, n):
+        self.nbytes = n
+
+
+def _keep(shelf, key, nbytes=None):
+    """The graph of `key` on `shelf`: kept, or captured now (a _Held of nbytes; without nbytes
+    a capture fails the test)."""
+    def capture():
+        assert nbytes is not None, f"{key} was captured again"
+        return _Held(nbytes)
+    return shelf.get(key, capture, pytest.fail)
+
+
+@contextmanager
+def _without_gc():
+    """No collection by the garbage collector meanwhile: what is freed is freed by its last
+    reference going (a cycle would keep it)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_graph_bytes_counts_the_sessions_and_the_model():
+    """Model.graph_bytes (a server's /metrics, brass_prompt_graph_bytes): the sessions' own
+    prompt graphs and the model's shared ones; a session gone takes its graphs with it."""
+    m = load_synthetic("synth-qwen3", "numpy")
     a, b = m.new_session(64), m.new_session(64)
-    a._prompt_steps[5] = Held(100)
-    a._prompt_steps[9] = Held(20)
-    b._prompt_steps[5] = Held(3)
-    m._start_steps[(5, 64)] = Held(4000)
+    _keep(a._prompt_shelf, 5, 100)
+    _keep(a._prompt_shelf, 9, 20)
+    _keep(b._prompt_shelf, 5, 3)
+    _keep(m._start_shelf, (5, 64), 4000)
     assert m.graph_bytes() == {"prompt": 123, "start": 4000}
-    del a
-    gc.collect()
-    assert m.graph_bytes() == {"prompt": 3, "start": 4000}
+    with _without_gc():
+        del a
+        assert m.graph_bytes() == {"prompt": 3, "start": 4000}
+
+
+def test_one_ledger_for_every_session_and_the_model(monkeypatch):
+    # the budget and the count are the model's: every session's graphs and the model's
+    # StartSteps together, the least recently used out first whichever shelf it is on
+    from engine import model
+    MiB = 1 << 20
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "10")
+    m = load_synthetic("synth-qwen3", "numpy")
+    a, b = m.new_session(64), m.new_session(64)
+    A, B, S = a._prompt_shelf, b._prompt_shelf, m._start_shelf
+    _keep(A, 5, 3 * MiB)
+    _keep(B, 5, 3 * MiB)
+    _keep(S, (5, 64), 3 * MiB)
+    _keep(A, 5)                                 # used again: B's is the least recently used
+    _keep(A, 6, 3 * MiB)                        # 12 MiB would not fit in 10: B's goes
+    assert list(m.graph_ledger.steps) == [(S, (5, 64)), (A, 5), (A, 6)]
+    assert m.graph_bytes() == {"prompt": 6 * MiB, "start": 3 * MiB}
+    assert 5 not in B and not b._prompt_steps and list(a._prompt_steps) == [5, 6]
+    _keep(B, 7, 5 * MiB)                        # 14: the model's graph goes, then A's 5
+    assert list(m.graph_ledger.steps) == [(A, 6), (B, 7)] and not m._start_steps
+    monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 2)
+    _keep(S, (9, 64), 1)                        # the count too: A's 6 goes
+    assert list(m.graph_ledger.steps) == [(B, 7), (S, (9, 64))]
+    _keep(A, 8, 11 * MiB)                       # over the whole budget: not kept, read eagerly
+    assert 8 in A.eager and len(m.graph_ledger.steps) == 2
+    assert _keep(A, 8) is None
+    B.clear()                                   # (a session whose capture failed)
+    assert list(m.graph_ledger.steps) == [(S, (9, 64))]
+
+
+def test_sessions_graphs_together_stay_within_the_budget(rng, prompt_graphs, monkeypatch):
+    # four sessions each capture their own graph of a length (without shared graphs, as
+    # BRASS_SHARED_PROMPT_GRAPHS=0 or a prompt read in chunks): room for two of them in all
+    from engine import model
+    monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "7")
+    m, ref = _faked("synth-qwen3")
+    m.backend.graph_bytes = 3 << 20
+    captures = _count_captures(m, monkeypatch)
+    r = ref.new_session(64)
+    sessions = [m.new_session(64) for _ in range(4)]
+    ids = _prompts(rng, m.config.n_vocab, 9, 8)
+    for i, s in enumerate(sessions):
+        for j in (0, 1):
+            s.reset(), r.reset()
+            assert np.array_equal(s.prefill(ids[2 * i + j]), r.prefill(ids[2 * i + j])), (i, j)
+        assert sum(m.graph_bytes().values()) <= 7 << 20, f"session {i}: {m.graph_bytes()}"
+    assert len(captures) == 4, "each session captured the length once (the model's first read eager)"
+    assert [bool(s._prompt_steps) for s in sessions] == [False, False, True, True]
+
+
+def _read(s, rng, n):
+    s.reset()
+    s.prefill(_prompts(rng, s.model.config.n_vocab, n, 1)[0])
+
+
+def test_an_evicted_graph_is_freed_at_once(rng, prompt_graphs, monkeypatch):
+    # the ledger holds the only reference to a graph it keeps (the captured function reaches
+    # neither the step nor the session, whatever a backend keeps of it): evicted, the step and
+    # its graph (on the GPU: its memory) are freed then and there, without the garbage collector
+    from engine import model
+    monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
+    m, _ = _faked("synth-qwen3")
+    s, other = m.new_session(64), m.new_session(64)
+    with _without_gc():
+        _read(s, rng, 5), _read(s, rng, 5)      # eager (the model's first), then s's own graph
+        st = s._prompt_steps[5]
+        gone = [weakref.ref(st), weakref.ref(st.graph)]
+        del st
+        _read(other, rng, 5)                    # the model's graph of 5 evicts s's
+        assert list(m._start_steps) == [(5, 64)] and not s._prompt_steps
+        assert all(w() is None for w in gone), "an evicted PromptStep outlived its eviction"
+        st = m._start_steps[(5, 64)]
+        gone = [weakref.ref(st), weakref.ref(st.graph), weakref.ref(st.cache)]
+        del st
+        _read(s, rng, 5)                        # s's own again
+        assert all(w() is None for w in gone), "an evicted StartStep outlived its eviction"
+
+
+def test_a_dropped_session_frees_its_graphs(rng, prompt_graphs):
+    # a server's pool drops idle sessions: their graphs (and the session, its decode graph
+    # included) go with them at once, not when the ledger evicts them or the collector runs
+    m, _ = _faked("synth-qwen3")
+    s = m.new_session(64)
+    with _without_gc():
+        _read(s, rng, 5), _read(s, rng, 5)
+        list(m.generate([1, 2], 3, session=s))  # a decode graph too (greedy, on the device)
+        assert s._step is not None and 5 in s._prompt_steps
+        gone = [weakref.ref(s), weakref.ref(s._prompt_steps[5]), weakref.ref(s._step)]
+        del s
+        assert all(w() is None for w in gone), "a dropped session or its graphs outlived it"
+        assert not m.graph_ledger.steps
+
+
+def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, monkeypatch):
+    """On the GPU: prompt graphs captured and evicted again and again (one kept at a time, a
+    new length each) leave the device's memory where it was. Issue 11: each graph's memory
+    pool, dropped with the graph, kept its free blocks for good (CuPy's arenas hold them by
+    references the collector cannot see), so a server capturing and evicting grew without end.
+    Each graph's bytes are the blocks it holds, and nothing of its memory is left with the
+    backend's memos (escaped)."""
+    import cupy
+    from engine import model
+    monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
+    m = load_synthetic("synth-qwen3", "cuda")
+    s = m.new_session(512)
+    pool = cupy.get_default_memory_pool()
+
+    def used():
+        m.backend.synchronize()
+        pool.free_all_blocks()
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return total - free
+
+    def capture(n):
+        for _ in range(2):                      # eager (the model's first read), then captured
+            _read(s, rng, n)
+        assert list(s._prompt_steps) == [n]
+        return s._prompt_steps[n].graph
+
+    for n in (396, 398):                        # kernels loaded, a graph of 398 held: the baseline
+        capture(n)
+    before = used()
+    held = []
+    for n in range(300, 396, 2):
+        g = capture(n)
+        held.append(g.nbytes)
+        assert g.nbytes > 0 and g.escaped == 0, (n, g.nbytes, g.escaped)
+        del g
+    capture(398)                                # the same graph held as at the baseline
+    grown = used() - before
+    assert grown < 4 << 20, f"{len(held)} graphs of ~{max(held) / 2**20:.1f} MiB captured and evicted: " \
+                            f"the device's memory grew {grown / 2**20:.1f} MiB"
+
+
+def test_graph_memory_script_runs(monkeypatch, capsys):
+    """ci/gpu_graph_memory.py (a server's worker under soak-like churn, the prompt graphs'
+    memory sampled) runs on the CPU: a few requests on the numpy backend with CUDA's graph
+    interface faked, so that prompt graphs are captured and counted; no verdict without a GPU."""
+    import importlib.util
+    from pathlib import Path
+    from engine import model
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gpu_graph_memory", root / "ci" / "gpu_graph_memory.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    real = model.Model
+
+    def faked(*args, **kw):
+        m = real(*args, **kw)
+        m.backend = ReplayingNumpy()
+        m.backend.graph_bytes = 1 << 20
+        return m
+    monkeypatch.setattr(model, "Model", faked)
+    rc = script.main([str(root / "golden" / "models" / "synth-qwen3.gguf"), "--backend", "numpy",
+                      "--requests", "8", "--every", "4", "--clients", "3", "--long-share", "0"])
+    out = capsys.readouterr().out
+    assert rc == 2 and "verdict: NONE: 8 requests (0 failed)" in out, out
+    end = next(line for line in out.splitlines() if line.endswith("<- end"))
+    assert " 8 req " in end and "captured 0" not in end and "graphs 0 " not in end, end

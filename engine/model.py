@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -34,9 +34,8 @@ GREEDY_CHUNK = 8
 # a server's short prompts ~35 ms each, ~50 us of host time per launch). On the H200
 # (2026-12-01, `brass bench -r 8`, every repetition within 8 % of the mean): Qwen3-0.6B pp512
 # ~22,000 -> ~94,000 tok/s, Qwen3-8B ~12,400 -> ~26,900; the whole GPU suite passed with it on.
-# A session keeps PROMPT_GRAPHS_KEPT.
 # A prompt that starts a sequence (position 0: a new request, a reset session) is not the
-# session's to capture: the model keeps PROMPT_GRAPHS_KEPT of those (StartStep), each over a
+# session's to capture: the model keeps those (StartStep, in the same ledger), each over a
 # cache of its own, and a replay's keys, values and recurrent state are copied into the
 # session's cache (the same bits: a sequence's first prompt reads nothing else of its cache).
 # Why: a server's pooled sessions each saw a length about twice, so each captured once and
@@ -47,30 +46,38 @@ GREEDY_CHUNK = 8
 # turns it off.
 PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
 SHARED_PROMPT_GRAPHS = os.environ.get("BRASS_SHARED_PROMPT_GRAPHS", "1") not in ("", "0")
-PROMPT_GRAPHS_KEPT = 4
-# Each prompt graph holds its prompt's peak working set (its own memory pool); a session's
-# graphs together hold at most BRASS_PROMPT_GRAPHS_MB (default below): the oldest make room
-# for a new one, and a graph larger than the whole budget is dropped once captured, its length
-# read eagerly from then on.
+# One ledger per model (GraphLedger) holds every prompt graph of the model, its sessions' and
+# its StartSteps: at most PROMPT_GRAPHS_KEPT of them, holding at most BRASS_PROMPT_GRAPHS_MB
+# (default below) together, whatever the number of sessions; the least recently used make room
+# for a new one, whoever captured it. Each graph holds its prompt's peak working set (the
+# blocks of its own memory pool; a StartStep its cache too); one larger than the whole budget
+# is dropped once captured, its length read eagerly from then on by whoever captured it. Until
+# issue 11 the budget and the count were a session's, so a server's graphs could hold
+# --parallel times them (and evicted graphs kept their memory: backends/cuda CudaBackend.capture).
+# The count bounds what a graph's bytes do not show (its instantiated graph, pinned buffers);
+# real shapes reach the bytes first (a StartStep over a server's 256-slot cache holds ~29 MB of
+# keys and values on the Qwen3-0.6B shape, ~38 MB on the 8B, besides its working set). A new
+# graph is captured before older ones make room: for that moment the graphs hold one more.
+PROMPT_GRAPHS_KEPT = 32
 PROMPT_GRAPHS_MB = 512
 
 
-class GraphShelf:
-    """Captured prompt graphs by key, most recently used last: at most PROMPT_GRAPHS_KEPT,
-    holding at most prompt_graphs_budget() bytes together (the oldest make room); a graph over
-    the whole budget is dropped once captured and its key read eagerly from then on."""
+class GraphLedger:
+    """Every captured prompt graph of a model by (shelf, key), least recently used first: at
+    most PROMPT_GRAPHS_KEPT, holding at most prompt_graphs_budget() bytes together; the least
+    recently used make room for a new one, whichever shelf it is on. The ledger holds the only
+    reference to a graph it keeps: one evicted (or dropped with its shelf) is freed at once."""
 
     def __init__(self):
-        self.steps: dict = {}
-        self.eager: set = set()
+        self.steps: OrderedDict = OrderedDict()
 
-    def get(self, key, capture: Callable, failed: Callable):
-        """The graph of `key`, captured by `capture()` if not kept; None for a key read
-        eagerly, or when the capture raised (then `failed(exception)` was called). A bad
-        BRASS_PROMPT_GRAPHS_MB is raised, before any capture."""
-        st = self.steps.pop(key, None)
+    def get(self, shelf: "GraphShelf", key, capture: Callable, failed: Callable):
+        """The graph of `key` on `shelf`, captured by `capture()` if not kept; None for a key
+        the shelf reads eagerly, or when the capture raised (then `failed(exception)` was
+        called). A bad BRASS_PROMPT_GRAPHS_MB is raised, before any capture."""
+        st = self.steps.pop((shelf, key), None)
         if st is None:
-            if key in self.eager:
+            if key in shelf.eager:
                 return None
             budget = prompt_graphs_budget()
             try:
@@ -79,17 +86,45 @@ class GraphShelf:
                 failed(e)
                 return None
             if st.nbytes > budget:
-                self.eager.add(key)             # its memory is freed with it
+                shelf.eager.add(key)            # its memory is freed with it
                 return None
-            while self.steps and (len(self.steps) >= PROMPT_GRAPHS_KEPT or
-                                  sum(s.nbytes for s in self.steps.values()) + st.nbytes > budget):
-                self.steps.pop(next(iter(self.steps)))
-        self.steps[key] = st
+            held = sum(s.nbytes for s in self.steps.values())
+            while self.steps and (len(self.steps) >= PROMPT_GRAPHS_KEPT or held + st.nbytes > budget):
+                held -= self.steps.popitem(last=False)[1].nbytes
+        self.steps[(shelf, key)] = st
         return st
+
+    def drop(self, shelf: "GraphShelf"):
+        """Free every graph on `shelf` (a session's when it goes: whichever thread drops it)."""
+        for k in [k for k in list(self.steps) if k[0] is shelf]:
+            self.steps.pop(k, None)
+
+
+class GraphShelf:
+    """One owner's place in the model's GraphLedger (a session's own graphs, or the model's
+    StartSteps), and the keys it reads eagerly (their graph was over the whole budget)."""
+
+    def __init__(self, ledger: GraphLedger):
+        self.ledger = ledger
+        self.eager: set = set()
+
+    def get(self, key, capture: Callable, failed: Callable):
+        return self.ledger.get(self, key, capture, failed)
+
+    def __contains__(self, key) -> bool:
+        return (self, key) in self.ledger.steps
+
+    @property
+    def steps(self) -> dict:
+        """{key: graph} of this shelf's graphs, least recently used first (a copy)."""
+        return {k: st for (shelf, k), st in list(self.ledger.steps.items()) if shelf is self}
+
+    def clear(self):
+        self.ledger.drop(self)
 
 
 def prompt_graphs_budget() -> int:
-    """Bytes a session's prompt graphs may hold together (BRASS_PROMPT_GRAPHS_MB)."""
+    """Bytes a model's prompt graphs may hold together (BRASS_PROMPT_GRAPHS_MB)."""
     env = os.environ.get("BRASS_PROMPT_GRAPHS_MB")
     if not env:
         return PROMPT_GRAPHS_MB << 20
@@ -127,14 +162,13 @@ class Model:
         # first prompt of such a length is captured at once (PROMPT_GRAPHS), which is what a
         # server's pooled sessions, each with its own cache, need to replay at all
         self.prompt_lengths_read: set[int] = set()
+        # every prompt graph of the model and its sessions, under one budget (PROMPT_GRAPHS_KEPT)
+        self.graph_ledger = GraphLedger()
         # sequences' first prompts, captured once for every session (StartStep): keyed by
         # (length, the sessions' n_ctx); start_graphs_error says why a capture failed (the
         # sessions then capture and fail, or not, on their own, as before)
-        self._start_shelf = GraphShelf()
-        self._start_steps = self._start_shelf.steps
+        self._start_shelf = GraphShelf(self.graph_ledger)
         self.start_graphs_error: str | None = None
-        # live sessions by id, for graph_bytes (Session is a dataclass: compared by value, unhashable)
-        self._sessions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         if hasattr(self.backend, "load"):
             with self.backend.activate():
                 self.backend.load(self.gguf, self.weights, quiet=quiet)
@@ -148,19 +182,23 @@ class Model:
         return self.gguf.get("tokenizer.chat_template")
 
     def new_session(self, n_ctx: int | None = None) -> "Session":
-        s = Session(self, n_ctx or self.n_ctx)
-        self._sessions[id(s)] = s
-        return s
+        return Session(self, n_ctx or self.n_ctx)
+
+    @property
+    def _start_steps(self) -> dict:
+        """{(length, n_ctx): StartStep} kept, least recently used first (a copy)."""
+        return self._start_shelf.steps
 
     def graph_bytes(self) -> dict[str, int]:
-        """Device bytes the captured prompt graphs hold: "prompt", every live session's own
-        (PromptStep), and "start", the model's (StartStep, with their caches). Read from another
-        thread (a server's /metrics) while the worker captures: each collection is copied whole
-        first (list() of a dict's values runs under the GIL; WeakValueDictionary guards its own
-        iteration), so none changes size under the sums."""
-        prompt = sum(st.nbytes for s in list(self._sessions.values())
-                     for st in list(s._prompt_steps.values()))
-        return {"prompt": prompt, "start": sum(st.nbytes for st in list(self._start_steps.values()))}
+        """Device bytes the captured prompt graphs hold: "prompt", the sessions' own
+        (PromptStep), and "start", the model's (StartStep, with their caches); together at most
+        the budget (prompt_graphs_budget). Read from another thread (a server's /metrics) while
+        the worker captures: the ledger is copied whole first (list() of an OrderedDict's items
+        runs under the GIL), so it does not change under the sums."""
+        out = {"prompt": 0, "start": 0}
+        for (shelf, _), st in list(self.graph_ledger.steps.items()):
+            out["start" if shelf is self._start_shelf else "prompt"] += st.nbytes
+        return out
 
     def forward(self, ids, pos, cache: KVCache, out_rows=None, trace: Callable | None = None):
         """Logits (backend array) for tokens `ids` at positions `pos`; `out_rows` selects the
@@ -237,11 +275,12 @@ class Session:
         self.n_past = 0
         self.graphs = graphs_enabled(self.model.backend)
         self._step: DecodeStep | None = None
-        # prompt graphs (PROMPT_GRAPHS): {length: PromptStep}, most recent last (the lengths
-        # read eagerly once are the model's); prompt_graphs False once a capture failed (the
-        # forward synchronised with the host: a MoE prompt whose routing is planned there)
-        self._prompt_shelf = GraphShelf()
-        self._prompt_steps: dict[int, PromptStep] = self._prompt_shelf.steps
+        # prompt graphs (PROMPT_GRAPHS): its PromptSteps by length, in the model's ledger (the
+        # lengths read eagerly once are the model's), dropped from it when the session goes;
+        # prompt_graphs False once a capture failed (the forward synchronised with the host: a
+        # MoE prompt whose routing is planned there)
+        self._prompt_shelf = GraphShelf(self.model.graph_ledger)
+        weakref.finalize(self, self.model.graph_ledger.drop, self._prompt_shelf).atexit = False
         # lengths this session read eagerly from position 0: it captures its own graph of
         # them next (a session reading one length again and again, as a bench or a loop does,
         # replays without StartStep's copies); a length it has not read itself goes to the
@@ -249,6 +288,11 @@ class Session:
         self._read_here: set[int] = set()
         self.prompt_graphs = PROMPT_GRAPHS and self.graphs
         self.prompt_graphs_error: str | None = None     # why a capture failed, if one did
+
+    @property
+    def _prompt_steps(self) -> dict:
+        """{length: PromptStep} of this session kept, least recently used first (a copy)."""
+        return self._prompt_shelf.steps
 
     def reset(self):
         """Forget the sequence (the cache slots are rewritten as positions are reached again;
@@ -267,7 +311,7 @@ class Session:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2:
             n = len(ids)
-            if SHARED_PROMPT_GRAPHS and self.n_past == 0 and n not in self._prompt_steps \
+            if SHARED_PROMPT_GRAPHS and self.n_past == 0 and n not in self._prompt_shelf \
                     and n not in self._read_here and m.start_graphs_error is None:
                 # a length this session has not read itself: the model's graph, if any
                 st = self._start_step(n)
@@ -298,13 +342,13 @@ class Session:
         (read eagerly, loading its kernels), captured the next time, in this session or
         another; a failed capture turns prompt graphs off
         for this session (its prompts are then read eagerly, as before)."""
-        if n not in self._prompt_steps and n not in self.model.prompt_lengths_read:
+        if n not in self._prompt_shelf and n not in self.model.prompt_lengths_read:
             self.model.prompt_lengths_read.add(n)
             return None
         def failed(e):
             self.prompt_graphs = False
             self.prompt_graphs_error = f"{type(e).__name__}: {e}"
-            self._prompt_steps.clear()
+            self._prompt_shelf.clear()
         return self._prompt_shelf.get(n, lambda: PromptStep(self, n), failed)
 
     def _start_step(self, n: int) -> "StartStep | None":
@@ -316,7 +360,7 @@ class Session:
         the sessions go on with their own graphs."""
         m = self.model
         key = (n, self.n_ctx)
-        if key not in m._start_steps:
+        if key not in m._start_shelf:
             if n not in m.prompt_lengths_read:
                 m.prompt_lengths_read.add(n)    # read eagerly by the caller: its kernels load
                 return None
@@ -434,9 +478,11 @@ class DecodeStep:
             self._host = [b.pinned_empty(GREEDY_CHUNK, np.int32) for _ in range(3)]
         self._next_host = 0
 
-        def step():
-            logits = m.forward(self.tok, self.pos, session.cache)
-            b.decode_advance(b.argmax(logits), self.tok, self.pos, self.history)
+        tok, pos, history, cache = self.tok, self.pos, self.history, session.cache
+
+        def step():             # reaches neither the step nor the session (see _PrefillGraph)
+            logits = m.forward(tok, pos, cache)
+            b.decode_advance(b.argmax(logits), tok, pos, history)
             return logits
 
         before = getattr(b, "launches", 0)
@@ -468,8 +514,11 @@ class _PrefillGraph:
             self._out_rows = b.asarray(np.array([n - 1], np.int32))
         self._uploaded = lambda: None
         self.backend = b
-        self.graph = b.capture(lambda: model.forward(self.inp[0], self.inp[1], cache, self._out_rows),
-                               reuse_freed=True)
+        # The captured function reaches only what the graph reads, not this step: a backend may
+        # keep it (a replay re-running it, as the CPU tests' fake does), and a reference back
+        # would make a cycle that only the garbage collector frees, the graph's memory with it.
+        inp, rows = self.inp, self._out_rows
+        self.graph = b.capture(lambda: model.forward(inp[0], inp[1], cache, rows), reuse_freed=True)
         self.nbytes = getattr(self.graph, "nbytes", 0)     # the device memory it holds
 
     def _replay(self, ids: np.ndarray, start: int):
