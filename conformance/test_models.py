@@ -119,7 +119,8 @@ def llama_spread(name: str) -> Spread:
     clear = disagree = 0
     max_margin = top16 = 0.0
     shared = []
-    for gp, cp in zip(goldens.prompts(name, "cuda"), goldens.prompts(name, "cpu")):
+    for gp, cp in zip(goldens.prompts(name, "cuda"), goldens.prompts(name, "cpu"), strict=True):
+        assert gp.name == cp.name, f"{name}: the CUDA and CPU sets hold prompts in another order"
         n = common_prefix(gp.tf_ids, cp.tf_ids)
         is_clear = gp.tf_margin[:n] > eps
         differ = is_clear & (gp.tf_argmax[:n] != cp.tf_argmax[:n])
