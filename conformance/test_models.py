@@ -4,9 +4,16 @@
 - teacher-forced argmax at every prompt and generated position where llama.cpp's top-1/top-2
   margin is clear, and the top-16 logits themselves;
 - free-running greedy tokens, equal up to the first near-tie.
+
+CUDA is held to llama.cpp's CUDA goldens where they hold the model; on a model where llama.cpp's
+own CPU backend would fail that (spread_rule), the bounds scale with llama.cpp's own CUDA-vs-CPU
+spread (tolerances.SPREAD_ARGMAX_FACTOR; ci/cuda_spread.py prints it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -70,16 +77,78 @@ def q8_1_oracle(name: str, backend: str, ref_set: str) -> dict | None:
     return tolerances.Q8_1_ORACLE.get(name) if (backend, ref_set) == ("cuda", "cpu") else None
 
 
+def common_prefix(a, b) -> int:
+    """How many leading ids two sequences share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def settled_positions(name: str, k: int) -> np.ndarray:
     """Teacher-forced positions of CUDA prompt k where llama.cpp's CPU and CUDA backends agree
     on the argmax (where their two sequences hold the same ids), or that only the CUDA
     sequence has (after its greedy tokens part from the CPU's)."""
     gp, cp = goldens.prompts(name, "cuda")[k], goldens.prompts(name, "cpu")[k]
-    n = len(gp.tf_ids)
-    common = next((i for i, (a, b) in enumerate(zip(gp.tf_ids, cp.tf_ids)) if a != b), min(n, len(cp.tf_ids)))
-    settled = np.ones(n, dtype=bool)
+    common = common_prefix(gp.tf_ids, cp.tf_ids)
+    settled = np.ones(len(gp.tf_ids), dtype=bool)
     settled[:common] = gp.tf_argmax[:common] == cp.tf_argmax[:common]
     return settled
+
+
+@dataclass(frozen=True)
+class Spread:
+    """llama.cpp's own CPU backend held to its CUDA goldens of a model as test_teacher_forced
+    holds Brass, on the rows both sets cover (each prompt's teacher-forced rows before the two
+    sequences' ids part: the same inputs): the clear positions (CUDA margin > ARGMAX_EPS), how
+    many of them the two backends' argmax differs at and the largest CUDA margin among those,
+    and the worst prompt's top-16 logits NMSE (CPU against CUDA at the ids both top-16 lists
+    hold); per prompt, how many greedy tokens the two streams share before they part."""
+    clear: int
+    disagree: int
+    max_margin: float
+    top16: float
+    shared_tokens: tuple
+
+    @property
+    def share(self) -> float:
+        return self.disagree / self.clear if self.clear else 0.0
+
+
+@lru_cache(maxsize=None)
+def llama_spread(name: str) -> Spread:
+    """llama.cpp's CUDA-vs-CPU spread of a model of the CUDA set (ci/cuda_spread.py prints it)."""
+    eps = tolerances.ARGMAX_EPS[("cuda", goldens.model(name).kind)]
+    clear = disagree = 0
+    max_margin = top16 = 0.0
+    shared = []
+    for gp, cp in zip(goldens.prompts(name, "cuda"), goldens.prompts(name, "cpu"), strict=True):
+        assert gp.name == cp.name, f"{name}: the CUDA and CPU sets hold prompts in another order"
+        n = common_prefix(gp.tf_ids, cp.tf_ids)
+        is_clear = gp.tf_margin[:n] > eps
+        differ = is_clear & (gp.tf_argmax[:n] != cp.tf_argmax[:n])
+        clear, disagree = clear + int(is_clear.sum()), disagree + int(differ.sum())
+        max_margin = max(max_margin, float(gp.tf_margin[:n][differ].max(initial=0.0)))
+        err = ref = 0.0
+        for i in range(n):
+            cpu = dict(zip(cp.tf_top_ids[i].tolist(), cp.tf_top_logits[i].tolist()))
+            for j, x in zip(gp.tf_top_ids[i].tolist(), gp.tf_top_logits[i].tolist()):
+                if j in cpu:
+                    err, ref = err + (cpu[j] - x) ** 2, ref + x * x
+        top16 = max(top16, err / ref if ref else 0.0)
+        shared.append(common_prefix(gp.generated_ids, cp.generated_ids))
+    return Spread(clear, disagree, max_margin, top16, tuple(shared))
+
+
+def spread_rule(name: str, backend: str, ref_set: str) -> Spread | None:
+    """llama.cpp's own spread on a model where the CUDA backend is held to the CUDA goldens and
+    llama.cpp's own CPU backend, held to them by the fixed rule, would fail it (more of its
+    clear positions disagree than ARGMAX_MAX_DISAGREEMENT allows): there the teacher-forced
+    and greedy bounds scale with that spread (tolerances.SPREAD_ARGMAX_FACTOR says how and
+    why). None everywhere else: the fixed rule, unchanged."""
+    if (backend, ref_set) != ("cuda", "cuda"):
+        return None
+    fixed = tolerances.ARGMAX_MAX_DISAGREEMENT.get(
+        (backend, ref_set, "moe" if "moe" in goldens.model(name).arch else "dense"), 0.0)
+    s = llama_spread(name)
+    return s if s.share > fixed else None
 
 
 # Known, measured defect (issue 9): Brass's CUDA prompt GEMM (>= 32 rows, engine/backends/
@@ -101,6 +170,13 @@ def settled_positions(name: str, k: int) -> np.ndarray:
 # (golden/cuda/manifest.json, spread_vs_cpu: worst top-1 |Δ| 22.3).
 KNOWN_CUDA_DEFECTS = {("smollm2-135m", "teacher_forced"):
                       "CUDA prompt GEMM does not round activations as llama.cpp's MMQ does (issue 9)"}
+
+
+def llama_topk_differs(name: str, key: str) -> np.ndarray:
+    """Per token of the activation prompt: whether llama.cpp's CPU and CUDA goldens chose
+    different experts at moe_topk node `key`."""
+    cuda, cpu = (goldens.activations(name, r).arrays[key] for r in ("cuda", "cpu"))
+    return (np.sort(cuda, axis=-1) != np.sort(cpu, axis=-1)).any(axis=-1)
 
 
 def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -141,11 +217,16 @@ def test_activations(name, backend, loaded, record_property):
         assert tap in traced, f"Brass traced no {tap} (llama.cpp node {key}, role {node.role})"
         ours, ref = acts.pair(key, traced[tap])
         if node.role == "moe_topk":
-            # expert choice: exact (order within the top-k does not matter to the sum)
-            same = np.array_equal(np.sort(ours, axis=-1), np.sort(ref, axis=-1))
-            rows.append((key, node.role, "exact" if same else "DIFFERENT", "exact"))
-            if not same:
-                failures.append(f"{key}: chosen experts differ")
+            # expert choice: exact (order within the top-k does not matter to the sum), except at
+            # the tokens where llama.cpp's own CPU and CUDA backends choose otherwise
+            # (tolerances.py says why, after SPREAD_ARGMAX_FACTOR)
+            differ = (np.sort(ours, axis=-1) != np.sort(ref, axis=-1)).any(axis=-1)
+            excused = llama_topk_differs(name, key) if ref_set == "cuda" else np.zeros_like(differ)
+            bad = np.nonzero(differ & ~excused)[0]
+            rows.append((key, node.role, f"differ at {np.nonzero(differ)[0].tolist()}" if differ.any() else "exact",
+                         f"exact but {np.nonzero(excused)[0].tolist()}" if excused.any() else "exact"))
+            if bad.size:
+                failures.append(f"{key}: chosen experts differ at tokens {bad.tolist()}")
             continue
         err = nmse(ours, ref)
         bound0, bound = role_bounds.get(node.role, fallback)
@@ -156,7 +237,7 @@ def test_activations(name, backend, loaded, record_property):
     print(f"{name}: Brass {backend} vs llama.cpp {ref_set} goldens")
     print(tabulate(rows, headers=["node", "role", "NMSE", "bound"]))
     # the worst node against its bound (ci/gpu_summary.py --models tabulates these)
-    ratios = [(float(e) / float(b), k, e) for k, _, e, b in rows if e not in ("exact", "DIFFERENT") and float(b) > 0]
+    ratios = [(float(e) / float(b), k, e) for k, role, e, b in rows if role != "moe_topk" and float(b) > 0]
     if ratios:
         _, key, err = max(ratios)
         record_property("reference", ref_set)
@@ -180,6 +261,15 @@ def test_teacher_forced(name, backend, loaded, request, record_property):
         share, margin = oracle["argmax"]
         logit_bound = tolerances.Q8_1_FACTOR * oracle["top16"]
         allowed, never_above = tolerances.Q8_1_FACTOR * share, tolerances.Q8_1_FACTOR * margin
+    spread = spread_rule(name, backend, ref_set)
+    if spread is not None:
+        f = tolerances.SPREAD_ARGMAX_FACTOR
+        allowed, never_above = f * spread.share, f * spread.max_margin
+        logit_bound = max(logit_bound, tolerances.SPREAD_LOGITS_FACTOR * spread.top16)
+        print(f"{name}: llama.cpp's own CPU against its CUDA goldens differs at {spread.disagree}/"
+              f"{spread.clear} clear positions (largest margin {spread.max_margin:.3f}), top-16 "
+              f"NMSE {spread.top16:.2e}: Brass may differ at {allowed:.1%}, at no margin above "
+              f"{never_above:.2f}, top-16 NMSE up to {logit_bound:.1e} (tolerances.SPREAD_ARGMAX_FACTOR)")
     checked = total = 0
     failures, disagreements, jumps = [], [], []
     worst_top1 = worst_top16 = 0.0
@@ -251,12 +341,18 @@ def test_greedy_stream(name, backend, loaded, request):
             f"oracle parts ({oracle['stream']}); needs llama.cpp's CUDA goldens (tolerances.py)")))
     m = loaded(name, backend)
     eps = tolerances.STREAM_EPS[gm.kind]
+    spread = spread_rule(name, backend, ref_set)
+    if spread is not None:          # below this margin llama.cpp's own backends choose otherwise
+        eps = max(eps, spread.max_margin)
+    # against the CUDA set, only the tokens before llama.cpp's own CUDA and CPU streams part:
+    # from there on the CUDA golden's tokens are not a settled reference
+    shared = llama_spread(name).shared_tokens if ref_set == "cuda" else None
     compared = 0
-    for p in goldens.prompts(name, ref_set):
+    for k, p in enumerate(goldens.prompts(name, ref_set)):
         ours = list(m.generate(p.prompt_ids, max_tokens=len(p.generated_ids)))
         step_margin = p.step_top_logits[:, 0] - p.step_top_logits[:, 1]
         tf_margin = p.tf_margin[len(p.prompt_ids) - 1:]
-        n = len(p.generated_ids)
+        n = len(p.generated_ids) if shared is None else shared[k]
         for i in range(n):
             if step_margin[i] < eps or tf_margin[i] < eps:
                 break
@@ -265,6 +361,12 @@ def test_greedy_stream(name, backend, loaded, request):
                 f"{ours[i] if i < len(ours) else 'missing'}, llama.cpp's {p.generated_ids[i]} "
                 f"(margin {step_margin[i]:.3f}); Brass {ours[:i + 1]} vs {p.generated_ids[:i + 1]}")
             compared += 1
+    if compared < 8 and spread is not None:
+        # not a pass: reported as a skip, with what was compared
+        pytest.skip(f"{name}: llama.cpp's own CUDA and CPU streams share {sum(spread.shared_tokens)} "
+                    f"tokens before they part, and before a margin of {eps:.2f} (where its own "
+                    f"backends choose otherwise) only {compared} remain to compare (all {compared} "
+                    f"equal): fewer than 8, the greedy check means nothing on this model")
     assert compared >= 8, f"only {compared} tokens before near-ties: too few to mean anything"
 
 

@@ -55,8 +55,10 @@ CUDA_FLOOR = 3e-4
 CUDA_LOGITS_FALLBACK = {"real": 2e-2, "synthetic": 5e-3}
 
 # CUDA against the CPU goldens on the gated delta-net hybrids (qwen35, qwen35moe) and Gemma 4
-# (gemma4, dense and MoE), which golden/cuda/ does not hold yet. Their distance from the CPU goldens
-# is Q8_1's, not a kernel's: the numpy backend in q8_1 mode (the CUDA kernels' oracle,
+# (gemma4, dense and MoE), before golden/cuda/ held them (since 2026-12-02 it does, and
+# test_models holds CUDA to that set, with SPREAD_ARGMAX_FACTOR below; it reads these entries
+# only for a model the CUDA set lacks; ci/q8_1_oracle.py re-makes them). Their distance from the
+# CPU goldens is Q8_1's, not a kernel's: the numpy backend in q8_1 mode (the CUDA kernels' oracle,
 # kernels/cases.py cuda_reference) is as far from them, node for node. Measured on the H200
 # (2026-12-01), CUDA against the oracle's figures (its own, unrounded): synth-qwen35 final_output-2
 # 1.139e-2 (1.14e-2), ffn_out-2 9.4e-3 (9.6e-3), result_output 5.97e-3 (6.2e-3); synth-qwen35moe
@@ -161,6 +163,65 @@ Q8_1_ORACLE = {
         "stream": None,
     },
 }
+
+# CUDA against llama.cpp's CUDA goldens on a model that is chaotic for llama.cpp itself. The
+# fixed rules below (no disagreement at a margin above ARGMAX_EPS for a dense model, 1 % for MoE;
+# top-16 NMSE <= LOGITS; greedy tokens equal up to the first near-tie) were set on models whose
+# own spread is ~0: llama.cpp's CPU backend, held to its CUDA goldens by them, passes every such
+# model. On four it would fail them itself (test_models.llama_spread; `python ci/cuda_spread.py`
+# prints these figures: llama.cpp's CPU against its CUDA goldens on the teacher-forced rows both
+# cover, clear = CUDA margin > 0.25): synth-qwen35 20 of 158 clear positions differ (12.7 %, at
+# CUDA margins up to 1.137; top-16 NMSE 4.7e-3), synth-qwen35moe 17/131 (13.0 %, 1.581; 3.6e-3),
+# synth-gemma4 3/150 (2.0 %, 0.514; 7.6e-4), synth-gemma4moe 3/149 (2.0 %, 1.092; 4.1e-4). Their
+# recurrent states and routers carry a rounding difference (an activation on the other side of a
+# Q8 rounding step) on and on: llama.cpp's own step-by-step and batched CUDA passes differ by up
+# to 2.5, 4.4, 0.8 and 2.1 logits (manifest: decode_vs_batch_max_logit_diff; <= 0.3 on the other
+# synthetic models). A position that flips below the margins at which llama.cpp's own backends
+# flip says nothing about a defect. So where that spread exceeds the fixed rule
+# (test_models.spread_rule; everywhere else the fixed rule stands unchanged: the dense synthetic
+# and real models have no disagreement above their ARGMAX_EPS, synth-qwen3moe's 1 of 175 is under
+# its 1 %), Brass, counted on the settled positions as before, may differ at no more than
+# SPREAD_ARGMAX_FACTOR times llama.cpp's own share of disagreeing clear positions, at no margin
+# above SPREAD_ARGMAX_FACTOR times the largest margin at which llama.cpp's backends disagree, and
+# its top-16 NMSE may reach SPREAD_LOGITS_FACTOR times llama.cpp's own (never below LOGITS):
+# 25.3 % / 26.0 % / 4.0 % / 4.0 %, margins 2.27 / 3.16 / 1.03 / 2.18, NMSE 1.9e-2 / 1.4e-2 /
+# 5e-3 / 5e-3. The factor: llama.cpp's figures are one sample of 3 to 20 disagreements (a count
+# of 3 alone is uncertain by about a factor of 2), and Brass is held on more positions (also
+# past the point where llama.cpp's two sequences part, where the states have run longer). The
+# numpy backend in q8_1 mode (the CUDA kernels' oracle, standing in for Brass's CUDA: against
+# the CUDA goldens it gives the H200's 242/251, 2.56 on synth-qwen35 and 230/231 on synth-gemma4,
+# one position off on the MoE models) sits at 0.28 / 0.33 / 0.22 / 0.69 times llama.cpp's share
+# (the H200: 9/251, 9/235, 1/231, 4/217, at most 0.92 times), 0.72 / 1.47 / 0.63 / 1.11 times
+# its largest margin and 0.91 / 2.1 / 1.2 / 1.9 times its top-16 NMSE: twice the spread (four
+# times in NMSE, which squares it) holds it with room. What these bounds cannot see (the
+# stand-in with a planted bug, `python ci/cuda_spread.py --plant NAME:SIZE --numpy`): a rope base
+# of 10000 fails on all four, an RMS epsilon 10x on the two hybrids (on Gemma 4 not even 1000x:
+# its norms' inputs are far above it), a delta-net log-decay 30 % off on both hybrids (10 % on
+# synth-qwen35moe only, 2 % on neither), expert 1's output 1.25x on both MoE models (1.1x on
+# synth-qwen35moe only, 1.02x on neither), a rope base 10x low on neither hybrid. Every one of
+# those smaller bugs fails the numpy backend's tests against the CPU goldens (which it matches on
+# these models to 0.19 of a logit, 100 % of clear positions): a bug in the architecture code is
+# caught there, one in a CUDA kernel by test_kernels_model (each op against the oracle). On these
+# models the CUDA goldens say only that Brass's CUDA is no farther from llama.cpp's CUDA than
+# llama.cpp's own CPU backend is.
+SPREAD_ARGMAX_FACTOR = 2.0
+SPREAD_LOGITS_FACTOR = SPREAD_ARGMAX_FACTOR ** 2
+# The greedy stream on those models is compared up to the first step whose llama.cpp margin is
+# below the largest at which its own backends disagree (1.14 / 1.58 / 0.51 / 1.09, not
+# STREAM_EPS: the stand-in's synth-qwen35moe stream parts at margins 0.50 and 0.90 before any
+# near-tie of 0.25, where llama.cpp's own CUDA decode and batched passes are up to 4.4 apart),
+# and, on every model of the CUDA set, only before llama.cpp's own CUDA and CPU streams part
+# (their later CUDA tokens are no settled reference; on the models of the fixed rule this cuts
+# nothing). That leaves fewer than the 8 tokens the greedy test needs on all four (5, 1, 2, 0 of
+# 160): there it compares them and reports a skip with the count, not a pass. Their generated
+# positions are held by the teacher-forced rule above, the decode path by test_kernels_model.
+#
+# Chosen experts (moe_topk) must equal llama.cpp's CUDA goldens except at the tokens where
+# llama.cpp's own CPU and CUDA goldens choose otherwise. Measured: llama.cpp's two backends
+# differ at one token (synth-qwen35moe, layer 2, token 2), where the router is no near tie (its
+# k-th and (k+1)-th probabilities 0.165 apart on both backends): the residual entering that layer's
+# FFN already differs by 1.6e-1 NMSE at that token. The stand-in differs there and nowhere else.
+# A near-tie bound on the router would not have spared it; llama.cpp's own choice does.
 
 # Final logits (result_output; real models: the golden's top-16 per position).
 LOGITS = {
