@@ -14,9 +14,14 @@ MV_PRELOAD_EARLY, or any other #ifndef default of kernels/matvec.cuh given as NA
 
 A variant is a comma-separated list of NAME=VALUE; variants are separated by ';'. The first is
 the baseline (pass "" for the header's defaults). Exit 1 when an output or a token differs.
+`--pick JSON` reads such a run's --json and prints the defines of the variant to keep (one
+NAME=VALUE a line; nothing: the baseline): among those with no difference, the best geometric
+mean of tg128 over the shapes relative to the baseline, if that is at least PICK_GAIN and no
+shape is below PICK_FLOOR.
 
     python3 ci/gpu_preload.py --variants ";MV_PRELOAD=4;MV_PRELOAD=4,MV_PRELOAD_EARLY=1" \
         [--shapes qwen3-0.6b,qwen3-8b] [--dir /tmp/brass-shapes] [--rounds 2] [--json OUT]
+    python3 ci/gpu_preload.py --pick OUT
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +46,9 @@ from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile  # noqa: E402
 from kernels.cases import random_weight_file  # noqa: E402
 
 SOURCE = "matvec_q.cu"
+# --pick: a variant is kept when it decodes at least 1 % faster over the shapes (geometric mean)
+# and no shape more than 0.5 % slower (tg128 repeats within ~0.2 % on the H200 in one call)
+PICK_GAIN, PICK_FLOOR = 1.01, 0.995
 CASES = [  # (type, N rows, K): issue 8's Q4_K bar first
     (GGMLType.Q4_K, 4096, 12288), (GGMLType.Q4_K, 12288, 4096), (GGMLType.Q4_K, 4096, 4096),
     (GGMLType.Q4_K, 3072, 1024), (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q6_K, 12288, 4096),
@@ -127,14 +136,35 @@ def matvec_case(b, tmp: Path, qtype, N, K, reps=20):
     return us, nbytes / us / 1e3, y
 
 
+def pick(path: Path) -> list[str]:
+    """The defines of the variant to keep from a --json result (see the module's doc)."""
+    d = json.loads(path.read_text())
+    base = d["variants"][0]
+    best, best_gain = [], 1.0
+    for name in d["variants"][1:]:
+        if name in d["differ"] or not d["tg"]:
+            continue
+        ratios = [statistics.mean(t[name]) / statistics.mean(t[base]) for t in d["tg"]]
+        gain = statistics.geometric_mean(ratios)
+        if gain >= PICK_GAIN and min(ratios) >= PICK_FLOOR and gain > best_gain:
+            best, best_gain = name.split(","), gain
+    return best
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", required=True)
+    ap.add_argument("--variants")
+    ap.add_argument("--pick", type=Path, default=None)
     ap.add_argument("--shapes", default="")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/brass-shapes"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.pick:
+        print("\n".join(pick(args.pick)))
+        return
+    if args.variants is None:
+        ap.error("--variants or --pick")
     variants = parse_variants(args.variants)
 
     import cupy as cp
@@ -151,7 +181,7 @@ def main(argv=None):
     print(f"device: {b.device_name}, copy bandwidth {bw:.0f} GB/s (read + write)", flush=True)
     tmp = args.dir / "kernels"
     tmp.mkdir(parents=True, exist_ok=True)
-    failures, out = [], {"copy_GB_per_s": bw, "variants": label, "matvec": [], "tg": []}
+    failures, out = [], {"copy_GB_per_s": bw, "variants": label, "matvec": [], "tg": [], "differ": []}
     rows = []
     for qtype, N, K in CASES:
         row, ref = [qtype.name, N, K], None
@@ -162,6 +192,7 @@ def main(argv=None):
                 ref = y
             elif not (np.isfinite(y).all() and np.array_equal(y.view(np.uint32), ref.view(np.uint32))):
                 failures.append(f"{qtype.name} {N}x{K}: {name} differs from {label[0]}")
+                out["differ"].append(name)
             row.append(f"{us:.1f} us {100 * gbs / bw:.0f} %")
             out["matvec"].append(dict(type=qtype.name, N=N, K=K, variant=name, us=us, share=gbs / bw))
         rows.append(row)
@@ -189,6 +220,7 @@ def main(argv=None):
                         tokens0 = tokens
                     elif tokens != tokens0:
                         failures.append(f"{shape}: {name}'s greedy tokens differ from {label[0]}'s")
+                        out["differ"].append(name)
             line = "  ".join(f"{name}: {' / '.join(f'{x:.1f}' for x in tg[name])}" for name in label)
             print(f"{shape} tg128 (rounds alternated): {line}", flush=True)
             out["tg"].append(dict(shape=shape, **tg))
