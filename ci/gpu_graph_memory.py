@@ -102,7 +102,8 @@ def sample(m, cuda, t0, done, captures) -> dict:
                device=None, pool_used=None, pool_total=None, other=None)
     if cuda:
         import cupy
-        m.backend.synchronize()
+        # no synchronisation: the worker thread may be capturing a graph on the stream (a
+        # synchronize then fails the capture), and the memory figures need none
         free, total = cupy.cuda.runtime.memGetInfo()
         pool = cupy.get_default_memory_pool()
         out.update(device=total - free, pool_used=pool.used_bytes(), pool_total=pool.total_bytes())
