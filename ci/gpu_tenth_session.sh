@@ -10,6 +10,10 @@
 #      the whole suite (the soak's tail beside it), the soak's result, the side by side on the
 #      0.6B and 8B shapes (REPS=2);
 #   3. the suite again (a failure one run in five is a defect, not luck).
+#   What ran (perf/NOTES.md, tenth session): calls 1 and 2 as written (no variant reached the
+#   pick's bar; the graph-memory run failed on a synchronize during a capture, since fixed); then,
+#   by hand, the evicted-graphs test and its growth per new length, the suite three more times,
+#   and the Q4_K preload at depth 2 with MV_PRELOAD_EARLY, then on by default.
 #   First, here: bash ci/stage_llama_src.sh; the wheels of ci/gpu_conformance.sh's header into
 #   .whl/; run(command="bash ci/gpu_tenth_session.sh 1", carry=[".whl", ".stage"]); then 2, 3.
 set -uo pipefail

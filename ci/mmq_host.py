@@ -322,7 +322,14 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     gxx = shutil.which("g++")
     if gxx is None:
         raise NoHostCompiler("g++ is not installed")
-    key = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(srcs.items())).encode()).hexdigest()[:16]
+    # -fno-gnu-unique: the kernels' __shared__ arrays are function statics here, which g++
+    # otherwise exports as STB_GNU_UNIQUE symbols that the dynamic linker binds to one object
+    # for every library of a process, RTLD_LOCAL or not: a variant's library (MMQ_KB=8) loaded
+    # after another's (MMQ_KB=2) then wrote its tiles into the other's smaller arrays (the GPU
+    # runner's suite saw the MMQ_PACKED variants' results wrong in one run of four; reproduced
+    # here by loading the two in that order)
+    flags = ["-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-fno-gnu-unique"]
+    key = hashlib.sha256("\0".join([*flags, *(f"{k}\0{v}" for k, v in sorted(srcs.items()))]).encode()).hexdigest()[:16]
     d = Path(tempfile.gettempdir()) / f"brass-{stem}-host-{key}"
     lib = d / f"lib{stem}.so"
     if not lib.exists():
@@ -336,7 +343,7 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
             for name, text in srcs.items():
                 (work / name).write_text(text)
             tmp = work / f"lib{stem}.so"
-            r = subprocess.run([gxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-x", "c++",
+            r = subprocess.run([gxx, *flags, "-x", "c++",
                                 str(work / "harness.cpp"), "-o", str(tmp)], capture_output=True, text=True)
             if r.returncode:
                 raise RuntimeError(f"g++ failed on the CPU build of {what}:\n{r.stderr[-3000:]}")

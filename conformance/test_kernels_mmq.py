@@ -282,6 +282,26 @@ def test_mmq_variants_on_the_cpu(rng, tmp_path, qtype, defines):
     assert np.array_equal(got, want, equal_nan=True), f"mmq_id with {defines} differs from the default"
 
 
+def test_cpu_builds_of_variants_do_not_share_their_tiles(rng, tmp_path):
+    # Two variants' CPU builds in one process, the one with the smaller shared-memory tile
+    # (MMQ_KB=2) loaded first: each library must keep its own __shared__ arrays (function statics
+    # on the host). g++'s unique symbols bound them together across libraries, so the MMQ_KB=8
+    # variant loaded second wrote past the first's arrays: NaN results, in whichever pytest
+    # worker happened to load them in this order (one GPU suite run in four).
+    from ci import mmq_host
+    try:
+        small = mmq_host.build(("MMQ_PACKED=1", "MMQ_KB=2", "MMQ_PREFETCH=1"))
+        large, base_lib = mmq_host.build(("MMQ_PACKED=1",)), mmq_host.build()
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of mmq.cu: {e}")
+    gf, x = _case(tmp_path, rng, GGMLType.Q6_K, (70, 768, 45))
+    raw = gf.tensor_bytes("w").reshape(70, -1)
+    want = mmq_host.mmq(base_lib, GGMLType.Q6_K, raw, x)
+    assert np.array_equal(mmq_host.mmq(small, GGMLType.Q6_K, raw, x), want)
+    assert np.array_equal(mmq_host.mmq(large, GGMLType.Q6_K, raw, x), want), \
+        "a variant's CPU build used another library's shared-memory arrays"
+
+
 @needs_cuda
 @pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
 def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property):

@@ -123,21 +123,31 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // Q4_K, MV_PRELOAD_Q6K for Q6_K): each lane loads its first `depth` items of the row before the
 // block stages the activations, and keeps `depth` items in flight after (each item's loads
 // issued `depth` items before its arithmetic), where the plain loop waits for every item's
-// loads before it issues the next item's. Why: ncu put
-// the Q4_K mat-vec at 47 % DRAM throughput with half its stalls on the L1TEX scoreboard (memory
-// latency; 2026-12-01), 58-59 % of the copy rate alone (issue 8 asks 75 %). The same terms in
-// the same order as warp_dot_rows: the same floats. 0: the plain loop.
-#define MV_PRELOAD 0
+// loads before it issues the next item's. Why: ncu put the Q4_K mat-vec at 47 % DRAM throughput
+// with half its stalls on the L1TEX scoreboard (memory latency; 2026-12-01). The same terms in
+// the same order as warp_dot_rows: the same floats (the GPU compared every output and 64 greedy
+// tokens of each variant with the plain loop's). Measured on the H200 (2026-12-02,
+// ci/gpu_preload.py; the mat-vecs alone, us and share of the copy rate, then tg128 alternated
+// twice), plain / Q4_K 2 with MV_PRELOAD_EARLY:
+//   Q4_K 4096 x 12288  13.0 (51 %) / 11.2 (59 %); 12288 x 4096 11.4 (58 %) / 10.7 (62 %);
+//   3072 x 1024 2.8 / 2.3; Q6_K unchanged; Qwen3-0.6B 888.2 / 888.4 against 899.1 / 899.0
+//   tok/s, Qwen3-8B 316.7 / 316.7 against 316.5 / 316.3 (the whole GPU suite passed with it).
+// Deeper loses (Q4_K at 4: 79 registers against 47, 48 % on 4096 x 12288; 0.6B -3 %), and so
+// does Q6_K's (21 registers an item; at 2: the 151936 x 1024 head 67 -> 92 us, 8B -2 to -6 %).
+// 0: the plain loop.
+#define MV_PRELOAD 2
 #endif
 #ifndef MV_PRELOAD_Q6K
-#define MV_PRELOAD_Q6K 0        // (Q6_K's items hold 21 registers, Q4_K's 12)
+#define MV_PRELOAD_Q6K 0
 #endif
-template <class K> struct Preloads { static constexpr int depth = 0; };
 #ifndef MV_PRELOAD_EARLY
 // 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
-// that inside a decode graph they are in flight while the previous kernel ends; 0: after it.
-#define MV_PRELOAD_EARLY 0
+// that inside a decode graph they are in flight while the previous kernel ends; 0: after it
+// (Q4_K 4 and Q6_K 2 without / with it: Q4_K 4096 x 12288 48 % / 54 %, tg128 0.6B 844.5 /
+// 863.1, 8B 295.4 / 300.0 tok/s, the same call).
+#define MV_PRELOAD_EARLY 1
 #endif
+template <class K> struct Preloads { static constexpr int depth = 0; };
 
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
 __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
