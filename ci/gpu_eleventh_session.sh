@@ -30,9 +30,6 @@ fi
 if [ "${1:-1}" = 2 ]; then
     echo "== the soak's result (t=$(t) s)"
     WAIT=$(left 200) bash ci/gpu_soak.sh result
-    python3 -c "
-import json; d = json.load(open('/tmp/brass-soak/soak.json'))
-for t, g, gr in d['gpu_series'][::10]: print(f'  t={t:6.1f} s  process GPU {g} MB  prompt graphs {gr} MB')" 2>&1 | tail -12
     while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" ] && [ "$(left 200)" -gt 0 ]; do sleep 5; done
     echo "== side by side (t=$(t) s)"
     LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=3 \

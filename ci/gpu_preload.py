@@ -42,8 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the next (the model keeps sequences' first prompts' graphs)
 os.environ["BRASS_PROMPT_GRAPHS"] = "0"
 
-from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile  # noqa: E402
-from kernels.cases import random_weight_file  # noqa: E402
+from engine.gguf import GGMLType  # noqa: E402
 
 SOURCE = "matvec_q.cu"
 # --pick: a variant is kept when it decodes at least 1 % faster over the shapes (geometric mean)
@@ -108,34 +107,6 @@ def use_variant(b, defs: tuple[str, ...]):
     k.get = get_with
 
 
-def matvec_case(b, tmp: Path, qtype, N, K, reps=20):
-    """(us per call, GB/s, the output of one call) of the decode mat-vec alone (gpu_speed's way)."""
-    import cupy as cp
-    rng = np.random.default_rng(1)
-    path = tmp / f"w-{qtype.name}-{N}-{K}.gguf"
-    if not path.exists():
-        random_weight_file(path, rng, {"w": (qtype, (N, K))})
-    w = b.weight(GGUFFile(path), "w")
-    nbytes = N * K // BLOCK_SIZES[qtype][0] * BLOCK_SIZES[qtype][1]
-    copies = max(1, -(-(240 << 20) // nbytes))
-    ws = [w] + [type(w)(w.name, w.type, w.shape, data=w.data.copy()) for _ in range(copies - 1)]
-    with b.activate():
-        x = b.asarray(np.random.default_rng(2).uniform(-1, 1, (1, K)).astype(np.float32))
-        b._remember_q8(x, b.quantize_q8_1(x))
-        y = b.to_numpy(b.matmul(x, w))
-        g = b.capture(lambda: [b.matmul(x, ws[i % copies]) for i in range(reps)])
-        g.replay()
-        b.synchronize()
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record(b.stream)
-        for _ in range(5):
-            g.replay()
-        end.record(b.stream)
-        end.synchronize()
-    us = cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
-    return us, nbytes / us / 1e3, y
-
-
 def pick(path: Path) -> list[str]:
     """The defines of the variant to keep from a --json result (see the module's doc)."""
     d = json.loads(path.read_text())
@@ -170,7 +141,7 @@ def main(argv=None):
     import cupy as cp
     from tabulate import tabulate
 
-    from ci.gpu_speed import copy_bandwidth
+    from ci.gpu_speed import copy_bandwidth, matvec_speed
     from engine.backends.cuda import CudaBackend
     label = [",".join(v) or "defaults" for v in variants]
     b = CudaBackend()
@@ -187,7 +158,7 @@ def main(argv=None):
         row, ref = [qtype.name, N, K], None
         for v, name in zip(variants, label):
             use_variant(b, v)
-            us, gbs, y = matvec_case(b, tmp, qtype, N, K)
+            us, gbs, y = matvec_speed(b, tmp, qtype, N, K, with_output=True)
             if ref is None:
                 ref = y
             elif not (np.isfinite(y).all() and np.array_equal(y.view(np.uint32), ref.view(np.uint32))):

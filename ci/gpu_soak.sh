@@ -6,7 +6,8 @@
 # runner (background processes and /tmp survive between them):
 #   ci/gpu_soak.sh start     the shape written if missing, the server started, the soak detached
 #   ci/gpu_soak.sh result    waits for the soak (at most WAIT seconds, default 560), prints its
-#                            one-line summary, copies its JSON to $OUT, stops the server (a soak
+#                            one-line summary and its GPU memory series, copies its JSON to
+#                            $OUT, stops the server (a soak
 #                            not done by then is left running, for a later `result`)
 # Env: SOAK_SECONDS (600), SHAPE (qwen3-8b), PORT (8183).
 set -uo pipefail
@@ -45,6 +46,10 @@ if [ "$1" = result ]; then
         cp "$state/soak.json" "$out/" 2> /dev/null
         kill "$(cat "$state/serve.pid")" 2> /dev/null
         grep -ciE "traceback|error" "$state/serve.log" | sed 's/^/server log lines naming an error: /'
+        # the process's GPU memory beside what its prompt graphs say they hold, 12 samples
+        python3 -c "
+import json; s = json.load(open('$state/soak.json'))['gpu_series'] or []
+for t, g, gr in s[::max(1, len(s) // 12)]: print(f'  t={t:6.1f} s  process GPU {g} MB  prompt graphs {gr} MB')"
     else
         # left running: a later `result` (on the same warm machine) still gets it
         echo "soak: still running after $((SECONDS - t0)) s (server and soak left running): $(tail -2 "$state/soak.log")"

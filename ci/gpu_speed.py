@@ -52,8 +52,9 @@ def copy_bandwidth(cp) -> float:
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-def matvec_speed(b, tmp: Path, qtype, N, K, reps=20) -> tuple[float, float]:
-    """(microseconds per call, GB/s of weight bytes) of the decode mat-vec alone."""
+def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
+    """(microseconds per call, GB/s of weight bytes) of the decode mat-vec alone; with_output:
+    and the output of one call (numpy), for comparing builds."""
     import cupy as cp
     rng = np.random.default_rng(0)
     gf = GGUFFile(random_weight_file(tmp / f"w-{qtype.name}-{N}-{K}.gguf", rng, {"w": (qtype, (N, K))}))
@@ -65,7 +66,7 @@ def matvec_speed(b, tmp: Path, qtype, N, K, reps=20) -> tuple[float, float]:
         x = b.asarray(rng.uniform(-1, 1, (1, K)).astype(np.float32))
         if qtype not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             b._remember_q8(x, b.quantize_q8_1(x))        # time the mat-vec, not the quantization
-        b.matmul(x, w)
+        y = b.to_numpy(b.matmul(x, w))
         b.synchronize()
         g = b.capture(lambda: [b.matmul(x, ws[i % copies]) for i in range(reps)])
         g.replay()
@@ -77,7 +78,7 @@ def matvec_speed(b, tmp: Path, qtype, N, K, reps=20) -> tuple[float, float]:
         end.record(b.stream)
         end.synchronize()
     us = cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
-    return us, nbytes / us / 1e3
+    return (us, nbytes / us / 1e3, y) if with_output else (us, nbytes / us / 1e3)
 
 
 def main(argv=None):
