@@ -172,10 +172,11 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
 
 
 def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
-                iters: int | None = None) -> list[np.ndarray]:
+                iters: int | None = None, unit_rows: int | None = None) -> list[np.ndarray]:
     """The same for T tokens of a batched decode step (matvec_cols_<type>, or with split > 1
     matvec_cols_split_<type>); `iters`: rounds of rows a block takes (default the header's
-    MV_COLS_ROW_ITERS, as the backend launches it)."""
+    MV_COLS_ROW_ITERS, as the backend launches it); `unit_rows`: the MV_COLS_ROWS `lib` was
+    built with (default the header's)."""
     from engine.backends.cuda.backend import MV_WARPS, _cols_per_block, cols_row_blocks, mv_split
     from kernels.params import pack
     T, K = x.shape
@@ -191,7 +192,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
     res = _run(lib, "matvec_cols_split" if split > 1 else "matvec_cols", qtype, ws + [xb] + outs, params,
-               (-(-T // cols), cols_row_blocks(sum(rows), split, iters)), MV_WARPS * 32, smem)
+               (-(-T // cols), cols_row_blocks(rows, split, iters, unit_rows)), MV_WARPS * 32, smem)
     return res[4:4 + len(raws)]
 
 
@@ -225,6 +226,26 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
     res = _run(lib, "matvec_glu_wide" if wide else "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
                (-(-N // 32), slots), warps * 32, _stage_bytes(qtype, K))      # 32 rows a block
     return res[4], res[5]
+
+
+def glu_cols(lib, qtype, wg: np.ndarray, wu: np.ndarray, x: np.ndarray, gelu: bool = False):
+    """(h [T, N], its Q8_1 blocks) of matvec_glu_cols_<type> (a batched step's gated FFN: blocks
+    of `cols` tokens, each token's h as the one-token kernel's), as CudaBackend._glu_matvec
+    launches it for T > 1 tokens without experts."""
+    from engine.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _cols_per_block
+    from kernels.params import pack
+    T, K = x.shape
+    xb = q8_1_blocks(x)
+    wg, wu = np.ascontiguousarray(wg, np.uint8), np.ascontiguousarray(wu, np.uint8)
+    N, rb = wg.shape
+    h = np.full((T, N), np.nan, np.float32)
+    hq = np.full((T, N // 32, 36), 0xFF, np.uint8)
+    cols, smem = _cols_per_block(qtype, T, K)
+    params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=T, cols=cols, n_used=1, row_bytes=rb,
+                  expert_bytes=0, has_ids=0, n_experts=1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
+    res = _run(lib, "matvec_glu_cols", qtype, [wg, wu, xb, h, hq], params,
+               (-(-T // cols), -(-N // (GLU_WARPS * GLU_ROWS))), GLU_WARPS * 32, smem)
+    return res[3], res[4]
 
 
 def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np.ndarray, n_experts: int,

@@ -78,6 +78,59 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
             assert np.array_equal(batched[i][t], one[i][0]), f"token {t}, matrix {i}"
 
 
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
+def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
+    # matvec_glu_cols_<type> (a batched step's gated FFN, gate and up of a row in one pass over
+    # the tokens' activations: GLU_COLS_PAIRED) must give each token the one-token kernel's h
+    # and Q8_1 blocks bit for bit. N = 80 leaves the last block's rows part-filled (past the
+    # end they are not written); 11 tokens: two blocks of 8, the second partial.
+    from ci.matvec_host import glu, glu_cols
+    K, N, T = 512, 80, 11
+    gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
+    wg, wu = _raw(gf, "g", N), _raw(gf, "u", N)
+    x = (rng.uniform(-1, 1, (T, K)) * rng.uniform(0.1, 10, (T, 1))).astype(F32)
+    h, hq = glu_cols(lib, qtype, wg, wu, x)
+    assert not np.isnan(h).any(), "rows left unwritten"
+    for t in range(T):
+        h1, hq1 = glu(lib, qtype, wg, wu, x[t:t + 1])
+        assert np.array_equal(h[t], h1[0]), f"token {t}: batched h differs from alone"
+        assert np.array_equal(hq[t], hq1[0]), f"token {t}: batched Q8_1 blocks of h differ from alone"
+
+
+@pytest.mark.parametrize("defines", [("MV_COLS_ROWS=1", "GLU_COLS_PAIRED=0"), ("MV_COLS_ROWS=3",)],
+                         ids=["one-row-unpaired", "three-rows"])
+def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, defines):
+    # MV_COLS_ROWS (rows a warp of matvec_cols_ takes at once, the tokens' items read once for
+    # all) and GLU_COLS_PAIRED (gate and up in one pass) move time only: other builds must give
+    # the default build's bits. Q4_K (the staged pair items) with 45 and 7 rows (units past a
+    # matrix's end), K = 512 (staged) and 28672 (read from global memory: past the staging
+    # budget), split and not.
+    from ci import matvec_host
+    try:
+        other = matvec_host.build(defines)
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    rows = dict(d.split("=") for d in defines).get("MV_COLS_ROWS")
+    qtype = GGMLType.Q4_K
+    for K in (512, 28672):
+        gf = _weights(tmp_path, rng, {"a": (qtype, (45, K)), "b": (qtype, (7, K)),
+                                      "g": (qtype, (64, K)), "u": (qtype, (64, K))})
+        ws = [_raw(gf, "a", 45), _raw(gf, "b", 7)]
+        x = rng.uniform(-1, 1, (5, K)).astype(F32)
+        for split in (1, 2) if K == 28672 else (1,):
+            lib2 = lib if split == 1 else matvec_host.build((f"MV_SPLIT={split}",))
+            other2 = other if split == 1 else matvec_host.build(defines + (f"MV_SPLIT={split}",))
+            want = matvec_host.matvec_cols(lib2, qtype, ws, x, split=split)
+            got = matvec_host.matvec_cols(other2, qtype, ws, x, split=split,
+                                          unit_rows=int(rows) if rows else None)
+            for i in range(2):
+                assert np.array_equal(got[i], want[i]), f"K {K}, split {split}, matrix {i}"
+        want = matvec_host.glu_cols(lib, qtype, _raw(gf, "g", 64), _raw(gf, "u", 64), x)
+        got = matvec_host.glu_cols(other, qtype, _raw(gf, "g", 64), _raw(gf, "u", 64), x)
+        for w, g in zip(want, got):
+            assert np.array_equal(g, w), f"K {K}: the batched gated kernel's bits differ"
+
+
 @pytest.mark.parametrize("qtype, split, K", [(GGMLType.Q4_K, 2, 5120), (GGMLType.Q6_K, 4, 5120),
                                              (GGMLType.Q8_0, 8, 9216), (GGMLType.MXFP4, 2, 5120),
                                              (GGMLType.Q4_K, 4, 28672)],

@@ -106,6 +106,21 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #ifndef MV_COLS_STAGE_MAX_K
 #define MV_COLS_STAGE_MAX_K 49152  // ... and their staged values (tokens x K) at most (~86 KB)
 #endif
+#ifndef MV_COLS_ROWS
+// matvec_cols_<kind> / matvec_cols_split_<kind>: weight rows a warp (a split group) takes at
+// once, each item of the tokens' activations read once for all of them. Why: the batched
+// kernels read every token's activations from shared memory once per row, and per item that
+// is more shared-memory traffic than the item's arithmetic (Q4_K: ~20 wavefronts of 128 bytes
+// against ~12 cycles of dp4a and float work per warp, item and token), so at 1 row a warp they
+// wait on shared memory. Each (row, token) sum keeps its terms and order: the same bits for any
+// value.
+#define MV_COLS_ROWS 2
+#endif
+#ifndef GLU_COLS_PAIRED
+// matvec_glu_cols_<kind>: 1 reads a row's gate and up in one pass over the tokens'
+// activations (each read once for both), 0 one after the other. The same bits either way.
+#define GLU_COLS_PAIRED 1
+#endif
 #ifndef MV_COLS_ROW_ITERS
 // matvec_cols_<kind> / matvec_cols_split_<kind>: rounds of rows a block takes (the backend's
 // grid: blockIdx.y over units / (units per block x this); the kernels stride over the rest).
@@ -353,6 +368,46 @@ __device__ __forceinline__ void warp_dot_cols(const u8 * __restrict__ w_row, con
     }
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[c] = warp_sum(acc[c]);
+}
+
+// acc[r * C + c] = w[r] . x_c for R rows (w[r]: a row's weights, any matrix; a caller with
+// fewer rows passes a real row again and drops its sums: a branch per row would keep the
+// compiler from reading each item once) and the n_cols tokens c: warp_dot_cols for each row,
+// with each token's item read once for all rows (the same terms in the same order per (row,
+// token): the same floats).
+template <class K, int R, int C>
+__device__ __forceinline__ void warp_dot_cols_rows(const u8 * const (&w)[R],
+                                                   const typename K::act * __restrict__ x, const int n_cols,
+                                                   const int n_items, float (&acc)[R * C], const int first,
+                                                   const int step) {
+#pragma unroll
+    for (int j = 0; j < R * C; ++j) acc[j] = 0.0f;
+    for (int i = first; i < n_items; i += step) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const typename K::act * xc = x + (i64) min(c, n_cols - 1) * n_items + i;
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r * C + c] += K::dot(w[r], i, xc);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R * C; ++j) acc[j] = warp_sum(acc[j]);
+}
+
+// warp_dot_cols_rows on the staged activations xs when there are.
+template <class K, int R, int C>
+__device__ __forceinline__ void cols_dot_rows(const u8 * const (&w)[R], const typename K::act * __restrict__ x, const void * __restrict__ xs,
+                                              const int n_cols, const int n_items, float (&acc)[R * C],
+                                              const int first = threadIdx.x % WARP_SIZE,
+                                              const int step = WARP_SIZE) {
+    if constexpr (K::can_stage) {
+        if (xs != nullptr) {
+            warp_dot_cols_rows<Staged<K>, R, C>(w, (const typename Staged<K>::act *) xs, n_cols, n_items, acc,
+                                                first, step);
+            return;
+        }
+    }
+    warp_dot_cols_rows<K, R, C>(w, x, n_cols, n_items, acc, first, step);
 }
 
 // warp_dot_cols on the staged activations xs when there are.
@@ -628,46 +683,44 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     }
 }
 
-// matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows.
+// matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows
+// in units of MV_COLS_ROWS rows.
 template <class K, int SPLIT>
 __device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                             float * __restrict__ y0, float * __restrict__ y1,
                                             float * __restrict__ y2, const MultiMatVecParams p) {
-    constexpr int UPB = MV_WARPS / SPLIT;      /* rows per block: a group of SPLIT warps each */
+    constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
+    constexpr int NR = MV_COLS_ROWS, N = NR * MV_COLS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
-    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), rows on whole warp groups as   */
-    /* in matvec_ (blockIdx.y, grid-stride): one row per group, the tokens' sums side by side, */
-    /* each token's items split over the group's warps as matvec_ splits them.                 */
-    const int u0 = p.n_rows0, u1 = p.n_rows1, u2 = p.n_rows2;
+    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), units of NR rows on whole warp */
+    /* groups as in matvec_ (blockIdx.y, grid-stride): one unit per group, the tokens' sums     */
+    /* side by side, each token's items split over the group's warps as matvec_ splits them.    */
+    const int units = (p.n_rows0 + NR - 1) / NR + (p.n_rows1 + NR - 1) / NR + (p.n_rows2 + NR - 1) / NR;
     const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);
     const int n_items = p.k / K::values_per_item;
     extern __shared__ int4 staged_x[];
     const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(x + (i64) t0 * n_items, n_cols, n_items, staged_x);
-    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_COLS];
-    if constexpr (SPLIT == 1) {
-        for (int uu = blockIdx.y * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gridDim.y * MV_WARPS) {
-            int row = uu;
-            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);
-            float acc[MV_COLS];
-            cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc);
-            _Pragma("unroll")
-            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c];
-        }
-        return;
-    }
-    for (int ub = blockIdx.y * UPB; ub < u0 + u1 + u2; ub += gridDim.y * UPB) {
-        int row = ub + g;
-        const bool valid = row < u0 + u1 + u2;
-        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);
-        float acc[MV_COLS];
-        if (valid) cols_dot<K, MV_COLS>(m.w + row * m.rb, x + (i64) t0 * n_items, xs, n_cols, n_items, acc,
-                                        lane + s * WARP_SIZE, SPLIT * WARP_SIZE);
-        split_sum<MV_COLS, SPLIT>(acc, mv_part, warp, s, valid);
+    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][N];
+    for (int ub = blockIdx.y * UPB; ub < units; ub += gridDim.y * UPB) {
+        int u = ub + g;
+        const bool valid = u < units;
+        const MatVecUnit m = unit_matrix(u, NR, w0, w1, w2, y0, y1, y2, p);
+        const int row = u * NR;
+        const u8 * w[NR];
+        _Pragma("unroll")
+        for (int r = 0; r < NR; ++r) w[r] = m.w + min(row + r, m.n - 1) * m.rb;   /* past the end: again */
+        float acc[N];
+        if (valid) cols_dot_rows<K, NR, MV_COLS>(w, x + (i64) t0 * n_items, xs, n_cols, n_items, acc,
+                                                 lane + s * WARP_SIZE, SPLIT * WARP_SIZE);
+        if constexpr (SPLIT > 1) split_sum<N, SPLIT>(acc, mv_part, warp, s, valid);
         if (valid && s == 0) {
             _Pragma("unroll")
-            for (int c = 0; c < MV_COLS; ++c) if (lane == c && c < n_cols) y_row(m, t0 + c, row) = acc[c];
+            for (int r = 0; r < NR; ++r)
+                _Pragma("unroll")
+                for (int c = 0; c < MV_COLS; ++c)
+                    if (lane == c && c < n_cols && row + r < m.n) y_row(m, t0 + c, row + r) = acc[r * MV_COLS + c];
         }
     }
 }
@@ -769,7 +822,7 @@ extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)              
 matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, 1);              \
+    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, MV_COLS_ROWS);   \
     PDL_ENTRY();                                                                                   \
     decode_cols<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                               \
 }                                                                                                  \
@@ -779,7 +832,7 @@ matvec_cols_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
         prefetch_unit(w0, w1, w2, p, blockIdx.y * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
-                      1);                                                                          \
+                      MV_COLS_ROWS);                                                               \
     PDL_ENTRY();                                                                                   \
     decode_cols<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                        \
 }                                                                                                  \
@@ -807,7 +860,13 @@ matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,  
     for (int r = 0; r < GLU_ROWS; ++r) {                                                           \
         const int row = row0 + warp * GLU_ROWS + r;                                                \
         float g[MV_COLS], up[MV_COLS];                                                             \
-        if (row < p.n_rows) {                                                                      \
+        if (row < p.n_rows && GLU_COLS_PAIRED) {                                                   \
+            const u8 * w[2] = {wg + row * p.row_bytes, wu + row * p.row_bytes};                    \
+            float gu[2 * MV_COLS];                                                                 \
+            cols_dot_rows<K, 2, MV_COLS>(w, xr, xs, n_cols, n_items, gu);                          \
+            _Pragma("unroll")                                                                      \
+            for (int c = 0; c < MV_COLS; ++c) { g[c] = gu[c]; up[c] = gu[MV_COLS + c]; }           \
+        } else if (row < p.n_rows) {                                                               \
             cols_dot<K, MV_COLS>(wg + row * p.row_bytes, xr, xs, n_cols, n_items, g);              \
             cols_dot<K, MV_COLS>(wu + row * p.row_bytes, xr, xs, n_cols, n_items, up);             \
         } else {                                                                                   \

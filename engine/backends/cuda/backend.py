@@ -150,6 +150,8 @@ MV_STAGE_MAX_K = int(re.search(r"#define MV_STAGE_MAX_K (\d+)", _MATVEC_H).group
 MV_COLS = int(re.search(r"#define MV_COLS (\d+)", _MATVEC_H).group(1))
 MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVEC_H).group(1))
 MV_COLS_ROW_ITERS = int(re.search(r"#define MV_COLS_ROW_ITERS (\d+)", _MATVEC_H).group(1))
+# ... and the weight rows a warp (a split group) of theirs takes at once (a unit)
+MV_COLS_ROWS = int(re.search(r"#define MV_COLS_ROWS (\d+)", _MATVEC_H).group(1))
 # matvec_split_<type> / matvec_cols_split_<type>: warps that share a unit of rows, taken by
 # matrices of rows of at least MV_SPLIT_MIN_K values (kernels/matvec.cuh says why); a block
 # takes MV_WARPS // split units
@@ -176,11 +178,15 @@ MMQ_ROWS, MMQ_COLS, MMQ_THREADS, MOE_PLAN_THREADS = (
 MOE_PLAN_MAX_E = int(re.search(r"#define MOE_PLAN_MAX_E (\d+)", _MMQ_CU).group(1))
 
 
-def cols_row_blocks(n_rows: int, split: int, iters: int | None = None) -> int:
-    """blockIdx.y's extent of a batched step's mat-vec over n_rows rows (matvec_cols_, split or
-    not): MV_COLS_ROW_ITERS rounds of a block's rows each (the kernel strides over the rest)."""
+def cols_row_blocks(rows: list[int], split: int, iters: int | None = None,
+                    unit_rows: int | None = None) -> int:
+    """blockIdx.y's extent of a batched step's mat-vec over matrices of `rows` rows (matvec_cols_,
+    split or not): units of MV_COLS_ROWS rows of each matrix, MV_COLS_ROW_ITERS rounds of a
+    block's units each (the kernel strides over the rest)."""
     iters = MV_COLS_ROW_ITERS if iters is None else iters
-    return max(1, min(-(-n_rows // (MV_WARPS // split * iters)), 65535))
+    unit_rows = MV_COLS_ROWS if unit_rows is None else unit_rows
+    units = sum(-(-n // unit_rows) for n in rows)
+    return max(1, min(-(-units // (MV_WARPS // split * iters)), 65535))
 
 
 def mixed_blocks(rows: list[int]) -> int:
@@ -774,7 +780,7 @@ class CudaBackend(Backend):
                       n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                       row_bytes2=ws[2].row_bytes)
         self.launch(src_file, f"matvec_cols_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
-                    (-(-T // cols), cols_row_blocks(sum(rows), split)), MV_WARPS * 32,
+                    (-(-T // cols), cols_row_blocks(rows, split)), MV_WARPS * 32,
                     ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
 
     def _matmul_tiles(self, x2, w, y, src):
