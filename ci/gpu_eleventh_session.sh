@@ -35,18 +35,21 @@ batched() {        # $1 sequences: "tg64xP | tok/s" of brass bench --parallel P 
 }
 
 if [ "${1:-1}" = 2 ]; then
-    echo "== the soak's result (t=$(t) s)"
-    WAIT=$(left 300) bash ci/gpu_soak.sh result
+    if [ -z "${SKIP_SOAK:-}" ]; then
+        echo "== the soak's result (t=$(t) s)"
+        WAIT=$(left 300) bash ci/gpu_soak.sh result
+    fi
+    cp kernels/matvec.cuh /tmp/matvec.cuh.committed   # (the runner's git HEAD is not this tree's)
     echo "== the batched step, rows at once (2 1) or not (1 0), alternated (t=$(t) s)"
     for round in 1 2; do
         for v in "2 1" "1 0"; do
-            [ "$(left 330)" -ge 60 ] || break 2
+            [ "$(left "${AB_UNTIL:-330}")" -ge 60 ] || break 2
             set -- $v
             matvec_define MV_COLS_ROWS "$1"; matvec_define GLU_COLS_PAIRED "$2"
-            for p in 16 4; do echo "round $round, MV_COLS_ROWS $1 GLU_COLS_PAIRED $2, P=$p: $(batched $p)"; done
+            for p in ${AB_P:-16 4}; do echo "round $round, MV_COLS_ROWS $1 GLU_COLS_PAIRED $2, P=$p: $(batched $p)"; done
         done
     done
-    git checkout -q kernels/matvec.cuh
+    cp /tmp/matvec.cuh.committed kernels/matvec.cuh
     while [ ! -x "$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" ] && [ "$(left 400)" -gt 0 ]; do sleep 5; done
     echo "== side by side (t=$(t) s)"
     LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=2 \
@@ -57,6 +60,7 @@ if [ "${1:-1}" = 2 ]; then
 fi
 
 if [ "${1:-1}" = 3 ]; then
+    cp kernels/matvec.cuh /tmp/matvec.cuh.committed
     if [ -n "${VARIANT:-}" ]; then
         set -- $VARIANT
         matvec_define MV_COLS_ROWS "$1"; matvec_define GLU_COLS_PAIRED "$2"
@@ -68,6 +72,6 @@ if [ "${1:-1}" = 3 ]; then
         REQUESTS=6 timeout 165 bash ci/gpu_serving.sh 2>&1 | tail -6
         rm -f "$out"/load-*.err "$out"/load-*.json "$out"/llama-server.log "$out"/brass-serve.log
     done
-    git checkout -q kernels/matvec.cuh
+    cp /tmp/matvec.cuh.committed kernels/matvec.cuh
     echo "done at t=$(t) s"
 fi
