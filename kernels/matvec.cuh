@@ -104,7 +104,11 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #define MV_COLS 8                // matvec_cols_<kind>: tokens per block at most (accumulators per lane)
 #endif
 #ifndef MV_COLS_STAGE_MAX_K
-#define MV_COLS_STAGE_MAX_K 49152  // ... and their staged values (tokens x K) at most (~86 KB)
+// ... and their staged values (tokens x K) at most (~172 KB). Measured on the H200 (2026-12-02,
+// brass bench --parallel P -p 0 -n 64, Qwen3-8B shape, alternated twice): 49152 against 98304
+// at P = 2 / 4 / 8 / 16: 301.6 / 581.0 / 977.2 / 1165.0 against 301.6 / 581.0 / 1002.7 /
+// 1197.0 tok/s (the down projection, K = 12288, then takes 8 tokens a block, not 4).
+#define MV_COLS_STAGE_MAX_K 98304
 #endif
 #ifndef MV_COLS_ROWS
 // matvec_cols_<kind> / matvec_cols_split_<kind>: weight rows a warp (a split group) takes at
@@ -113,7 +117,10 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // is more shared-memory traffic than the item's arithmetic (Q4_K: ~20 wavefronts of 128 bytes
 // against ~12 cycles of dp4a and float work per warp, item and token), so at 1 row a warp they
 // wait on shared memory. Each (row, token) sum keeps its terms and order: the same bits for any
-// value.
+// value. Measured on the H200 (2026-12-02, brass bench --parallel P -p 0 -n 64, Qwen3-8B shape,
+// alternated twice): P = 16 at 1 row unpaired 990.3 / 990.4 tok/s, at 2 rows with the gated
+// kernel paired 1165.4 / 1165.1 (+17.7 %); 3 rows 1189 at P = 16 but 283.6 / 552.4 / 950.5
+// against 301.6 / 581.0 / 977.2 at P = 2 / 4 / 8, 4 rows 1142 at P = 16 (128 registers at 2).
 #define MV_COLS_ROWS 2
 #endif
 #ifndef GLU_COLS_PAIRED
