@@ -43,7 +43,7 @@ drive() {             # $1 engine name, $2 port
         # where brass's worker spent its time so far (cumulative over the client counts)
         if [ "$1" = brass ]; then
             echo "brass after $n clients: $(curl -sf "http://127.0.0.1:$2/metrics" \
-                | grep -E '^brass_(scheduler_seconds_total|generated_tokens_total)' | tr '\n' ' ')"
+                | grep -E '^brass_(scheduler_seconds_total|generated_tokens_total|batch_runs_ended_total)' | tr '\n' ' ')"
         fi
     done
     return 0

@@ -88,6 +88,62 @@ def test_batched_requests_equal_alone(model, rng):
         (sched.sessions.created, sched.sessions.reused)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["drop", "keep"])
+def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep):
+    """A greedy batch runs one step ahead of the host (BatchDecoder.greedy_steps on CUDA's
+    bucket graphs); when a request leaves or joins, the run ends and its step run ahead is
+    dropped (BRASS_BATCH_KEEP_AHEAD=0: the sessions go back one position) or read for the rows
+    that stay (=1). Either way every request gets its tokens alone. The bucket graphs are
+    CUDA's, so here a decoder on numpy runs the same run_ahead protocol with each step computed
+    at its launch; requests of different lengths, more than run at once, so that runs end by
+    leaves and by joins, mid-batch."""
+    from engine.backends.numpy_backend import NumpyBackend  # noqa: F401 (the model's backend)
+    from engine.batch import BatchDecoder, SequenceBatch, run_ahead
+    from engine.serving import BatchScheduler, Request
+    import numpy as np
+    m = load_synthetic("synth-qwen3", "numpy")
+    b = m.backend
+
+    class AheadOnNumpy(BatchDecoder):
+        launches = 0
+
+        def can_run_ahead(self, sessions):
+            return len(sessions) > 1
+
+        def greedy_steps(self, sessions, tokens):
+            last = {}
+
+            def launch(ids):
+                AheadOnNumpy.launches += 1
+                ids = last["best"] if ids is None else ids
+                pos = np.asarray([s.n_past for s in sessions], np.int32)
+                with b.rows_independent():
+                    logits = m.forward(b.asarray(ids), b.asarray(pos),
+                                       SequenceBatch([s.cache for s in sessions]))
+                last["best"] = best = np.argmax(b.to_numpy(logits), axis=-1).astype(np.int32)
+                return best.copy
+            return run_ahead(sessions, np.asarray(tokens, np.int32), launch)
+
+    V = m.config.n_vocab
+    reqs = [Request([int(t) for t in rng.integers(0, V, n)], k) for n, k in
+            ((5, 9), (8, 4), (3, 12), (11, 6), (6, 7), (4, 10), (9, 3))]
+    sched = BatchScheduler(m, parallel=3, start=False)
+    sched.batch = AheadOnNumpy(m, graphs=False)
+    sched.keep_ahead = keep
+    sched._thread.start()
+    try:
+        for r in reqs:
+            sched.submit(r)
+        for r in reqs:
+            assert r.finished.wait(TIMEOUT), "a request did not finish"
+    finally:
+        sched.close()
+    for i, r in enumerate(reqs):
+        assert r.tokens == alone(m, r), f"request {i}: {r.tokens} served, {alone(m, r)} alone"
+    ended = sched.runs_ended["kept" if keep else "dropped"]
+    assert ended >= 2 and sched.runs_ended["dropped" if keep else "kept"] == 0, sched.runs_ended
+
+
 def test_prompts_read_in_chunks_between_steps(model, rng):
     """A long prompt is read a chunk per step while the others decode: each request gets what
     it gets alone with its prompt read in the same chunks."""

@@ -57,6 +57,54 @@ BUCKETS = os.environ.get("BRASS_BATCH_BUCKETS", "1") not in ("", "0")
 # GPU does not wait while the host hands out a step's tokens; BRASS_BATCH_AHEAD=0 reads each
 # step back before issuing the next (for comparison).
 AHEAD = os.environ.get("BRASS_BATCH_AHEAD", "1") not in ("", "0")
+# What a scheduler does with the step run ahead when the batch changes (a request leaves or
+# joins): 1 reads its tokens for the rows that stay (FINISH_RUN), 0 drops the step (each
+# session goes back one position and the step is computed again in the next run). Off until
+# measured on a GPU; its tokens are the same either way (conformance/test_serving.py).
+KEEP_AHEAD = os.environ.get("BRASS_BATCH_KEEP_AHEAD", "0") not in ("", "0")
+# Sent into a greedy run (run_ahead's generator): yield the step run ahead, then end.
+FINISH_RUN = object()
+
+
+def run_ahead(sessions: list, tokens: np.ndarray, launch):
+    """The greedy run of BatchDecoder.greedy_steps apart from the device: `launch(ids)` issues
+    one step of `sessions` (ids: the step's tokens, or None for the last step's argmax on the
+    device) and returns a function that waits for the step's tokens (np.int32 [n]); the step
+    after the one being read is issued before it is read. Closing the generator drops the step
+    issued ahead (each session goes back one position: its KV slot is rewritten when reached
+    again, with the same token); sending FINISH_RUN instead yields that step's tokens (the
+    sessions keep it) and ends the run, or ends it at once when none was issued (a cache full)."""
+    launched = yielded = 0
+
+    def full():                         # a session whose cache has no slot left
+        return next((s for s in sessions if s.n_past >= s.n_ctx), None)
+
+    def issue(ids):
+        nonlocal launched
+        if (s := full()) is not None:
+            raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
+        read = launch(ids)
+        launched += 1
+        for s in sessions:
+            s.n_past += 1
+        return read
+
+    try:
+        pending = issue(tokens)
+        while True:
+            ahead = issue(None) if full() is None else None   # none past a cache's end
+            got = pending()
+            yielded += 1
+            if (yield got) is FINISH_RUN:
+                if ahead is not None:
+                    got = ahead()
+                    yielded += 1
+                    yield got
+                return
+            pending = ahead if ahead is not None else issue(None)
+    finally:
+        for s in sessions:              # the steps issued beyond those read
+            s.n_past -= launched - yielded
 
 
 class BatchDecoder:
@@ -138,9 +186,9 @@ class BatchDecoder:
         sessions, the first step fed `tokens`, each later one fed the previous step's tokens
         on the device. The device runs one step ahead of the consumer: the step after the one
         being read back is already queued, so the GPU does not wait for the host's handling of
-        a step's tokens. Closing the generator drops the step run ahead (each session goes
-        back one position; its KV slot is rewritten when reached again, with the same token).
-        Only for sessions `can_run_ahead` takes."""
+        a step's tokens. Closing the generator drops the step run ahead; sending FINISH_RUN
+        yields its tokens and ends the run (run_ahead). Only for sessions `can_run_ahead`
+        takes."""
         self._check(sessions, tokens)
         if not self.can_run_ahead(sessions):
             raise BrassError("greedy_steps needs bucket graphs, captured, over KV caches only")
@@ -150,39 +198,22 @@ class BatchDecoder:
         B, st = key[0], self._bucket_steps[key]
         caches = self._padded(sessions, B)
         host = [b.pinned_empty(n, np.int32) for _ in range(3)]      # read-backs in flight: 2
-        launched = yielded = 0
-
-        def full():                         # a session whose cache has no slot left
-            return next((s for s in sessions if s.n_past >= s.n_ctx), None)
+        issued = 0
 
         def launch(ids):
-            nonlocal launched
-            if (s := full()) is not None:
-                raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
+            nonlocal issued
             pos = np.asarray([s.n_past for s in sessions] + [0] * (B - n), np.int32)
             with b.activate():
                 if ids is None:             # this step's tokens: the last step's argmax
                     st.run(caches, np.zeros(B, np.int32), pos, ids_from=st.best[:n])
                 else:
                     st.run(caches, np.concatenate([ids, np.zeros(B - n, np.int32)]), pos)
-                read = b.copy_to_host_async(st.best[:n], host[launched % len(host)])
+                read = b.copy_to_host_async(st.best[:n], host[issued % len(host)])
             self.replays += 1
-            launched += 1
-            for s in sessions:
-                s.n_past += 1
+            issued += 1
             return read
 
-        try:
-            pending = launch(np.asarray([int(t) for t in tokens], np.int32))
-            while True:
-                ahead = launch(None) if full() is None else None   # none past a cache's end
-                got = pending()
-                yielded += 1
-                yield got
-                pending = ahead if ahead is not None else launch(None)
-        finally:
-            for s in sessions:              # the steps issued beyond those read
-                s.n_past -= launched - yielded
+        return run_ahead(sessions, np.asarray([int(t) for t in tokens], np.int32), launch)
 
     def _bucket_key(self, sessions: list) -> tuple[int, int]:
         """(rows, attention bound) of the bucket graph a step of these sessions replays."""

@@ -34,7 +34,8 @@ from collections import deque
 
 import numpy as np
 
-from .batch import BatchDecoder, supports_batched_decode
+from . import batch as batch_mod
+from .batch import FINISH_RUN, BatchDecoder, supports_batched_decode
 from .errors import BrassError
 from .sampling import Sampler, SamplingParams
 
@@ -154,8 +155,14 @@ class BatchScheduler:
         # brass_scheduler_seconds_total): where a server's time goes under load.
         self.seconds = {"prefill": 0.0, "decode": 0.0}
         # Greedy batched steps run one ahead on the device (BatchDecoder.greedy_steps) while
-        # the same requests decode together: (their ids, the generator).
+        # the same requests decode together: (their ids, the generator, the requests).
         self._ahead: tuple | None = None
+        # With BRASS_BATCH_KEEP_AHEAD, a run ended by a change of the batch leaves the tokens
+        # of its step run ahead here, (requests, tokens), for the requests that stay.
+        self._carry: tuple | None = None
+        self.keep_ahead = batch_mod.KEEP_AHEAD
+        # greedy runs ended by a change of the batch, their step run ahead kept or dropped
+        self.runs_ended = {"kept": 0, "dropped": 0}
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="brass-batch", daemon=True)
         if start:
@@ -215,6 +222,7 @@ class BatchScheduler:
         tokens), one decode step."""
         for r in [r for r in self._running if r.req.cancelled.is_set()]:
             self._end(r)
+        self._take_carry()
         # Prompt chunks of several requests while they fit in one chunk's worth of tokens
         # (at least one chunk): short prompts that arrive together join the batch together,
         # one change of its composition instead of one per request. Each prompt is still read
@@ -248,11 +256,21 @@ class BatchScheduler:
 
     def _decode(self, ready: list[_Running]):
         b = self.model.backend
+        if self._ahead is not None and tuple(id(r) for r in ready) != self._ahead[0]:
+            # the batch changed: the run ends here (its step run ahead kept or dropped), and
+            # the rows it gave a token meanwhile may have finished
+            self._end_ahead()
+            self._take_carry()
+            ready = [r for r in ready if r in self._running and r.next is not None]
+            if not ready:
+                return
         self.steps += 1
         self.batch_rows += len(ready)
         self.batch_size = len(ready)
         if len(ready) == 1 or self.batch is None:
-            self._stop_ahead()
+            self._end_ahead()
+            self._take_carry()
+            ready = [r for r in ready if r in self._running and r.next is not None]
             for r in ready:
                 self._guard(r, self._decode_alone, r)
             return
@@ -268,7 +286,7 @@ class BatchScheduler:
             self._stop_ahead()
         sessions = [r.session for r in ready]
         if greedy and self._ahead is None and self.batch.can_run_ahead(sessions):
-            self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]))
+            self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]), list(ready))
         if self._ahead is not None:
             try:
                 rows = next(self._ahead[1])
@@ -279,6 +297,7 @@ class BatchScheduler:
                 return
             for r, tok in zip(ready, rows):
                 self._guard(r, lambda r: self._accept(r, int(tok)), r)
+            self._take_carry()      # a row that finished ended the run: the rest's next tokens
             return
         try:
             logits, best = self.batch.step_argmax(sessions, [r.next for r in ready],
@@ -328,6 +347,46 @@ class BatchScheduler:
             gen, self._ahead = self._ahead[1], None
             gen.close()
 
+    def _end_ahead(self):
+        """End the batched greedy run because its rows change. With keep_ahead the step it ran
+        ahead is read, not dropped: its tokens wait in _carry for the rows that stay
+        (_take_carry gives them once every row has taken the tokens read before)."""
+        if self._ahead is None:
+            return
+        if not self.keep_ahead:
+            self._stop_ahead()
+            self.runs_ended["dropped"] += 1
+            return
+        _, gen, rows = self._ahead
+        self._ahead = None
+        try:
+            tokens = gen.send(FINISH_RUN)
+        except StopIteration:           # no step was run ahead (a cache full)
+            tokens = None
+        except Exception as e:          # the step failed for all its rows
+            gen.close()
+            for r in rows:
+                if r in self._running:
+                    self._fail(r, e)
+            return
+        gen.close()
+        if tokens is not None:
+            self._carry = (rows, tokens)
+            self.runs_ended["kept"] += 1
+
+    def _take_carry(self):
+        """The tokens of an ended run's last step, to the rows still decoding (a row that
+        finished meanwhile drops its own: its session goes back to the pool, reset)."""
+        if self._carry is None:
+            return
+        rows, tokens = self._carry
+        self._carry = None
+        self.steps += 1
+        self.batch_rows += len(rows)
+        for r, tok in zip(rows, tokens):
+            if r in self._running and r.next is not None:
+                self._guard(r, lambda r: self._accept(r, int(tok)), r)
+
     def _stop_solo(self, r: _Running):
         """Close a request's greedy stream: its session stays at the last token it yielded
         (r.next, not yet in the cache); the steps run ahead are dropped."""
@@ -362,7 +421,7 @@ class BatchScheduler:
     def _end(self, r: _Running):
         self._stop_solo(r)
         if self._ahead is not None and id(r) in self._ahead[0]:
-            self._stop_ahead()          # before its session goes back to the pool
+            self._end_ahead()           # before its session goes back to the pool
         if r in self._running:
             with self._cv:
                 self._running.remove(r)
