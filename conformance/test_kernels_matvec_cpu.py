@@ -106,6 +106,7 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
     # matrix's end), K = 512 (staged) and 98560 (read from global memory: past the staging
     # budget MV_COLS_STAGE_MAX_K even for one token), split and not.
     from ci import matvec_host
+    from engine.backends.cuda.backend import MV_SPLIT
     try:
         other = matvec_host.build(defines)
     except NoHostCompiler as e:
@@ -117,11 +118,9 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
                                       "g": (qtype, (64, K)), "u": (qtype, (64, K))})
         ws = [_raw(gf, "a", 45), _raw(gf, "b", 7)]
         x = rng.uniform(-1, 1, (5, K)).astype(F32)
-        for split in (1, 2) if K > 512 else (1,):
-            lib2 = lib if split == 1 else matvec_host.build((f"MV_SPLIT={split}",))
-            other2 = other if split == 1 else matvec_host.build(defines + (f"MV_SPLIT={split}",))
-            want = matvec_host.matvec_cols(lib2, qtype, ws, x, split=split)
-            got = matvec_host.matvec_cols(other2, qtype, ws, x, split=split,
+        for split in (1, MV_SPLIT) if K > 512 else (1,):     # both builds' split: the default
+            want = matvec_host.matvec_cols(lib, qtype, ws, x, split=split)
+            got = matvec_host.matvec_cols(other, qtype, ws, x, split=split,
                                           unit_rows=int(rows) if rows else None)
             for i in range(2):
                 assert np.array_equal(got[i], want[i]), f"K {K}, split {split}, matrix {i}"
