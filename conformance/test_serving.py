@@ -88,20 +88,20 @@ def test_batched_requests_equal_alone(model, rng):
         (sched.sessions.created, sched.sessions.reused)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cuda"])
 @pytest.mark.parametrize("keep", [False, True], ids=["drop", "keep"])
-def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep):
+def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep, backend):
     """A greedy batch runs one step ahead of the host (BatchDecoder.greedy_steps on CUDA's
     bucket graphs); when a request leaves or joins, the run ends and its step run ahead is
     dropped (BRASS_BATCH_KEEP_AHEAD=0: the sessions go back one position) or read for the rows
-    that stay (=1). Either way every request gets its tokens alone. The bucket graphs are
-    CUDA's, so here a decoder on numpy runs the same run_ahead protocol with each step computed
-    at its launch; requests of different lengths, more than run at once, so that runs end by
-    leaves and by joins, mid-batch."""
-    from engine.backends.numpy_backend import NumpyBackend  # noqa: F401 (the model's backend)
+    that stay (=1). Either way every request gets its tokens alone. On CUDA through the real
+    greedy_steps; on numpy (no bucket graphs) a decoder runs the same run_ahead protocol with
+    each step computed at its launch. Requests of different lengths, more than run at once, so
+    that runs end by leaves and by joins, mid-batch."""
     from engine.batch import BatchDecoder, SequenceBatch, run_ahead
     from engine.serving import BatchScheduler, Request
     import numpy as np
-    m = load_synthetic("synth-qwen3", "numpy")
+    m = load_synthetic("synth-qwen3", backend)
     b = m.backend
 
     class AheadOnNumpy(BatchDecoder):
@@ -128,7 +128,11 @@ def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep):
     reqs = [Request([int(t) for t in rng.integers(0, V, n)], k) for n, k in
             ((5, 9), (8, 4), (3, 12), (11, 6), (6, 7), (4, 10), (9, 3))]
     sched = BatchScheduler(m, parallel=3, start=False)
-    sched.batch = AheadOnNumpy(m, graphs=False)
+    if backend == "numpy":
+        sched.batch = AheadOnNumpy(m, graphs=False)
+    else:
+        assert sched.batch.buckets, "synth-qwen3 on CUDA takes bucket graphs (greedy_steps)"
+        sched.warm_up()                 # the bucket graphs captured: greedy_steps from the start
     sched.keep_ahead = keep
     sched._thread.start()
     try:
@@ -142,6 +146,8 @@ def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep):
         assert r.tokens == alone(m, r), f"request {i}: {r.tokens} served, {alone(m, r)} alone"
     ended = sched.runs_ended["kept" if keep else "dropped"]
     assert ended >= 2 and sched.runs_ended["dropped" if keep else "kept"] == 0, sched.runs_ended
+    if backend == "numpy":
+        assert AheadOnNumpy.launches, "the runs did not go through run_ahead"
 
 
 def test_prompts_read_in_chunks_between_steps(model, rng):
