@@ -71,6 +71,8 @@ HOST_RUN_GRID
         if (!strcmp(kernel, "matvec_cols")) CALL7(matvec_cols_##N, MultiMatVecParams)                \
         if (!strcmp(kernel, "matvec_split")) CALL7(matvec_split_##N, MultiMatVecParams)              \
         if (!strcmp(kernel, "matvec_cols_split")) CALL7(matvec_cols_split_##N, MultiMatVecParams)    \
+        if (!strcmp(kernel, "matvec_cols_many")) CALL7(matvec_cols_many_##N, MultiMatVecParams)      \
+        if (!strcmp(kernel, "matvec_cols_split_many")) CALL7(matvec_cols_split_many_##N, MultiMatVecParams) \
         if (!strcmp(kernel, "matvec_glu")) CALL6(matvec_glu_##N, GluMatVecParams)                    \
         if (!strcmp(kernel, "matvec_glu_wide")) CALL6(matvec_glu_wide_##N, GluMatVecParams)          \
         if (!strcmp(kernel, "matvec_glu_cols")) CALL5(matvec_glu_cols_##N, GluMatVecParams)          \
@@ -172,12 +174,15 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
 
 
 def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
-                iters: int | None = None, unit_rows: int | None = None) -> list[np.ndarray]:
+                iters: int | None = None, unit_rows: int | None = None,
+                many: bool | None = None) -> list[np.ndarray]:
     """The same for T tokens of a batched decode step (matvec_cols_<type>, or with split > 1
-    matvec_cols_split_<type>); `iters`: rounds of rows a block takes (default the header's
-    MV_COLS_ROW_ITERS, as the backend launches it); `unit_rows`: the MV_COLS_ROWS `lib` was
-    built with (default the header's)."""
-    from engine.backends.cuda.backend import MV_WARPS, _cols_per_block, cols_row_blocks, mv_split
+    matvec_cols_split_<type>; with `many`, their _many_ kernels, by default as the backend
+    picks them: two groups of tokens or more); `iters`: rounds of rows a block takes (default
+    the header's MV_COLS_ROW_ITERS, as the backend launches it); `unit_rows`: the rows a warp of
+    the kernel takes as `lib` was built (default the header's MV_COLS_ROWS / _MANY)."""
+    from engine.backends.cuda.backend import (MV_COLS_ROWS_MANY, MV_WARPS, _cols_per_block, cols_row_blocks,
+                                              mv_split)
     from kernels.params import pack
     T, K = x.shape
     split = mv_split(K) if split is None else split
@@ -191,8 +196,13 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
                   cols=cols, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
-    res = _run(lib, "matvec_cols_split" if split > 1 else "matvec_cols", qtype, ws + [xb] + outs, params,
-               (-(-T // cols), cols_row_blocks(rows, split, iters, unit_rows)), MV_WARPS * 32, smem)
+    groups = -(-T // cols)
+    many = groups > 1 if many is None else many
+    if unit_rows is None and many:
+        unit_rows = MV_COLS_ROWS_MANY
+    kernel = ("matvec_cols_split" if split > 1 else "matvec_cols") + ("_many" if many else "")
+    res = _run(lib, kernel, qtype, ws + [xb] + outs, params,
+               (groups, cols_row_blocks(rows, split, iters, unit_rows)), MV_WARPS * 32, smem)
     return res[4:4 + len(raws)]
 
 

@@ -67,11 +67,14 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     gf = _weights(tmp_path, rng, {"a": (qtype, (70, K)), "b": (qtype, (45, K))})
     x = rng.uniform(-1, 1, (T, K)).astype(F32)
     ws = [_raw(gf, "a", 70), _raw(gf, "b", 45)]
-    batched = matvec_cols(lib, qtype, ws, x)
+    batched = matvec_cols(lib, qtype, ws, x)    # two groups of tokens: matvec_cols_many_
     for iters in (2, 5):                        # fewer blocks, several rounds of rows each
         strided = matvec_cols(lib, qtype, ws, x, iters=iters)
         for i in range(2):
             assert np.array_equal(strided[i], batched[i]), f"{iters} rounds of rows, matrix {i}"
+    few = matvec_cols(lib, qtype, ws, x, many=False)    # MV_COLS_ROWS rows a warp, not _MANY
+    for i in range(2):
+        assert np.array_equal(few[i], batched[i]), f"matvec_cols_ and matvec_cols_many_ differ, matrix {i}"
     for t in range(T):
         one = matvec(lib, qtype, ws, x[t:t + 1])
         for i in range(2):
@@ -119,8 +122,8 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
         ws = [_raw(gf, "a", 45), _raw(gf, "b", 7)]
         x = rng.uniform(-1, 1, (5, K)).astype(F32)
         for split in (1, MV_SPLIT) if K > 512 else (1,):     # both builds' split: the default
-            want = matvec_host.matvec_cols(lib, qtype, ws, x, split=split)
-            got = matvec_host.matvec_cols(other, qtype, ws, x, split=split,
+            want = matvec_host.matvec_cols(lib, qtype, ws, x, split=split, many=False)
+            got = matvec_host.matvec_cols(other, qtype, ws, x, split=split, many=False,
                                           unit_rows=int(rows) if rows else None)
             for i in range(2):
                 assert np.array_equal(got[i], want[i]), f"K {K}, split {split}, matrix {i}"
@@ -159,11 +162,15 @@ def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
         for (n, _), g in zip(shapes, got):
             check(g, ref.matmul(x[:1], ref.weight(gf, n)), MATMUL, record_property, f"matrix {n}")
     batched = matvec_host.matvec_cols(lib, qtype, ws, x, split=split)
-    # fewer blocks, each taking several rounds of rows (MV_COLS_ROW_ITERS): the same bits
+    # fewer blocks, each taking several rounds of rows (MV_COLS_ROW_ITERS), and the _many_
+    # kernel (MV_COLS_ROWS_MANY rows a group): the same bits
     for iters in (2, 3):
         strided = matvec_host.matvec_cols(lib, qtype, ws, x, split=split, iters=iters)
         for i in range(3):
             assert np.array_equal(strided[i], batched[i]), f"split {split}: {iters} rounds of rows, matrix {i}"
+    many = matvec_host.matvec_cols(lib, qtype, ws, x, split=split, many=True)
+    for i in range(3):
+        assert np.array_equal(many[i], batched[i]), f"split {split}: matvec_cols_split_many_, matrix {i}"
     for t in range(x.shape[0]):
         one = matvec_host.matvec(lib, qtype, ws, x[t:t + 1], split=split)
         for i in range(3):

@@ -62,7 +62,7 @@ def _kernel_bodies(sources=None):
     for name, text in sources.items():
         text = re.sub(r"//[^\n]*", "", text)
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S).replace("\\\n", "\n")
-        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+(?:##\w+)?)\s*\(", text):
+        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+(?:##\w+)*)\s*\(", text):
             params = text[m.end():text.index(")", m.end())]
             pointers = {re.findall(r"\w+", q)[-1] for q in params.split(",") if "*" in q}
             body = text[text.index("{", m.end()) + 1:]

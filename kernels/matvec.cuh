@@ -123,6 +123,14 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // against 301.6 / 581.0 / 977.2 at P = 2 / 4 / 8, 4 rows 1142 at P = 16 (128 registers at 2).
 #define MV_COLS_ROWS 2
 #endif
+#ifndef MV_COLS_ROWS_MANY
+// matvec_cols_many_<kind> / matvec_cols_split_many_<kind>: the same with this many rows a warp,
+// which the backend takes for a launch of two groups of tokens or more (blockIdx.x > 1: twice
+// the blocks, so fewer rows a block still fill the GPU). From the measurements above (H200,
+// staging 98304 on both sides): 16 sequences 1,236.1 / 1,236.5 at 3 rows against 1,197.0 /
+// 1,197.0 at 2; at 4 sequences (one group) 3 rows lose (552.4 against 581.0).
+#define MV_COLS_ROWS_MANY 3
+#endif
 #ifndef GLU_COLS_PAIRED
 // matvec_glu_cols_<kind>: 1 reads a row's gate and up in one pass over the tokens'
 // activations (each read once for both), 0 one after the other. The same bits either way.
@@ -691,14 +699,14 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
 }
 
 // matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows
-// in units of MV_COLS_ROWS rows.
-template <class K, int SPLIT>
+// in units of NR rows (MV_COLS_ROWS; the _many_ kernels MV_COLS_ROWS_MANY).
+template <class K, int SPLIT, int NR>
 __device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                             float * __restrict__ y0, float * __restrict__ y1,
                                             float * __restrict__ y2, const MultiMatVecParams p) {
     constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
-    constexpr int NR = MV_COLS_ROWS, N = NR * MV_COLS;
+    constexpr int N = NR * MV_COLS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
     /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), units of NR rows on whole warp */
@@ -786,6 +794,28 @@ __device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * 
     }
 }
 
+// matvec_cols_<tag><kind> / matvec_cols_split_<tag><kind>: a batched step's mat-vecs, NR rows a
+// warp (a split group).
+#define DEFINE_MATVEC_COLS(name, K, tag, NR)                                                       \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_cols_##tag##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, NR);             \
+    PDL_ENTRY();                                                                                   \
+    decode_cols<K, 1, NR>(w0, w1, w2, x, y0, y1, y2, p);                                           \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_cols_split_##tag##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,              \
+    const u8 * __restrict__ w2, const K::act * __restrict__ x, float * __restrict__ y0,            \
+    float * __restrict__ y1, float * __restrict__ y2, const MultiMatVecParams p) {                 \
+    if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
+        prefetch_unit(w0, w1, w2, p, blockIdx.y * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
+                      NR);                                                                         \
+    PDL_ENTRY();                                                                                   \
+    decode_cols<K, MV_SPLIT, NR>(w0, w1, w2, x, y0, y1, y2, p);                                    \
+}
+
 #define DEFINE_MATVEC(name, K)                                                                     \
 extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
@@ -825,24 +855,8 @@ matvec_glu_wide_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,  
     PDL_ENTRY();                                                                                   \
     glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, x, ids, h, hq, p);              \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_cols_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, MV_COLS_ROWS);   \
-    PDL_ENTRY();                                                                                   \
-    decode_cols<K, 1>(w0, w1, w2, x, y0, y1, y2, p);                                               \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_cols_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
-        prefetch_unit(w0, w1, w2, p, blockIdx.y * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
-                      MV_COLS_ROWS);                                                               \
-    PDL_ENTRY();                                                                                   \
-    decode_cols<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p);                                        \
-}                                                                                                  \
+DEFINE_MATVEC_COLS(name, K, , MV_COLS_ROWS)                                                       \
+DEFINE_MATVEC_COLS(name, K, many_, MV_COLS_ROWS_MANY)                                              \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
                        const K::act * __restrict__ x, float * __restrict__ h,                      \

@@ -152,6 +152,8 @@ MV_COLS_STAGE_MAX_K = int(re.search(r"#define MV_COLS_STAGE_MAX_K (\d+)", _MATVE
 MV_COLS_ROW_ITERS = int(re.search(r"#define MV_COLS_ROW_ITERS (\d+)", _MATVEC_H).group(1))
 # ... and the weight rows a warp (a split group) of theirs takes at once (a unit)
 MV_COLS_ROWS = int(re.search(r"#define MV_COLS_ROWS (\d+)", _MATVEC_H).group(1))
+# ... and those of matvec_cols_many_<type>, taken by launches of two groups of tokens or more
+MV_COLS_ROWS_MANY = int(re.search(r"#define MV_COLS_ROWS_MANY (\d+)", _MATVEC_H).group(1))
 # matvec_split_<type> / matvec_cols_split_<type>: warps that share a unit of rows, taken by
 # matrices of rows of at least MV_SPLIT_MIN_K values (kernels/matvec.cuh says why); a block
 # takes MV_WARPS // split units
@@ -229,6 +231,7 @@ def launched_kernels() -> list[tuple[str, str]]:
                (src, f"matvec_glu_{n}"), (src, f"matvec_moe_down_{n}"),
                (src, f"matvec_cols_{n}"), (src, f"matvec_glu_cols_{n}"),
                (src, f"matvec_split_{n}"), (src, f"matvec_cols_split_{n}"), (src, f"matvec_glu_wide_{n}"),
+               (src, f"matvec_cols_many_{n}"), (src, f"matvec_cols_split_many_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("matvec_q.cu", f"matvec_mixed_{n}") for n in MIXED_PAIRS.values()]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
@@ -774,14 +777,19 @@ class CudaBackend(Backend):
             return
         # A batched step: blocks of `cols` tokens (blockIdx.x, adjacent, so that the groups of
         # one weight row run together and the later ones find it in L2), each token summed
-        # as if alone; one row per warp (per `split` warps).
+        # as if alone; MV_COLS_ROWS rows per warp (per `split` warps), MV_COLS_ROWS_MANY when
+        # there are two groups of tokens or more (the same bits: only the rows a warp takes at
+        # once differ).
         cols, smem = _cols_per_block(w0.type, T, K)
         params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                       n_rows2=rows[2], cols=cols, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                       row_bytes2=ws[2].row_bytes)
-        self.launch(src_file, f"matvec_cols_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
-                    (-(-T // cols), cols_row_blocks(rows, split)), MV_WARPS * 32,
-                    ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
+        groups = -(-T // cols)
+        many = groups > 1
+        self.launch(src_file, f"matvec_cols_{'split_' if split > 1 else ''}{'many_' if many else ''}"
+                              f"{_TYPE_NAMES[w0.type]}",
+                    (groups, cols_row_blocks(rows, split, unit_rows=MV_COLS_ROWS_MANY if many else None)),
+                    MV_WARPS * 32, ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params, smem=smem)
 
     def _matmul_tiles(self, x2, w, y, src):
         """A few tokens: each weight row read once per tile of MATMUL_TILE tokens."""
