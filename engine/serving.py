@@ -286,7 +286,12 @@ class BatchScheduler:
             self._stop_ahead()
         sessions = [r.session for r in ready]
         if greedy and self._ahead is None and self.batch.can_run_ahead(sessions):
-            self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]), list(ready))
+            try:        # (greedy_steps checks and allocates when called: a failure fails the rows)
+                self._ahead = (key, self.batch.greedy_steps(sessions, [r.next for r in ready]), list(ready))
+            except Exception as e:
+                for r in ready:
+                    self._fail(r, e)
+                return
         if self._ahead is not None:
             try:
                 rows = next(self._ahead[1])
@@ -296,7 +301,8 @@ class BatchScheduler:
                     self._fail(r, e)
                 return
             for r, tok in zip(ready, rows):
-                self._guard(r, lambda r: self._accept(r, int(tok)), r)
+                if r in self._running:    # (a failed read of the step ahead fails the rest)
+                    self._guard(r, lambda r: self._accept(r, int(tok)), r)
             self._take_carry()      # a row that finished ended the run: the rest's next tokens
             return
         try:
@@ -347,7 +353,7 @@ class BatchScheduler:
             gen, self._ahead = self._ahead[1], None
             gen.close()
 
-    def _end_ahead(self):
+    def _end_ahead(self, ending=None):
         """End the batched greedy run because its rows change. With keep_ahead the step it ran
         ahead is read, not dropped: its tokens wait in _carry for the rows that stay
         (_take_carry gives them once every row has taken the tokens read before)."""
@@ -363,10 +369,10 @@ class BatchScheduler:
             tokens = gen.send(FINISH_RUN)
         except StopIteration:           # no step was run ahead (a cache full)
             tokens = None
-        except Exception as e:          # the step failed for all its rows
+        except Exception as e:          # the step failed for all its rows but the one ending
             gen.close()
             for r in rows:
-                if r in self._running:
+                if r in self._running and r is not ending:
                     self._fail(r, e)
             return
         gen.close()
@@ -382,7 +388,7 @@ class BatchScheduler:
         rows, tokens = self._carry
         self._carry = None
         self.steps += 1
-        self.batch_rows += len(rows)
+        self.batch_rows += sum(r in self._running for r in rows)
         for r, tok in zip(rows, tokens):
             if r in self._running and r.next is not None:
                 self._guard(r, lambda r: self._accept(r, int(tok)), r)
@@ -421,7 +427,7 @@ class BatchScheduler:
     def _end(self, r: _Running):
         self._stop_solo(r)
         if self._ahead is not None and id(r) in self._ahead[0]:
-            self._end_ahead()           # before its session goes back to the pool
+            self._end_ahead(ending=r)   # before its session goes back to the pool
         if r in self._running:
             with self._cv:
                 self._running.remove(r)
