@@ -7,7 +7,7 @@
 #      BRASS_BATCH_KEEP_AHEAD=1 (the step run ahead kept when the batch changes: CPU-tested
 #      only); the batched step at 16 / 8 / 4 sequences with 3 rows at once and 2 rounds of rows
 #      (they gained 2-6 % at 16 and lost at 4 in the eleventh session: a rule by batch size?);
-#      ("MV_COLS_ROWS_MANY 2": the many kernel as the 2-row one, i.e. the rule off);
+#      ("MV_COLS_ROWS_MANY 3": 3 rows a warp for two groups of tokens or more, the rule on);
 #   2. the load test with BRASS_BATCH_KEEP_AHEAD=0 and =1, alternated, twice, each printing the
 #      worker's time split and its runs ended (issue 11's 16-client bar: 0.88-0.96x in the
 #      eleventh session, brass serving at ~79 % of its own batched bench).
@@ -31,9 +31,9 @@ if [ "${1:-1}" = 1 ]; then
     BRASS_BATCH_KEEP_AHEAD=1 guarded 300 python3 -m pytest -q -p no:cacheprovider -n 12 conformance/test_batch.py \
         conformance/test_serving.py conformance/test_server_cuda.py conformance/test_kernels.py -k "batch or serv or cols or glu" \
         2>&1 | tail -4
-    echo "== the batched step: default (3 rows for 2+ groups), the rule off, 2 rounds, alternated (t=$(t) s)"
+    echo "== the batched step: default, the 3-row rule on, 2 rounds of rows, alternated (t=$(t) s)"
     for round in 1 2; do
-        for v in "base" "MV_COLS_ROWS_MANY 2" "MV_COLS_ROW_ITERS 2"; do
+        for v in "base" "MV_COLS_ROWS_MANY 3" "MV_COLS_ROW_ITERS 2"; do
             [ "$(left 590)" -ge 60 ] || break 2
             cp /tmp/matvec.cuh.committed kernels/matvec.cuh
             [ "$v" = base ] || matvec_define $v
