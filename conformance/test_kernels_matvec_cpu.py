@@ -100,7 +100,8 @@ def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype)
         assert np.array_equal(hq[t], hq1[0]), f"token {t}: batched Q8_1 blocks of h differ from alone"
 
 
-@pytest.mark.parametrize("defines", [("MV_COLS_ROWS=1", "GLU_COLS_PAIRED=0"), ("MV_COLS_ROWS=3",)],
+@pytest.mark.parametrize("defines", [("MV_COLS_ROWS=1", "GLU_COLS_PAIRED=0"),
+                                     ("MV_COLS_ROWS=3", "MV_COLS_ROWS_MANY=3")],
                          ids=["one-row-unpaired", "three-rows"])
 def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, defines):
     # MV_COLS_ROWS (rows a warp of matvec_cols_ takes at once, the tokens' items read once for
@@ -125,8 +126,12 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
             want = matvec_host.matvec_cols(lib, qtype, ws, x, split=split, many=False)
             got = matvec_host.matvec_cols(other, qtype, ws, x, split=split, many=False,
                                           unit_rows=int(rows) if rows else None)
+            # the _many_ kernel of the other build (its MV_COLS_ROWS_MANY rows a warp; its grid
+            # by the header's value: the kernel strides over any grid's units)
+            many = matvec_host.matvec_cols(other, qtype, ws, x, split=split, many=True)
             for i in range(2):
                 assert np.array_equal(got[i], want[i]), f"K {K}, split {split}, matrix {i}"
+                assert np.array_equal(many[i], want[i]), f"K {K}, split {split}, matrix {i}, the many kernel"
         want = matvec_host.glu_cols(lib, qtype, _raw(gf, "g", 64), _raw(gf, "u", 64), x)
         got = matvec_host.glu_cols(other, qtype, _raw(gf, "g", 64), _raw(gf, "u", 64), x)
         for w, g in zip(want, got):
