@@ -11,6 +11,9 @@
 #   2. the load test with BRASS_BATCH_KEEP_AHEAD=0 and =1, alternated, twice, each printing the
 #      worker's time split and its runs ended (issue 11's 16-client bar: 0.88-0.96x in the
 #      eleventh session, brass serving at ~79 % of its own batched bench).
+#   3. the whole suite on the tree as committed (after whichever of the above became defaults),
+#      then the side by side on the three qwen3 shapes (REPS=2; the 30B-A3B unmeasured since the
+#      eighth session) in what is left.
 #   Here first: bash ci/stage_llama_src.sh; the wheels of ci/gpu_conformance.sh's header into
 #   .whl/; run(command="bash ci/gpu_twelfth_session.sh 1", carry=[".whl", ".stage"]); then 2.
 set -uo pipefail
@@ -56,5 +59,14 @@ if [ "${1:-1}" = 2 ]; then
             rm -f "$out"/load-*.err "$out"/load-*.json "$out"/llama-server.log "$out"/brass-serve.log
         done
     done
+    echo "done at t=$(t) s"
+fi
+
+if [ "${1:-1}" = 3 ]; then
+    brass_suite 330 -n 14 -q
+    echo "== side by side (t=$(t) s)"
+    LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=2 \
+        guarded 590 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b,qwen3-30b-a3b 2>&1 | grep -v "^WARNING"
+    rm -f "$out"/llama-*.log "$out"/brass-*.log "$out"/llama-*.json "$out"/brass-*.json "$out"/bytes-*
     echo "done at t=$(t) s"
 fi
