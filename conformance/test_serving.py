@@ -50,10 +50,14 @@ def alone_chunked(model, req, chunk):
     return out
 
 
-def serve(model, reqs, **kw):
-    """Submit the requests to a BatchScheduler(model, **kw), wait for all; the scheduler."""
+def serve(model, reqs, setup=None, **kw):
+    """Submit the requests to a BatchScheduler(model, **kw), wait for all; the scheduler.
+    `setup(scheduler)`, if given, runs before its worker starts."""
     from engine.serving import BatchScheduler
-    sched = BatchScheduler(model, **kw)
+    sched = BatchScheduler(model, start=setup is None, **kw)
+    if setup is not None:
+        setup(sched)
+        sched._thread.start()
     try:
         for r in reqs:
             sched.submit(r)
@@ -99,7 +103,7 @@ def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep, backend):
     each step computed at its launch. Requests of different lengths, more than run at once, so
     that runs end by leaves and by joins, mid-batch."""
     from engine.batch import BatchDecoder, SequenceBatch, run_ahead
-    from engine.serving import BatchScheduler, Request
+    from engine.serving import Request
     import numpy as np
     m = load_synthetic("synth-qwen3", backend)
     b = m.backend
@@ -127,21 +131,15 @@ def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep, backend):
     V = m.config.n_vocab
     reqs = [Request([int(t) for t in rng.integers(0, V, n)], k) for n, k in
             ((5, 9), (8, 4), (3, 12), (11, 6), (6, 7), (4, 10), (9, 3))]
-    sched = BatchScheduler(m, parallel=3, start=False)
-    if backend == "numpy":
-        sched.batch = AheadOnNumpy(m, graphs=False)
-    else:
-        assert sched.batch.buckets, "synth-qwen3 on CUDA takes bucket graphs (greedy_steps)"
-        sched.warm_up()                 # the bucket graphs captured: greedy_steps from the start
-    sched.keep_ahead = keep
-    sched._thread.start()
-    try:
-        for r in reqs:
-            sched.submit(r)
-        for r in reqs:
-            assert r.finished.wait(TIMEOUT), "a request did not finish"
-    finally:
-        sched.close()
+    def setup(sched):
+        if backend == "numpy":
+            sched.batch = AheadOnNumpy(m, graphs=False)
+        else:
+            assert sched.batch.buckets, "synth-qwen3 on CUDA takes bucket graphs (greedy_steps)"
+            sched.warm_up()             # the bucket graphs captured: greedy_steps from the start
+        sched.keep_ahead = keep
+
+    sched = serve(m, reqs, setup, parallel=3)
     for i, r in enumerate(reqs):
         assert r.tokens == alone(m, r), f"request {i}: {r.tokens} served, {alone(m, r)} alone"
     ended = sched.runs_ended["kept" if keep else "dropped"]

@@ -281,9 +281,7 @@ class BatchScheduler:
         greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0 for r in ready)
         # Greedy rows of an unchanged batch continue its run ahead (BatchDecoder.greedy_steps);
         # any change of the rows ends it, and a new one starts where the batch takes one.
-        key = tuple(id(r) for r in ready)
-        if self._ahead is not None and (not greedy or self._ahead[0] != key):
-            self._stop_ahead()
+        key = tuple(id(r) for r in ready)     # (a run of other rows ended at the top)
         sessions = [r.session for r in ready]
         if greedy and self._ahead is None and self.batch.can_run_ahead(sessions):
             try:        # (greedy_steps checks and allocates when called: a failure fails the rows)
