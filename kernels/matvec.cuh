@@ -128,9 +128,11 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // which the backend takes for a launch of two groups of tokens or more (blockIdx.x > 1: twice
 // the blocks, so fewer rows a block still fill the GPU). From the measurements above (H200,
 // staging 98304 on both sides): 16 sequences 1,236.1 / 1,236.5 at 3 rows against 1,197.0 /
-// 1,197.0 at 2; at 4 sequences (one group) 3 rows lose (552.4 against 581.0). 2 (the kernels
-// the GPU suite passed with) until the rule is timed on a GPU; then 3.
-#define MV_COLS_ROWS_MANY 2
+// 1,197.0 at 2; at 4 sequences (one group) 3 rows lose (552.4 against 581.0). As this rule
+// (3 here, 2 in one-group launches), alternated twice in one call on 2026-12-03 (tok/s at
+// 4 / 8 / 16 sequences): 583.3 / 1,009.9 / 1,245.0 and 583.5 / 1,009.0 / 1,244.9 against
+// the rule off's 583.5 / 1,005.7 / 1,206.1 and 583.3 / 1,009.9 / 1,206.3.
+#define MV_COLS_ROWS_MANY 3
 #endif
 #ifndef GLU_COLS_PAIRED
 // matvec_glu_cols_<kind>: 1 reads a row's gate and up in one pass over the tokens'
