@@ -2,7 +2,8 @@
 # The thirteenth session's GPU calls (2026-12-03). Every call starts what it needs itself (the
 # machine may go back between calls). llama-server and llama-bench come carried, built on the
 # development machine for sm_90 with the same recipe (ci/gpu_lib.sh llama_build) and CUDA
-# 13.0 (.stage/llama-sm90/: the binaries and their ggml/llama libraries); where they do not
+# 13.0 (.stage/llama-sm90/: the binaries and their ggml/llama libraries, packed by
+# ci/stage_llama_sm90.sh); where they do not
 # run there, the source is built detached as before (~4.5 min).
 #   1. the load test (issue 11): per round llama-server once, brass with
 #      BRASS_BATCH_KEEP_AHEAD=0 and =1 (the order alternates), two rounds, REQUESTS=6.
@@ -24,6 +25,7 @@ done
 llama_ready() {     # 0: llama-server and llama-bench run here; else a build is started
     if [ ! -x "$server" ] && [ -x .stage/llama-sm90/llama-server ]; then
         mkdir -p "$bin" && cp -a .stage/llama-sm90/. "$bin/"
+        for f in "$bin"/*.xz; do [ -f "$f" ] && xz -d -T0 "$f"; done    # (ggml-cuda: 67 MB unpacked)
     fi
     if [ -x "$server" ] && "$server" --version > /dev/null 2>&1 && "$bin/llama-bench" --help > /dev/null 2>&1; then
         return 0
