@@ -4,6 +4,9 @@
                                                       --cuda-graph-trace=node: time per kernel)
     python3 ci/gpu_profile.py matvec TYPE N K          three eager decode mat-vecs (for ncu)
     python3 ci/gpu_profile.py prefill MODEL.gguf [T]  a warm-up then one T-token prefill
+    python3 ci/gpu_profile.py batch MODEL.gguf [N]    N batched greedy steps of 16 sequences
+                                                      (bucket graph replays, run ahead)
+    python3 ci/gpu_profile.py torch MODE MODEL.gguf N the kernels' time by name (CUPTI) of MODE
 """
 
 import sys
@@ -40,6 +43,25 @@ def prefill(path, T=512):
     m.backend.synchronize()
 
 
+def batch(path, n=20, rows=16):
+    import engine
+    from engine.batch import BatchDecoder
+    m = engine.load(path, backend="cuda", quiet=True)
+    sessions = [m.new_session(256) for _ in range(rows)]
+    for i, s in enumerate(sessions):
+        s.prefill([1 + i, 2, 3, 4])
+    dec = BatchDecoder(m)
+    tokens = [5 + i for i in range(rows)]
+    for _ in range(2):                  # eager first step, capture
+        _, best = dec.step_argmax(sessions, tokens)
+        tokens = [int(t) for t in m.backend.to_numpy(best)]
+    run = dec.greedy_steps(sessions, tokens)
+    for _, got in zip(range(n), run):
+        pass
+    run.close()
+    m.backend.synchronize()
+
+
 def matvec(tname, N, K):
     from engine.backends.cuda import CudaBackend
     from engine.gguf import GGMLType, GGUFFile
@@ -61,7 +83,7 @@ def torch_profile(mode, path, n):
     import torch
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.init()
-    fn = decode if mode == "decode" else prefill
+    fn = {"decode": decode, "prefill": prefill, "batch": batch}[mode]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(path, n)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
@@ -71,8 +93,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "torch":
         torch_profile(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         sys.exit()
-    if sys.argv[1] == "decode":
-        decode(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 20)
+    if sys.argv[1] in ("decode", "batch"):
+        {"decode": decode, "batch": batch}[sys.argv[1]](sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 20)
     elif sys.argv[1] == "prefill":
         prefill(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 512)
     else:

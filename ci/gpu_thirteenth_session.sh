@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The thirteenth session's GPU calls (2026-12-03). Every call starts what it needs itself (the
-# machine may go back between calls). llama-server and llama-bench come carried, built on the
-# development machine for sm_90 with the same recipe (ci/gpu_lib.sh llama_build) and CUDA
-# 13.0 (.stage/llama-sm90/: the binaries and their ggml/llama libraries, packed by
-# ci/stage_llama_sm90.sh); where they do not
-# run there, the source is built detached as before (~4.5 min).
+# machine may go back between calls). llama-server and llama-bench come prebuilt
+# (ci/stage_llama_sm90.sh: sm_90, CUDA 13.0, the recipe of ci/gpu_lib.sh llama_build), packed
+# as one tar.xz of ~44 MB in two parts, since a call carries 64 MiB with the tree (31 MB) and
+# the wheels: `part1` leaves the first on the machine, the next call (right after, while the
+# machine is warm) brings the second. Where they are not there or do not run, the source is
+# built detached as before (~4.5 min).
+#   part1: run(command="bash ci/gpu_thirteenth_session.sh part1", carry=[".stage/llama-sm90-1"])
+#   then run(command="bash ci/gpu_thirteenth_session.sh N", carry=[".whl", ".stage/llama-sm90-2",
+#   ".stage/llama-bin-11434-src.tar.xz"]) for N in:
 #   1. the load test (issue 11): per round llama-server once, brass with
-#      BRASS_BATCH_KEEP_AHEAD=0 and =1 (the order alternates), two rounds, REQUESTS=6.
+#      BRASS_BATCH_KEEP_AHEAD=0 and =1 (the order alternates), two rounds, REQUESTS=6; then the
+#      batched step's kernels by time (CUPTI).
 #   2. the whole GPU suite on this tree, then the side by side of the 0.6B shape.
 #   3. the side by side of the 8B and 30B-A3B shapes.
 #   suite: the whole GPU suite alone (until t = 580).
-#   run(command="bash ci/gpu_thirteenth_session.sh 1", carry=[".whl", ".stage"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -23,9 +27,15 @@ for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(o
 done
 
 llama_ready() {     # 0: llama-server and llama-bench run here; else a build is started
-    if [ ! -x "$server" ] && [ -x .stage/llama-sm90/llama-server ]; then
-        mkdir -p "$bin" && cp -a .stage/llama-sm90/. "$bin/"
-        for f in "$bin"/*.xz; do [ -f "$f" ] && xz -d -T0 "$f"; done    # (ggml-cuda: 67 MB unpacked)
+    if [ ! -x "$server" ] && [ -f /tmp/llama-parts/llama-sm90.tar.xz.part0 ] \
+            && [ -f .stage/llama-sm90-2/llama-sm90.tar.xz.part1 ]; then
+        cat /tmp/llama-parts/llama-sm90.tar.xz.part0 .stage/llama-sm90-2/llama-sm90.tar.xz.part1 \
+            > /tmp/llama-sm90.tar.xz
+        if [ "$(sha256sum < /tmp/llama-sm90.tar.xz | cut -c1-64)" = "$(cat .stage/llama-sm90-2/sha256)" ]; then
+            mkdir -p "$bin" && tar xJf /tmp/llama-sm90.tar.xz -C "$bin"
+        else
+            echo "llama.cpp: the carried parts do not match their checksum"
+        fi
     fi
     if [ -x "$server" ] && "$server" --version > /dev/null 2>&1 && "$bin/llama-bench" --help > /dev/null 2>&1; then
         return 0
@@ -56,6 +66,9 @@ serve_round() {     # $1: engine (llama-server or brass), $2: KEEP_AHEAD for bra
 }
 
 case "${1:-1}" in
+part1)
+    mkdir -p /tmp/llama-parts && cp .stage/llama-sm90-1/* /tmp/llama-parts/ && ls -la /tmp/llama-parts
+    ;;
 1)
     llama_ready || echo "llama.cpp building (t=$(t) s)"
     [ -f "$dir/qwen3-8b.gguf" ] || { python3 ci/shape_models.py qwen3-8b "$dir" > /dev/null; echo "8B shape written (t=$(t) s)"; }
@@ -81,6 +94,8 @@ rows.sort(key=lambda r: (r[2], r[0], r[1]))
 print(tabulate(rows, headers=["run", "engine", "clients", "tok/s", "TTFT p50 ms", "TTFT p99 ms",
                               "done/failed"], tablefmt="github"))
 PY
+    rm -f "$out"/load-*.json
+    guarded 590 python3 ci/gpu_profile.py torch batch "$dir/qwen3-8b.gguf" 20 2>&1 | grep -vi warn | head -24
     ;;
 suite)
     brass_suite 580 -n 14 -q

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # llama-server and llama-bench built here for the GPU runner (sm_90, CUDA 13.0, the recipe of
-# ci/gpu_lib.sh llama_build), packed as .stage/llama-sm90/ under the runner's 64 MiB carry: the
-# binaries, their shared libraries, libggml-cuda xz-compressed (67 MB -> ~39 MB). A runner call
-# that finds them skips the ~4.5 min build (ci/gpu_thirteenth_session.sh llama_ready).
+# ci/gpu_lib.sh llama_build), packed for the runner: the binaries and their shared libraries
+# (libggml-cuda alone 67 MB) as one tar.xz of ~44 MB, split in two parts (.stage/llama-sm90-1/,
+# .stage/llama-sm90-2/ with the whole file's sha256), since a call carries 64 MiB with the tree
+# and the wheels: two consecutive calls bring one each (ci/gpu_thirteenth_session.sh part1,
+# llama_ready). A runner call that finds them skips the ~4.5 min build.
 #
 # Needs nvcc 13.0 and cuBLAS headers and libraries (the nvidia-cublas wheel's, linked into the
 # toolkit's folders), and a libcuda.so to link against: a machine without a driver has none, so
@@ -30,7 +32,10 @@ rm -rf "$src" && mkdir -p "$src" && tar xJf .stage/llama-bin-11434-src.tar.xz -C
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
     && cmake --build build -j"$(nproc)" --target llama-server llama-bench)
-rm -rf .stage/llama-sm90 && mkdir -p .stage/llama-sm90
-cp -a "$build"/bin/llama-server "$build"/bin/llama-bench "$build"/bin/lib*.so* .stage/llama-sm90/
-for f in .stage/llama-sm90/libggml-cuda.so.*.*; do xz -T0 -6 "$f"; done
-du -sh .stage/llama-sm90
+tar cf - -C "$build/bin" llama-server llama-bench $(cd "$build/bin" && ls lib*.so*) | xz -T0 -6 > /tmp/llama-sm90.tar.xz
+rm -rf .stage/llama-sm90-1 .stage/llama-sm90-2 && mkdir -p .stage/llama-sm90-1 .stage/llama-sm90-2
+split -b 24000000 -d -a 1 /tmp/llama-sm90.tar.xz /tmp/llama-sm90.tar.xz.part
+mv /tmp/llama-sm90.tar.xz.part0 .stage/llama-sm90-1/
+mv /tmp/llama-sm90.tar.xz.part1 .stage/llama-sm90-2/
+sha256sum < /tmp/llama-sm90.tar.xz | cut -c1-64 > .stage/llama-sm90-2/sha256
+du -sh .stage/llama-sm90-1 .stage/llama-sm90-2
