@@ -9,9 +9,11 @@
 #   part1: run(command="bash ci/gpu_thirteenth_session.sh part1", carry=[".stage/llama-sm90-1"])
 #   then run(command="bash ci/gpu_thirteenth_session.sh N", carry=[".whl", ".stage/llama-sm90-2",
 #   ".stage/llama-bin-11434-src.tar.xz"]) for N in:
-#   1. the load test (issue 11): per round llama-server once, brass with
-#      BRASS_BATCH_KEEP_AHEAD=0 and =1 (the order alternates), two rounds, REQUESTS=6; then the
-#      batched step's kernels by time (CUPTI).
+#   1. the load test (issue 11), REQUESTS=6: brass with BRASS_BATCH_KEEP_AHEAD=0 and =1 while
+#      llama.cpp builds (when it must), then llama-server, brass =1 and =0, llama-server again;
+#      then the batched step's kernels by time (CUPTI). Carry [".whl",
+#      ".stage/llama-bin-11434-src.tar.xz"] alone when the prebuilt parts cannot come in two
+#      calls in a row (the machine is not always kept between calls).
 #   2. the whole GPU suite on this tree, then the side by side of the 0.6B shape.
 #   3. the side by side of the 8B and 30B-A3B shapes.
 #   suite: the whole GPU suite alone (until t = 580).
@@ -70,15 +72,20 @@ part1)
     mkdir -p /tmp/llama-parts && cp .stage/llama-sm90-1/* /tmp/llama-parts/ && ls -la /tmp/llama-parts
     ;;
 1)
+    # the build beside the first two rounds (brass only: both settings under the same load),
+    # then llama-server and brass again on a quiet machine
     llama_ready || echo "llama.cpp building (t=$(t) s)"
     [ -f "$dir/qwen3-8b.gguf" ] || { python3 ci/shape_models.py qwen3-8b "$dir" > /dev/null; echo "8B shape written (t=$(t) s)"; }
-    need_llama 300 || exit 1
-    serve_round llama-server "" r1
-    serve_round brass 0 r1k0
-    serve_round brass 1 r1k1
-    serve_round llama-server "" r2
-    serve_round brass 1 r2k1
-    serve_round brass 0 r2k0
+    if ! llama_ready; then
+        serve_round brass 0 b0
+        serve_round brass 1 b1
+    fi
+    if need_llama 420; then
+        serve_round llama-server "" r1
+        serve_round brass 1 r1k1
+        serve_round brass 0 r1k0
+        serve_round llama-server "" r2
+    fi
     python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
