@@ -11,6 +11,8 @@
 #   ".stage/llama-bin-11434-src.tar.xz"]) for N in:
 #   1. the load test (issue 11), REQUESTS=6: brass with BRASS_BATCH_KEEP_AHEAD=0 and =1 while
 #      llama.cpp builds (when it must), then llama-server, brass =1 and =0, llama-server again;
+#      before them (beside the build too) the Q6_K coop mat-vec (BRASS_Q6K_COOP) against the
+#      default on the 0.6B and 8B shapes: the same greedy tokens, tg128 alternated;
 #      then the batched step's kernels by time (CUPTI). Carry [".whl",
 #      ".stage/llama-bin-11434-src.tar.xz"] alone when the prebuilt parts cannot come in two
 #      calls in a row (the machine is not always kept between calls).
@@ -56,6 +58,27 @@ need_llama() {     # $1: until t = $1, wait for llama-server
     echo "llama.cpp not built by t=$(t) s:"; tail -3 /tmp/llama-build.log; return 1
 }
 
+coop_ab() {     # $1 shape: BRASS_Q6K_COOP 0 / 1, the same 64 greedy tokens, then tg128 alternated twice
+    grep -q "matvec_coop_" kernels/matvec.cuh || return 0      # (a tree without the kernel)
+    [ -f "$dir/$1.gguf" ] || python3 ci/shape_models.py "$1" "$dir" > /dev/null
+    for v in 0 1; do
+        BRASS_Q6K_COOP=$v timeout 90 python3 -m engine generate "$dir/$1.gguf" --backend cuda --prompt "The lighthouse" \
+            --temperature 0 --max-tokens 64 --json 2> /dev/null \
+            | python3 -c 'import json, sys; print(json.load(sys.stdin)["tokens"])' > "/tmp/coop-$v.txt"
+    done
+    if [ -s /tmp/coop-0.txt ] && cmp -s /tmp/coop-0.txt /tmp/coop-1.txt; then
+        echo "$1: 64 greedy tokens equal with and without the coop kernel"
+    else
+        echo "$1: greedy tokens DIFFER or missing:"; head -c 300 /tmp/coop-0.txt /tmp/coop-1.txt
+    fi
+    for round in 1 2; do
+        for v in 0 1; do
+            [ "$(left 590)" -ge 60 ] || return
+            echo "$1 BRASS_Q6K_COOP=$v: $(BRASS_Q6K_COOP=$v brass_tg "$dir/$1.gguf" 60)"
+        done
+    done
+}
+
 serve_round() {     # $1: engine (llama-server or brass), $2: KEEP_AHEAD for brass, $3 run tag
     [ "$(left 590)" -ge 75 ] || { echo "skipped $1 $3 (t=$(t) s)"; return 1; }
     echo "== $1${2:+ BRASS_BATCH_KEEP_AHEAD=$2} ($3, t=$(t) s)"
@@ -76,6 +99,8 @@ part1)
     # then llama-server and brass again on a quiet machine
     llama_ready || echo "llama.cpp building (t=$(t) s)"
     [ -f "$dir/qwen3-8b.gguf" ] || { python3 ci/shape_models.py qwen3-8b "$dir" > /dev/null; echo "8B shape written (t=$(t) s)"; }
+    coop_ab qwen3-0.6b
+    coop_ab qwen3-8b
     if ! llama_ready; then
         serve_round brass 0 b0
         serve_round brass 1 b1
