@@ -82,6 +82,10 @@ HOST_RUN_GRID
 
 extern "C" int run_kernel(const char * kernel, const char * name, void * const * b, const void * params,
                           unsigned gx, unsigned gy, unsigned threads, int smem) {
+    if (!strcmp(kernel, "matvec_coop")) {
+        if (!strcmp(name, "q6_k")) CALL7(matvec_coop_q6_k, MultiMatVecParams)
+        return 2;
+    }
     ENTRY(q4_0) ENTRY(q4_1) ENTRY(q5_0) ENTRY(q5_1) ENTRY(q8_0) ENTRY(q4_k) ENTRY(q5_k) ENTRY(q6_k)
     ENTRY(mxfp4)
     if (!strcmp(kernel, "matvec_mixed")) {
@@ -149,6 +153,36 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -
     outs = ys + [ys[0]] * (3 - len(ys))
     res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
                MV_WARPS * 32, _stage_bytes(qtype, K))
+    return res[4:4 + len(raws)]
+
+
+def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int | None = None,
+                warps: int | None = None) -> list[np.ndarray]:
+    """y_i = x . W_i^T for up to three Q6_K weights sharing x [1, K] (K a multiple of 1024) by
+    matvec_coop_q6_k, as CudaBackend._matvec launches it for one token on a GPU of `n_sms` SMs
+    (the H200's 132 by default); `blocks`: another grid (fewer blocks: each warp takes several
+    rows); `warps`: the MV_COOP_WARPS `lib` was built with (default: the header's)."""
+    from engine.backends.cuda.backend import COOP_BLOCKS_PER_SM, MV_COOP_WARPS, _stage_bytes, coop_blocks
+    from engine.gguf import GGMLType
+    from kernels.params import pack
+    K = x.shape[-1]
+    xb = q8_1_blocks(x.reshape(1, K))
+    raws = [np.array(w, np.uint8) for w in weights]      # copies: numpy's own, aligned buffers
+    rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
+    rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
+    if any(rb % 8 for rb in rbs):
+        raise ValueError("matvec_coop_q6_k reads rows of whole 8-byte words")
+    ys = [np.full((1, n), np.nan, np.float32) for n in rows[:len(raws)]]
+    params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
+                  cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
+    ws = raws + [raws[0]] * (3 - len(raws))
+    outs = ys + [ys[0]] * (3 - len(ys))
+    if blocks is None:          # the backend's grid (coop_blocks; its rule for other warps)
+        blocks = coop_blocks(sum(rows), n_sms) if warps is None else \
+            max(1, min(-(-sum(rows) // warps), n_sms * COOP_BLOCKS_PER_SM))
+    warps = warps or MV_COOP_WARPS
+    res = _run(lib, "matvec_coop", GGMLType.Q6_K, ws + [xb] + outs, params, (blocks, 1), warps * 32,
+               _stage_bytes(GGMLType.Q6_K, K))
     return res[4:4 + len(raws)]
 
 

@@ -100,6 +100,7 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);   // HOST_WARP_SYNC: the warp's 32 threads meet
 float host_h2f(unsigned short h);
 unsigned short host_f2h(float f);
 void host_mma_k32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1);
@@ -131,7 +132,8 @@ unsigned short host_f2h(float f) {
     return (unsigned short) (sign | hbits);
 }
 """
-# and the block's barrier with warp shuffles of floats and doubles through per-warp slots and a
+# and the block's barrier, __syncwarp (a barrier of the warp's 32 threads: the kernels call it
+# with every lane of the warp) and warp shuffles of floats and doubles through per-warp slots and a
 # barrier of the warp's 32 threads (a warp may loop more often than another): NTHREADS is the
 # largest block; each call alternates between two slot arrays, so a lane overwrites a slot only
 # after every lane of its warp has passed the barrier of the call in between.
@@ -140,6 +142,7 @@ static std::barrier<> * warp_bar[NTHREADS / 32];
 static unsigned long long xch[2][NTHREADS];
 static thread_local unsigned xseq;
 void __syncthreads() { block_bar->arrive_and_wait(); }
+void __syncwarp(unsigned) { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 static unsigned long long exchange(unsigned long long w, int o) {
     const unsigned i = threadIdx.x;
     unsigned long long * s = xch[xseq++ & 1];

@@ -57,6 +57,58 @@ def test_matvec_on_the_cpu(lib, rng, tmp_path, qtype, record_property):
     assert np.array_equal(alone, got[1]), "a matrix's rows depend on the matrices beside it"
 
 
+@pytest.mark.parametrize("K", [1024, 2048, 3072, 4096, 25600])
+def test_coop_q6_k_equals_matvec_q6_k(lib, rng, tmp_path, K, record_property):
+    # matvec_coop_q6_k (each chunk of 32 items of a row read by the warp together into shared
+    # memory, then each lane's item from there: kernels/matvec.cuh MV_COOP_WARPS) must give
+    # matvec_q6_k's floats bit for bit, for one, two and three matrices in one launch (37, 300
+    # and 9 rows: not multiples of the block's warps, so matrices share blocks and the last
+    # block has idle warps), on the backend's grid and on 3 blocks (each warp then takes several
+    # rows, the next row's first chunk loaded during the row before's last); and the reference's
+    # within the mat-vec bound. K = 25600 reads x from global memory (past MV_STAGE_MAX_K: the
+    # kernel's other loop; the backend splits such rows, so fewer rows there).
+    from ci.matvec_host import matvec, matvec_coop
+    qtype = GGMLType.Q6_K
+    shapes = (("a", 37), ("b", 300), ("c", 9)) if K <= 4096 else (("a", 21), ("b", 9), ("c", 5))
+    gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
+    ws = [_raw(gf, n, r) for n, r in shapes]
+    x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
+    for n in (1, 2, 3):
+        want = matvec(lib, qtype, ws[:n], x, split=1)
+        for blocks in (None, 3):
+            got = matvec_coop(lib, ws[:n], x, blocks=blocks)
+            assert len(got) == n
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert not np.isnan(g).any(), f"{n} matrices, {blocks} blocks: matrix {i}'s rows left unwritten"
+                assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
+                    f"{n} matrices, {blocks} blocks: matrix {i} not matvec_q6_k's (max |d| {np.abs(g - w).max():.3g})"
+    ref = cuda_reference()
+    with ref.rows_independent():
+        for (name, _), g in zip(shapes, got):
+            check(g, ref.matmul(x, ref.weight(gf, name)), MATMUL, record_property, f"matrix {name}")
+
+
+def test_coop_q6_k_other_warps_and_late_preload_give_the_same_bits(lib, rng, tmp_path):
+    # MV_COOP_WARPS (warps a block) moves time only, and with MV_PRELOAD_EARLY 0 the first
+    # chunk is loaded after PDL_ENTRY, not before: a build with 4 warps and the late load must
+    # still give matvec_q6_k's bits (both grids as above)
+    from ci import matvec_host
+    try:
+        other = matvec_host.build(("MV_COOP_WARPS=4", "MV_PRELOAD_EARLY=0"))
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    qtype, K = GGMLType.Q6_K, 2048
+    shapes = (("a", 37), ("b", 300), ("c", 9))
+    gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
+    ws = [_raw(gf, n, r) for n, r in shapes]
+    x = rng.uniform(-1, 1, (1, K)).astype(F32)
+    want = matvec_host.matvec(lib, qtype, ws, x, split=1)
+    for blocks in (None, 5):
+        got = matvec_host.matvec_coop(other, ws, x, blocks=blocks, warps=4)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), f"{blocks} blocks: matrix {i}"
+
+
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
 def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     # matvec_cols_<type> (a batched decode step: tokens side by side per weight row) must give

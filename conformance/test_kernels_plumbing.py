@@ -75,9 +75,10 @@ def _kernel_bodies(sources=None):
 
 # What may come before PDL_ENTRY: arithmetic on the launch's indices and parameters, L2
 # prefetches of weights and a decode mat-vec's first weight loads into registers
-# (decode_preload: weights are read-only for the whole run, so no predecessor writes them),
-# whose pointer parameters are named w* by convention.
-PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "decode_preload", "min", "max", "if"}
+# (decode_preload, coop_preload: weights are read-only for the whole run, so no predecessor
+# writes them), whose pointer parameters are named w* by convention.
+PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "decode_preload", "coop_preload", "min", "max",
+                 "if"}
 
 
 def _pre_pdl_violations(bodies):
@@ -102,7 +103,8 @@ def test_every_kernel_begins_with_pdl_entry():
     before the previous one ends, and only PDL_ENTRY (griddepcontrol.wait) makes it wait for
     that one's writes. A kernel that touched memory before it would race with its
     predecessor; so every kernel begins with PDL_ENTRY, with at most pure arithmetic and
-    L2 prefetches or preloads of weights (prefetch_l2_span / prefetch_unit / decode_preload) before it: no indexing, no
+    L2 prefetches or preloads of weights (prefetch_l2_span / prefetch_unit / decode_preload /
+    coop_preload) before it: no indexing, no
     calls but those, and no pointer parameter named there but the weights'."""
     bodies = _kernel_bodies()
     assert len(bodies) >= 40, f"found only {len(bodies)} kernels: the scan is broken"
@@ -142,6 +144,26 @@ extern "C" __global__ void fine(const u8 * w0, const float * x, const P p) {
     bad = _pre_pdl_violations(_kernel_bodies(src))
     assert [b.split(" ")[0] for b in bad] == ["t.cu:deref", "t.cu:call", "t.cu:index", "t.cu:templated"], bad
     assert "reads x" in bad[0] and "calls warm" in bad[1] and "[" in bad[2] and "calls warm" in bad[3], bad
+
+
+def test_which_mat_vecs_take_the_coop_q6_k_kernel(monkeypatch):
+    # uses_q6k_coop: BRASS_Q6K_COOP on, Q6_K, rows not split, every matrix's rows whole 8-byte
+    # words (K a multiple of 1024: 4 super-blocks of 210 bytes); coop_blocks: a block per
+    # MV_COOP_WARPS rows, at most COOP_BLOCKS_PER_SM an SM
+    from engine.backends.cuda import backend as cb
+    from engine.gguf import GGMLType as T
+    rb = lambda k: k // 256 * 210          # noqa: E731 (a Q6_K row's bytes)
+    monkeypatch.setattr(cb, "Q6K_COOP", True)
+    for k in (1024, 2048, 3072, 4096):
+        assert cb.uses_q6k_coop(T.Q6_K, k, [rb(k)] * 3)
+    assert not cb.uses_q6k_coop(T.Q6_K, 1280, [rb(1280)] * 3)           # 1050 bytes
+    assert not cb.uses_q6k_coop(T.Q6_K, 1024, [rb(1024), rb(1024), 1050])
+    assert not cb.uses_q6k_coop(T.Q4_K, 1024, [576] * 3)
+    assert not cb.uses_q6k_coop(T.Q6_K, cb.MV_SPLIT_MIN_K, [rb(cb.MV_SPLIT_MIN_K)] * 3)   # split rows
+    monkeypatch.setattr(cb, "Q6K_COOP", False)
+    assert not cb.uses_q6k_coop(T.Q6_K, 1024, [rb(1024)] * 3)
+    assert cb.coop_blocks(37, 132) == -(-37 // cb.MV_COOP_WARPS)
+    assert cb.coop_blocks(151936, 132) == 132 * cb.COOP_BLOCKS_PER_SM
 
 
 def test_which_decode_groups_take_the_mixed_launch(monkeypatch):

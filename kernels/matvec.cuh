@@ -8,6 +8,8 @@
 //                       blockIdx.y is the token
 //   matvec_split_<kind> the same with each unit's items split over MV_SPLIT warps (long rows:
 //                       K >= MV_SPLIT_MIN_K; see MV_SPLIT)
+//   matvec_coop_<kind>  matvec_<kind> (a row a warp, one token) with each chunk of 32 items of
+//                       a row read by the warp together into shared memory (see MV_COOP_WARPS)
 //   matvec_glu_<kind>   gate and up with the gated activation fused (and h's Q8_1 blocks);
 //                       with ids, the chosen experts' matrices (MoE); matvec_glu_wide_<kind>
 //                       the same for small launches (more warps a block)
@@ -181,6 +183,20 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #define MV_PRELOAD_EARLY 1
 #endif
 template <class K> struct Preloads { static constexpr int depth = 0; };
+
+#ifndef MV_COOP_WARPS
+// matvec_coop_<kind>: warps per block, a row each at a time. Why the kernel: matvec_q6_k's lanes
+// each read their own item's 9 + 9 aligned words from global memory, and as the warp's 32 items
+// lie in four 210-byte blocks, each such warp-wide load touches ~7 cache lines (~126 L1
+// wavefronts a row): bound by L1, not DRAM (the 151936 x 1024 output head of Qwen3-0.6B took
+// 67.5 us on the H200, 45 % of the copy rate). matvec_coop_ reads a row a chunk (the 32 items
+// the lanes take next: K::chunk_words 8-byte words) at a time, lane l the words l + 32 k
+// (coalesced: each line once), into its warp's buffer in shared memory, and each lane then runs
+// K::load / K::dot_raw on its item there, loading the next chunk into registers meanwhile. The
+// same items on the same lanes in the same order as matvec_<kind>, the same quants and floats:
+// the same bits. Rows of whole chunks only (the backend's rule). 8 is untimed.
+#define MV_COOP_WARPS 8
+#endif
 
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
 __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
@@ -701,6 +717,101 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     }
 }
 
+// matvec_coop_<kind> (MV_COOP_WARPS): a lane's words of one chunk of a row, l + 32 k for lane l.
+template <class K>
+struct CoopChunk {
+    static constexpr int loads = (K::chunk_words + WARP_SIZE - 1) / WARP_SIZE;
+    u64 w[loads];
+};
+
+// Chunk c of row w (8-byte aligned, whole chunks) into r: lane l the words l + 32 k.
+template <class K>
+__device__ __forceinline__ void coop_chunk_load(const u8 * __restrict__ w, const int c, CoopChunk<K> & r) {
+    const u64 * src = (const u64 *) w + (i64) c * K::chunk_words;
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int k = 0; k < CoopChunk<K>::loads; ++k)
+        if (lane + WARP_SIZE * k < K::chunk_words) r.w[k] = src[lane + WARP_SIZE * k];
+}
+
+// The warp's first row's first chunk into r. Weights only, so the kernel may call it before
+// PDL_ENTRY (MV_PRELOAD_EARLY): those loads in flight while the previous kernel ends.
+template <class K>
+__device__ __forceinline__ void coop_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                             const u8 * __restrict__ w2, const MultiMatVecParams & p,
+                                             CoopChunk<K> & r) {
+    int row = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
+    if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
+        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
+        coop_chunk_load<K>(m.w + row * m.rb, 0, r);
+    }
+}
+
+// matvec_coop_<kind>'s rows against activations xa (A: staged items, or Q8_1 blocks past
+// MV_STAGE_MAX_K). A loop for each, as rows_dot picks a warp_dot_rows for each, not a branch
+// inside one loop: with the branch, nvcc 13.0 added each item's product to acc apart (mul, then
+// add) where matvec_q6_k fuses them (fma), which rounds otherwise. Warp w of block b takes the
+// rows b * MV_COOP_WARPS + w, stepping gridDim.x * MV_COOP_WARPS (matrices 0, 1, 2 one after
+// another: matvec_<kind>'s units of one row). Chunk c holds items 32 c .. 32 c + 31 of the row
+// and lane l takes item 32 c + l, as warp_dot_rows' lane does in its c-th step; K::load finds it
+// at index l of the chunk's copy in buf (a chunk is whole blocks of the kind, and an item's place
+// in its block is the same for l and 32 c + l). next: the first row's first chunk (coop_preload).
+template <class K, class A>
+__device__ __forceinline__ void coop_rows(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                          const u8 * __restrict__ w2, const A * __restrict__ xa,
+                                          float * __restrict__ y0, float * __restrict__ y1,
+                                          float * __restrict__ y2, const MultiMatVecParams & p,
+                                          u64 * __restrict__ buf, CoopChunk<K> & next) {
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int units = p.n_rows0 + p.n_rows1 + p.n_rows2;
+    const int t = blockIdx.y, n_chunks = p.k / K::values_per_item / WARP_SIZE;
+    const int step = gridDim.x * MV_COOP_WARPS;
+    for (int row = blockIdx.x * MV_COOP_WARPS + warp; row < units; row += step) {
+        int u = row;
+        const MatVecUnit m = unit_matrix(u, 1, w0, w1, w2, y0, y1, y2, p);
+        const u8 * w = m.w + u * m.rb;
+        float acc = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) {
+            __syncwarp();           /* every lane is done with the previous chunk's copy */
+#pragma unroll
+            for (int k = 0; k < CoopChunk<K>::loads; ++k)
+                if (lane + WARP_SIZE * k < K::chunk_words) buf[lane + WARP_SIZE * k] = next.w[k];
+            __syncwarp();           /* ... and sees all of this one */
+            if (c + 1 < n_chunks) coop_chunk_load<K>(w, c + 1, next);
+            else if (row + step < units) {          /* the warp's next row's first */
+                int un = row + step;
+                const MatVecUnit mn = unit_matrix(un, 1, w0, w1, w2, y0, y1, y2, p);
+                coop_chunk_load<K>(mn.w + un * mn.rb, 0, next);
+            }
+            const int i = c * WARP_SIZE + lane;
+            typename K::raw r;
+            K::load((const u8 *) buf, lane, r);
+            acc += K::dot_raw(r, i, item_blocks(xa + i));
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y_row(m, t, u) = acc;
+    }
+}
+
+// matvec_coop_<kind> after PDL_ENTRY: the token's activations staged (every thread of the
+// block, once), then the warp's rows.
+template <class K>
+__device__ __forceinline__ void decode_rows_coop(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                                 const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
+                                                 float * __restrict__ y0, float * __restrict__ y1,
+                                                 float * __restrict__ y2, const MultiMatVecParams & p,
+                                                 CoopChunk<K> & next) {
+    const int n_items = p.k / K::values_per_item;
+    if (!MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);
+    const typename K::act * xt = x + (i64) blockIdx.y * n_items;
+    extern __shared__ int4 staged_x[];
+    const void * xs = stage_act<K>(xt, 1, n_items, staged_x);
+    __shared__ u64 coop_buf[MV_COOP_WARPS][K::chunk_words];
+    u64 * buf = coop_buf[threadIdx.x / WARP_SIZE];
+    if (xs != nullptr) coop_rows<K>(w0, w1, w2, (const typename Staged<K>::act *) xs, y0, y1, y2, p, buf, next);
+    else coop_rows<K>(w0, w1, w2, xt, y0, y1, y2, p, buf, next);
+}
+
 // matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows
 // in units of NR rows (MV_COLS_ROWS; the _many_ kernels MV_COLS_ROWS_MANY).
 template <class K, int SPLIT, int NR>
@@ -1004,4 +1115,19 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     PDL_ENTRY();                                                                                   \
     if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx, pre.a);                        \
     else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx, pre.b);        \
+}
+
+// matvec_coop_<kind> (MV_COOP_WARPS): matvec_<kind>'s launch and bits for one token, for kinds with
+// K::load / K::dot_raw and K::chunk_words (32 items' bytes in whole blocks, whole 8-byte words)
+// and rows of whole chunks.
+#define DEFINE_MATVEC_COOP(name, K)                                                                \
+extern "C" __global__ void __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)                            \
+matvec_coop_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
+    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
+    CoopChunk<K> next;                                                                             \
+    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE, 1);         \
+    if (MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);                                    \
+    PDL_ENTRY();                                                                                   \
+    decode_rows_coop<K>(w0, w1, w2, x, y0, y1, y2, p, next);                                       \
 }

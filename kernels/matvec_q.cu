@@ -14,6 +14,9 @@ DEFINE_MATVEC(q5_k, QuantKind<Q5_K>)
 DEFINE_MATVEC(q6_k, Q6KKind)
 DEFINE_MATVEC(mxfp4, QuantKind<MXFP4>)
 
+// matvec_q6_k with each chunk of a row read by the warp together (matvec.cuh: MV_COOP_WARPS)
+DEFINE_MATVEC_COOP(q6_k, Q6KKind)
+
 // q and k of one type, v of another (llama-quantize's *_M recipes give attn_v more bits)
 DEFINE_MATVEC_MIXED(q4_k_q6_k, Q4KPairKind, Q6KKind)
 DEFINE_MATVEC_MIXED(q5_k_q6_k, QuantKind<Q5_K>, Q6KKind)

@@ -310,6 +310,9 @@ struct Q6KKind {
     typedef block_q8_1 act;
     static constexpr int values_per_item = QK8_1;
     static constexpr bool can_stage = true;
+    // matvec_coop_q6_k: 32 items are 4 super-blocks, 840 bytes, 105 8-byte words (rows of K a
+    // multiple of 1024 only)
+    static constexpr int chunk_words = 4 * (int) sizeof(block_q6_K) / 8;
     static __device__ __forceinline__ float dot(const u8 * __restrict__ row, const int ib,
                                                 const block_q8_1 * __restrict__ y) {
         return q6k_dot(row, ib, y);
@@ -329,6 +332,7 @@ struct Q6KKind {
     }
 };
 template <> struct Preloads<Q6KKind> { static constexpr int depth = MV_PRELOAD_Q6K; };
+static_assert(Q6KKind::chunk_words * 8 == 4 * sizeof(block_q6_K), "a chunk is whole 8-byte words");
 
 template <int TYPE>
 struct QuantKind {

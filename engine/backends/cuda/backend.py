@@ -165,12 +165,36 @@ MV_SPLIT_MIN_K = int(re.search(r"#define MV_SPLIT_MIN_K (\d+)", _MATVEC_H).group
 # matvec_glu_wide_<type>: its warps per block, and the launches it takes (fewer blocks per SM)
 GLU_WIDE_WARPS = int(re.search(r"#define GLU_WIDE_WARPS (\d+)", _MATVEC_H).group(1))
 GLU_WIDE_MAX_BLOCKS_PER_SM = int(re.search(r"#define GLU_WIDE_MAX_BLOCKS_PER_SM (\d+)", _MATVEC_H).group(1))
+# matvec_coop_q6_k (kernels/matvec.cuh, MV_COOP_WARPS): a one-token Q6_K mat-vec whose warps read
+# each chunk of 32 items of a row together into shared memory (coalesced) before each lane takes
+# its item, where matvec_q6_k's lanes read their own items' words (~7 cache lines a warp-wide
+# load: bound by L1); the same bits. Rows of whole chunks only (K a multiple of 1024: row bytes a
+# multiple of 8). BRASS_Q6K_COOP=1 (read at import) launches it for them; off by default until
+# timed on the GPU.
+Q6K_COOP = os.environ.get("BRASS_Q6K_COOP", "0") not in ("", "0")
+MV_COOP_WARPS = int(re.search(r"#define MV_COOP_WARPS (\d+)", _MATVEC_H).group(1))
+# ... its blocks at most per SM (the warps step over the rest of the rows): untimed, 8 blocks of
+# MV_COOP_WARPS = 8 warps being as many warps as an H200 SM holds
+COOP_BLOCKS_PER_SM = 8
 
 
 def mv_split(k: int) -> int:
     """Warps per unit of rows of a decode mat-vec over rows of k values (1: a warp per unit).
     A matrix takes the same kernel whatever the batch, so a token's sums do not depend on it."""
     return MV_SPLIT if k >= MV_SPLIT_MIN_K else 1
+
+
+def uses_q6k_coop(wtype, k: int, row_bytes: list[int]) -> bool:
+    """Whether a one-token mat-vec of `wtype` over rows of k values (matrices of `row_bytes`)
+    takes matvec_coop_q6_k: BRASS_Q6K_COOP on, Q6_K, a warp per row (not split) and rows of
+    whole 8-byte words (its chunks)."""
+    return Q6K_COOP and wtype == GGMLType.Q6_K and mv_split(k) == 1 and all(rb % 8 == 0 for rb in row_bytes)
+
+
+def coop_blocks(units: int, n_sms: int) -> int:
+    """matvec_coop_q6_k's blocks for `units` rows: a row per warp, at most COOP_BLOCKS_PER_SM
+    blocks an SM (the kernel's warps step over the rest)."""
+    return max(1, min(-(-units // MV_COOP_WARPS), n_sms * COOP_BLOCKS_PER_SM))
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
 # mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
 _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
@@ -234,6 +258,7 @@ def launched_kernels() -> list[tuple[str, str]]:
                (src, f"matvec_cols_many_{n}"), (src, f"matvec_cols_split_many_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("matvec_q.cu", f"matvec_mixed_{n}") for n in MIXED_PAIRS.values()]
+    ks += [("matvec_q.cu", "matvec_coop_q6_k")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
@@ -769,6 +794,12 @@ class CudaBackend(Backend):
             params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1],
                           n_rows2=rows[2], cols=1, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                           row_bytes2=ws[2].row_bytes)
+            # matvec_coop_q6_k reads its chunks as 8-byte words: the buffers too must be 8-aligned
+            if uses_q6k_coop(w0.type, K, [w.row_bytes for w in ws]) and all(w.data.data.ptr % 8 == 0 for w in ws):
+                self.launch(src_file, "matvec_coop_q6_k", (coop_blocks(units, self.n_sms), T), MV_COOP_WARPS * 32,
+                            ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
+                            smem=_stage_bytes(w0.type, K))
+                return
             self.launch(src_file, f"matvec_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
                         (-(-units // (MV_WARPS // split)), T),
                         MV_WARPS * 32,
