@@ -58,7 +58,7 @@ need_llama() {     # $1: until t = $1, wait for llama-server
     echo "llama.cpp not built by t=$(t) s:"; tail -3 /tmp/llama-build.log; return 1
 }
 
-coop_ab() {     # $1 shape: BRASS_Q6K_COOP 0 / 1, the same 64 greedy tokens, then tg128 alternated twice
+coop_ab() {     # $1 shape, $2 rounds: BRASS_Q6K_COOP 0 / 1, the same 64 greedy tokens, tg128 alternated
     grep -q "matvec_coop_" kernels/matvec.cuh || return 0      # (a tree without the kernel)
     [ -f "$dir/$1.gguf" ] || python3 ci/shape_models.py "$1" "$dir" > /dev/null
     for v in 0 1; do
@@ -71,7 +71,7 @@ coop_ab() {     # $1 shape: BRASS_Q6K_COOP 0 / 1, the same 64 greedy tokens, the
     else
         echo "$1: greedy tokens DIFFER or missing:"; head -c 300 /tmp/coop-0.txt /tmp/coop-1.txt
     fi
-    for round in 1 2; do
+    for round in $(seq 1 "$2"); do
         for v in 0 1; do
             [ "$(left 590)" -ge 60 ] || return
             echo "$1 BRASS_Q6K_COOP=$v: $(BRASS_Q6K_COOP=$v brass_tg "$dir/$1.gguf" 60)"
@@ -99,8 +99,9 @@ part1)
     # then llama-server and brass again on a quiet machine
     llama_ready || echo "llama.cpp building (t=$(t) s)"
     [ -f "$dir/qwen3-8b.gguf" ] || { python3 ci/shape_models.py qwen3-8b "$dir" > /dev/null; echo "8B shape written (t=$(t) s)"; }
-    coop_ab qwen3-0.6b
-    coop_ab qwen3-8b
+    grep -q "matvec_coop_" kernels/matvec.cuh && guarded 200 python3 ci/gpu_coop_check.py
+    coop_ab qwen3-0.6b 2
+    coop_ab qwen3-8b 1
     if ! llama_ready; then
         serve_round brass 0 b0
         serve_round brass 1 b1
