@@ -169,12 +169,15 @@ GLU_WIDE_MAX_BLOCKS_PER_SM = int(re.search(r"#define GLU_WIDE_MAX_BLOCKS_PER_SM 
 # each chunk of 32 items of a row together into shared memory (coalesced) before each lane takes
 # its item, where matvec_q6_k's lanes read their own items' words (~7 cache lines a warp-wide
 # load: bound by L1); the same bits. Rows of whole chunks only (K a multiple of 1024: row bytes a
-# multiple of 8). BRASS_Q6K_COOP=1 (read at import) launches it for them; off by default until
-# timed on the GPU.
-Q6K_COOP = os.environ.get("BRASS_Q6K_COOP", "0") not in ("", "0")
+# multiple of 8); BRASS_Q6K_COOP=0 (read at import) keeps matvec_q6_k. Measured on the H200
+# (2026-12-03, one call, tg128 alternated): Qwen3-0.6B (its 151936 x 1024 head) 890.6 / 890.4
+# -> 901.6 / 901.5 tok/s, Qwen3-8B 315.4 -> 317.1; the 151936 x 4096 head alone 200 -> 186 us;
+# every output of ci/gpu_coop_check.py's five shapes and 64 greedy tokens of both models equal.
+Q6K_COOP = os.environ.get("BRASS_Q6K_COOP", "1") not in ("", "0")
 MV_COOP_WARPS = int(re.search(r"#define MV_COOP_WARPS (\d+)", _MATVEC_H).group(1))
-# ... its blocks at most per SM (the warps step over the rest of the rows): untimed, 8 blocks of
-# MV_COOP_WARPS = 8 warps being as many warps as an H200 SM holds
+# ... its blocks at most per SM (the warps step over the rest of the rows): 8 blocks of
+# MV_COOP_WARPS = 8 warps, as many warps as an H200 SM holds; 4 gave the 151936 x 4096 head
+# 194 us against 186 (eager launches, one call: the smaller shapes were host-bound there)
 COOP_BLOCKS_PER_SM = 8
 
 
