@@ -84,8 +84,8 @@ serve_round() {     # $1: engine (llama-server or brass), $2: KEEP_AHEAD for bra
     echo "== $1${2:+ BRASS_BATCH_KEEP_AHEAD=$2} ($3, t=$(t) s)"
     ENGINES=$1 BRASS_BATCH_KEEP_AHEAD=${2:-0} REQUESTS=6 timeout "$(left 590)" bash ci/gpu_serving.sh 2>&1 \
         | grep -E "^(brass after|brass: |llama-server did|brass serve did|load_test)"
-    for f in "$out"/load-$1-*.json; do
-        [ -f "$f" ] && mv "$f" "${f%.json}.$3.json"
+    for f in "$out"/load-$1-*.json; do    # this round's only (a tagged one has two dots)
+        [[ -f "$f" && "$(basename "$f")" != *.*.json ]] && mv "$f" "${f%.json}.$3.json"
     done
     rm -f "$out"/load-*.err "$out"/llama-server.log "$out"/brass-serve.log
 }
