@@ -685,6 +685,31 @@ def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types,
         assert np.array_equal(a, b), f"matrix {i}: matvec_mixed_ differs from its own launch"
 
 
+@pytest.mark.parametrize("K", [1024, 3072, 4096])
+def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeypatch):
+    # matvec_coop_q6_k (BRASS_Q6K_COOP, on by default) must give matvec_q6_k's floats bit for
+    # bit on the GPU too (the CPU harness cannot see FMA contraction or the real shared memory):
+    # three matrices in one launch, the first with more rows than the grid has warps (each warp
+    # then takes several rows, the next row's first chunk loaded during the row before); and it
+    # must be the launch taken
+    from engine.backends.cuda import backend as cb
+    rows = {"a": 20000 if K == 1024 else 4000, "b": 300, "c": 37}
+    gf = weights(tmp_path, rng, {n: (GGMLType.Q6_K, (r, K)) for n, r in rows.items()})
+    w = [cuda.weight(gf, n) for n in rows]
+    x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
+    out, launched = {}, []
+    real = cuda.launch
+    monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
+    for coop in (True, False):
+        monkeypatch.setattr(cb, "Q6K_COOP", coop)
+        launched.clear()
+        out[coop] = [cuda.to_numpy(y) for y in cuda.matmul_many(x, w)]
+        assert ("matvec_coop_q6_k" in launched) == coop, launched
+    for i, (a, b) in enumerate(zip(out[True], out[False])):
+        assert not np.isnan(a).any(), f"matrix {i}: rows left unwritten"
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"matrix {i}: matvec_coop_q6_k differs from matvec_q6_k"
+
+
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.F16),
                          ids=tname)
 def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtype, monkeypatch):
