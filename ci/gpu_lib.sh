@@ -13,7 +13,11 @@
 
 # llama_build_detached: llama-server and llama-bench built as above on every core, in a session
 #   of their own (setsid), so the build goes on between a warm runner's calls; its log is
-#   /tmp/llama-build.log (whose existence says a build was started).
+#   /tmp/llama-build.log (whose existence says a build was started); LLAMA_NICE (0) its niceness.
+# llama_env: $bin, $server (where the build puts llama-server and llama-bench) and the library
+#   path they run with. llama_ready: 0 when they run here, else starts the build (once).
+#   need_llama N: waits for them until t = N. serve_round ENGINE KEEP TAG: ci/gpu_serving.sh's
+#   load test (REQUESTS=6) on one engine, its results tagged (ci/load_table.py tabulates them).
 
 # matvec_define NAME VALUE: set kernels/matvec.cuh's `#define NAME` to VALUE (the backend reads
 #   MV_SPLIT_MIN_K, MV_COLS, GLU_WARPS, ... from there, so a variant needs no other change).
@@ -58,7 +62,7 @@ llama_build() {
 }
 
 llama_build_detached() {
-    (setsid nohup bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(nproc) llama-server llama-bench; wait" \
+    (setsid nohup nice -n "${LLAMA_NICE:-0}" bash -c ". ci/gpu_lib.sh; llama_build /tmp/llama-build.log $(nproc) llama-server llama-bench; wait" \
         > /dev/null 2>&1 < /dev/null &)
 }
 
@@ -83,4 +87,52 @@ brass_suite() {
     echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
     cat "$out/gpu-conformance-summary.txt" 2>/dev/null || echo "no summary: the suite did not end in time"
     rm -f "$out/gpu-conformance.xml"
+}
+
+llama_env() {
+    bin="$LLAMA_SRC_DIR/llama.cpp/build/bin"
+    server="$bin/llama-server"
+    # the carried binaries find their libraries here; cuBLAS where the runner keeps it
+    for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null) "$bin"; do
+        [ -d "$d" ] || [ "$d" = "$bin" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+}
+
+llama_ready() {     # 0: llama-server and llama-bench run here; else a build is started
+    if [ ! -x "$server" ] && [ -f /tmp/llama-parts/llama-sm90.tar.xz.part0 ] \
+            && [ -f .stage/llama-sm90-2/llama-sm90.tar.xz.part1 ]; then
+        cat /tmp/llama-parts/llama-sm90.tar.xz.part0 .stage/llama-sm90-2/llama-sm90.tar.xz.part1 \
+            > /tmp/llama-sm90.tar.xz
+        if [ "$(sha256sum < /tmp/llama-sm90.tar.xz | cut -c1-64)" = "$(cat .stage/llama-sm90-2/sha256)" ]; then
+            mkdir -p "$bin" && tar xJf /tmp/llama-sm90.tar.xz -C "$bin"
+        else
+            echo "llama.cpp: the carried parts do not match their checksum"
+        fi
+    fi
+    if [ -x "$server" ] && "$server" --version > /dev/null 2>&1 && "$bin/llama-bench" --help > /dev/null 2>&1; then
+        return 0
+    fi
+    if [ ! -f /tmp/llama-build.log ]; then
+        echo "llama.cpp: carried binaries absent or not running here ($("$server" --version 2>&1 | tail -1)); building"
+        rm -rf "$LLAMA_SRC_DIR"
+        llama_build_detached
+    fi
+    return 1
+}
+
+need_llama() {     # $1: until t = $1, wait for llama-server
+    llama_ready && return 0
+    while [ "$(left "$1")" -gt 0 ]; do sleep 5; llama_ready && return 0; done
+    echo "llama.cpp not built by t=$(t) s:"; tail -3 /tmp/llama-build.log; return 1
+}
+
+serve_round() {     # $1: engine (llama-server or brass), $2: KEEP_AHEAD for brass, $3 run tag
+    [ "$(left 590)" -ge 75 ] || { echo "skipped $1 $3 (t=$(t) s)"; return 1; }
+    echo "== $1${2:+ BRASS_BATCH_KEEP_AHEAD=$2} ($3, t=$(t) s)"
+    ENGINES=$1 BRASS_BATCH_KEEP_AHEAD=${2:-0} REQUESTS=6 timeout "$(left 590)" bash ci/gpu_serving.sh 2>&1 \
+        | grep -E "^(brass after|brass: |llama-server did|brass serve did|load_test)"
+    for f in "$out"/load-$1-*.json; do    # this round's only (a tagged one has two dots)
+        [[ -f "$f" && "$(basename "$f")" != *.*.json ]] && mv "$f" "${f%.json}.$3.json"
+    done
+    rm -f "$out"/load-*.err "$out"/llama-server.log "$out"/brass-serve.log
 }

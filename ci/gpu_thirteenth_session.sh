@@ -23,40 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
 brass_env
-bin="$LLAMA_SRC_DIR/llama.cpp/build/bin"
-server="$bin/llama-server"
-# the carried binaries find their libraries here; cuBLAS where the runner keeps it
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null) "$bin"; do
-    [ -d "$d" ] || [ "$d" = "$bin" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-
-llama_ready() {     # 0: llama-server and llama-bench run here; else a build is started
-    if [ ! -x "$server" ] && [ -f /tmp/llama-parts/llama-sm90.tar.xz.part0 ] \
-            && [ -f .stage/llama-sm90-2/llama-sm90.tar.xz.part1 ]; then
-        cat /tmp/llama-parts/llama-sm90.tar.xz.part0 .stage/llama-sm90-2/llama-sm90.tar.xz.part1 \
-            > /tmp/llama-sm90.tar.xz
-        if [ "$(sha256sum < /tmp/llama-sm90.tar.xz | cut -c1-64)" = "$(cat .stage/llama-sm90-2/sha256)" ]; then
-            mkdir -p "$bin" && tar xJf /tmp/llama-sm90.tar.xz -C "$bin"
-        else
-            echo "llama.cpp: the carried parts do not match their checksum"
-        fi
-    fi
-    if [ -x "$server" ] && "$server" --version > /dev/null 2>&1 && "$bin/llama-bench" --help > /dev/null 2>&1; then
-        return 0
-    fi
-    if [ ! -f /tmp/llama-build.log ]; then
-        echo "llama.cpp: carried binaries absent or not running here ($("$server" --version 2>&1 | tail -1)); building"
-        rm -rf "$LLAMA_SRC_DIR"
-        llama_build_detached
-    fi
-    return 1
-}
-
-need_llama() {     # $1: until t = $1, wait for llama-server
-    llama_ready && return 0
-    while [ "$(left "$1")" -gt 0 ]; do sleep 5; llama_ready && return 0; done
-    echo "llama.cpp not built by t=$(t) s:"; tail -3 /tmp/llama-build.log; return 1
-}
+llama_env
 
 coop_ab() {     # $1 shape, $2 rounds: BRASS_Q6K_COOP 0 / 1, the same 64 greedy tokens, tg128 alternated
     grep -q "matvec_coop_" kernels/matvec.cuh || return 0      # (a tree without the kernel)
@@ -77,17 +44,6 @@ coop_ab() {     # $1 shape, $2 rounds: BRASS_Q6K_COOP 0 / 1, the same 64 greedy 
             echo "$1 BRASS_Q6K_COOP=$v: $(BRASS_Q6K_COOP=$v brass_tg "$dir/$1.gguf" 60)"
         done
     done
-}
-
-serve_round() {     # $1: engine (llama-server or brass), $2: KEEP_AHEAD for brass, $3 run tag
-    [ "$(left 590)" -ge 75 ] || { echo "skipped $1 $3 (t=$(t) s)"; return 1; }
-    echo "== $1${2:+ BRASS_BATCH_KEEP_AHEAD=$2} ($3, t=$(t) s)"
-    ENGINES=$1 BRASS_BATCH_KEEP_AHEAD=${2:-0} REQUESTS=6 timeout "$(left 590)" bash ci/gpu_serving.sh 2>&1 \
-        | grep -E "^(brass after|brass: |llama-server did|brass serve did|load_test)"
-    for f in "$out"/load-$1-*.json; do    # this round's only (a tagged one has two dots)
-        [[ -f "$f" && "$(basename "$f")" != *.*.json ]] && mv "$f" "${f%.json}.$3.json"
-    done
-    rm -f "$out"/load-*.err "$out"/llama-server.log "$out"/brass-serve.log
 }
 
 case "${1:-1}" in
@@ -112,21 +68,7 @@ part1)
         serve_round brass 0 r1k0
         serve_round llama-server "" r2
     fi
-    python3 - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-from tabulate import tabulate
-rows = []
-for f in sorted(Path(sys.argv[1]).glob("load-*.json")):
-    d = json.loads(f.read_text())
-    engine, rest = f.stem.split("-", 1)[1].rsplit("-", 1)[0], f.stem.rsplit("-", 1)[1]
-    n, tag = rest.split(".", 1)
-    rows.append([tag, engine, int(n), d["tokens_per_s"], round(d["ttft_p50_s"] * 1e3, 1),
-                 round(d["ttft_p99_s"] * 1e3, 1), f"{d['completed']}/{d['failed']}"])
-rows.sort(key=lambda r: (r[2], r[0], r[1]))
-print(tabulate(rows, headers=["run", "engine", "clients", "tok/s", "TTFT p50 ms", "TTFT p99 ms",
-                              "done/failed"], tablefmt="github"))
-PY
+    python3 ci/load_table.py "$out"
     rm -f "$out"/load-*.json
     guarded 590 python3 ci/gpu_profile.py torch batch "$dir/qwen3-8b.gguf" 20 2>&1 | grep -vi warn | head -24
     ;;
