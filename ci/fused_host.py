@@ -42,6 +42,14 @@ extern "C" int run_add_rms_norm(const float * a, const float * b, const float * 
     return 0;
 }
 
+extern "C" int run_rope_store(const float * q, const float * k, const float * v, const float * qn, const float * kn,
+                              const int * pos, float * q_out, float * k_out, u16 * kc, u16 * vc, const void * params) {
+    RopeStoreParams p; memcpy(&p, params, sizeof p);
+    run_grid(p.n_heads + 2 * p.n_kv_heads, p.n_tokens, ROPE_STORE_THREADS, 4 * p.head_dim,
+             [=] { rope_store(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, nullptr, nullptr, p); });
+    return 0;
+}
+
 extern "C" int run_moe_norms(const float * x, const float * w, const float * wr, float * h, void * hq, float * r,
                              const void * params, unsigned rows) {
     MoeNormsParams p; memcpy(&p, params, sizeof p);
@@ -68,7 +76,30 @@ def build() -> ctypes.CDLL:
     p = ctypes.c_void_p
     so.run_add_rms_norm.argtypes = [p] * 8 + [ctypes.c_uint]
     so.run_moe_norms.argtypes = [p] * 7 + [ctypes.c_uint]
+    so.run_rope_store.argtypes = [p] * 11
     return so
+
+
+def rope_store(lib, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox, freq_scale=1.0):
+    """(q_out, k_out) of the kernel over q/k/v [T, H(_kv), D]; the float16 caches are updated
+    in place at slots pos, as the kernel writes them."""
+    from kernels.params import pack
+    T, H, D = q.shape
+    Hkv, DV = k.shape[1], v.shape[2]
+    f32 = lambda a: np.ascontiguousarray(a, np.float32)     # noqa: E731
+    q, k, v = f32(q), f32(k), f32(v)
+    qn = f32(q_norm) if q_norm is not None else q
+    kn = f32(k_norm) if k_norm is not None else k
+    pos = np.ascontiguousarray(pos, np.int32)
+    q_out, k_out = np.full(q.shape, np.nan, np.float32), np.full(k.shape, np.nan, np.float32)
+    theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
+    params = pack("RopeStoreParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
+                  n_rot=n_rot, theta_scale=theta_scale, freq_scale=freq_scale, neox=int(bool(neox)),
+                  q_norm=int(q_norm is not None), k_norm=int(k_norm is not None), eps=eps,
+                  capacity=k_cache.shape[0], write_k=1, per_row=0)
+    lib.run_rope_store(_f(q), _f(k), _f(v), _f(qn), _f(kn), _f(pos), _f(q_out), _f(k_out),
+                       _f(k_cache.view(np.uint16)), _f(v_cache.view(np.uint16)), _f(params))
+    return q_out, k_out
 
 
 def _f(a: np.ndarray) -> int:

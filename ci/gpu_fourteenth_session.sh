@@ -8,6 +8,10 @@
 #      soak lost) a soak of this call's own, as long as the call allows, instead. Then the load
 #      test again: llama-server, brass, llama-server, on a quiet machine (llama.cpp built beside
 #      the soak's end, niced).
+#   3. BRASS_ROPE_ATTENTION (rope_store folded into the decode attention kernel): its GPU tests
+#      and the model checks (lockstep, free running, graph against eager, batched) with it on,
+#      beside llama.cpp's build (niced); tg128 with it off and on, alternated, on the 0.6B and
+#      8B shapes; then the side by side of both shapes with it on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -37,6 +41,29 @@ case "${1:-1}" in
     fi
     python3 ci/load_table.py "$out"
     rm -f "$out"/load-*.json
+    ;;
+3)
+    LLAMA_NICE=15 llama_ready || echo "llama.cpp building (t=$(t) s)"
+    for m in qwen3-0.6b qwen3-8b; do [ -f "$dir/$m.gguf" ] || python3 ci/shape_models.py "$m" "$dir" > /dev/null; done
+    echo "shapes written (t=$(t) s)"
+    BRASS_ROPE_ATTENTION=1 guarded 260 python3 -m pytest -q -n 8 -p no:cacheprovider conformance/test_kernels.py \
+        conformance/test_kernels_model.py conformance/test_batch.py conformance/test_decode_graph.py \
+        -k "rope or attention or model or batch or graph or greedy" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -12
+    echo "tests done (t=$(t) s)"
+    for round in 1 2; do
+        for v in 0 1; do
+            [ "$(left 420)" -ge 30 ] || break
+            echo "qwen3-0.6b BRASS_ROPE_ATTENTION=$v: $(BRASS_ROPE_ATTENTION=$v brass_tg "$dir/qwen3-0.6b.gguf" 40)"
+        done
+    done
+    for v in 0 1; do
+        [ "$(left 430)" -ge 40 ] || break
+        echo "qwen3-8b BRASS_ROPE_ATTENTION=$v: $(BRASS_ROPE_ATTENTION=$v brass_tg "$dir/qwen3-8b.gguf" 60)"
+    done
+    if need_llama 500; then
+        BRASS_ROPE_ATTENTION=1 LLAMA_BENCH="$bin/llama-bench" REPS=3 \
+            guarded 590 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b 2>&1 | grep -v "^WARNING"
+    fi
     ;;
 esac
 rm -f "$out"/llama-*.log "$out"/brass-*.log "$out"/bytes-*

@@ -844,6 +844,51 @@ def test_attention_writes_q8_of_its_output(cuda, rng):
     assert_q8_of(cuda, out, "attention")
 
 
+@pytest.mark.parametrize("layout", ["one-sequence", "rows"])
+@pytest.mark.parametrize("qk_norm,neox,n_rot,window", [(True, True, 128, 0), (False, False, 64, 5)],
+                         ids=["qwen3", "partial-window"])
+def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, tmp_path, layout, qk_norm, neox,
+                                                                    n_rot, window, monkeypatch):
+    # rope_attention (BRASS_ROPE_ATTENTION: a decode step's q/k norms, rope, cache writes and
+    # attention in one kernel) must give what rope_store then attention give on the GPU, bit for
+    # bit: roped q and k, every cache slot, the output and its Q8_1 blocks; one sequence (T = 1)
+    # and a batched step's rows (each its own caches at its own position); and it must be the
+    # one launch taken. GQA 4:1 (each KV head's slot written by the four blocks of its group).
+    from engine.backends.cuda import backend as cb
+    H, Hkv, Dh, cap = 8, 2, 128, 48
+    past = [30] if layout == "one-sequence" else [30, 0, 44]
+    R = len(past)
+    gf = weights(tmp_path, rng, {"qn": (GGMLType.F32, (Dh,)), "kn": (GGMLType.F32, (Dh,))})
+    q, k, v = (rng.uniform(-1, 1, (R, n, Dh)).astype(F32) for n in (H, Hkv, Hkv))
+    caches0 = [(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16), rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16))
+               for _ in range(R)]
+    pos = np.array(past, np.int32)
+    rope = dict(q_norm=cuda.weight(gf, "qn") if qk_norm else None, k_norm=cuda.weight(gf, "kn") if qk_norm else None,
+                eps=1e-6, n_rot=n_rot, base=1e6, neox=neox)
+    launched = record_launches(cuda, monkeypatch)
+    got = {}
+    for fused in (True, False):
+        monkeypatch.setattr(cb, "ROPE_ATTENTION", fused)
+        layers = [(cuda.asarray(kc), cuda.asarray(vc)) for kc, vc in caches0]
+        args = (cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos))
+        launched.clear()
+        if layout == "one-sequence":
+            qo, ko, out = cuda.rope_attention(*args, *layers[0], 0.09, window, **rope)
+        else:
+            qo, ko, out = cuda.rope_attention_rows(*args, layers, 0.09, window, **rope)
+        assert ("rope_attention" in launched) == fused and (len(launched) == 1) == fused, launched
+        blocks = cuda._q8_of(out)
+        got[fused] = [cuda.to_numpy(a) for a in (qo, ko, out)] + [cuda.to_numpy(blocks)] + \
+            [cuda.to_numpy(c).view(np.uint16) for pair in layers for c in pair]
+    names = ["q", "k", "output", "Q8_1 blocks"] + [f"row {r} {c} cache" for r in range(R) for c in "kv"]
+    for name, a, b in zip(names, got[True], got[False]):
+        assert not (a.dtype.kind == "f" and np.isnan(a).any()), f"{name}: NaN (left unwritten)"
+        assert np.array_equal(a, b), f"{name}: rope_attention differs from rope_store then attention"
+    for r, (kc, vc) in enumerate(caches0):      # only each row's own slot was written
+        moved = np.flatnonzero((got[True][4 + 2 * r] != kc.view(np.uint16)).any(axis=(1, 2)))
+        assert set(moved) <= {past[r]}, f"row {r}: slots {moved} written, only {past[r]} may be"
+
+
 # -- gated delta-net ops (hybrid models) ----------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["sigmoid", "softplus", "silu"])

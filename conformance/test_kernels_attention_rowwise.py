@@ -92,3 +92,49 @@ def test_pass1_layouts_on_the_cpu(rng, case, lanes, record_property):
         check(got, want.reshape(T, -1), ATTENTION, record_property)
         if blocks is not None:
             assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+
+
+# (H, H_kv, D, DV, past, window, q/k norms, neox, n_rot): Qwen3's heads (norms, neox), GQA 4:1
+# and none, a window, partial rotation (n_rot < D), the interleaved layout, an empty past
+ROPE_CASES = [(4, 2, 128, 128, 40, 0, True, True, 128), (2, 2, 64, 64, 7, 0, False, False, 64),
+              (8, 2, 128, 128, 100, 24, True, True, 64), (2, 1, 64, 64, 0, 0, True, False, 32)]
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "H%d-%d-D%d-%d-past%d-w%d-norm%d-neox%d-rot%d" % c)
+def test_rope_attention_is_rope_store_then_attention_on_the_cpu(rng, case):
+    # rope_attention (a decode step's q/k norms, rope, cache writes and attention in one
+    # kernel) must give exactly what fused.cu's rope_store then attention give: the roped q
+    # and k, every cache slot, the output and its Q8_1 blocks, bit for bit (the same device
+    # code for the rope, the same attention body). Unseen cache slots are NaN on both sides.
+    from ci import fused_host
+    from ci.attn_host import attention_rowwise, rope_attention, unseen_slots
+    from ci.mmq_host import NoHostCompiler
+    try:
+        flib = fused_host.build()
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of fused.cu: {e}")
+    alib = _lib()
+    H, Hkv, D, DV, past, window, norms, neox, n_rot = case
+    cap = past + 9
+    pos = np.array([past], np.int32)
+    q = rng.standard_normal((1, H, D)).astype(np.float32)
+    k = rng.standard_normal((1, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((1, Hkv, DV)).astype(np.float32)
+    kc = rng.standard_normal((cap, Hkv, D)).astype(np.float16)
+    vc = rng.standard_normal((cap, Hkv, DV)).astype(np.float16)
+    unseen = unseen_slots(pos, cap, window)
+    unseen[past] = True                 # the slot the kernel writes: NaN until it does
+    kc[unseen], vc[unseen] = np.nan, np.nan
+    rope = dict(q_norm=rng.uniform(0.5, 1.5, D).astype(np.float32) if norms else None,
+                k_norm=rng.uniform(0.5, 1.5, D).astype(np.float32) if norms else None,
+                eps=1e-6, n_rot=n_rot, base=1e6, neox=neox)
+    scale = float(1 / np.sqrt(D))
+    kc1, vc1, kc2, vc2 = kc.copy(), vc.copy(), kc.copy(), vc.copy()
+    q1, k1 = fused_host.rope_store(flib, q, k, v, pos, kc1, vc1, **rope)
+    out1, blocks1 = attention_rowwise(alib, q1, kc1, vc1, pos, scale, window)
+    q2, k2, out2, blocks2 = rope_attention(alib, q, k, v, pos, kc2, vc2, scale, window=window, **rope)
+    assert not np.isnan(out1).any(), "the composition read a slot it must not see"
+    for what, a, b in (("q", q1, q2), ("k", k1, k2), ("output", out1, out2), ("Q8_1 blocks", blocks1, blocks2),
+                       ("K cache", kc1.view(np.uint16), kc2.view(np.uint16)),
+                       ("V cache", vc1.view(np.uint16), vc2.view(np.uint16))):
+        assert np.array_equal(a, b), f"{case}: rope_attention's {what} differs from rope_store then attention"

@@ -187,23 +187,50 @@ class Lockstep:
             gelu = op == "ffn_glu" and (kw.get("gelu") or (len(args) > 3 and args[3]))
             self._compare(op, got, want, "ffn_glu_gelu" if gelu else None)
         if op == "rope_store":
-            # The caches hold the F16 roundings of the roped keys (and of v as given): a key
-            # a few float32 ulps off (the rope bound) can round to the neighbouring F16 value,
-            # and nothing farther. Checked per element, not as an NMSE: in a short prompt's
-            # small cache one flipped large element alone gave 1.24e-9 (the GPU suite,
-            # synth-gemma4, 2026-12-02), over F16_ROUNDED's rate-based 1e-9.
-            for cache in args[4:6]:
-                got_c, want_c = self.cuda.to_numpy(cache.dev), cache.ref
-                steps = f16_steps(got_c, want_c)
-                assert steps.max() <= 1, \
-                    f"{self.where}: rope_store cache {int(steps.max())} F16 steps off (at most 1)"
-                # a flip needs the float32 key within a few ulps of an F16 rounding tie, ~2^-12
-                # of elements a ulp; 1 % is far above that and far below a wrong rotation's
-                flips = float(np.mean(steps > 0))
-                assert flips <= 0.01, f"{self.where}: rope_store cache {flips:.2%} of elements flipped"
-                with self.cuda.activate():                    # on the backend's own stream
-                    cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
+            self._check_caches(args[4:6])
         return want
+
+    def _check_caches(self, caches):
+        """The K and V caches after a rope_store against the reference's, then reset to them."""
+        # The caches hold the F16 roundings of the roped keys (and of v as given): a key
+        # a few float32 ulps off (the rope bound) can round to the neighbouring F16 value,
+        # and nothing farther. Checked per element, not as an NMSE: in a short prompt's
+        # small cache one flipped large element alone gave 1.24e-9 (the GPU suite,
+        # synth-gemma4, 2026-12-02), over F16_ROUNDED's rate-based 1e-9.
+        for cache in caches:
+            got_c, want_c = self.cuda.to_numpy(cache.dev), cache.ref
+            steps = f16_steps(got_c, want_c)
+            assert steps.max() <= 1, \
+                f"{self.where}: rope_store cache {int(steps.max())} F16 steps off (at most 1)"
+            # a flip needs the float32 key within a few ulps of an F16 rounding tie, ~2^-12
+            # of elements a ulp; 1 % is far above that and far below a wrong rotation's
+            flips = float(np.mean(steps > 0))
+            assert flips <= 0.01, f"{self.where}: rope_store cache {flips:.2%} of elements flipped"
+            with self.cuda.activate():                    # on the backend's own stream
+                cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
+
+    def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window=0, **rope):
+        """Where the CUDA backend fuses rope_store and attention into one kernel (a decode
+        step), in two stages as moe_ffn: the kernel's roped q and k against the reference's
+        rope_store (its bound) and its cache writes as rope_store's; then its output against
+        the reference's attention over the kernel's own q and caches (only the sum order may
+        differ: the attention bound). Where it does not fuse (a prompt), the composition, each
+        op checked as every other."""
+        from engine.backends.base import Backend
+        if not self.cuda.fuses_rope_attention(q.shape[0], k_cache.dev, v_cache.dev):
+            return Backend.rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window, **rope)
+        ref_kw = {n: a.ref if isinstance(a, Pair) else a for n, a in rope.items()}
+        dev_kw = {n: self._dev(a) for n, a in rope.items()}
+        got = self.cuda.rope_attention(self._dev(q), self._dev(k), self._dev(v), self._dev(pos), k_cache.dev,
+                                       v_cache.dev, scale, window, **dev_kw)
+        want_q, want_k = self.ref.rope_store(q, k, v, pos, k_cache.ref, v_cache.ref, **ref_kw)
+        self._compare("rope_store", got[0], want_q, what="rope_attention q")
+        self._compare("rope_store", got[1], want_k, what="rope_attention k")
+        own = self.ref.attention(self.cuda.to_numpy(got[0]), self.cuda.to_numpy(k_cache.dev),
+                                 self.cuda.to_numpy(v_cache.dev), pos, scale, window)
+        self._compare("attention", got[2], own, what="rope_attention output (from its own q and caches)")
+        self._check_caches((k_cache, v_cache))
+        return want_q, want_k, self.ref.attention(want_q, k_cache.ref, v_cache.ref, pos, scale, window)
 
     @staticmethod
     def _matmul_terms(x, w):

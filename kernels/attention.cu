@@ -48,16 +48,33 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __res
     cache[(i64) slot * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 
+// The rope and norm arguments of rope_attention (unused by attention).
+struct RopeArgs {
+    const float * k;          // [T, H_kv, head_dim] keys before their norm and rope
+    const float * v;          // [T, H_kv, head_dim_v]
+    const float * qn;         // head norm weights (when q_norm / k_norm)
+    const float * kn;
+    float * q_out;            // [T, H, head_dim] the roped queries (for the trace)
+    float * k_out;            // [T, H_kv, head_dim] the roped keys
+    int n_rot, neox, q_norm, k_norm;
+    float theta_scale, freq_scale, eps;
+};
+
 // One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
 // blocks (the input of the output projection), quantized here so that no separate kernel has
 // to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
 // per_row: token t reads the caches at k_rows[t] / v_rows[t] (each row its own sequence, all
 // of capacity >= its position; capacity is the largest) instead of k_cache / v_cache.
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
-attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
-          const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
-          const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows, const AttentionParams p) {
-    PDL_ENTRY();
+// ROPE (rope_attention): first the block does what rope_store does for its query head and for
+// its KV head (norm_rope_head: the same code, so the same bits), writing that KV head's slot of
+// the caches itself; every block of a KV head group writes the same values there, and each
+// reads its own writes after the barrier (no other kernel between). The caches are then not
+// read-only in the kernel, so they are plain pointers here (no __restrict__, no .nc loads).
+template <bool ROPE>
+__device__ __forceinline__ void attend_block(const float * q, const u16 * k_cache, const u16 * v_cache,
+                                             const int * pos, float * out, block_q8_1 * out_q,
+                                             const u64 * k_rows, const u64 * v_rows, const AttentionParams & p,
+                                             const RopeArgs & r) {
     extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
@@ -77,6 +94,30 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     const int n = hi - lo + 1;                // visible slots; n <= n_slots
 
     const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
+    if (ROPE) {
+        // part (ATTN_WARPS * head_dim_v floats, at least head_dim: the launch sizes it so) is
+        // the head's scratch row until pass 3.
+        const int slot = pos[t];
+        const bool slot_ok = slot >= 0 && slot < p.capacity;
+        float * qo = r.q_out + ((i64) t * p.n_heads + h) * p.head_dim;
+        norm_rope_head<ATTN_THREADS>(qr, r.qn, r.q_norm, p.head_dim, r.n_rot, r.neox, r.theta_scale,
+                                     r.freq_scale, r.eps, slot, part, red_sum, qo, nullptr);
+        __syncthreads();                      // part is rewritten by the key head
+        const bool first = h % (p.n_heads / p.n_kv_heads) == 0;   // writes k_out
+        const i64 kh = (i64) t * p.n_kv_heads + h_kv;
+        norm_rope_head<ATTN_THREADS>(r.k + kh * p.head_dim, r.kn, r.k_norm, p.head_dim, r.n_rot, r.neox,
+                                     r.theta_scale, r.freq_scale, r.eps, slot, part, red_sum,
+                                     first ? r.k_out + kh * p.head_dim : nullptr,
+                                     slot_ok ? (u16 *) k_cache + ((i64) slot * p.n_kv_heads + h_kv) * p.head_dim
+                                             : nullptr);
+        if (slot_ok) {
+            const float * vs = r.v + kh * p.head_dim_v;
+            u16 * vd = (u16 *) v_cache + ((i64) slot * p.n_kv_heads + h_kv) * p.head_dim_v;
+            for (int d = threadIdx.x; d < p.head_dim_v; d += ATTN_THREADS) vd[d] = f32_to_f16(vs[d]);
+        }
+        __syncthreads();                      // the roped query and this slot's K and V written
+        qr = qo;
+    }
     for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
     __syncthreads();
 
@@ -185,4 +226,32 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
         o[d] = acc;
         if (p.write_q8) quantize_warp_q8_1(acc, out_q + (((i64) t * p.n_heads + h) * p.head_dim_v + d) / QK8_1);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
+          const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
+          const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows, const AttentionParams p) {
+    PDL_ENTRY();
+    attend_block<false>(q, k_cache, v_cache, pos, out, out_q, k_rows, v_rows, p, RopeArgs{});
+}
+
+// rope_store and attention in one launch, for one token per sequence (a decode step: T = 1, or
+// a batched step's rows, each its own caches): the launch a decode layer saves.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+rope_attention(const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
+               const float * __restrict__ qn, const float * __restrict__ kn, const int * __restrict__ pos,
+               float * __restrict__ q_out, float * __restrict__ k_out, u16 * k_cache, u16 * v_cache,
+               float * __restrict__ out, block_q8_1 * __restrict__ out_q, const u64 * __restrict__ k_rows,
+               const u64 * __restrict__ v_rows, const RopeAttentionParams rp) {
+    PDL_ENTRY();
+    AttentionParams p;
+    p.n_tokens = rp.n_tokens; p.n_heads = rp.n_heads; p.n_kv_heads = rp.n_kv_heads; p.head_dim = rp.head_dim;
+    p.head_dim_v = rp.head_dim_v; p.capacity = rp.capacity; p.n_slots = rp.n_slots; p.window = rp.window;
+    p.scale = rp.scale; p.write_q8 = rp.write_q8; p.per_row = rp.per_row; p.pad0 = 0;
+    RopeArgs r;
+    r.k = k; r.v = v; r.qn = qn; r.kn = kn; r.q_out = q_out; r.k_out = k_out;
+    r.n_rot = rp.n_rot; r.neox = rp.neox; r.q_norm = rp.q_norm; r.k_norm = rp.k_norm;
+    r.theta_scale = rp.theta_scale; r.freq_scale = rp.freq_scale; r.eps = rp.eps;
+    attend_block<true>(q, k_cache, v_cache, pos, out, out_q, k_rows, v_rows, p, r);
 }

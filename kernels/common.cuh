@@ -247,3 +247,48 @@ __device__ __forceinline__ float rope_angle_ff(const int pos, const int i, const
                                                const float ff, const float freq_scale) {
     return __fmul_rn(__fdiv_rn(rope_angle(pos, i, theta_scale, 1.0f), ff), freq_scale);   // theta * 1 = theta
 }
+
+// One q or k head of a token: optional RMS norm over the head (double sum of squares, as
+// rms_norm; weight nw), then rope at cache slot `slot`; the result goes to `out` (float32) and
+// `cache` (F16), either may be null. `row` is head_dim floats of shared memory, `partial` one
+// double per warp. fused.cu's rope_store and attention.cu's rope_attention both call it, so the
+// two give the same bits. Every thread of the block must call it.
+template <int THREADS>
+__device__ __forceinline__ void norm_rope_head(const float * src, const float * nw, const bool norm, const int D,
+                                               const int n_rot, const bool neox, const float theta_scale,
+                                               const float freq_scale, const float eps, const int slot,
+                                               float * row, double * partial, float * out, u16 * cache) {
+    float scale = 1.0f;
+    if (norm) {
+        double ss = 0.0;
+        for (int d = threadIdx.x; d < D; d += THREADS) {
+            const double x = src[d];
+            ss += x * x;
+        }
+        ss = block_sum_f64<THREADS>(ss, partial);
+        const float mean = (float) (ss / D);
+        scale = 1.0f / sqrtf(__fadd_rn(mean, eps));
+    }
+    for (int d = threadIdx.x; d < D; d += THREADS)
+        row[d] = norm ? __fmul_rn(__fmul_rn(src[d], scale), nw[d]) : src[d];
+    __syncthreads();
+
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < half + (D - n_rot); i += THREADS) {
+        if (i < half) {
+            const float angle = rope_angle(slot, i, theta_scale, freq_scale);
+            const float c = cosf(angle), s = sinf(angle);
+            const int i0 = neox ? i : 2 * i;
+            const int i1 = neox ? i + half : 2 * i + 1;
+            const float x0 = row[i0], x1 = row[i1];
+            const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+            if (out) { out[i0] = y0; out[i1] = y1; }
+            if (cache) { cache[i0] = f32_to_f16(y0); cache[i1] = f32_to_f16(y1); }
+        } else {
+            const int d = n_rot + (i - half);
+            if (out) out[d] = row[d];
+            if (cache) cache[d] = f32_to_f16(row[d]);
+        }
+    }
+}

@@ -110,46 +110,11 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
     const int h = is_q ? hb : hb - p.n_heads;
     const int n_h = is_q ? p.n_heads : p.n_kv_heads;
     const float * src = (is_q ? q : k) + ((i64) t * n_h + h) * p.head_dim;
-    const float * nw = is_q ? qn : kn;
-    const bool norm = is_q ? p.q_norm : p.k_norm;
-    const int D = p.head_dim;
-
-    float scale = 1.0f;
-    if (norm) {
-        double ss = 0.0;
-        for (int d = threadIdx.x; d < D; d += ROPE_STORE_THREADS) {
-            const double x = src[d];
-            ss += x * x;
-        }
-        ss = block_sum_f64<ROPE_STORE_THREADS>(ss, partial);
-        const float mean = (float) (ss / D);
-        scale = 1.0f / sqrtf(__fadd_rn(mean, p.eps));
-    }
-    for (int d = threadIdx.x; d < D; d += ROPE_STORE_THREADS)
-        row[d] = norm ? __fmul_rn(__fmul_rn(src[d], scale), nw[d]) : src[d];
-    __syncthreads();
-
-    float * out = is_q ? q_out + ((i64) t * n_h + h) * D
-                       : (p.write_k ? k_out + ((i64) t * n_h + h) * D : nullptr);
-    u16 * cache = (!is_q && slot_ok) ? k_cache + ((i64) slot * p.n_kv_heads + h) * D : nullptr;
-    const int half = p.n_rot / 2;
-    for (int i = threadIdx.x; i < half + (D - p.n_rot); i += ROPE_STORE_THREADS) {
-        if (i < half) {
-            const float angle = rope_angle(slot, i, p.theta_scale, p.freq_scale);
-            const float c = cosf(angle), s = sinf(angle);
-            const int i0 = p.neox ? i : 2 * i;
-            const int i1 = p.neox ? i + half : 2 * i + 1;
-            const float x0 = row[i0], x1 = row[i1];
-            const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-            if (out) { out[i0] = y0; out[i1] = y1; }
-            if (cache) { cache[i0] = f32_to_f16(y0); cache[i1] = f32_to_f16(y1); }
-        } else {
-            const int d = p.n_rot + (i - half);
-            if (out) out[d] = row[d];
-            if (cache) cache[d] = f32_to_f16(row[d]);
-        }
-    }
+    float * out = is_q ? q_out + ((i64) t * n_h + h) * p.head_dim
+                       : (p.write_k ? k_out + ((i64) t * n_h + h) * p.head_dim : nullptr);
+    u16 * cache = (!is_q && slot_ok) ? k_cache + ((i64) slot * p.n_kv_heads + h) * p.head_dim : nullptr;
+    norm_rope_head<ROPE_STORE_THREADS>(src, is_q ? qn : kn, is_q ? p.q_norm : p.k_norm, p.head_dim, p.n_rot,
+                                       p.neox, p.theta_scale, p.freq_scale, p.eps, slot, row, partial, out, cache);
 }
 
 // One block per token: route_row (route.cuh) on its row of logits.

@@ -89,6 +89,29 @@ struct AttentionParams {
     int pad0;
 };
 
+// attention.cu's rope_attention: AttentionParams' fields, then RopeStoreParams' rope and norm
+// fields (one token per sequence: T = 1, or a batched decode step's rows, per_row).
+struct RopeAttentionParams {
+    int n_tokens;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int head_dim_v;
+    int capacity;
+    int n_slots;
+    int window;
+    float scale;
+    int write_q8;
+    int per_row;
+    int n_rot;
+    float theta_scale;
+    float freq_scale;
+    int neox;
+    int q_norm;
+    int k_norm;
+    float eps;
+};
+
 struct RowParams {
     int n_rows;
     int n_cols;

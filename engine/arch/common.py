@@ -79,6 +79,14 @@ def attend(f: Forward, il: int, q, scale: float, window: int = 0):
     return f.b.attention(q, *layers, f.pos, scale, window)
 
 
+def rope_attend(f: Forward, il: int, q, k, v, rope: dict, scale: float, window: int = 0):
+    """rope_store then attend (one kernel on the GPU in a decode step). Returns (q, k, out)."""
+    layers = kv_layers(f, il)
+    if isinstance(layers, list):
+        return f.b.rope_attention_rows(q, k, v, f.pos, layers, scale, window, **rope)
+    return f.b.rope_attention(q, k, v, f.pos, *layers, scale, window, **rope)
+
+
 def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float | None = None,
               kq_scale: float | None = None, rope_base: float | None = None, window: int = 0):
     """Self-attention of the normed input `x [T, D]` → `[T, D]` (before the residual add).
@@ -103,15 +111,20 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
                 k_norm=w(p + "attn_k_norm.weight") if qk_norm else None,
                 eps=cfg.norm_eps, n_rot=cfg.n_rot, base=base, neox=cfg.rope_neox,
                 freq_scale=cfg.rope_freq_scale)
-    q, k = rope_store(f, il, q, k, v, rope)
-    f.cb(q, "Qcur", il)
-    f.cb(k, "Kcur", il)
-    f.cb(v, "Vcur", il)
-    if q_scale is not None:
-        q = b.scale(q, q_scale)
     if kq_scale is None:
         kq_scale = 1.0 / math.sqrt(cfg.head_dim)
-    out = f.cb(attend(f, il, q, kq_scale, window), "kqv_out", il)
+    if q_scale is None:
+        q, k, out = rope_attend(f, il, q, k, v, rope, kq_scale, window)
+        f.cb(q, "Qcur", il)
+        f.cb(k, "Kcur", il)
+        f.cb(v, "Vcur", il)
+    else:       # the query scaled between rope and attention: two steps
+        q, k = rope_store(f, il, q, k, v, rope)
+        f.cb(q, "Qcur", il)
+        f.cb(k, "Kcur", il)
+        f.cb(v, "Vcur", il)
+        out = attend(f, il, b.scale(q, q_scale), kq_scale, window)
+    out = f.cb(out, "kqv_out", il)
     out = b.matmul(out, w(p + "attn_output.weight"))
     bias = w.opt(p + "attn_output.bias")
     if bias is not None:

@@ -229,6 +229,13 @@ class Backend(ABC):
         self.kv_store(v_cache, v, pos)
         return q, k
 
+    def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale: float, window: int = 0, **rope):
+        """rope_store then attention over the cache it wrote (one kernel on the GPU where each
+        token is its sequence's only one). Returns the roped `(q, k)` and the attention output
+        `[T, H * Dv]`."""
+        q, k = self.rope_store(q, k, v, pos, k_cache, v_cache, **rope)
+        return q, k, self.attention(q, k_cache, v_cache, pos, scale, window)
+
     # -- a batch of sequences, one token row each (batched decode) ----------------------------
     # Set inside rows_independent(); a backend whose multi-row kernels sum in another order
     # than its single-row ones reads it and takes the single-row ones for the rows.
@@ -269,6 +276,12 @@ class Backend(ABC):
                 out = self.empty((len(layers), o.shape[-1]))
             out[r:r + 1] = o
         return out
+
+    def rope_attention_rows(self, q, k, v, pos, layers: list, scale: float, window: int = 0, **rope):
+        """rope_attention for rows of different sequences, each with its cache pair
+        `layers[r]`: rope_store_rows then attention_rows."""
+        q, k = self.rope_store_rows(q, k, v, pos, layers, **rope)
+        return q, k, self.attention_rows(q, layers, pos, scale, window)
 
     def ffn_glu(self, x, w_gate: Weight, w_up: Weight, gelu: bool = False):
         """`act(x @ W_gate.T) * (x @ W_up.T)`, act SiLU (SwiGLU) or GELU (GeGLU)."""

@@ -115,6 +115,10 @@ F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "1") not in ("", "0")
 # H200 (2026-12-01, pp512) the Qwen3-8B shape 7,772 -> 9,386 tok/s, the 30B-A3B (with the
 # other levers) 3,844 -> 4,812; the 0.6B's host-bound figure moved both ways between calls.
 ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "1") not in ("", "0")
+# BRASS_ROPE_ATTENTION=1: a decode step's q/k norms, rope and K/V cache writes done by the
+# attention kernel itself (attention.cu rope_attention) instead of a rope_store launch before
+# it: one launch fewer per attention layer, the same bits (the same device code).
+ROPE_ATTENTION = os.environ.get("BRASS_ROPE_ATTENTION", "0") not in ("", "0")
 # Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
 # CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
 # handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
@@ -263,7 +267,7 @@ def launched_kernels() -> list[tuple[str, str]]:
     ks += [("matvec_q.cu", f"matvec_mixed_{n}") for n in MIXED_PAIRS.values()]
     ks += [("matvec_q.cu", "matvec_coop_q6_k")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
-           ("attention.cu", "attention")]
+           ("attention.cu", "attention"), ("attention.cu", "rope_attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
     ks += [("rope.cu", "rope_ff")] + [("elementwise.cu", k) for k in ("tanh_f32", "softcap", "mul_expert_scale")]
     ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final")]
@@ -1547,27 +1551,36 @@ class CudaBackend(Backend):
             raise BrassError(f"rope_store_rows: {q.shape[0]} rows for {len(layers)} caches")
         return self.rope_store(q, k, v, pos, *layers[0], row_caches=layers, **kw)
 
-    def rope_store(self, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox,
-                   freq_scale=1.0, row_caches=None):
-        q, k, v = _f32(q, "rope_store q"), _f32(k, "rope_store k"), _f32(v, "rope_store v")
-        pos = _i32(pos, "rope_store pos")
+    @staticmethod
+    def _rope_checked(what, q, k, v, pos, k_cache, v_cache, q_norm, k_norm, n_rot, base):
+        """rope_store's (and rope_attention's) inputs checked: (q, k, v, pos, theta_scale)."""
+        q, k, v = _f32(q, f"{what} q"), _f32(k, f"{what} k"), _f32(v, f"{what} v")
+        pos = _i32(pos, f"{what} pos")
         if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or pos.shape != (q.shape[0],):
-            raise BrassError(f"rope_store: expected q/k/v [T, H, Dh] and pos [T], got {q.shape}, "
+            raise BrassError(f"{what}: expected q/k/v [T, H, Dh] and pos [T], got {q.shape}, "
                              f"{k.shape}, {v.shape}, {pos.shape}")
         T, H, Dh = q.shape
         Hkv, Dv = k.shape[1], v.shape[2]
         if k.shape != (T, Hkv, Dh) or v.shape[:2] != (T, Hkv):
-            raise BrassError(f"rope_store: k {k.shape} / v {v.shape} do not match q {q.shape}")
+            raise BrassError(f"{what}: k {k.shape} / v {v.shape} do not match q {q.shape}")
         for cache, d in ((k_cache, Dh), (v_cache, Dv)):
             if cache.dtype != F16 or not cache.flags.c_contiguous or cache.shape[1:] != (Hkv, d):
-                raise BrassError(f"rope_store: cache {cache.shape} {cache.dtype} does not hold "
+                raise BrassError(f"{what}: cache {cache.shape} {cache.dtype} does not hold "
                                  f"[n_ctx, {Hkv}, {d}] float16")
         if n_rot % 2 or not 0 < n_rot <= Dh:
-            raise BrassError(f"rope_store: n_rot {n_rot} must be even and in (0, {Dh}]")
-        for nw, what in ((q_norm, "q"), (k_norm, "k")):
+            raise BrassError(f"{what}: n_rot {n_rot} must be even and in (0, {Dh}]")
+        for nw, which in ((q_norm, "q"), (k_norm, "k")):
             if nw is not None and tuple(nw.shape) != (Dh,):
-                raise BrassError(f"rope_store: the {what} norm weight must have shape ({Dh},)")
+                raise BrassError(f"{what}: the {which} norm weight must have shape ({Dh},)")
         theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
+        return q, k, v, pos, theta_scale
+
+    def rope_store(self, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox,
+                   freq_scale=1.0, row_caches=None):
+        q, k, v, pos, theta_scale = self._rope_checked("rope_store", q, k, v, pos, k_cache, v_cache,
+                                                       q_norm, k_norm, n_rot, base)
+        T, H, Dh = q.shape
+        Hkv, Dv = k.shape[1], v.shape[2]
         q_out, k_out = self._out(q.shape), self._out(k.shape)
         if row_caches is None:
             self._no_direct_cache("rope_store")
@@ -1587,6 +1600,68 @@ class CudaBackend(Backend):
                                     eps=eps, capacity=capacity, write_k=1, per_row=int(rows is not None)),
                         smem=4 * Dh)
         return q_out, k_out
+
+    def rope_attention_rows(self, q, k, v, pos, layers, scale, window=0, **rope):
+        if len(layers) == 1:
+            return self.rope_attention(q, k, v, pos, *layers[0], scale, window, **rope)
+        if not (ROW_KERNELS and ROPE_ATTENTION):
+            return super().rope_attention_rows(q, k, v, pos, layers, scale, window, **rope)
+        if q.shape[0] != len(layers):
+            raise BrassError(f"rope_attention_rows: {q.shape[0]} rows for {len(layers)} caches")
+        return self.rope_attention(q, k, v, pos, *layers[0], scale, window, row_caches=layers, **rope)
+
+    @staticmethod
+    def fuses_rope_attention(n_tokens: int, k_cache, v_cache, row_caches=None) -> bool:
+        """Whether rope_attention takes its one-kernel path for these tokens and caches."""
+        Dh, Dv = k_cache.shape[2], v_cache.shape[2]
+        # the kernel's scratch row lives in the per-warp sums (ATTN_WARPS * Dv floats)
+        return (ROPE_ATTENTION and (n_tokens == 1 or row_caches is not None) and ATTN_WARPS * Dv >= Dh
+                and Dh % 2 == 0 and Dv % 2 == 0)
+
+    def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window=0, *, q_norm, k_norm, eps,
+                       n_rot, base, neox, freq_scale=1.0, row_caches=None):
+        """rope_store then attention as one kernel (rope_attention, attention.cu) where each
+        token is its own sequence's only one (a decode step, or a batched step's rows); the two
+        kernels otherwise (a prompt's tokens read each other's cache slots), or with
+        BRASS_ROPE_ATTENTION=0."""
+        rope = dict(q_norm=q_norm, k_norm=k_norm, eps=eps, n_rot=n_rot, base=base, neox=neox,
+                    freq_scale=freq_scale)
+        if not self.fuses_rope_attention(q.shape[0], k_cache, v_cache, row_caches):
+            q, k = self.rope_store(q, k, v, pos, k_cache, v_cache, row_caches=row_caches, **rope)
+            return q, k, self.attention(q, k_cache, v_cache, pos, scale, window, row_caches=row_caches)
+        Dh, Dv = k_cache.shape[2], v_cache.shape[2]
+        q, k, v, pos, theta_scale = self._rope_checked("rope_attention", q, k, v, pos, k_cache, v_cache,
+                                                       q_norm, k_norm, n_rot, base)
+        T, H, _ = q.shape
+        Hkv = k.shape[1]
+        cap = k_cache.shape[0]
+        if v_cache.shape[:2] != (cap, Hkv) or H % Hkv:
+            raise BrassError(f"rope_attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
+        q_out, k_out = self._out(q.shape), self._out(k.shape)
+        out = self._out((T, H * Dv), F32)
+        write_q8 = Dv % 32 == 0
+        out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
+        if row_caches is None:
+            self._no_direct_cache("rope_attention")
+        rows = self._row_pointers(row_caches, "rope_attention") if row_caches is not None else None
+        if rows is not None:
+            *rows, cap = rows
+        n_slots = min(cap, window) if window > 0 else cap
+        if T:
+            k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
+            self.launch("attention.cu", "rope_attention", (H, T), ATTN_THREADS,
+                        q, k, v, q if q_norm is None else q_norm.dense, k if k_norm is None else k_norm.dense,
+                        pos, q_out, k_out, k_cache, v_cache, out, out_q, k_rows, v_rows,
+                        params=pack("RopeAttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
+                                    head_dim_v=Dv, capacity=cap, n_slots=n_slots, window=max(0, window),
+                                    scale=scale, write_q8=int(write_q8), per_row=int(rows is not None),
+                                    n_rot=n_rot, theta_scale=theta_scale, freq_scale=freq_scale,
+                                    neox=int(bool(neox)), q_norm=int(q_norm is not None),
+                                    k_norm=int(k_norm is not None), eps=eps),
+                        smem=4 * (Dh + n_slots + ATTN_WARPS * Dv))
+            if write_q8:
+                self._remember_q8(out, out_q)
+        return q_out, k_out, out
 
     def _glu_matvec(self, x, w_gate, w_up, gelu, ids=None, what="ffn_glu"):
         """matvec_glu: h = act(x W_gate^T) * (x W_up^T) [rows, N] and its Q8_1 blocks. With ids
@@ -1838,6 +1913,6 @@ for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_m
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
               "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
               "gated_delta_net_chunked",
-              "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale", "moe_norms"):
+              "rope_store_rows", "rope_attention", "rope_attention_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale", "moe_norms"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
