@@ -60,9 +60,9 @@ case "${1:-1}" in
         [ "$(left 430)" -ge 40 ] || break
         echo "qwen3-8b BRASS_ROPE_ATTENTION=$v: $(BRASS_ROPE_ATTENTION=$v brass_tg "$dir/qwen3-8b.gguf" 60)"
     done
-    if need_llama 500; then
+    if need_llama 470; then
         BRASS_ROPE_ATTENTION=1 LLAMA_BENCH="$bin/llama-bench" REPS=3 \
-            guarded 590 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b 2>&1 | grep -v "^WARNING"
+            guarded 560 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b 2>&1 | grep -v "^WARNING"
     fi
     ;;
 esac
