@@ -66,8 +66,8 @@ struct RopeArgs {
 // per_row: token t reads the caches at k_rows[t] / v_rows[t] (each row its own sequence, all
 // of capacity >= its position; capacity is the largest) instead of k_cache / v_cache.
 // ROPE (rope_attention): first the block does what rope_store does for its query head and for
-// its KV head (norm_rope_head: the same code, so the same bits), writing that KV head's slot of
-// the caches itself; every block of a KV head group writes the same values there, and each
+// its KV head (the same float operations in the same order, so the same bits), writing that KV
+// head's slot of the caches itself; every block of a KV head group writes the same values there, and each
 // reads its own writes after the barrier (no other kernel between). The caches are then not
 // read-only in the kernel, so they are plain pointers here (no __restrict__, no .nc loads).
 template <bool ROPE>
@@ -95,31 +95,83 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
 
     const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
     if (ROPE) {
-        // part (ATTN_WARPS * head_dim_v floats, at least head_dim: the launch sizes it so) is
-        // the head's scratch row until pass 3.
+        // The query head and the block's key head side by side, each with the float32 and
+        // double operations norm_rope_head does (rope_store's), in its order: q, k and v read
+        // at once, both sums of squares in one block reduction (each added per warp by shuffles,
+        // then the warps' sums in warp order, as block_sum_f64), one angle and one sincos per
+        // pair for both. part (ATTN_WARPS * head_dim_v floats, at least 2 head_dim: the launch
+        // checks) holds the two heads until pass 3.
+        __shared__ double rope_partial[2 * ATTN_WARPS];
+        const int D = p.head_dim;
+        float * rq = part, * rk = part + D;
         const int slot = pos[t];
         const bool slot_ok = slot >= 0 && slot < p.capacity;
-        float * qo = r.q_out + ((i64) t * p.n_heads + h) * p.head_dim;
-        norm_rope_head<ATTN_THREADS>(qr, r.qn, r.q_norm, p.head_dim, r.n_rot, r.neox, r.theta_scale,
-                                     r.freq_scale, r.eps, slot, part, red_sum, qo, nullptr);
-        __syncthreads();                      // part is rewritten by the key head
-        const bool first = h % (p.n_heads / p.n_kv_heads) == 0;   // writes k_out
         const i64 kh = (i64) t * p.n_kv_heads + h_kv;
-        norm_rope_head<ATTN_THREADS>(r.k + kh * p.head_dim, r.kn, r.k_norm, p.head_dim, r.n_rot, r.neox,
-                                     r.theta_scale, r.freq_scale, r.eps, slot, part, red_sum,
-                                     first ? r.k_out + kh * p.head_dim : nullptr,
-                                     slot_ok ? (u16 *) k_cache + ((i64) slot * p.n_kv_heads + h_kv) * p.head_dim
-                                             : nullptr);
-        if (slot_ok) {
-            const float * vs = r.v + kh * p.head_dim_v;
-            u16 * vd = (u16 *) v_cache + ((i64) slot * p.n_kv_heads + h_kv) * p.head_dim_v;
-            for (int d = threadIdx.x; d < p.head_dim_v; d += ATTN_THREADS) vd[d] = f32_to_f16(vs[d]);
+        const float * kr = r.k + kh * D, * vr = r.v + kh * p.head_dim_v;
+        u16 * vd = slot_ok ? (u16 *) v_cache + ((i64) slot * p.n_kv_heads + h_kv) * p.head_dim_v : nullptr;
+        double sq = 0.0, sk = 0.0;
+        for (int d = threadIdx.x; d < max(D, p.head_dim_v); d += ATTN_THREADS) {
+            const float a = d < D ? qr[d] : 0.0f, b = d < D ? kr[d] : 0.0f;
+            const float c = d < p.head_dim_v ? vr[d] : 0.0f;
+            if (d < D) {
+                rq[d] = a;
+                rk[d] = b;
+                const double x = a, y = b;
+                sq += x * x;
+                sk += y * y;
+            }
+            if (vd && d < p.head_dim_v) vd[d] = f32_to_f16(c);
         }
-        __syncthreads();                      // the roped query and this slot's K and V written
-        qr = qo;
+        sq = warp_sum_f64(sq);
+        sk = warp_sum_f64(sk);
+        if (lane == 0) { rope_partial[warp] = sq; rope_partial[ATTN_WARPS + warp] = sk; }
+        __syncthreads();
+        sq = 0.0;
+        sk = 0.0;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) sq += rope_partial[w];
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) sk += rope_partial[ATTN_WARPS + w];
+        const float scale_q = r.q_norm ? 1.0f / sqrtf(__fadd_rn((float) (sq / D), r.eps)) : 1.0f;
+        const float scale_k = r.k_norm ? 1.0f / sqrtf(__fadd_rn((float) (sk / D), r.eps)) : 1.0f;
+        for (int d = threadIdx.x; d < D; d += ATTN_THREADS) {
+            if (r.q_norm) rq[d] = __fmul_rn(__fmul_rn(rq[d], scale_q), r.qn[d]);
+            if (r.k_norm) rk[d] = __fmul_rn(__fmul_rn(rk[d], scale_k), r.kn[d]);
+        }
+        __syncthreads();
+        float * qo = r.q_out + ((i64) t * p.n_heads + h) * D;
+        float * ko = h % (p.n_heads / p.n_kv_heads) == 0 ? r.k_out + kh * D : nullptr;  // once a group
+        u16 * kd = slot_ok ? (u16 *) k_cache + ((i64) slot * p.n_kv_heads + h_kv) * D : nullptr;
+        const int half = r.n_rot / 2;
+        for (int i = threadIdx.x; i < half + (D - r.n_rot); i += ATTN_THREADS) {
+            if (i < half) {
+                const float angle = rope_angle(slot, i, r.theta_scale, r.freq_scale);
+                const float c = cosf(angle), s = sinf(angle);
+                const int i0 = r.neox ? i : 2 * i;
+                const int i1 = r.neox ? i + half : 2 * i + 1;
+                const float q0 = rq[i0], q1 = rq[i1], k0 = rk[i0], k1 = rk[i1];
+                const float yq0 = __fsub_rn(__fmul_rn(q0, c), __fmul_rn(q1, s));
+                const float yq1 = __fadd_rn(__fmul_rn(q0, s), __fmul_rn(q1, c));
+                const float yk0 = __fsub_rn(__fmul_rn(k0, c), __fmul_rn(k1, s));
+                const float yk1 = __fadd_rn(__fmul_rn(k0, s), __fmul_rn(k1, c));
+                qo[i0] = yq0;
+                qo[i1] = yq1;
+                q16[i0] = f16_to_f32(f32_to_f16(yq0));
+                q16[i1] = f16_to_f32(f32_to_f16(yq1));
+                if (ko) { ko[i0] = yk0; ko[i1] = yk1; }
+                if (kd) { kd[i0] = f32_to_f16(yk0); kd[i1] = f32_to_f16(yk1); }
+            } else {
+                const int d = r.n_rot + (i - half);
+                qo[d] = rq[d];
+                q16[d] = f16_to_f32(f32_to_f16(rq[d]));
+                if (ko) ko[d] = rk[d];
+                if (kd) kd[d] = f32_to_f16(rk[d]);
+            }
+        }
+    } else {
+        for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
     }
-    for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
-    __syncthreads();
+    __syncthreads();                          // q16 (and with ROPE this slot's K and V) written
 
     // Pass 1: a warp per slot computes K.Q, each lane two adjacent dims per step (one 32-bit
     // load of two halves); lane 0 keeps the logit and the running max. A warp takes

@@ -1614,8 +1614,8 @@ class CudaBackend(Backend):
     def fuses_rope_attention(n_tokens: int, k_cache, v_cache, row_caches=None) -> bool:
         """Whether rope_attention takes its one-kernel path for these tokens and caches."""
         Dh, Dv = k_cache.shape[2], v_cache.shape[2]
-        # the kernel's scratch row lives in the per-warp sums (ATTN_WARPS * Dv floats)
-        return (ROPE_ATTENTION and (n_tokens == 1 or row_caches is not None) and ATTN_WARPS * Dv >= Dh
+        # the kernel's two scratch heads live in the per-warp sums (ATTN_WARPS * Dv floats)
+        return (ROPE_ATTENTION and (n_tokens == 1 or row_caches is not None) and ATTN_WARPS * Dv >= 2 * Dh
                 and Dh % 2 == 0 and Dv % 2 == 0)
 
     def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window=0, *, q_norm, k_norm, eps,
