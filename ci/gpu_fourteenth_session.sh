@@ -12,6 +12,8 @@
 #      and the model checks (lockstep, free running, graph against eager, batched) with it on,
 #      beside llama.cpp's build (niced); tg128 with it off and on, alternated, on the 0.6B and
 #      8B shapes; then the side by side of both shapes with it on.
+#   4. (the last ~2 minutes of device time) the second form of rope_attention: tg128 of the 0.6B
+#      with it off and on, alternated, then its GPU test.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -64,6 +66,16 @@ case "${1:-1}" in
         BRASS_ROPE_ATTENTION=1 LLAMA_BENCH="$bin/llama-bench" REPS=3 \
             guarded 560 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b 2>&1 | grep -v "^WARNING"
     fi
+    ;;
+4)
+    python3 ci/shape_models.py qwen3-0.6b "$dir" > /dev/null
+    for round in 1 2; do
+        for v in 0 1; do
+            echo "qwen3-0.6b BRASS_ROPE_ATTENTION=$v: $(BRASS_ROPE_ATTENTION=$v brass_tg "$dir/qwen3-0.6b.gguf" 25)"
+        done
+    done
+    echo "t=$(t) s"
+    guarded 118 python3 -m pytest -q -p no:cacheprovider conformance/test_kernels.py -k rope_attention 2>&1 | tail -2
     ;;
 esac
 rm -f "$out"/llama-*.log "$out"/brass-*.log "$out"/bytes-*
