@@ -12,6 +12,8 @@
 #      and the model checks (lockstep, free running, graph against eager, batched) with it on,
 #      beside llama.cpp's build (niced); tg128 with it off and on, alternated, on the 0.6B and
 #      8B shapes; then the side by side of both shapes with it on.
+#   suite: the whole GPU suite alone (until t = 580); the environment passes through (e.g.
+#      BRASS_ROPE_ATTENTION=1 bash ci/gpu_fourteenth_session.sh suite).
 #   4. (the last ~2 minutes of device time) the second form of rope_attention: tg128 of the 0.6B
 #      with it off and on, alternated, then its GPU test.
 set -uo pipefail
@@ -66,6 +68,9 @@ case "${1:-1}" in
         BRASS_ROPE_ATTENTION=1 LLAMA_BENCH="$bin/llama-bench" REPS=3 \
             guarded 560 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b 2>&1 | grep -v "^WARNING"
     fi
+    ;;
+suite)
+    brass_suite 580 -n 14 -q
     ;;
 4)
     python3 ci/shape_models.py qwen3-0.6b "$dir" > /dev/null
