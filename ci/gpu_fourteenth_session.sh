@@ -44,8 +44,7 @@ case "${1:-1}" in
         serve_round brass 1 r1k1
         serve_round llama-server "" r2
     fi
-    python3 ci/load_table.py "$out"
-    rm -f "$out"/load-*.json
+    python3 ci/load_table.py "$out"        # the load JSONs come back with the call
     ;;
 3)
     LLAMA_NICE=15 llama_ready || echo "llama.cpp building (t=$(t) s)"

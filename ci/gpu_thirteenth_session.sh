@@ -68,8 +68,7 @@ part1)
         serve_round brass 0 r1k0
         serve_round llama-server "" r2
     fi
-    python3 ci/load_table.py "$out"
-    rm -f "$out"/load-*.json
+    python3 ci/load_table.py "$out"        # the load JSONs come back with the call
     guarded 590 python3 ci/gpu_profile.py torch batch "$dir/qwen3-8b.gguf" 20 2>&1 | grep -vi warn | head -24
     ;;
 suite)
