@@ -14,7 +14,8 @@
 #      8B shapes; then the side by side of both shapes with it on.
 #   suite: the whole GPU suite alone (until t = 580); the environment passes through (e.g.
 #      BRASS_ROPE_ATTENTION=1 bash ci/gpu_fourteenth_session.sh suite).
-#   5. the 0.6B decode's kernels by time (CUPTI), rope_attention off then on.
+#   5. the 0.6B decode's kernels by time (CUPTI), rope_attention off then on; the mat-vecs
+#      alone beside a streaming read of the same bytes (ci/gpu_speed.py: the Q4_K 75 % bar).
 #   4. (the last ~2 minutes of device time) the second form of rope_attention: tg128 of the 0.6B
 #      with it off and on, alternated, then its GPU test.
 set -uo pipefail
@@ -79,6 +80,7 @@ suite)
         BRASS_ROPE_ATTENTION=$v guarded $((200 + 200 * v)) python3 ci/gpu_profile.py torch decode "$dir/qwen3-0.6b.gguf" 20 \
             2>&1 | grep -vi warn | head -24
     done
+    guarded 590 python3 ci/gpu_speed.py
     ;;
 4)
     python3 ci/shape_models.py qwen3-0.6b "$dir" > /dev/null

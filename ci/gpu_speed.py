@@ -4,7 +4,10 @@
    the ceiling every mat-vec figure is a share of;
 2. decode mat-vec kernels alone (no Python in the timing: 20 calls captured as a CUDA graph and
    replayed; several copies of the weight rotated so that no call is served from the 60 MB L2),
-   GB/s of weight bytes and the share of the copy bandwidth;
+   GB/s of weight bytes and the share of the copy bandwidth; beside each, the floor of any
+   kernel reading those bytes once in the same harness (a streaming read of the same number of
+   bytes, 16 per load, the same graph of 20 calls and rotation; the best of a few grid shapes):
+   what the launch, the ramp-up and the tail of a call of that size leave of the copy rate;
 3. with --models: shape-true models (ci/shape_models.py) written to --dir, then
    brass bench on each (pp512 / tg128 and the kernels per decode token).
 
@@ -50,6 +53,54 @@ def copy_bandwidth(cp) -> float:
     end.synchronize()
     ms = cp.cuda.get_elapsed_time(start, end) / reps
     return 2 * n / (ms * 1e-3) / 1e9
+
+
+READ_SRC = r"""
+extern "C" __global__ void read_words(const uint4 * __restrict__ p, const long long n, unsigned * out) {
+    unsigned acc = 0;
+    const long long stride = (long long) gridDim.x * blockDim.x;
+    long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {       // four loads in flight a thread
+        const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) { const uint4 a = p[i]; acc ^= a.x ^ a.y ^ a.z ^ a.w; }
+    if (acc == 0x9e3779b9u) out[0] = acc;                // keeps the loads; (almost) never taken
+}
+"""
+
+
+def read_floor(b, nbytes: int, reps=20) -> float:
+    """GB/s of the best streaming read of nbytes (16-byte words), timed as matvec_speed times a
+    mat-vec: reps calls in one graph over copies rotated past the L2."""
+    import cupy as cp
+    kern = cp.RawKernel(READ_SRC, "read_words")
+    words = nbytes // 16
+    copies = max(1, -(-(240 << 20) // nbytes))
+    with b.activate():
+        bufs = [cp.random.randint(0, 2 ** 31, words * 4, dtype=np.int64).astype(np.uint32) for _ in range(copies)]
+        out = cp.zeros(1, np.uint32)
+        best = 0.0
+        for blocks_per_sm, threads in ((4, 256), (8, 256), (2, 1024), (16, 128)):
+            grid = b.n_sms * blocks_per_sm
+
+            def calls():
+                for i in range(reps):
+                    kern((grid,), (threads,), (bufs[i % copies], np.int64(words), out), stream=b.stream)
+            calls()
+            b.synchronize()
+            g = b.capture(calls)
+            g.replay()
+            b.synchronize()
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(b.stream)
+            for _ in range(5):
+                g.replay()
+            end.record(b.stream)
+            end.synchronize()
+            us = cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
+            best = max(best, words * 16 / us / 1e3)
+    return best
 
 
 def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
@@ -106,9 +157,13 @@ def main(argv=None):
         tmp.mkdir(parents=True, exist_ok=True)
         for qtype, N, K in MATVEC_CASES:
             us, gbs = matvec_speed(b, tmp, qtype, N, K)
-            rows.append((qtype.name, N, K, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / bw:.0f} %"))
+            nbytes = N * K // BLOCK_SIZES[qtype][0] * BLOCK_SIZES[qtype][1]
+            floor = read_floor(b, nbytes)
+            rows.append((qtype.name, N, K, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / bw:.0f} %",
+                         f"{floor:.0f}", f"{100 * floor / bw:.0f} %", f"{100 * gbs / floor:.0f} %"))
         out["matvec"] = rows
-        print(tabulate(rows, headers=["type", "N", "K", "us/call", "GB/s", "of copy"], tablefmt="github"), flush=True)
+        print(tabulate(rows, headers=["type", "N", "K", "us/call", "GB/s", "of copy", "read-only GB/s",
+                                      "read-only of copy", "of read-only"], tablefmt="github"), flush=True)
     if args.models:
         import engine
         from engine.bench import bench
