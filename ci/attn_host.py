@@ -365,6 +365,8 @@ def rope_attention(lib, q, k, v, pos, k_cache, v_cache, scale, *, q_norm, k_norm
     kn = f32(k_norm) if k_norm is not None else k
     pos = np.ascontiguousarray(pos, np.int32)
     assert k_cache.dtype == np.float16 and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+    # the kernel's two scratch heads live in its per-warp V sums (CudaBackend.fuses_rope_attention)
+    assert 2 * D <= 4 * DV, f"rope_attention needs 2 head_dim <= ATTN_WARPS head_dim_v ({D}, {DV})"
     write_q8 = DV % 32 == 0
     q_out, k_out = np.full(q.shape, np.nan, np.float32), np.full(k.shape, np.nan, np.float32)
     out = np.full((T, H * DV), np.nan, np.float32)

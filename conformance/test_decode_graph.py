@@ -111,3 +111,30 @@ def test_sampled_decode_through_the_graph_matches_eager(model, rng):
     eager = list(model.generate(ids, 16, p, stop_at_eog=False, session=eager_session(model)))
     graph = list(model.generate(ids, 16, p, stop_at_eog=False, session=model.new_session(128)))
     assert graph == eager
+
+
+def test_rope_attention_changes_no_logit(model, rng, monkeypatch):
+    # BRASS_ROPE_ATTENTION folds rope_store into the decode step's attention kernel: a whole
+    # model's decode logits (eager and through the graph, captured with the setting of its
+    # session) must be the same bits with it on as off, and the graph one launch a layer
+    # shorter where the architecture takes it (rope_store in the step, no q scale between).
+    from engine.backends.cuda import backend as cb
+    ids = prompt(model, rng)
+    follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
+    runs, kernels = {}, {}
+    for fused in (False, True):
+        monkeypatch.setattr(cb, "ROPE_ATTENTION", fused)
+        for graphs in (False, True):
+            s = model.new_session(128)
+            s.graphs = graphs
+            s.prefill(ids)
+            runs[fused, graphs] = [model.backend.to_numpy(s.decode(t)).copy() for t in follow]
+            if graphs:
+                kernels[fused] = s._step.kernels
+    for graphs in (False, True):
+        for i, (a, b) in enumerate(zip(runs[True, graphs], runs[False, graphs])):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with rope_attention"
+    # the architectures whose every layer attends through common.attention with no q scale
+    saved = model.config.n_layer if model.config.arch in ("llama", "qwen2", "qwen3", "qwen3moe") else 0
+    assert kernels[False] - kernels[True] == saved, kernels

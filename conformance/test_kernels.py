@@ -844,30 +844,42 @@ def test_attention_writes_q8_of_its_output(cuda, rng):
     assert_q8_of(cuda, out, "attention")
 
 
+# (H, H_kv, head_dim, head_dim_v, q/k norms, neox, n_rot, window, cache slots, positions of the
+# rows): Qwen3's heads at GQA 4:1; a partial rotation with a window; 256-dim heads (pass 1 a warp
+# per slot reads the slot just written through 4-byte loads) at 4:1 over 300 slots; MHA at 64
+ROPE_ATTENTION_CASES = {
+    "qwen3": (8, 2, 128, 128, True, True, 128, 0, 48, [30, 0, 44]),
+    "partial-window": (8, 2, 128, 128, False, False, 64, 5, 48, [30, 0, 44]),
+    "d256-long": (4, 1, 256, 256, True, True, 256, 0, 300, [290, 7, 150]),
+    "mha-d64": (4, 4, 64, 64, True, False, 64, 0, 48, [12, 47, 1]),
+}
+
+
 @pytest.mark.parametrize("layout", ["one-sequence", "rows"])
-@pytest.mark.parametrize("qk_norm,neox,n_rot,window", [(True, True, 128, 0), (False, False, 64, 5)],
-                         ids=["qwen3", "partial-window"])
-def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, tmp_path, layout, qk_norm, neox,
-                                                                    n_rot, window, monkeypatch):
+@pytest.mark.parametrize("case", list(ROPE_ATTENTION_CASES), ids=str)
+def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, tmp_path, layout, case, monkeypatch):
     # rope_attention (BRASS_ROPE_ATTENTION: a decode step's q/k norms, rope, cache writes and
     # attention in one kernel) must give what rope_store then attention give on the GPU, bit for
     # bit: roped q and k, every cache slot, the output and its Q8_1 blocks; one sequence (T = 1)
     # and a batched step's rows (each its own caches at its own position); and it must be the
-    # one launch taken. GQA 4:1 (each KV head's slot written by the four blocks of its group).
+    # one launch taken. With GQA every block of a KV head's group writes that head's slot and
+    # reads it back after a barrier: three fused runs, each on fresh caches, so that an
+    # ordering fault between blocks has more than one chance to show.
     from engine.backends.cuda import backend as cb
-    H, Hkv, Dh, cap = 8, 2, 128, 48
-    past = [30] if layout == "one-sequence" else [30, 0, 44]
+    H, Hkv, Dh, Dv, qk_norm, neox, n_rot, window, cap, past = ROPE_ATTENTION_CASES[case]
+    past = past[:1] if layout == "one-sequence" else past
     R = len(past)
     gf = weights(tmp_path, rng, {"qn": (GGMLType.F32, (Dh,)), "kn": (GGMLType.F32, (Dh,))})
-    q, k, v = (rng.uniform(-1, 1, (R, n, Dh)).astype(F32) for n in (H, Hkv, Hkv))
-    caches0 = [(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16), rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16))
+    q, k = (rng.uniform(-1, 1, (R, n, Dh)).astype(F32) for n in (H, Hkv))
+    v = rng.uniform(-1, 1, (R, Hkv, Dv)).astype(F32)
+    caches0 = [(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16), rng.uniform(-1, 1, (cap, Hkv, Dv)).astype(F16))
                for _ in range(R)]
     pos = np.array(past, np.int32)
     rope = dict(q_norm=cuda.weight(gf, "qn") if qk_norm else None, k_norm=cuda.weight(gf, "kn") if qk_norm else None,
                 eps=1e-6, n_rot=n_rot, base=1e6, neox=neox)
     launched = record_launches(cuda, monkeypatch)
-    got = {}
-    for fused in (True, False):
+
+    def run(fused):
         monkeypatch.setattr(cb, "ROPE_ATTENTION", fused)
         layers = [(cuda.asarray(kc), cuda.asarray(vc)) for kc, vc in caches0]
         args = (cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos))
@@ -878,14 +890,18 @@ def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, t
             qo, ko, out = cuda.rope_attention_rows(*args, layers, 0.09, window, **rope)
         assert ("rope_attention" in launched) == fused and (len(launched) == 1) == fused, launched
         blocks = cuda._q8_of(out)
-        got[fused] = [cuda.to_numpy(a) for a in (qo, ko, out)] + [cuda.to_numpy(blocks)] + \
+        return [cuda.to_numpy(a) for a in (qo, ko, out)] + [cuda.to_numpy(blocks)] + \
             [cuda.to_numpy(c).view(np.uint16) for pair in layers for c in pair]
+
+    want = run(False)
     names = ["q", "k", "output", "Q8_1 blocks"] + [f"row {r} {c} cache" for r in range(R) for c in "kv"]
-    for name, a, b in zip(names, got[True], got[False]):
-        assert not (a.dtype.kind == "f" and np.isnan(a).any()), f"{name}: NaN (left unwritten)"
-        assert np.array_equal(a, b), f"{name}: rope_attention differs from rope_store then attention"
+    for attempt in range(3):
+        got = run(True)
+        for name, a, b in zip(names, got, want):
+            assert not (a.dtype.kind == "f" and np.isnan(a).any()), f"{name}: NaN (left unwritten)"
+            assert np.array_equal(a, b), f"run {attempt}: {name}: rope_attention differs from rope_store then attention"
     for r, (kc, vc) in enumerate(caches0):      # only each row's own slot was written
-        moved = np.flatnonzero((got[True][4 + 2 * r] != kc.view(np.uint16)).any(axis=(1, 2)))
+        moved = np.flatnonzero((want[4 + 2 * r] != kc.view(np.uint16)).any(axis=(1, 2)))
         assert set(moved) <= {past[r]}, f"row {r}: slots {moved} written, only {past[r]} may be"
 
 

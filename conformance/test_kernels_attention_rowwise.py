@@ -96,11 +96,28 @@ def test_pass1_layouts_on_the_cpu(rng, case, lanes, record_property):
 
 # (H, H_kv, D, DV, past, window, q/k norms, neox, n_rot): Qwen3's heads (norms, neox), GQA 4:1
 # and none, a window, partial rotation (n_rot < D), the interleaved layout, an empty past
+# and (a tenth field) a cache smaller than the position (nothing written, the last slots read);
+# V heads narrower than K, a 256-dim head (pass 1 a warp per slot), MHA with V wider than K, a
+# head of 96
 ROPE_CASES = [(4, 2, 128, 128, 40, 0, True, True, 128), (2, 2, 64, 64, 7, 0, False, False, 64),
-              (8, 2, 128, 128, 100, 24, True, True, 64), (2, 1, 64, 64, 0, 0, True, False, 32)]
+              (8, 2, 128, 128, 100, 24, True, True, 64), (2, 1, 64, 64, 0, 0, True, False, 32),
+              (4, 1, 128, 64, 20, 0, True, True, 128), (2, 1, 256, 256, 50, 0, True, True, 256),
+              (4, 4, 64, 128, 12, 0, False, True, 64), (2, 1, 96, 96, 9, 0, True, False, 96),
+              (2, 1, 64, 64, 20, 0, True, True, 64, 16)]
 
 
-@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "H%d-%d-D%d-%d-past%d-w%d-norm%d-neox%d-rot%d" % c)
+def test_rope_attention_and_rope_store_run_on_as_many_threads():
+    # The kernels share their float operations only if the head norms' reductions see the same
+    # warps: rope_store's block and the attention block must be the same size.
+    import re
+    from ci.attn_host import KERNEL_DIR
+    threads = {f: int(re.search(rf"#define {d} (\d+)", (KERNEL_DIR / f).read_text()).group(1))
+               for f, d in (("fused.cu", "ROPE_STORE_THREADS"), ("attention.cu", "ATTN_THREADS"))}
+    assert len(set(threads.values())) == 1, threads
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "H%d-%d-D%d-%d-past%d-w%d-norm%d-neox%d-rot%d" % c[:9]
+                         + ("-cap%d" % c[9] if len(c) > 9 else ""))
 def test_rope_attention_is_rope_store_then_attention_on_the_cpu(rng, case):
     # rope_attention (a decode step's q/k norms, rope, cache writes and attention in one
     # kernel) must give exactly what fused.cu's rope_store then attention give: the roped q
@@ -114,8 +131,8 @@ def test_rope_attention_is_rope_store_then_attention_on_the_cpu(rng, case):
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of fused.cu: {e}")
     alib = _lib()
-    H, Hkv, D, DV, past, window, norms, neox, n_rot = case
-    cap = past + 9
+    H, Hkv, D, DV, past, window, norms, neox, n_rot = case[:9]
+    cap = case[9] if len(case) > 9 else past + 9
     pos = np.array([past], np.int32)
     q = rng.standard_normal((1, H, D)).astype(np.float32)
     k = rng.standard_normal((1, Hkv, D)).astype(np.float32)
@@ -123,7 +140,8 @@ def test_rope_attention_is_rope_store_then_attention_on_the_cpu(rng, case):
     kc = rng.standard_normal((cap, Hkv, D)).astype(np.float16)
     vc = rng.standard_normal((cap, Hkv, DV)).astype(np.float16)
     unseen = unseen_slots(pos, cap, window)
-    unseen[past] = True                 # the slot the kernel writes: NaN until it does
+    if past < cap:
+        unseen[past] = True             # the slot the kernel writes: NaN until it does
     kc[unseen], vc[unseen] = np.nan, np.nan
     rope = dict(q_norm=rng.uniform(0.5, 1.5, D).astype(np.float32) if norms else None,
                 k_norm=rng.uniform(0.5, 1.5, D).astype(np.float32) if norms else None,

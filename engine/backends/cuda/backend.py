@@ -1612,7 +1612,11 @@ class CudaBackend(Backend):
 
     @staticmethod
     def fuses_rope_attention(n_tokens: int, k_cache, v_cache, row_caches=None) -> bool:
-        """Whether rope_attention takes its one-kernel path for these tokens and caches."""
+        """Whether rope_attention takes its one-kernel path for these tokens and caches. Rows
+        that share a cache (a bucket graph's pad rows: ids 0 at position 0 in one pad cache)
+        write the same bits to it, as with rope_store."""
+        if k_cache.ndim != 3 or v_cache.ndim != 3:
+            return False                # the two-kernel path says what is wrong
         Dh, Dv = k_cache.shape[2], v_cache.shape[2]
         # the kernel's two scratch heads live in the per-warp sums (ATTN_WARPS * Dv floats)
         return (ROPE_ATTENTION and (n_tokens == 1 or row_caches is not None) and ATTN_WARPS * Dv >= 2 * Dh
