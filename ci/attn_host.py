@@ -277,18 +277,15 @@ thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
 HOST_WARP_SYNC
 HOST_HALF
-extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, float * out,
-                             block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap, int window,
-                             float scale, int write_q8) {
-    AttentionParams p{};
-    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
-    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
-    p.scale = scale; p.write_q8 = write_q8; p.per_row = 0;
-    std::vector<float> sm(D + p.n_slots + ATTN_WARPS * DV);
+// Every (head, token) block of attention.cu's grid, one after another, with `smem_floats` of
+// dynamic shared memory poisoned with NaN before each.
+template <class F>
+static void run_heads(unsigned H, unsigned T, size_t smem_floats, F fn) {
+    std::vector<float> sm(smem_floats);
     host_smem = sm.data();
     std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {(unsigned) H, (unsigned) T, 1};
+    gridDim = {H, T, 1};
     blockDim = {ATTN_THREADS, 1, 1};
     for (unsigned by = 0; by < gridDim.y; ++by)
         for (unsigned bx = 0; bx < gridDim.x; ++bx) {
@@ -296,11 +293,21 @@ extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, cons
             blockIdx = {bx, by, 0};
             std::vector<std::thread> th;
             for (unsigned i = 0; i < ATTN_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0;
-                                      attention(q, k, v, pos, out, out_q, nullptr, nullptr, p); });
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
             for (auto & t : th) t.join();
         }
     for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
+}
+
+extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, float * out,
+                             block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap, int window,
+                             float scale, int write_q8) {
+    AttentionParams p{};
+    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
+    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
+    p.scale = scale; p.write_q8 = write_q8; p.per_row = 0;
+    run_heads(H, T, D + p.n_slots + ATTN_WARPS * DV,
+              [=] { attention(q, k, v, pos, out, out_q, nullptr, nullptr, p); });
     return 0;
 }
 
@@ -309,24 +316,8 @@ extern "C" int run_rope_attention(const float * q, const float * k, const float 
                                   const float * kn, const int * pos, float * q_out, float * k_out, u16 * kc,
                                   u16 * vc, float * out, block_q8_1 * out_q, const void * params) {
     RopeAttentionParams p; memcpy(&p, params, sizeof p);
-    std::vector<float> sm(p.head_dim + p.n_slots + ATTN_WARPS * p.head_dim_v);
-    host_smem = sm.data();
-    std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
-    for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {(unsigned) p.n_heads, (unsigned) p.n_tokens, 1};
-    blockDim = {ATTN_THREADS, 1, 1};
-    for (unsigned by = 0; by < gridDim.y; ++by)
-        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
-            std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < ATTN_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0;
-                                      rope_attention(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, out, out_q,
-                                                     nullptr, nullptr, p); });
-            for (auto & t : th) t.join();
-        }
-    for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
+    run_heads(p.n_heads, p.n_tokens, p.head_dim + p.n_slots + ATTN_WARPS * p.head_dim_v,
+              [=] { rope_attention(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, out, out_q, nullptr, nullptr, p); });
     return 0;
 }
 """

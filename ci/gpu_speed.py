@@ -70,6 +70,22 @@ extern "C" __global__ void read_words(const uint4 * __restrict__ p, const long l
 """
 
 
+def graph_us(b, calls, reps: int) -> float:
+    """Microseconds per call of `calls()` (reps launches on b's stream), captured once as a
+    graph, replayed once to warm up, then timed over 5 replays. Call inside b.activate()."""
+    import cupy as cp
+    g = b.capture(calls)
+    g.replay()
+    b.synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(b.stream)
+    for _ in range(5):
+        g.replay()
+    end.record(b.stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
+
+
 def read_floor(b, nbytes: int, reps=20) -> float:
     """GB/s of the best streaming read of nbytes (16-byte words), timed as matvec_speed times a
     mat-vec: reps calls in one graph over copies rotated past the L2."""
@@ -89,24 +105,13 @@ def read_floor(b, nbytes: int, reps=20) -> float:
                     kern((grid,), (threads,), (bufs[i % copies], np.int64(words), out), stream=b.stream)
             calls()
             b.synchronize()
-            g = b.capture(calls)
-            g.replay()
-            b.synchronize()
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(b.stream)
-            for _ in range(5):
-                g.replay()
-            end.record(b.stream)
-            end.synchronize()
-            us = cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
-            best = max(best, words * 16 / us / 1e3)
+            best = max(best, words * 16 / graph_us(b, calls, reps) / 1e3)
     return best
 
 
 def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
     """(microseconds per call, GB/s of weight bytes) of the decode mat-vec alone; with_output:
     and the output of one call (numpy), for comparing builds."""
-    import cupy as cp
     rng = np.random.default_rng(0)
     gf = GGUFFile(random_weight_file(tmp / f"w-{qtype.name}-{N}-{K}.gguf", rng, {"w": (qtype, (N, K))}))
     w = b.weight(gf, "w")
@@ -119,16 +124,7 @@ def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
             b._remember_q8(x, b.quantize_q8_1(x))        # time the mat-vec, not the quantization
         y = b.to_numpy(b.matmul(x, w))
         b.synchronize()
-        g = b.capture(lambda: [b.matmul(x, ws[i % copies]) for i in range(reps)])
-        g.replay()
-        b.synchronize()
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record(b.stream)
-        for _ in range(5):
-            g.replay()
-        end.record(b.stream)
-        end.synchronize()
-    us = cp.cuda.get_elapsed_time(start, end) * 1e3 / (5 * reps)
+        us = graph_us(b, lambda: [b.matmul(x, ws[i % copies]) for i in range(reps)], reps)
     return (us, nbytes / us / 1e3, y) if with_output else (us, nbytes / us / 1e3)
 
 
