@@ -8,10 +8,11 @@
 #      soak lost) a soak of this call's own, as long as the call allows, instead. Then the load
 #      test again: llama-server, brass, llama-server, on a quiet machine (llama.cpp built beside
 #      the soak's end, niced).
-#   3. BRASS_ROPE_ATTENTION (rope_store folded into the decode attention kernel): its GPU tests
-#      and the model checks (lockstep, free running, graph against eager, batched) with it on,
-#      beside llama.cpp's build (niced); tg128 with it off and on, alternated, on the 0.6B and
-#      8B shapes; then the side by side of both shapes with it on.
+#   3. BRASS_ROPE_ATTENTION (rope_store folded into the decode attention kernel) and
+#      BRASS_ARGMAX_ADVANCE (the greedy advance in the argmax's final kernel): their GPU tests
+#      and the model checks (lockstep, free running, graph against eager, batched) with both on,
+#      beside llama.cpp's build (niced); tg128 of each setting in turn on the 0.6B (twice) and
+#      8B shapes; then the 0.6B side by side with both off and both on.
 #   suite: the whole GPU suite alone (until t = 580); the environment passes through (e.g.
 #      BRASS_ROPE_ATTENTION=1 bash ci/gpu_fourteenth_session.sh suite).
 #   5. the 0.6B decode's kernels by time (CUPTI), rope_attention off then on; the mat-vecs
@@ -51,23 +52,30 @@ case "${1:-1}" in
     LLAMA_NICE=15 llama_ready || echo "llama.cpp building (t=$(t) s)"
     for m in qwen3-0.6b qwen3-8b; do [ -f "$dir/$m.gguf" ] || python3 ci/shape_models.py "$m" "$dir" > /dev/null; done
     echo "shapes written (t=$(t) s)"
-    BRASS_ROPE_ATTENTION=1 guarded 260 python3 -m pytest -q -n 8 -p no:cacheprovider conformance/test_kernels.py \
-        conformance/test_kernels_model.py conformance/test_batch.py conformance/test_decode_graph.py \
-        -k "rope or attention or model or batch or graph or greedy" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -12
+    BRASS_ROPE_ATTENTION=1 BRASS_ARGMAX_ADVANCE=1 guarded 230 python3 -m pytest -q -n 8 -p no:cacheprovider \
+        conformance/test_kernels.py conformance/test_kernels_model.py conformance/test_batch.py \
+        conformance/test_decode_graph.py -k "rope or attention or argmax or model or batch or graph or greedy" 2>&1 \
+        | grep -E "^(FAILED|ERROR)|passed|failed" | tail -12
     echo "tests done (t=$(t) s)"
+    # tg128, each setting in turn (BRASS_ROPE_ATTENTION, BRASS_ARGMAX_ADVANCE), twice on the 0.6B
     for round in 1 2; do
-        for v in 0 1; do
-            [ "$(left 420)" -ge 30 ] || break
-            echo "qwen3-0.6b BRASS_ROPE_ATTENTION=$v: $(BRASS_ROPE_ATTENTION=$v brass_tg "$dir/qwen3-0.6b.gguf" 40)"
+        for rv in "0 0" "1 0" "0 1" "1 1"; do
+            set -- $rv
+            [ "$(left 400)" -ge 25 ] || break
+            echo "qwen3-0.6b rope=$1 advance=$2: $(BRASS_ROPE_ATTENTION=$1 BRASS_ARGMAX_ADVANCE=$2 brass_tg "$dir/qwen3-0.6b.gguf" 40)"
         done
     done
-    for v in 0 1; do
-        [ "$(left 430)" -ge 40 ] || break
-        echo "qwen3-8b BRASS_ROPE_ATTENTION=$v: $(BRASS_ROPE_ATTENTION=$v brass_tg "$dir/qwen3-8b.gguf" 60)"
+    for rv in "0 0" "1 1"; do
+        set -- $rv
+        [ "$(left 420)" -ge 40 ] || break
+        echo "qwen3-8b rope=$1 advance=$2: $(BRASS_ROPE_ATTENTION=$1 BRASS_ARGMAX_ADVANCE=$2 brass_tg "$dir/qwen3-8b.gguf" 60)"
     done
-    if need_llama 470; then
-        BRASS_ROPE_ATTENTION=1 LLAMA_BENCH="$bin/llama-bench" REPS=3 \
-            guarded 560 bash ci/gpu_side_by_side.sh qwen3-0.6b,qwen3-8b 2>&1 | grep -v "^WARNING"
+    if need_llama 440; then
+        for on in 0 1; do
+            echo "== side by side, rope and advance $on"
+            BRASS_ROPE_ATTENTION=$on BRASS_ARGMAX_ADVANCE=$on LLAMA_BENCH="$bin/llama-bench" REPS=3 \
+                guarded 580 bash ci/gpu_side_by_side.sh qwen3-0.6b 2>&1 | grep -v "^WARNING"
+        done
     fi
     ;;
 suite)

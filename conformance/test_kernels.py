@@ -905,6 +905,39 @@ def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, t
         assert set(moved) <= {past[r]}, f"row {r}: slots {moved} written, only {past[r]} may be"
 
 
+@pytest.mark.parametrize("C", [151936, 5000], ids=["head-two-stage", "one-block"])
+@pytest.mark.parametrize("start", [5, 15], ids=["history-written", "history-full"])
+def test_argmax_advance_gives_argmax_then_decode_advance(cuda, rng, C, start, monkeypatch):
+    # BRASS_ARGMAX_ADVANCE: the greedy advance done by the two-stage argmax's final kernel must
+    # leave what argmax then decode_advance leave (the token, the position, the history, the
+    # ids), the first of two equal maxima chosen, nothing written past the history's end; one
+    # launch fewer where the argmax takes two stages, the same launches otherwise
+    from engine.backends.cuda import backend as cb
+    cap = 16
+    x = rng.uniform(-3, 3, (1, C)).astype(F32)
+    best = rng.choice(C, 2, replace=False)
+    x[0, best] = 4.0                              # a tie: the lower index wins
+    launched = record_launches(cuda, monkeypatch)
+    got = {}
+    for fused in (True, False):
+        monkeypatch.setattr(cb, "ARGMAX_ADVANCE", fused)
+        tok, pos = cuda.asarray(np.array([-1], np.int32)), cuda.asarray(np.array([start], np.int32))
+        history = cuda.asarray(np.full(cap, -7, np.int32))
+        launched.clear()
+        ids = cuda.argmax_advance(cuda.asarray(x), tok, pos, history)
+        two = C > 8 * cb.ARGMAX_THREADS
+        assert ("argmax_final_advance" in launched) == (fused and two), launched
+        assert len(launched) == (3 if two and not fused else 2), launched
+        got[fused] = [cuda.to_numpy(a).copy() for a in (ids, tok, pos, history)]
+    want_hist = np.full(cap, -7, np.int32)
+    if start + 1 < cap:
+        want_hist[start + 1] = best.min()
+    for name, a, b, w in zip(("ids", "tok", "pos", "history"), got[True], got[False],
+                             ([best.min()], [best.min()], [start + 1], want_hist)):
+        assert np.array_equal(a, b), f"{name}: {a} fused, {b} in two launches"
+        assert np.array_equal(a, np.asarray(w, np.int32)), f"{name}: {a}, expected {w}"
+
+
 # -- gated delta-net ops (hybrid models) ----------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["sigmoid", "softplus", "silu"])

@@ -293,3 +293,13 @@ __device__ __forceinline__ void norm_rope_head(const float * src, const float * 
         }
     }
 }
+
+// The greedy advance of a decode step on the device: the chosen token becomes the next step's
+// input at the next position, and is kept in the history at that position (while it fits).
+// One thread (fused.cu decode_advance, router.cu argmax_final_advance).
+__device__ __forceinline__ void greedy_advance(const int next, int * tok, int * pos, int * history, const int capacity) {
+    const int p1 = pos[0] + 1;
+    tok[0] = next;
+    pos[0] = p1;
+    if (p1 >= 0 && p1 < capacity) history[p1] = next;
+}

@@ -133,11 +133,7 @@ extern "C" __global__ void decode_advance(const int * __restrict__ next, int * _
                                           const AdvanceParams p) {
     PDL_ENTRY();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    const int t = next[0];
-    const int p1 = pos[0] + 1;
-    tok[0] = t;
-    pos[0] = p1;
-    if (p1 >= 0 && p1 < p.capacity) history[p1] = t;
+    greedy_advance(next[0], tok, pos, history, p.capacity);
 }
 
 extern "C" __global__ void decode_set(int * __restrict__ tok, int * __restrict__ pos, const DecodeSetParams p) {

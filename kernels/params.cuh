@@ -216,6 +216,11 @@ struct MoeRouteParams {
 };
 
 // Greedy decoding on the device: the argmax becomes the next step's token and position.
+struct ArgmaxAdvanceParams {
+    int n_cols;           // partial results of the row (argmax_partial's blocks)
+    int capacity;         // length of the history buffer
+};
+
 struct AdvanceParams {
     int capacity;         // length of the history buffer
     int pad0;

@@ -79,16 +79,35 @@ argmax_partial(const float * __restrict__ x, float * __restrict__ pv, int * __re
     }
 }
 
+// The best of a row's n partial results (argmax_partial's), by one warp; every lane gets it.
+__device__ __forceinline__ int best_of_partials(const float * __restrict__ pv, const int * __restrict__ pi, const int n) {
+    float v = 0.0f;
+    int i = -1;
+    for (int j = threadIdx.x; j < n; j += WARP_SIZE) better(v, i, pv[j], pi[j]);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
+        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    return i;
+}
+
 // p.n_cols = partials per row.
 extern "C" __global__ void __launch_bounds__(WARP_SIZE)
 argmax_final(const float * __restrict__ pv, const int * __restrict__ pi, int * __restrict__ ids, const RowParams p) {
     PDL_ENTRY();
-    float v = 0.0f;
-    int i = -1;
-    for (int j = threadIdx.x; j < p.n_cols; j += WARP_SIZE)
-        better(v, i, pv[(i64) blockIdx.x * p.n_cols + j], pi[(i64) blockIdx.x * p.n_cols + j]);
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1)
-        better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    const int i = best_of_partials(pv + (i64) blockIdx.x * p.n_cols, pi + (i64) blockIdx.x * p.n_cols, p.n_cols);
     if (threadIdx.x == 0) ids[blockIdx.x] = i;
+}
+
+// argmax_final of one row (an output head's), then decode_advance's greedy step with its
+// token: one launch where a decode graph had two.
+extern "C" __global__ void __launch_bounds__(WARP_SIZE)
+argmax_final_advance(const float * __restrict__ pv, const int * __restrict__ pi, int * __restrict__ ids,
+                     int * __restrict__ tok, int * __restrict__ pos, int * __restrict__ history,
+                     const ArgmaxAdvanceParams p) {
+    PDL_ENTRY();
+    const int i = best_of_partials(pv, pi, p.n_cols);
+    if (threadIdx.x == 0) {
+        ids[0] = i;
+        greedy_advance(i, tok, pos, history, p.capacity);
+    }
 }

@@ -229,6 +229,14 @@ class Backend(ABC):
         self.kv_store(v_cache, v, pos)
         return q, k
 
+    def argmax_advance(self, logits, tok, pos, history):
+        """A decode step's greedy advance on the device (a graph-capable backend's
+        decode_advance) with the argmax of logits' last row: tok = it, pos += 1, history[pos] =
+        it. Returns the argmax ids."""
+        ids = self.argmax(logits)
+        self.decode_advance(ids, tok, pos, history)
+        return ids
+
     def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale: float, window: int = 0, **rope):
         """rope_store then attention over the cache it wrote (one kernel on the GPU where each
         token is its sequence's only one). Returns the roped `(q, k)` and the attention output

@@ -119,6 +119,10 @@ ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "1") not in ("", "0")
 # attention kernel itself (attention.cu rope_attention) instead of a rope_store launch before
 # it: one launch fewer per attention layer, the same bits (the same device code).
 ROPE_ATTENTION = os.environ.get("BRASS_ROPE_ATTENTION", "0") not in ("", "0")
+# BRASS_ARGMAX_ADVANCE=1: a decode step's greedy advance (next token, position, history) done by
+# the argmax's final kernel (router.cu argmax_final_advance) where an output head's argmax takes
+# two stages: one launch fewer a token, the same integers.
+ARGMAX_ADVANCE = os.environ.get("BRASS_ARGMAX_ADVANCE", "0") not in ("", "0")
 # Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
 # CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
 # handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
@@ -270,7 +274,8 @@ def launched_kernels() -> list[tuple[str, str]]:
            ("attention.cu", "attention"), ("attention.cu", "rope_attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
     ks += [("rope.cu", "rope_ff")] + [("elementwise.cu", k) for k in ("tanh_f32", "softcap", "mul_expert_scale")]
-    ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final")]
+    ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final",
+                                        "argmax_final_advance")]
     ks += [("fused.cu", k) for k in ("add_rms_norm", "moe_norms", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
@@ -1469,10 +1474,7 @@ class CudaBackend(Backend):
         ids = self._out(x.shape[:-1], np.int32)
         if R and C > 8 * ARGMAX_THREADS:
             # An output head's row: spread over many blocks, then one warp picks the best.
-            parts = min(-(-C // ARGMAX_THREADS), 256)
-            pv, pi = self._out((R, parts), F32), self._out((R, parts), np.int32)
-            self.launch("router.cu", "argmax_partial", (parts, R), ARGMAX_THREADS, x, pv, pi,
-                        params=pack("RowParams", n_rows=R, n_cols=C, k=1))
+            pv, pi, parts = self._argmax_partials(x, C, R)
             self.launch("router.cu", "argmax_final", R, 32, pv, pi, ids,
                         params=pack("RowParams", n_rows=R, n_cols=parts, k=1))
         elif R:
@@ -1789,6 +1791,26 @@ class CudaBackend(Backend):
         self.launch("fused.cu", "decode_set", 1, 32, tok, pos,
                     params=pack("DecodeSetParams", tok=int(token), pos=int(position)))
 
+    def _argmax_partials(self, x, C: int, R: int):
+        """argmax_partial's best (value, index) of each run of columns: (pv, pi, runs per row)."""
+        parts = min(-(-C // ARGMAX_THREADS), 256)
+        pv, pi = self._out((R, parts), F32), self._out((R, parts), np.int32)
+        self.launch("router.cu", "argmax_partial", (parts, R), ARGMAX_THREADS, x, pv, pi,
+                    params=pack("RowParams", n_rows=R, n_cols=C, k=1))
+        return pv, pi, parts
+
+    def argmax_advance(self, logits, tok, pos, history):
+        """decode_advance(argmax(logits)): an output head's row (two-stage argmax) takes one
+        launch fewer, its final pick and the advance in one (BRASS_ARGMAX_ADVANCE)."""
+        x, C, R = self._rows(logits, "argmax")
+        if not (ARGMAX_ADVANCE and R == 1 and C > 8 * ARGMAX_THREADS):
+            return super().argmax_advance(logits, tok, pos, history)
+        pv, pi, parts = self._argmax_partials(x, C, R)
+        ids = self._out(x.shape[:-1], np.int32)
+        self.launch("router.cu", "argmax_final_advance", 1, 32, pv, pi, ids, tok, pos, history,
+                    params=pack("ArgmaxAdvanceParams", n_cols=parts, capacity=history.shape[0]))
+        return ids
+
     def decode_advance(self, next_ids, tok, pos, history):
         """Greedy step on the device: tok = next_ids[0], pos += 1, history[pos] = tok."""
         self.launch("fused.cu", "decode_advance", 1, 32, next_ids, tok, pos, history,
@@ -1915,7 +1937,7 @@ for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_m
               "embed", "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
               "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
-              "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
+              "argmax_advance", "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
               "gated_delta_net_chunked",
               "rope_store_rows", "rope_attention", "rope_attention_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale", "moe_norms"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
