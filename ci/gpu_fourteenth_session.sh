@@ -19,6 +19,9 @@
 #      alone beside a streaming read of the same bytes (ci/gpu_speed.py: the Q4_K 75 % bar).
 #   4. (the last ~2 minutes of device time) the second form of rope_attention: tg128 of the 0.6B
 #      with it off and on, alternated, then its GPU test.
+#   part1: the first half of llama.cpp's prebuilt binaries (ci/stage_llama_sm90.sh), carry
+#      [".stage/llama-sm90-1"]; a call right after it that also carries ".stage/llama-sm90-2"
+#      finds llama-server and llama-bench ready (llama_ready) instead of building them (~5 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -26,6 +29,9 @@ brass_env
 llama_env
 
 case "${1:-1}" in
+part1)
+    mkdir -p /tmp/llama-parts && cp .stage/llama-sm90-1/* /tmp/llama-parts/ && ls -la /tmp/llama-parts
+    ;;
 1)
     bash ci/gpu_soak.sh start
     brass_suite 570 -n 12 -q
