@@ -672,9 +672,7 @@ def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types,
     gf = weights(tmp_path, rng, {"q": (ta, (2048, K)), "k": (ta, (512, K)), "v": (tb, (520, K))})
     w = [cuda.weight(gf, n) for n in "qkv"]
     x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
-    out, launched = {}, []
-    real = cuda.launch
-    monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
+    out, launched = {}, record_launches(cuda, monkeypatch)
     for mixed in (True, False):
         monkeypatch.setattr(cb, "MIXED_MATVEC", mixed)
         launched.clear()
@@ -697,9 +695,7 @@ def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeyp
     gf = weights(tmp_path, rng, {n: (GGMLType.Q6_K, (r, K)) for n, r in rows.items()})
     w = [cuda.weight(gf, n) for n in rows]
     x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
-    out, launched = {}, []
-    real = cuda.launch
-    monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
+    out, launched = {}, record_launches(cuda, monkeypatch)
     for coop in (True, False):
         monkeypatch.setattr(cb, "Q6K_COOP", coop)
         launched.clear()
