@@ -21,7 +21,7 @@ coop)
     guarded 150 python3 ci/gpu_tune_coop.py 2>&1 | grep -v "^WARNING" | tee "$out/tune-coop.txt" | tail -40
     wait; grep -i error "$out/warm.log" | head -3; rm -f "$out/warm.log"
     # the best L2-ahead value on the 0.6B's head at the default warps and blocks per SM
-    best=$(awk '$1 == 151936 && $2 == 1024 && $3 == 8 && $4 == 8 && $NF == "yes" {print $8, $5}' "$out/tune-coop.txt" \
+    best=$(awk '$1 == 151936 && $2 == 1024 && $3 == 8 && $4 == 8 && $6 == 0 && $NF == "yes" {print $9, $5}' "$out/tune-coop.txt" \
            | sort -n | head -1 | cut -d" " -f2)
     echo "best MV_COOP_L2_AHEAD on the 0.6B head: ${best:-none} (t=$(t) s)"
     if [ -n "$best" ] && [ "$best" != 0 ]; then

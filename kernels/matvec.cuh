@@ -197,6 +197,17 @@ template <class K> struct Preloads { static constexpr int depth = 0; };
 // the same bits. Rows of whole chunks only (the backend's rule). 8 is untimed.
 #define MV_COOP_WARPS 8
 #endif
+#ifndef MV_COOP_MIN_BLOCKS
+// matvec_coop_<kind>: > 0 asks the compiler for at least this many resident blocks per SM
+// (__launch_bounds__' second argument: registers capped to fit), for ci/gpu_tune_coop.py to
+// weigh occupancy against spills; 0 (default) gives no such bound.
+#define MV_COOP_MIN_BLOCKS 0
+#endif
+#if MV_COOP_MIN_BLOCKS > 0
+#define MV_COOP_BOUNDS __launch_bounds__(MV_COOP_WARPS * WARP_SIZE, MV_COOP_MIN_BLOCKS)
+#else
+#define MV_COOP_BOUNDS __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)
+#endif
 #ifndef MV_COOP_L2_AHEAD
 // matvec_coop_<kind>: rows a warp asks L2 for ahead of its loads (0: none). A warp holds one
 // chunk in registers ahead of the one it computes on (next); on an output head (151936 rows of
@@ -1149,7 +1160,7 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
 // K::load / K::dot_raw and K::chunk_words (32 items' bytes in whole blocks, whole 8-byte words)
 // and rows of whole chunks.
 #define DEFINE_MATVEC_COOP(name, K)                                                                \
-extern "C" __global__ void __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)                            \
+extern "C" __global__ void MV_COOP_BOUNDS                                                          \
 matvec_coop_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
