@@ -1,17 +1,20 @@
-"""matvec_coop_q6_k variants on the GPU runner: MV_COOP_L2_AHEAD (rows a warp asks L2 for ahead
-of its loads), MV_COOP_WARPS, blocks per SM and MV_COOP_MIN_BLOCKS (registers capped), on the
-output heads' Q6_K shapes. Each variant compiled with its macros (the coop kernel alone), launched as the backend launches it (its
-shared memory, params), timed alone (20 launches captured as a graph, copies rotated past L2,
-as ci/gpu_speed.py times a mat-vec), with its registers per thread and resident blocks per SM
-(the occupancy the driver computes). Every variant's output must equal the first's bit for bit
-(the macros move requests to L2 and the grid, never a sum): one that differs is reported and
-the script exits 1.
+"""matvec_coop_q6_k's launch shapes on the GPU runner: MV_COOP_WARPS (warps a block) and blocks per
+SM in the grid, on the output heads' Q6_K shapes. Each variant is the coop kernel alone compiled
+with its MV_COOP_WARPS, launched through the backend's own matmul (its grid rule, shared memory
+and, inside the captured graph, the PDL attribute), timed alone (20 launches captured as a
+graph, copies rotated past L2, as ci/gpu_speed.py times a mat-vec), with its registers per
+thread and resident blocks per SM (the occupancy the driver computes) and its share of a
+streaming read of the same bytes. Every variant's output must equal the first's bit for bit
+(the launch shape never changes a sum): one that differs is reported and the script exits 1.
+EXTRA_OPTS (space-separated NVRTC options, e.g. -DMACRO=1) are compiled into every variant,
+to weigh a kernel change the same way.
 
     python3 ci/gpu_tune_coop.py
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,10 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 COOP_SRC = '#include "matvec_q.cuh"\nDEFINE_MATVEC_COOP(q6_k, Q6KKind)\n'
 SHAPES = [(151936, 1024), (151936, 4096)]
-# warps a block, rows asked of L2 ahead, blocks per SM in the grid, __launch_bounds__' minimum
-# blocks per SM (0: none; else the grid's, registers capped to let them all be resident)
-VARIANTS = [dict(warps=w, ahead=a, per_sm=b, min_blocks=m) for w in (8, 4) for b in (8, 16) for m in (0, b)
-            for a in (0, 1, 2, 4) if w * b <= 64]
+# warps a block, blocks per SM in the grid (at most 64 warps an SM)
+VARIANTS = [dict(warps=w, per_sm=b) for w in (8, 4) for b in (4, 8, 16) if w * b <= 64]
 
 
 def main() -> int:
@@ -58,8 +59,7 @@ def main() -> int:
             # the backend's own launch (its grid rule, shared memory and, inside the captured
             # graph, the PDL attribute), with this variant's macros compiled in
             cb.MV_COOP_WARPS, cb.COOP_BLOCKS_PER_SM = v["warps"], v["per_sm"]
-            opts = (f"-DMV_COOP_WARPS={v['warps']}", f"-DMV_COOP_L2_AHEAD={v['ahead']}",
-                    f"-DMV_COOP_MIN_BLOCKS={v['min_blocks']}")
+            opts = (f"-DMV_COOP_WARPS={v['warps']}", *os.environ.get("EXTRA_OPTS", "").split())
             # only the coop kernel, compiled in seconds, stands in for matvec_q.cu's module (the
             # whole file takes a minute a variant): the one kernel these launches take from it
             mod = cp.cuda.function.Module()
@@ -83,10 +83,10 @@ def main() -> int:
             same = bool(np.isfinite(got).all()) and np.array_equal(got.view(np.uint32), first.view(np.uint32))
             bad += not same
             gbs = nbytes / us / 1e3
-            rows.append((N, K, v["warps"], v["per_sm"], v["ahead"], v["min_blocks"], regs, resident, f"{us:.1f}", f"{gbs:.0f}",
+            rows.append((N, K, v["warps"], v["per_sm"], regs, resident, f"{us:.1f}", f"{gbs:.0f}",
                          f"{100 * gbs / bw:.0f} %", f"{100 * gbs / floor:.0f} %", "yes" if same else "DIFFERS"))
             print(*rows[-1], flush=True)
-    print(tabulate(rows, headers=["N", "K", "warps", "blocks/SM", "L2 ahead", "min blocks", "regs", "resident", "us", "GB/s",
+    print(tabulate(rows, headers=["N", "K", "warps", "blocks/SM", "regs", "resident", "us", "GB/s",
                                   "of copy", "of read-only", "same bits"], tablefmt="github"))
     print(f"{len(rows) - bad} variants give the first's bits, {bad} differ")
     return 1 if bad else 0

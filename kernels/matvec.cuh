@@ -197,28 +197,6 @@ template <class K> struct Preloads { static constexpr int depth = 0; };
 // the same bits. Rows of whole chunks only (the backend's rule). 8 is untimed.
 #define MV_COOP_WARPS 8
 #endif
-#ifndef MV_COOP_MIN_BLOCKS
-// matvec_coop_<kind>: > 0 asks the compiler for at least this many resident blocks per SM
-// (__launch_bounds__' second argument: registers capped to fit), for ci/gpu_tune_coop.py to
-// weigh occupancy against spills; 0 (default) gives no such bound.
-#define MV_COOP_MIN_BLOCKS 0
-#endif
-#if MV_COOP_MIN_BLOCKS > 0
-#define MV_COOP_BOUNDS __launch_bounds__(MV_COOP_WARPS * WARP_SIZE, MV_COOP_MIN_BLOCKS)
-#else
-#define MV_COOP_BOUNDS __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)
-#endif
-#ifndef MV_COOP_L2_AHEAD
-// matvec_coop_<kind>: rows a warp asks L2 for ahead of its loads (0: none). A warp holds one
-// chunk in registers ahead of the one it computes on (next); on an output head (151936 rows of
-// 840 bytes, ~18 rows a warp) that is ~53 KB in flight per SM at full occupancy and less at
-// lower, which at the H200's loaded latency does not cover its bandwidth (the 0.6B head at 52 %
-// of the copy rate against a streaming read's 101 % in the same harness). With n > 0 the warp
-// also prefetches (prefetch.global.L2, no registers held) the row n grid steps past the one it
-// starts, and rows 1 .. n - 1 steps ahead before its first: those loads then come from L2.
-// Only requests to L2: the bytes, items, lanes and order of every sum are unchanged.
-#define MV_COOP_L2_AHEAD 0
-#endif
 
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
 __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
@@ -756,33 +734,17 @@ __device__ __forceinline__ void coop_chunk_load(const u8 * __restrict__ w, const
         if (lane + WARP_SIZE * k < K::chunk_words) r.w[k] = src[lane + WARP_SIZE * k];
 }
 
-// MV_COOP_L2_AHEAD: the whole of row `row` of a matvec_coop_ launch asked of L2 (nothing past
-// the last row). Weights only.
-__device__ __forceinline__ void coop_l2_row(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                            const u8 * __restrict__ w2, const MultiMatVecParams & p, int row) {
-    if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
-        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
-        const u8 * start = m.w + row * m.rb;
-        const u8 * line = (const u8 *) ((size_t) start & ~(size_t) 127);    /* every line it touches */
-        prefetch_l2_span(line, start + m.rb - line);
-    }
-}
-
-// The warp's first row's first chunk into r, and MV_COOP_L2_AHEAD's first prefetches. Weights
-// only, so the kernel may call it before PDL_ENTRY (MV_PRELOAD_EARLY): those loads in flight
-// while the previous kernel ends.
+// The warp's first row's first chunk into r. Weights only, so the kernel may call it before
+// PDL_ENTRY (MV_PRELOAD_EARLY): those loads in flight while the previous kernel ends.
 template <class K>
 __device__ __forceinline__ void coop_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                              const u8 * __restrict__ w2, const MultiMatVecParams & p,
                                              CoopChunk<K> & r) {
     int row = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
-    const int first = row;
     if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
         const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
         coop_chunk_load<K>(m.w + row * m.rb, 0, r);
     }
-#pragma unroll
-    for (int a = 1; a < MV_COOP_L2_AHEAD; ++a) coop_l2_row(w0, w1, w2, p, first + a * gridDim.x * MV_COOP_WARPS);
 }
 
 // matvec_coop_<kind>'s rows against activations xa (A: staged items, or Q8_1 blocks past
@@ -808,7 +770,6 @@ __device__ __forceinline__ void coop_rows(const u8 * __restrict__ w0, const u8 *
         int u = row;
         const MatVecUnit m = unit_matrix(u, 1, w0, w1, w2, y0, y1, y2, p);
         const u8 * w = m.w + u * m.rb;
-        if (MV_COOP_L2_AHEAD > 0) coop_l2_row(w0, w1, w2, p, row + MV_COOP_L2_AHEAD * step);
         float acc = 0.0f;
         for (int c = 0; c < n_chunks; ++c) {
             __syncwarp();           /* every lane is done with the previous chunk's copy */
@@ -1160,7 +1121,7 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
 // K::load / K::dot_raw and K::chunk_words (32 items' bytes in whole blocks, whole 8-byte words)
 // and rows of whole chunks.
 #define DEFINE_MATVEC_COOP(name, K)                                                                \
-extern "C" __global__ void MV_COOP_BOUNDS                                                          \
+extern "C" __global__ void __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)                            \
 matvec_coop_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \

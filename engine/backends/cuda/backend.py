@@ -182,10 +182,6 @@ GLU_WIDE_MAX_BLOCKS_PER_SM = int(re.search(r"#define GLU_WIDE_MAX_BLOCKS_PER_SM 
 # -> 901.6 / 901.5 tok/s, Qwen3-8B 315.4 -> 317.1; the 151936 x 4096 head alone 200 -> 186 us;
 # every output of ci/gpu_coop_check.py's five shapes and 64 greedy tokens of both models equal.
 Q6K_COOP = os.environ.get("BRASS_Q6K_COOP", "1") not in ("", "0")
-# BRASS_COOP_L2_AHEAD=n (read at import; compiled in as MV_COOP_L2_AHEAD, kernels/matvec.cuh):
-# matvec_coop_q6_k's warps ask L2 for the row n grid steps ahead of the one they start. Untimed
-# on a model yet, so 0 (off) unless set; the same bits either way.
-COOP_L2_AHEAD = int(os.environ.get("BRASS_COOP_L2_AHEAD", "0") or 0)
 MV_COOP_WARPS = int(re.search(r"#define MV_COOP_WARPS (\d+)", _MATVEC_H).group(1))
 # ... its blocks at most per SM (the warps step over the rest of the rows): 8 blocks of
 # MV_COOP_WARPS = 8 warps, as many warps as an H200 SM holds; 4 gave the 151936 x 4096 head
@@ -316,8 +312,7 @@ class _Kernels:
 
     def __init__(self, cc: int, debug: bool):
         self.target = target_for(cc)
-        self.options = (("-lineinfo",) if debug else ()) + (
-            (f"-DMV_COOP_L2_AHEAD={COOP_L2_AHEAD}",) if COOP_L2_AHEAD else ())
+        self.options = ("-lineinfo",) if debug else ()
         self._modules: dict[str, cupy.cuda.function.Module] = {}
         self._functions: dict[tuple[str, str], cupy.cuda.function.Function] = {}
         self._smem_optin: dict[tuple[str, str], int] = {}
