@@ -1,13 +1,15 @@
-"""matvec_coop_q6_k's launch shapes on the GPU runner: MV_COOP_WARPS (warps a block) and blocks per
-SM in the grid, on the output heads' Q6_K shapes. Each variant is the coop kernel alone compiled
-with its MV_COOP_WARPS, launched through the backend's own matmul (its grid rule, shared memory
-and, inside the captured graph, the PDL attribute), timed alone (20 launches captured as a
-graph, copies rotated past L2, as ci/gpu_speed.py times a mat-vec), with its registers per
-thread and resident blocks per SM (the occupancy the driver computes) and its share of a
-streaming read of the same bytes. Every variant's output must equal the first's bit for bit
-(the launch shape never changes a sum): one that differs is reported and the script exits 1.
-EXTRA_OPTS (space-separated NVRTC options, e.g. -DMACRO=1) are compiled into every variant,
-to weigh a kernel change the same way.
+"""matvec_coop_q6_k's launch shapes on the GPU runner: MV_COOP_WARPS (warps a block), blocks per
+SM in the grid and MV_COOP_ROWS (rows a warp at once), on the output heads' Q6_K shapes.
+
+Each variant is the coop kernel alone, compiled with its macros and launched through the
+backend's own matmul (its grid rule, shared memory and, inside the captured graph, the PDL
+attribute); it is timed alone (20 launches captured as a graph, copies rotated past L2, as
+ci/gpu_speed.py times a mat-vec) beside its registers per thread, resident blocks per SM (the
+driver's occupancy) and its share of a streaming read of the same bytes. Every variant's output
+must equal the first's (the header's defaults) bit for bit, as none changes a row's items,
+lanes or order: one that differs is reported and the script exits 1. EXTRA_OPTS
+(space-separated NVRTC options, e.g. -DMACRO=1) go into every variant but the first, to weigh a
+kernel change against it.
 
     python3 ci/gpu_tune_coop.py
 """
@@ -24,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 COOP_SRC = '#include "matvec_q.cuh"\nDEFINE_MATVEC_COOP(q6_k, Q6KKind)\n'
 SHAPES = [(151936, 1024), (151936, 4096)]
-# warps a block, blocks per SM in the grid (at most 64 warps an SM)
-VARIANTS = [dict(warps=w, per_sm=b) for w in (8, 4) for b in (4, 8, 16) if w * b <= 64]
+# warps a block, blocks per SM in the grid (at most 64 warps an SM), rows a warp at once; the
+# first is the header's defaults, whose bits every other must give
+VARIANTS = [dict(warps=w, per_sm=b, rows=r) for r in (1, 2) for w in (8, 4) for b in (8, 4, 16) if w * b <= 64]
 
 
 def main() -> int:
@@ -58,8 +61,10 @@ def main() -> int:
         for v in VARIANTS:
             # the backend's own launch (its grid rule, shared memory and, inside the captured
             # graph, the PDL attribute), with this variant's macros compiled in
-            cb.MV_COOP_WARPS, cb.COOP_BLOCKS_PER_SM = v["warps"], v["per_sm"]
-            opts = (f"-DMV_COOP_WARPS={v['warps']}", *os.environ.get("EXTRA_OPTS", "").split())
+            cb.MV_COOP_WARPS, cb.COOP_BLOCKS_PER_SM, cb.MV_COOP_ROWS = v["warps"], v["per_sm"], v["rows"]
+            opts = (f"-DMV_COOP_WARPS={v['warps']}", f"-DMV_COOP_ROWS={v['rows']}")
+            if v is not VARIANTS[0]:
+                opts += tuple(os.environ.get("EXTRA_OPTS", "").split())
             # only the coop kernel, compiled in seconds, stands in for matvec_q.cu's module (the
             # whole file takes a minute a variant): the one kernel these launches take from it
             mod = cp.cuda.function.Module()
@@ -83,10 +88,10 @@ def main() -> int:
             same = bool(np.isfinite(got).all()) and np.array_equal(got.view(np.uint32), first.view(np.uint32))
             bad += not same
             gbs = nbytes / us / 1e3
-            rows.append((N, K, v["warps"], v["per_sm"], regs, resident, f"{us:.1f}", f"{gbs:.0f}",
+            rows.append((N, K, v["warps"], v["per_sm"], v["rows"], regs, resident, f"{us:.1f}", f"{gbs:.0f}",
                          f"{100 * gbs / bw:.0f} %", f"{100 * gbs / floor:.0f} %", "yes" if same else "DIFFERS"))
             print(*rows[-1], flush=True)
-    print(tabulate(rows, headers=["N", "K", "warps", "blocks/SM", "regs", "resident", "us", "GB/s",
+    print(tabulate(rows, headers=["N", "K", "warps", "blocks/SM", "rows", "regs", "resident", "us", "GB/s",
                                   "of copy", "of read-only", "same bits"], tablefmt="github"))
     print(f"{len(rows) - bad} variants give the first's bits, {bad} differ")
     return 1 if bad else 0

@@ -157,12 +157,13 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None) -
 
 
 def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int | None = None,
-                warps: int | None = None) -> list[np.ndarray]:
+                warps: int | None = None, rows_at_once: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three Q6_K weights sharing x [1, K] (K a multiple of 1024) by
     matvec_coop_q6_k, as CudaBackend._matvec launches it for one token on a GPU of `n_sms` SMs
     (the H200's 132 by default); `blocks`: another grid (fewer blocks: each warp takes several
-    rows); `warps`: the MV_COOP_WARPS `lib` was built with (default: the header's)."""
-    from engine.backends.cuda.backend import COOP_BLOCKS_PER_SM, MV_COOP_WARPS, _stage_bytes, coop_blocks
+    rows); `warps`, `rows_at_once`: the MV_COOP_WARPS and MV_COOP_ROWS `lib` was built with
+    (default: the header's)."""
+    from engine.backends.cuda.backend import MV_COOP_WARPS, _stage_bytes, coop_blocks
     from engine.gguf import GGMLType
     from kernels.params import pack
     K = x.shape[-1]
@@ -177,9 +178,8 @@ def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int
                   cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
-    if blocks is None:          # the backend's grid (coop_blocks; its rule for other warps)
-        blocks = coop_blocks(sum(rows), n_sms) if warps is None else \
-            max(1, min(-(-sum(rows) // warps), n_sms * COOP_BLOCKS_PER_SM))
+    if blocks is None:          # the backend's grid (coop_blocks, for this build's warps and rows)
+        blocks = coop_blocks(sum(rows), n_sms, warps, rows_at_once)
     warps = warps or MV_COOP_WARPS
     res = _run(lib, "matvec_coop", GGMLType.Q6_K, ws + [xb] + outs, params, (blocks, 1), warps * 32,
                _stage_bytes(GGMLType.Q6_K, K))

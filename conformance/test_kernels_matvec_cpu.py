@@ -109,6 +109,33 @@ def test_coop_q6_k_other_warps_and_late_preload_give_the_same_bits(lib, rng, tmp
             assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), f"{blocks} blocks: matrix {i}"
 
 
+def test_coop_q6_k_two_rows_at_once_gives_the_same_bits(lib, rng, tmp_path):
+    # MV_COOP_ROWS=2 (a warp takes rows r and r + one grid step together, chunk by chunk) must
+    # give matvec_q6_k's bits on every row: with one chunk a row (K = 1024: each chunk's
+    # lookahead is the next pair's first) and three (K = 3072), on the backend's grid (half the
+    # blocks) and on grids of 3 and 5 blocks, where a pair's second row is past the last row
+    # on some warps (the row counts are not multiples of anything the grid takes)
+    from ci import matvec_host
+    try:
+        two = matvec_host.build(("MV_COOP_ROWS=2",))
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    qtype = GGMLType.Q6_K
+    shapes = (("a", 37), ("b", 300), ("c", 9))
+    for K in (1024, 3072):
+        gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
+        ws = [_raw(gf, n, r) for n, r in shapes]
+        x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
+        for n in (1, 3):
+            want = matvec_host.matvec(lib, qtype, ws[:n], x, split=1)
+            for blocks in (None, 3, 5):
+                got = matvec_host.matvec_coop(two, ws[:n], x, blocks=blocks, rows_at_once=2)
+                for i, (g, w) in enumerate(zip(got, want)):
+                    assert not np.isnan(g).any(), f"K {K}, {n} matrices, {blocks} blocks: matrix {i} left unwritten"
+                    assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
+                        f"K {K}, {n} matrices, {blocks} blocks: matrix {i} not matvec_q6_k's"
+
+
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
 def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     # matvec_cols_<type> (a batched decode step: tokens side by side per weight row) must give

@@ -162,7 +162,7 @@ def test_which_mat_vecs_take_the_coop_q6_k_kernel(monkeypatch):
     assert not cb.uses_q6k_coop(T.Q6_K, cb.MV_SPLIT_MIN_K, [rb(cb.MV_SPLIT_MIN_K)] * 3)   # split rows
     monkeypatch.setattr(cb, "Q6K_COOP", False)
     assert not cb.uses_q6k_coop(T.Q6_K, 1024, [rb(1024)] * 3)
-    assert cb.coop_blocks(37, 132) == -(-37 // cb.MV_COOP_WARPS)
+    assert cb.coop_blocks(37, 132) == -(-37 // (cb.MV_COOP_WARPS * cb.MV_COOP_ROWS))
     assert cb.coop_blocks(151936, 132) == 132 * cb.COOP_BLOCKS_PER_SM
 
 

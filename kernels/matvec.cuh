@@ -197,6 +197,15 @@ template <class K> struct Preloads { static constexpr int depth = 0; };
 // the same bits. Rows of whole chunks only (the backend's rule). 8 is untimed.
 #define MV_COOP_WARPS 8
 #endif
+#ifndef MV_COOP_ROWS
+// matvec_coop_<kind>: rows a warp works on at once (1 or 2). With 2 the warp takes rows r and
+// r + one grid step together, chunk by chunk: two chunks in flight and two independent sums, for
+// the instruction-level parallelism a warp lacks at one row (on the H200 the 0.6B's 151936 x
+// 1024 head ran at 52 % of the copy rate with 32 warps an SM, and neither L2 prefetches ahead
+// nor more resident warps moved it: perf/NOTES.md, fifteenth session). Each row's items, lanes
+// and order are the one-row kernel's: the same bits. 1 until timed.
+#define MV_COOP_ROWS 1
+#endif
 
 // Sum of the 32 int8 activations of a Q8_1 block (for the K-quants' min term).
 __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
@@ -724,6 +733,10 @@ struct CoopChunk {
     u64 w[loads];
 };
 
+// The chunks a warp has in flight, one per row it takes at once (MV_COOP_ROWS).
+template <class K>
+struct CoopNext { CoopChunk<K> r[MV_COOP_ROWS]; };
+
 // Chunk c of row w (8-byte aligned, whole chunks) into r: lane l the words l + 32 k.
 template <class K>
 __device__ __forceinline__ void coop_chunk_load(const u8 * __restrict__ w, const int c, CoopChunk<K> & r) {
@@ -739,11 +752,23 @@ __device__ __forceinline__ void coop_chunk_load(const u8 * __restrict__ w, const
 template <class K>
 __device__ __forceinline__ void coop_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                              const u8 * __restrict__ w2, const MultiMatVecParams & p,
-                                             CoopChunk<K> & r) {
-    int row = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
-    if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
-        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
-        coop_chunk_load<K>(m.w + row * m.rb, 0, r);
+                                             CoopNext<K> & next) {
+    if constexpr (MV_COOP_ROWS == 1) {
+        int row = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
+        if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
+            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
+            coop_chunk_load<K>(m.w + row * m.rb, 0, next.r[0]);
+        }
+    } else {
+        const int first = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
+#pragma unroll
+        for (int j = 0; j < MV_COOP_ROWS; ++j) {
+            int row = first + j * gridDim.x * MV_COOP_WARPS;
+            if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
+                const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
+                coop_chunk_load<K>(m.w + row * m.rb, 0, next.r[j]);
+            }
+        }
     }
 }
 
@@ -793,6 +818,67 @@ __device__ __forceinline__ void coop_rows(const u8 * __restrict__ w0, const u8 *
     }
 }
 
+// MV_COOP_ROWS > 1: coop_rows with rows row0 + j * step (j < MV_COOP_ROWS) at once, each
+// row's chunk c in buf side by side, every row's items, lanes and order as coop_rows'.
+template <class K, class A>
+__device__ __forceinline__ void coop_rows_multi(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
+                                                const u8 * __restrict__ w2, const A * __restrict__ xa,
+                                                float * __restrict__ y0, float * __restrict__ y1,
+                                                float * __restrict__ y2, const MultiMatVecParams & p,
+                                                u64 * __restrict__ buf, CoopNext<K> & next) {
+    constexpr int R = MV_COOP_ROWS;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int units = p.n_rows0 + p.n_rows1 + p.n_rows2;
+    const int t = blockIdx.y, n_chunks = p.k / K::values_per_item / WARP_SIZE;
+    const int step = gridDim.x * MV_COOP_WARPS;
+    /* rows row0 + j * step (j < R) at once; buf holds their chunks side by side */
+    for (int row0 = blockIdx.x * MV_COOP_WARPS + warp; row0 < units; row0 += R * step) {
+        MatVecUnit m[R];
+        int u[R];
+        float acc[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            u[j] = row0 + j * step;
+            if (u[j] < units) m[j] = unit_matrix(u[j], 1, w0, w1, w2, y0, y1, y2, p);
+            acc[j] = 0.0f;
+        }
+        for (int c = 0; c < n_chunks; ++c) {
+            __syncwarp();           /* every lane is done with the previous chunks' copies */
+#pragma unroll
+            for (int j = 0; j < R; ++j)
+#pragma unroll
+                for (int k = 0; k < CoopChunk<K>::loads; ++k)
+                    if (row0 + j * step < units && lane + WARP_SIZE * k < K::chunk_words)
+                        buf[j * K::chunk_words + lane + WARP_SIZE * k] = next.r[j].w[k];
+            __syncwarp();           /* ... and sees all of these */
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                if (row0 + j * step >= units) continue;
+                if (c + 1 < n_chunks) coop_chunk_load<K>(m[j].w + u[j] * m[j].rb, c + 1, next.r[j]);
+                else if (row0 + (R + j) * step < units) {       /* the row R steps on: its first */
+                    int un = row0 + (R + j) * step;
+                    const MatVecUnit mn = unit_matrix(un, 1, w0, w1, w2, y0, y1, y2, p);
+                    coop_chunk_load<K>(mn.w + un * mn.rb, 0, next.r[j]);
+                }
+            }
+            const int i = c * WARP_SIZE + lane;
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                if (row0 + j * step >= units) continue;
+                typename K::raw r;
+                K::load((const u8 *) (buf + j * K::chunk_words), lane, r);
+                acc[j] += K::dot_raw(r, i, item_blocks(xa + i));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            if (row0 + j * step >= units) continue;
+            acc[j] = warp_sum(acc[j]);
+            if (lane == 0) y_row(m[j], t, u[j]) = acc[j];
+        }
+    }
+}
+
 // matvec_coop_<kind> after PDL_ENTRY: the token's activations staged (every thread of the
 // block, once), then the warp's rows.
 template <class K>
@@ -800,16 +886,21 @@ __device__ __forceinline__ void decode_rows_coop(const u8 * __restrict__ w0, con
                                                  const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                                  float * __restrict__ y0, float * __restrict__ y1,
                                                  float * __restrict__ y2, const MultiMatVecParams & p,
-                                                 CoopChunk<K> & next) {
+                                                 CoopNext<K> & next) {
     const int n_items = p.k / K::values_per_item;
     if (!MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);
     const typename K::act * xt = x + (i64) blockIdx.y * n_items;
     extern __shared__ int4 staged_x[];
     const void * xs = stage_act<K>(xt, 1, n_items, staged_x);
-    __shared__ u64 coop_buf[MV_COOP_WARPS][K::chunk_words];
+    __shared__ u64 coop_buf[MV_COOP_WARPS][MV_COOP_ROWS * K::chunk_words];
     u64 * buf = coop_buf[threadIdx.x / WARP_SIZE];
-    if (xs != nullptr) coop_rows<K>(w0, w1, w2, (const typename Staged<K>::act *) xs, y0, y1, y2, p, buf, next);
-    else coop_rows<K>(w0, w1, w2, xt, y0, y1, y2, p, buf, next);
+    if constexpr (MV_COOP_ROWS == 1) {
+        if (xs != nullptr) coop_rows<K>(w0, w1, w2, (const typename Staged<K>::act *) xs, y0, y1, y2, p, buf, next.r[0]);
+        else coop_rows<K>(w0, w1, w2, xt, y0, y1, y2, p, buf, next.r[0]);
+    } else {
+        if (xs != nullptr) coop_rows_multi<K>(w0, w1, w2, (const typename Staged<K>::act *) xs, y0, y1, y2, p, buf, next);
+        else coop_rows_multi<K>(w0, w1, w2, xt, y0, y1, y2, p, buf, next);
+    }
 }
 
 // matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows
@@ -1125,7 +1216,7 @@ extern "C" __global__ void __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)         
 matvec_coop_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    CoopChunk<K> next;                                                                             \
+    CoopNext<K> next;                                                                              \
     prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE, 1);         \
     if (MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);                                    \
     PDL_ENTRY();                                                                                   \

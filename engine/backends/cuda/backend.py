@@ -183,6 +183,7 @@ GLU_WIDE_MAX_BLOCKS_PER_SM = int(re.search(r"#define GLU_WIDE_MAX_BLOCKS_PER_SM 
 # every output of ci/gpu_coop_check.py's five shapes and 64 greedy tokens of both models equal.
 Q6K_COOP = os.environ.get("BRASS_Q6K_COOP", "1") not in ("", "0")
 MV_COOP_WARPS = int(re.search(r"#define MV_COOP_WARPS (\d+)", _MATVEC_H).group(1))
+MV_COOP_ROWS = int(re.search(r"#define MV_COOP_ROWS (\d+)", _MATVEC_H).group(1))    # rows a warp at once
 # ... its blocks at most per SM (the warps step over the rest of the rows): 8 blocks of
 # MV_COOP_WARPS = 8 warps, as many warps as an H200 SM holds; 4 gave the 151936 x 4096 head
 # 194 us against 186 (eager launches, one call: the smaller shapes were host-bound there)
@@ -202,10 +203,12 @@ def uses_q6k_coop(wtype, k: int, row_bytes: list[int]) -> bool:
     return Q6K_COOP and wtype == GGMLType.Q6_K and mv_split(k) == 1 and all(rb % 8 == 0 for rb in row_bytes)
 
 
-def coop_blocks(units: int, n_sms: int) -> int:
-    """matvec_coop_q6_k's blocks for `units` rows: a row per warp, at most COOP_BLOCKS_PER_SM
-    blocks an SM (the kernel's warps step over the rest)."""
-    return max(1, min(-(-units // MV_COOP_WARPS), n_sms * COOP_BLOCKS_PER_SM))
+def coop_blocks(units: int, n_sms: int, warps: int | None = None, rows: int | None = None) -> int:
+    """matvec_coop_q6_k's blocks for `units` rows: MV_COOP_ROWS rows per warp, at most
+    COOP_BLOCKS_PER_SM blocks an SM (the kernel's warps step over the rest); `warps` and `rows`:
+    another build's MV_COOP_WARPS and MV_COOP_ROWS (the header's by default)."""
+    per_block = (warps or MV_COOP_WARPS) * (rows or MV_COOP_ROWS)
+    return max(1, min(-(-units // per_block), n_sms * COOP_BLOCKS_PER_SM))
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
 # mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
 _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
