@@ -819,7 +819,9 @@ __device__ __forceinline__ void coop_rows(const u8 * __restrict__ w0, const u8 *
 }
 
 // MV_COOP_ROWS > 1: coop_rows with rows row0 + j * step (j < MV_COOP_ROWS) at once, each
-// row's chunk c in buf side by side, every row's items, lanes and order as coop_rows'.
+// row's chunk c in buf side by side, every row's items, lanes and order as coop_rows'. Apart
+// from coop_rows, not its generalization: this loop at one row compiled to another cubin than
+// coop_rows does, and the default build is to stay the machine code the GPU suite passed on.
 template <class K, class A>
 __device__ __forceinline__ void coop_rows_multi(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                                 const u8 * __restrict__ w2, const A * __restrict__ xa,
