@@ -115,15 +115,12 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
         kq_scale = 1.0 / math.sqrt(cfg.head_dim)
     if q_scale is None:
         q, k, out = rope_attend(f, il, q, k, v, rope, kq_scale, window)
-        f.cb(q, "Qcur", il)
-        f.cb(k, "Kcur", il)
-        f.cb(v, "Vcur", il)
     else:       # the query scaled between rope and attention: two steps
         q, k = rope_store(f, il, q, k, v, rope)
-        f.cb(q, "Qcur", il)
-        f.cb(k, "Kcur", il)
-        f.cb(v, "Vcur", il)
         out = attend(f, il, b.scale(q, q_scale), kq_scale, window)
+    f.cb(q, "Qcur", il)
+    f.cb(k, "Kcur", il)
+    f.cb(v, "Vcur", il)
     out = f.cb(out, "kqv_out", il)
     out = b.matmul(out, w(p + "attn_output.weight"))
     bias = w.opt(p + "attn_output.bias")
