@@ -16,7 +16,14 @@ llama_env
 case "${1:-coop}" in
 coop)
     guarded 300 python3 ci/gpu_tune_coop.py 2>&1 | grep -v "^WARNING" | tee "$out/tune-coop.txt" | tail -30
-    MODES=" " NCU_CASES="Q6_K 151936 1024" guarded 420 bash ci/gpu_profile.sh
+    MODES="${MODES- }" NCU_CASES="Q6_K 151936 1024" guarded 420 bash ci/gpu_profile.sh
+    ;;
+mmqncu)
+    # the 30B-A3B prompt's expert mat-mul under ncu's full set (where its time goes: the
+    # fifth session found L1/TEX at 78 % and 7.9 cycles per issued instruction)
+    guarded 300 ncu --clock-control none --set full --import-source yes -k regex:mmq_id_q4_k -c 1 \
+        python3 ci/gpu_tune_mmq.py --only default > "$out/ncu-mmq-id.txt" 2>&1
+    grep -E "Duration|Throughput|Occupancy|Registers Per|Warp Cycles Per Issued|Stall|Bank|Issue Slots|Eligible|Shared|Executed Ipc" "$out/ncu-mmq-id.txt" | head -60
     ;;
 suite)
     brass_suite 580 -n 14 -q

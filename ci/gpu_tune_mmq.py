@@ -60,6 +60,12 @@ VARIANTS = {
     "packed kb4 cap5": ("MMQ_PACKED=1", "MMQ_KB=4", "MMQ_MIN_BLOCKS=5"),
     "packed 128x32 kb4": ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
     "packed 128x64 kb4": ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
+    # the unpack with rows (tokens) on adjacent threads: ncu found the shared stores 9-way
+    # bank conflicted (2026-12-03)
+    "rows fast": ("MMQ_ROWS_FAST=1",),
+    "rows fast kb4": ("MMQ_ROWS_FAST=1", "MMQ_KB=4"),
+    "rows fast prefetch": ("MMQ_ROWS_FAST=1", "MMQ_PREFETCH=1"),
+    "rows fast 128x64 kb4": ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
 }
 
 
@@ -76,7 +82,8 @@ def main() -> int:
 
     argv = sys.argv[1:]
     apply = "--apply" in argv
-    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    # --only NAME[,NAME...]: those variants alone (the first of them is the bits' reference)
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     cuda = CudaBackend()
     source = MMQ_CU.read_text()
     rng = np.random.default_rng(0)
@@ -96,7 +103,7 @@ def main() -> int:
     print(f"{cuda.device_name}: E {E}, {K_USED} per token, T {T}; median of 10 launches after a warm-up", flush=True)
     rows, first, differ, totals = [], {}, [], {}
     for label, defines in VARIANTS.items():
-        if only is not None and label != only:
+        if only is not None and label not in only:
             continue
         d = dict(x.split("=") for x in defines)
         R, C, TH = (int(d.get(n, default_of(source, n))) for n in ("MMQ_ROWS", "MMQ_COLS", "MMQ_THREADS"))
@@ -153,7 +160,7 @@ def main() -> int:
     if only is not None:
         print(tabulate(rows, headers=["variant", "gate us", "down us", "layer us", "dense us", "equals default"],
                        tablefmt="github"))
-        return 0
+        return 1 if differ else 0
     base = totals["default"][0]
     print(tabulate([(*r, f"{base / totals[r[0]][0]:.2f}x" if r[0] in totals else "") for r in rows],
                    headers=["variant", "gate us", "down us", "layer us", "dense 12288x4096 us", "equals default",

@@ -52,6 +52,15 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #ifndef MMQ_PACKED
 #define MMQ_PACKED 0         // 1: mmq_tile_packed (fewer, wider shared-memory loads; below)
 #endif
+#ifndef MMQ_ROWS_FAST
+// 1: the unpack gives a tile's rows (and tokens) to adjacent threads, one block of 32 of each,
+// and stores a block's 8 words as two 128-bit stores. ncu on mmq_id_q4_k (H200, the 30B-A3B
+// shape, 2026-12-03) found its shared stores 9-way bank conflicted (73 % of their wavefronts,
+// 39 % of all shared wavefronts): with a row's blocks on adjacent threads the factor stores
+// ([block][row]: 8 blocks 128 words apart) all hit one bank. Rows adjacent, a quarter warp's
+// 8 rows x 4 words at the 68-word stride cover the 32 banks once, and so do the factors.
+#define MMQ_ROWS_FAST 0
+#endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
                                       // 8 rows x 4 ints of a fragment load land on 32 banks
 #define MMQ_PSTRIDE (MMQ_KB * 8 + 8)  // mmq_tile_packed's: +8, so that 4 rows x 8 ints of its
@@ -223,12 +232,12 @@ template <int TYPE, bool IDS>
 __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
                                          float * __restrict__ y, const MmqParams & p, const int tok0,
                                          const int * __restrict__ colx, const int * __restrict__ coly) {
-    __shared__ int wq[MMQ_ROWS * MMQ_STRIDE];          // weight quants, a row of 256 per tile row
+    __align__(16) __shared__ int wq[MMQ_ROWS * MMQ_STRIDE];   // weight quants, a row of 256 per tile row
     // Per-block factors indexed [block][row or token], so that the lanes of a warp, which
     // read 8 consecutive rows (or 4 tokens 2 apart) of one block, hit distinct banks.
     __shared__ float2 wab[MMQ_KB][MMQ_ROWS];           // (a, b) per block and row
     __shared__ int wsc[MMQ_KB][MMQ_ROWS];              // Q6_K's scales
-    __shared__ int xq[MMQ_COLS * MMQ_STRIDE];          // activation quants, per token
+    __align__(16) __shared__ int xq[MMQ_COLS * MMQ_STRIDE];   // activation quants, per token
     __shared__ float xd[MMQ_KB][MMQ_COLS];             // d8
     __shared__ float xs[MMQ_KB][MMQ_COLS];             // s (the half sum)
     __shared__ int xsum[MMQ_KB][MMQ_COLS];             // integer sum of the quants
@@ -251,29 +260,42 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
         const int n_kb = min(MMQ_KB, nb - kb0);
         // Unpack: (row, block) pairs over the threads, a row's blocks on adjacent threads.
         for (int it = threadIdx.x; it < MMQ_ROWS * MMQ_KB; it += MMQ_THREADS) {
-            const int r = it / MMQ_KB, kb = it % MMQ_KB;
+            const int r = MMQ_ROWS_FAST ? it % MMQ_ROWS : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / MMQ_ROWS : it % MMQ_KB;
             if (kb < n_kb) {
                 const u8 * row = w + (i64) min(row0 + r, p.n_rows - 1) * p.row_bytes;
                 MmqWeightBlock o;
                 mmq_unpack<TYPE>(row, kb0 + kb, o);
+#if MMQ_ROWS_FAST
+                int4 * dst = (int4 *) (wq + r * MMQ_STRIDE + kb * 8);
+                dst[0] = make_int4(o.q[0], o.q[1], o.q[2], o.q[3]);
+                dst[1] = make_int4(o.q[4], o.q[5], o.q[6], o.q[7]);
+#else
 #pragma unroll
                 for (int i = 0; i < 8; ++i) wq[r * MMQ_STRIDE + kb * 8 + i] = o.q[i];
+#endif
                 wab[kb][r] = make_float2(o.a, o.b);
                 wsc[kb][r] = o.sc;
             }
         }
         for (int it = threadIdx.x; it < MMQ_COLS * MMQ_KB; it += MMQ_THREADS) {
-            const int c = it / MMQ_KB, kb = it % MMQ_KB;
+            const int c = MMQ_ROWS_FAST ? it % MMQ_COLS : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / MMQ_COLS : it % MMQ_KB;
             if (kb < n_kb) {
                 const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
                 const block_q8_1 * yb = x + (i64) xr * nb + kb0 + kb;
-                int s = 0;
+                int s = 0, v[8];
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    const int v = yb->qs[i];
-                    xq[c * MMQ_STRIDE + kb * 8 + i] = v;
-                    s = __dp4a(0x01010101, v, s);
+                    v[i] = yb->qs[i];
+                    s = __dp4a(0x01010101, v[i], s);
                 }
+#if MMQ_ROWS_FAST
+                int4 * dst = (int4 *) (xq + c * MMQ_STRIDE + kb * 8);
+                dst[0] = make_int4(v[0], v[1], v[2], v[3]);
+                dst[1] = make_int4(v[4], v[5], v[6], v[7]);
+#else
+#pragma unroll
+                for (int i = 0; i < 8; ++i) xq[c * MMQ_STRIDE + kb * 8 + i] = v[i];
+#endif
                 xd[kb][c] = f16_to_f32(yb->d);
                 xs[kb][c] = f16_to_f32(yb->s);
                 xsum[kb][c] = s;
