@@ -382,3 +382,88 @@ def test_experts_gate_up_in_one_tensor_with_down_scale(lib, rng, tmp_path, qtype
         y = ref.mul_expert_scale(ref.matmul_id(h3, ref.weight(gf, "d"), ids), ref.weight(gf, "s"), ids)
         want = ref.weighted_sum(y, wts)
     check(out, want, MATMUL, record_property, "down")
+
+
+@pytest.fixture(scope="module")
+def norm_lib():
+    from ci import fused_host
+    try:
+        return fused_host.build()
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of fused.cu: {e}")
+
+
+def _residual_case(rng, K):
+    # a residual stream and a sublayer output of different scales (a layer's), a norm weight
+    # around 1; fresh each time
+    a = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32)
+    b = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)
+    wn = rng.uniform(0.2, 2.0, K).astype(F32)
+    return a, b, wn
+
+
+# K: 1280 (virtual threads 0..255 take two elements each, the rest one), 3072 (three each),
+# 512 (half of add_rms_norm's 1024 threads idle); with and without the residual (the first
+# layer's norm)
+@pytest.mark.parametrize("K, residual", [(1280, True), (3072, True), (512, False)], ids=str)
+@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0), ids=tname)
+def test_norm_matvec_equals_add_rms_norm_then_matvec(lib, norm_lib, rng, tmp_path, qtype, K, residual):
+    # matvec_norm_<type>: the residual add, RMS norm and Q8_1 of the row formed in every
+    # block; the sum and every output the very bits of add_rms_norm (fused.cu, 1024 threads)
+    # then matvec_<type> on its Q8_1 blocks
+    from ci import fused_host
+    from ci.matvec_host import matvec, matvec_norm
+    specs = {n: (qtype, (r, K)) for n, r in (("q", 64), ("k", 40), ("v", 24))}
+    gf = _weights(tmp_path, rng, specs)
+    raws = [_raw(gf, n, r) for n, (_, (r, _k)) in specs.items()]
+    a, b, wn = _residual_case(rng, K)
+    s_want, y, yq = fused_host.add_rms_norm(norm_lib, a, b if residual else None, wn, 1e-6)
+    s_want = s_want if residual else a          # without a residual the sum is a itself
+    want = matvec(lib, qtype, raws, y, xb=yq)
+    s, got = matvec_norm(lib, qtype, raws, a, b if residual else None, wn, 1e-6)
+    assert np.array_equal(s, s_want), "the residual sum differs from add_rms_norm's"
+    for n, g, w in zip("qkv", got, want):
+        assert not np.isnan(g).any(), f"{n}: rows left unwritten"
+        assert np.array_equal(g, w), f"{n}: differs from add_rms_norm then matvec_{qtype.name.lower()}"
+
+
+@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q5_K, GGMLType.Q6_K)],
+                         ids=lambda t: "-".join(x.name for x in t))
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first"])
+def test_mixed_norm_matvec_equals_add_rms_norm_then_matvec_mixed(lib, norm_lib, rng, tmp_path, types, residual):
+    # matvec_mixed_norm_<a>_<b> (q, k of one type, v of another: Q4_K_M's layers): both kinds'
+    # staged layouts formed from the same normed row
+    from ci import fused_host
+    from ci.matvec_host import matvec_mixed, matvec_mixed_norm
+    K = 1280
+    gf = _weights(tmp_path, rng, {"q": (types[0], (72, K)), "k": (types[0], (24, K)), "v": (types[1], (40, K))})
+    ra, rb = [_raw(gf, "q", 72), _raw(gf, "k", 24)], _raw(gf, "v", 40)
+    a, b, wn = _residual_case(rng, K)
+    s_want, y, yq = fused_host.add_rms_norm(norm_lib, a, b if residual else None, wn, 1e-5)
+    s_want = s_want if residual else a
+    want = matvec_mixed(lib, *types, ra, rb, y, xb=yq)
+    s, got = matvec_mixed_norm(lib, *types, ra, rb, a, b if residual else None, wn, 1e-5)
+    assert np.array_equal(s, s_want), "the residual sum differs from add_rms_norm's"
+    for n, g, w in zip("qkv", got, want):
+        assert not np.isnan(g).any(), f"{n}: rows left unwritten"
+        assert np.array_equal(g, w), f"{n}: differs from add_rms_norm then matvec_mixed"
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["glu", "wide"])
+@pytest.mark.parametrize("qtype, K, gelu", [(GGMLType.Q4_K, 1280, False), (GGMLType.Q6_K, 2048, True),
+                                            (GGMLType.Q8_0, 576, False)], ids=str)
+def test_glu_norm_equals_add_rms_norm_then_glu(lib, norm_lib, rng, tmp_path, qtype, K, gelu, wide):
+    # matvec_glu[_wide]_norm_<type>: the gated FFN of the normed row, h and its Q8_1 blocks
+    from ci import fused_host
+    from ci.matvec_host import glu, glu_norm
+    N = 96
+    gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
+    wg, wu = _raw(gf, "g", N), _raw(gf, "u", N)
+    a, b, wn = _residual_case(rng, K)
+    s_want, y, yq = fused_host.add_rms_norm(norm_lib, a, b, wn, 1e-6)
+    h_want, hq_want = glu(lib, qtype, wg, wu, y, gelu=gelu, wide=wide, xb=yq)
+    s, h, hq = glu_norm(lib, qtype, wg, wu, a, b, wn, 1e-6, gelu=gelu, wide=wide)
+    assert np.array_equal(s, s_want), "the residual sum differs from add_rms_norm's"
+    assert not np.isnan(h).any()
+    assert np.array_equal(h, h_want), "h differs from add_rms_norm then the gated kernel"
+    assert np.array_equal(hq, hq_want), "h's Q8_1 blocks differ"

@@ -78,7 +78,9 @@ def _kernel_bodies(sources=None):
 # (decode_preload, coop_preload: weights are read-only for the whole run, so no predecessor
 # writes them), whose pointer parameters are named w* by convention.
 PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "decode_preload", "coop_preload", "min", "max",
-                 "if"}
+                 "if",
+                 # a *_norm_ kernel's parameters as its body takes them: copies of by-value fields
+                 "norm_mv_params", "norm_glu_params"}
 
 
 def _pre_pdl_violations(bodies):

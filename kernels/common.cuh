@@ -198,17 +198,29 @@ __device__ __forceinline__ void better(float & v, int & i, const float v2, const
 // (llama.cpp's quantize_q8_1). Every kernel that hands a mat-vec its activations already
 // quantized goes through this one function, so its blocks are bit-identical to those of the
 // quantize_q8_1 kernel. The whole warp must be active.
-__device__ __forceinline__ void quantize_warp_q8_1(const float xi, block_q8_1 * __restrict__ b) {
+struct WarpQ8 { int q; float d; float sum; };     // a lane's quant, the block's d and s (float)
+
+__device__ __forceinline__ WarpQ8 warp_q8_1(const float xi) {
     const float amax = warp_max(fabsf(xi));
     const float sum = warp_sum(xi);
     const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : (int) roundf(xi / d);
+    return {amax == 0.0f ? 0 : (int) roundf(xi / d), d, sum};
+}
+
+__device__ __forceinline__ void quantize_warp_q8_1(const float xi, block_q8_1 * __restrict__ b) {
+    const WarpQ8 r = warp_q8_1(xi);
     const int lane = threadIdx.x % WARP_SIZE;
-    ((i8 *) b->qs)[lane] = (i8) q;
+    ((i8 *) b->qs)[lane] = (i8) r.q;
     if (lane == 0) {
-        b->d = f32_to_f16(d);
-        b->s = f32_to_f16(sum);
+        b->d = f32_to_f16(r.d);
+        b->s = f32_to_f16(r.sum);
     }
+}
+
+__device__ __forceinline__ int warp_sum_i32(int v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // silu(g) * u = (g / (1 + exp(-g))) * u, operation by operation as the numpy reference.

@@ -304,6 +304,107 @@ __device__ __forceinline__ const void * stage_act(const typename K::act * __rest
     return nullptr;
 }
 
+// ---- The residual add and RMS norm before a decode launch, in every block of it ----------
+//
+// A decode step ran add_rms_norm (kernels/fused.cu: one block of 1024 threads) before each of
+// its q/k/v and gate/up launches, 2 of a dense layer's 8 launches, each a kernel boundary on
+// the critical path of a token. matvec_norm_<kind>, matvec_mixed_norm_<a>_<b> and
+// matvec_glu[_wide]_norm_<kind> instead form their activations themselves: every block reads
+// the residual stream's a and b (K floats each, from L2), adds, normalises and quantizes the
+// row into its staged Q8_1 blocks, and block 0 also writes the sum (the next residual).
+//
+// The bits are add_rms_norm's, then stage_q8_1's: the same float adds, the same double sum of
+// squares in the same order (this block's threads play add_rms_norm's 1024 in turn: virtual
+// thread v sums elements v, v + 1024, ..., its warp's lanes are the same lanes, and the 32 warp
+// sums are added in warp order), the same scale, products and quantize_warp_q8_1 arithmetic,
+// with d and s rounded through half as the staged copy of a block_q8_1 has them.
+#define NORM_VIRTUAL_THREADS 1024      // add_rms_norm's block (fused.cu FUSED_NORM_THREADS)
+
+struct NormIn {
+    const float * a;           // the residual stream
+    const float * b;           // the sublayer output added to it (has_residual)
+    const float * w;           // the norm's weight
+    float * sum;               // a + b, written by block 0 (has_residual)
+    int n;                     // the row's width (a multiple of 32)
+    float eps;
+    int has_residual;
+};
+
+// Block b of 32 values, one per lane, as stage_q8_1 stages quantize_warp_q8_1's block.
+__device__ __forceinline__ void quantize_warp_q8s(const float xi, q8s * __restrict__ o) {
+    const WarpQ8 r = warp_q8_1(xi);
+    const int isum = warp_sum_i32(r.q);
+    ((i8 *) o->q)[threadIdx.x % WARP_SIZE] = (i8) r.q;
+    if (threadIdx.x % WARP_SIZE == 0) {
+        o->d = f16_to_f32(f32_to_f16(r.d));
+        o->s = f16_to_f32(f32_to_f16(r.sum));
+        o->isum = isum;
+        o->pad = 0;
+    }
+}
+
+template <int BPI>
+__device__ __forceinline__ void stage_norm_q8_1(const NormIn & n, StagedItem<BPI> * __restrict__ s) {
+    __shared__ double norm_partial[NORM_VIRTUAL_THREADS / WARP_SIZE];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const bool write_sum = n.has_residual && blockIdx.x == 0 && blockIdx.y == 0;
+    /* blockDim.x divides 1024: every lane of a warp takes each virtual thread's turn */
+    for (int v = threadIdx.x; v < NORM_VIRTUAL_THREADS; v += blockDim.x) {
+        double ss = 0.0;
+        for (int i = v; i < n.n; i += NORM_VIRTUAL_THREADS) {
+            const float x = n.has_residual ? __fadd_rn(n.a[i], n.b[i]) : n.a[i];
+            if (write_sum) n.sum[i] = x;
+            const double d = x;
+            ss += d * d;
+        }
+        ss = warp_sum_f64(ss);
+        if (lane == 0) norm_partial[v / WARP_SIZE] = ss;
+    }
+    __syncthreads();
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < NORM_VIRTUAL_THREADS / WARP_SIZE; ++i) ss += norm_partial[i];
+    const float mean = (float) (ss / n.n);
+    const float scale = 1.0f / sqrtf(__fadd_rn(mean, n.eps));
+    for (int b = warp; b < n.n / QK8_1; b += blockDim.x / WARP_SIZE) {
+        const int i = b * QK8_1 + lane;
+        const float x = n.has_residual ? __fadd_rn(n.a[i], n.b[i]) : n.a[i];
+        quantize_warp_q8s(__fmul_rn(__fmul_rn(x, scale), n.w[i]), &s[b / BPI].b[b % BPI]);
+    }
+}
+
+// A one-token launch's staged activations: stage_act's copy of x's Q8_1 blocks, or with a
+// norm (the *_norm_ kernels; the backend gives them rows short enough to stage) the blocks
+// formed from the residual stream.
+template <class K>
+__device__ __forceinline__ const void * stage_in(const typename K::act * __restrict__ x, const int n_items,
+                                                 void * __restrict__ smem, const NormIn * norm) {
+    if constexpr (K::can_stage) {
+        if (norm != nullptr) {
+            stage_norm_q8_1(*norm, (typename Staged<K>::act *) smem);
+            __syncthreads();
+            return smem;
+        }
+    }
+    return stage_act<K>(x, 1, n_items, smem);
+}
+
+// The launch parameters a *_norm_ kernel's body takes, from its own (pure arithmetic: the
+// kernels call these before PDL_ENTRY).
+__device__ __forceinline__ MultiMatVecParams norm_mv_params(const NormMatVecParams & p) {
+    MultiMatVecParams q;
+    q.k = p.k; q.n_tokens = 1; q.n_rows0 = p.n_rows0; q.n_rows1 = p.n_rows1; q.n_rows2 = p.n_rows2; q.cols = 1;
+    q.row_bytes0 = p.row_bytes0; q.row_bytes1 = p.row_bytes1; q.row_bytes2 = p.row_bytes2;
+    return q;
+}
+
+__device__ __forceinline__ GluMatVecParams norm_glu_params(const NormGluParams & p) {
+    GluMatVecParams q;
+    q.n_rows = p.n_rows; q.k = p.k; q.n_tokens = 1; q.n_used = 1; q.row_bytes = p.row_bytes; q.expert_bytes = 0;
+    q.has_ids = 0; q.n_experts = 1; q.gelu = p.gelu; q.write_q8 = p.write_q8; q.cols = 1; q.pad0 = 0;
+    return q;
+}
+
 // Row r of staged rows of n_items items (nullptr stays nullptr).
 template <class K>
 __device__ __forceinline__ const void * staged_row(const void * xs, const int r, const int n_items) {
@@ -640,7 +741,8 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
                                                       const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                                       float * __restrict__ y0, float * __restrict__ y1,
                                                       float * __restrict__ y2, const MultiMatVecParams & p,
-                                                      const int bx, const int gx, PreloadBuf<K> & pb) {
+                                                      const int bx, const int gx, PreloadBuf<K> & pb,
+                                                      const NormIn * norm) {
     constexpr int UPB = MV_WARPS / SPLIT;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
@@ -649,7 +751,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
     const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
     if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);
+    const void * xs = stage_in<K>(x + (i64) t * n_items, n_items, staged_x, norm);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][1];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
@@ -677,7 +779,9 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                             float * __restrict__ y0, float * __restrict__ y1,
                                             float * __restrict__ y2, const MultiMatVecParams p,
-                                            const int bx, const int gx, PreloadBuf<K> & pb) {
+                                            const int bx, const int gx, PreloadBuf<K> & pb,
+                                            const NormIn * norm = nullptr) {
+    /* norm: the *_norm_ kernels' (stage_in); nullptr: x's Q8_1 blocks                          */
     /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
     /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
     constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
@@ -688,12 +792,12 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;
     const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;
     if constexpr (decode_preloads<K>()) {
-        decode_rows_preloaded<K, SPLIT>(w0, w1, w2, x, y0, y1, y2, p, bx, gx, pb);
+        decode_rows_preloaded<K, SPLIT>(w0, w1, w2, x, y0, y1, y2, p, bx, gx, pb, norm);
         return;
     }
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_act<K>(x + (i64) t * n_items, 1, n_items, staged_x);
+    const void * xs = stage_in<K>(x + (i64) t * n_items, n_items, staged_x, norm);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
         for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {
@@ -964,7 +1068,7 @@ template <typename K, int WARPS, int ROWS, bool PAIRED>
 __device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * __restrict__ wu,
                                          const typename K::act * __restrict__ x, const int * __restrict__ ids,
                                          float * __restrict__ h, block_q8_1 * __restrict__ hq,
-                                         const GluMatVecParams & p) {
+                                         const GluMatVecParams & p, const NormIn * norm = nullptr) {
     static_assert(WARPS * ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
     __shared__ float hs[WARPS * ROWS];
     const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -979,7 +1083,7 @@ __device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * 
     }
     const typename K::act * xr = x + (i64) (slot / p.n_used) * n_items;
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_act<K>(xr, 1, n_items, staged_x);
+    const void * xs = stage_in<K>(xr, n_items, staged_x, norm);
     float g[ROWS], up[ROWS];
     if constexpr (PAIRED) {
         rows_dot2<K, ROWS>(wg + off + row * p.row_bytes, wu + off + row * p.row_bytes, p.row_bytes,
@@ -1045,6 +1149,43 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);             \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ wn,     \
+    float * __restrict__ sum, float * __restrict__ y0, float * __restrict__ y1,                    \
+    float * __restrict__ y2, const NormMatVecParams p) {                                           \
+    /* matvec_<kind> for one token, its activations add_rms_norm's (stage_norm_q8_1) */           \
+    PreloadBuf<K> pb;                                                                              \
+    const MultiMatVecParams q = norm_mv_params(p);                                                 \
+    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, q, blockIdx.x, pb);                     \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
+    decode_rows<K, 1>(w0, w1, w2, (const K::act *) a, y0, y1, y2, q, blockIdx.x, gridDim.x, pb, &n); \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
+matvec_glu_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
+                       const float * __restrict__ a, const float * __restrict__ b,                 \
+                       const float * __restrict__ wn, float * __restrict__ sum,                    \
+                       float * __restrict__ h, block_q8_1 * __restrict__ hq, const NormGluParams p) { \
+    const GluMatVecParams q = norm_glu_params(p);                                                  \
+    glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, q);                                                  \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
+    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
+matvec_glu_wide_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                \
+                            const float * __restrict__ a, const float * __restrict__ b,            \
+                            const float * __restrict__ wn, float * __restrict__ sum,               \
+                            float * __restrict__ h, block_q8_1 * __restrict__ hq,                  \
+                            const NormGluParams p) {                                               \
+    const GluMatVecParams q = norm_glu_params(p);                                                  \
+    glu_prefetch<GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS>(wg, wu, q);                                  \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
+    glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
@@ -1208,6 +1349,34 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     PDL_ENTRY();                                                                                   \
     if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx, pre.a);                        \
     else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx, pre.b);        \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_mixed_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,                   \
+    const u8 * __restrict__ w2, const float * __restrict__ xa, const float * __restrict__ xb,      \
+    const float * __restrict__ wn, float * __restrict__ sum, float * __restrict__ y0,              \
+    float * __restrict__ y1, float * __restrict__ y2, const NormMatVecParams np) {                 \
+    /* matvec_mixed_<a>_<b>, each block's activations add_rms_norm's (stage_norm_q8_1) */         \
+    const MultiMatVecParams p = norm_mv_params(np);                                                \
+    const int blocks_a = ((p.n_rows0 + MV_ROWS - 1) / MV_ROWS + (p.n_rows1 + MV_ROWS - 1) / MV_ROWS \
+                          + MV_WARPS - 1) / MV_WARPS;                                              \
+    const bool a = (int) blockIdx.x < blocks_a;                                                    \
+    const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
+    const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
+    MultiMatVecParams q = p;                                                                       \
+    q.n_rows2 = 0;                                                                                 \
+    if (!a) {                                                                                      \
+        q.n_rows0 = p.n_rows2;                                                                     \
+        q.row_bytes0 = p.row_bytes2;                                                               \
+        q.n_rows1 = 0;                                                                             \
+    }                                                                                              \
+    MixedPreloadBuf<KA, KB> pre;                                                                   \
+    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS); \
+    if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
+    if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {xa, xb, wn, sum, np.k, np.eps, np.has_residual};                             \
+    if (a) decode_rows<KA, 1>(w0, w1, w1, (const KA::act *) xa, y0, y1, y1, q, bx, gx, pre.a, &n); \
+    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) xa, y2, y2, y2, q, bx, gx, pre.b, &n);   \
 }
 
 // matvec_coop_<kind> (MV_COOP_WARPS): matvec_<kind>'s launch and bits for one token, for kinds with

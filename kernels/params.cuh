@@ -133,6 +133,33 @@ struct MultiMatVecParams {
     long long row_bytes2;
 };
 
+// A decode step's mat-vec launch that forms its own activations from the residual stream
+// (matvec_norm_<kind>, matvec_mixed_norm_<a>_<b>): MultiMatVecParams' matrices for one token,
+// then add_rms_norm's (AddNormParams) over the K-wide row.
+struct NormMatVecParams {
+    int k;                // K: input features = the norm's row
+    int n_rows0;
+    int n_rows1;
+    int n_rows2;
+    long long row_bytes0;
+    long long row_bytes1;
+    long long row_bytes2;
+    float eps;
+    int has_residual;     // 0: the row is a itself (the first layer's norm; sum not written)
+};
+
+// matvec_glu_norm_<kind> / matvec_glu_wide_norm_<kind>: GluMatVecParams' gate and up for one
+// token (no experts), their input formed from the residual stream as NormMatVecParams'.
+struct NormGluParams {
+    int n_rows;
+    int k;
+    long long row_bytes;
+    int gelu;
+    int write_q8;
+    float eps;
+    int has_residual;
+};
+
 // Gate and up mat-vecs with the gated activation fused: h = act(x W_gate^T) * (x W_up^T),
 // and h's Q8_1 blocks for the down projection. With ids (MoE), blockIdx.y is a (token, slot)
 // pair and ids[slot] picks the expert matrices.
