@@ -25,6 +25,31 @@ mmqncu)
         python3 ci/gpu_tune_mmq.py --only default > "$out/ncu-mmq-id.txt" 2>&1
     grep -E "Duration|Throughput|Occupancy|Registers Per|Warp Cycles Per Issued|Stall|Bank|Issue Slots|Eligible|Shared|Executed Ipc" "$out/ncu-mmq-id.txt" | head -60
     ;;
+norm)
+    # BRASS_NORM_MATVEC (the decode norms in the launches after them) and MMQ_ROWS_FAST (the MoE
+    # prompt's unpack without bank conflicts), both written this session: their GPU tests, the
+    # tile variants' times and bits, then tg128 with the norms in and out, alternated
+    for m in qwen3-0.6b qwen3-8b; do [ -f "$dir/$m.gguf" ] || python3 ci/shape_models.py "$m" "$dir" > /dev/null; done
+    echo "shapes written (t=$(t) s)"
+    guarded 200 python3 ci/gpu_tune_mmq.py --only "default,rows fast,rows fast kb4,rows fast prefetch" 2>&1 \
+        | grep -v "^WARNING" | tail -8
+    BRASS_NORM_MATVEC=1 guarded 330 python3 -m pytest -q -n 8 -p no:cacheprovider \
+        conformance/test_kernels.py conformance/test_kernels_model.py conformance/test_batch.py \
+        conformance/test_decode_graph.py conformance/test_kernels_mmq.py \
+        -k "norm or model or batch or graph or greedy or mmq" 2>&1 \
+        | grep -E "^(FAILED|ERROR)|passed|failed" | tail -14
+    echo "tests done (t=$(t) s)"
+    for round in 1 2; do
+        for on in 0 1; do
+            [ "$(left 480)" -ge 25 ] || break
+            echo "qwen3-0.6b norm_matvec=$on: $(BRASS_NORM_MATVEC=$on brass_tg "$dir/qwen3-0.6b.gguf" 40)"
+        done
+    done
+    for on in 0 1; do
+        [ "$(left 560)" -ge 40 ] || break
+        echo "qwen3-8b norm_matvec=$on: $(BRASS_NORM_MATVEC=$on brass_tg "$dir/qwen3-8b.gguf" 60)"
+    done
+    ;;
 suite)
     brass_suite 580 -n 14 -q
     ;;

@@ -138,3 +138,89 @@ def test_rope_attention_changes_no_logit(model, rng, monkeypatch):
     # the architectures whose every layer attends through common.attention with no q scale
     saved = model.config.n_layer if model.config.arch in ("llama", "qwen2", "qwen3", "qwen3moe") else 0
     assert kernels[False] - kernels[True] == saved, kernels
+
+
+def _norm_launches_saved(model) -> int:
+    """Decode launches BRASS_NORM_MATVEC takes away from a token of `model`: per layer of an
+    architecture that norms through common.pre_norm_decoder, the attention norm where one
+    quantized launch takes q, k and v (one type, not matvec_coop_q6_k's; or a mixed pair),
+    and the FFN norm of a dense layer whose gate and up share a quantized type."""
+    from engine.backends.cuda import backend as cb
+    cfg = model.config
+    if cfg.arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
+        return 0
+    gf, saved = model.gguf, 0
+    D = cfg.n_embd
+    if D % 32 or D > cb.MV_STAGE_MAX_K or cb.mv_split(D) != 1:
+        return 0
+    for il in range(cfg.n_layer):
+        qkv = [gf.tensors[f"blk.{il}.attn_{k}.weight"] for k in "qkv"]
+        types = [t.type for t in qkv]
+        if not any(t in cb.FLOAT_TYPES for t in types):
+            if len(set(types)) == 1:
+                saved += not cb.uses_q6k_coop(types[0], D, [t.nbytes // t.shape[1] for t in qkv])
+            elif len(set(types)) == 2:
+                a, b = sorted(set(types), key=types.count, reverse=True)
+                saved += (a, b) in cb.MIXED_PAIRS and types.count(b) == 1
+        if not cfg.n_expert:
+            g, u = gf.tensors[f"blk.{il}.ffn_gate.weight"], gf.tensors[f"blk.{il}.ffn_up.weight"]
+            saved += g.type == u.type and g.type not in cb.FLOAT_TYPES and tuple(g.shape) == tuple(u.shape)
+    return saved
+
+
+def test_norm_matvec_changes_no_logit(model, rng, monkeypatch):
+    # BRASS_NORM_MATVEC folds each decode norm into the launch after it: a whole model's decode
+    # logits (eager and through the graph) must be the same bits with it on as off, and the
+    # graph shorter by the launches it takes (_norm_launches_saved)
+    from engine.backends.cuda import backend as cb
+    ids = prompt(model, rng)
+    follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
+    runs, kernels = {}, {}
+    for fused in (False, True):
+        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
+        for graphs in (False, True):
+            s = model.new_session(128)
+            s.graphs = graphs
+            s.prefill(ids)
+            runs[fused, graphs] = [model.backend.to_numpy(s.decode(t)).copy() for t in follow]
+            if graphs:
+                kernels[fused] = s._step.kernels
+    for graphs in (False, True):
+        for i, (a, b) in enumerate(zip(runs[True, graphs], runs[False, graphs])):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with the norms in the launches"
+    assert kernels[False] - kernels[True] == _norm_launches_saved(model), kernels
+
+
+@pytest.mark.parametrize("shape, saved", [("qwen3-0.6b", 4), ("qwen3-30b-a3b", 2)])
+def test_norm_matvec_on_a_q4_k_m_shape(shape, saved, rng, tmp_path, monkeypatch):
+    # The synthetic models give q, k and v three types (to reach every kernel), so no launch
+    # there takes both of a layer's norms: a shape-true file (ci/shape_models.py: Q4_K q, k,
+    # gate, up, Q6_K v; two layers, a small vocabulary) does. Decode logits eager and through
+    # the graph the same bits with BRASS_NORM_MATVEC on as off; the graph shorter by both
+    # norms of each dense layer, by the attention norm of each MoE layer.
+    import sys
+    import engine
+    from engine.backends.cuda import backend as cb
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ci import shape_models
+    path = shape_models.write(shape, tmp_path, layers=2, vocab=4096, experts=8)
+    model = engine.load(str(path), backend="cuda", quiet=True)
+    ids = prompt(model, rng)
+    follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
+    runs, kernels = {}, {}
+    for fused in (False, True):
+        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
+        for graphs in (False, True):
+            s = model.new_session(64)
+            s.graphs = graphs
+            s.prefill(ids)
+            runs[fused, graphs] = [model.backend.to_numpy(s.decode(t)).copy() for t in follow]
+            if graphs:
+                kernels[fused] = s._step.kernels
+    for graphs in (False, True):
+        for i, (a, b) in enumerate(zip(runs[True, graphs], runs[False, graphs])):
+            assert not np.isnan(a).any()
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
+                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with the norms in the launches"
+    assert kernels[False] - kernels[True] == saved == _norm_launches_saved(model), kernels

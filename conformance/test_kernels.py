@@ -683,6 +683,67 @@ def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types,
         assert np.array_equal(a, b), f"matrix {i}: matvec_mixed_ differs from its own launch"
 
 
+# (weight types of q, k, v; K; the residual): the mixed launch (Q4_K_M), one type in one launch,
+# a Q6_K v beside Q4_K q and k with the width of the 8B, the first layer's norm (no residual)
+NORM_MATVEC_CASES = {"mixed": ((GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K), 1024, True),
+                     "one-type": ((GGMLType.Q4_K,) * 3, 2048, True),
+                     "mixed-4096": ((GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K), 4096, True),
+                     "q8_0-first": ((GGMLType.Q8_0,) * 3, 576, False),
+                     "v-first": ((GGMLType.Q6_K, GGMLType.Q4_K, GGMLType.Q4_K), 1024, True)}
+
+
+@pytest.mark.parametrize("case", NORM_MATVEC_CASES)
+def test_norm_matvec_gives_the_bits_of_add_rms_norm_then_the_launch(cuda, rng, tmp_path, case, monkeypatch):
+    # BRASS_NORM_MATVEC: add_rms_norm_matmul_many in one decode launch (every block forms the
+    # normed row's Q8_1 blocks, block 0 writes the sum) must leave what add_rms_norm then the
+    # q/k/v launch leave, bit for bit (on the GPU: FMA contraction, the real shuffles and
+    # shared memory), the outputs in the weights' order; and it must be the one launch taken
+    from engine.backends.cuda import backend as cb
+    types, K, residual = NORM_MATVEC_CASES[case]
+    gf = weights(tmp_path, rng, {"q": (types[0], (2048, K)), "k": (types[1], (512, K)), "v": (types[2], (520, K)),
+                                 "norm": (GGMLType.F32, (K,))})
+    w = [cuda.weight(gf, n) for n in "qkv"]
+    a = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32))
+    b = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)) if residual else None
+    launched = record_launches(cuda, monkeypatch)
+    out = {}
+    for fused in (True, False):
+        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
+        launched.clear()
+        s, ys = cuda.add_rms_norm_matmul_many(a, b, cuda.weight(gf, "norm"), 1e-6, w)
+        assert (len(launched) == 1) == fused and any("norm_" in n for n in launched) == fused, launched
+        out[fused] = [cuda.to_numpy(x) for x in [s, *ys]]
+    for name, g, want in zip(["sum", "q", "k", "v"], out[True], out[False]):
+        assert not np.isnan(g).any(), f"{name}: NaN (left unwritten)"
+        assert np.array_equal(g.view(np.uint32), want.view(np.uint32)), f"{name}: the fused launch differs"
+
+
+@pytest.mark.parametrize("qtype, K, N", [(GGMLType.Q4_K, 1024, 3072), (GGMLType.Q4_K, 4096, 12288),
+                                         (GGMLType.Q6_K, 2048, 640), (GGMLType.Q5_0, 896, 4864)], ids=str)
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first"])
+def test_norm_glu_gives_the_bits_of_add_rms_norm_then_ffn_glu(cuda, rng, tmp_path, qtype, K, N, residual,
+                                                             monkeypatch):
+    # BRASS_NORM_MATVEC: add_rms_norm_ffn_glu in one launch (the wide kernel for the 0.6B's
+    # 96 blocks, the other for the 8B's 384) against add_rms_norm then ffn_glu: the sum, h and
+    # h's Q8_1 blocks (which the down projection reads) bit for bit
+    from engine.backends.cuda import backend as cb
+    gf = weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K)), "norm": (GGMLType.F32, (K,))})
+    a = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32))
+    b = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)) if residual else None
+    launched = record_launches(cuda, monkeypatch)
+    out = {}
+    for fused in (True, False):
+        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
+        launched.clear()
+        s, h = cuda.add_rms_norm_ffn_glu(a, b, cuda.weight(gf, "norm"), 1e-6, cuda.weight(gf, "g"),
+                                         cuda.weight(gf, "u"))
+        assert (len(launched) == 1) == fused and any("norm_" in n for n in launched) == fused, launched
+        out[fused] = [cuda.to_numpy(x) for x in (s, h, cuda._q8_of(h))]
+    for name, g, want in zip(["sum", "h", "h's Q8_1 blocks"], out[True], out[False]):
+        assert not (g.dtype.kind == "f" and np.isnan(g).any()), f"{name}: NaN (left unwritten)"
+        assert np.array_equal(g, want), f"{name}: the fused launch differs"
+
+
 @pytest.mark.parametrize("K", [1024, 3072, 4096])
 def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeypatch):
     # matvec_coop_q6_k (BRASS_Q6K_COOP, on by default) must give matvec_q6_k's floats bit for

@@ -263,6 +263,36 @@ class Lockstep:
             self._compare("moe_gate", g, w, "moe_route", what=f"moe_gate {part}")
         return want
 
+    def _fused_norm_equals_its_parts(self, op, a, b, w, eps, rest, parts):
+        """The CUDA backend's op that forms a launch's activations from the residual stream
+        (kernels/matvec.cuh stage_norm_q8_1: one decode launch) against its own add_rms_norm
+        then the launch on that norm's Q8_1 blocks, bit for bit, from the reference's inputs."""
+        dev = [self._dev(x) if not isinstance(x, list) else [self._dev(y) for y in x] for x in (a, b, w, *rest)]
+        with self.cuda.activate():
+            s1, y1 = getattr(self.cuda, op)(dev[0], dev[1], dev[2], eps, *dev[3:])
+            s2, h = self.cuda.add_rms_norm(dev[0], dev[1], dev[2], eps)
+            y2 = parts(h, *dev[3:])
+        for what, g, want in [("sum", s1, s2)] + [(f"output {i}", g, x) for i, (g, x) in
+                                                   enumerate(zip(y1 if isinstance(y1, list) else [y1],
+                                                                 y2 if isinstance(y2, list) else [y2]))]:
+            got, want = self.cuda.to_numpy(g), self.cuda.to_numpy(want)
+            assert np.array_equal(got, want), f"{self.where}: {op} {what} differs from add_rms_norm then the launch"
+        self.worst[op] = 0.0
+
+    def add_rms_norm_matmul_many(self, a, b, w, eps, ws):
+        # checked whole against the CUDA backend's own two steps, then run as those steps, each
+        # op against the reference as every other op
+        self._fused_norm_equals_its_parts("add_rms_norm_matmul_many", a, b, w, eps, [ws],
+                                          lambda h, ws: self.cuda.matmul_many(h, ws))
+        s, h = self.add_rms_norm(a, b, w, eps)
+        return s, self.matmul_many(h, ws)
+
+    def add_rms_norm_ffn_glu(self, a, b, w, eps, w_gate, w_up, gelu=False):
+        self._fused_norm_equals_its_parts("add_rms_norm_ffn_glu", a, b, w, eps, [w_gate, w_up, gelu],
+                                          lambda h, g, u, ge: self.cuda.ffn_glu(h, g, u, ge))
+        s, h = self.add_rms_norm(a, b, w, eps)
+        return s, self.ffn_glu(h, w_gate, w_up, gelu)
+
     def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
         """As test_kernels.test_moe_ffn_decode, in two stages where the CUDA backend fuses the
         op: its kernels re-quantize the intermediate h to Q8_1, and an h within float32 rounding

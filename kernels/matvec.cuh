@@ -1150,43 +1150,6 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     PDL_ENTRY();                                                                                   \
     decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);             \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ wn,     \
-    float * __restrict__ sum, float * __restrict__ y0, float * __restrict__ y1,                    \
-    float * __restrict__ y2, const NormMatVecParams p) {                                           \
-    /* matvec_<kind> for one token, its activations add_rms_norm's (stage_norm_q8_1) */           \
-    PreloadBuf<K> pb;                                                                              \
-    const MultiMatVecParams q = norm_mv_params(p);                                                 \
-    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
-    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, q, blockIdx.x, pb);                     \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    decode_rows<K, 1>(w0, w1, w2, (const K::act *) a, y0, y1, y2, q, blockIdx.x, gridDim.x, pb, &n); \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
-matvec_glu_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
-                       const float * __restrict__ a, const float * __restrict__ b,                 \
-                       const float * __restrict__ wn, float * __restrict__ sum,                    \
-                       float * __restrict__ h, block_q8_1 * __restrict__ hq, const NormGluParams p) { \
-    const GluMatVecParams q = norm_glu_params(p);                                                  \
-    glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, q);                                                  \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
-matvec_glu_wide_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                \
-                            const float * __restrict__ a, const float * __restrict__ b,            \
-                            const float * __restrict__ wn, float * __restrict__ sum,               \
-                            float * __restrict__ h, block_q8_1 * __restrict__ hq,                  \
-                            const NormGluParams p) {                                               \
-    const GluMatVecParams q = norm_glu_params(p);                                                  \
-    glu_prefetch<GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS>(wg, wu, q);                                  \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
-}                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
 matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const K::act * __restrict__ x, \
                   const int * __restrict__ ids, float * __restrict__ h, block_q8_1 * __restrict__ hq, \
@@ -1317,6 +1280,49 @@ matvec_id_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,      
     matvec_rows<K, 1>(w + expert * p.expert_bytes + row * p.row_bytes,                             \
                       x + (i64) x_row * n_items, y + (i64) slot * p.n_rows + row,                  \
                       n_items, 1, 0, 0);                                                           \
+}
+
+// matvec_norm_<kind>, matvec_glu_norm_<kind>, matvec_glu_wide_norm_<kind>: matvec_<kind> and the
+// gated kernels for one token with their activations formed from the residual stream in every
+// block (stage_norm_q8_1). Quantized kinds only: the float kinds read x itself, not Q8_1.
+#define DEFINE_MATVEC_NORM(name, K)                                                                \
+static_assert(K::can_stage, "the *_norm_ kernels stage Q8_1 activations");                         \
+extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+matvec_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
+    const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ wn,     \
+    float * __restrict__ sum, float * __restrict__ y0, float * __restrict__ y1,                    \
+    float * __restrict__ y2, const NormMatVecParams p) {                                           \
+    /* matvec_<kind> for one token, its activations add_rms_norm's (stage_norm_q8_1) */           \
+    PreloadBuf<K> pb;                                                                              \
+    const MultiMatVecParams q = norm_mv_params(p);                                                 \
+    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, q, blockIdx.x, pb);                     \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
+    decode_rows<K, 1>(w0, w1, w2, (const K::act *) a, y0, y1, y2, q, blockIdx.x, gridDim.x, pb, &n); \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
+matvec_glu_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
+                       const float * __restrict__ a, const float * __restrict__ b,                 \
+                       const float * __restrict__ wn, float * __restrict__ sum,                    \
+                       float * __restrict__ h, block_q8_1 * __restrict__ hq, const NormGluParams p) { \
+    const GluMatVecParams q = norm_glu_params(p);                                                  \
+    glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, q);                                                  \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
+    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
+}                                                                                                  \
+extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
+matvec_glu_wide_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                \
+                            const float * __restrict__ a, const float * __restrict__ b,            \
+                            const float * __restrict__ wn, float * __restrict__ sum,               \
+                            float * __restrict__ h, block_q8_1 * __restrict__ hq,                  \
+                            const NormGluParams p) {                                               \
+    const GluMatVecParams q = norm_glu_params(p);                                                  \
+    glu_prefetch<GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS>(wg, wu, q);                                  \
+    PDL_ENTRY();                                                                                   \
+    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
+    glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
 }
 
 // matvec_mixed_<a>_<b>: a decode step's q, k (kind KA: matrices 0 and 1) and v (kind KB: matrix

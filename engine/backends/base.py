@@ -203,6 +203,19 @@ class Backend(ABC):
             s = self.mul(s, scale)
         return s, self.rms_norm(s, w, eps)
 
+    def add_rms_norm_matmul_many(self, a, b, w: Weight, eps: float, ws: list):
+        """add_rms_norm then matmul_many of the normed rows: `(a + b, [matmul(h, W) for W in
+        ws])` with h = rms_norm(a + b, w) (`b` None: the sum is a). h itself is not returned:
+        a backend may never form it (one decode launch that norms the row in each block)."""
+        s, h = self.add_rms_norm(a, b, w, eps)
+        return s, self.matmul_many(h, ws)
+
+    def add_rms_norm_ffn_glu(self, a, b, w: Weight, eps: float, w_gate: Weight, w_up: Weight,
+                             gelu: bool = False):
+        """add_rms_norm then ffn_glu of the normed rows: `(a + b, ffn_glu(h, w_gate, w_up))`."""
+        s, h = self.add_rms_norm(a, b, w, eps)
+        return s, self.ffn_glu(h, w_gate, w_up, gelu)
+
     def moe_norms(self, x, w: Weight, w_router: Weight, factor: float, eps: float):
         """Gemma 4's two norms of a MoE layer's residual `x`: the routed experts' input
         `rms_norm(x, w)` and the router's `rms_norm(x) * factor * w_router` (a weightless norm,

@@ -123,6 +123,11 @@ ROPE_ATTENTION = os.environ.get("BRASS_ROPE_ATTENTION", "0") not in ("", "0")
 # the argmax's final kernel (router.cu argmax_final_advance) where an output head's argmax takes
 # two stages: one launch fewer a token, the same integers.
 ARGMAX_ADVANCE = os.environ.get("BRASS_ARGMAX_ADVANCE", "0") not in ("", "0")
+# BRASS_NORM_MATVEC=1: a decode step's norm before the q/k/v launch and before the gate/up launch
+# done by that launch itself (matvec_norm_ / matvec_mixed_norm_ / matvec_glu[_wide]_norm_ in
+# kernels/matvec.cuh: every block adds, norms and quantizes the row, block 0 writes the sum):
+# two launches fewer a dense layer, the same bits (add_rms_norm's sum order followed).
+NORM_MATVEC = os.environ.get("BRASS_NORM_MATVEC", "0") not in ("", "0")
 # Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
 # CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
 # handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
@@ -272,6 +277,9 @@ def launched_kernels() -> list[tuple[str, str]]:
                (src, f"matvec_cols_many_{n}"), (src, f"matvec_cols_split_many_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("matvec_q.cu", f"matvec_mixed_{n}") for n in MIXED_PAIRS.values()]
+    ks += [("matvec_q.cu", f"matvec_mixed_norm_{n}") for n in MIXED_PAIRS.values()]
+    ks += [("matvec_q.cu", f"matvec_{k}norm_{n}") for t, n in _TYPE_NAMES.items() if t not in FLOAT_TYPES
+           for k in ("", "glu_", "glu_wide_")]
     ks += [("matvec_q.cu", "matvec_coop_q6_k")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
            ("attention.cu", "attention"), ("attention.cu", "rope_attention")]
@@ -1528,6 +1536,88 @@ class CudaBackend(Backend):
             if write_q8:
                 self._remember_q8(y, yq)
         return s, y
+
+    def _norm_row(self, a, b, w):
+        """(a, b) as a *_norm_ launch reads them when the add_rms_norm of one row a (+ b) may be
+        formed by the decode launch after it (BRASS_NORM_MATVEC, a row of Q8_1 blocks short
+        enough to stage, no trace between: the arch asks only then), else None."""
+        if not NORM_MATVEC or not isinstance(a, cupy.ndarray) or a.dtype != F32 or a.ndim not in (1, 2):
+            return None
+        D = a.shape[-1]
+        if a.size != D or D % 32 or D > MV_STAGE_MAX_K or mv_split(D) != 1:
+            return None
+        if w is None or tuple(w.shape) != (D,):
+            return None
+        if b is not None and (not isinstance(b, cupy.ndarray) or b.dtype != F32 or b.shape != a.shape):
+            return None
+        return cupy.ascontiguousarray(a), None if b is None else cupy.ascontiguousarray(b)
+
+    def add_rms_norm_matmul_many(self, a, b, w, eps, ws):
+        row = self._norm_row(a, b, w)
+        D = a.shape[-1]
+        plan = None
+        if row is not None and all(isinstance(x, CudaWeight) and len(x.shape) == 2 and x.shape[-1] == D
+                                   and x.type not in FLOAT_TYPES for x in ws):
+            by_type: dict = {}
+            for x in ws:
+                by_type.setdefault(x.type, []).append(x)
+            pair = self._mixed_pair(1, D, by_type)
+            if pair is not None:
+                plan = ("mixed", by_type[pair[0]], by_type[pair[1]][0])
+            elif len(by_type) == 1 and len(ws) <= 3 and not uses_q6k_coop(ws[0].type, D, [x.row_bytes for x in ws]):
+                plan = ("one", ws, None)
+        if plan is None:
+            return super().add_rms_norm_matmul_many(a, b, w, eps, ws)
+        a2, b2 = (x.reshape(1, D) if x is not None else None for x in row)
+        s = self._out(a2.shape) if b2 is not None else a2
+        kind, group, wb = plan
+        mats = group + ([wb] if wb is not None else [])
+        ys = [self._out((1, x.shape[0]), F32) for x in mats]
+        w0, w1 = group[0], group[1] if len(group) > 1 else group[0]
+        w2 = wb if wb is not None else (group[2] if len(group) > 2 else group[0])
+        rows = [w0.shape[0], group[1].shape[0] if len(group) > 1 else 0,
+                wb.shape[0] if wb is not None else (group[2].shape[0] if len(group) > 2 else 0)]
+        y0, y1 = ys[0], ys[1] if len(group) > 1 else ys[0]
+        y2 = ys[-1] if len(mats) > 2 or wb is not None else ys[0]
+        params = pack("NormMatVecParams", k=D, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
+                      row_bytes0=w0.row_bytes, row_bytes1=w1.row_bytes, row_bytes2=w2.row_bytes, eps=eps,
+                      has_residual=int(b2 is not None))
+        bufs = (w0.data, w1.data, w2.data, a2, a2 if b2 is None else b2, w.dense, s, y0, y1, y2)
+        if kind == "mixed":
+            self.launch("matvec_q.cu", f"matvec_mixed_norm_{MIXED_PAIRS[(w0.type, wb.type)]}",
+                        (mixed_blocks(rows), 1), MV_WARPS * 32, *bufs, params=params, smem=_stage_bytes(w0.type, D))
+        else:
+            units = sum(-(-n // MV_ROWS) for n in rows)
+            self.launch("matvec_q.cu", f"matvec_norm_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), 1),
+                        MV_WARPS * 32, *bufs, params=params, smem=_stage_bytes(w0.type, D))
+        lead = a.shape[:-1]
+        return s.reshape(a.shape), [ys[mats.index(x)].reshape(*lead, x.shape[0]) for x in ws]
+
+    def add_rms_norm_ffn_glu(self, a, b, w, eps, w_gate, w_up, gelu=False):
+        row = self._norm_row(a, b, w)
+        D = a.shape[-1]
+        if (row is None or not isinstance(w_gate, CudaWeight) or not isinstance(w_up, CudaWeight)
+                or len(w_gate.shape) != 2 or not self._fusable(w_gate, w_up) or w_gate.shape[-1] != D
+                or w_gate.type in FLOAT_TYPES):
+            return super().add_rms_norm_ffn_glu(a, b, w, eps, w_gate, w_up, gelu)
+        a2, b2 = (x.reshape(1, D) if x is not None else None for x in row)
+        s = self._out(a2.shape) if b2 is not None else a2
+        N = w_gate.shape[0]
+        h = self._out((1, N), F32)
+        write_q8 = N % 32 == 0
+        hq = self._out((1, N // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else h
+        blocks = -(-N // 32)
+        wide = blocks < GLU_WIDE_MAX_BLOCKS_PER_SM * self.n_sms      # as _glu_matvec chooses
+        self.launch("matvec_q.cu", f"matvec_glu_{'wide_' if wide else ''}norm_{_TYPE_NAMES[w_gate.type]}",
+                    (blocks, 1), (GLU_WIDE_WARPS if wide else GLU_WARPS) * 32,
+                    w_gate.data, w_up.data, a2, a2 if b2 is None else b2, w.dense, s, h, hq,
+                    params=pack("NormGluParams", n_rows=N, k=D, row_bytes=w_gate.row_bytes, gelu=int(bool(gelu)),
+                                write_q8=int(write_q8), eps=eps, has_residual=int(b2 is not None)),
+                    smem=_stage_bytes(w_gate.type, D))
+        h = h.reshape(*a.shape[:-1], N)
+        if write_q8:
+            self._remember_q8(h, hq)
+        return s.reshape(a.shape), h
 
     def moe_norms(self, x, w, w_router, factor, eps):
         x = _f32(x, "moe_norms")
