@@ -222,7 +222,9 @@ __device__ __forceinline__ int q8_sum(const block_q8_1 * y) {
 // 4-byte aligned: eight 32-bit loads per block, and as the lanes of a warp read different
 // items, each load touches as many cache lines as there are lanes (L1 wavefronts, not DRAM,
 // then bound the mat-vec).
-struct __align__(16) q8s { int4 q[2]; float d; float s; int isum; int pad; };
+// hsum: the integer sum of the first 16 quants (Q6_K's scales cover halves of a block: its dot
+// takes the quants unsigned and 32 times each half's sum off after, q6k_math).
+struct __align__(16) q8s { int4 q[2]; float d; float s; int isum; int hsum; };
 static_assert(sizeof(q8s) == 48, "q8s");
 
 // Accessors that read either form of a Q8_1 block with the same arithmetic afterwards.
@@ -269,7 +271,8 @@ __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, St
         o.d = f16_to_f32(y->d);
         o.s = act_s(y);
         o.isum = q8_sum(y);
-        o.pad = 0;
+        o.hsum = __dp4a(q[3], 0x01010101, __dp4a(q[2], 0x01010101, __dp4a(q[1], 0x01010101,
+                                                                        __dp4a(q[0], 0x01010101, 0))));
         s[b / BPI].b[b % BPI] = o;
     }
 }
@@ -334,12 +337,13 @@ struct NormIn {
 __device__ __forceinline__ void quantize_warp_q8s(const float xi, q8s * __restrict__ o) {
     const WarpQ8 r = warp_q8_1(xi);
     const int isum = warp_sum_i32(r.q);
+    const int hsum = warp_sum_i32(threadIdx.x % WARP_SIZE < 16 ? r.q : 0);
     ((i8 *) o->q)[threadIdx.x % WARP_SIZE] = (i8) r.q;
     if (threadIdx.x % WARP_SIZE == 0) {
         o->d = f16_to_f32(f32_to_f16(r.d));
         o->s = f16_to_f32(f32_to_f16(r.sum));
         o->isum = isum;
-        o->pad = 0;
+        o->hsum = hsum;
     }
 }
 
