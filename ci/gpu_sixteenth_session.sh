@@ -50,6 +50,30 @@ norm)
         echo "qwen3-8b norm_matvec=$on: $(BRASS_NORM_MATVEC=$on brass_tg "$dir/qwen3-8b.gguf" 60)"
     done
     ;;
+q6k)
+    # the Q6_K dot without __vsubss4 (q8s.hsum): its GPU tests (every Q6_K mat-vec, the coop head,
+    # the batched and graph paths, bit-exactness between them), the mat-vecs alone, tg128; with
+    # the first half of llama.cpp's binaries carried (.stage/llama-sm90-1) for the next call
+    mkdir -p /tmp/llama-parts && cp .stage/llama-sm90-1/* /tmp/llama-parts/ 2> /dev/null
+    for m in qwen3-0.6b qwen3-8b; do [ -f "$dir/$m.gguf" ] || python3 ci/shape_models.py "$m" "$dir" > /dev/null; done
+    guarded 220 python3 -m pytest -q -n 8 -p no:cacheprovider conformance/test_kernels.py \
+        conformance/test_batch.py conformance/test_decode_graph.py conformance/test_kernels_model.py \
+        -k "q6 or Q6 or coop or mixed or matmul or glu or batch or graph or model" 2>&1 \
+        | grep -E "^(FAILED|ERROR)|passed|failed" | tail -14
+    echo "tests done (t=$(t) s)"
+    guarded 330 python3 ci/gpu_speed.py 2>&1 | grep -v "^WARNING" | tail -16
+    for m in qwen3-0.6b qwen3-0.6b qwen3-8b; do
+        [ "$(left 560)" -ge 40 ] || break
+        echo "$m: $(brass_tg "$dir/$m.gguf" 60)"
+    done
+    ;;
+sbs)
+    # llama.cpp's prebuilt binaries (the second half carried now), then side by side
+    llama_ready || { echo "llama.cpp binaries not ready"; exit 1; }
+    for s in ${SBS_SHAPES:-qwen3-0.6b}; do
+        LLAMA_BENCH="$bin/llama-bench" REPS=3 guarded 590 bash ci/gpu_side_by_side.sh "$s" 2>&1 | grep -v "^WARNING"
+    done
+    ;;
 suite)
     brass_suite 580 -n 14 -q
     ;;
