@@ -59,6 +59,10 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // 39 % of all shared wavefronts): with a row's blocks on adjacent threads the factor stores
 // ([block][row]: 8 blocks 128 words apart) all hit one bank. Rows adjacent, a quarter warp's
 // 8 rows x 4 words at the 68-word stride cover the 32 banks once, and so do the factors.
+// Off: 1.43x slower on the H200 (ci/gpu_tune_mmq.py, 2026-12-03: a layer 2,632 us against
+// 1,839, the dense 12288 x 4096 1,385 against 526; the same bits): with a row per thread the
+// unpack's global loads of a warp touch 32 rows' sectors instead of 4 rows' consecutive blocks,
+// which costs more than the conflicts it removes.
 #define MMQ_ROWS_FAST 0
 #endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the

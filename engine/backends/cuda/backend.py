@@ -126,7 +126,11 @@ ARGMAX_ADVANCE = os.environ.get("BRASS_ARGMAX_ADVANCE", "0") not in ("", "0")
 # BRASS_NORM_MATVEC=1: a decode step's norm before the q/k/v launch and before the gate/up launch
 # done by that launch itself (matvec_norm_ / matvec_mixed_norm_ / matvec_glu[_wide]_norm_ in
 # kernels/matvec.cuh: every block adds, norms and quantizes the row, block 0 writes the sum):
-# two launches fewer a dense layer, the same bits (add_rms_norm's sum order followed).
+# two launches fewer a dense layer, the same bits (add_rms_norm's sum order followed). Off: on
+# the H200 (2026-12-03, tg128 alternated twice) the Qwen3-0.6B shape went from 896 to 864 tok/s
+# and the 8B from 317 to 231. Every block re-reads the row from L2 and reduces it with 1/4 (the
+# gated kernel's wide blocks 1/2) of the norm kernel's threads, on the critical path after
+# PDL_ENTRY, the 8B's 768 q/k/v blocks all reading the same lines: more than the launch saved.
 NORM_MATVEC = os.environ.get("BRASS_NORM_MATVEC", "0") not in ("", "0")
 # Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
 # CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
