@@ -66,6 +66,9 @@ VARIANTS = {
     "rows fast kb4": ("MMQ_ROWS_FAST=1", "MMQ_KB=4"),
     "rows fast prefetch": ("MMQ_ROWS_FAST=1", "MMQ_PREFETCH=1"),
     "rows fast 128x64 kb4": ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
+    # Q4_K's unpack from 16-byte loads (ncu: the global loads use 4.1 of 32 bytes a sector)
+    "vec loads": ("MMQ_VEC_LOADS=1",),
+    "vec loads prefetch": ("MMQ_VEC_LOADS=1", "MMQ_PREFETCH=1"),
 }
 
 

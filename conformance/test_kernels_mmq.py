@@ -241,7 +241,8 @@ MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_PACKED=1",), ("MMQ_PACKED=1", "MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
                 ("MMQ_ROWS_FAST=1",), ("MMQ_ROWS_FAST=1", "MMQ_KB=2"),
-                ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
+                ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
+                ("MMQ_VEC_LOADS=1",), ("MMQ_VEC_LOADS=1", "MMQ_KB=2"))
 
 
 @pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))

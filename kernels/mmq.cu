@@ -65,6 +65,14 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // which costs more than the conflicts it removes.
 #define MMQ_ROWS_FAST 0
 #endif
+#ifndef MMQ_VEC_LOADS
+// 1: a Q4_K (row, block) unpacked from wide loads: its 32 quant bytes as two 16-byte words, d
+// and dmin as one 32-bit word, the 12 scale bytes as three (the mat-vec's q4k_pair_load), where
+// k45_quants reads eight 32-bit words, two halves and four scale bytes one by one. ncu on
+// mmq_id_q4_k (2026-12-03): L1/TEX throughput 79 % (the limit), its global loads using 4.1 of
+// each sector's 32 bytes. The same values, so the same bits.
+#define MMQ_VEC_LOADS 0
+#endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
                                       // 8 rows x 4 ints of a fragment load land on 32 banks
 #define MMQ_PSTRIDE (MMQ_KB * 8 + 8)  // mmq_tile_packed's: +8, so that 4 rows x 8 ints of its
@@ -136,7 +144,36 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
     } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
         int sc, m;
         float d, dmin;
+#if MMQ_VEC_LOADS
+        if constexpr (TYPE == Q4_K) {
+            // rows of whole 144-byte blocks (16-byte aligned), so qs (at byte 16) and its pairs'
+            // 32 bytes are 16-byte aligned
+            const block_q4_K * b = (const block_q4_K *) row + ib / 8;
+            const int s = ib % 8;
+            const int4 * q4 = (const int4 *) (b->qs + 32 * (s / 2));
+            const int4 lo = q4[0], hi = q4[1];
+            const int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            const int shift = 4 * (s % 2);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o.q[i] = (v[i] >> shift) & 0x0F0F0F0F;
+            const u32 dm = *(const u32 *) b;
+            const u32 * sw = (const u32 *) b->scales;
+            const u32 w0 = sw[0], w1 = sw[1], w2 = sw[2];
+            if (s < 4) {            // scale_min_k4's bytes, taken from the three words
+                sc = byte_of(w0, w1, w2, s) & 63;
+                m = byte_of(w0, w1, w2, s + 4) & 63;
+            } else {
+                sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
+                m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
+            }
+            d = f16_to_f32((u16) (dm & 0xFFFF));
+            dmin = f16_to_f32((u16) (dm >> 16));
+        } else {
+            k45_quants<TYPE>(row, ib, o.q, sc, m, d, dmin);
+        }
+#else
         k45_quants<TYPE>(row, ib, o.q, sc, m, d, dmin);
+#endif
         // d * sc and dmin * m are exact in float32 (11-bit by 6-bit mantissas): the mat-vec's
         // d * sc * sumi - dmin * m * isum, with the products formed in the same order.
         o.a = d * sc;
