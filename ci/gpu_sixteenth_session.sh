@@ -7,6 +7,12 @@
 #   part1: the first half of llama.cpp's prebuilt binaries, carry [".stage/llama-sm90-1"]; a
 #      call right after it that carries ".stage/llama-sm90-2" too finds llama-bench ready
 #      (llama_ready in ci/gpu_lib.sh; it worked in the fifteenth session).
+# Run in the sixteenth session (2026-12-03): coop (MODES=decode), mmqncu, norm, q6k, sbs, suite.
+# Written for the seventeenth, not yet run:
+#   vec: MMQ_VEC_LOADS (Q4_K's MoE-prompt unpack from 16-byte loads) timed against the default
+#      with its bits checked (ci/gpu_tune_mmq.py), then ncu's L1/TEX and sector use of it; if it
+#      wins 5 % a layer, flip its #define, run test_kernels_mmq on the GPU, then sbs with
+#      SBS_SHAPES=qwen3-30b-a3b (after part1) for the 30B-A3B's pp512 (0.69x, bar 0.75x).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -73,6 +79,14 @@ sbs)
     for s in ${SBS_SHAPES:-qwen3-0.6b}; do
         LLAMA_BENCH="$bin/llama-bench" REPS=3 guarded 590 bash ci/gpu_side_by_side.sh "$s" 2>&1 | grep -v "^WARNING"
     done
+    ;;
+vec)
+    guarded 200 python3 ci/gpu_tune_mmq.py --only "default,vec loads,vec loads prefetch" 2>&1 \
+        | grep -v "^WARNING" | tail -6
+    guarded 400 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+        --section WarpStateStats -k regex:mmq_id_q4_k -c 1 python3 ci/gpu_tune_mmq.py --only "vec loads" \
+        > "$out/ncu-vec.txt" 2>&1
+    grep -E "Duration|L1/TEX Cache|bytes transmitted|Warp Cycles|bank" "$out/ncu-vec.txt" | head -12
     ;;
 suite)
     brass_suite 580 -n 14 -q
