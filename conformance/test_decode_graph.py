@@ -113,19 +113,18 @@ def test_sampled_decode_through_the_graph_matches_eager(model, rng):
     assert graph == eager
 
 
-def test_rope_attention_changes_no_logit(model, rng, monkeypatch):
-    # BRASS_ROPE_ATTENTION folds rope_store into the decode step's attention kernel: a whole
-    # model's decode logits (eager and through the graph, captured with the setting of its
-    # session) must be the same bits with it on as off, and the graph one launch a layer
-    # shorter where the architecture takes it (rope_store in the step, no q scale between).
+def _switch_changes_no_logit(model, rng, monkeypatch, switch: str, what: str, n_ctx: int = 128) -> dict:
+    """Decode logits of `model` (eager and through the graph, each graph captured with the
+    setting of its session) with the backend's `switch` off and on: asserted the same bits,
+    none NaN. Returns the graph's kernels per token by setting ({False: .., True: ..})."""
     from engine.backends.cuda import backend as cb
     ids = prompt(model, rng)
     follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
     runs, kernels = {}, {}
     for fused in (False, True):
-        monkeypatch.setattr(cb, "ROPE_ATTENTION", fused)
+        monkeypatch.setattr(cb, switch, fused)
         for graphs in (False, True):
-            s = model.new_session(128)
+            s = model.new_session(n_ctx)
             s.graphs = graphs
             s.prefill(ids)
             runs[fused, graphs] = [model.backend.to_numpy(s.decode(t)).copy() for t in follow]
@@ -133,8 +132,18 @@ def test_rope_attention_changes_no_logit(model, rng, monkeypatch):
                 kernels[fused] = s._step.kernels
     for graphs in (False, True):
         for i, (a, b) in enumerate(zip(runs[True, graphs], runs[False, graphs])):
+            assert not np.isnan(a).any(), f"{'graph' if graphs else 'eager'} step {i}: NaN logits"
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
-                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with rope_attention"
+                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with {what}"
+    return kernels
+
+
+def test_rope_attention_changes_no_logit(model, rng, monkeypatch):
+    # BRASS_ROPE_ATTENTION folds rope_store into the decode step's attention kernel: a whole
+    # model's decode logits (eager and through the graph, captured with the setting of its
+    # session) must be the same bits with it on as off, and the graph one launch a layer
+    # shorter where the architecture takes it (rope_store in the step, no q scale between).
+    kernels = _switch_changes_no_logit(model, rng, monkeypatch, "ROPE_ATTENTION", "rope_attention")
     # the architectures whose every layer attends through common.attention with no q scale
     saved = model.config.n_layer if model.config.arch in ("llama", "qwen2", "qwen3", "qwen3moe") else 0
     assert kernels[False] - kernels[True] == saved, kernels
@@ -172,23 +181,7 @@ def test_norm_matvec_changes_no_logit(model, rng, monkeypatch):
     # BRASS_NORM_MATVEC folds each decode norm into the launch after it: a whole model's decode
     # logits (eager and through the graph) must be the same bits with it on as off, and the
     # graph shorter by the launches it takes (_norm_launches_saved)
-    from engine.backends.cuda import backend as cb
-    ids = prompt(model, rng)
-    follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
-    runs, kernels = {}, {}
-    for fused in (False, True):
-        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
-        for graphs in (False, True):
-            s = model.new_session(128)
-            s.graphs = graphs
-            s.prefill(ids)
-            runs[fused, graphs] = [model.backend.to_numpy(s.decode(t)).copy() for t in follow]
-            if graphs:
-                kernels[fused] = s._step.kernels
-    for graphs in (False, True):
-        for i, (a, b) in enumerate(zip(runs[True, graphs], runs[False, graphs])):
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
-                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with the norms in the launches"
+    kernels = _switch_changes_no_logit(model, rng, monkeypatch, "NORM_MATVEC", "the norms in the launches")
     assert kernels[False] - kernels[True] == _norm_launches_saved(model), kernels
 
 
@@ -201,26 +194,9 @@ def test_norm_matvec_on_a_q4_k_m_shape(shape, saved, rng, tmp_path, monkeypatch)
     # norms of each dense layer, by the attention norm of each MoE layer.
     import sys
     import engine
-    from engine.backends.cuda import backend as cb
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ci import shape_models
     path = shape_models.write(shape, tmp_path, layers=2, vocab=4096, experts=8)
     model = engine.load(str(path), backend="cuda", quiet=True)
-    ids = prompt(model, rng)
-    follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
-    runs, kernels = {}, {}
-    for fused in (False, True):
-        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
-        for graphs in (False, True):
-            s = model.new_session(64)
-            s.graphs = graphs
-            s.prefill(ids)
-            runs[fused, graphs] = [model.backend.to_numpy(s.decode(t)).copy() for t in follow]
-            if graphs:
-                kernels[fused] = s._step.kernels
-    for graphs in (False, True):
-        for i, (a, b) in enumerate(zip(runs[True, graphs], runs[False, graphs])):
-            assert not np.isnan(a).any()
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), \
-                f"{'graph' if graphs else 'eager'} step {i}: the logits moved with the norms in the launches"
+    kernels = _switch_changes_no_logit(model, rng, monkeypatch, "NORM_MATVEC", "the norms in the launches", 64)
     assert kernels[False] - kernels[True] == saved == _norm_launches_saved(model), kernels
