@@ -68,7 +68,8 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #ifndef MMQ_VEC_LOADS
 // 1: a Q4_K (row, block) unpacked from wide loads: its 32 quant bytes as two 16-byte words, d
 // and dmin as one 32-bit word, the 12 scale bytes as three (the mat-vec's q4k_pair_load), where
-// k45_quants reads eight 32-bit words, two halves and four scale bytes one by one. ncu on
+// k45_quants reads eight 32-bit words, two halves and four scale bytes one by one; a Q6_K one
+// from eighteen aligned words (q6k_load) instead of 32 halves. ncu on
 // mmq_id_q4_k (2026-12-03): L1/TEX throughput 79 % (the limit), its global loads using 4.1 of
 // each sector's 32 bytes. The same values, so the same bits.
 #define MMQ_VEC_LOADS 0
@@ -179,10 +180,26 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
         o.a = d * sc;
         o.b = dmin * m;
     } else if constexpr (TYPE == Q6_K) {
+#if MMQ_VEC_LOADS
+        // nine aligned words under each of ql and qh, funnel-shifted into place (the mat-vec's
+        // q6k_load), where q6k_quants reads sixteen 2-aligned words as 32 halves
+        Q6KRaw r;
+        q6k_load(row, ib, r);
+        const int lshift = 4 * ((ib % 4) / 2), hshift = 2 * (ib % 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int vl = ((int) __funnelshift_r(r.wl[i], r.wl[i + 1], r.shift) >> lshift) & 0x0F0F0F0F;
+            const int vh = (((int) __funnelshift_r(r.wh[i], r.wh[i + 1], r.shift) >> hshift) & 0x03030303) << 4;
+            o.q[i] = (int) __vsubss4(vl | vh, 0x20202020);
+        }
+        o.a = f16_to_f32((u16) (r.d_sc & 0xFFFF));
+        o.sc = (int) (r.d_sc >> 16);
+#else
         const block_q6_K * b = q6k_quants(row, ib, o.q);
         const i8 * sc = b->scales + 8 * ((ib % 8) / 4) + 2 * (ib % 4);
         o.a = f16_to_f32(b->d);
         o.sc = (int) (u8) sc[0] | ((int) (u8) sc[1] << 8);
+#endif
     }
 }
 
