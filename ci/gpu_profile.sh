@@ -23,7 +23,7 @@ done
 IFS=';' read -ra cases <<< "${NCU_CASES:-Q4_K 12288 4096;Q6_K 12288 4096}"
 for case in "${cases[@]}"; do
     set -- $case
-    ncu --clock-control none -k "regex:^matvec_(coop_)?$(echo $1 | tr A-Z a-z)\$" -c 1 \
+    ncu --clock-control none -k "regex:^matvec_(coop_|split_)?$(echo $1 | tr A-Z a-z)\$" -c 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats --section ComputeWorkloadAnalysis \
         python3 ci/gpu_profile.py matvec $1 $2 $3 > "$out/ncu-$1-$2-$3.txt" 2>&1
