@@ -236,12 +236,21 @@ __device__ __forceinline__ void act_qs(const q8s * y, int (&q)[8]) {
     const int4 a = y->q[0], b = y->q[1];
     q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w; q[4] = b.x; q[5] = b.y; q[6] = b.z; q[7] = b.w;
 }
+// A staged block's d, s, isum and hsum (16-byte aligned after its quants) are read as one
+// 128-bit word, which each accessor below takes its field from: the compiler keeps one load
+// for an item's fields. Why: a K-quant item needs d and isum of each block, and as 32-bit loads
+// at the staged items' stride (112 bytes: 28 banks) the lanes of a warp meet on 8 banks, a
+// 4-way conflict each; the 128-bit word is one wavefront per quarter warp (8 lanes, distinct
+// 16-byte slots). ncu on the Q4_K mat-vec (H200, 4096 x 12288, 2026-12-03): L1/TEX 70 % busy at
+// 43 % of DRAM's peak, issue slots 40 %: its L1 wavefronts are the limit. The same values.
+__device__ __forceinline__ int4 q8s_tail(const q8s * y) { return *(const int4 *) &y->d; }
 __device__ __forceinline__ float act_d(const block_q8_1 * y) { return f16_to_f32(y->d); }
-__device__ __forceinline__ float act_d(const q8s * y) { return y->d; }
+__device__ __forceinline__ float act_d(const q8s * y) { return __int_as_float(q8s_tail(y).x); }
 __device__ __forceinline__ float act_s(const block_q8_1 * y) { return f16_to_f32(y->s); }
-__device__ __forceinline__ float act_s(const q8s * y) { return y->s; }
+__device__ __forceinline__ float act_s(const q8s * y) { return __int_as_float(q8s_tail(y).y); }
 __device__ __forceinline__ int act_sum(const block_q8_1 * y) { return q8_sum(y); }
-__device__ __forceinline__ int act_sum(const q8s * y) { return y->isum; }
+__device__ __forceinline__ int act_sum(const q8s * y) { return q8s_tail(y).z; }
+__device__ __forceinline__ int act_hsum(const q8s * y) { return q8s_tail(y).w; }
 
 #ifndef MV_PAIR_PAD
 #define MV_PAIR_PAD 1

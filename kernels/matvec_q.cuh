@@ -188,9 +188,10 @@ __device__ __forceinline__ void q4k_pair_load(const u8 * __restrict__ row, const
     const int j = ip % 4;
     r.q0 = ((const int4 *) (b->qs + 32 * j))[0];
     r.q1 = ((const int4 *) (b->qs + 32 * j))[1];
-    r.dm = *(const u32 *) b;
-    const u32 * sw = (const u32 *) b->scales;
-    r.w0 = sw[0]; r.w1 = sw[1]; r.w2 = sw[2];
+    // d, dmin and the 12 scale bytes: the block's first 16 bytes, one 128-bit load (four
+    // 32-bit loads touched the warp's 8 blocks' lines four times over: L1 wavefronts)
+    const int4 h = *(const int4 *) b;
+    r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
 }
 
 // y: the item's two Q8_1 blocks (either form).
@@ -309,8 +310,8 @@ __device__ __forceinline__ float q6k_math(const Q6KRaw & r, const int ib, const 
         }
     }
     if constexpr (HasHalfSum<Y>::value) {
-        sumi[0] -= 32 * y->hsum;
-        sumi[1] -= 32 * (y->isum - y->hsum);
+        sumi[0] -= 32 * act_hsum(y);
+        sumi[1] -= 32 * (act_sum(y) - act_hsum(y));
     }
     const int sc0 = (int) (i8) (u8) (r.d_sc >> 16), sc1 = (int) (i8) (u8) (r.d_sc >> 24);
     return f16_to_f32((u16) (r.d_sc & 0xFFFF)) * act_d(y) * (sc0 * sumi[0] + sc1 * sumi[1]);

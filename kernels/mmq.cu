@@ -66,8 +66,8 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #define MMQ_ROWS_FAST 0
 #endif
 #ifndef MMQ_VEC_LOADS
-// 1: a Q4_K (row, block) unpacked from wide loads: its 32 quant bytes as two 16-byte words, d
-// and dmin as one 32-bit word, the 12 scale bytes as three (the mat-vec's q4k_pair_load), where
+// 1: a Q4_K (row, block) unpacked from wide loads: its 32 quant bytes as two 16-byte words, d,
+// dmin and the 12 scale bytes as one (the mat-vec's q4k_pair_load), where
 // k45_quants reads eight 32-bit words, two halves and four scale bytes one by one; a Q6_K one
 // from eighteen aligned words (q6k_load) instead of 32 halves. ncu on
 // mmq_id_q4_k (2026-12-03): L1/TEX throughput 79 % (the limit), its global loads using 4.1 of
@@ -157,9 +157,8 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
             const int shift = 4 * (s % 2);
 #pragma unroll
             for (int i = 0; i < 8; ++i) o.q[i] = (v[i] >> shift) & 0x0F0F0F0F;
-            const u32 dm = *(const u32 *) b;
-            const u32 * sw = (const u32 *) b->scales;
-            const u32 w0 = sw[0], w1 = sw[1], w2 = sw[2];
+            const int4 h = *(const int4 *) b;      // d, dmin, the 12 scale bytes
+            const u32 dm = (u32) h.x, w0 = (u32) h.y, w1 = (u32) h.z, w2 = (u32) h.w;
             if (s < 4) {            // scale_min_k4's bytes, taken from the three words
                 sc = byte_of(w0, w1, w2, s) & 63;
                 m = byte_of(w0, w1, w2, s + 4) & 63;
