@@ -12,6 +12,7 @@
    brass bench on each (pp512 / tg128 and the kernels per decode token).
 
     python3 ci/gpu_speed.py [--models qwen3-0.6b,qwen3-8b] [--dir /tmp/shapes] [--json OUT]
+                            [--types Q4_K,Q6_K] [--no-floor]
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def main(argv=None):
     ap.add_argument("--dir", type=Path, default=Path("/tmp/brass-shapes"))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--types", default="", help="comma-separated weight types: only their mat-vec cases")
+    ap.add_argument("--no-floor", action="store_true", help="without the read-only floor of each case")
     ap.add_argument("-r", "--reps", type=int, default=3)
     args = ap.parse_args(argv)
 
@@ -151,10 +154,13 @@ def main(argv=None):
         rows = []
         tmp = args.dir / "kernels"
         tmp.mkdir(parents=True, exist_ok=True)
+        types = {t.strip().upper() for t in args.types.split(",") if t.strip()}
         for qtype, N, K in MATVEC_CASES:
+            if types and qtype.name not in types:
+                continue
             us, gbs = matvec_speed(b, tmp, qtype, N, K)
             nbytes = N * K // BLOCK_SIZES[qtype][0] * BLOCK_SIZES[qtype][1]
-            floor = read_floor(b, nbytes)
+            floor = float("nan") if args.no_floor else read_floor(b, nbytes)
             rows.append((qtype.name, N, K, f"{us:.1f}", f"{gbs:.0f}", f"{100 * gbs / bw:.0f} %",
                          f"{floor:.0f}", f"{100 * floor / bw:.0f} %", f"{100 * gbs / floor:.0f} %"))
         out["matvec"] = rows

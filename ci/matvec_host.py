@@ -147,12 +147,13 @@ def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threa
 
 
 def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
-           xb: np.ndarray | None = None) -> list[np.ndarray]:
+           xb: np.ndarray | None = None, preload_rows: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three weights of one type sharing x [1, K] (the q/k/v launch of
     a decode step), as CudaBackend._matvec launches matvec_<type> for one token. `split`: 1 for
     matvec_<type>, else the MV_SPLIT `lib` was built with, for matvec_split_<type> (default: the
-    backend's choice for K, with the default MV_SPLIT)."""
-    from engine.backends.cuda.backend import MV_ROWS, MV_WARPS, _stage_bytes, mv_split
+    backend's choice for K, with the default MV_SPLIT); `preload_rows`: the MV_PRELOAD_ROWS `lib`
+    was built with (default: the header's)."""
+    from engine.backends.cuda.backend import MV_WARPS, _stage_bytes, matvec_units, mv_split
     from kernels.params import pack
     K = x.shape[-1]
     split = mv_split(K) if split is None else split
@@ -162,7 +163,7 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
     rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
     ys = [np.full((1, n), np.nan, np.float32) for n in rows[:len(raws)]]
-    units = sum(-(-n // MV_ROWS) for n in rows)
+    units = matvec_units(qtype, rows, preload_rows)
     params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
                   cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
@@ -203,9 +204,10 @@ def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int
 
 
 def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x: np.ndarray,
-                 xb: np.ndarray | None = None) -> list[np.ndarray]:
+                 xb: np.ndarray | None = None, preload_rows: int | None = None) -> list[np.ndarray]:
     """[y_a0, (y_a1,) y_b] of matvec_mixed_<a>_<b> for one token x [1, K], as
-    CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b."""
+    CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b
+    (`preload_rows`: as for matvec)."""
     from engine.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
     from kernels.params import pack
     K = x.shape[-1]
@@ -220,7 +222,7 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
                   cols=1, row_bytes0=ra[0].shape[1], row_bytes1=a1.shape[1], row_bytes2=rb.shape[1])
     outs = [ya[0], ya[1] if len(ya) > 1 else ya[0], yb]
     res = _run(lib, "matvec_mixed", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, xb] + outs, params,
-               (mixed_blocks(rows), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
+               (mixed_blocks(rows, qtype_a, qtype_b, preload_rows), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
     return [res[4]] + ([res[5]] if len(ra) > 1 else []) + [res[6]]
 
 
@@ -239,7 +241,7 @@ def matvec_norm(lib, qtype, weights: list, a: np.ndarray, b: np.ndarray | None, 
     """(a + b, [rms_norm(a + b, wn) . W_i^T]) of matvec_norm_<type> for one token, as
     CudaBackend.add_rms_norm_matmul_many launches it: up to three weights of one type (one
     launch's q, k, v). Without b the sum is a itself and is not written."""
-    from engine.backends.cuda.backend import MV_ROWS, MV_WARPS, _stage_bytes
+    from engine.backends.cuda.backend import MV_WARPS, _stage_bytes, matvec_units
     from kernels.params import pack
     a, bb, wn, s = _norm_inputs(a, b, wn)
     K = a.shape[-1]
@@ -247,7 +249,7 @@ def matvec_norm(lib, qtype, weights: list, a: np.ndarray, b: np.ndarray | None, 
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
     rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
     ys = [np.full((1, n), np.nan, np.float32) for n in rows[:len(raws)]]
-    units = sum(-(-n // MV_ROWS) for n in rows)
+    units = matvec_units(qtype, rows)
     params = pack("NormMatVecParams", k=K, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
                   row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2], eps=eps, has_residual=int(b is not None))
     ws = raws + [raws[0]] * (3 - len(raws))
@@ -275,7 +277,7 @@ def matvec_mixed_norm(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarr
                   has_residual=int(b is not None))
     outs = [ya[0], ya[1] if len(ya) > 1 else ya[0], yb]
     res = _run(lib, "matvec_mixed_norm", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, a, bb, wn, s] + outs,
-               params, (mixed_blocks(rows), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
+               params, (mixed_blocks(rows, qtype_a, qtype_b), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
     return (res[6] if b is not None else a), [res[7]] + ([res[8]] if len(ra) > 1 else []) + [res[9]]
 
 

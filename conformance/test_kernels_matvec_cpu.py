@@ -136,6 +136,43 @@ def test_coop_q6_k_two_rows_at_once_gives_the_same_bits(lib, rng, tmp_path):
                         f"K {K}, {n} matrices, {blocks} blocks: matrix {i} not matvec_q6_k's"
 
 
+@pytest.mark.parametrize("split", [1, 2])
+def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split):
+    # MV_PRELOAD_ROWS=2 (a warp or split group takes two rows of a preloaded kind, Q4_K, at
+    # once, each staged item read once for both) must give the one-row kernel's bits on every
+    # row: odd row counts (a unit's second row past its matrix: the last row read again and
+    # dropped), q/k/v's three matrices in one launch, one and several items a lane (K 1024 /
+    # 5120), x staged and read from global memory (K 28672), the mixed q/k + v launch (its
+    # blocks split by kind on both sides)
+    from ci import matvec_host
+    try:
+        two = matvec_host.build(("MV_PRELOAD_ROWS=2", f"MV_SPLIT={max(split, 2)}"))
+        base = lib if split == 1 else matvec_host.build((f"MV_SPLIT={split}",))
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    qtype = GGMLType.Q4_K
+    shapes = (("a", 37), ("b", 20), ("c", 9))
+    for K in ((1024, 5120) if split == 1 else (5120, 28672)):
+        gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes}
+                      | {"v": (GGMLType.Q6_K, (21, K))})
+        ws = [_raw(gf, n, r) for n, r in shapes]
+        x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
+        for n in (1, 3):
+            want = matvec_host.matvec(base, qtype, ws[:n], x, split=split)
+            got = matvec_host.matvec(two, qtype, ws[:n], x, split=split, preload_rows=2)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert not np.isnan(g).any(), f"K {K}, {n} matrices: matrix {i} left unwritten"
+                assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
+                    f"K {K}, {n} matrices: matrix {i} not the one-row kernel's"
+        if split == 1:
+            wv = _raw(gf, "v", 21)
+            want = matvec_host.matvec_mixed(lib, qtype, GGMLType.Q6_K, ws[:2], wv, x)
+            got = matvec_host.matvec_mixed(two, qtype, GGMLType.Q6_K, ws[:2], wv, x, preload_rows=2)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert not np.isnan(g).any(), f"K {K}, mixed: matrix {i} left unwritten"
+                assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), f"K {K}, mixed: matrix {i}"
+
+
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
 def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     # matvec_cols_<type> (a batched decode step: tokens side by side per weight row) must give

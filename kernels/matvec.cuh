@@ -175,6 +175,17 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #ifndef MV_PRELOAD_Q6K
 #define MV_PRELOAD_Q6K 0
 #endif
+#ifndef MV_PRELOAD_ROWS
+// matvec_<kind> / matvec_split_<kind> of the preloaded kinds (MV_PRELOAD): rows a warp (a split
+// group) takes at once, each item of the staged activations read once for all of them (their
+// weight loads in flight together). Why: ncu on the Q4_K mat-vec (H200, 4096 x 12288,
+// 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: per 32 weight bytes a
+// lane read ~88 bytes of staged activations, so its L1 wavefronts, not DRAM, bound it. Each
+// row's items, lanes and order are the one-row kernel's: the same bits. The backend's units
+// (unit_rows) follow it; a matrix of an odd row count reads its last row twice and drops one.
+#define MV_PRELOAD_ROWS 1
+#endif
+static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past its matrix: one row again");
 #ifndef MV_PRELOAD_EARLY
 // 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
 // that inside a decode graph they are in flight while the previous kernel ends; 0: after it
@@ -236,21 +247,44 @@ __device__ __forceinline__ void act_qs(const q8s * y, int (&q)[8]) {
     const int4 a = y->q[0], b = y->q[1];
     q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w; q[4] = b.x; q[5] = b.y; q[6] = b.z; q[7] = b.w;
 }
-// A staged block's d, s, isum and hsum (16-byte aligned after its quants) are read as one
-// 128-bit word, which each accessor below takes its field from: the compiler keeps one load
-// for an item's fields. Why: a K-quant item needs d and isum of each block, and as 32-bit loads
-// at the staged items' stride (112 bytes: 28 banks) the lanes of a warp meet on 8 banks, a
-// 4-way conflict each; the 128-bit word is one wavefront per quarter warp (8 lanes, distinct
-// 16-byte slots). ncu on the Q4_K mat-vec (H200, 4096 x 12288, 2026-12-03): L1/TEX 70 % busy at
-// 43 % of DRAM's peak, issue slots 40 %: its L1 wavefronts are the limit. The same values.
-__device__ __forceinline__ int4 q8s_tail(const q8s * y) { return *(const int4 *) &y->d; }
 __device__ __forceinline__ float act_d(const block_q8_1 * y) { return f16_to_f32(y->d); }
-__device__ __forceinline__ float act_d(const q8s * y) { return __int_as_float(q8s_tail(y).x); }
+__device__ __forceinline__ float act_d(const q8s * y) { return y->d; }
 __device__ __forceinline__ float act_s(const block_q8_1 * y) { return f16_to_f32(y->s); }
-__device__ __forceinline__ float act_s(const q8s * y) { return __int_as_float(q8s_tail(y).y); }
+__device__ __forceinline__ float act_s(const q8s * y) { return y->s; }
 __device__ __forceinline__ int act_sum(const block_q8_1 * y) { return q8_sum(y); }
-__device__ __forceinline__ int act_sum(const q8s * y) { return q8s_tail(y).z; }
-__device__ __forceinline__ int act_hsum(const q8s * y) { return q8s_tail(y).w; }
+__device__ __forceinline__ int act_sum(const q8s * y) { return y->isum; }
+
+#ifndef MV_TAIL_LOAD
+// 1: act_tail reads a staged block's d, s, isum and hsum (16-byte aligned after its quants) as
+// one 128-bit shared-memory load; 0: a 32-bit load a field. Why: a K-quant item needs d and
+// isum of each block, and as 32-bit loads at the staged items' stride (112 bytes: 28 banks) the
+// lanes of a warp meet on 8 banks, a 4-way conflict each, where the 128-bit word is one
+// wavefront per quarter warp (8 lanes, distinct 16-byte slots). ncu on the Q4_K mat-vec (H200,
+// 4096 x 12288, 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: its L1
+// wavefronts are the limit. The same values.
+#define MV_TAIL_LOAD 1
+#endif
+// A block's four factors, for the kinds that use several of them per block.
+struct ActTail { float d; float s; int isum; int hsum; };
+__device__ __forceinline__ ActTail act_tail(const block_q8_1 * y, int) {
+    return {act_d(y), act_s(y), act_sum(y), 0};     // (what a caller leaves unused is not computed)
+}
+// after: any word of the block's quants, read (act_qs) before. The load is asm because nvcc
+// narrows a vector load whose other fields go unused back to 32-bit loads; asm without a memory
+// operand might be moved above the barrier that ends the staging, so it takes that word as an
+// input, which only a load after the barrier gives; not volatile, so that the rows of one warp
+// (MV_PRELOAD_ROWS) share one load.
+__device__ __forceinline__ ActTail act_tail(const q8s * y, const int after) {
+#if defined(__CUDA_ARCH__) && MV_TAIL_LOAD
+    int4 t;
+    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4]; // %5"
+        : "=r"(t.x), "=r"(t.y), "=r"(t.z), "=r"(t.w)
+        : "r"((unsigned) __cvta_generic_to_shared(&y->d)), "r"(after));
+    return {__int_as_float(t.x), __int_as_float(t.y), t.z, t.w};
+#else
+    return {y->d, y->s, y->isum, y->hsum};
+#endif
+}
 
 #ifndef MV_PAIR_PAD
 #define MV_PAIR_PAD 1
@@ -696,59 +730,111 @@ __device__ __forceinline__ void preload_items(const u8 * __restrict__ w, const i
     }
 }
 
-// Row w . x over the lane's items first, first + step, ... in that order, summed over the warp:
-// warp_dot_rows<K, 1>'s terms and order (the same float). buf holds the first P items
-// (preload_items); each slot is refilled with the item P items on as soon as it is used.
-template <class K, int P, class A>
-__device__ __forceinline__ float preloaded_dot(const u8 * __restrict__ w, const A * __restrict__ x, const int n_items,
-                                               typename K::raw (&buf)[P], const int first, const int step) {
-    float acc = 0.0f;
+// Whether kind K reads an item's activations once for several rows (K::dot_raw_rows).
+template <class K, class = void> struct HasDotRows { static constexpr bool value = false; };
+template <class K> struct HasDotRows<K, decltype((void) K::has_dot_rows)> { static constexpr bool value = K::has_dot_rows; };
+
+// acc[r] += item i of row r (its raw loads buf[r][q]) . y, for the R rows: K::dot_raw_rows where
+// the kind has it (the activations read once), else K::dot_raw a row at a time. Each row's
+// product is dot_raw's float, added to acc[r] as the one-row loop adds it.
+template <class K, int P, int R, class Y>
+__device__ __forceinline__ void kind_dot_rows(typename K::raw (&buf)[R][P], const int q, const int i,
+                                              const Y * __restrict__ y, float (&acc)[R]) {
+    if constexpr (R > 1 && HasDotRows<K>::value) {
+        const typename K::raw * rs[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) rs[r] = &buf[r][q];
+        float v[R];
+        K::template dot_raw_rows<R>(rs, i, y, v);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += v[r];
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += K::dot_raw(buf[r][q], i, y);
+    }
+}
+
+// Rows w + r * rb (r < R) . x over the lane's items first, first + step, ... in that order,
+// summed over the warp: warp_dot_rows<K, 1>'s terms and order for each row (the same floats).
+// buf[r] holds row r's first P items (preload_items); each slot is refilled with the item P
+// items on as soon as it is used. The rows read each item's activations together.
+template <class K, int P, int R, class A>
+__device__ __forceinline__ void preloaded_dot(const u8 * __restrict__ w, const i64 rb, const A * __restrict__ x,
+                                              const int n_items, typename K::raw (&buf)[R][P], const int first,
+                                              const int step, float (&acc)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     for (int i0 = first; i0 < n_items; i0 += P * step) {
 #pragma unroll
         for (int q = 0; q < P; ++q) {
             const int i = i0 + q * step;
             if (i < n_items) {
-                acc += K::dot_raw(buf[q], i, item_blocks(x + i));
-                if (i + P * step < n_items) K::load(w, i + P * step, buf[q]);
+                /* every row's products first, then the refills: the rows' reads of the item's
+                   activations in one basic block, where nvcc keeps one of each */
+                kind_dot_rows<K, P, R>(buf, q, i, item_blocks(x + i), acc);
+                if (i + P * step < n_items) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) K::load(w + r * rb, i + P * step, buf[r][q]);
+                }
             }
         }
     }
-    return warp_sum(acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// A lane's preloaded items (MV_PRELOAD) for kind K; empty for the kinds without (Preloads<K>).
-template <class K, bool = (Preloads<K>::depth > 0)> struct PreloadBuf { };
-template <class K> struct PreloadBuf<K, true> { typename K::raw r[Preloads<K>::depth]; };
-
-template <class KA, class KB> union MixedPreloadBuf { PreloadBuf<KA> a; PreloadBuf<KB> b; };
-
 template <class K>
-__device__ __forceinline__ constexpr bool decode_preloads() {
+__host__ __device__ __forceinline__ constexpr bool decode_preloads() {
     return Preloads<K>::depth > 0 && MV_ROWS == 1;
 }
 
-// decode_rows' first loads (MV_PRELOAD): the warp's first row's items, into pb. Weights only,
+// Rows of a unit of matvec_<kind>'s launch (a warp's, or a split group's, at once): the
+// backend's unit_rows for the kind's type.
+template <class K>
+__host__ __device__ __forceinline__ constexpr int unit_rows() {
+    return decode_preloads<K>() ? MV_PRELOAD_ROWS : MV_ROWS;
+}
+
+// A lane's preloaded items (MV_PRELOAD) for kind K, MV_PRELOAD_ROWS rows; empty for the kinds
+// without (Preloads<K>).
+template <class K, bool = (Preloads<K>::depth > 0)> struct PreloadBuf { };
+template <class K> struct PreloadBuf<K, true> { typename K::raw r[MV_PRELOAD_ROWS][Preloads<K>::depth]; };
+
+template <class KA, class KB> union MixedPreloadBuf { PreloadBuf<KA> a; PreloadBuf<KB> b; };
+
+// The first loads of unit u (rows u * R .. of its matrix; rows past the matrix's end read its
+// last row again) into pb; u becomes the unit's index within its matrix. Weights only.
+template <class K, int SPLIT>
+__device__ __forceinline__ void preload_unit(const MatVecUnit & m, const int u, const int n_items,
+                                             PreloadBuf<K> & pb) {
+    constexpr int R = MV_PRELOAD_ROWS;
+    const int first = threadIdx.x % WARP_SIZE + (threadIdx.x / WARP_SIZE % SPLIT) * WARP_SIZE;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        preload_items<K, Preloads<K>::depth>(m.w + (i64) min(u * R + r, m.n - 1) * m.rb, n_items, first,
+                                             SPLIT * WARP_SIZE, pb.r[r]);
+}
+
+// decode_rows' first loads (MV_PRELOAD): the warp's first unit's items, into pb. Weights only,
 // so a kernel may call it before PDL_ENTRY (MV_PRELOAD_EARLY); nothing for other kinds.
 template <class K, int SPLIT>
 __device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                                const u8 * __restrict__ w2, const MultiMatVecParams & p,
                                                const int bx, PreloadBuf<K> & pb) {
     if constexpr (decode_preloads<K>()) {
-        constexpr int UPB = MV_WARPS / SPLIT;
-        const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-        const int g = warp / SPLIT, s = warp % SPLIT;
-        int row = bx * UPB + g;
-        if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
-            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
-            preload_items<K, Preloads<K>::depth>(m.w + row * m.rb, p.k / K::values_per_item,
-                                                 lane + s * WARP_SIZE, SPLIT * WARP_SIZE, pb.r);
+        constexpr int UPB = MV_WARPS / SPLIT, R = MV_PRELOAD_ROWS;
+        int u = bx * UPB + threadIdx.x / WARP_SIZE / SPLIT;
+        if (u < (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R) {
+            const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, nullptr, nullptr, nullptr, p);
+            preload_unit<K, SPLIT>(m, u, p.k / K::values_per_item, pb);
         }
     }
 }
 
-// decode_rows for MV_PRELOAD (one row per warp): the warp's first row's loads go out before the
-// activations are staged (pb: by the kernel before PDL_ENTRY with MV_PRELOAD_EARLY, else here);
-// every row's result is decode_rows' (the same sums, blocks and order).
+// decode_rows for MV_PRELOAD (units of MV_PRELOAD_ROWS rows a warp or split group): the warp's
+// first unit's loads go out before the activations are staged (pb: by the kernel before
+// PDL_ENTRY with MV_PRELOAD_EARLY, else here); every row's result is decode_rows' (the same
+// sums, blocks and order).
 template <class K, int SPLIT>
 __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                                       const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
@@ -756,32 +842,41 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
                                                       float * __restrict__ y2, const MultiMatVecParams & p,
                                                       const int bx, const int gx, PreloadBuf<K> & pb,
                                                       const NormIn * norm) {
-    constexpr int UPB = MV_WARPS / SPLIT;
+    constexpr int UPB = MV_WARPS / SPLIT, R = MV_PRELOAD_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
-    const int units = p.n_rows0 + p.n_rows1 + p.n_rows2;
+    const int units = (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R;
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
     if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
     extern __shared__ int4 staged_x[];
     const void * xs = stage_in<K>(x + (i64) t * n_items, n_items, staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][1];
+    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][R];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
-        int row = ub + g;
-        const bool valid = row < units;
-        const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, y0, y1, y2, p);
-        float acc[1] = {0.0f};
+        int u = ub + g;
+        const bool valid = u < units;
+        const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, y0, y1, y2, p);
+        const int row = u * R;
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
         if (valid) {
-            const u8 * w = m.w + row * m.rb;
             constexpr int P = Preloads<K>::depth;
-            if (ub != bx * UPB) preload_items<K, P>(w, n_items, first, step, pb.r);
-            acc[0] = xs != nullptr
-                ? preloaded_dot<K, P>(w, (const typename Staged<K>::act *) xs, n_items, pb.r, first, step)
-                : preloaded_dot<K, P>(w, x + (i64) t * n_items, n_items, pb.r, first, step);
+            if (ub != bx * UPB) preload_unit<K, SPLIT>(m, u, n_items, pb);
+            /* the unit's last rows past the matrix's end are its last row again (dropped) */
+            const i64 rb = R > 1 && row + 1 >= m.n ? 0 : m.rb;
+            const u8 * w = m.w + row * m.rb;
+            if (xs != nullptr)
+                preloaded_dot<K, P, R>(w, rb, (const typename Staged<K>::act *) xs, n_items, pb.r, first, step, acc);
+            else
+                preloaded_dot<K, P, R>(w, rb, x + (i64) t * n_items, n_items, pb.r, first, step, acc);
         }
-        if constexpr (SPLIT > 1) split_sum<1, SPLIT>(acc, mv_part, warp, s, valid);
-        if (valid && s == 0 && lane == 0) y_row(m, t, row) = acc[0];
+        if constexpr (SPLIT > 1) split_sum<R, SPLIT>(acc, mv_part, warp, s, valid);
+        if (valid && s == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];
+        }
     }
 }
 
@@ -1146,7 +1241,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     PreloadBuf<K> pb;                                                                              \
-    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, unit_rows<K>()); \
     if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, p, blockIdx.x, pb);                     \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
@@ -1158,7 +1253,7 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     PreloadBuf<K> pb;                                                                              \
     if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
         prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
-                      MV_ROWS);                                                                    \
+                      unit_rows<K>());                                                             \
     if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);             \
@@ -1308,7 +1403,7 @@ matvec_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const
     /* matvec_<kind> for one token, its activations add_rms_norm's (stage_norm_q8_1) */           \
     PreloadBuf<K> pb;                                                                              \
     const MultiMatVecParams q = norm_mv_params(p);                                                 \
-    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS);        \
+    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, unit_rows<K>()); \
     if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, q, blockIdx.x, pb);                     \
     PDL_ENTRY();                                                                                   \
     const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
@@ -1349,8 +1444,8 @@ extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)              
 matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const KA::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,              \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    const int blocks_a = ((p.n_rows0 + MV_ROWS - 1) / MV_ROWS + (p.n_rows1 + MV_ROWS - 1) / MV_ROWS \
-                          + MV_WARPS - 1) / MV_WARPS;                                              \
+    constexpr int ra = unit_rows<KA>();  /* the backend's mixed_blocks */                          \
+    const int blocks_a = ((p.n_rows0 + ra - 1) / ra + (p.n_rows1 + ra - 1) / ra + MV_WARPS - 1) / MV_WARPS; \
     const bool a = (int) blockIdx.x < blocks_a;                                                    \
     const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
     const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
@@ -1362,7 +1457,8 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
         q.n_rows1 = 0;                                                                             \
     }                                                                                              \
     MixedPreloadBuf<KA, KB> pre;        /* a block takes one kind: one buffer's registers */      \
-    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS); \
+    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, \
+                  a ? unit_rows<KA>() : unit_rows<KB>());                                    \
     if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
     if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
     PDL_ENTRY();                                                                                   \
@@ -1376,8 +1472,8 @@ matvec_mixed_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
     float * __restrict__ y1, float * __restrict__ y2, const NormMatVecParams np) {                 \
     /* matvec_mixed_<a>_<b>, each block's activations add_rms_norm's (stage_norm_q8_1) */         \
     const MultiMatVecParams p = norm_mv_params(np);                                                \
-    const int blocks_a = ((p.n_rows0 + MV_ROWS - 1) / MV_ROWS + (p.n_rows1 + MV_ROWS - 1) / MV_ROWS \
-                          + MV_WARPS - 1) / MV_WARPS;                                              \
+    constexpr int ra = unit_rows<KA>();  /* the backend's mixed_blocks */                          \
+    const int blocks_a = ((p.n_rows0 + ra - 1) / ra + (p.n_rows1 + ra - 1) / ra + MV_WARPS - 1) / MV_WARPS; \
     const bool a = (int) blockIdx.x < blocks_a;                                                    \
     const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
     const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
@@ -1389,7 +1485,8 @@ matvec_mixed_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
         q.n_rows1 = 0;                                                                             \
     }                                                                                              \
     MixedPreloadBuf<KA, KB> pre;                                                                   \
-    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, MV_ROWS); \
+    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, \
+                  a ? unit_rows<KA>() : unit_rows<KB>());                                    \
     if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
     if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
     PDL_ENTRY();                                                                                   \

@@ -194,34 +194,50 @@ __device__ __forceinline__ void q4k_pair_load(const u8 * __restrict__ row, const
     r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
 }
 
-// y: the item's two Q8_1 blocks (either form).
-template <class Y>
-__device__ __forceinline__ float q4k_pair_math(const Q4KPairRaw & r, const int ip, const Y * __restrict__ y) {
+// out[r] = item ip of rows rs[r] (its raw loads) . y, y: the item's two Q8_1 blocks (either
+// form), whose quants and factors are read once for all R rows. Each row's arithmetic is the
+// one-row form's (q4k_pair_math is this at R = 1).
+template <int R, class Y>
+__device__ __forceinline__ void q4k_pair_math_rows(const Q4KPairRaw * const (&rs)[R], const int ip,
+                                                   const Y * __restrict__ y, float (&out)[R]) {
     const int j = ip % 4;
-    const int v[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
-    const u32 dm = r.dm, w0 = r.w0, w1 = r.w1, w2 = r.w2;
-    float out = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = 0.0f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int s = 2 * j + h;
-        int sc, m;
-        if (s < 4) {
-            sc = byte_of(w0, w1, w2, s) & 63;
-            m = byte_of(w0, w1, w2, s + 4) & 63;
-        } else {
-            sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
-            m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
-        }
         const Y * yb = y + h;
         int yq[8];
         act_qs(yb, yq);
-        int sumi = 0;
+        const ActTail f = act_tail(yb, yq[0]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sumi = __dp4a((v[i] >> (4 * h)) & 0x0F0F0F0F, yq[i], sumi);
-        const float d = f16_to_f32((u16) (dm & 0xFFFF)), dmin = f16_to_f32((u16) (dm >> 16));
-        out += act_d(yb) * (d * sc * sumi - dmin * m * act_sum(yb));
+        for (int r = 0; r < R; ++r) {
+            const Q4KPairRaw & w = *rs[r];
+            const int v[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+            const u32 dm = w.dm, w0 = w.w0, w1 = w.w1, w2 = w.w2;
+            int sc, m;
+            if (s < 4) {
+                sc = byte_of(w0, w1, w2, s) & 63;
+                m = byte_of(w0, w1, w2, s + 4) & 63;
+            } else {
+                sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
+                m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
+            }
+            int sumi = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sumi = __dp4a((v[i] >> (4 * h)) & 0x0F0F0F0F, yq[i], sumi);
+            const float d = f16_to_f32((u16) (dm & 0xFFFF)), dmin = f16_to_f32((u16) (dm >> 16));
+            out[r] += f.d * (d * sc * sumi - dmin * m * f.isum);
+        }
     }
-    return out;
+}
+
+template <class Y>
+__device__ __forceinline__ float q4k_pair_math(const Q4KPairRaw & r, const int ip, const Y * __restrict__ y) {
+    const Q4KPairRaw * rs[1] = {&r};
+    float out[1];
+    q4k_pair_math_rows<1>(rs, ip, y, out);
+    return out[0];
 }
 
 template <class Y>
@@ -251,6 +267,13 @@ struct Q4KPairKind {
     template <class Y>
     static __device__ __forceinline__ float dot_raw(const raw & r, const int ip, const Y * __restrict__ y) {
         return q4k_pair_math(r, ip, y);
+    }
+    // MV_PRELOAD_ROWS: the item of several rows, its activations read once (kind_dot_rows)
+    static constexpr bool has_dot_rows = true;
+    template <int R, class Y>
+    static __device__ __forceinline__ void dot_raw_rows(const raw * const (&rs)[R], const int ip,
+                                                        const Y * __restrict__ y, float (&out)[R]) {
+        q4k_pair_math_rows<R>(rs, ip, y, out);
     }
 };
 template <> struct Preloads<Q4KPairKind> { static constexpr int depth = MV_PRELOAD; };
@@ -290,6 +313,7 @@ __device__ __forceinline__ float q6k_math(const Q6KRaw & r, const int ib, const 
     const int q = ib % 4;
     int yq[8];
     act_qs(y, yq);
+    const ActTail f = act_tail(y, yq[0]);
     const int lshift = 4 * (q / 2), hshift = 2 * q;
     int sumi[2] = {0, 0};
 #pragma unroll
@@ -310,11 +334,11 @@ __device__ __forceinline__ float q6k_math(const Q6KRaw & r, const int ib, const 
         }
     }
     if constexpr (HasHalfSum<Y>::value) {
-        sumi[0] -= 32 * act_hsum(y);
-        sumi[1] -= 32 * (act_sum(y) - act_hsum(y));
+        sumi[0] -= 32 * f.hsum;
+        sumi[1] -= 32 * (f.isum - f.hsum);
     }
     const int sc0 = (int) (i8) (u8) (r.d_sc >> 16), sc1 = (int) (i8) (u8) (r.d_sc >> 24);
-    return f16_to_f32((u16) (r.d_sc & 0xFFFF)) * act_d(y) * (sc0 * sumi[0] + sc1 * sumi[1]);
+    return f16_to_f32((u16) (r.d_sc & 0xFFFF)) * f.d * (sc0 * sumi[0] + sc1 * sumi[1]);
 }
 
 template <class Y>

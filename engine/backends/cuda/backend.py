@@ -238,11 +238,34 @@ def cols_row_blocks(rows: list[int], split: int, iters: int | None = None,
     return max(1, min(-(-units // (MV_WARPS // split * iters)), 65535))
 
 
-def mixed_blocks(rows: list[int]) -> int:
-    """matvec_mixed_'s blocks for rows [n0, n1, n2] (matrices 0, 1 of the first kind, 2 of the
-    second): matvec_<a>'s launch over 0 and 1, then matvec_<b>'s over 2 (the kernel's split)."""
-    units_a = sum(-(-n // MV_ROWS) for n in rows[:2])
-    return -(-units_a // MV_WARPS) + -(-(-(-rows[2] // MV_ROWS)) // MV_WARPS)
+# The decode mat-vec's preloads (kernels/matvec.cuh MV_PRELOAD, MV_PRELOAD_Q6K: items a lane
+# loads ahead) and the rows a warp then takes at once (MV_PRELOAD_ROWS): a launch's units of rows
+# follow them (unit_rows).
+MV_PRELOAD, MV_PRELOAD_Q6K, MV_PRELOAD_ROWS = (
+    int(re.search(rf"#define {n} (\d+)", _MATVEC_H).group(1))
+    for n in ("MV_PRELOAD", "MV_PRELOAD_Q6K", "MV_PRELOAD_ROWS"))
+
+
+def unit_rows(wtype, preload_rows: int | None = None) -> int:
+    """Rows of a unit of a one-token matvec_<type> launch (a warp's, or a split group's, at
+    once; the kernel's unit_rows<K>): MV_PRELOAD_ROWS for the kinds the kernels preload (Q4_K
+    with MV_PRELOAD, Q6_K with MV_PRELOAD_Q6K), MV_ROWS for the others. preload_rows: another
+    build's MV_PRELOAD_ROWS."""
+    preloaded = (wtype == GGMLType.Q4_K and MV_PRELOAD > 0) or (wtype == GGMLType.Q6_K and MV_PRELOAD_Q6K > 0)
+    return (preload_rows or MV_PRELOAD_ROWS) if preloaded and MV_ROWS == 1 else MV_ROWS
+
+
+def matvec_units(wtype, rows: list[int], preload_rows: int | None = None) -> int:
+    """The units of rows of a one-token matvec_<type> launch over matrices of `rows` rows."""
+    r = unit_rows(wtype, preload_rows)
+    return sum(-(-n // r) for n in rows)
+
+
+def mixed_blocks(rows: list[int], type_a, type_b, preload_rows: int | None = None) -> int:
+    """matvec_mixed_'s blocks for rows [n0, n1, n2] (matrices 0, 1 of type_a, 2 of type_b):
+    matvec_<a>'s launch over 0 and 1, then matvec_<b>'s over 2 (the kernel's split)."""
+    return (-(-matvec_units(type_a, rows[:2], preload_rows) // MV_WARPS)
+            + -(-matvec_units(type_b, rows[2:], preload_rows) // MV_WARPS))
 
 
 def _stage_bytes(wtype, n_values: int) -> int:
@@ -802,7 +825,8 @@ class CudaBackend(Backend):
         K = x2.shape[1]
         params = pack("MultiMatVecParams", k=K, n_tokens=1, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
                       cols=1, row_bytes0=wa0.row_bytes, row_bytes1=wa1.row_bytes, row_bytes2=wb.row_bytes)
-        self.launch("matvec_q.cu", f"matvec_mixed_{MIXED_PAIRS[(wa0.type, wb.type)]}", (mixed_blocks(rows), 1),
+        self.launch("matvec_q.cu", f"matvec_mixed_{MIXED_PAIRS[(wa0.type, wb.type)]}",
+                    (mixed_blocks(rows, wa0.type, wb.type), 1),
                     MV_WARPS * 32, wa0.data, wa1.data, wb.data, xa, group_a[0][1], ya1, yb, params=params,
                     smem=_stage_bytes(wa0.type, K))
 
@@ -813,7 +837,7 @@ class CudaBackend(Backend):
         ws = [w for w, _ in group] + [w0] * (3 - len(group))
         outs = [y for _, y in group] + [group[0][1]] * (3 - len(group))
         rows = [w.shape[0] for w, _ in group] + [0] * (3 - len(group))
-        units = sum(-(-n // MV_ROWS) for n in rows)
+        units = matvec_units(w0.type, rows)
         T, K = x2.shape
         src_file = "matvec_f.cu" if w0.type in FLOAT_TYPES else "matvec_q.cu"
         split = mv_split(K)
@@ -823,7 +847,7 @@ class CudaBackend(Backend):
                           row_bytes2=ws[2].row_bytes)
             # matvec_coop_q6_k reads its chunks as 8-byte words: the buffers too must be 8-aligned
             if uses_q6k_coop(w0.type, K, [w.row_bytes for w in ws]) and all(w.data.data.ptr % 8 == 0 for w in ws):
-                self.launch(src_file, "matvec_coop_q6_k", (coop_blocks(units, self.n_sms), T), MV_COOP_WARPS * 32,
+                self.launch(src_file, "matvec_coop_q6_k", (coop_blocks(sum(rows), self.n_sms), T), MV_COOP_WARPS * 32,
                             ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                             smem=_stage_bytes(w0.type, K))
                 return
@@ -1589,9 +1613,10 @@ class CudaBackend(Backend):
         bufs = (w0.data, w1.data, w2.data, a2, a2 if b2 is None else b2, w.dense, s, y0, y1, y2)
         if kind == "mixed":
             self.launch("matvec_q.cu", f"matvec_mixed_norm_{MIXED_PAIRS[(w0.type, wb.type)]}",
-                        (mixed_blocks(rows), 1), MV_WARPS * 32, *bufs, params=params, smem=_stage_bytes(w0.type, D))
+                        (mixed_blocks(rows, w0.type, wb.type), 1), MV_WARPS * 32, *bufs, params=params,
+                        smem=_stage_bytes(w0.type, D))
         else:
-            units = sum(-(-n // MV_ROWS) for n in rows)
+            units = matvec_units(w0.type, rows)
             self.launch("matvec_q.cu", f"matvec_norm_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), 1),
                         MV_WARPS * 32, *bufs, params=params, smem=_stage_bytes(w0.type, D))
         lead = a.shape[:-1]
