@@ -183,6 +183,10 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // lane read ~88 bytes of staged activations, so its L1 wavefronts, not DRAM, bound it. Each
 // row's items, lanes and order are the one-row kernel's: the same bits. The backend's units
 // (unit_rows) follow it; a matrix of an odd row count reads its last row twice and drops one.
+// Measured on the H200 (2026-12-03, ci/gpu_speed.py, us at 1 / 2): Q4_K 4096 x 12288 11.6 /
+// 11.6, 12288 x 4096 10.7 / 11.2; tg128 Qwen3-0.6B 945.5, 947.5 / 927.1, 927.1, Qwen3-8B 339.4 /
+// 339.1 tok/s (the same bits, gpu_preload.py): fewer L1 wavefronts, but twice the preloaded
+// registers. 1.
 #define MV_PRELOAD_ROWS 1
 #endif
 static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past its matrix: one row again");
@@ -261,8 +265,10 @@ __device__ __forceinline__ int act_sum(const q8s * y) { return y->isum; }
 // lanes of a warp meet on 8 banks, a 4-way conflict each, where the 128-bit word is one
 // wavefront per quarter warp (8 lanes, distinct 16-byte slots). ncu on the Q4_K mat-vec (H200,
 // 4096 x 12288, 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: its L1
-// wavefronts are the limit. The same values.
-#define MV_TAIL_LOAD 1
+// wavefronts are the limit. The same values. Measured on the H200 (2026-12-03, ci/gpu_preload.py,
+// us at 1 / 0): Q4_K 4096 x 12288 11.5 / 11.7, 12288 x 4096 10.8 / 10.7, Q6_K 151936 x 1024
+// 45.1 / 43.7 (the 0.6B head): no gain, 0 until a kernel shows one.
+#define MV_TAIL_LOAD 0
 #endif
 // A block's four factors, for the kinds that use several of them per block.
 struct ActTail { float d; float s; int isum; int hsum; };

@@ -71,8 +71,10 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // k45_quants reads eight 32-bit words, two halves and four scale bytes one by one; a Q6_K one
 // from eighteen aligned words (q6k_load) instead of 32 halves. ncu on
 // mmq_id_q4_k (2026-12-03): L1/TEX throughput 79 % (the limit), its global loads using 4.1 of
-// each sector's 32 bytes. The same values, so the same bits.
-#define MMQ_VEC_LOADS 0
+// each sector's 32 bytes. The same values, so the same bits. On the H200 (ci/gpu_tune_mmq.py,
+// 2026-12-03, the 30B-A3B shape): gate 594 -> 557 us, down 672 -> 646, a layer 1,861 -> 1,760
+// (5.4 %), the dense 12288 x 4096 523 -> 486, every output the default's bits.
+#define MMQ_VEC_LOADS 1
 #endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
                                       // 8 rows x 4 ints of a fragment load land on 32 banks
