@@ -5,6 +5,10 @@
 #      sixteenth session's `vec`, now Q6_K's unpack as well), then ncu on the Q4_K mat-vec of
 #      issue 8's bar (4096 x 12288) and three kernel-side variants of it (ci/gpu_preload.py).
 #   b: MV_PRELOAD_ROWS=2 against 1 (bits, the mat-vecs alone, tg128), MMQ_VEC_LOADS again.
+# Both ran (perf/NOTES.md, seventeenth session); so did, inline, the whole suite twice, the side
+# by side (gpu_sixteenth_session.sh sbs), rows / depth 1 / 2 against 2 / 1 and its GPU tests.
+# Next: `suite` below, twice, on the tree with MV_PRELOAD_ROWS=2 and MV_PRELOAD=1 (the defaults
+# now; the whole suite reached 97 % once with them before the device time ran out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -50,6 +54,9 @@ b)
         done
     done
     preload_rows 1
+    ;;
+suite)
+    brass_suite 580 -n 14 -q
     ;;
 esac
 echo "done at t=$(t) s"

@@ -139,17 +139,24 @@ def test_coop_q6_k_two_rows_at_once_gives_the_same_bits(lib, rng, tmp_path):
 @pytest.mark.parametrize("split", [1, 2])
 def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split):
     # MV_PRELOAD_ROWS=2 (a warp or split group takes two rows of a preloaded kind, Q4_K, at
-    # once, each staged item read once for both) must give the one-row kernel's bits on every
-    # row: odd row counts (a unit's second row past its matrix: the last row read again and
-    # dropped), q/k/v's three matrices in one launch, one and several items a lane (K 1024 /
-    # 5120), x staged and read from global memory (K 28672), the mixed q/k + v launch (its
-    # blocks split by kind on both sides)
+    # once, each staged item read once for both; at one item preloaded a row, as the default,
+    # and at two) must give the one-row kernel's bits on every row: odd row counts (a unit's
+    # second row past its matrix: the last row read again and dropped), q/k/v's three matrices
+    # in one launch, one and several items a lane (K 1024 / 5120), x staged and read from
+    # global memory (K 28672), the mixed q/k + v launch (its blocks split by kind on both sides)
     from ci import matvec_host
+    sp = f"MV_SPLIT={max(split, 2)}"
     try:
-        two = matvec_host.build(("MV_PRELOAD_ROWS=2", f"MV_SPLIT={max(split, 2)}"))
-        base = lib if split == 1 else matvec_host.build((f"MV_SPLIT={split}",))
+        base = matvec_host.build(("MV_PRELOAD_ROWS=1", "MV_PRELOAD=2", sp))
+        twos = [matvec_host.build(("MV_PRELOAD_ROWS=2", f"MV_PRELOAD={d}", sp)) for d in (1, 2)]
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    for two in twos:
+        _two_rows_case(base, two, rng, tmp_path, split)
+
+
+def _two_rows_case(base, two, rng, tmp_path, split):
+    from ci import matvec_host
     qtype = GGMLType.Q4_K
     shapes = (("a", 37), ("b", 20), ("c", 9))
     for K in ((1024, 5120) if split == 1 else (5120, 28672)):
@@ -158,7 +165,7 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
         ws = [_raw(gf, n, r) for n, r in shapes]
         x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
         for n in (1, 3):
-            want = matvec_host.matvec(base, qtype, ws[:n], x, split=split)
+            want = matvec_host.matvec(base, qtype, ws[:n], x, split=split, preload_rows=1)
             got = matvec_host.matvec(two, qtype, ws[:n], x, split=split, preload_rows=2)
             for i, (g, w) in enumerate(zip(got, want)):
                 assert not np.isnan(g).any(), f"K {K}, {n} matrices: matrix {i} left unwritten"
@@ -166,7 +173,7 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
                     f"K {K}, {n} matrices: matrix {i} not the one-row kernel's"
         if split == 1:
             wv = _raw(gf, "v", 21)
-            want = matvec_host.matvec_mixed(lib, qtype, GGMLType.Q6_K, ws[:2], wv, x)
+            want = matvec_host.matvec_mixed(base, qtype, GGMLType.Q6_K, ws[:2], wv, x, preload_rows=1)
             got = matvec_host.matvec_mixed(two, qtype, GGMLType.Q6_K, ws[:2], wv, x, preload_rows=2)
             for i, (g, w) in enumerate(zip(got, want)):
                 assert not np.isnan(g).any(), f"K {K}, mixed: matrix {i} left unwritten"

@@ -169,8 +169,9 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 //   tok/s, Qwen3-8B 316.7 / 316.7 against 316.5 / 316.3 (the whole GPU suite passed with it).
 // Deeper loses (Q4_K at 4: 79 registers against 47, 48 % on 4096 x 12288; 0.6B -3 %), and so
 // does Q6_K's (21 registers an item; at 2: the 151936 x 1024 head 67 -> 92 us, 8B -2 to -6 %).
-// 0: the plain loop.
-#define MV_PRELOAD 2
+// 0: the plain loop. With two rows a warp (MV_PRELOAD_ROWS, below) a depth of 1 a row keeps
+// as many items in flight as 2 did with one.
+#define MV_PRELOAD 1
 #endif
 #ifndef MV_PRELOAD_Q6K
 #define MV_PRELOAD_Q6K 0
@@ -183,11 +184,14 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // lane read ~88 bytes of staged activations, so its L1 wavefronts, not DRAM, bound it. Each
 // row's items, lanes and order are the one-row kernel's: the same bits. The backend's units
 // (unit_rows) follow it; a matrix of an odd row count reads its last row twice and drops one.
-// Measured on the H200 (2026-12-03, ci/gpu_speed.py, us at 1 / 2): Q4_K 4096 x 12288 11.6 /
-// 11.6, 12288 x 4096 10.7 / 11.2; tg128 Qwen3-0.6B 945.5, 947.5 / 927.1, 927.1, Qwen3-8B 339.4 /
-// 339.1 tok/s (the same bits, gpu_preload.py): fewer L1 wavefronts, but twice the preloaded
-// registers. 1.
-#define MV_PRELOAD_ROWS 1
+// Measured on the H200 (2026-12-03, ci/gpu_speed.py, the mat-vecs alone; tg128 alternated):
+//   rows 1, depth 2 (MV_PRELOAD): Q4_K 4096 x 12288 11.8 us (56 % of the copy rate), 12288 x
+//     4096 10.7 (62 %), 4096 x 4096 5.0, 3072 x 1024 2.5; Qwen3-0.6B 948.3 / 950.3, 8B 341.1 tok/s
+//   rows 2, depth 2: 11.6, 11.2 us; 0.6B 927.1 / 927.1 (twice the preloaded registers)
+//   rows 2, depth 1: 9.7 us (68 %), 9.4 (70 %), 4.9, 2.2; 0.6B 972.7 / 972.6, 8B 341.2
+// Every output of ci/gpu_preload.py's Q4_K and Q6_K cases the one-row kernel's bits; the GPU
+// tests of the mat-vecs, graphs, batches and models (266 passed, 38 skipped) with it.
+#define MV_PRELOAD_ROWS 2
 #endif
 static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past its matrix: one row again");
 #ifndef MV_PRELOAD_EARLY
