@@ -14,9 +14,10 @@ variant that differs is reported and never chosen.
 Prints a table (µs per launch, median of 10 after a warm-up; a layer = 2 x gate + down), then
 `best: NAME=VALUE ...` (nothing when the default is best, or no variant is 5 % faster per
 layer). --apply writes the best variant's values into kernels/mmq.cu's #define lines (the
-runner's copy of the tree: the suite and the benchmarks that follow then run it). --only NAME
-runs that variant alone (under ncu: `ncu -k regex:mmq_id_q4_k -c 1 python3 ci/gpu_tune_mmq.py
---only default`).
+runner's copy of the tree: the suite and the benchmarks that follow then run it). --only
+NAME[,NAME...] runs those variants alone, the first of them the bits' reference; with
+"default" first they are compared with it (and --apply applies) as above (under ncu: `ncu -k
+regex:mmq_id_q4_k -c 1 python3 ci/gpu_tune_mmq.py --only default`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,20 @@ VARIANTS = {
     # Q4_K's unpack from 16-byte loads (ncu: the global loads use 4.1 of 32 bytes a sector)
     "vec loads": ("MMQ_VEC_LOADS=1",),
     "vec loads prefetch": ("MMQ_VEC_LOADS=1", "MMQ_PREFETCH=1"),
+    # the shared stores without bank conflicts and only the factors a type reads (95 / 96
+    # registers, 43.9 KB: 5 blocks an SM where the default's 103 / 112 and 47.6 KB allow 4)
+    "banks": ("MMQ_BANKS=1",),
+    "banks cap5": ("MMQ_BANKS=1", "MMQ_MIN_BLOCKS=5"),
+    # the activations staged from coalesced 16-byte loads of the raw Q8_1 blocks, the quants'
+    # sum from an mma against ones
+    "x raw": ("MMQ_X_RAW=1",),
+    "banks x raw": ("MMQ_BANKS=1", "MMQ_X_RAW=1"),
+    "banks x raw cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_MIN_BLOCKS=5"),
+    # and an expert tile's columns past its last slot neither staged nor multiplied
+    "banks x raw skip": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"),
+    "banks x raw skip cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=5"),
+    "banks x raw skip 64x32": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_COLS=32", "MMQ_THREADS=64"),
+    "skip": ("MMQ_SKIP_PAD=1",),
 }
 
 
@@ -160,7 +175,7 @@ def main() -> int:
         totals[label] = (layer, label not in differ)
         rows.append((label, f"{times['gate']:.0f}", f"{times['down']:.0f}", f"{layer:.0f}",
                      f"{times['dense']:.0f}", "yes" if label not in differ else "NO"))
-    if only is not None:
+    if "default" not in totals:         # (--only without the default: nothing to compare with)
         print(tabulate(rows, headers=["variant", "gate us", "down us", "layer us", "dense us", "equals default"],
                        tablefmt="github"))
         return 1 if differ else 0

@@ -242,7 +242,12 @@ MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
                 ("MMQ_ROWS_FAST=1",), ("MMQ_ROWS_FAST=1", "MMQ_KB=2"),
                 ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
-                ("MMQ_VEC_LOADS=1",), ("MMQ_VEC_LOADS=1", "MMQ_KB=2"))
+                ("MMQ_VEC_LOADS=1",), ("MMQ_VEC_LOADS=1", "MMQ_KB=2"),
+                ("MMQ_BANKS=1",), ("MMQ_BANKS=1", "MMQ_KB=2"),
+                ("MMQ_BANKS=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
+                ("MMQ_X_RAW=1",), ("MMQ_X_RAW=1", "MMQ_KB=2"),     # (KB 2: the word-by-word copy)
+                ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"),
+                ("MMQ_SKIP_PAD=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
 
 
 @pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))
@@ -264,6 +269,20 @@ def test_mmq_variants_on_the_cpu(rng, tmp_path, qtype, defines):
     # and the same float sums in K order per output, whatever the tile (a variant that mixed
     # columns, dropped a partial chunk or misplaced a warp's rows would differ). Both kernels:
     # mmq on ragged tiles, moe_plan + mmq_id on skewed routing.
+    _variant_equals_default(rng, tmp_path, qtype, defines)
+
+
+@pytest.mark.parametrize("qtype", [t for t in MMQ_TYPES if t not in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)],
+                         ids=tname)
+def test_mmq_banks_on_the_cpu_every_type(rng, tmp_path, qtype):
+    # MMQ_BANKS stores only the factors each type's block value reads (Q4_0 / Q5_0 / Q4_1 /
+    # Q5_1 the activation half sum, the K-quants the quants' sum, Q6_K its scales), and
+    # MMQ_X_RAW takes s from the raw block and the quants' sum from an mma: the types the
+    # variants above leave out, bit for bit against the default build too.
+    _variant_equals_default(rng, tmp_path, qtype, ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"))
+
+
+def _variant_equals_default(rng, tmp_path, qtype, defines):
     from ci import mmq_host
     try:
         base_lib, lib = mmq_host.build(), mmq_host.build(defines)

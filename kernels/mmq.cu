@@ -76,6 +76,53 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // (5.4 %), the dense 12288 x 4096 523 -> 486, every output the default's bits.
 #define MMQ_VEC_LOADS 1
 #endif
+#ifndef MMQ_BANKS
+// 1: mmq_tile's shared stores without bank conflicts, and only the factors TYPE reads stored.
+// With a row's (or token's) blocks on adjacent threads (for the global loads' sake, see
+// MMQ_ROWS_FAST), a warp's store of the 8 quant words of 4 rows x 8 blocks hits 8 banks
+// (4-way), and of the factors ([block][row]: the 8 blocks a multiple of 32 words apart) 4
+// banks (8-way): 56 wavefronts per 32 (row, block) items where 10 or 11 do (ci/mmq_banks.py's
+// model: 32 banks of 4 bytes, a 64-bit access in two half-warp phases, 128-bit in four). Here: the
+// quants as two 128-bit stores, blocks 4..7 of a row writing their high half first, so that a
+// quarter warp (one row's 8 blocks, 8 words apart) covers the 32 banks once in each store;
+// the factor rows padded by 32 / MMQ_KB words (float2: 16 / MMQ_KB), so that block kb's rows
+// start kb * 4 banks on. The layout the mma loop reads is the same, and so are the values:
+// the same bits. ncu (2026-12-03, mmq_id_q4_k) counted the stores' conflicts at 73 % of their
+// wavefronts and 39 % of all the kernel's shared wavefronts, L1/TEX being its limit.
+#define MMQ_BANKS 0
+#endif
+#ifndef MMQ_X_RAW
+// 1: the activation tile staged as the Q8_1 blocks' own bytes, copied by consecutive threads
+// from consecutive words (a token's chunk is 9 * MMQ_KB contiguous words; 16-byte loads when
+// aligned). mmq_tile's default gives a thread one (token, block) item and reads its 8 quant
+// words and two halves with 32-bit loads whose lanes lie 36 bytes apart: each load of a warp
+// touches ~14 lines of 128 bytes (4 tokens x 288 bytes) for 128 bytes it uses, ten such loads
+// per item, which puts the activations' global loads above every other L1 wavefront of the
+// tile by the model of ci/mmq_banks.py. The mma loop then takes the B fragments from the raw
+// blocks (token rows of MMQ_XSTRIDE words: 8 tokens x 4 words a fragment load on 32 banks),
+// d8 (and s) as the block's first word, and the K-quants' integer sum of a block's 32
+// activation quants from one more mma against a fragment of ones (the same integer the
+// default's __dp4a sum gives). The same values: the same bits.
+#define MMQ_X_RAW 0
+#endif
+#ifndef MMQ_SKIP_PAD
+// 1: a tile's columns past its last valid token (an expert's tile holds ~32 of 64 slots on
+// the 30B-A3B prompt: 4096 slots over 128 experts) are neither staged nor multiplied: warps
+// whose 32 columns are all past it skip the mma loop (their outputs are never written); the
+// columns of a warp that holds a valid one are multiplied as before (stale values where
+// nothing was staged; never written either). Columns are independent: the same bits.
+#define MMQ_SKIP_PAD 0
+#endif
+// words per token row of the raw activation tile: 9 * MMQ_KB, rounded up to 4 mod 8 (16-byte
+// rows; 8 rows' 4 consecutive words land on the 32 banks)
+#define MMQ_XSTRIDE ((9 * MMQ_KB + 3) / 8 * 8 + 4)
+#if MMQ_BANKS && !MMQ_ROWS_FAST
+#define MMQ_IPAD (32 / MMQ_KB)        // words after each block's row of 32-bit factors
+#define MMQ_FPAD (16 / MMQ_KB)        // float2s after each block's row of (a, b)
+#else
+#define MMQ_IPAD 0
+#define MMQ_FPAD 0
+#endif
 #define MMQ_STRIDE (MMQ_KB * 8 + 4)   // ints per row of quants in shared memory: +4 so that the
                                       // 8 rows x 4 ints of a fragment load land on 32 banks
 #define MMQ_PSTRIDE (MMQ_KB * 8 + 8)  // mmq_tile_packed's: +8, so that 4 rows x 8 ints of its
@@ -85,6 +132,12 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // sum is sum_i __dp4a(q[i], yq[i]); a, b: the block's float factors; sc: Q6_K's two int8
 // scales (low byte: values 0..15, next: 16..31).
 struct MmqWeightBlock { int q[8]; float a; float b; int sc; };
+
+// Which per-block factors mmq_block_value<TYPE> reads (with MMQ_BANKS the others are neither
+// stored nor given shared memory): Q6_K's scales, the activation half sum s, the quants' sum.
+template <int TYPE> constexpr bool mmq_reads_sc = !MMQ_BANKS || TYPE == Q6_K;
+template <int TYPE> constexpr bool mmq_reads_s8 = !MMQ_BANKS || TYPE == Q4_0 || TYPE == Q5_0 || TYPE == Q4_1 || TYPE == Q5_1;
+template <int TYPE> constexpr bool mmq_reads_isum = !MMQ_BANKS || TYPE == Q4_K || TYPE == Q5_K;
 
 template <int TYPE>
 __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const int ib, MmqWeightBlock & o) {
@@ -283,6 +336,17 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float * _
             }
 }
 
+// MMQ_BANKS: a block's 8 quant words (16-byte aligned) as two 128-bit stores, blocks 4..7 of
+// a row (kb / 4 odd) their high half first: a quarter warp's 8 lanes (one row's blocks, 8
+// words apart) then write banks 0-3, 8-11, 16-19, 24-27, 4-7, ... : each bank once.
+__device__ __forceinline__ void mmq_store_block(int * __restrict__ dst, const int kb, const int (&q)[8]) {
+    const int4 lo = make_int4(q[0], q[1], q[2], q[3]), hi = make_int4(q[4], q[5], q[6], q[7]);
+    const bool swap = (kb >> 2) & 1;
+    int4 * d = (int4 *) dst;
+    d[swap] = swap ? hi : lo;
+    d[!swap] = swap ? lo : hi;
+}
+
 // The tile of weight rows blockIdx.x * MMQ_ROWS.. against MMQ_COLS columns of x: without IDS
 // the tokens tok0 .. tok0 + MMQ_COLS - 1 (past n_tokens: token n_tokens - 1 read, nothing
 // written); with IDS column c reads x row colx[c] and writes y row coly[c] (< 0: not written),
@@ -290,16 +354,23 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float * _
 template <int TYPE, bool IDS>
 __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
                                          float * __restrict__ y, const MmqParams & p, const int tok0,
-                                         const int * __restrict__ colx, const int * __restrict__ coly) {
+                                         const int * __restrict__ colx, const int * __restrict__ coly,
+                                         const int n_cols) {
     __align__(16) __shared__ int wq[MMQ_ROWS * MMQ_STRIDE];   // weight quants, a row of 256 per tile row
     // Per-block factors indexed [block][row or token], so that the lanes of a warp, which
     // read 8 consecutive rows (or 4 tokens 2 apart) of one block, hit distinct banks.
-    __shared__ float2 wab[MMQ_KB][MMQ_ROWS];           // (a, b) per block and row
-    __shared__ int wsc[MMQ_KB][MMQ_ROWS];              // Q6_K's scales
+    __shared__ float2 wab[MMQ_KB][MMQ_ROWS + MMQ_FPAD];           // (a, b) per block and row
+    __shared__ int wsc[MMQ_KB][MMQ_ROWS + MMQ_IPAD];              // Q6_K's scales
+#if MMQ_X_RAW
+    __align__(16) __shared__ int xraw[MMQ_COLS * MMQ_XSTRIDE];    // a token's chunk of block_q8_1
+#else
     __align__(16) __shared__ int xq[MMQ_COLS * MMQ_STRIDE];   // activation quants, per token
-    __shared__ float xd[MMQ_KB][MMQ_COLS];             // d8
-    __shared__ float xs[MMQ_KB][MMQ_COLS];             // s (the half sum)
-    __shared__ int xsum[MMQ_KB][MMQ_COLS];             // integer sum of the quants
+    __shared__ float xd[MMQ_KB][MMQ_COLS + MMQ_IPAD];             // d8
+    __shared__ float xs[MMQ_KB][MMQ_COLS + MMQ_IPAD];             // s (the half sum)
+    __shared__ int xsum[MMQ_KB][MMQ_COLS + MMQ_IPAD];             // integer sum of the quants
+#endif
+    // columns staged and multiplied: all, or (MMQ_SKIP_PAD) those up to the last valid one
+    const int cols = MMQ_SKIP_PAD ? n_cols : MMQ_COLS;
 
     const int row0 = blockIdx.x * MMQ_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -328,16 +399,36 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
                 int4 * dst = (int4 *) (wq + r * MMQ_STRIDE + kb * 8);
                 dst[0] = make_int4(o.q[0], o.q[1], o.q[2], o.q[3]);
                 dst[1] = make_int4(o.q[4], o.q[5], o.q[6], o.q[7]);
+#elif MMQ_BANKS
+                mmq_store_block(wq + r * MMQ_STRIDE + kb * 8, kb, o.q);
 #else
 #pragma unroll
                 for (int i = 0; i < 8; ++i) wq[r * MMQ_STRIDE + kb * 8 + i] = o.q[i];
 #endif
                 wab[kb][r] = make_float2(o.a, o.b);
-                wsc[kb][r] = o.sc;
+                if constexpr (mmq_reads_sc<TYPE>) wsc[kb][r] = o.sc;
             }
         }
-        for (int it = threadIdx.x; it < MMQ_COLS * MMQ_KB; it += MMQ_THREADS) {
-            const int c = MMQ_ROWS_FAST ? it % MMQ_COLS : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / MMQ_COLS : it % MMQ_KB;
+#if MMQ_X_RAW
+        if (MMQ_KB % 4 == 0 && n_kb == MMQ_KB && nb % 4 == 0 && ((u64) x & 15) == 0) {
+            // every token's chunk starts at block (row * nb + kb0), a multiple of 4: 16-byte aligned
+            constexpr int V = 9 * MMQ_KB / 4;       // 16-byte words per token's chunk
+            for (int it = threadIdx.x; it < cols * V; it += MMQ_THREADS) {
+                const int c = it / V, v = it % V;
+                const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
+                *(int4 *) (xraw + c * MMQ_XSTRIDE + 4 * v) = ((const int4 *) (x + (i64) xr * nb + kb0))[v];
+            }
+        } else {
+            const int words = 9 * n_kb;
+            for (int it = threadIdx.x; it < cols * words; it += MMQ_THREADS) {
+                const int c = it / words, v = it % words;
+                const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
+                xraw[c * MMQ_XSTRIDE + v] = ((const int *) (x + (i64) xr * nb + kb0))[v];
+            }
+        }
+#else
+        for (int it = threadIdx.x; it < cols * MMQ_KB; it += MMQ_THREADS) {
+            const int c = MMQ_ROWS_FAST ? it % cols : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / cols : it % MMQ_KB;
             if (kb < n_kb) {
                 const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
                 const block_q8_1 * yb = x + (i64) xr * nb + kb0 + kb;
@@ -351,19 +442,23 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
                 int4 * dst = (int4 *) (xq + c * MMQ_STRIDE + kb * 8);
                 dst[0] = make_int4(v[0], v[1], v[2], v[3]);
                 dst[1] = make_int4(v[4], v[5], v[6], v[7]);
+#elif MMQ_BANKS
+                mmq_store_block(xq + c * MMQ_STRIDE + kb * 8, kb, v);
 #else
 #pragma unroll
                 for (int i = 0; i < 8; ++i) xq[c * MMQ_STRIDE + kb * 8 + i] = v[i];
 #endif
                 xd[kb][c] = f16_to_f32(yb->d);
-                xs[kb][c] = f16_to_f32(yb->s);
-                xsum[kb][c] = s;
+                if constexpr (mmq_reads_s8<TYPE>) xs[kb][c] = f16_to_f32(yb->s);
+                if constexpr (mmq_reads_isum<TYPE>) xsum[kb][c] = s;
             }
         }
+#endif
         __syncthreads();
         mmq_prefetch_next(w, p, row0, kb0, nb);
 
-        for (int kb = 0; kb < n_kb; ++kb) {
+        const int kb_end = MMQ_SKIP_PAD && wc >= cols ? 0 : n_kb;     // (a warp of padding only: none)
+        for (int kb = 0; kb < kb_end; ++kb) {
             int a[2][4], b[4][2];
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -373,7 +468,11 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
             }
 #pragma unroll
             for (int n = 0; n < 4; ++n) {
+#if MMQ_X_RAW
+                const int * c = xraw + (wc + 8 * n + g) * MMQ_XSTRIDE + 9 * kb + 1;   // the block's qs
+#else
                 const int * c = xq + (wc + 8 * n + g) * MMQ_STRIDE + kb * 8;
+#endif
                 b[n][0] = c[t]; b[n][1] = c[t + 4];
             }
             // This lane's rows (wr + 16m + g, + 8) and tokens (wc + 8n + 2t, + 1).
@@ -384,7 +483,8 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     ab[m][h] = wab[kb][wr + 16 * m + 8 * h + g];
-                    sc[m][h] = wsc[kb][wr + 16 * m + 8 * h + g];
+                    sc[m][h] = 0;
+                    if constexpr (mmq_reads_sc<TYPE>) sc[m][h] = wsc[kb][wr + 16 * m + 8 * h + g];
                 }
             float d8[4][2], s8[4][2];
             int is[4][2];
@@ -393,8 +493,28 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     const int c = wc + 8 * n + 2 * t + j;
-                    d8[n][j] = xd[kb][c]; s8[n][j] = xs[kb][c]; is[n][j] = xsum[kb][c];
+#if MMQ_X_RAW
+                    const u32 ds = (u32) xraw[c * MMQ_XSTRIDE + 9 * kb];      // d, s (halves)
+                    d8[n][j] = f16_to_f32((u16) (ds & 0xFFFF)); s8[n][j] = 0.0f; is[n][j] = 0;
+                    if constexpr (mmq_reads_s8<TYPE>) s8[n][j] = f16_to_f32((u16) (ds >> 16));
+#else
+                    d8[n][j] = xd[kb][c]; s8[n][j] = 0.0f; is[n][j] = 0;
+                    if constexpr (mmq_reads_s8<TYPE>) s8[n][j] = xs[kb][c];
+                    if constexpr (mmq_reads_isum<TYPE>) is[n][j] = xsum[kb][c];
+#endif
                 }
+#if MMQ_X_RAW
+            if constexpr (mmq_reads_isum<TYPE>) {
+                // each token's sum of its block's 32 quants: A all ones, so every row g of D holds
+                // the sums of tokens 2t and 2t + 1 (D[g][2t + j] = sum_k B[k][2t + j])
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    int q[4] = {0, 0, 0, 0};
+                    mma_s8_k32(q, 0x01010101, 0x01010101, 0x01010101, 0x01010101, b[n][0], b[n][1]);
+                    is[n][0] = q[0]; is[n][1] = q[1];
+                }
+            }
+#endif
 #pragma unroll
             for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -462,7 +582,8 @@ __device__ __forceinline__ float mmq_pair_value(const float2 wv, const float2 xv
 template <int TYPE, bool IDS>
 __device__ __forceinline__ void mmq_tile_packed(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,
                                                 float * __restrict__ y, const MmqParams & p, const int tok0,
-                                                const int * __restrict__ colx, const int * __restrict__ coly) {
+                                                const int * __restrict__ colx, const int * __restrict__ coly,
+                                                const int /* n_cols: every column staged here */) {
     __align__(16) __shared__ int wq[MMQ_ROWS * MMQ_PSTRIDE];     // weight quants, words permuted
     __align__(16) __shared__ int xq[MMQ_COLS * MMQ_PSTRIDE];     // activation quants, the same
     __align__(16) __shared__ float2 wf[MMQ_KB][MMQ_ROWS];        // mmq_weight_pair per block, row
@@ -636,7 +757,7 @@ __device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8
     __syncthreads();
     MmqParams p;
     p.n_rows = q.n_rows; p.k = q.k; p.n_tokens = 0; p.pad0 = 0; p.row_bytes = q.row_bytes;
-    MMQ_TILE<TYPE, true>(w + (i64) e * q.expert_bytes, x, y, p, 0, colx, coly);
+    MMQ_TILE<TYPE, true>(w + (i64) e * q.expert_bytes, x, y, p, 0, colx, coly, n);
 }
 
 #define DEFINE_MMQ(name, TYPE)                                                                     \
@@ -644,7 +765,8 @@ extern "C" __global__ void MMQ_BOUNDS                                           
 mmq_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x, float * __restrict__ y,   \
            const MmqParams p) {                                                                    \
     PDL_ENTRY();                                                                                   \
-    MMQ_TILE<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr);                    \
+    MMQ_TILE<TYPE, false>(w, x, y, p, blockIdx.y * MMQ_COLS, nullptr, nullptr,                      \
+                          min(MMQ_COLS, p.n_tokens - (int) blockIdx.y * MMQ_COLS));                   \
 }                                                                                                  \
 extern "C" __global__ void MMQ_BOUNDS                                                             \
 mmq_id_##name(const u8 * __restrict__ w, const block_q8_1 * __restrict__ x,                        \
