@@ -9,6 +9,9 @@ how MMQ_BANKS's padding and store order were chosen; ncu's
 l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st on the GPU is the check.
 
     python3 ci/mmq_banks.py [MMQ_KB]
+
+It also counts the 128-byte lines the activation tile's global loads touch per chunk, the
+default's against MMQ_X_RAW's (ncu: l1tex__data_pipe_lsu_wavefronts_mem_lg).
 """
 
 from __future__ import annotations
@@ -47,6 +50,29 @@ def stores(kb_per_chunk: int, banks: bool) -> dict[str, int]:
     return {"quants": quants, "float2 factor": pair, "32-bit factor": word}
 
 
+def lines(byte_addrs: list[int]) -> int:
+    """128-byte lines one warp load touches (each costs L1 a wavefront, whatever it uses)."""
+    return len({a // 128 for a in byte_addrs})
+
+
+def activation_loads(kb_per_chunk: int, nb: int = 64) -> dict[str, int]:
+    """Lines touched per chunk of one tile (64 tokens, kb_per_chunk blocks of 36 bytes each)
+    by the activations' global loads: mmq_tile's default (an item per thread, its 8 quant
+    words and its two halves by 32-bit loads) and MMQ_X_RAW (a token's chunk copied as
+    consecutive 16-byte words by consecutive threads). Tokens 0..63 in order, nb blocks a row."""
+    cols, words16 = 64, 9 * kb_per_chunk // 4
+    base = lambda c, kb: (c * nb + kb) * 36          # noqa: E731
+    default = 0
+    for w0 in range(0, cols * kb_per_chunk, 32):      # a warp's 32 items
+        item = [((w0 + lane) // kb_per_chunk, (w0 + lane) % kb_per_chunk) for lane in range(32)]
+        default += lines([base(c, kb) for c, kb in item])                    # d, s (one 32-bit word)
+        default += sum(lines([base(c, kb) + 4 + 4 * i for c, kb in item]) for i in range(8))
+    raw = 0
+    for w0 in range(0, cols * words16, 32):
+        raw += lines([base((w0 + lane) // words16, 0) + 16 * ((w0 + lane) % words16) for lane in range(32)])
+    return {"default": default, "raw": raw}
+
+
 def main() -> int:
     kb = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     for banks in (False, True):
@@ -56,6 +82,10 @@ def main() -> int:
         w = s["quants"] + s["float2 factor"] + (0 if banks else s["32-bit factor"])
         x = s["quants"] + s["32-bit factor"] * (2 if banks else 3)
         print(f"MMQ_KB={kb} MMQ_BANKS={int(banks)}: per 32 items {s}; Q4_K weights {w}, activations {x}")
+    if kb % 4 == 0:
+        a = activation_loads(kb)
+        print(f"activation global loads, lines per chunk of a 64-token tile: default {a['default']}, "
+              f"MMQ_X_RAW {a['raw']}")
     return 0
 
 

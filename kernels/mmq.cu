@@ -96,9 +96,11 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // from consecutive words (a token's chunk is 9 * MMQ_KB contiguous words; 16-byte loads when
 // aligned). mmq_tile's default gives a thread one (token, block) item and reads its 8 quant
 // words and two halves with 32-bit loads whose lanes lie 36 bytes apart: each load of a warp
-// touches ~14 lines of 128 bytes (4 tokens x 288 bytes) for 128 bytes it uses, ten such loads
-// per item, which puts the activations' global loads above every other L1 wavefront of the
-// tile by the model of ci/mmq_banks.py. The mma loop then takes the B fragments from the raw
+// touches ~12 lines of 128 bytes (4 tokens x 288 bytes) for the 128 bytes it uses, nine such
+// loads per item: 1,664 lines a chunk of a 64-token tile where these copies touch 216
+// (ci/mmq_banks.py), the most L1 wavefronts of any of the tile's accesses by that model (ncu
+// found the unpack's global loads using 4.1 of each sector's 32 bytes, L1/TEX the tile's
+// limit). The mma loop then takes the B fragments from the raw
 // blocks (token rows of MMQ_XSTRIDE words: 8 tokens x 4 words a fragment load on 32 banks),
 // d8 (and s) as the block's first word, and the K-quants' integer sum of a block's 32
 // activation quants from one more mma against a fragment of ones (the same integer the
