@@ -5,8 +5,12 @@
 #        every output the default's bits), the best applied when 5 % faster per layer; its GPU
 #        tests (-k mmq); the Qwen3-30B-A3B pp512 with it against the default, alternated; ncu
 #        on its mmq_id_q4_k (shared-memory wavefronts and bank conflicts, occupancy).
+#   mv:  MV_MIN_BLOCKS=4 (the Q4_K mat-vecs capped at 64 registers: 4 blocks an SM, issue 8's
+#        4096 x 12288 in one wave) against the default: bits and the mat-vecs alone
+#        (ci/gpu_preload.py), then tg128 of the 0.6B and 8B shapes alternated.
 #   suite: the whole suite (twice, in two calls), with MMQ_APPLY="MMQ_BANKS=1 ..." set into
-#        kernels/mmq.cu first when given (each call starts from the committed tree).
+#        kernels/mmq.cu first when given (each call starts from the committed tree), and
+#        MV_APPLY="MV_MIN_BLOCKS=4" into kernels/matvec.cuh likewise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -55,8 +59,13 @@ mmq)
     done
     cp /tmp/mmq-chosen.cu kernels/mmq.cu
     ;;
+mv)
+    guarded 560 python3 ci/gpu_preload.py --variants ";MV_MIN_BLOCKS=4" --shapes qwen3-0.6b,qwen3-8b --rounds 2 \
+        --json "$out/preload-min-blocks.json" 2>&1 | grep -v "^WARNING" | tail -24
+    ;;
 suite)
     [ -n "${MMQ_APPLY:-}" ] && apply_mmq "$MMQ_APPLY" && grep -E "^#define MMQ_(BANKS|X_RAW|SKIP_PAD|MIN_BLOCKS|COLS|THREADS) " kernels/mmq.cu
+    for kv in ${MV_APPLY:-}; do matvec_define "${kv%%=*}" "${kv#*=}"; grep "^#define ${kv%%=*} " kernels/matvec.cuh; done
     brass_suite 580 -n 14 -q
     ;;
 esac

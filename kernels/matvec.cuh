@@ -194,6 +194,18 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #define MV_PRELOAD_ROWS 2
 #endif
 static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past its matrix: one row again");
+#ifndef MV_MIN_BLOCKS
+// matvec_<kind> / matvec_split_<kind>: resident blocks an SM asked of ptxas (__launch_bounds__'s
+// second argument, a register cap: 4 blocks of MV_WARPS = 8 warps leave 64 registers a thread).
+// Why: with two rows a warp matvec_split_q4_k takes 70 registers (NVRTC 13.5, sm_90;
+// ci/kernel_resources.py), so 3 blocks fit an SM; issue 8's 4096 x 12288 launches 512 blocks
+// (2048 units of 2 rows, 4 a block), 1.29 waves of 396 where 4 an SM would hold them all in one
+// (528). 0: no cap (the default until the GPU times it; the same arithmetic either way).
+#define MV_MIN_BLOCKS 0
+#endif
+// (the preloaded kinds only: Q6_K's 48 registers would grow to the cap's 64, 5 blocks -> 4;
+// 0 is __launch_bounds__'s "no minimum": the same registers as without it)
+#define MV_BOUNDS(K) __launch_bounds__(MV_WARPS * WARP_SIZE, MvMinBlocks<K>::value)
 #ifndef MV_PRELOAD_EARLY
 // 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
 // that inside a decode graph they are in flight while the previous kernel ends; 0: after it
@@ -202,6 +214,7 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 #define MV_PRELOAD_EARLY 1
 #endif
 template <class K> struct Preloads { static constexpr int depth = 0; };
+template <class K> struct MvMinBlocks { static constexpr int value = Preloads<K>::depth > 0 ? MV_MIN_BLOCKS : 0; };
 
 #ifndef MV_COOP_WARPS
 // matvec_coop_<kind>: warps per block, a row each at a time. Why the kernel: matvec_q6_k's lanes
@@ -1246,7 +1259,7 @@ matvec_cols_split_##tag##name(const u8 * __restrict__ w0, const u8 * __restrict_
 }
 
 #define DEFINE_MATVEC(name, K)                                                                     \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+extern "C" __global__ void MV_BOUNDS(K)                                                            \
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
@@ -1256,7 +1269,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     PDL_ENTRY();                                                                                   \
     decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
 }                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
+extern "C" __global__ void MV_BOUNDS(K)                                                            \
 matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
