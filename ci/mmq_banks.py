@@ -40,11 +40,10 @@ def stores(kb_per_chunk: int, banks: bool) -> dict[str, int]:
     ipad, fpad = (32 // kb_per_chunk, 16 // kb_per_chunk) if banks else (0, 0)
     rows = 64
     item = [(lane // kb_per_chunk, lane % kb_per_chunk) for lane in range(32)]
-    if banks:
-        quants = sum(wavefronts([r * stride + kb * 8 + 4 * (h ^ ((kb >> 2) & 1)) for r, kb in item], 4)
-                     for h in range(2))
-    else:
-        quants = sum(wavefronts([r * stride + kb * 8 + i for r, kb in item], 1) for i in range(8))
+    # the quants as two 128-bit stores (the default's eight 32-bit stores come out of nvcc so:
+    # st.shared.v4.u32 in its PTX), MMQ_BANKS swapping the halves' order for blocks 4..7
+    swap = (lambda kb: (kb >> 2) & 1) if banks else (lambda kb: 0)
+    quants = sum(wavefronts([r * stride + kb * 8 + 4 * (h ^ swap(kb)) for r, kb in item], 4) for h in range(2))
     pair = wavefronts([2 * (kb * (rows + fpad) + r) for r, kb in item], 2)
     word = wavefronts([kb * (rows + ipad) + r for r, kb in item], 1)
     return {"quants": quants, "float2 factor": pair, "32-bit factor": word}
@@ -58,14 +57,14 @@ def lines(byte_addrs: list[int]) -> int:
 def activation_loads(kb_per_chunk: int, nb: int = 64) -> dict[str, int]:
     """Lines touched per chunk of one tile (64 tokens, kb_per_chunk blocks of 36 bytes each)
     by the activations' global loads: mmq_tile's default (an item per thread, its 8 quant
-    words and its two halves by 32-bit loads) and MMQ_X_RAW (a token's chunk copied as
+    words by 32-bit loads and d, s by 16-bit ones, as its PTX has them) and MMQ_X_RAW (a token's chunk copied as
     consecutive 16-byte words by consecutive threads). Tokens 0..63 in order, nb blocks a row."""
     cols, words16 = 64, 9 * kb_per_chunk // 4
     base = lambda c, kb: (c * nb + kb) * 36          # noqa: E731
     default = 0
     for w0 in range(0, cols * kb_per_chunk, 32):      # a warp's 32 items
         item = [((w0 + lane) // kb_per_chunk, (w0 + lane) % kb_per_chunk) for lane in range(32)]
-        default += lines([base(c, kb) for c, kb in item])                    # d, s (one 32-bit word)
+        default += 2 * lines([base(c, kb) for c, kb in item])                # d, s (16-bit loads)
         default += sum(lines([base(c, kb) + 4 + 4 * i for c, kb in item]) for i in range(8))
     raw = 0
     for w0 in range(0, cols * words16, 32):
@@ -82,6 +81,11 @@ def main() -> int:
         w = s["quants"] + s["float2 factor"] + (0 if banks else s["32-bit factor"])
         x = s["quants"] + s["32-bit factor"] * (2 if banks else 3)
         print(f"MMQ_KB={kb} MMQ_BANKS={int(banks)}: per 32 items {s}; Q4_K weights {w}, activations {x}")
+    # without conflicts: the quants 4 + 4, (a, b) 2, a 32-bit factor 1
+    ideal_w, ideal_x = 4 + 4 + 2 + 1, 4 + 4 + 1 + 1 + 1
+    d = stores(kb, False)
+    total = 2 * d["quants"] + d["float2 factor"] + 4 * d["32-bit factor"]
+    print(f"the default's store wavefronts that are conflicts: {1 - (ideal_w + ideal_x) / total:.1%}")
     if kb % 4 == 0:
         a = activation_loads(kb)
         print(f"activation global loads, lines per chunk of a 64-token tile: default {a['default']}, "

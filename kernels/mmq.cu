@@ -79,25 +79,26 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #ifndef MMQ_BANKS
 // 1: mmq_tile's shared stores without bank conflicts, and only the factors TYPE reads stored.
 // With a row's (or token's) blocks on adjacent threads (for the global loads' sake, see
-// MMQ_ROWS_FAST), a warp's store of the 8 quant words of 4 rows x 8 blocks hits 8 banks
-// (4-way), and of the factors ([block][row]: the 8 blocks a multiple of 32 words apart) 4
-// banks (8-way): 56 wavefronts per 32 (row, block) items where 10 or 11 do (ci/mmq_banks.py's
-// model: 32 banks of 4 bytes, a 64-bit access in two half-warp phases, 128-bit in four). Here: the
-// quants as two 128-bit stores, blocks 4..7 of a row writing their high half first, so that a
-// quarter warp (one row's 8 blocks, 8 words apart) covers the 32 banks once in each store;
-// the factor rows padded by 32 / MMQ_KB words (float2: 16 / MMQ_KB), so that block kb's rows
-// start kb * 4 banks on. The layout the mma loop reads is the same, and so are the values:
-// the same bits. ncu (2026-12-03, mmq_id_q4_k) counted the stores' conflicts at 73 % of their
-// wavefronts and 39 % of all the kernel's shared wavefronts, L1/TEX being its limit.
+// MMQ_ROWS_FAST), a quarter warp's 128-bit store of a block's quant words (nvcc merges the
+// eight 32-bit stores into two) puts blocks kb and kb + 4 on the same banks (2-way), and the
+// factors ([block][row]: the 8 blocks a multiple of 32 words apart) land 8 lanes to a bank
+// (8-way): 40 wavefronts per 32 (row, block) items where 10 or 11 do (ci/mmq_banks.py's model:
+// 32 banks of 4 bytes, a 64-bit access in two half-warp phases, 128-bit in four; it puts 72.5 %
+// of the default's store wavefronts in conflicts, where ncu (2026-12-03, mmq_id_q4_k) counted
+// 73 %, and 39 % of all its shared wavefronts, L1/TEX being the kernel's limit). Here: blocks
+// 4..7 of a row write their high half first, so that each 128-bit store's quarter warp (one
+// row's 8 blocks, 8 words apart) covers the 32 banks once; the factor rows are padded by
+// 32 / MMQ_KB words (float2: 16 / MMQ_KB), so that block kb's rows start kb * 4 banks on.
+// The layout the mma loop reads is the same, and so are the values: the same bits.
 #define MMQ_BANKS 0
 #endif
 #ifndef MMQ_X_RAW
 // 1: the activation tile staged as the Q8_1 blocks' own bytes, copied by consecutive threads
 // from consecutive words (a token's chunk is 9 * MMQ_KB contiguous words; 16-byte loads when
 // aligned). mmq_tile's default gives a thread one (token, block) item and reads its 8 quant
-// words and two halves with 32-bit loads whose lanes lie 36 bytes apart: each load of a warp
-// touches ~12 lines of 128 bytes (4 tokens x 288 bytes) for the 128 bytes it uses, nine such
-// loads per item: 1,664 lines a chunk of a 64-token tile where these copies touch 216
+// words (32-bit loads) and two halves (16-bit) with lanes 36 bytes apart: each load of a warp
+// touches ~11 lines of 128 bytes (4 tokens x 288 bytes) for the 128 bytes it uses, ten such
+// loads per item: 1,792 lines a chunk of a 64-token tile where these copies touch 216
 // (ci/mmq_banks.py), the most L1 wavefronts of any of the tile's accesses by that model (ncu
 // found the unpack's global loads using 4.1 of each sector's 32 bytes, L1/TEX the tile's
 // limit). The mma loop then takes the B fragments from the raw
