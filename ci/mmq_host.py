@@ -400,25 +400,31 @@ def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_expe
     return y
 
 
-def q8_1_blocks(x: np.ndarray) -> np.ndarray:
-    """x [T, K] as the quantize_q8_1 kernel writes it: [T, K/32] blocks of 36 bytes."""
+def q8_1_blocks(x: np.ndarray, misalign: int = 0) -> np.ndarray:
+    """x [T, K] as the quantize_q8_1 kernel writes it: [T, K/32] blocks of 36 bytes, starting
+    on a 64-byte boundary, or `misalign` bytes past one (a multiple of 4: the blocks' own
+    alignment; MMQ_X_RAW's 16-byte copies then give way to 32-bit ones)."""
     from engine import quants
     qb = quants.quantize_q8_1_cuda(x)
     T, K = x.shape
-    out = np.zeros((T, K // 32, 36), np.uint8)
+    raw = np.zeros(T * K // 32 * 36 + 64 + misalign, np.uint8)
+    start = -raw.ctypes.data % 64 + misalign
+    out = raw[start:start + T * K // 32 * 36].reshape(T, K // 32, 36)
+    assert out.ctypes.data % 64 == misalign
     out[..., 0:2] = qb.d.astype("<f2").reshape(T, K // 32, 1).view(np.uint8)
     out[..., 2:4] = qb.s.astype("<f2").reshape(T, K // 32, 1).view(np.uint8)
     out[..., 4:] = qb.qs.reshape(T, K // 32, 32).view(np.uint8)
     return out
 
 
-def mmq(lib, qtype, w_raw: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """y [T, N] = x . W^T by the CPU build of mmq_<type>; w_raw: the weight's ggml bytes [N, row_bytes]."""
+def mmq(lib, qtype, w_raw: np.ndarray, x: np.ndarray, misalign: int = 0) -> np.ndarray:
+    """y [T, N] = x . W^T by the CPU build of mmq_<type>; w_raw: the weight's ggml bytes [N, row_bytes];
+    misalign: x's Q8_1 blocks that many bytes past a 64-byte boundary (q8_1_blocks)."""
     from engine.backends.cuda.backend import _TYPE_NAMES
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
     N, row_bytes = w_raw.shape
     T, K = x.shape
-    xb = q8_1_blocks(x)
+    xb = q8_1_blocks(x, misalign)
     y = np.full((T, N), np.nan, np.float32)        # poisoned: an unwritten element stays NaN
     if lib.run_mmq(_TYPE_NAMES[qtype].encode(), w_raw.ctypes.data, xb.ctypes.data, y.ctypes.data,
                    N, K, T, row_bytes):

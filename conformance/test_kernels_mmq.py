@@ -282,6 +282,22 @@ def test_mmq_banks_on_the_cpu_every_type(rng, tmp_path, qtype):
     _variant_equals_default(rng, tmp_path, qtype, ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"))
 
 
+@pytest.mark.parametrize("misalign", (0, 4, 8, 12))
+def test_mmq_x_raw_copies_on_the_cpu(rng, tmp_path, misalign):
+    # MMQ_X_RAW copies a token's chunk of Q8_1 blocks in 16-byte words when x and every row's
+    # chunk are 16-byte aligned, else word by word: both, bit for bit against the default (K of
+    # 768: 24 blocks a row, full chunks)
+    from ci import mmq_host
+    try:
+        base_lib, lib = mmq_host.build(), mmq_host.build(("MMQ_X_RAW=1",))
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of mmq.cu: {e}")
+    gf, x = _case(tmp_path, rng, GGMLType.Q4_K, (70, 768, 45))
+    raw = gf.tensor_bytes("w").reshape(70, -1)
+    want = mmq_host.mmq(base_lib, GGMLType.Q4_K, raw, x, misalign)
+    assert np.array_equal(mmq_host.mmq(lib, GGMLType.Q4_K, raw, x, misalign), want)
+
+
 def _variant_equals_default(rng, tmp_path, qtype, defines):
     from ci import mmq_host
     try:
