@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The nineteenth session's GPU calls: the eighteenth's levers timed in one call, the suite on the
+# choice in the next (the choice kept under /tmp, which a warm runner keeps between calls).
+# Carry [".whl"].
+#   tune:  ci/gpu_tune_mmq.py over the MoE prompt's new tile variants (every output the default's
+#          bits; the best applied when 5 % faster per layer), MV_MIN_BLOCKS=4 against the
+#          default (ci/gpu_preload.py: bits, the mat-vecs alone, tg128 of the 0.6B shape
+#          alternated; kept when issue 8's Q4_K 4096 x 12288 is 3 % faster and tg128 no more
+#          than 0.5 % slower), then the Qwen3-30B-A3B pp512 default and chosen alternated.
+#          The chosen kernels/mmq.cu and matvec.cuh go to /tmp/brass-chosen/.
+#   suite: the whole suite on /tmp/brass-chosen/'s sources when present (else the tree's).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ci/gpu_lib.sh
+brass_env
+keep=/tmp/brass-chosen
+
+pp30() {
+    timeout "${1:-70}" python3 -m engine bench "$dir/qwen3-30b-a3b.gguf" --backend cuda -r 3 -p 512 -n 0 2>/dev/null \
+        | grep -oE "pp512 .*"
+}
+
+case "${1:-tune}" in
+tune)
+    mkdir -p "$dir" "$keep"
+    [ -f "$dir/qwen3-30b-a3b.gguf" ] || python3 ci/shape_models.py qwen3-30b-a3b "$dir" > /dev/null &
+    writer=$!
+    cp kernels/mmq.cu /tmp/mmq-default.cu
+    guarded 230 python3 ci/gpu_tune_mmq.py --apply --only "default,banks,banks cap5,x raw,banks x raw,banks x raw cap5,banks x raw skip,banks x raw skip cap5,skip" \
+        2>&1 | grep -v "^WARNING" | tee "$out/tune-mmq.txt" | tail -14
+    cp kernels/mmq.cu /tmp/mmq-chosen.cu
+    diff /tmp/mmq-default.cu /tmp/mmq-chosen.cu | grep "^>"
+    echo "== MV_MIN_BLOCKS=4 (t=$(t) s)"
+    guarded 400 python3 ci/gpu_preload.py --variants ";MV_MIN_BLOCKS=4" --shapes qwen3-0.6b --rounds 2 \
+        --json "$out/preload-min-blocks.json" 2>&1 | grep -v "^WARNING" | tail -14
+    cp kernels/matvec.cuh "$keep/matvec.cuh"
+    if python3 - "$out/preload-min-blocks.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+base, var = d["variants"]
+us = {(m["type"], m["N"], m["K"], m["variant"]): m["us"] for m in d["matvec"]}
+bar = us[("Q4_K", 4096, 12288, base)] / us[("Q4_K", 4096, 12288, var)]
+tg = [min(r[var]) / max(r[base]) for r in d["tg"]]
+print(f"MV_MIN_BLOCKS=4: the bar's mat-vec {bar:.3f}x, tg128 worst {min(tg) if tg else 0:.3f}x")
+sys.exit(0 if not d["differ"] and bar >= 1.03 and tg and min(tg) >= 0.995 else 1)
+PY
+    then sed -i "s/^#define MV_MIN_BLOCKS [0-9]*/#define MV_MIN_BLOCKS 4/" "$keep/matvec.cuh"; echo "kept"; else echo "not kept"; fi
+    cp /tmp/mmq-chosen.cu "$keep/mmq.cu"
+    wait "$writer"
+    echo "== qwen3-30b-a3b pp512, default and chosen, alternated (t=$(t) s)"
+    if cmp -s /tmp/mmq-default.cu /tmp/mmq-chosen.cu; then echo "(the default was kept)"; else
+        for i in 1 2; do for v in default chosen; do
+            [ "$(left 585)" -ge 45 ] || break 2
+            cp /tmp/mmq-$v.cu kernels/mmq.cu; echo "$v: $(pp30 60)"
+        done; done
+    fi
+    ;;
+suite)
+    for f in mmq.cu matvec.cuh; do
+        [ -f "$keep/$f" ] && cp "$keep/$f" "kernels/$f" && echo "kernels/$f from $keep"
+    done
+    grep -E "^#define (MMQ_(BANKS|X_RAW|SKIP_PAD|MIN_BLOCKS)|MV_MIN_BLOCKS) " kernels/mmq.cu kernels/matvec.cuh
+    brass_suite 585 -n 14 -q
+    ;;
+esac
+echo "done at t=$(t) s"
