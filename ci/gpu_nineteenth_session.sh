@@ -9,6 +9,9 @@
 #          than 0.5 % slower), then the Qwen3-30B-A3B pp512 default and chosen alternated.
 #          The chosen kernels/mmq.cu and matvec.cuh go to /tmp/brass-chosen/.
 #   suite: the whole suite on /tmp/brass-chosen/'s sources when present (else the tree's).
+#   sbs:   llama.cpp's llama-bench built from the carried source (.stage/llama-bin-11434-src.tar.xz,
+#          ci/stage_llama_src.sh; carry [".whl", ".stage"]) while the three qwen3 shapes are
+#          written and Brass's kernels compiled, then ci/gpu_side_by_side.sh (REPS=3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -61,6 +64,18 @@ suite)
     done
     grep -E "^#define (MMQ_(BANKS|X_RAW|SKIP_PAD|MIN_BLOCKS)|MV_MIN_BLOCKS) " kernels/mmq.cu kernels/matvec.cuh
     brass_suite 585 -n 14 -q
+    ;;
+sbs)
+    llama_build "$out/llama-build.log" "$(nproc)" llama-bench
+    mkdir -p "$dir"
+    for s in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do python3 ci/shape_models.py "$s" "$dir" > /dev/null; done
+    echo "shapes written (t=$(t) s)"
+    # Brass's kernels compiled while the build goes on (the NVRTC cache is per machine)
+    timeout 200 python3 -m engine bench "$dir/qwen3-0.6b.gguf" --backend cuda -r 1 -p 64 -n 8 > /dev/null 2>&1
+    echo "kernels compiled (t=$(t) s)"
+    wait "$LLAMA_BUILD_PID"; echo "llama.cpp built: exit $? (t=$(t) s)"; tail -2 "$out/llama-build.log"
+    LLAMA_BENCH="$LLAMA_SRC_DIR/llama.cpp/build/bin/llama-bench" REPS=3 guarded 595 bash ci/gpu_side_by_side.sh 2>&1 | grep -v "^WARNING"
+    rm -f "$out/llama-build.log"
     ;;
 esac
 echo "done at t=$(t) s"

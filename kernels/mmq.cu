@@ -39,7 +39,7 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #define MMQ_KB 8             // blocks of 32 per K chunk (256 values)
 #endif
 #ifndef MMQ_MIN_BLOCKS
-#define MMQ_MIN_BLOCKS 1     // resident blocks per SM asked of ptxas (__launch_bounds__): a register cap
+#define MMQ_MIN_BLOCKS 5     // resident blocks per SM asked of ptxas (__launch_bounds__): a register cap
 #endif
 #if MMQ_MIN_BLOCKS > 1
 #define MMQ_BOUNDS __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
@@ -90,7 +90,7 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // row's 8 blocks, 8 words apart) covers the 32 banks once; the factor rows are padded by
 // 32 / MMQ_KB words (float2: 16 / MMQ_KB), so that block kb's rows start kb * 4 banks on.
 // The layout the mma loop reads is the same, and so are the values: the same bits.
-#define MMQ_BANKS 0
+#define MMQ_BANKS 1
 #endif
 #ifndef MMQ_X_RAW
 // 1: the activation tile staged as the Q8_1 blocks' own bytes, copied by consecutive threads
@@ -106,7 +106,7 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // d8 (and s) as the block's first word, and the K-quants' integer sum of a block's 32
 // activation quants from one more mma against a fragment of ones (the same integer the
 // default's __dp4a sum gives). The same values: the same bits.
-#define MMQ_X_RAW 0
+#define MMQ_X_RAW 1
 #endif
 #ifndef MMQ_SKIP_PAD
 // 1: a tile's columns past its last valid token (an expert's tile holds ~32 of 64 slots on
@@ -114,7 +114,7 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // whose 32 columns are all past it skip the mma loop (their outputs are never written); the
 // columns of a warp that holds a valid one are multiplied as before (stale values where
 // nothing was staged; never written either). Columns are independent: the same bits.
-#define MMQ_SKIP_PAD 0
+#define MMQ_SKIP_PAD 1
 #endif
 // words per token row of the raw activation tile: 9 * MMQ_KB, rounded up to 4 mod 8 (16-byte
 // rows; 8 rows' 4 consecutive words land on the 32 banks)
