@@ -70,20 +70,25 @@ VARIANTS = {
     # Q4_K's unpack from 16-byte loads (ncu: the global loads use 4.1 of 32 bytes a sector)
     "vec loads": ("MMQ_VEC_LOADS=1",),
     "vec loads prefetch": ("MMQ_VEC_LOADS=1", "MMQ_PREFETCH=1"),
+    # The eighteenth session's three switches, on by default since the nineteenth (H200: 1.14x a
+    # layer, all four together); each named here with all four set, so that a variant means the
+    # same thing whatever the header's defaults.
+    # the tile before them (103 / 112 registers, 48.6 KB: 4 blocks an SM)
+    "before banks": ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
     # the shared stores without bank conflicts and only the factors a type reads (95 / 96
-    # registers, 43.9 KB: 5 blocks an SM where the default's 103 / 112 and 47.6 KB allow 4)
-    "banks": ("MMQ_BANKS=1",),
-    "banks cap5": ("MMQ_BANKS=1", "MMQ_MIN_BLOCKS=5"),
+    # registers, 43.9 KB: 5 blocks an SM)
+    "banks": ("MMQ_BANKS=1", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
+    "banks cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=5"),
     # the activations staged from coalesced 16-byte loads of the raw Q8_1 blocks, the quants'
     # sum from an mma against ones
-    "x raw": ("MMQ_X_RAW=1",),
-    "banks x raw": ("MMQ_BANKS=1", "MMQ_X_RAW=1"),
-    "banks x raw cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_MIN_BLOCKS=5"),
+    "x raw": ("MMQ_BANKS=0", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
+    "banks x raw": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
+    "banks x raw cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=5"),
     # and an expert tile's columns past its last slot neither staged nor multiplied
-    "banks x raw skip": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"),
+    "banks x raw skip": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=1"),
     "banks x raw skip cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=5"),
-    "banks x raw skip 64x32": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_COLS=32", "MMQ_THREADS=64"),
-    "skip": ("MMQ_SKIP_PAD=1",),
+    "banks x raw skip 64x32": ("MMQ_COLS=32", "MMQ_THREADS=64"),
+    "skip": ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=1"),
 }
 
 

@@ -235,6 +235,9 @@ def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
 
 # Tile variants ci/gpu_tune_mmq.py times on the GPU (each #define of kernels/mmq.cu it may
 # change): every one must compute what the default does, term for term.
+# the tile as it was before MMQ_BANKS, MMQ_X_RAW, MMQ_SKIP_PAD and the register cap became the
+# default (2026-12-03): the default build is compared with it bit for bit, on every type
+BEFORE_BANKS = ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1")
 MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
                 ("MMQ_ROWS=32", "MMQ_COLS=64", "MMQ_THREADS=64"),
@@ -243,11 +246,11 @@ MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_ROWS_FAST=1",), ("MMQ_ROWS_FAST=1", "MMQ_KB=2"),
                 ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
                 ("MMQ_VEC_LOADS=1",), ("MMQ_VEC_LOADS=1", "MMQ_KB=2"),
-                ("MMQ_BANKS=1",), ("MMQ_BANKS=1", "MMQ_KB=2"),
-                ("MMQ_BANKS=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
-                ("MMQ_X_RAW=1",), ("MMQ_X_RAW=1", "MMQ_KB=2"),     # (KB 2: the word-by-word copy)
-                ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"),
-                ("MMQ_SKIP_PAD=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
+                ("MMQ_BANKS=0",), ("MMQ_BANKS=0", "MMQ_KB=2"),
+                ("MMQ_BANKS=0", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
+                ("MMQ_X_RAW=0",), ("MMQ_KB=2",),     # (KB 2: X_RAW's word-by-word copy)
+                ("MMQ_SKIP_PAD=0",), ("MMQ_MIN_BLOCKS=1",), BEFORE_BANKS,
+                ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
 
 
 @pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))
@@ -275,21 +278,22 @@ def test_mmq_variants_on_the_cpu(rng, tmp_path, qtype, defines):
 @pytest.mark.parametrize("qtype", [t for t in MMQ_TYPES if t not in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)],
                          ids=tname)
 def test_mmq_banks_on_the_cpu_every_type(rng, tmp_path, qtype):
-    # MMQ_BANKS stores only the factors each type's block value reads (Q4_0 / Q5_0 / Q4_1 /
-    # Q5_1 the activation half sum, the K-quants the quants' sum, Q6_K its scales), and
-    # MMQ_X_RAW takes s from the raw block and the quants' sum from an mma: the types the
-    # variants above leave out, bit for bit against the default build too.
-    _variant_equals_default(rng, tmp_path, qtype, ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1"))
+    # MMQ_BANKS (on by default) stores only the factors each type's block value reads (Q4_0 /
+    # Q5_0 / Q4_1 / Q5_1 the activation half sum, the K-quants the quants' sum, Q6_K its
+    # scales), and MMQ_X_RAW takes s from the raw block and the quants' sum from an mma: the
+    # types the variants above leave out, the default build bit for bit against the tile before
+    # them.
+    _variant_equals_default(rng, tmp_path, qtype, BEFORE_BANKS)
 
 
 @pytest.mark.parametrize("misalign", (0, 4, 8, 12))
 def test_mmq_x_raw_copies_on_the_cpu(rng, tmp_path, misalign):
     # MMQ_X_RAW copies a token's chunk of Q8_1 blocks in 16-byte words when x and every row's
-    # chunk are 16-byte aligned, else word by word: both, bit for bit against the default (K of
-    # 768: 24 blocks a row, full chunks)
+    # chunk are 16-byte aligned, else word by word: both, bit for bit against the tile staged
+    # item by item (MMQ_X_RAW=0; K of 768: 24 blocks a row, full chunks)
     from ci import mmq_host
     try:
-        base_lib, lib = mmq_host.build(), mmq_host.build(("MMQ_X_RAW=1",))
+        base_lib, lib = mmq_host.build(("MMQ_X_RAW=0",)), mmq_host.build()
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of mmq.cu: {e}")
     gf, x = _case(tmp_path, rng, GGMLType.Q4_K, (70, 768, 45))
