@@ -9,6 +9,10 @@
 #          than 0.5 % slower), then the Qwen3-30B-A3B pp512 default and chosen alternated.
 #          The chosen kernels/mmq.cu and matvec.cuh go to /tmp/brass-chosen/.
 #   suite: the whole suite on /tmp/brass-chosen/'s sources when present (else the tree's).
+#   async: (written for the next session, not yet run) the unpack-latency variants (MMQ_X_ASYNC,
+#          MMQ_UNPACK_UNROLL; ci/gpu_tune_mmq.py, bits checked, the best applied when 5 % faster a
+#          layer), the Qwen3-30B-A3B pp512 with it against the default alternated, ncu's stall
+#          reasons on both, and the mmq GPU tests on the choice; kept as in tune for `suite`.
 #   sbs:   llama.cpp's llama-bench built from the carried source (.stage/llama-bin-11434-src.tar.xz,
 #          ci/stage_llama_src.sh; carry [".whl", ".stage"]) while the three qwen3 shapes are
 #          written and Brass's kernels compiled, then ci/gpu_side_by_side.sh (REPS=3).
@@ -57,6 +61,41 @@ PY
             cp /tmp/mmq-$v.cu kernels/mmq.cu; echo "$v: $(pp30 60)"
         done; done
     fi
+    ;;
+async)
+    mkdir -p "$dir" "$keep"
+    [ -f "$dir/qwen3-30b-a3b.gguf" ] || python3 ci/shape_models.py qwen3-30b-a3b "$dir" > /dev/null &
+    writer=$!
+    cp kernels/mmq.cu /tmp/mmq-default.cu
+    guarded 200 python3 ci/gpu_tune_mmq.py --apply --only "default,x async,unroll2,unroll2 x async,unroll2 x async cap4,unroll4 x async cap4" \
+        2>&1 | grep -v "^WARNING" | tee "$out/tune-mmq.txt" | tail -10
+    cp kernels/mmq.cu /tmp/mmq-chosen.cu
+    cp kernels/mmq.cu "$keep/mmq.cu"
+    diff /tmp/mmq-default.cu /tmp/mmq-chosen.cu | grep "^>"
+    chosen=$(grep -oE "^best: .*\(([^,]*)," "$out/tune-mmq.txt" | sed -E 's/.*\(([^,]*),/\1/')
+    echo "== the mmq GPU tests with it (t=$(t) s)"
+    guarded 330 bash ci/gpu_conformance.sh -n 8 -q -k "mmq or moe or matmul_id" > "$out/mmq-tests.log" 2>&1
+    tail -2 "$out/mmq-tests.log"; grep -E "^(FAILED|ERROR)" "$out/mmq-tests.log" | head
+    rm -f "$out/gpu-conformance.xml"
+    wait "$writer"
+    echo "== qwen3-30b-a3b pp512, default and chosen, alternated (t=$(t) s)"
+    if cmp -s /tmp/mmq-default.cu /tmp/mmq-chosen.cu; then echo "(the default was kept)"; else
+        for i in 1 2; do for v in default chosen; do
+            [ "$(left 480)" -ge 45 ] || break 2
+            cp /tmp/mmq-$v.cu kernels/mmq.cu; echo "$v: $(pp30 60)"
+        done; done
+    fi
+    echo "== ncu stall reasons, mmq_id_q4_k: default and ${chosen:-default} (t=$(t) s)"
+    cp /tmp/mmq-default.cu kernels/mmq.cu
+    for v in default ${chosen:+"$chosen"}; do
+        [ "$(left 590)" -ge 40 ] || break
+        guarded 590 ncu --section SpeedOfLight --section Occupancy \
+            --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+            -k regex:mmq_id_q4_k -c 1 python3 ci/gpu_tune_mmq.py --only "$v" > "$out/ncu-mmq-$v.txt" 2>&1
+        echo "-- $v"; grep -E "Duration|L1/TEX Cache Throughput|Achieved Occupancy|stalled" "$out/ncu-mmq-$v.txt" \
+            | awk '$NF + 0 >= 0.2 || !/stalled/' | head -16
+    done
+    cp /tmp/mmq-chosen.cu kernels/mmq.cu
     ;;
 suite)
     for f in mmq.cu matvec.cuh; do

@@ -89,6 +89,16 @@ VARIANTS = {
     "banks x raw skip cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=5"),
     "banks x raw skip 64x32": ("MMQ_COLS=32", "MMQ_THREADS=64"),
     "skip": ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=1"),
+    # the latency of the unpack's loads (ncu on the default since the nineteenth session: L1 at
+    # 34 %, an instruction issued every 8 cycles at 24 % occupancy; its SASS waits out each
+    # item's three 16-byte loads, and each of the activations' nine 16-byte copies, in turn):
+    # the activation copies as cp.async, issued before the unpack; two or four items' loads
+    # issued before their unpack (4: 124-128 registers, so 4 blocks an SM)
+    "x async": ("MMQ_X_ASYNC=1",),
+    "unroll2": ("MMQ_UNPACK_UNROLL=2",),
+    "unroll2 x async": ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1"),
+    "unroll4 x async cap4": ("MMQ_UNPACK_UNROLL=4", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
+    "unroll2 x async cap4": ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
 }
 
 

@@ -238,6 +238,8 @@ def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
 # the tile as it was before MMQ_BANKS, MMQ_X_RAW, MMQ_SKIP_PAD and the register cap became the
 # default (2026-12-03): the default build is compared with it bit for bit, on every type
 BEFORE_BANKS = ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1")
+# the weight unpack's loads issued two items at a time, the activation copies as cp.async
+UNROLL_ASYNC = ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1")
 MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
                 ("MMQ_ROWS=32", "MMQ_COLS=64", "MMQ_THREADS=64"),
@@ -250,7 +252,11 @@ MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_BANKS=0", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
                 ("MMQ_X_RAW=0",), ("MMQ_KB=2",),     # (KB 2: X_RAW's word-by-word copy)
                 ("MMQ_SKIP_PAD=0",), ("MMQ_MIN_BLOCKS=1",), BEFORE_BANKS,
-                ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
+                ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
+                ("MMQ_X_ASYNC=1",), ("MMQ_UNPACK_UNROLL=2",), UNROLL_ASYNC,
+                ("MMQ_UNPACK_UNROLL=4", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
+                ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1", "MMQ_KB=4"),
+                ("MMQ_UNPACK_UNROLL=2", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"))
 
 
 @pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))
@@ -286,14 +292,25 @@ def test_mmq_banks_on_the_cpu_every_type(rng, tmp_path, qtype):
     _variant_equals_default(rng, tmp_path, qtype, BEFORE_BANKS)
 
 
+@pytest.mark.parametrize("qtype", [t for t in MMQ_TYPES if t not in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0)],
+                         ids=tname)
+def test_mmq_unroll_async_on_the_cpu_every_type(rng, tmp_path, qtype):
+    # MMQ_UNPACK_UNROLL splits Q4_K's and Q6_K's unpack into loads and decoding, and keeps the
+    # other types' in one; MMQ_X_ASYNC's copies are the same whatever the type: the types the
+    # variants above leave out, bit for bit against the default build.
+    _variant_equals_default(rng, tmp_path, qtype, UNROLL_ASYNC)
+
+
 @pytest.mark.parametrize("misalign", (0, 4, 8, 12))
-def test_mmq_x_raw_copies_on_the_cpu(rng, tmp_path, misalign):
+@pytest.mark.parametrize("x_async", (False, True), ids=("copies", "cp-async"))
+def test_mmq_x_raw_copies_on_the_cpu(rng, tmp_path, misalign, x_async):
     # MMQ_X_RAW copies a token's chunk of Q8_1 blocks in 16-byte words when x and every row's
-    # chunk are 16-byte aligned, else word by word: both, bit for bit against the tile staged
-    # item by item (MMQ_X_RAW=0; K of 768: 24 blocks a row, full chunks)
+    # chunk are 16-byte aligned (MMQ_X_ASYNC: as cp.async, issued before the weights' unpack),
+    # else word by word: both, bit for bit against the tile staged item by item (MMQ_X_RAW=0;
+    # K of 768: 24 blocks a row, full chunks)
     from ci import mmq_host
     try:
-        base_lib, lib = mmq_host.build(("MMQ_X_RAW=0",)), mmq_host.build()
+        base_lib, lib = mmq_host.build(("MMQ_X_RAW=0",)), mmq_host.build(("MMQ_X_ASYNC=1",) if x_async else ())
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of mmq.cu: {e}")
     gf, x = _case(tmp_path, rng, GGMLType.Q4_K, (70, 768, 45))

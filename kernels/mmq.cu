@@ -116,6 +116,26 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 // nothing was staged; never written either). Columns are independent: the same bits.
 #define MMQ_SKIP_PAD 1
 #endif
+#ifndef MMQ_UNPACK_UNROLL
+// Items of the weight unpack (a thread's (row, block) pairs of a chunk: 4 of them at 64 rows x
+// 8 blocks over 128 threads) whose loads are in flight together. The unpack loop runs item
+// after item: its SASS (ptxas 13.0 on NVRTC's PTX, nvdisasm) issues an item's three 16-byte
+// loads, waits for them, unpacks and stores, then loops, so each item waits out the latency of
+// L2 or DRAM alone; ncu on the default of 2026-12-03 found mmq_id_q4_k no longer bound by L1
+// (33.8 %) but issuing once in 8 cycles at 24 % occupancy. N > 1: N items' loads (Q4_K and
+// Q6_K: mmq_load, into registers: 12 and 20 words an item) before their unpacks (ptxas does not
+// hoist an item's loads above the previous item's branches and stores by itself; unrolling
+// alone left them apart). The same values in the same places: the same bits.
+#define MMQ_UNPACK_UNROLL 1
+#endif
+#ifndef MMQ_X_ASYNC
+// 1 (with MMQ_X_RAW): the activation tile's 16-byte copies as cp.async (global to shared, no
+// register held), issued before the weight unpack and waited for after it, so that their
+// latency passes under the weights' instead of after it. Without it the SASS of the copy loop
+// (unrolled by 4) still waits for each 16-byte load before its store and the next load: nine
+// round trips a chunk for a 64-token tile. The same bytes: the same bits.
+#define MMQ_X_ASYNC 0
+#endif
 // words per token row of the raw activation tile: 9 * MMQ_KB, rounded up to 4 mod 8 (16-byte
 // rows; 8 rows' 4 consecutive words land on the 32 banks)
 #define MMQ_XSTRIDE ((9 * MMQ_KB + 3) / 8 * 8 + 4)
@@ -141,6 +161,58 @@ struct MmqWeightBlock { int q[8]; float a; float b; int sc; };
 template <int TYPE> constexpr bool mmq_reads_sc = !MMQ_BANKS || TYPE == Q6_K;
 template <int TYPE> constexpr bool mmq_reads_s8 = !MMQ_BANKS || TYPE == Q4_0 || TYPE == Q5_0 || TYPE == Q4_1 || TYPE == Q5_1;
 template <int TYPE> constexpr bool mmq_reads_isum = !MMQ_BANKS || TYPE == Q4_K || TYPE == Q5_K;
+
+// MMQ_VEC_LOADS's Q4_K and Q6_K items as loads and a decoding of what they loaded, apart, so
+// that MMQ_UNPACK_UNROLL can issue several items' loads before decoding any.
+// Q4_K: rows of whole 144-byte blocks (16-byte aligned), so qs (at byte 16) and its pairs' 32
+// bytes are 16-byte aligned; h: d, dmin and the 12 scale bytes.
+struct MmqRawQ4K { int4 lo, hi, h; };
+
+__device__ __forceinline__ void mmq_load_q4k_quants(const u8 * __restrict__ row, const int ib, MmqRawQ4K & r) {
+    const int4 * q4 = (const int4 *) (((const block_q4_K *) row + ib / 8)->qs + 32 * ((ib % 8) / 2));
+    r.lo = q4[0];
+    r.hi = q4[1];
+}
+
+__device__ __forceinline__ void mmq_load_q4k_header(const u8 * __restrict__ row, const int ib, MmqRawQ4K & r) {
+    r.h = *(const int4 *) ((const block_q4_K *) row + ib / 8);
+}
+
+__device__ __forceinline__ void mmq_decode_q4k_quants(const MmqRawQ4K & r, const int ib, int (&q)[8]) {
+    const int v[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+    const int shift = 4 * ((ib % 8) % 2);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = (v[i] >> shift) & 0x0F0F0F0F;
+}
+
+__device__ __forceinline__ void mmq_decode_q4k_scales(const MmqRawQ4K & r, const int ib, int & sc, int & m,
+                                                      float & d, float & dmin) {
+    const int s = ib % 8;
+    const u32 dm = (u32) r.h.x, w0 = (u32) r.h.y, w1 = (u32) r.h.z, w2 = (u32) r.h.w;
+    if (s < 4) {            // scale_min_k4's bytes, taken from the three words
+        sc = byte_of(w0, w1, w2, s) & 63;
+        m = byte_of(w0, w1, w2, s + 4) & 63;
+    } else {
+        sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
+        m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
+    }
+    d = f16_to_f32((u16) (dm & 0xFFFF));
+    dmin = f16_to_f32((u16) (dm >> 16));
+}
+
+// Q6_K: nine aligned words under each of ql and qh (the mat-vec's q6k_load), funnel-shifted
+// into place, where q6k_quants reads sixteen 2-aligned words as 32 halves
+__device__ __forceinline__ void mmq_decode_q6k(const Q6KRaw & r, const int ib, MmqWeightBlock & o) {
+    const int lshift = 4 * ((ib % 4) / 2), hshift = 2 * (ib % 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int vl = ((int) __funnelshift_r(r.wl[i], r.wl[i + 1], r.shift) >> lshift) & 0x0F0F0F0F;
+        const int vh = (((int) __funnelshift_r(r.wh[i], r.wh[i + 1], r.shift) >> hshift) & 0x03030303) << 4;
+        o.q[i] = (int) __vsubss4(vl | vh, 0x20202020);
+    }
+    o.a = f16_to_f32((u16) (r.d_sc & 0xFFFF));
+    o.sc = (int) (r.d_sc >> 16);
+}
 
 template <int TYPE>
 __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const int ib, MmqWeightBlock & o) {
@@ -205,27 +277,11 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
         float d, dmin;
 #if MMQ_VEC_LOADS
         if constexpr (TYPE == Q4_K) {
-            // rows of whole 144-byte blocks (16-byte aligned), so qs (at byte 16) and its pairs'
-            // 32 bytes are 16-byte aligned
-            const block_q4_K * b = (const block_q4_K *) row + ib / 8;
-            const int s = ib % 8;
-            const int4 * q4 = (const int4 *) (b->qs + 32 * (s / 2));
-            const int4 lo = q4[0], hi = q4[1];
-            const int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            const int shift = 4 * (s % 2);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) o.q[i] = (v[i] >> shift) & 0x0F0F0F0F;
-            const int4 h = *(const int4 *) b;      // d, dmin, the 12 scale bytes
-            const u32 dm = (u32) h.x, w0 = (u32) h.y, w1 = (u32) h.z, w2 = (u32) h.w;
-            if (s < 4) {            // scale_min_k4's bytes, taken from the three words
-                sc = byte_of(w0, w1, w2, s) & 63;
-                m = byte_of(w0, w1, w2, s + 4) & 63;
-            } else {
-                sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
-                m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
-            }
-            d = f16_to_f32((u16) (dm & 0xFFFF));
-            dmin = f16_to_f32((u16) (dm >> 16));
+            MmqRawQ4K raw;
+            mmq_load_q4k_quants(row, ib, raw);
+            mmq_decode_q4k_quants(raw, ib, o.q);
+            mmq_load_q4k_header(row, ib, raw);
+            mmq_decode_q4k_scales(raw, ib, sc, m, d, dmin);
         } else {
             k45_quants<TYPE>(row, ib, o.q, sc, m, d, dmin);
         }
@@ -242,15 +298,7 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
         // q6k_load), where q6k_quants reads sixteen 2-aligned words as 32 halves
         Q6KRaw r;
         q6k_load(row, ib, r);
-        const int lshift = 4 * ((ib % 4) / 2), hshift = 2 * (ib % 4);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int vl = ((int) __funnelshift_r(r.wl[i], r.wl[i + 1], r.shift) >> lshift) & 0x0F0F0F0F;
-            const int vh = (((int) __funnelshift_r(r.wh[i], r.wh[i + 1], r.shift) >> hshift) & 0x03030303) << 4;
-            o.q[i] = (int) __vsubss4(vl | vh, 0x20202020);
-        }
-        o.a = f16_to_f32((u16) (r.d_sc & 0xFFFF));
-        o.sc = (int) (r.d_sc >> 16);
+        mmq_decode_q6k(r, ib, o);
 #else
         const block_q6_K * b = q6k_quants(row, ib, o.q);
         const i8 * sc = b->scales + 8 * ((ib % 8) / 4) + 2 * (ib % 4);
@@ -339,6 +387,62 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float * _
             }
 }
 
+// MMQ_UNPACK_UNROLL: an item's loads (mmq_load) apart from its unpack (mmq_unpack_loaded), for
+// MMQ_VEC_LOADS's Q4_K and Q6_K; the other types load inside mmq_unpack, as without it.
+template <int TYPE> struct MmqRaw { const u8 * row; };
+#if MMQ_VEC_LOADS
+template <> struct MmqRaw<Q4_K> { MmqRawQ4K r; };
+template <> struct MmqRaw<Q6_K> { Q6KRaw r; };
+#endif
+
+template <int TYPE>
+__device__ __forceinline__ void mmq_load(const u8 * __restrict__ row, const int ib, MmqRaw<TYPE> & raw) {
+    if constexpr (MMQ_VEC_LOADS && TYPE == Q4_K) {
+        mmq_load_q4k_quants(row, ib, raw.r);
+        mmq_load_q4k_header(row, ib, raw.r);
+    } else if constexpr (MMQ_VEC_LOADS && TYPE == Q6_K) {
+        q6k_load(row, ib, raw.r);
+    } else {
+        raw.row = row;
+    }
+}
+
+template <int TYPE>
+__device__ __forceinline__ void mmq_unpack_loaded(const MmqRaw<TYPE> & raw, const int ib, MmqWeightBlock & o) {
+    if constexpr (MMQ_VEC_LOADS && TYPE == Q4_K) {
+        int sc, m;
+        float d, dmin;
+        mmq_decode_q4k_quants(raw.r, ib, o.q);
+        mmq_decode_q4k_scales(raw.r, ib, sc, m, d, dmin);
+        o.a = d * sc;           // as mmq_unpack forms them
+        o.b = dmin * m;
+        o.sc = 0;
+    } else if constexpr (MMQ_VEC_LOADS && TYPE == Q6_K) {
+        o.b = 0.0f;
+        mmq_decode_q6k(raw.r, ib, o);
+    } else {
+        mmq_unpack<TYPE>(raw.row, ib, o);
+    }
+}
+
+// MMQ_X_ASYNC: 16 bytes from global to shared memory without a register (sm_80's cp.async;
+// .cg: through L2 only, as the tile's other global data); the CPU build (ci/mmq_host.py)
+// copies at once, where the wait is then nothing.
+__device__ __forceinline__ void mmq_cp_async16(void * smem, const void * gmem) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((unsigned) __cvta_generic_to_shared(smem)), "l"(gmem) : "memory");
+#else
+    *(int4 *) smem = *(const int4 *) gmem;
+#endif
+}
+
+__device__ __forceinline__ void mmq_cp_async_wait_all() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // MMQ_BANKS: a block's 8 quant words (16-byte aligned) as two 128-bit stores, blocks 4..7 of
 // a row (kb / 4 odd) their high half first: a quarter warp's 8 lanes (one row's blocks, 8
 // words apart) then write banks 0-3, 8-11, 16-19, 24-27, 4-7, ... : each bank once.
@@ -349,6 +453,10 @@ __device__ __forceinline__ void mmq_store_block(int * __restrict__ dst, const in
     d[swap] = swap ? hi : lo;
     d[!swap] = swap ? lo : hi;
 }
+
+// MMQ_X_RAW's 16-byte path: every token's chunk starts at block (row * nb + kb0), a multiple of
+// 4, so 16-byte aligned
+#define MMQ_X_WIDE (MMQ_KB % 4 == 0 && n_kb == MMQ_KB && nb % 4 == 0 && ((u64) x & 15) == 0)
 
 // The tile of weight rows blockIdx.x * MMQ_ROWS.. against MMQ_COLS columns of x: without IDS
 // the tokens tok0 .. tok0 + MMQ_COLS - 1 (past n_tokens: token n_tokens - 1 read, nothing
@@ -391,7 +499,57 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 
     for (int kb0 = 0; kb0 < nb; kb0 += MMQ_KB) {
         const int n_kb = min(MMQ_KB, nb - kb0);
+#if MMQ_X_RAW && MMQ_X_ASYNC
+        if (MMQ_X_WIDE) {
+            constexpr int V = 9 * MMQ_KB / 4;       // 16-byte words per token's chunk
+            for (int it = threadIdx.x; it < cols * V; it += MMQ_THREADS) {
+                const int c = it / V, v = it % V;
+                const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
+                mmq_cp_async16(xraw + c * MMQ_XSTRIDE + 4 * v, (const int4 *) (x + (i64) xr * nb + kb0) + v);
+            }
+        }
+#endif
         // Unpack: (row, block) pairs over the threads, a row's blocks on adjacent threads.
+#if MMQ_UNPACK_UNROLL > 1
+        auto stage = [&](const int r, const int kb, const MmqWeightBlock & o) {
+#if MMQ_ROWS_FAST
+            int4 * dst = (int4 *) (wq + r * MMQ_STRIDE + kb * 8);
+            dst[0] = make_int4(o.q[0], o.q[1], o.q[2], o.q[3]);
+            dst[1] = make_int4(o.q[4], o.q[5], o.q[6], o.q[7]);
+#elif MMQ_BANKS
+            mmq_store_block(wq + r * MMQ_STRIDE + kb * 8, kb, o.q);
+#else
+#pragma unroll
+            for (int i = 0; i < 8; ++i) wq[r * MMQ_STRIDE + kb * 8 + i] = o.q[i];
+#endif
+            wab[kb][r] = make_float2(o.a, o.b);
+            if constexpr (mmq_reads_sc<TYPE>) wsc[kb][r] = o.sc;
+        };
+        // MMQ_UNPACK_UNROLL items' loads first, then their unpacks and stores: ptxas does not
+        // move an item's loads above the previous item's branches and stores by itself. A
+        // block past the chunk's end is read as the row's last (valid memory), not stored.
+        static_assert(MMQ_ROWS * MMQ_KB % (MMQ_THREADS * MMQ_UNPACK_UNROLL) == 0,
+                      "mmq: MMQ_UNPACK_UNROLL must divide a thread's unpack items");
+        for (int i0 = 0; i0 < MMQ_ROWS * MMQ_KB / MMQ_THREADS; i0 += MMQ_UNPACK_UNROLL) {
+            MmqRaw<TYPE> raw[MMQ_UNPACK_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MMQ_UNPACK_UNROLL; ++u) {
+                const int it = threadIdx.x + (i0 + u) * MMQ_THREADS;
+                const int r = MMQ_ROWS_FAST ? it % MMQ_ROWS : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / MMQ_ROWS : it % MMQ_KB;
+                mmq_load<TYPE>(w + (i64) min(row0 + r, p.n_rows - 1) * p.row_bytes, min(kb0 + kb, nb - 1), raw[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < MMQ_UNPACK_UNROLL; ++u) {
+                const int it = threadIdx.x + (i0 + u) * MMQ_THREADS;
+                const int r = MMQ_ROWS_FAST ? it % MMQ_ROWS : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / MMQ_ROWS : it % MMQ_KB;
+                if (kb < n_kb) {
+                    MmqWeightBlock o;
+                    mmq_unpack_loaded<TYPE>(raw[u], kb0 + kb, o);
+                    stage(r, kb, o);
+                }
+            }
+        }
+#else
         for (int it = threadIdx.x; it < MMQ_ROWS * MMQ_KB; it += MMQ_THREADS) {
             const int r = MMQ_ROWS_FAST ? it % MMQ_ROWS : it / MMQ_KB, kb = MMQ_ROWS_FAST ? it / MMQ_ROWS : it % MMQ_KB;
             if (kb < n_kb) {
@@ -412,15 +570,19 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
                 if constexpr (mmq_reads_sc<TYPE>) wsc[kb][r] = o.sc;
             }
         }
+#endif
 #if MMQ_X_RAW
-        if (MMQ_KB % 4 == 0 && n_kb == MMQ_KB && nb % 4 == 0 && ((u64) x & 15) == 0) {
-            // every token's chunk starts at block (row * nb + kb0), a multiple of 4: 16-byte aligned
+        if (MMQ_X_WIDE) {
+#if MMQ_X_ASYNC
+            mmq_cp_async_wait_all();                // (issued before the unpack)
+#else
             constexpr int V = 9 * MMQ_KB / 4;       // 16-byte words per token's chunk
             for (int it = threadIdx.x; it < cols * V; it += MMQ_THREADS) {
                 const int c = it / V, v = it % V;
                 const int xr = IDS ? colx[c] : min(tok0 + c, p.n_tokens - 1);
                 *(int4 *) (xraw + c * MMQ_XSTRIDE + 4 * v) = ((const int4 *) (x + (i64) xr * nb + kb0))[v];
             }
+#endif
         } else {
             const int words = 9 * n_kb;
             for (int it = threadIdx.x; it < cols * words; it += MMQ_THREADS) {
