@@ -13,6 +13,9 @@
 #          MMQ_UNPACK_UNROLL; ci/gpu_tune_mmq.py, bits checked, the best applied when 5 % faster a
 #          layer), the Qwen3-30B-A3B pp512 with it against the default alternated, ncu's stall
 #          reasons on both, and the mmq GPU tests on the choice; kept as in tune for `suite`.
+#   ldg:   (written for the next session, not yet run) MV_LDG=1 (the Q4_K mat-vecs' weight loads
+#          as ld.global.nc where the default's are generic) against the default, as tune does
+#          MV_MIN_BLOCKS (kept under the same rule into /tmp/brass-chosen/matvec_q.cuh).
 #   sbs:   llama.cpp's llama-bench built from the carried source (.stage/llama-bin-11434-src.tar.xz,
 #          ci/stage_llama_src.sh; carry [".whl", ".stage"]) while the three qwen3 shapes are
 #          written and Brass's kernels compiled, then ci/gpu_side_by_side.sh (REPS=3).
@@ -97,11 +100,29 @@ async)
     done
     cp /tmp/mmq-chosen.cu kernels/mmq.cu
     ;;
+ldg)
+    mkdir -p "$keep"
+    guarded 400 python3 ci/gpu_preload.py --variants ";MV_LDG=1" --shapes qwen3-0.6b,qwen3-8b --rounds 2 \
+        --json "$out/preload-ldg.json" 2>&1 | grep -v "^WARNING" | tail -14
+    cp kernels/matvec_q.cuh "$keep/matvec_q.cuh"
+    if python3 - "$out/preload-ldg.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+base, var = d["variants"]
+us = {(m["type"], m["N"], m["K"], m["variant"]): m["us"] for m in d["matvec"]}
+bar = us[("Q4_K", 4096, 12288, base)] / us[("Q4_K", 4096, 12288, var)]
+tg = [min(r[var]) / max(r[base]) for r in d["tg"]]
+print(f"MV_LDG=1: the bar's mat-vec {bar:.3f}x, tg128 worst {min(tg) if tg else 0:.3f}x")
+sys.exit(0 if not d["differ"] and bar >= 1.03 and tg and min(tg) >= 0.995 else 1)
+PY
+    then sed -i "s/^#define MV_LDG [0-9]*/#define MV_LDG 1/" "$keep/matvec_q.cuh"; echo "kept"; else echo "not kept"; fi
+    ;;
 suite)
-    for f in mmq.cu matvec.cuh; do
+    for f in mmq.cu matvec.cuh matvec_q.cuh; do
         [ -f "$keep/$f" ] && cp "$keep/$f" "kernels/$f" && echo "kernels/$f from $keep"
     done
-    grep -E "^#define (MMQ_(BANKS|X_RAW|SKIP_PAD|MIN_BLOCKS)|MV_MIN_BLOCKS) " kernels/mmq.cu kernels/matvec.cuh
+    grep -E "^#define (MMQ_(BANKS|X_RAW|SKIP_PAD|MIN_BLOCKS|X_ASYNC|UNPACK_UNROLL)|MV_MIN_BLOCKS|MV_LDG) " kernels/mmq.cu \
+        kernels/matvec.cuh kernels/matvec_q.cuh
     brass_suite 585 -n 14 -q
     ;;
 sbs)

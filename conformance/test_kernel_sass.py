@@ -49,6 +49,17 @@ def test_x_async_issues_the_activation_copies_before_the_weights():
     assert "0 bytes spill stores" in report, "the copies hold no registers: Q4_K spills nothing"
 
 
+def test_mv_ldg_makes_the_q4k_weight_loads_global():
+    # the preloading Q4_K mat-vec's 16-byte weight loads are generic (LD.E.128) by default: the
+    # row pointer reaches them through the kernel's structs; MV_LDG=1 makes them ld.global.nc
+    _, default = kernel_sass.sass("matvec_q.cu", "matvec_split_q4_k")
+    _, ldg = kernel_sass.sass("matvec_q.cu", "matvec_split_q4_k", ("-DMV_LDG=1",))
+    generic = [x for x in default if " LD.E.128" in x or x.startswith("LD.E.128")]
+    assert generic, "the default's loop loads are generic"
+    assert not any(" LD.E.128" in x or x.startswith("LD.E.128") for x in ldg)
+    assert sum("LDG.E.128.CONSTANT" in x for x in ldg) >= len(generic)
+
+
 def test_unknown_kernel_is_named():
     with pytest.raises(KeyError, match="nosuch"):
         kernel_sass.sass("mmq.cu", "nosuch")

@@ -511,3 +511,14 @@ def test_glu_norm_equals_add_rms_norm_then_glu(lib, norm_lib, rng, tmp_path, qty
     assert not np.isnan(h).any()
     assert np.array_equal(h, h_want), "h differs from add_rms_norm then the gated kernel"
     assert np.array_equal(hq, hq_want), "h's Q8_1 blocks differ"
+
+
+def test_q4k_weight_loads_through_ldg_compile():
+    # MV_LDG=1 (the Q4_K items' 16-byte weight loads as __ldg) builds for sm_90 with NVRTC. On
+    # the host its loads are the default's plain ones (no bits to compare there: the GPU's are
+    # compared by ci/gpu_preload.py); what it changes in the SASS, test_kernel_sass.py checks.
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
+    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    image = compile_text("matvec_q.cu", (KERNEL_DIR / "matvec_q.cu").read_text(), "sm_90", ("-DMV_LDG=1",),
+                         use_cache=False)
+    assert b"matvec_split_q4_k" in image

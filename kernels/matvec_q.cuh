@@ -183,14 +183,32 @@ __device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2,
 // the two one after the other, so both paths give the same floats.
 struct Q4KPairRaw { int4 q0, q1; u32 dm, w0, w1, w2; };
 
+#ifndef MV_LDG
+// 1: the Q4_K items' 16-byte weight loads as ld.global.nc (__ldg). Without it the preloading
+// mat-vecs' loads inside their loop are generic (LD.E.128 in the SASS, ci/kernel_sass.py:
+// the row pointer reaches them through the kernel's structs, so the compiler cannot tell they
+// are global) where mmq.cu's are LDG.E.128.CONSTANT; issue 8's Q4_K bar kernel is L1/TEX-bound
+// (ncu, 2026-12-03: 69.7 %). The same bytes: the same bits.
+#define MV_LDG 0
+#endif
+
+template <class T>
+__device__ __forceinline__ T mv_weight_load(const T * p) {
+#if MV_LDG && defined(__CUDA_ARCH__)
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
 __device__ __forceinline__ void q4k_pair_load(const u8 * __restrict__ row, const int ip, Q4KPairRaw & r) {
     const block_q4_K * b = (const block_q4_K *) row + ip / 4;
     const int j = ip % 4;
-    r.q0 = ((const int4 *) (b->qs + 32 * j))[0];
-    r.q1 = ((const int4 *) (b->qs + 32 * j))[1];
+    r.q0 = mv_weight_load((const int4 *) (b->qs + 32 * j));
+    r.q1 = mv_weight_load((const int4 *) (b->qs + 32 * j) + 1);
     // d, dmin and the 12 scale bytes: the block's first 16 bytes, one 128-bit load (four
     // 32-bit loads touched the warp's 8 blocks' lines four times over: L1 wavefronts)
-    const int4 h = *(const int4 *) b;
+    const int4 h = mv_weight_load((const int4 *) b);
     r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
 }
 
