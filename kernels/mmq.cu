@@ -511,6 +511,8 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 #endif
         // Unpack: (row, block) pairs over the threads, a row's blocks on adjacent threads.
 #if MMQ_UNPACK_UNROLL > 1
+        // (the default path below keeps these stores written out: through this lambda ptxas
+        // gave the default's mmq_id kernels other machine code than the one timed)
         auto stage = [&](const int r, const int kb, const MmqWeightBlock & o) {
 #if MMQ_ROWS_FAST
             int4 * dst = (int4 *) (wq + r * MMQ_STRIDE + kb * 8);
