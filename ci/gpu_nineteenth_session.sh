@@ -101,8 +101,8 @@ async)
         [ "$(left 590)" -ge 40 ] || break
         guarded 590 ncu --section SpeedOfLight --section Occupancy \
             --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-            -k regex:mmq_id_q4_k -c 1 python3 ci/gpu_tune_mmq.py --only "$v" > "$out/ncu-mmq-$v.txt" 2>&1
-        echo "-- $v"; grep -E "Duration|L1/TEX Cache Throughput|Achieved Occupancy|stalled" "$out/ncu-mmq-$v.txt" \
+            -k regex:mmq_id_q4_k -c 1 python3 ci/gpu_tune_mmq.py --only "$v" > "$out/ncu-mmq-${v// /-}.txt" 2>&1
+        echo "-- $v"; grep -E "Duration|L1/TEX Cache Throughput|Achieved Occupancy|stalled" "$out/ncu-mmq-${v// /-}.txt" \
             | awk '$NF + 0 >= 0.2 || !/stalled/' | head -16
     done
     cp /tmp/mmq-chosen.cu kernels/mmq.cu
