@@ -47,54 +47,53 @@ PY
     then sed -i "s/^#define $2 [0-9]*/#define $2 $3/" "$keep/$4"; echo "kept"; else echo "not kept"; fi
 }
 
-case "${1:-tune}" in
-tune)
+# tune_mmq UNTIL VARIANTS: the 30B-A3B shape written in the background (pid $writer), then
+# ci/gpu_tune_mmq.py --apply over VARIANTS ("default" first) until t = UNTIL; the tree's
+# kernels/mmq.cu before and after in /tmp/mmq-default.cu and /tmp/mmq-chosen.cu (and $keep)
+tune_mmq() {
     mkdir -p "$dir" "$keep"
     [ -f "$dir/qwen3-30b-a3b.gguf" ] || python3 ci/shape_models.py qwen3-30b-a3b "$dir" > /dev/null &
     writer=$!
     cp kernels/mmq.cu /tmp/mmq-default.cu
-    guarded 230 python3 ci/gpu_tune_mmq.py --apply --only "default,banks,banks cap5,x raw,banks x raw,banks x raw cap5,banks x raw skip,banks x raw skip cap5,skip" \
+    guarded "$1" python3 ci/gpu_tune_mmq.py --apply --only "$2" \
         2>&1 | grep -v "^WARNING" | tee "$out/tune-mmq.txt" | tail -14
     cp kernels/mmq.cu /tmp/mmq-chosen.cu
+    cp kernels/mmq.cu "$keep/mmq.cu"
     diff /tmp/mmq-default.cu /tmp/mmq-chosen.cu | grep "^>"
+}
+
+# pp30_alternated UNTIL: the 30B-A3B pp512 with /tmp/mmq-default.cu and /tmp/mmq-chosen.cu
+# alternated twice (after the writer), while there is time before t = UNTIL
+pp30_alternated() {
+    wait "$writer"
+    echo "== qwen3-30b-a3b pp512, default and chosen, alternated (t=$(t) s)"
+    if cmp -s /tmp/mmq-default.cu /tmp/mmq-chosen.cu; then echo "(the default was kept)"; else
+        for i in 1 2; do for v in default chosen; do
+            [ "$(left "$1")" -ge 45 ] || break 2
+            cp /tmp/mmq-$v.cu kernels/mmq.cu; echo "$v: $(pp30 60)"
+        done; done
+    fi
+    cp /tmp/mmq-chosen.cu kernels/mmq.cu
+}
+
+case "${1:-tune}" in
+tune)
+    tune_mmq 230 "default,banks,banks cap5,x raw,banks x raw,banks x raw cap5,banks x raw skip,banks x raw skip cap5,skip"
     echo "== MV_MIN_BLOCKS=4 (t=$(t) s)"
     guarded 400 python3 ci/gpu_preload.py --variants ";MV_MIN_BLOCKS=4" --shapes qwen3-0.6b --rounds 2 \
         --json "$out/preload-min-blocks.json" 2>&1 | grep -v "^WARNING" | tail -14
     cp kernels/matvec.cuh "$keep/matvec.cuh"
     keep_mv "$out/preload-min-blocks.json" MV_MIN_BLOCKS 4 matvec.cuh
-    cp /tmp/mmq-chosen.cu "$keep/mmq.cu"
-    wait "$writer"
-    echo "== qwen3-30b-a3b pp512, default and chosen, alternated (t=$(t) s)"
-    if cmp -s /tmp/mmq-default.cu /tmp/mmq-chosen.cu; then echo "(the default was kept)"; else
-        for i in 1 2; do for v in default chosen; do
-            [ "$(left 585)" -ge 45 ] || break 2
-            cp /tmp/mmq-$v.cu kernels/mmq.cu; echo "$v: $(pp30 60)"
-        done; done
-    fi
+    pp30_alternated 585
     ;;
 async)
-    mkdir -p "$dir" "$keep"
-    [ -f "$dir/qwen3-30b-a3b.gguf" ] || python3 ci/shape_models.py qwen3-30b-a3b "$dir" > /dev/null &
-    writer=$!
-    cp kernels/mmq.cu /tmp/mmq-default.cu
-    guarded 200 python3 ci/gpu_tune_mmq.py --apply --only "default,x async,unroll2,unroll2 x async,unroll2 x async cap4,unroll4 x async cap4" \
-        2>&1 | grep -v "^WARNING" | tee "$out/tune-mmq.txt" | tail -10
-    cp kernels/mmq.cu /tmp/mmq-chosen.cu
-    cp kernels/mmq.cu "$keep/mmq.cu"
-    diff /tmp/mmq-default.cu /tmp/mmq-chosen.cu | grep "^>"
+    tune_mmq 200 "default,x async,unroll2,unroll2 x async,unroll2 x async cap4,unroll4 x async cap4"
     chosen=$(grep -oE "^best: .*\(([^,]*)," "$out/tune-mmq.txt" | sed -E 's/.*\(([^,]*),/\1/')
     echo "== the mmq GPU tests with it (t=$(t) s)"
     guarded 330 bash ci/gpu_conformance.sh -n 8 -q -k "mmq or moe or matmul_id" > "$out/mmq-tests.log" 2>&1
     tail -2 "$out/mmq-tests.log"; grep -E "^(FAILED|ERROR)" "$out/mmq-tests.log" | head
     rm -f "$out/gpu-conformance.xml"
-    wait "$writer"
-    echo "== qwen3-30b-a3b pp512, default and chosen, alternated (t=$(t) s)"
-    if cmp -s /tmp/mmq-default.cu /tmp/mmq-chosen.cu; then echo "(the default was kept)"; else
-        for i in 1 2; do for v in default chosen; do
-            [ "$(left 480)" -ge 45 ] || break 2
-            cp /tmp/mmq-$v.cu kernels/mmq.cu; echo "$v: $(pp30 60)"
-        done; done
-    fi
+    pp30_alternated 480
     echo "== ncu stall reasons, mmq_id_q4_k: default and ${chosen:-default} (t=$(t) s)"
     cp /tmp/mmq-default.cu kernels/mmq.cu
     for v in default ${chosen:+"$chosen"}; do
