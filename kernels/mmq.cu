@@ -906,11 +906,14 @@ __device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8
     const int n_tiles = sorted[S], * tile_e = sorted + S + 1, * tile_s = tile_e + q.max_tiles;
     const int tile = blockIdx.y;
     if (tile == q.max_tiles) {
-        for (int s = 0; s < S; ++s)
+        // A thread per slot: this block row is scheduled last, and when every thread walked all
+        // S slots in turn (one dependent load each) its blocks ran on alone for a long tail:
+        // ncu on mmq_id_q4_k (H200, the 30B-A3B prompt, S = 4096) had the SMs active 39 % of
+        // the kernel's cycles. Out-of-range ids are rare, so a slot's rows from one thread.
+        const int r0 = blockIdx.x * MMQ_ROWS, r1 = min(q.n_rows, r0 + MMQ_ROWS);
+        for (int s = threadIdx.x; s < S; s += MMQ_THREADS)
             if (rank[s] < 0)
-                for (int r = blockIdx.x * MMQ_ROWS + threadIdx.x; r < min(q.n_rows, (int) (blockIdx.x + 1) * MMQ_ROWS);
-                     r += MMQ_THREADS)
-                    y[(i64) s * q.n_rows + r] = NAN_F32;
+                for (int r = r0; r < r1; ++r) y[(i64) s * q.n_rows + r] = NAN_F32;
         return;
     }
     if (tile >= n_tiles) return;
