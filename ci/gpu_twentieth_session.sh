@@ -9,6 +9,8 @@
 #   sbs:   the three qwen3 shapes side by side (REPS=3), llama-bench from the build above (or
 #          built now, ~4.5 min).
 #   suite: the whole suite.
+#   final: the whole suite, then `pytest perf/ --benchmark` in the time left (its results JSON
+#          to $OUT, for python -m perf.baseline).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -64,6 +66,13 @@ sbs)
     ;;
 suite)
     brass_suite 590 -n 14 -q
+    ;;
+final)
+    brass_suite 420 -n 14 -q
+    echo "== pytest perf/ --benchmark (t=$(t) s)"
+    guarded 590 python3 -m pytest perf/ --benchmark -q -p no:cacheprovider > "$out/perf.log" 2>&1
+    echo "perf exit $?"; grep -vE "^WARNING|^\s*$" "$out/perf.log" | tail -30
+    cp perf/.results/*.json "$out/" 2>/dev/null
     ;;
 esac
 echo "done at t=$(t) s"
