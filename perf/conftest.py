@@ -30,7 +30,9 @@ def pytest_configure(config):
         if not getattr(config.option, "benchmark_json", None):
             from perf.baseline import baseline_path, device_name
             RESULTS.mkdir(exist_ok=True)
-            config.option.benchmark_json = str(RESULTS / baseline_path(device_name()).name)
+            # (pytest-benchmark's own option is an argparse.FileType('wb'): it writes through
+            # the object it is given, so a path string failed at the end of every run)
+            config.option.benchmark_json = open(RESULTS / baseline_path(device_name()).name, "wb")
 
 
 def pytest_terminal_summary(terminalreporter, config):
