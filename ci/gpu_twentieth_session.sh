@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The twentieth session's GPU calls. Carry [".whl", ".stage", ".scratch/mmq-old.cu"] for tail.
-#   tail:  mmq_id's out-of-range block row (scheduled last) walking all S slots in every thread
+#   tail:  (.scratch/mmq-old.cu: git show 85456ce:kernels/mmq.cu) mmq_id's out-of-range block row (scheduled last) walking all S slots in every thread
 #          (the nineteenth session's kernels/mmq.cu, carried as .scratch/mmq-old.cu) against a
 #          thread per slot (the tree's): ci/gpu_tune_mmq.py's default alternated twice (µs a
 #          layer), ncu's SM active cycles against elapsed on the tree's mmq_id_q4_k, the 30B-A3B
