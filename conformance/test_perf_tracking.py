@@ -3,6 +3,7 @@ pytest-benchmark's JSON, a baseline written from a results file and read back, t
 column (positive when better, for rates and for times), new benchmarks marked new."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,17 +46,18 @@ def test_committed_baselines_are_readable():
             assert unit in (*baseline.HIGHER_IS_BETTER, "median_s") and value > 0, (path, name)
 
 
-def test_benchmark_run_saves_its_figures():
+def test_benchmark_run_saves_its_figures(tmp_path):
     # `pytest perf/ --benchmark` end to end on one CPU benchmark (no model needed): the run must
     # end cleanly and leave its figures in perf/.results/<device>.json (perf/conftest.py once
     # handed pytest-benchmark a path where it writes through a file object: every run crashed
-    # at its end, the H200's of 2026-12-04 included)
+    # at its end, the H200's of 2026-12-04 included). Into a folder of its own, so that a
+    # user's own perf/.results are left alone.
     root = Path(__file__).resolve().parents[1]
-    saved = root / "perf" / ".results" / baseline.baseline_path(baseline.device_name()).name
-    saved.unlink(missing_ok=True)
+    saved = tmp_path / "results" / baseline.baseline_path(baseline.device_name()).name
     r = subprocess.run([sys.executable, "-m", "pytest", "perf/test_dequant_speed.py", "--benchmark", "-q",
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
-                       cwd=root, capture_output=True, text=True, timeout=600)
+                       cwd=root, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "BRASS_PERF_RESULTS": str(tmp_path / "results")})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = [b["fullname"] for b in json.loads(saved.read_text())["benchmarks"]]
     assert names == ["perf/test_dequant_speed.py::test_dequantize_throughput[Q4_K]"]

@@ -19,7 +19,8 @@ def pytest_addoption(parser):
                           "print each benchmark's figures as a table at the end")
 
 
-RESULTS = ROOT / "perf" / ".results"
+# where each run keeps its figures; BRASS_PERF_RESULTS names another folder
+RESULTS = Path(os.environ.get("BRASS_PERF_RESULTS", ROOT / "perf" / ".results"))
 
 
 def pytest_configure(config):
@@ -29,7 +30,7 @@ def pytest_configure(config):
         # unless --benchmark-json names another file.
         if not getattr(config.option, "benchmark_json", None):
             from perf.baseline import baseline_path, device_name
-            RESULTS.mkdir(exist_ok=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
             # (pytest-benchmark's own option is an argparse.FileType('wb'): it writes through
             # the object it is given, so a path string failed at the end of every run)
             config.option.benchmark_json = open(RESULTS / baseline_path(device_name()).name, "wb")
