@@ -51,13 +51,15 @@ def test_benchmark_run_saves_its_figures(tmp_path):
     # end cleanly and leave its figures in perf/.results/<device>.json (perf/conftest.py once
     # handed pytest-benchmark a path where it writes through a file object: every run crashed
     # at its end, the H200's of 2026-12-04 included). Into a folder of its own, so that a
-    # user's own perf/.results are left alone.
+    # user's own perf/.results are left alone. Without the xdist worker's environment: under
+    # `-n`, pytest-benchmark would take the child for a worker and refuse --benchmark-only.
     root = Path(__file__).resolve().parents[1]
     saved = tmp_path / "results" / baseline.baseline_path(baseline.device_name()).name
     r = subprocess.run([sys.executable, "-m", "pytest", "perf/test_dequant_speed.py", "--benchmark", "-q",
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
                        cwd=root, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "BRASS_PERF_RESULTS": str(tmp_path / "results")})
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+                            "BRASS_PERF_RESULTS": str(tmp_path / "results")})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = [b["fullname"] for b in json.loads(saved.read_text())["benchmarks"]]
     assert names == ["perf/test_dequant_speed.py::test_dequantize_throughput[Q4_K]"]
