@@ -155,6 +155,31 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
         _two_rows_case(base, two, rng, tmp_path, split)
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_1])    # (Q4_1 reads s)
+def test_staging_several_blocks_at_once_gives_the_same_bits(rng, tmp_path, qtype):
+    # MV_STAGE_BATCH (stage_q8_1: a thread's Q8_1 blocks all loaded before any is converted)
+    # must stage the same values: every output of the default's bits, at K where the block's
+    # threads stage one block, two (12288: 384 of 256 threads) and three rounds with a batch
+    # left part-full (20480), split and not.
+    from ci import matvec_host
+    try:
+        base = matvec_host.build(())
+        batched = [matvec_host.build((f"MV_STAGE_BATCH={n}",)) for n in (2, 3)]
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    for K in (4096, 12288, 20480):
+        gf = _weights(tmp_path, rng, {"a": (qtype, (19, K)), "b": (qtype, (6, K))})
+        ws = [_raw(gf, "a", 19), _raw(gf, "b", 6)]
+        x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
+        for split in (1, 2):
+            want = matvec_host.matvec(base, qtype, ws, x, split=split)
+            for n, lib in zip((2, 3), batched):
+                got = matvec_host.matvec(lib, qtype, ws, x, split=split)
+                for i, (g, w) in enumerate(zip(got, want)):
+                    assert np.isfinite(w).all() and np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
+                        f"{tname(qtype)} K {K} split {split}, MV_STAGE_BATCH={n}: matrix {i} differs"
+
+
 def _two_rows_case(base, two, rng, tmp_path, split):
     from ci import matvec_host
     qtype = GGMLType.Q4_K

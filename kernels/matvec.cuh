@@ -322,11 +322,55 @@ template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
 #endif
 #define STAGED_BYTES_PER_Q8 56      // the largest sizeof(StagedItem<n>) / n (backend: Q8S_BYTES)
 
+#ifndef MV_STAGE_BATCH
+// stage_q8_1: blocks a thread loads before it converts and stores any of them (the blocks
+// b, b + blockDim.x, ...). 1: one at a time, each load waited for before the next is issued.
+// Why more: a long row's launch (K = 12288: 384 blocks, 256 threads) takes two rounds of L2
+// latency per block of threads before its first weight is used. The same values: the same bits.
+// Measured on the H200 (2026-12-04, ci/gpu_preload.py, us, defaults / 2 / 3): Q4_K 4096 x 12288
+// (split) 9.7 / 9.4 / 12.4, 12288 x 4096 9.3 / 10.0 / 10.2, 4096 x 4096 4.9 / 5.0 / 5.1: the
+// batch's registers cost the unsplit kernels more than it saves the split one. 1 (off).
+#define MV_STAGE_BATCH 1
+#endif
+
 // Blocks x[0 .. n_q8) into shared memory as items of BPI blocks, one block per thread in turn
 // (the whole block takes part; the caller synchronises before reading).
 template <int BPI>
 __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, StagedItem<BPI> * __restrict__ s,
                                            const int n_q8) {
+#if MV_STAGE_BATCH > 1
+    constexpr int NB = MV_STAGE_BATCH;
+    for (int b0 = threadIdx.x; b0 < n_q8; b0 += NB * blockDim.x) {
+        int q[NB][8];
+        u32 ds[NB];
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            const int b = b0 + k * blockDim.x;
+            if (b < n_q8) {
+                act_qs(x + b, q[k]);
+                ds[k] = *(const u32 *) (x + b);      /* d, then s (block_q8_1's first 4 bytes) */
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NB; ++k) {
+            const int b = b0 + k * blockDim.x;
+            if (b < n_q8) {
+                q8s o;
+                o.q[0] = make_int4(q[k][0], q[k][1], q[k][2], q[k][3]);
+                o.q[1] = make_int4(q[k][4], q[k][5], q[k][6], q[k][7]);
+                o.d = f16_to_f32((u16) (ds[k] & 0xFFFF));
+                o.s = f16_to_f32((u16) (ds[k] >> 16));
+                int isum = 0;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) isum = __dp4a(0x01010101, q[k][i], isum);
+                o.isum = isum;
+                o.hsum = __dp4a(q[k][3], 0x01010101, __dp4a(q[k][2], 0x01010101, __dp4a(q[k][1], 0x01010101,
+                                                                              __dp4a(q[k][0], 0x01010101, 0))));
+                s[b / BPI].b[b % BPI] = o;
+            }
+        }
+    }
+#else
     for (int b = threadIdx.x; b < n_q8; b += blockDim.x) {
         const block_q8_1 * y = x + b;
         int q[8];
@@ -341,6 +385,7 @@ __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, St
                                                                         __dp4a(q[0], 0x01010101, 0))));
         s[b / BPI].b[b % BPI] = o;
     }
+#endif
 }
 
 // A kind K read through its staged activations: K::sdot(row, item, blocks) gets the item's
