@@ -155,29 +155,40 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
         _two_rows_case(base, two, rng, tmp_path, split)
 
 
+# Switches of kernels/matvec.cuh / matvec_q.cuh that change how the decode mat-vecs stage x or
+# unpack weights but not their arithmetic: every output must keep the default build's bits.
+SAME_BITS_SWITCHES = [
+    # stage_q8_1: a thread's Q8_1 blocks all loaded before any is converted
+    ("MV_STAGE_BATCH=2",), ("MV_STAGE_BATCH=3",),
+    # x's blocks copied raw into shared memory first (cp.async on the GPU, a copy here)
+    ("MV_STAGE_ASYNC=1",), ("MV_STAGE_ASYNC=1", "MV_STAGE_BATCH=2"),
+    # Q4_K's scale and min by shifts and selects
+    ("MV_Q4K_SEL=1",),
+]
+
+
+@pytest.mark.parametrize("defines", SAME_BITS_SWITCHES, ids=lambda d: ",".join(d))
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_1])    # (Q4_1 reads s)
-def test_staging_several_blocks_at_once_gives_the_same_bits(rng, tmp_path, qtype):
-    # MV_STAGE_BATCH (stage_q8_1: a thread's Q8_1 blocks all loaded before any is converted)
-    # must stage the same values: every output of the default's bits, at K where the block's
-    # threads stage one block, two (12288: 384 of 256 threads) and three rounds with a batch
-    # left part-full (20480), split and not.
+def test_switches_keep_the_bits(rng, tmp_path, qtype, defines):
+    # At K where a block's threads stage one round of blocks, two (12288: 384 of 256 threads)
+    # and three with the last part-full (20480), split and not, q/k/v-like launches of two
+    # matrices, and x read from global memory (28672, past MV_STAGE_MAX_K).
     from ci import matvec_host
     try:
         base = matvec_host.build(())
-        batched = [matvec_host.build((f"MV_STAGE_BATCH={n}",)) for n in (2, 3)]
+        lib = matvec_host.build(defines)
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of matvec_q.cu: {e}")
-    for K in (4096, 12288, 20480):
+    for K in (4096, 12288, 20480, 28672):
         gf = _weights(tmp_path, rng, {"a": (qtype, (19, K)), "b": (qtype, (6, K))})
         ws = [_raw(gf, "a", 19), _raw(gf, "b", 6)]
         x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
         for split in (1, 2):
             want = matvec_host.matvec(base, qtype, ws, x, split=split)
-            for n, lib in zip((2, 3), batched):
-                got = matvec_host.matvec(lib, qtype, ws, x, split=split)
-                for i, (g, w) in enumerate(zip(got, want)):
-                    assert np.isfinite(w).all() and np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
-                        f"{tname(qtype)} K {K} split {split}, MV_STAGE_BATCH={n}: matrix {i} differs"
+            got = matvec_host.matvec(lib, qtype, ws, x, split=split)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert np.isfinite(w).all() and np.array_equal(g.view(np.uint32), w.view(np.uint32)), \
+                    f"{tname(qtype)} K {K} split {split}, {defines}: matrix {i} differs"
 
 
 def _two_rows_case(base, two, rng, tmp_path, split):

@@ -488,10 +488,52 @@ __device__ __forceinline__ void stage_norm_q8_1(const NormIn & n, StagedItem<BPI
     }
 }
 
+#ifndef MV_STAGE_ASYNC
+// 1: the decode mat-vecs (matvec_<kind>, matvec_split_<kind>, their mixed and norm forms: not
+// the gated ones) first copy x's Q8_1 blocks as they are into a static buffer of the block
+// (16-byte cp.async copies, every one in flight at once, no registers held), then convert them
+// from there (stage_q8_1 reading shared memory). Why: stage_q8_1 reading global memory waits
+// out an L2 round trip for each round of blocks a thread converts (two at K = 12288), and
+// MV_STAGE_BATCH, which overlaps them in registers, took 3-4 % off issue 8's split Q4_K mat-vec
+// but cost the unsplit ones their occupancy (perf/NOTES.md, twenty-first session). The buffer
+// is MV_STAGE_MAX_K / 32 blocks (27 KB) of static shared memory in those kernels. The same
+// values: the same bits. 0 until the GPU times it.
+#define MV_STAGE_ASYNC 0
+#endif
+
+// x's n_q8 Q8_1 blocks (16-byte aligned, n_q8 a multiple of 4: whole 16-byte words) into raw
+// (shared) as they are, waited for by the whole block. Off the GPU (the CPU builds) a copy.
+__device__ __forceinline__ void copy_q8_1_async(const block_q8_1 * __restrict__ x, block_q8_1 * __restrict__ raw,
+                                                const int n_q8) {
+    const int n16 = n_q8 * (int) sizeof(block_q8_1) / 16;
+    const int4 * src = (const int4 *) x;
+    int4 * dst = (int4 *) raw;
+    for (int c = threadIdx.x; c < n16; c += blockDim.x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                     :: "r"((unsigned) __cvta_generic_to_shared(dst + c)), "l"(src + c) : "memory");
+#else
+        dst[c] = src[c];
+#endif
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+    __syncthreads();
+}
+
+// MV_STAGE_ASYNC's buffer: one a kernel, whichever kinds it stages for (matvec_mixed_'s two).
+struct __align__(16) StageRaw { block_q8_1 b[MV_STAGE_MAX_K / QK8_1]; };
+__device__ __forceinline__ block_q8_1 * stage_raw_buffer() {
+    __shared__ StageRaw raw;
+    return raw.b;
+}
+
 // A one-token launch's staged activations: stage_act's copy of x's Q8_1 blocks, or with a
 // norm (the *_norm_ kernels; the backend gives them rows short enough to stage) the blocks
-// formed from the residual stream.
-template <class K>
+// formed from the residual stream. RAW_FIRST: the launch may take MV_STAGE_ASYNC's copy.
+template <class K, bool RAW_FIRST = false>
 __device__ __forceinline__ const void * stage_in(const typename K::act * __restrict__ x, const int n_items,
                                                  void * __restrict__ smem, const NormIn * norm) {
     if constexpr (K::can_stage) {
@@ -499,6 +541,17 @@ __device__ __forceinline__ const void * stage_in(const typename K::act * __restr
             stage_norm_q8_1(*norm, (typename Staged<K>::act *) smem);
             __syncthreads();
             return smem;
+        }
+        if constexpr (RAW_FIRST && MV_STAGE_ASYNC) {
+            const int n_q8 = n_items * Staged<K>::blocks_per_item;
+            /* uniform over the block: the same x and n_q8 in every thread */
+            if (n_q8 * QK8_1 <= MV_STAGE_MAX_K && n_q8 % 4 == 0 && ((unsigned long long) x & 15) == 0) {
+                block_q8_1 * raw = stage_raw_buffer();
+                copy_q8_1_async((const block_q8_1 *) x, raw, n_q8);
+                stage_q8_1(raw, (typename Staged<K>::act *) smem, n_q8);
+                __syncthreads();
+                return smem;
+            }
         }
     }
     return stage_act<K>(x, 1, n_items, smem);
@@ -918,7 +971,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
     const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
     if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K>(x + (i64) t * n_items, n_items, staged_x, norm);
+    const void * xs = stage_in<K, true>(x + (i64) t * n_items, n_items, staged_x, norm);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][R];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
@@ -973,7 +1026,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     }
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K>(x + (i64) t * n_items, n_items, staged_x, norm);
+    const void * xs = stage_in<K, true>(x + (i64) t * n_items, n_items, staged_x, norm);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
         for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {

@@ -177,6 +177,38 @@ __device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2,
     return (int) ((w >> (8 * (k & 3))) & 0xFF);
 }
 
+#ifndef MV_Q4K_SEL
+// 1: q4k_scale_min takes sub-block s's 6-bit scale and min from the header words by shifts and
+// selects, with no branch; 0: by byte_of and a branch on s < 4. Why: in the decode mat-vecs a
+// lane's s is 2 (ip % 4) + h with ip % 4 = lane % 4, so s < 4 parts every warp in two and both
+// ways are issued (with byte_of's selects of a word by a lane-dependent index); issue 8's Q4_K
+// mat-vec spends its time in lock-step rounds whose compute is on the critical path (perf/NOTES.md,
+// twenty-first session). The same integers: the same bits. 0 until the GPU times it.
+#define MV_Q4K_SEL 0
+#endif
+
+// Sub-block s (0..7) of a Q4_K super-block: its 6-bit scale and min from the 12 scale bytes
+// (w0, w1, w2 little-endian), as llama.cpp's get_scale_min_k4 takes them.
+__device__ __forceinline__ void q4k_scale_min(const u32 w0, const u32 w1, const u32 w2, const int s, int & sc, int & m) {
+#if MV_Q4K_SEL
+    /* s < 4: bytes s and s + 4 (words w0, w1 at byte s); s >= 4: byte s + 4 (w2 at byte s - 4)
+       for the low bits, the top two bits of bytes s - 4 (w0) and s (w1) for the high ones */
+    const int sh = 8 * (s & 3);
+    const u32 a = w0 >> sh, b = w1 >> sh, c = w2 >> sh;
+    const bool hi = s >= 4;
+    sc = (int) (hi ? ((c & 0xFu) | ((a >> 2) & 0x30u)) : (a & 63u));
+    m = (int) (hi ? (((c >> 4) & 0xFu) | ((b >> 2) & 0x30u)) : (b & 63u));
+#else
+    if (s < 4) {
+        sc = byte_of(w0, w1, w2, s) & 63;
+        m = byte_of(w0, w1, w2, s + 4) & 63;
+    } else {
+        sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
+        m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
+    }
+#endif
+}
+
 // An item's weight bytes as one lane holds them: its 32 bytes of qs (two 16-byte loads) and the
 // super-block's d, dmin and 12 scale bytes. Loaded apart from the arithmetic so that a lane can
 // have several items' loads in flight before it needs the first (MV_PRELOAD); q4k_pair_dot is
@@ -234,13 +266,7 @@ __device__ __forceinline__ void q4k_pair_math_rows(const Q4KPairRaw * const (&rs
             const int v[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
             const u32 dm = w.dm, w0 = w.w0, w1 = w.w1, w2 = w.w2;
             int sc, m;
-            if (s < 4) {
-                sc = byte_of(w0, w1, w2, s) & 63;
-                m = byte_of(w0, w1, w2, s + 4) & 63;
-            } else {
-                sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
-                m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
-            }
+            q4k_scale_min(w0, w1, w2, s, sc, m);
             int sumi = 0;
 #pragma unroll
             for (int i = 0; i < 8; ++i) sumi = __dp4a((v[i] >> (4 * h)) & 0x0F0F0F0F, yq[i], sumi);
