@@ -64,3 +64,16 @@ def test_benchmark_run_saves_its_figures(tmp_path):
     names = [b["fullname"] for b in json.loads(saved.read_text())["benchmarks"]]
     assert names == ["perf/test_dequant_speed.py::test_dequantize_throughput[Q4_K]"]
     assert "change (+ better)" in r.stdout        # the comparison with the device's baseline
+
+
+def test_benchmark_run_under_xdist_says_why_it_refuses(tmp_path):
+    # Under xdist pytest-benchmark disables itself; `--benchmark` must then stop with a line
+    # that names the cause (-n), not pytest-benchmark's own option clash. A worker's
+    # environment stands in for -n (xdist need not be installed).
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "pytest", "perf/test_dequant_speed.py", "--benchmark", "-q",
+                        "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
+                       cwd=root, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTEST_XDIST_WORKER": "gw0",
+                            "BRASS_PERF_RESULTS": str(tmp_path / "results")})
+    assert r.returncode == 4 and "without -n" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]

@@ -25,6 +25,11 @@ RESULTS = Path(os.environ.get("BRASS_PERF_RESULTS", ROOT / "perf" / ".results"))
 
 def pytest_configure(config):
     if config.getoption("--benchmark", default=False):
+        # pytest-benchmark turns itself off under xdist (timings of tests sharing the machine
+        # mean nothing) and then refuses --benchmark-only with a message about its own options
+        if config.getoption("numprocesses", default=None) or os.environ.get("PYTEST_XDIST_WORKER"):
+            raise pytest.UsageError("pytest perf/ --benchmark times one benchmark at a time: "
+                                    "run it without -n (pytest-xdist)")
         config.option.benchmark_only = True
         # Every run keeps its figures (regression tracking): perf/.results/<device>.json
         # unless --benchmark-json names another file.
