@@ -188,7 +188,8 @@ __device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2,
 #endif
 
 // Sub-block s (0..7) of a Q4_K super-block: its 6-bit scale and min from the 12 scale bytes
-// (w0, w1, w2 little-endian), as llama.cpp's get_scale_min_k4 takes them.
+// (w0, w1, w2 little-endian), as llama.cpp's get_scale_min_k4 takes them (the decode mat-vecs and
+// mmq.cu's tile both take it from here).
 __device__ __forceinline__ void q4k_scale_min(const u32 w0, const u32 w1, const u32 w2, const int s, int & sc, int & m) {
 #if MV_Q4K_SEL
     /* s < 4: bytes s and s + 4 (words w0, w1 at byte s); s >= 4: byte s + 4 (w2 at byte s - 4)

@@ -189,13 +189,7 @@ __device__ __forceinline__ void mmq_decode_q4k_scales(const MmqRawQ4K & r, const
                                                       float & d, float & dmin) {
     const int s = ib % 8;
     const u32 dm = (u32) r.h.x, w0 = (u32) r.h.y, w1 = (u32) r.h.z, w2 = (u32) r.h.w;
-    if (s < 4) {            // scale_min_k4's bytes, taken from the three words
-        sc = byte_of(w0, w1, w2, s) & 63;
-        m = byte_of(w0, w1, w2, s + 4) & 63;
-    } else {
-        sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
-        m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
-    }
+    q4k_scale_min(w0, w1, w2, s, sc, m);        // scale_min_k4's bytes, taken from the three words
     d = f16_to_f32((u16) (dm & 0xFFFF));
     dmin = f16_to_f32((u16) (dm >> 16));
 }
