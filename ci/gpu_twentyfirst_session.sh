@@ -4,7 +4,7 @@
 #          light with SM active against elapsed cycles, occupancy, warp states, memory), then
 #          ci/gpu_preload.py's variants of matvec_q.cu timed against the defaults with every
 #          output compared bit for bit; by default the switches written after this session's
-#          GPU calls (MV_Q4K_SEL, MV_STAGE_ASYNC; the session timed MV_STAGE_BATCH=2/3,
+#          GPU calls (MV_Q4K_SEL, MV_STAGE_ASYNC, MV_Q4K_HDR_LATE; the session timed MV_STAGE_BATCH=2/3,
 #          MV_PRELOAD_EARLY=0, MV_SPLIT=4 and a cp.async weight ring). VARIANTS overrides the
 #          list, SHAPES (e.g. qwen3-0.6b,qwen3-8b) adds tg128 and greedy tokens; MV_WARPS cannot be one: the
 #          backend launches MV_WARPS' threads from the header, and a build of fewer is refused
@@ -26,7 +26,7 @@ probe)
         python3 ci/gpu_speed.py --types Q4_K --no-floor > "$out/ncu-q4k.txt" 2>&1
     grep -E "Duration|Elapsed Cycles|SM Active Cycles|DRAM Throughput|Memory Throughput|L1/TEX Hit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Waves Per SM|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" "$out/ncu-q4k.txt"
     echo "== variants (t=$(t) s)"
-    guarded 590 python3 ci/gpu_preload.py --variants "${VARIANTS:-;MV_Q4K_SEL=1;MV_STAGE_ASYNC=1;MV_Q4K_SEL=1,MV_STAGE_ASYNC=1;MV_STAGE_BATCH=2}" \
+    guarded 590 python3 ci/gpu_preload.py --variants "${VARIANTS:-;MV_Q4K_SEL=1;MV_STAGE_ASYNC=1;MV_Q4K_HDR_LATE=1;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2,MV_Q4K_SEL=1,MV_STAGE_ASYNC=1;MV_STAGE_BATCH=2}" \
         ${SHAPES:+--shapes "$SHAPES"} --json "$out/variants.json" 2>&1 | grep -v "^WARNING"
     ;;
 stalls)

@@ -164,6 +164,8 @@ SAME_BITS_SWITCHES = [
     ("MV_STAGE_ASYNC=1",), ("MV_STAGE_ASYNC=1", "MV_STAGE_BATCH=2"),
     # Q4_K's scale and min by shifts and selects
     ("MV_Q4K_SEL=1",),
+    # Q4_K's header read just before the arithmetic, at one and two items a row in flight
+    ("MV_Q4K_HDR_LATE=1",), ("MV_Q4K_HDR_LATE=1", "MV_PRELOAD=2"),
 ]
 
 

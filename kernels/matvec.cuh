@@ -855,6 +855,10 @@ __device__ __forceinline__ void preload_items(const u8 * __restrict__ w, const i
 template <class K, class = void> struct HasDotRows { static constexpr bool value = false; };
 template <class K> struct HasDotRows<K, decltype((void) K::has_dot_rows)> { static constexpr bool value = K::has_dot_rows; };
 
+// Whether kind K leaves part of an item's loads to just before its arithmetic (K::late_load).
+template <class K, class = void> struct HasLateLoad { static constexpr bool value = false; };
+template <class K> struct HasLateLoad<K, decltype((void) K::has_late_load)> { static constexpr bool value = K::has_late_load; };
+
 // acc[r] += item i of row r (its raw loads buf[r][q]) . y, for the R rows: K::dot_raw_rows where
 // the kind has it (the activations read once), else K::dot_raw a row at a time. Each row's
 // product is dot_raw's float, added to acc[r] as the one-row loop adds it.
@@ -890,6 +894,10 @@ __device__ __forceinline__ void preloaded_dot(const u8 * __restrict__ w, const i
         for (int q = 0; q < P; ++q) {
             const int i = i0 + q * step;
             if (i < n_items) {
+                if constexpr (HasLateLoad<K>::value) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) K::late_load(w + r * rb, i, buf[r][q]);
+                }
                 /* every row's products first, then the refills: the rows' reads of the item's
                    activations in one basic block, where nvcc keeps one of each */
                 kind_dot_rows<K, P, R>(buf, q, i, item_blocks(x + i), acc);

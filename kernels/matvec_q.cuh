@@ -234,15 +234,35 @@ __device__ __forceinline__ T mv_weight_load(const T * p) {
 #endif
 }
 
+#ifndef MV_Q4K_HDR_LATE
+// 1: a preloaded Q4_K item holds only its 32 bytes of qs until its arithmetic, and reads the
+// super-block's 16-byte header then (q4k_pair_header, K::late_load); 0: the header is loaded
+// with the quants and held as four more registers an item and row. Why: the header shares its
+// 32-byte sector with the first 16 bytes of qs, which the lane of ip % 4 = 0 loads with its
+// item, so by the time the warp computes the item the header is in L1 (a hit, not another
+// trip to DRAM), and the registers it no longer holds let a lane keep two items a row in
+// flight (MV_PRELOAD=2 at MV_PRELOAD_ROWS=2: 32 registers of quants, where 2 x 2 items with
+// their headers took 48 and lost occupancy; perf/NOTES.md). The same bytes: the same bits.
+// 0 until the GPU times it.
+#define MV_Q4K_HDR_LATE 0
+#endif
+
+// The super-block header of item ip (d, dmin, the 12 scale bytes) into r: its first 16 bytes,
+// one 128-bit load (four 32-bit loads touched the warp's 8 blocks' lines four times over).
+__device__ __forceinline__ void q4k_pair_header(const u8 * __restrict__ row, const int ip, Q4KPairRaw & r) {
+    const int4 h = mv_weight_load((const int4 *) ((const block_q4_K *) row + ip / 4));
+    r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
+}
+
 __device__ __forceinline__ void q4k_pair_load(const u8 * __restrict__ row, const int ip, Q4KPairRaw & r) {
     const block_q4_K * b = (const block_q4_K *) row + ip / 4;
     const int j = ip % 4;
     r.q0 = mv_weight_load((const int4 *) (b->qs + 32 * j));
     r.q1 = mv_weight_load((const int4 *) (b->qs + 32 * j) + 1);
-    // d, dmin and the 12 scale bytes: the block's first 16 bytes, one 128-bit load (four
-    // 32-bit loads touched the warp's 8 blocks' lines four times over: L1 wavefronts)
-    const int4 h = mv_weight_load((const int4 *) b);
+#if !MV_Q4K_HDR_LATE
+    const int4 h = mv_weight_load((const int4 *) b);      /* q4k_pair_header's load */
     r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
+#endif
 }
 
 // out[r] = item ip of rows rs[r] (its raw loads) . y, y: the item's two Q8_1 blocks (either
@@ -289,6 +309,9 @@ template <class Y>
 __device__ __forceinline__ float q4k_pair_dot(const u8 * __restrict__ row, const int ip, const Y * __restrict__ y) {
     Q4KPairRaw r;
     q4k_pair_load(row, ip, r);
+#if MV_Q4K_HDR_LATE
+    q4k_pair_header(row, ip, r);
+#endif
     return q4k_pair_math(r, ip, y);
 }
 
@@ -312,6 +335,11 @@ struct Q4KPairKind {
     template <class Y>
     static __device__ __forceinline__ float dot_raw(const raw & r, const int ip, const Y * __restrict__ y) {
         return q4k_pair_math(r, ip, y);
+    }
+    // MV_Q4K_HDR_LATE: what `load` left for just before the arithmetic (row: the item's row)
+    static constexpr bool has_late_load = MV_Q4K_HDR_LATE;
+    static __device__ __forceinline__ void late_load(const u8 * __restrict__ row, const int ip, raw & r) {
+        q4k_pair_header(row, ip, r);
     }
     // MV_PRELOAD_ROWS: the item of several rows, its activations read once (kind_dot_rows)
     static constexpr bool has_dot_rows = true;
