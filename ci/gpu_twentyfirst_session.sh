@@ -11,7 +11,8 @@
 #          at launch; MV_SPLIT=4 reorders each row's sums, so its outputs differ by design.
 #   stalls: the same kernel under ncu's full set: every stall reason's samples for the kernel
 #          (the raw page) and per SASS instruction (the source page, as CSV) into $OUT, and the
-#          top ten instructions by stall samples printed.
+#          top ten instructions by stall samples printed. (Written after the device time ran
+#          out: not yet run; the CSV column names it reads are ncu's as documented, unchecked.)
 #   suite: the whole suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
