@@ -99,6 +99,10 @@ VARIANTS = {
     "unroll2 x async": ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1"),
     "unroll4 x async cap4": ("MMQ_UNPACK_UNROLL=4", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
     "unroll2 x async cap4": ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
+    # Q4_K's scale and min (matvec_q.cuh's q4k_scale_min, shared with the decode mat-vecs) by
+    # shifts and selects, and by byte_of and a branch on s < 4
+    "q4k sel": ("MV_Q4K_SEL=1",),
+    "q4k branch": ("MV_Q4K_SEL=0",),
 }
 
 

@@ -160,10 +160,12 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
 SAME_BITS_SWITCHES = [
     # stage_q8_1: a thread's Q8_1 blocks all loaded before any is converted
     ("MV_STAGE_BATCH=2",), ("MV_STAGE_BATCH=3",),
+    # the same for the split kernels alone (2 is the default: 1 is the form without it)
+    ("MV_STAGE_BATCH_SPLIT=1",), ("MV_STAGE_BATCH_SPLIT=3",),
     # x's blocks copied raw into shared memory first (cp.async on the GPU, a copy here)
     ("MV_STAGE_ASYNC=1",), ("MV_STAGE_ASYNC=1", "MV_STAGE_BATCH=2"),
-    # Q4_K's scale and min by shifts and selects
-    ("MV_Q4K_SEL=1",),
+    # Q4_K's scale and min by byte_of and a branch (the default: by shifts and selects)
+    ("MV_Q4K_SEL=0",),
     # Q4_K's header read just before the arithmetic, at one and two items a row in flight
     ("MV_Q4K_HDR_LATE=1",), ("MV_Q4K_HDR_LATE=1", "MV_PRELOAD=2"),
 ]

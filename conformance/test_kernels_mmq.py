@@ -257,7 +257,7 @@ MMQ_VARIANTS = (("MMQ_KB=4",), ("MMQ_KB=2", "MMQ_PREFETCH=1"),
                 ("MMQ_UNPACK_UNROLL=4", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
                 ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1", "MMQ_KB=4"),
                 ("MMQ_UNPACK_UNROLL=2", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
-                ("MV_Q4K_SEL=1",))      # Q4_K's scale and min by selects (matvec_q.cuh, shared)
+                ("MV_Q4K_SEL=0",))      # Q4_K's scale and min by a branch (matvec_q.cuh, shared)
 
 
 @pytest.mark.parametrize("defines", MMQ_VARIANTS, ids=lambda d: "-".join(x.lower() for x in d))

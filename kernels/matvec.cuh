@@ -333,13 +333,25 @@ template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
 #define MV_STAGE_BATCH 1
 #endif
 
+#ifndef MV_STAGE_BATCH_SPLIT
+// MV_STAGE_BATCH for the split one-token mat-vecs alone (matvec_split_<kind> and their norm and
+// mixed forms: rows of K >= MV_SPLIT_MIN_K, where a thread converts two or more rounds of
+// blocks). Why apart: the batch took 3-4 % off the split Q4_K kernel but its registers cost
+// the unsplit ones (MV_STAGE_BATCH above); each kernel is its own instance, so the split ones
+// can batch while the others do not. The same values: the same bits. Measured on the H200
+// (2026-12-04, ci/gpu_preload.py, us, with MV_Q4K_SEL=1, 1 / 2 / 3): Q4_K 4096 x 12288 9.1 / 8.9 /
+// 11.5 (2: 76 % of that run's copy rate), 12288 x 4096 and 4096 x 4096 (unsplit) unchanged;
+// tg128 Qwen3-0.6B 980.6 / 980.6 / 980.6, Qwen3-8B 349.1 / 350.3 / 348.5 (greedy tokens the same). 2.
+#define MV_STAGE_BATCH_SPLIT 2
+#endif
+
 // Blocks x[0 .. n_q8) into shared memory as items of BPI blocks, one block per thread in turn
 // (the whole block takes part; the caller synchronises before reading).
-template <int BPI>
+// NB: MV_STAGE_BATCH (or MV_STAGE_BATCH_SPLIT, the split kernels').
+template <int BPI, int NB = MV_STAGE_BATCH>
 __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, StagedItem<BPI> * __restrict__ s,
                                            const int n_q8) {
-#if MV_STAGE_BATCH > 1
-    constexpr int NB = MV_STAGE_BATCH;
+    if constexpr (NB > 1) {
     for (int b0 = threadIdx.x; b0 < n_q8; b0 += NB * blockDim.x) {
         int q[NB][8];
         u32 ds[NB];
@@ -370,7 +382,7 @@ __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, St
             }
         }
     }
-#else
+    } else {
     for (int b = threadIdx.x; b < n_q8; b += blockDim.x) {
         const block_q8_1 * y = x + b;
         int q[8];
@@ -385,7 +397,7 @@ __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, St
                                                                         __dp4a(q[0], 0x01010101, 0))));
         s[b / BPI].b[b % BPI] = o;
     }
-#endif
+    }
 }
 
 // A kind K read through its staged activations: K::sdot(row, item, blocks) gets the item's
@@ -404,13 +416,13 @@ struct Staged {
 // block when K can be staged and the rows are short enough (a condition uniform over the
 // block); returns the staged copy, or nullptr when x is read from global memory. The launch
 // gives the shared memory (backend: _stage_bytes).
-template <class K, int MAX_K = MV_STAGE_MAX_K>
+template <class K, int MAX_K = MV_STAGE_MAX_K, int NB = MV_STAGE_BATCH>
 __device__ __forceinline__ const void * stage_act(const typename K::act * __restrict__ x, const int n_rows,
                                                   const int n_items, void * __restrict__ smem) {
     if constexpr (K::can_stage) {
         const int n_q8 = n_rows * n_items * Staged<K>::blocks_per_item;
         if (n_q8 * QK8_1 <= MAX_K) {
-            stage_q8_1((const block_q8_1 *) x, (typename Staged<K>::act *) smem, n_q8);
+            stage_q8_1<Staged<K>::blocks_per_item, NB>((const block_q8_1 *) x, (typename Staged<K>::act *) smem, n_q8);
             __syncthreads();
             return smem;
         }
@@ -533,7 +545,7 @@ __device__ __forceinline__ block_q8_1 * stage_raw_buffer() {
 // A one-token launch's staged activations: stage_act's copy of x's Q8_1 blocks, or with a
 // norm (the *_norm_ kernels; the backend gives them rows short enough to stage) the blocks
 // formed from the residual stream. RAW_FIRST: the launch may take MV_STAGE_ASYNC's copy.
-template <class K, bool RAW_FIRST = false>
+template <class K, bool RAW_FIRST = false, int NB = MV_STAGE_BATCH>
 __device__ __forceinline__ const void * stage_in(const typename K::act * __restrict__ x, const int n_items,
                                                  void * __restrict__ smem, const NormIn * norm) {
     if constexpr (K::can_stage) {
@@ -554,7 +566,7 @@ __device__ __forceinline__ const void * stage_in(const typename K::act * __restr
             }
         }
     }
-    return stage_act<K>(x, 1, n_items, smem);
+    return stage_act<K, MV_STAGE_MAX_K, NB>(x, 1, n_items, smem);
 }
 
 // The launch parameters a *_norm_ kernel's body takes, from its own (pure arithmetic: the
@@ -979,7 +991,8 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
     const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
     if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K, true>(x + (i64) t * n_items, n_items, staged_x, norm);
+    const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
+                                                                                       staged_x, norm);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][R];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
@@ -1034,7 +1047,8 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     }
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K, true>(x + (i64) t * n_items, n_items, staged_x, norm);
+    const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
+                                                                                       staged_x, norm);
     __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
         for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {

@@ -183,8 +183,12 @@ __device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2,
 // lane's s is 2 (ip % 4) + h with ip % 4 = lane % 4, so s < 4 parts every warp in two and both
 // ways are issued (with byte_of's selects of a word by a lane-dependent index); issue 8's Q4_K
 // mat-vec spends its time in lock-step rounds whose compute is on the critical path (perf/NOTES.md,
-// twenty-first session). The same integers: the same bits. 0 until the GPU times it.
-#define MV_Q4K_SEL 0
+// twenty-first session). The same integers: the same bits. Measured on the H200 (2026-12-04,
+// ci/gpu_preload.py, us, 0 / 1, three runs): Q4_K 4096 x 12288 (split) 9.7 / 9.1-9.2, 12288 x 4096
+// 9.3 / 8.7-8.8, 4096 x 4096 4.9 / 4.5, Q6_K unchanged; tg128 Qwen3-0.6B 962 / 980, Qwen3-8B 341 /
+// 349 (greedy tokens the same); mmq.cu's prompt tile (ci/gpu_tune_mmq.py) 734 / 703 us a MoE
+// layer, dense 12288 x 4096 at 512 tokens 419 / 400 us. 1.
+#define MV_Q4K_SEL 1
 #endif
 
 // Sub-block s (0..7) of a Q4_K super-block: its 6-bit scale and min from the 12 scale bytes
