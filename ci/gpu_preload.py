@@ -93,6 +93,8 @@ def use_variant(b, defs: tuple[str, ...]):
         del k._functions[key]
     for key in [key for key in k._smem_optin if key[0] == SOURCE]:
         del k._smem_optin[key]
+    for key in [key for key in k._threads if key[0] == SOURCE]:    # (a build's __launch_bounds__)
+        del k._threads[key]
     get = type(k).get
 
     def get_with(source, name, _k=k):

@@ -90,6 +90,9 @@ HOST_RUN_GRID
         return 2;                                                                                    \
     }
 
+// matvec_split_<kind>'s warps a block in this build (the GPU backend reads its __launch_bounds__)
+extern "C" int mv_split_warps() { return MV_SPLIT_WARPS; }
+
 extern "C" int run_kernel(const char * kernel, const char * name, void * const * b, const void * params,
                           unsigned gx, unsigned gy, unsigned threads, int smem) {
     if (!strcmp(kernel, "matvec_coop")) {
@@ -157,7 +160,9 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     from kernels.params import pack
     K = x.shape[-1]
     split = mv_split(K) if split is None else split
-    upb = MV_WARPS // split
+    # the split kernel's block: the build's MV_SPLIT_WARPS (the backend: its launch bounds)
+    threads = lib.mv_split_warps() * 32 if split > 1 else MV_WARPS * 32
+    upb = threads // 32 // split
     xb = q8_1_blocks(x.reshape(1, K)) if xb is None else xb      # xb: x's blocks as a kernel wrote them
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
@@ -169,7 +174,7 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
     res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
-               MV_WARPS * 32, _stage_bytes(qtype, K))
+               threads, _stage_bytes(qtype, K))
     return res[4:4 + len(raws)]
 
 

@@ -162,6 +162,8 @@ SAME_BITS_SWITCHES = [
     ("MV_STAGE_BATCH=2",), ("MV_STAGE_BATCH=3",),
     # the same for the split kernels alone (2 is the default: 1 is the form without it)
     ("MV_STAGE_BATCH_SPLIT=1",), ("MV_STAGE_BATCH_SPLIT=3",),
+    # the split kernels' blocks of 16 and 32 warps (8 or 16 units a block, one staging of x)
+    ("MV_SPLIT_WARPS=16",), ("MV_SPLIT_WARPS=32",),
     # x's blocks copied raw into shared memory first (cp.async on the GPU, a copy here)
     ("MV_STAGE_ASYNC=1",), ("MV_STAGE_ASYNC=1", "MV_STAGE_BATCH=2"),
     # Q4_K's scale and min by byte_of and a branch (the default: by shifts and selects)

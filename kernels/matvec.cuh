@@ -67,6 +67,22 @@
 #define MV_SPLIT_MIN_K 8192      // the backend's rule, read from here (engine/backends/cuda/backend.py)
 #endif
 static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
+#ifndef MV_SPLIT_WARPS
+// matvec_split_<kind> (one token, rows of K >= MV_SPLIT_MIN_K): warps a block, MV_SPLIT_WARPS /
+// MV_SPLIT units of rows. The backend launches the threads the kernel was built for (its
+// __launch_bounds__, read from the loaded function), so a build with another value needs no
+// other change. Why more than MV_WARPS: every block stages all of x (K = 12288: 384 Q8_1 blocks,
+// 13.8 KB read from L2) before its first row, and ncu's stall samples on issue 8's Q4_K bar
+// kernel (2026-12-04, 4096 x 12288, 4 blocks an SM, one wave) put ~30 % of them on that staging
+// (its loads, its conversion, the barrier after it) against ~20 % on the weights' loads; a block
+// of 16 warps stages once for 8 units where two blocks of 8 stage twice, at the same warps an
+// SM (64 registers: 2 blocks of 512 threads). Every row's sum is the same (the split group's
+// warps, items and order do not change): the same bits. 8 (= MV_WARPS) until the GPU times it.
+#define MV_SPLIT_WARPS 8
+#endif
+static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32, "MV_SPLIT_WARPS: whole split groups, 1024 threads at most");
+// The warps of a decode_rows block: matvec_split_<kind>'s, or matvec_<kind>'s and its forms'.
+template <int SPLIT> struct MvBlockWarps { static constexpr int value = SPLIT > 1 ? MV_SPLIT_WARPS : MV_WARPS; };
 #ifndef GLU_WARPS
 // matvec_glu_<kind> / matvec_glu_cols_<kind>: GLU_WARPS warps x GLU_ROWS rows = 32 rows a block,
 // one Q8_1 block of h. Each row's sums are the same floats whatever the split (a row's items,
@@ -206,6 +222,8 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 // (the preloaded kinds only: Q6_K's 48 registers would grow to the cap's 64, 5 blocks -> 4;
 // 0 is __launch_bounds__'s "no minimum": the same registers as without it)
 #define MV_BOUNDS(K) __launch_bounds__(MV_WARPS * WARP_SIZE, MvMinBlocks<K>::value)
+// matvec_split_<kind>'s: its MV_SPLIT_WARPS, at the same register cap (the blocks scaled)
+#define MV_SPLIT_BOUNDS(K) __launch_bounds__(MV_SPLIT_WARPS * WARP_SIZE, MvMinBlocks<K>::value * MV_WARPS / MV_SPLIT_WARPS)
 #ifndef MV_PRELOAD_EARLY
 // 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
 // that inside a decode graph they are in flight while the previous kernel ends; 0: after it
@@ -814,7 +832,7 @@ __device__ __forceinline__ float & y_row(const MatVecUnit & m, const int t, cons
 }
 
 // SPLIT > 1: the warp sums acc[N] of a group's SPLIT warps (warp = g * SPLIT + s) added
-// into warp s = 0's, in the order s = 0, 1, ..., through part[MV_WARPS][N]. Every thread of the
+// into warp s = 0's, in the order s = 0, 1, ..., through part[warps of the block][N]. Every thread of the
 // block calls it (two barriers); `valid`: the group has a unit this round.
 template <int N, int SPLIT>
 __device__ __forceinline__ void split_sum(float (&acc)[N], float (*part)[N], const int warp, const int s,
@@ -963,7 +981,7 @@ __device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const
                                                const u8 * __restrict__ w2, const MultiMatVecParams & p,
                                                const int bx, PreloadBuf<K> & pb) {
     if constexpr (decode_preloads<K>()) {
-        constexpr int UPB = MV_WARPS / SPLIT, R = MV_PRELOAD_ROWS;
+        constexpr int UPB = MvBlockWarps<SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
         int u = bx * UPB + threadIdx.x / WARP_SIZE / SPLIT;
         if (u < (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R) {
             const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, nullptr, nullptr, nullptr, p);
@@ -983,7 +1001,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
                                                       float * __restrict__ y2, const MultiMatVecParams & p,
                                                       const int bx, const int gx, PreloadBuf<K> & pb,
                                                       const NormIn * norm) {
-    constexpr int UPB = MV_WARPS / SPLIT, R = MV_PRELOAD_ROWS;
+    constexpr int UPB = MvBlockWarps<SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
     const int units = (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R;
@@ -993,7 +1011,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
     extern __shared__ int4 staged_x[];
     const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
                                                                                        staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][R];
+    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<SPLIT>::value : 1][R];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
         int u = ub + g;
@@ -1034,7 +1052,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     /* norm: the *_norm_ kernels' (stage_in); nullptr: x's Q8_1 blocks                          */
     /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
     /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
-    constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
+    constexpr int UPB = MvBlockWarps<SPLIT>::value / SPLIT;    /* units per block: a group of SPLIT warps each */
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
     /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */
@@ -1049,7 +1067,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     extern __shared__ int4 staged_x[];
     const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
                                                                                        staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][MV_ROWS];
+    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<SPLIT>::value : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
         for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {
             int u = uu;
@@ -1389,13 +1407,13 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     PDL_ENTRY();                                                                                   \
     decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
 }                                                                                                  \
-extern "C" __global__ void MV_BOUNDS(K)                                                            \
+extern "C" __global__ void MV_SPLIT_BOUNDS(K)                                                      \
 matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     PreloadBuf<K> pb;                                                                              \
     if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
-        prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
+        prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_SPLIT_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
                       unit_rows<K>());                                                             \
     if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
     PDL_ENTRY();                                                                                   \

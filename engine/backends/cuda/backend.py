@@ -354,6 +354,7 @@ class _Kernels:
         self._modules: dict[str, cupy.cuda.function.Module] = {}
         self._functions: dict[tuple[str, str], cupy.cuda.function.Function] = {}
         self._smem_optin: dict[tuple[str, str], int] = {}
+        self._threads: dict[tuple[str, str], int] = {}
 
     def get(self, source: str, name: str):
         key = (source, name)
@@ -366,6 +367,19 @@ class _Kernels:
                 self._modules[source] = module
             fn = self._functions[key] = module.get_function(name)
         return fn
+
+    def block_threads(self, source: str, name: str) -> int:
+        """The threads a block of the kernel was built for: its __launch_bounds__ (the most it
+        can be launched with). matvec_split_<type> is launched with these, so that a build with
+        another MV_SPLIT_WARPS (kernels/matvec.cuh) is launched as it expects."""
+        key = (source, name)
+        n = self._threads.get(key)
+        if n is None:
+            from cupy_backends.cuda.api import driver
+            CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+            n = self._threads[key] = int(driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                                                                 self.get(source, name).ptr))
+        return n
 
     def allow_smem(self, source: str, name: str, nbytes: int, limit: int):
         """Opt the kernel in to `nbytes` of dynamic shared memory when that and its static
@@ -851,9 +865,9 @@ class CudaBackend(Backend):
                             ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                             smem=_stage_bytes(w0.type, K))
                 return
-            self.launch(src_file, f"matvec_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}",
-                        (-(-units // (MV_WARPS // split)), T),
-                        MV_WARPS * 32,
+            name = f"matvec_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}"
+            threads = self.kernels.block_threads(src_file, name) if split > 1 else MV_WARPS * 32
+            self.launch(src_file, name, (-(-units // (threads // 32 // split)), T), threads,
                         ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                         smem=_stage_bytes(w0.type, K))
             return
