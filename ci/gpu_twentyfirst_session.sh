@@ -11,8 +11,8 @@
 #          at launch; MV_SPLIT=4 reorders each row's sums, so its outputs differ by design.
 #   stalls: the same kernel under ncu's full set: every stall reason's samples for the kernel
 #          (the raw page) and per SASS instruction (the source page, as CSV) into $OUT, and the
-#          top ten instructions by stall samples printed. (Written after the device time ran
-#          out: not yet run; the CSV column names it reads are ncu's as documented, unchecked.)
+#          top instructions by stall samples printed (ci/ncu_stalls.py; first run 2026-12-04 by
+#          the twenty-second session, whose parser fix it now shares).
 #   suite: the whole suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,26 +36,7 @@ stalls)
     echo "ncu exit $? (t=$(t) s)"
     ncu -i "$out/q4k.ncu-rep" --page raw --csv > "$out/raw.csv" 2>&1
     ncu -i "$out/q4k.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" 2>&1
-    python3 - "$out/raw.csv" "$out/sass.csv" <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-if len(rows) >= 3:
-    head, vals = rows[0], rows[2]
-    st = sorted(((h, v) for h, v in zip(head, vals) if "pcsamp_warps_issue_stalled" in h and not h.endswith("not_issued")),
-                key=lambda hv: -float(hv[1].replace(",", "") or 0))
-    print("stall samples:", ", ".join(f"{h.split('stalled_')[-1]} {v}" for h, v in st[:12]))
-rows = list(csv.reader(open(sys.argv[2])))
-if rows:
-    head = rows[0]
-    print("source columns:", head[:12])
-    key = next((i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")), None)
-    src = next((i for i, h in enumerate(head) if h == "Source"), 1)
-    if key is not None:
-        body = [r for r in rows[1:] if len(r) > key and r[key].replace(",", "").replace(".", "").isdigit()]
-        body.sort(key=lambda r: -float(r[key].replace(",", "")))
-        for r in body[:14]:
-            print(r[key], "|", r[src][:110])
-PY
+    python3 ci/ncu_stalls.py "$out/raw.csv" "$out/sass.csv" 25
     ;;
 suite)
     brass_suite 590 -n 14 -q

@@ -37,3 +37,25 @@ def test_summary_line_and_models_table(tmp_path, capsys):
     for want in ("cuda", "99/100 (margin > 0.25)", "0.412", "l_out-3#0 2.00e-03", "failed/passed"):
         assert want in row, (want, row)
     assert "test_add" not in out, "kernel cases are not models"
+
+
+def test_ncu_stalls_reads_the_pages_ncu_writes(tmp_path, capsys, monkeypatch):
+    # ci/ncu_stalls.py: the source page starts with a "Kernel Name" line before its header (the
+    # first version of the parser took that line for the header and printed nothing)
+    from ci import ncu_stalls
+    raw = tmp_path / "raw.csv"
+    raw.write_text('"ID","smsp__pcsamp_warps_issue_stalled_long_scoreboard","smsp__pcsamp_warps_issue_stalled_barrier",'
+                   '"smsp__pcsamp_warps_issue_stalled_barrier_not_issued"\n"","","",""\n"0","470","125","3"\n')
+    sass = tmp_path / "sass.csv"
+    sass.write_text('"Kernel Name","matvec_split_q4_k",\n'
+                    '"Address","Source","Warp Stall Sampling (All Samples)","stall_long_sb","stall_barrier",'
+                    '"stall_barrier (Not Issued)"\n'
+                    '"0x7f00","IDP.4A.S8.S8 R44, R36, UR5, RZ","196","196","0","0"\n'
+                    '"0x7f10","BSSY B0, 0x7f40","87","0","86","9"\n'
+                    '"0x7f20","LOP3.LUT R59, R25, 0xf0f0f0f, RZ, 0xc0, !PT","200","198","0","0"\n')
+    monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(raw), str(sass), "2"])
+    assert ncu_stalls.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "stall samples: long_scoreboard 470, barrier 125"
+    assert out[1] == "483 samples over 3 instructions; the top 2:"
+    assert "LOP3.LUT" in out[2] and "long_sb 198" in out[2] and "IDP.4A" in out[3] and len(out) == 4

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The twenty-second session's GPU calls (carry [".whl", ".stage"]), back to back on one warm runner.
+#   prep:  llama.cpp b11434 built in the background (detached, every core: `sbs` finds it), the
+#          three qwen3 shapes written, and the new mat-vec defaults (MV_Q4K_SEL=1,
+#          MV_STAGE_BATCH_SPLIT=2) timed against the old ones (ci/gpu_preload.py, bits compared).
+#   sbs:   the three qwen3 shapes side by side with llama-bench (REPS=3).
+#   suite: the whole suite.
+#   probe: (for the next session; carry [".whl"]) the split kernels' block of 16 and 32 warps
+#          (MV_SPLIT_WARPS: one staging of x for 8 / 16 units) and HDR_LATE at two items a row
+#          under a 64-register cap, against the defaults (ci/gpu_preload.py: bits compared, then
+#          tg128 and greedy tokens of Qwen3-0.6B and 8B alternated); VARIANTS overrides the list.
+#   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ci/gpu_lib.sh
+brass_env
+llama_env
+case "${1:-prep}" in
+prep)
+    llama_ready || true
+    mkdir -p "$dir"
+    (for s in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do
+        [ -f "$dir/$s.gguf" ] || python3 ci/shape_models.py "$s" "$dir" > /dev/null
+    done) &
+    writer=$!
+    guarded 400 python3 ci/gpu_preload.py --variants ";MV_Q4K_SEL=0,MV_STAGE_BATCH_SPLIT=1;;MV_Q4K_SEL=0,MV_STAGE_BATCH_SPLIT=1" \
+        --json "$out/confirm.json" 2>&1 | grep -vE "^WARNING|^\|"
+    wait "$writer"; echo "shapes written (t=$(t) s)"
+    need_llama 580 && echo "llama.cpp built (t=$(t) s)"
+    ;;
+sbs)
+    need_llama 200 || exit 1
+    for s in qwen3-0.6b qwen3-8b qwen3-30b-a3b; do
+        [ -f "$dir/$s.gguf" ] || python3 ci/shape_models.py "$s" "$dir" > /dev/null
+    done
+    LLAMA_BENCH="$bin/llama-bench" REPS=3 guarded 595 bash ci/gpu_side_by_side.sh 2>&1 | grep -v "^WARNING"
+    ;;
+suite)
+    brass_suite 590 -n 14 -q
+    ;;
+probe)
+    guarded 590 python3 ci/gpu_preload.py --shapes qwen3-0.6b,qwen3-8b --json "$out/variants.json" --variants \
+        "${VARIANTS:-;MV_SPLIT_WARPS=16;MV_SPLIT_WARPS=32;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2,MV_MIN_BLOCKS=4;MV_SPLIT_WARPS=16,MV_Q4K_HDR_LATE=1}" \
+        2>&1 | grep -vE "^WARNING|^\|"
+    ;;
+stalls)
+    bash ci/gpu_twentyfirst_session.sh stalls
+    ;;
+esac
+echo "done at t=$(t) s"
