@@ -71,6 +71,7 @@ def main() -> int:
             mod.load(compile_text("tune_coop.cu", COOP_SRC, b.kernels.target, opts))
             b.kernels._functions.clear()
             b.kernels._smem_optin.clear()
+            b.kernels._threads.clear()
             b.kernels._modules["matvec_q.cu"] = mod
             with b.activate():
                 b._remember_q8(x, b.quantize_q8_1(x))

@@ -222,8 +222,10 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 // (the preloaded kinds only: Q6_K's 48 registers would grow to the cap's 64, 5 blocks -> 4;
 // 0 is __launch_bounds__'s "no minimum": the same registers as without it)
 #define MV_BOUNDS(K) __launch_bounds__(MV_WARPS * WARP_SIZE, MvMinBlocks<K>::value)
-// matvec_split_<kind>'s: its MV_SPLIT_WARPS, at the same register cap (the blocks scaled)
-#define MV_SPLIT_BOUNDS(K) __launch_bounds__(MV_SPLIT_WARPS * WARP_SIZE, MvMinBlocks<K>::value * MV_WARPS / MV_SPLIT_WARPS)
+// matvec_split_<kind>'s: its MV_SPLIT_WARPS, at the same register cap or a tighter one (the
+// blocks scaled, rounded up: rounded down, 1 of 16 warps or 3 of 32 would lift the cap)
+#define MV_SPLIT_BOUNDS(K) __launch_bounds__(MV_SPLIT_WARPS * WARP_SIZE,                               \
+    (MvMinBlocks<K>::value * MV_WARPS + MV_SPLIT_WARPS - 1) / MV_SPLIT_WARPS)
 #ifndef MV_PRELOAD_EARLY
 // 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
 // that inside a decode graph they are in flight while the previous kernel ends; 0: after it
