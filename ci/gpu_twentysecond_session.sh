@@ -6,9 +6,11 @@
 #   sbs:   the three qwen3 shapes side by side with llama-bench (REPS=3).
 #   suite: the whole suite.
 #   probe: (for the next session; carry [".whl"]) the split kernels' block of 16 and 32 warps
-#          (MV_SPLIT_WARPS: one staging of x for 8 / 16 units) and HDR_LATE at two items a row
-#          under a 64-register cap, against the defaults (ci/gpu_preload.py: bits compared, then
-#          tg128 and greedy tokens of Qwen3-0.6B and 8B alternated); VARIANTS overrides the list.
+#          (MV_SPLIT_WARPS: one staging of x for 8 / 16 units), for every kind and for the
+#          preloaded ones alone (MV_SPLIT_WARPS_PLAIN=8: Q6_K takes 58 registers at 16 against
+#          48), and HDR_LATE at two items a row under a 64-register cap, against the defaults
+#          (ci/gpu_preload.py: bits compared, then tg128 and greedy tokens of Qwen3-0.6B and 8B
+#          alternated); VARIANTS overrides the list.
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +42,7 @@ suite)
     ;;
 probe)
     guarded 590 python3 ci/gpu_preload.py --shapes qwen3-0.6b,qwen3-8b --json "$out/variants.json" --variants \
-        "${VARIANTS:-;MV_SPLIT_WARPS=16;MV_SPLIT_WARPS=32;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2,MV_MIN_BLOCKS=4;MV_SPLIT_WARPS=16,MV_Q4K_HDR_LATE=1}" \
+        "${VARIANTS:-;MV_SPLIT_WARPS=16;MV_SPLIT_WARPS=32;MV_SPLIT_WARPS=16,MV_SPLIT_WARPS_PLAIN=8;MV_SPLIT_WARPS=32,MV_SPLIT_WARPS_PLAIN=8;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2,MV_MIN_BLOCKS=4}" \
         2>&1 | grep -vE "^WARNING|^\|"
     ;;
 stalls)

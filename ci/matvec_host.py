@@ -91,7 +91,12 @@ HOST_RUN_GRID
     }
 
 // matvec_split_<kind>'s warps a block in this build (the GPU backend reads its __launch_bounds__)
-extern "C" int mv_split_warps() { return MV_SPLIT_WARPS; }
+#define SPLIT_WARPS(N) if (!strcmp(name, #N)) return matvec_split_##N##_warps;
+extern "C" int mv_split_warps(const char * name) {
+    SPLIT_WARPS(q4_0) SPLIT_WARPS(q4_1) SPLIT_WARPS(q5_0) SPLIT_WARPS(q5_1) SPLIT_WARPS(q8_0)
+    SPLIT_WARPS(q4_k) SPLIT_WARPS(q5_k) SPLIT_WARPS(q6_k) SPLIT_WARPS(mxfp4)
+    return -1;
+}
 
 extern "C" int run_kernel(const char * kernel, const char * name, void * const * b, const void * params,
                           unsigned gx, unsigned gy, unsigned threads, int smem) {
@@ -133,6 +138,7 @@ def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     so = compile_host(_sources(tuple(defines)), "matvec", "matvec_q.cu")
     so.run_kernel.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
+    so.mv_split_warps.argtypes = [ctypes.c_char_p]
     return so
 
 
@@ -156,12 +162,12 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     matvec_<type>, else the MV_SPLIT `lib` was built with, for matvec_split_<type> (default: the
     backend's choice for K, with the default MV_SPLIT); `preload_rows`: the MV_PRELOAD_ROWS `lib`
     was built with (default: the header's)."""
-    from engine.backends.cuda.backend import MV_WARPS, _stage_bytes, matvec_units, mv_split
+    from engine.backends.cuda.backend import _TYPE_NAMES, MV_WARPS, _stage_bytes, matvec_units, mv_split
     from kernels.params import pack
     K = x.shape[-1]
     split = mv_split(K) if split is None else split
-    # the split kernel's block: the build's MV_SPLIT_WARPS (the backend: its launch bounds)
-    threads = lib.mv_split_warps() * 32 if split > 1 else MV_WARPS * 32
+    # the split kernel's block: the build's MV_SPLIT_WARPS(_PLAIN) (the backend: its launch bounds)
+    threads = lib.mv_split_warps(_TYPE_NAMES[qtype].encode()) * 32 if split > 1 else MV_WARPS * 32
     upb = threads // 32 // split
     xb = q8_1_blocks(x.reshape(1, K)) if xb is None else xb      # xb: x's blocks as a kernel wrote them
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]

@@ -773,8 +773,9 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     # module was built for (Kernels.block_threads: the kernel's __launch_bounds__, read from the
     # loaded function), so that a build with another MV_SPLIT_WARPS (kernels/matvec.cuh) needs no
     # other change: the header's build must report the header's value, and builds of 16 and 32
-    # warps must give its outputs bit for bit (Q4_K: the preloading loop; Q6_K, Q8_0 the plain
-    # one), every row written (the outputs are poisoned)
+    # warps (and of 16 for the preloaded kinds only, MV_SPLIT_WARPS_PLAIN=8) must give its
+    # outputs bit for bit (Q4_K: the preloading loop; Q6_K, Q8_0 the plain one), every row
+    # written (the outputs are poisoned)
     import re
 
     from engine.backends.cuda import CudaBackend
@@ -784,20 +785,21 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     kernel = f"matvec_split_{cb._TYPE_NAMES[qtype]}"
     gf = weights(tmp_path, rng, {"a": (qtype, (300, K)), "b": (qtype, (37, K))})
     x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
+    builds = {(): header, ("-DMV_SPLIT_WARPS=16",): 16, ("-DMV_SPLIT_WARPS=32",): 32,
+              ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=8"): 16 if qtype == GGMLType.Q4_K else 8}
     out = {}
-    for warps in (header, 16, 32):
+    for defines, warps in builds.items():
         be = CudaBackend(poison_outputs=True)
-        if warps != header:
-            be.kernels.options += (f"-DMV_SPLIT_WARPS={warps}",)
+        be.kernels.options += defines
         launched = record_launches(be, monkeypatch)
         ys = be.matmul_many(be.asarray(x), [be.weight(gf, "a"), be.weight(gf, "b")])
         assert kernel in launched, launched
-        assert be.kernels.block_threads("matvec_q.cu", kernel) == 32 * warps
-        out[warps] = [be.to_numpy(y) for y in ys]
-    for warps in (16, 32):
-        for i, (a, b) in enumerate(zip(out[warps], out[header])):
-            assert not np.isnan(a).any(), f"{warps} warps, matrix {i}: rows left unwritten"
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{warps} warps, matrix {i} differs"
+        assert be.kernels.block_threads("matvec_q.cu", kernel) == 32 * warps, defines
+        out[defines] = [be.to_numpy(y) for y in ys]
+    for defines, ys in out.items():
+        for i, (a, b) in enumerate(zip(ys, out[()])):
+            assert not np.isnan(a).any(), f"{defines}, matrix {i}: rows left unwritten"
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{defines}, matrix {i} differs"
 
 
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.F16),

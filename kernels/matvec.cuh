@@ -80,9 +80,15 @@ static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 // warps, items and order do not change): the same bits. 8 (= MV_WARPS) until the GPU times it.
 #define MV_SPLIT_WARPS 8
 #endif
-static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32, "MV_SPLIT_WARPS: whole split groups, 1024 threads at most");
-// The warps of a decode_rows block: matvec_split_<kind>'s, or matvec_<kind>'s and its forms'.
-template <int SPLIT> struct MvBlockWarps { static constexpr int value = SPLIT > 1 ? MV_SPLIT_WARPS : MV_WARPS; };
+#ifndef MV_SPLIT_WARPS_PLAIN
+// MV_SPLIT_WARPS for the kinds whose rows are not preloaded (Q6_K, Q8_0, Q5_K, ...; MV_PRELOAD).
+// Why apart: at 16 and 32 warps ptxas gives matvec_split_q6_k 58 registers against 48 (NVRTC
+// 13.5, sm_90): 32 resident warps an SM against 40, where matvec_split_q4_k stays at 64. The
+// same bits. MV_SPLIT_WARPS until the GPU times it.
+#define MV_SPLIT_WARPS_PLAIN MV_SPLIT_WARPS
+#endif
+static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32 && MV_SPLIT_WARPS_PLAIN % MV_SPLIT == 0
+              && MV_SPLIT_WARPS_PLAIN <= 32, "MV_SPLIT_WARPS(_PLAIN): whole split groups, 1024 threads at most");
 #ifndef GLU_WARPS
 // matvec_glu_<kind> / matvec_glu_cols_<kind>: GLU_WARPS warps x GLU_ROWS rows = 32 rows a block,
 // one Q8_1 block of h. Each row's sums are the same floats whatever the split (a row's items,
@@ -224,8 +230,8 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 #define MV_BOUNDS(K) __launch_bounds__(MV_WARPS * WARP_SIZE, MvMinBlocks<K>::value)
 // matvec_split_<kind>'s: its MV_SPLIT_WARPS, at the same register cap or a tighter one (the
 // blocks scaled, rounded up: rounded down, 1 of 16 warps or 3 of 32 would lift the cap)
-#define MV_SPLIT_BOUNDS(K) __launch_bounds__(MV_SPLIT_WARPS * WARP_SIZE,                               \
-    (MvMinBlocks<K>::value * MV_WARPS + MV_SPLIT_WARPS - 1) / MV_SPLIT_WARPS)
+// (through MvSplitBounds: a template's comma inside __launch_bounds__ would split its arguments)
+#define MV_SPLIT_BOUNDS(K) __launch_bounds__(MvSplitBounds<K>::threads, MvSplitBounds<K>::min_blocks)
 #ifndef MV_PRELOAD_EARLY
 // 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
 // that inside a decode graph they are in flight while the previous kernel ends; 0: after it
@@ -235,6 +241,16 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 #endif
 template <class K> struct Preloads { static constexpr int depth = 0; };
 template <class K> struct MvMinBlocks { static constexpr int value = Preloads<K>::depth > 0 ? MV_MIN_BLOCKS : 0; };
+// The warps of a decode_rows block: matvec_split_<kind>'s (MV_SPLIT_WARPS, or _PLAIN for the
+// kinds not preloaded), or matvec_<kind>'s and its forms' (MV_WARPS).
+template <class K, int SPLIT> struct MvBlockWarps {
+    static constexpr int value = SPLIT == 1 ? MV_WARPS : Preloads<K>::depth > 0 ? MV_SPLIT_WARPS : MV_SPLIT_WARPS_PLAIN;
+};
+template <class K> struct MvSplitBounds {
+    static constexpr int warps = MvBlockWarps<K, MV_SPLIT>::value;
+    static constexpr int threads = warps * WARP_SIZE;
+    static constexpr int min_blocks = (MvMinBlocks<K>::value * MV_WARPS + warps - 1) / warps;
+};
 
 #ifndef MV_COOP_WARPS
 // matvec_coop_<kind>: warps per block, a row each at a time. Why the kernel: matvec_q6_k's lanes
@@ -983,7 +999,7 @@ __device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const
                                                const u8 * __restrict__ w2, const MultiMatVecParams & p,
                                                const int bx, PreloadBuf<K> & pb) {
     if constexpr (decode_preloads<K>()) {
-        constexpr int UPB = MvBlockWarps<SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
+        constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
         int u = bx * UPB + threadIdx.x / WARP_SIZE / SPLIT;
         if (u < (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R) {
             const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, nullptr, nullptr, nullptr, p);
@@ -1003,7 +1019,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
                                                       float * __restrict__ y2, const MultiMatVecParams & p,
                                                       const int bx, const int gx, PreloadBuf<K> & pb,
                                                       const NormIn * norm) {
-    constexpr int UPB = MvBlockWarps<SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
+    constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
     const int units = (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R;
@@ -1013,7 +1029,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
     extern __shared__ int4 staged_x[];
     const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
                                                                                        staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<SPLIT>::value : 1][R];
+    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<K, SPLIT>::value : 1][R];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
         int u = ub + g;
@@ -1054,7 +1070,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     /* norm: the *_norm_ kernels' (stage_in); nullptr: x's Q8_1 blocks                          */
     /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
     /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
-    constexpr int UPB = MvBlockWarps<SPLIT>::value / SPLIT;    /* units per block: a group of SPLIT warps each */
+    constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT;    /* units per block: a group of SPLIT warps each */
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
     /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */
@@ -1069,7 +1085,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     extern __shared__ int4 staged_x[];
     const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
                                                                                        staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<SPLIT>::value : 1][MV_ROWS];
+    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<K, SPLIT>::value : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
         for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {
             int u = uu;
@@ -1399,6 +1415,7 @@ matvec_cols_split_##tag##name(const u8 * __restrict__ w0, const u8 * __restrict_
 }
 
 #define DEFINE_MATVEC(name, K)                                                                     \
+constexpr int matvec_split_##name##_warps = MvSplitBounds<K>::warps;  /* (the CPU harness) */     \
 extern "C" __global__ void MV_BOUNDS(K)                                                            \
 matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2,  \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
@@ -1415,7 +1432,8 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     PreloadBuf<K> pb;                                                                              \
     if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
-        prefetch_unit(w0, w1, w2, p, blockIdx.x * (MV_SPLIT_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
+        prefetch_unit(w0, w1, w2, p, blockIdx.x * (MvSplitBounds<K>::warps / MV_SPLIT)              \
+                      + threadIdx.x / WARP_SIZE / MV_SPLIT,                                        \
                       unit_rows<K>());                                                             \
     if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
     PDL_ENTRY();                                                                                   \
