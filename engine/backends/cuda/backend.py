@@ -867,6 +867,9 @@ class CudaBackend(Backend):
                 return
             name = f"matvec_{'split_' if split > 1 else ''}{_TYPE_NAMES[w0.type]}"
             threads = self.kernels.block_threads(src_file, name) if split > 1 else MV_WARPS * 32
+            if threads % (32 * split):      # (a build whose warps are not whole split groups)
+                raise CudaError(f"kernel {name} (kernels/{src_file}) was built for {threads} threads a block, "
+                                f"not whole groups of {split} warps")
             self.launch(src_file, name, (-(-units // (threads // 32 // split)), T), threads,
                         ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                         smem=_stage_bytes(w0.type, K))
