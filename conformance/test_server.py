@@ -483,6 +483,43 @@ def test_short_request_is_not_held_up_by_a_long_one(model, rng):
         short.cancelled.set()
 
 
+@pytest.mark.parametrize("ending", ["done", "error"])
+def test_last_event_comes_after_the_scheduler_lets_go(model, rng, ending):
+    """A client that has read a job's last event finds it gone from the scheduler's counts
+    (what /health and /metrics report): CI once caught /health saying 1 running right after
+    the reply. The scheduler's release of the job is slowed here (a 0.3 s sleep where it
+    starts letting go), so a last event sent before the release is seen every time."""
+    from engine.server import Job, Scheduler
+    greedy = SamplingParams(temperature=0.0)
+    ids = model.tokenizer.encode(words(rng, 3), add_special=True, parse_special=True)
+    job = Job(ids, 2, greedy, [], model.tokenizer)
+    if ending == "error":       # the second token fails: on_error, then the release
+        from engine.errors import BrassError
+        take = job.on_token
+
+        def fail_second(token):
+            if job.completion_tokens >= 1:
+                raise BrassError("planted failure")
+            return take(token)
+        job.on_token = fail_second
+    scheduler = Scheduler(model, parallel=1, max_waiting=1)
+    stop_solo = scheduler._stop_solo
+
+    def slow_release(r):
+        time.sleep(0.3)
+        stop_solo(r)
+    scheduler._stop_solo = slow_release         # the first thing the release does
+    try:
+        scheduler.submit(job)
+        while (event := job.events.get(timeout=120))[0] == "delta":
+            pass
+        assert event[0] == ending, event
+        assert scheduler.counts() == (0, 0), f"{ending} was sent while the job still ran"
+    finally:
+        job.cancelled.set()
+        scheduler.close()
+
+
 def wait_idle(server, seconds: float) -> dict:
     deadline = time.monotonic() + seconds
     while True:

@@ -13,10 +13,12 @@ all of them):
 and a job is what engine/serving.Request is (BatchScheduler drives either): `prompt_ids`,
 `max_tokens`, `sampling`; the scheduler calls `on_token(token) -> finished` for each token and
 `on_error(exc)` if generation fails, drops the job between tokens once `cancelled` is set (the
-client left), and sets `finished` when it is done with it. A Job turns its tokens into text
-(stop strings cut, the end-of-generation token left out) and puts events on `events`, a
-thread-safe queue: ("delta", text) ... then ("done", finish_reason, usage) or ("error",
-APIError); after each it calls `wakeup()`, the HTTP layer's bridge to its event loop.
+client left), and sets `finished` and calls `on_end()` when it is done with it. A Job turns its
+tokens into text (stop strings cut, the end-of-generation token left out) and puts events on
+`events`, a thread-safe queue: ("delta", text) ... then ("done", finish_reason, usage) or
+("error", APIError); after each it calls `wakeup()`, the HTTP layer's bridge to its event loop.
+The last event waits for `on_end()`: a client that has its whole reply finds the job gone from
+the scheduler's counts (/health, /metrics), not still running.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class Job:
         self._decoder = tokenizer.stream_decoder()
         self._on_tokens = on_tokens     # counts tokens for /metrics
         self._done = False
+        self._last = None               # ("done", ...) or ("error", ...), put by on_end()
 
     # -- what a scheduler calls --------------------------------------------------------------
 
@@ -106,7 +109,12 @@ class Job:
             err = APIError(400, str(exc))
         else:   # a fault of ours: the scheduler printed the traceback; the client gets no internals
             err = APIError(500, f"internal error during generation: {type(exc).__name__}")
-        self._put(("error", err))
+        self._last = ("error", err)
+
+    def on_end(self):
+        if self._last is not None:
+            last, self._last = self._last, None
+            self._put(last)
 
     # -- the rest ----------------------------------------------------------------------------
 
@@ -128,7 +136,7 @@ class Job:
         usage = {"prompt_tokens": n_prompt, "completion_tokens": self.completion_tokens,
                  "total_tokens": n_prompt + self.completion_tokens}
         self._done = True
-        self._put(("done", reason, usage))
+        self._last = ("done", reason, usage)
         return True
 
 

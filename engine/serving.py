@@ -20,8 +20,8 @@ so a request costs neither a cache allocation nor a capture. `warm_up()` loads e
 captures the decode graphs before the first request, which would otherwise wait for them.
 
 The scheduler knows nothing of HTTP: a Request is told its tokens through `on_token(token) ->
-bool` (True: it is finished) and a failure through `on_error(exc)`; it reads `cancelled` (a
-threading.Event) to leave early.
+bool` (True: it is finished) and a failure through `on_error(exc)`, and `on_end()` once the
+scheduler has let go of it; it reads `cancelled` (a threading.Event) to leave early.
 """
 
 from __future__ import annotations
@@ -109,6 +109,11 @@ class Request:
 
     def on_error(self, exc: BaseException):
         self.error = exc
+
+    def on_end(self):
+        """Called once, when the scheduler has let go of the request: it no longer counts in
+        `counts()` and its session is back in the pool. A reader told "finished" from here
+        sees the scheduler without it (the server's /health right after a reply)."""
 
 
 class _Running:
@@ -209,6 +214,7 @@ class BatchScheduler:
                         traceback.print_exc(file=sys.stderr)
                     req.on_error(e)
                     req.finished.set()
+                    req.on_end()
                     continue
                 with self._cv:
                     self._running.append(r)
@@ -433,6 +439,7 @@ class BatchScheduler:
                     self.batch_size = 0     # idle: the gauge must not wait for the next loop
             self.sessions.give(r.session)
         r.req.finished.set()
+        r.req.on_end()
 
     # -- before serving -------------------------------------------------------------------------
     def warm_up(self, prompt_tokens: int = 64, decode_tokens: int = 4) -> float:
