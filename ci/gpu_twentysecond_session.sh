@@ -46,7 +46,14 @@ probe)
         2>&1 | grep -vE "^WARNING|^\|"
     ;;
 stalls)
-    bash ci/gpu_twentyfirst_session.sh stalls
+    # the bar kernel under ncu's full set: every stall reason's samples (the raw page) and per
+    # SASS instruction (the source page, as CSV) into $OUT, the top instructions printed
+    guarded 230 ncu --set full --import-source no -k regex:matvec_split_q4_k -c 1 -o "$out/q4k" \
+        python3 ci/gpu_speed.py --types Q4_K --no-floor > "$out/ncu-run.txt" 2>&1
+    echo "ncu exit $? (t=$(t) s)"
+    ncu -i "$out/q4k.ncu-rep" --page raw --csv > "$out/raw.csv" 2>&1
+    ncu -i "$out/q4k.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" 2>&1
+    python3 ci/ncu_stalls.py "$out/raw.csv" "$out/sass.csv" 25
     ;;
 esac
 echo "done at t=$(t) s"

@@ -3,8 +3,9 @@
 # ci/gpu_lib.sh llama_build), packed for the runner: the binaries and their shared libraries
 # (libggml-cuda alone 67 MB) as one tar.xz of ~44 MB, split in two parts (.stage/llama-sm90-1/,
 # .stage/llama-sm90-2/ with the whole file's sha256), since a call carries 64 MiB with the tree
-# and the wheels: two consecutive calls bring one each (ci/gpu_thirteenth_session.sh part1,
-# llama_ready). A runner call that finds them skips the ~4.5 min build.
+# and the wheels: two consecutive calls bring one each (the first copies .stage/llama-sm90-1/*
+# to /tmp/llama-parts/, the second carries .stage/llama-sm90-2 and ci/gpu_lib.sh's llama_ready
+# joins them). A runner call that finds them skips the ~4.5 min build.
 #
 # Needs nvcc 13.0 and cuBLAS headers and libraries (the nvidia-cublas wheel's, linked into the
 # toolkit's folders), and a libcuda.so to link against: a machine without a driver has none, so

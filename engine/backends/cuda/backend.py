@@ -141,7 +141,7 @@ SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this man
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
 # moe_route's block (kernels/fused.cu), read from the source so that a variant of the kernel
-# compiled with another size (ci/gpu_levers_session.sh) is launched with its own
+# compiled with another size (a tuning run's variant) is launched with its own
 ROUTE_THREADS = int(re.search(r"#define ROUTE_THREADS (\d+)", (KERNEL_DIR / "fused.cu").read_text()).group(1))
 ARGMAX_THREADS = 1024
 DEQUANT_THREADS = 256
