@@ -111,9 +111,10 @@ class Request:
         self.error = exc
 
     def on_end(self):
-        """Called once, when the scheduler has let go of the request: it no longer counts in
-        `counts()` and its session is back in the pool. A reader told "finished" from here
-        sees the scheduler without it (the server's /health right after a reply)."""
+        """Called when the scheduler has let go of the request (after setting `finished`): it
+        no longer counts in `counts()` and its session is back in the pool. A reader told
+        "finished" from here sees the scheduler without it (the server's /health right after
+        a reply)."""
 
 
 class _Running:
