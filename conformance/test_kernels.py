@@ -772,21 +772,26 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     # matvec_split_<type> (one token, K >= MV_SPLIT_MIN_K) is launched with the threads its
     # module was built for (Kernels.block_threads: the kernel's __launch_bounds__, read from the
     # loaded function), so that a build with another MV_SPLIT_WARPS (kernels/matvec.cuh) needs no
-    # other change: the header's build must report the header's value, and builds of 16 and 32
-    # warps (and of 16 for the preloaded kinds only, MV_SPLIT_WARPS_PLAIN=8) must give its
-    # outputs bit for bit (Q4_K: the preloading loop; Q6_K, Q8_0 the plain one), every row
+    # other change: the header's build must report the header's values (MV_SPLIT_WARPS, or
+    # MV_SPLIT_WARPS_PLAIN for the kinds not preloaded), and builds of 8, 16 and 32 warps (and
+    # of 16 for the preloaded kinds only, MV_SPLIT_WARPS_PLAIN=8) must give its outputs bit for
+    # bit (Q4_K: the preloading loop; Q6_K, Q8_0 the plain one), every row
     # written (the outputs are poisoned)
     import re
 
     from engine.backends.cuda import CudaBackend
     from engine.backends.cuda import backend as cb
     header = int(re.search(r"#define MV_SPLIT_WARPS (\d+)", cb._MATVEC_H).group(1))
+    plain = re.search(r"#define MV_SPLIT_WARPS_PLAIN (\w+)", cb._MATVEC_H).group(1)
+    plain = header if plain == "MV_SPLIT_WARPS" else int(plain)
+    preloaded = qtype == GGMLType.Q4_K      # (MV_PRELOAD: the kinds MV_SPLIT_WARPS_PLAIN leaves out)
     K = 12288
     kernel = f"matvec_split_{cb._TYPE_NAMES[qtype]}"
     gf = weights(tmp_path, rng, {"a": (qtype, (300, K)), "b": (qtype, (37, K))})
     x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
-    builds = {(): header, ("-DMV_SPLIT_WARPS=16",): 16, ("-DMV_SPLIT_WARPS=32",): 32,
-              ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=8"): 16 if qtype == GGMLType.Q4_K else 8}
+    builds = {(): header if preloaded else plain, ("-DMV_SPLIT_WARPS=8", "-DMV_SPLIT_WARPS_PLAIN=8"): 8,
+              ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=16"): 16, ("-DMV_SPLIT_WARPS=32", "-DMV_SPLIT_WARPS_PLAIN=32"): 32,
+              ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=8"): 16 if preloaded else 8}
     out = {}
     for defines, warps in builds.items():
         be = CudaBackend(poison_outputs=True)
