@@ -162,8 +162,9 @@ SAME_BITS_SWITCHES = [
     ("MV_STAGE_BATCH=2",), ("MV_STAGE_BATCH=3",),
     # the same for the split kernels alone (2 is the default: 1 is the form without it)
     ("MV_STAGE_BATCH_SPLIT=1",), ("MV_STAGE_BATCH_SPLIT=3",),
-    # the split kernels' blocks of 16 and 32 warps (8 or 16 units a block, one staging of x)
-    ("MV_SPLIT_WARPS=16",), ("MV_SPLIT_WARPS=32",),
+    # the split kernels' blocks of 16 and 32 warps (8 or 16 units a block, one staging of x;
+    # both macros given, so that the case stays what it says whatever the header's defaults)
+    ("MV_SPLIT_WARPS=16", "MV_SPLIT_WARPS_PLAIN=16"), ("MV_SPLIT_WARPS=32", "MV_SPLIT_WARPS_PLAIN=32"),
     # ... for the preloaded kinds only (Q6_K and Q4_1 keep 8; Q4_K takes 16 or 32)
     ("MV_SPLIT_WARPS=16", "MV_SPLIT_WARPS_PLAIN=8"), ("MV_SPLIT_WARPS=32", "MV_SPLIT_WARPS_PLAIN=8"),
     # x's blocks copied raw into shared memory first (cp.async on the GPU, a copy here)
