@@ -520,6 +520,45 @@ def test_last_event_comes_after_the_scheduler_lets_go(model, rng, ending):
         scheduler.close()
 
 
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_phase_seconds_count_the_step_that_ends_a_job(model, rng, phase):
+    """The worker's seconds (/metrics' brass_scheduler_seconds_total) already count the prompt
+    chunk or the decode step that gave a job its last token when the client reads the job's
+    last event: CI once saw the decode seconds unchanged right after a reply. The step is slowed
+    after it has ended the job (a 0.3 s sleep before it returns), so seconds added only once the
+    step returns are missed every time."""
+    from engine.server import Job, Scheduler
+    greedy = SamplingParams(temperature=0.0)
+    scheduler = Scheduler(model, parallel=1, max_waiting=1)
+    name = "_prefill_chunk" if phase == "prefill" else "_decode"
+    step = getattr(scheduler, name)
+
+    def slow_step(*args):
+        step(*args)
+        time.sleep(0.3)
+    setattr(scheduler, name, slow_step)
+    # prefill: one token, given by the prompt's last chunk; decode: two, the second by a step
+    max_tokens = 1 if phase == "prefill" else 2
+    try:
+        for _ in range(8):
+            ids = model.tokenizer.encode(words(rng, 3), add_special=True, parse_special=True)
+            job = Job(ids, max_tokens, greedy, [], model.tokenizer)
+            before = dict(scheduler.seconds)
+            scheduler.submit(job)
+            while (event := job.events.get(timeout=120))[0] == "delta":
+                pass
+            assert event[0] == "done", event
+            seen = dict(scheduler.seconds)
+            if job.completion_tokens == max_tokens:
+                break
+        else:
+            pytest.fail(f"8 prompts ended before {max_tokens} tokens")
+        assert seen[phase] > before[phase], f"the {phase} that ended the job was not counted at its reply's end"
+    finally:
+        job.cancelled.set()
+        scheduler.close()
+
+
 def wait_idle(server, seconds: float) -> dict:
     deadline = time.monotonic() + seconds
     while True:

@@ -160,6 +160,11 @@ class BatchScheduler:
         # Seconds the worker spent reading prompts and decoding (what /metrics shows as
         # brass_scheduler_seconds_total): where a server's time goes under load.
         self.seconds = {"prefill": 0.0, "decode": 0.0}
+        # The phase the worker is in now (a key of seconds, or None) and when its time was last
+        # added: a request that ends mid-phase adds it first (_tick), so that /metrics read
+        # after its reply already counts the work that produced it.
+        self._phase: str | None = None
+        self._phase_t = 0.0
         # Greedy batched steps run one ahead on the device (BatchDecoder.greedy_steps) while
         # the same requests decode together: (their ids, the generator, the requests).
         self._ahead: tuple | None = None
@@ -240,19 +245,31 @@ class BatchScheduler:
             # a request streaming alone would keep its steps queued ahead of these prompts
             for r in self._running:
                 self._stop_solo(r)
-        t0 = time.perf_counter()
-        for r in reading:
-            n = min(self.prefill_chunk, len(r.req.prompt_ids) - r.read)
-            if n > budget and budget < self.prefill_chunk:
-                break
-            budget -= n
-            self._guard(r, self._prefill_chunk, r)
-        t1 = time.perf_counter()
-        self.seconds["prefill"] += t1 - t0
-        ready = [r for r in self._running if r.next is not None]
-        if ready:
-            self._decode(ready)
-            self.seconds["decode"] += time.perf_counter() - t1
+        self._enter("prefill")
+        try:
+            for r in reading:
+                n = min(self.prefill_chunk, len(r.req.prompt_ids) - r.read)
+                if n > budget and budget < self.prefill_chunk:
+                    break
+                budget -= n
+                self._guard(r, self._prefill_chunk, r)
+            ready = [r for r in self._running if r.next is not None]
+            self._enter("decode" if ready else None)
+            if ready:
+                self._decode(ready)
+        finally:
+            self._enter(None)
+
+    def _tick(self):
+        """Add the time since the last tick to the phase the worker is in."""
+        now = time.perf_counter()
+        if self._phase is not None:
+            self.seconds[self._phase] += now - self._phase_t
+        self._phase_t = now
+
+    def _enter(self, phase: str | None):
+        self._tick()
+        self._phase = phase
 
     def _prefill_chunk(self, r: _Running):
         ids = r.req.prompt_ids[r.read:r.read + self.prefill_chunk]
@@ -439,6 +456,7 @@ class BatchScheduler:
                 if not self._running:
                     self.batch_size = 0     # idle: the gauge must not wait for the next loop
             self.sessions.give(r.session)
+        self._tick()        # the work that ended it counted before its reply ends
         r.req.finished.set()
         r.req.on_end()
 
