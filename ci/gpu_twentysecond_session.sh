@@ -11,6 +11,10 @@
 #          48), and HDR_LATE at two items a row under a 64-register cap, against the defaults
 #          (ci/gpu_preload.py: bits compared, then tg128 and greedy tokens of Qwen3-0.6B and 8B
 #          alternated); VARIANTS overrides the list.
+#          (the twenty-fourth session timed that list and others: perf/NOTES.md; VARIANTS is how
+#          a next lever is timed.)
+#   bar:   issue 8's bar kernel and its harness's streaming-read floor, twice (ci/gpu_speed.py
+#          --types Q4_K; ~60 s warm, carry [".whl"]).
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +48,9 @@ probe)
     guarded 590 python3 ci/gpu_preload.py --shapes qwen3-0.6b,qwen3-8b --json "$out/variants.json" --variants \
         "${VARIANTS:-;MV_SPLIT_WARPS=16;MV_SPLIT_WARPS=32;MV_SPLIT_WARPS=16,MV_SPLIT_WARPS_PLAIN=8;MV_SPLIT_WARPS=32,MV_SPLIT_WARPS_PLAIN=8;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2,MV_MIN_BLOCKS=4}" \
         2>&1 | grep -vE "^WARNING|^\|"
+    ;;
+bar)
+    for i in 1 2; do guarded 590 python3 ci/gpu_speed.py --types Q4_K 2>&1 | grep -v "^WARNING"; done
     ;;
 stalls)
     # the bar kernel under ncu's full set: every stall reason's samples (the raw page) and per
