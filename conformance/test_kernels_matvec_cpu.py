@@ -173,9 +173,6 @@ SAME_BITS_SWITCHES = [
     ("MV_Q4K_SEL=0",),
     # Q4_K's header read just before the arithmetic, at one and two items a row in flight
     ("MV_Q4K_HDR_LATE=1",), ("MV_Q4K_HDR_LATE=1", "MV_PRELOAD=2"),
-    # the split kernels' second item a row in shared memory (cp.async on the GPU, a copy here),
-    # with the first loads before and after PDL_ENTRY, and with the header read late
-    ("MV_PRELOAD_SMEM=1",), ("MV_PRELOAD_SMEM=1", "MV_PRELOAD_EARLY=0"), ("MV_PRELOAD_SMEM=1", "MV_Q4K_HDR_LATE=1"),
 ]
 
 

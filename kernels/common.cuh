@@ -31,38 +31,11 @@ typedef unsigned long long u64;
 #define PDL_ENTRY() do { } while (0)
 #endif
 
-#ifndef MV_PREFETCH_BULK
-// prefetch_l2_span's form. 0: one `prefetch.global.L2` a 128-byte line, the warp's lanes in
-// turn (a 13.8 KB unit of two Q4_K rows of K = 12288 is 108 instructions over 32 lanes). 1: one
-// `cp.async.bulk.prefetch.L2` (sm_90) from lane 0 for the whole span, which the SM's copy unit
-// (TMA) walks on its own. Why: the split mat-vecs stage all of x before their first weight
-// use, and ncu puts ~30 % of issue 8's bar kernel's stall samples there; a span asked for as
-// one request keeps DRAM busy through the staging at the cost of one instruction a warp, where
-// the per-line form cost the 8B shape 251 -> 260 tok/s on its large matrices (perf/NOTES.md,
-// hence MV_PREFETCH_MAX_BYTES). A hint only: the same loads, the same bits. Measured on the
-// H200 (2026-12-04, ci/gpu_preload.py, us; tg128 alternated twice, greedy tokens the same):
-// Q4_K 4096 x 12288 8.84 (defaults) / 8.83 (bulk) / 10.37 (per line on every launch,
-// MV_PREFETCH_MAX_BYTES past it) / 10.30 (both); Qwen3-8B 351.3 / 343.8 / 332.3 / 327.1 tok/s,
-// 0.6B 990.9 / 991.7 / 991.0 / 991.2. Asking L2 for a large launch's rows ahead of their loads
-// costs it, in either form; 0.
-#define MV_PREFETCH_BULK 0
-#endif
-
-// Ask L2 for the bytes [p, p + n) ahead of their loads (no registers held, no result); every
-// lane of the warp calls it. Weights only (see PDL_ENTRY); a kernel calls it before PDL_ENTRY so
-// that its weights stream in while the previous kernel finishes. MV_PREFETCH_BULK: the 16-byte
-// words wholly inside the span (the bulk form's alignment; a row's few edge bytes are left to
-// the loads themselves).
+// Ask L2 for the bytes [p, p + n) ahead of their loads, one 128-byte line per lane of the warp
+// in turn (no registers held, no result). Weights only (see PDL_ENTRY); a kernel calls it
+// before PDL_ENTRY so that its weights stream in while the previous kernel finishes.
 __device__ __forceinline__ void prefetch_l2_span(const void * p, const long long n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && MV_PREFETCH_BULK
-    const unsigned long long a = (unsigned long long) p;
-    const unsigned long long lo = (a + 15) & ~15ull, hi = (a + (unsigned long long) (n > 0 ? n : 0)) & ~15ull;
-    /* the size operand is 32 bits: spans past 4 GB (none a warp reads first) are cut there */
-    if (threadIdx.x % 32 == 0 && hi > lo)
-        asm volatile("{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\t"
-                     "cp.async.bulk.prefetch.L2.global [g], %1;\n\t}"
-                     :: "l"(lo), "r"((unsigned) (hi - lo < 0xFFFFFFF0ull ? hi - lo : 0xFFFFFFF0ull)));
-#elif defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__)
     const char * c = (const char *) p;
     for (long long o = (long long) (threadIdx.x % 32) * 128; o < n; o += 32 * 128)
         asm volatile("prefetch.global.L2 [%0];" :: "l"(c + o));

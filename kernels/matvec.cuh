@@ -203,27 +203,6 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #ifndef MV_PRELOAD_Q6K
 #define MV_PRELOAD_Q6K 0
 #endif
-#ifndef MV_PRELOAD_SMEM
-// matvec_split_<kind> of the preloaded kinds that can (K::smem_load; Q4_K) at MV_PRELOAD 1: the
-// lane's next MV_PRELOAD_SMEM items of each row of its first unit, after the one in registers,
-// copied into shared memory as the first loads go out (cp.async: in flight, no registers held),
-// and taken from there in turn; the register slot, free after the first item, loads the first
-// item past them. Why: a split lane of issue 8's bar (Q4_K 4096 x 12288) has 3 items a row, and
-// with one in flight a row it waits out two DRAM round trips after the staging of x, one after
-// the other; with the next item already in flight it waits one. Shared memory a block:
-// MV_PRELOAD_SMEM x MV_PRELOAD_ROWS x 48 bytes a thread (1: 24 KB at 8 warps, beside x's 21.5
-// KB at K = 12288: 4 blocks an SM still fit). The same items, terms and order: the same bits.
-// Measured on the H200 (2026-12-04, ci/gpu_preload.py, us; every output the defaults' bits):
-// Q4_K 4096 x 12288 8.82 (defaults) / 11.26 (1: ptxas gives the kernel 71 registers, 3 blocks
-// an SM) / 10.21 (1 with MV_Q4K_HDR_LATE) / 11.43 (1 with MV_STAGE_BATCH_SPLIT=1); another call
-// 8.90 / 9.84 (1 under MV_MIN_BLOCKS=4: 64 registers, 4 blocks) / 8.91 (MV_MIN_BLOCKS=4 alone);
-// tg128 of Qwen3-0.6B and 8B within 0.5 % either way. With the DRAM already busy, the second
-// round trip was not what the kernel waits for; 0.
-#define MV_PRELOAD_SMEM 0
-#endif
-// (0 or 1: the buffer is static shared memory, and 2 items would pass the 48 KB a kernel may
-// have statically)
-static_assert(MV_PRELOAD_SMEM == 0 || MV_PRELOAD_SMEM == 1, "MV_PRELOAD_SMEM: 0 or 1 item a row");
 #ifndef MV_PRELOAD_ROWS
 // matvec_<kind> / matvec_split_<kind> of the preloaded kinds (MV_PRELOAD): rows a warp (a split
 // group) takes at once, each item of the staged activations read once for all of them (their
@@ -933,52 +912,6 @@ template <class K> struct HasDotRows<K, decltype((void) K::has_dot_rows)> { stat
 template <class K, class = void> struct HasLateLoad { static constexpr bool value = false; };
 template <class K> struct HasLateLoad<K, decltype((void) K::has_late_load)> { static constexpr bool value = K::has_late_load; };
 
-// Whether kind K can copy an item's weight bytes into shared memory and take them back from
-// there (K::smem_words 16-byte words an item; K::smem_load, K::smem_take: MV_PRELOAD_SMEM).
-template <class K, class = void> struct HasSmemLoad { static constexpr bool value = false; };
-template <class K> struct HasSmemLoad<K, decltype((void) K::smem_words)> { static constexpr bool value = true; };
-
-// MV_PRELOAD_SMEM's items for a decode_rows block of SPLIT > 1: the items past the first of a
-// lane's first unit, for the kinds that can, at one item in registers.
-template <class K, int SPLIT>
-__host__ __device__ __forceinline__ constexpr int smem_preloads() {
-    if constexpr (HasSmemLoad<K>::value) return SPLIT > 1 && Preloads<K>::depth == 1 ? MV_PRELOAD_SMEM : 0;
-    else return 0;
-}
-
-// Their buffer: one a kernel (word w of item slot k of row r for thread t at
-// ((k * MV_PRELOAD_ROWS + r) * words + w) * threads + t: a warp's 16-byte words side by side).
-template <int WORDS, int THREADS>
-__device__ __forceinline__ int4 * smem_preload_buffer() {
-    __shared__ int4 buf[MV_PRELOAD_SMEM * MV_PRELOAD_ROWS * WORDS * THREADS];
-    return buf;
-}
-
-// 16 bytes from global memory into shared memory, asynchronously (cp.async.ca: no registers
-// held until cp_async_wait). Off the GPU (the CPU builds) a copy.
-__device__ __forceinline__ void cp_async16(int4 * __restrict__ dst, const void * __restrict__ src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;"
-                 :: "r"((unsigned) __cvta_generic_to_shared(dst)), "l"(src) : "memory");
-#else
-    *dst = *(const int4 *) src;
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// This thread's cp.async groups done but the newest `pending` (0 to 3).
-__device__ __forceinline__ void cp_async_wait(const int pending) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (pending <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
-    else if (pending == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
-    else if (pending == 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
-    else asm volatile("cp.async.wait_group 3;" ::: "memory");
-#endif
-}
-
 // acc[r] += item i of row r (its raw loads buf[r][q]) . y, for the R rows: K::dot_raw_rows where
 // the kind has it (the activations read once), else K::dot_raw a row at a time. Each row's
 // product is dot_raw's float, added to acc[r] as the one-row loop adds it.
@@ -1032,41 +965,6 @@ __device__ __forceinline__ void preloaded_dot(const u8 * __restrict__ w, const i
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// preloaded_dot at one item a row in registers with the lane's next S items of each row in
-// shared memory (MV_PRELOAD_SMEM; sm: the buffer, nullptr for none: then preloaded_dot's loop):
-// items 1 .. S are taken from there (each waited for alone), and the register slot, unused
-// meanwhile, loads item S + 1 while item S is computed, then each next as before. The same
-// items in the same order: preloaded_dot's floats.
-template <class K, int R, int S, int THREADS, class A>
-__device__ __forceinline__ void preloaded_dot_smem(const u8 * __restrict__ w, const i64 rb, const A * __restrict__ x,
-                                                   const int n_items, typename K::raw (&buf)[R][1],
-                                                   const int4 * __restrict__ sm, const int first, const int step,
-                                                   float (&acc)[R]) {
-    constexpr int W = K::smem_words;
-    const int s_items = sm != nullptr ? S : 0;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    int k = 0;
-    for (int i = first; i < n_items; i += step, ++k) {
-        if (k >= 1 && k <= s_items) {
-            cp_async_wait(s_items - k);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                K::smem_take(sm + ((k - 1) * R + r) * W * THREADS + threadIdx.x, THREADS, buf[r][0]);
-        } else if constexpr (HasLateLoad<K>::value) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) K::late_load(w + r * rb, i, buf[r][0]);
-        }
-        kind_dot_rows<K, 1, R>(buf, 0, i, item_blocks(x + i), acc);
-        if (k >= s_items && i + step < n_items) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) K::load(w + r * rb, i + step, buf[r][0]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-}
-
 template <class K>
 __host__ __device__ __forceinline__ constexpr bool decode_preloads() {
     return Preloads<K>::depth > 0 && MV_ROWS == 1;
@@ -1088,34 +986,15 @@ template <class KA, class KB> union MixedPreloadBuf { PreloadBuf<KA> a; PreloadB
 
 // The first loads of unit u (rows u * R .. of its matrix; rows past the matrix's end read its
 // last row again) into pb; u becomes the unit's index within its matrix. Weights only.
-// to_smem: and, for a block's first unit, the items MV_PRELOAD_SMEM puts in shared memory (one
-// cp.async group an item slot, for preloaded_dot_smem's waits).
 template <class K, int SPLIT>
 __device__ __forceinline__ void preload_unit(const MatVecUnit & m, const int u, const int n_items,
-                                             PreloadBuf<K> & pb, const bool to_smem = false) {
+                                             PreloadBuf<K> & pb) {
     constexpr int R = MV_PRELOAD_ROWS;
     const int first = threadIdx.x % WARP_SIZE + (threadIdx.x / WARP_SIZE % SPLIT) * WARP_SIZE;
 #pragma unroll
     for (int r = 0; r < R; ++r)
         preload_items<K, Preloads<K>::depth>(m.w + (i64) min(u * R + r, m.n - 1) * m.rb, n_items, first,
                                              SPLIT * WARP_SIZE, pb.r[r]);
-    if constexpr (smem_preloads<K, SPLIT>() > 0) {
-        if (to_smem) {
-            constexpr int S = smem_preloads<K, SPLIT>(), W = K::smem_words;
-            constexpr int T = MvBlockWarps<K, SPLIT>::value * WARP_SIZE;
-            int4 * sm = smem_preload_buffer<W, T>();
-#pragma unroll
-            for (int k = 1; k <= S; ++k) {
-                const int i = first + k * SPLIT * WARP_SIZE;
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (i < n_items)
-                        K::smem_load(m.w + (i64) min(u * R + r, m.n - 1) * m.rb, i,
-                                     sm + ((k - 1) * R + r) * W * T + threadIdx.x, T);
-                cp_async_commit();
-            }
-        }
-    }
 }
 
 // decode_rows' first loads (MV_PRELOAD): the warp's first unit's items, into pb. Weights only,
@@ -1129,7 +1008,7 @@ __device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const
         int u = bx * UPB + threadIdx.x / WARP_SIZE / SPLIT;
         if (u < (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R) {
             const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, nullptr, nullptr, nullptr, p);
-            preload_unit<K, SPLIT>(m, u, p.k / K::values_per_item, pb, true);
+            preload_unit<K, SPLIT>(m, u, p.k / K::values_per_item, pb);
         }
     }
 }
@@ -1171,16 +1050,7 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
             /* the unit's last rows past the matrix's end are its last row again (dropped) */
             const i64 rb = R > 1 && row + 1 >= m.n ? 0 : m.rb;
             const u8 * w = m.w + row * m.rb;
-            if constexpr (smem_preloads<K, SPLIT>() > 0) {
-                /* the block's first unit: its items past the first in shared memory (preload_unit) */
-                constexpr int S = smem_preloads<K, SPLIT>(), T = MvBlockWarps<K, SPLIT>::value * WARP_SIZE;
-                const int4 * sm = ub == bx * UPB ? smem_preload_buffer<K::smem_words, T>() : nullptr;
-                if (xs != nullptr)
-                    preloaded_dot_smem<K, R, S, T>(w, rb, (const typename Staged<K>::act *) xs, n_items, pb.r, sm,
-                                                   first, step, acc);
-                else
-                    preloaded_dot_smem<K, R, S, T>(w, rb, x + (i64) t * n_items, n_items, pb.r, sm, first, step, acc);
-            } else if (xs != nullptr)
+            if (xs != nullptr)
                 preloaded_dot<K, P, R>(w, rb, (const typename Staged<K>::act *) xs, n_items, pb.r, first, step, acc);
             else
                 preloaded_dot<K, P, R>(w, rb, x + (i64) t * n_items, n_items, pb.r, first, step, acc);

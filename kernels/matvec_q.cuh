@@ -352,23 +352,6 @@ struct Q4KPairKind {
                                                         const Y * __restrict__ y, float (&out)[R]) {
         q4k_pair_math_rows<R>(rs, ip, y, out);
     }
-    // MV_PRELOAD_SMEM: an item's bytes as `load` reads them (qs's two 16-byte words, then the
-    // super-block's 16-byte header), copied to dst, dst + stride, dst + 2 stride; and back
-    static constexpr int smem_words = 3;
-    static __device__ __forceinline__ void smem_load(const u8 * __restrict__ row, const int ip, int4 * dst,
-                                                     const int stride) {
-        const block_q4_K * b = (const block_q4_K *) row + ip / 4;
-        const int j = ip % 4;
-        cp_async16(dst, b->qs + 32 * j);
-        cp_async16(dst + stride, b->qs + 32 * j + 16);
-        cp_async16(dst + 2 * stride, b);
-    }
-    static __device__ __forceinline__ void smem_take(const int4 * src, const int stride, raw & r) {
-        r.q0 = src[0];
-        r.q1 = src[stride];
-        const int4 h = src[2 * stride];
-        r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
-    }
 };
 template <> struct Preloads<Q4KPairKind> { static constexpr int depth = MV_PRELOAD; };
 __device__ __forceinline__ const block_q8_1 * item_blocks(const block_q8_1x2 * y) { return y->b; }
