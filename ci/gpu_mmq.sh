@@ -7,8 +7,8 @@
 #      whole-model op checks of test_kernels_model.py (the numpy reference follows the switch);
 #   3. timing at T = 512 on the Qwen3-8B shapes, Q4_K and Q6_K: MMQ against the f16 GEMM;
 #   4. with BRASS_MMQ=1, the teacher-forced test on the real models staged in $BRASS_CACHE
-#      (ci/gpu_stage.sh), run with --runxfail: smollm2-135m's strict xfail (issue 9, the f16
-#      GEMM) then shows as a plain pass or fail, i.e. whether MMQ fixes it.
+#      (ci/gpu_stage.sh); --runxfail turns any strict xfail of test_models.KNOWN_CUDA_DEFECTS
+#      (none since 2026-12-04) into a plain pass or fail, i.e. whether MMQ fixes it.
 #   run(command="bash ci/gpu_mmq.sh", carry=[".whl"])
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -16,6 +16,11 @@
 #   bar:   issue 8's bar kernel and its harness's streaming-read floor, twice (ci/gpu_speed.py
 #          --types Q4_K; ~60 s warm, carry [".whl"]).
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
+#   real:  the three real models' whole-model tests on CUDA against llama.cpp's CUDA goldens
+#          (test_models: activations, teacher-forced, greedy) once ci/gpu_stage.sh has put them in
+#          $BRASS_CACHE (here: `split -b 30m -d -a 2` each GGUF into .stage/, then one call per
+#          part, `bash ci/gpu_stage.sh` carrying that part alone, back to back on one warm runner:
+#          4 + 9 + 17 calls), with the models table (ci/gpu_summary.py --models). Carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -51,6 +56,14 @@ probe)
     ;;
 bar)
     for i in 1 2; do guarded 590 python3 ci/gpu_speed.py --types Q4_K 2>&1 | grep -v "^WARNING"; done
+    ;;
+real)
+    export BRASS_CACHE=${BRASS_CACHE:-/tmp/brass-cache}
+    bash ci/gpu_stage.sh | grep -v "out of order"
+    guarded 590 python3 -m pytest conformance/test_models.py -q -rs -p no:cacheprovider \
+        -k "cuda and (smollm2 or gemma3-270m or qwen2.5)" --junitxml="$out/real.xml" > "$out/real.log" 2>&1
+    echo "pytest exit $?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/real.log" | tail -12
+    python3 ci/gpu_summary.py "$out/real.xml" --models
     ;;
 stalls)
     # the bar kernel under ncu's full set: every stall reason's samples (the raw page) and per
