@@ -183,8 +183,10 @@ def spread_rule(name: str, backend: str, ref_set: str) -> Spread | None:
 # llama.cpp's 79 at margin 1.857 (on the H200 187/188 at margin > 1.0, worst top-1 |Δ| 18.839;
 # the numpy backend in q8_1 mode, the kernels' oracle, predicted 18.844). That position is
 # bistable for llama.cpp itself: its CPU backend puts the top-1 logit at 32.83, its CUDA backend
-# at 10.50, and Brass (29: 30.89, 79: 29.35) lands in the CPU's regime. Which regime a row falls
-# into is decided by rounding far upstream: in the oracle, computing position 0's layer-0
+# at 10.50, and Brass (29: 30.89, 79: 29.35) lands in the CPU's regime, where the mat-muls' exact
+# products land too (activations unrounded, float32 against the stored weights: 29: 30.89, 79:
+# 29.36; both llama.cpp backends pick 79 only through their activation rounding). Which regime
+# a row falls into is decided by rounding far upstream: in the oracle, computing position 0's layer-0
 # attention mat-muls (attn_v and attn_output) on Q8_1 instead of float16 moves position 1 from
 # 18.9 to 0.9 away, other rows and layers leave it 18.5-18.9 away. So it is no defect of Brass's
 # arithmetic but a position where the reference is not settled (settled_positions: llama.cpp's
