@@ -5,14 +5,13 @@
 #          MV_STAGE_BATCH_SPLIT=2) timed against the old ones (ci/gpu_preload.py, bits compared).
 #   sbs:   the three qwen3 shapes side by side with llama-bench (REPS=3).
 #   suite: the whole suite.
-#   probe: (for the next session; carry [".whl"]) the split kernels' block of 16 and 32 warps
-#          (MV_SPLIT_WARPS: one staging of x for 8 / 16 units), for every kind and for the
-#          preloaded ones alone (MV_SPLIT_WARPS_PLAIN=8: Q6_K takes 58 registers at 16 against
-#          48), and HDR_LATE at two items a row under a 64-register cap, against the defaults
-#          (ci/gpu_preload.py: bits compared, then tg128 and greedy tokens of Qwen3-0.6B and 8B
-#          alternated); VARIANTS overrides the list.
-#          (the twenty-fourth session timed that list and others: perf/NOTES.md; VARIANTS is how
-#          a next lever is timed.)
+#   probe: (carry [".whl"]) the split kernels built for clusters of 2, 4 and 8 blocks that
+#          stage x together (MV_STAGE_CLUSTER, written in the twenty-sixth session without a
+#          GPU), and at 2 and 4 with blocks of 4 warps (MV_SPLIT_WARPS=4 alone lost: twice the
+#          stagings), against the defaults (ci/gpu_preload.py: bits compared, then tg128 and greedy
+#          tokens of Qwen3-0.6B and 8B alternated); VARIANTS overrides the list (the
+#          twenty-fourth session's list, MV_SPLIT_WARPS 16 / 32 and HDR_LATE under a cap, was
+#          timed then: perf/NOTES.md).
 #   bar:   issue 8's bar kernel and its harness's streaming-read floor, twice (ci/gpu_speed.py
 #          --types Q4_K; ~60 s warm, carry [".whl"]).
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
@@ -51,7 +50,7 @@ suite)
     ;;
 probe)
     guarded 590 python3 ci/gpu_preload.py --shapes qwen3-0.6b,qwen3-8b --json "$out/variants.json" --variants \
-        "${VARIANTS:-;MV_SPLIT_WARPS=16;MV_SPLIT_WARPS=32;MV_SPLIT_WARPS=16,MV_SPLIT_WARPS_PLAIN=8;MV_SPLIT_WARPS=32,MV_SPLIT_WARPS_PLAIN=8;MV_Q4K_HDR_LATE=1,MV_PRELOAD=2,MV_MIN_BLOCKS=4}" \
+        "${VARIANTS:-;MV_STAGE_CLUSTER=2;MV_STAGE_CLUSTER=4;MV_STAGE_CLUSTER=8;MV_STAGE_CLUSTER=2,MV_SPLIT_WARPS=4;MV_STAGE_CLUSTER=4,MV_SPLIT_WARPS=4}" \
         2>&1 | grep -vE "^WARNING|^\|"
     ;;
 bar)
