@@ -386,6 +386,25 @@ template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
 #define MV_STAGE_BATCH_SPLIT 2
 #endif
 
+// A Q8_1 block as the mat-vecs stage it, from its quants q and its first word ds (d, then s),
+// every field from these registers (q8_sum over q is q8_sum over the block's quants): what
+// stage_q8_1's batched form and MV_STAGE_CLUSTER's staging store (the latter must not read x
+// again after its stores into peers' shared memory, which are asm with a memory clobber).
+__device__ __forceinline__ q8s staged_q8s(const int (&q)[8], const u32 ds) {
+    q8s o;
+    o.q[0] = make_int4(q[0], q[1], q[2], q[3]);
+    o.q[1] = make_int4(q[4], q[5], q[6], q[7]);
+    o.d = f16_to_f32((u16) (ds & 0xFFFF));
+    o.s = f16_to_f32((u16) (ds >> 16));
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) isum = __dp4a(0x01010101, q[i], isum);
+    o.isum = isum;
+    o.hsum = __dp4a(q[3], 0x01010101, __dp4a(q[2], 0x01010101, __dp4a(q[1], 0x01010101,
+                                                                    __dp4a(q[0], 0x01010101, 0))));
+    return o;
+}
+
 // Blocks x[0 .. n_q8) into shared memory as items of BPI blocks, one block per thread in turn
 // (the whole block takes part; the caller synchronises before reading).
 // NB: MV_STAGE_BATCH (or MV_STAGE_BATCH_SPLIT, the split kernels').
@@ -407,20 +426,7 @@ __device__ __forceinline__ void stage_q8_1(const block_q8_1 * __restrict__ x, St
 #pragma unroll
         for (int k = 0; k < NB; ++k) {
             const int b = b0 + k * blockDim.x;
-            if (b < n_q8) {
-                q8s o;
-                o.q[0] = make_int4(q[k][0], q[k][1], q[k][2], q[k][3]);
-                o.q[1] = make_int4(q[k][4], q[k][5], q[k][6], q[k][7]);
-                o.d = f16_to_f32((u16) (ds[k] & 0xFFFF));
-                o.s = f16_to_f32((u16) (ds[k] >> 16));
-                int isum = 0;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) isum = __dp4a(0x01010101, q[k][i], isum);
-                o.isum = isum;
-                o.hsum = __dp4a(q[k][3], 0x01010101, __dp4a(q[k][2], 0x01010101, __dp4a(q[k][1], 0x01010101,
-                                                                              __dp4a(q[k][0], 0x01010101, 0))));
-                s[b / BPI].b[b % BPI] = o;
-            }
+            if (b < n_q8) s[b / BPI].b[b % BPI] = staged_q8s(q[k], ds[k]);
         }
     }
     } else {
@@ -623,24 +629,6 @@ __device__ __forceinline__ int cluster_blocks() {
 #else
     return MV_STAGE_CLUSTER;     // the CPU build plays every rank of a cluster in turn (below)
 #endif
-}
-
-// A Q8_1 block as stage_q8_1 stages it, from its quants q and its first word ds (d, then s):
-// stage_q8_1's arithmetic, every field from these registers (q8_sum over q is q8_sum over the
-// block's quants), so that nothing is read again after the stores into peers' shared memory.
-__device__ __forceinline__ q8s staged_q8s(const int (&q)[8], const u32 ds) {
-    q8s o;
-    o.q[0] = make_int4(q[0], q[1], q[2], q[3]);
-    o.q[1] = make_int4(q[4], q[5], q[6], q[7]);
-    o.d = f16_to_f32((u16) (ds & 0xFFFF));
-    o.s = f16_to_f32((u16) (ds >> 16));
-    int isum = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) isum = __dp4a(0x01010101, q[i], isum);
-    o.isum = isum;
-    o.hsum = __dp4a(q[3], 0x01010101, __dp4a(q[2], 0x01010101, __dp4a(q[1], 0x01010101,
-                                                                    __dp4a(q[0], 0x01010101, 0))));
-    return o;
 }
 
 // o into *dst in the shared memory of each of the cluster's n blocks (dst: this block's address
