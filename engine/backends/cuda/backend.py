@@ -391,8 +391,12 @@ class _Kernels:
         if n is None:
             from cupy_backends.cuda.api import driver
             CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11
-            n = self._clusters[key] = max(1, int(driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
-                                                                          self.get(source, name).ptr)))
+            fn = self.get(source, name)
+            try:
+                n = int(driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, fn.ptr))
+            except driver.CUDADriverError:      # a driver before clusters (CUDA < 12): none
+                n = 0
+            n = self._clusters[key] = max(1, n)
         return n
 
     def allow_smem(self, source: str, name: str, nbytes: int, limit: int):
