@@ -577,15 +577,17 @@ def test_split_kernels_built_for_clusters_compile():
     # MV_STAGE_CLUSTER=2 builds for sm_90 with NVRTC, and only matvec_split_<kind> asks for
     # clusters (the backend rounds its grid to whole clusters, Kernels.cluster_width; the other
     # kernels that stage through stage_in run without a cluster and keep the block's staging).
-    # The default build asks for none. What the clusters do on the GPU, test_kernels.py checks
-    # (test_split_matvec_is_launched_as_its_build_asks) and ci/gpu_preload.py times.
+    # The default build asks for none, and so does the switch's build for GPUs before Hopper
+    # (no clusters there: each block stages x itself, as cluster_blocks() then says). What the
+    # clusters do on the GPU, test_kernels.py checks (test_split_matvec_is_launched_as_its_
+    # build_asks) and ci/gpu_preload.py times.
     import re
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
     from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
     source = (KERNEL_DIR / "matvec_q.cu").read_text()
 
-    def cluster_dims(defines):
-        ptx = compile_text("matvec_q.cu", source, "compute_90", defines, use_cache=False).decode()
+    def cluster_dims(defines, target="compute_90"):
+        ptx = compile_text("matvec_q.cu", source, target, defines, use_cache=False).decode()
         entries = re.split(r"\.entry ", ptx)[1:]
         return {e.split("(")[0].strip(): (m.group(1).replace(" ", "") if (m := re.search(
             r"\.reqnctapercluster\s+([\d, ]+)", e.split("{")[0])) else None) for e in entries}
@@ -595,3 +597,4 @@ def test_split_kernels_built_for_clusters_compile():
     assert "matvec_split_q4_k" in split and "matvec_q4_k" in on
     assert {n: d for n, d in on.items() if d is not None} == {n: "2,1,1" for n in split}
     assert all(d is None for d in cluster_dims(()).values())
+    assert all(d is None for d in cluster_dims(("-DMV_STAGE_CLUSTER=2",), "compute_80").values())

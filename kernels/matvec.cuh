@@ -605,7 +605,7 @@ __device__ __forceinline__ block_q8_1 * stage_raw_buffer() {
 // bits. 1: off (every block stages all of x itself), until the GPU times it.
 #define MV_STAGE_CLUSTER 1
 #endif
-#if MV_STAGE_CLUSTER > 1 && defined(__CUDA_ARCH__)
+#if MV_STAGE_CLUSTER > 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900     /* (clusters: Hopper on) */
 #define MV_SPLIT_CLUSTER_DIMS __cluster_dims__(MV_STAGE_CLUSTER, 1, 1)
 #else
 #define MV_SPLIT_CLUSTER_DIMS
@@ -626,6 +626,8 @@ __device__ __forceinline__ int cluster_blocks() {
     unsigned n;
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
     return (int) n;
+#elif defined(__CUDA_ARCH__)
+    return 1;                    // before Hopper: no clusters, each block stages x itself
 #else
     return MV_STAGE_CLUSTER;     // the CPU build plays every rank of a cluster in turn (below)
 #endif
