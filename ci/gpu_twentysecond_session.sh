@@ -12,6 +12,8 @@
 #          tokens of Qwen3-0.6B and 8B alternated); VARIANTS overrides the list (the
 #          twenty-fourth session's list, MV_SPLIT_WARPS 16 / 32 and HDR_LATE under a cap, was
 #          timed then: perf/NOTES.md).
+#   sanitize: compute-sanitizer's synccheck and racecheck over one split mat-vec built for
+#          clusters of 2 (ci/gpu_cluster_sanitize.py, bits against the default build).
 #   bar:   issue 8's bar kernel and its harness's streaming-read floor, twice (ci/gpu_speed.py
 #          --types Q4_K; ~60 s warm, carry [".whl"]).
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
@@ -52,6 +54,15 @@ probe)
     guarded 590 python3 ci/gpu_preload.py --shapes qwen3-0.6b,qwen3-8b --json "$out/variants.json" --variants \
         "${VARIANTS:-;MV_STAGE_CLUSTER=2;MV_STAGE_CLUSTER=4;MV_STAGE_CLUSTER=8;MV_STAGE_CLUSTER=2,MV_SPLIT_WARPS=4;MV_STAGE_CLUSTER=4,MV_SPLIT_WARPS=4}" \
         2>&1 | grep -vE "^WARNING|^\|"
+    ;;
+sanitize)
+    # MV_STAGE_CLUSTER's barriers and stores into peers' shared memory under compute-sanitizer
+    # (its builds compiled by a `probe` call before are in the kernel cache when the machine is warm)
+    for tool in synccheck racecheck; do
+        guarded 280 compute-sanitizer --tool $tool --error-exitcode 1 python3 ci/gpu_cluster_sanitize.py 2 2>&1 \
+            | grep -vE "^WARNING" | tail -6
+        echo "$tool exit ${PIPESTATUS[0]}"
+    done
     ;;
 bar)
     for i in 1 2; do guarded 590 python3 ci/gpu_speed.py --types Q4_K 2>&1 | grep -v "^WARNING"; done
