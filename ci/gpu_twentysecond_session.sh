@@ -51,7 +51,8 @@ suite)
     brass_suite 590 -n 14 -q
     ;;
 probe)
-    guarded 590 python3 ci/gpu_preload.py --shapes qwen3-0.6b,qwen3-8b --json "$out/variants.json" --variants \
+    sh=${SHAPES-qwen3-0.6b,qwen3-8b}     # SHAPES= (empty): the mat-vecs alone, no tg128
+    guarded 590 python3 ci/gpu_preload.py ${sh:+--shapes "$sh"} --json "$out/variants.json" --variants \
         "${VARIANTS:-;MV_STAGE_CLUSTER=2;MV_STAGE_CLUSTER=4;MV_STAGE_CLUSTER=8;MV_STAGE_CLUSTER=2,MV_SPLIT_WARPS=4;MV_STAGE_CLUSTER=4,MV_SPLIT_WARPS=4}" \
         2>&1 | grep -vE "^WARNING|^\|"
     ;;
