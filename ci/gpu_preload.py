@@ -95,8 +95,6 @@ def use_variant(b, defs: tuple[str, ...]):
         del k._smem_optin[key]
     for key in [key for key in k._threads if key[0] == SOURCE]:    # (a build's __launch_bounds__)
         del k._threads[key]
-    for key in [key for key in k._clusters if key[0] == SOURCE]:   # (and its __cluster_dims__)
-        del k._clusters[key]
     get = type(k).get
 
     def get_with(source, name, _k=k):

@@ -5,15 +5,11 @@
 #          MV_STAGE_BATCH_SPLIT=2) timed against the old ones (ci/gpu_preload.py, bits compared).
 #   sbs:   the three qwen3 shapes side by side with llama-bench (REPS=3).
 #   suite: the whole suite.
-#   probe: (carry [".whl"]) the split kernels built for clusters of 2, 4 and 8 blocks that
-#          stage x together (MV_STAGE_CLUSTER, written in the twenty-sixth session without a
-#          GPU), and at 2 and 4 with blocks of 4 warps (MV_SPLIT_WARPS=4 alone lost: twice the
-#          stagings), against the defaults (ci/gpu_preload.py: bits compared, then tg128 and greedy
-#          tokens of Qwen3-0.6B and 8B alternated); VARIANTS overrides the list (the
-#          twenty-fourth session's list, MV_SPLIT_WARPS 16 / 32 and HDR_LATE under a cap, was
-#          timed then: perf/NOTES.md).
-#   sanitize: compute-sanitizer's synccheck and racecheck over one split mat-vec built for
-#          clusters of 2 (ci/gpu_cluster_sanitize.py, bits against the default build).
+#   probe: (carry [".whl"]) the defaults against each of VARIANTS (";"-separated builds, each a
+#          ","-separated list of kernels/matvec.cuh switches; the first, empty, is the defaults)
+#          through ci/gpu_preload.py: bits compared, then the mat-vec shapes and tg128 and greedy
+#          tokens of Qwen3-0.6B and 8B alternated (SHAPES= empty: the mat-vecs alone). The levers
+#          timed so far and their figures: perf/NOTES.md.
 #   bar:   issue 8's bar kernel and its harness's streaming-read floor, twice (ci/gpu_speed.py
 #          --types Q4_K; ~60 s warm, carry [".whl"]).
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
@@ -21,7 +17,7 @@
 #          (test_models: activations, teacher-forced, greedy) once ci/gpu_stage.sh has put them in
 #          $BRASS_CACHE (here: `split -b 30m -d -a 2` each GGUF into .stage/, then one call per
 #          part, `bash ci/gpu_stage.sh` carrying that part alone, back to back on one warm runner:
-#          4 + 9 + 17 calls), with the models table (ci/gpu_summary.py --models). Carry [".whl"].
+#          4 + 9 + 16 calls), with the models table (ci/gpu_summary.py --models). Carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
@@ -53,17 +49,8 @@ suite)
 probe)
     sh=${SHAPES-qwen3-0.6b,qwen3-8b}     # SHAPES= (empty): the mat-vecs alone, no tg128
     guarded 590 python3 ci/gpu_preload.py ${sh:+--shapes "$sh"} --json "$out/variants.json" --variants \
-        "${VARIANTS:-;MV_STAGE_CLUSTER=2;MV_STAGE_CLUSTER=4;MV_STAGE_CLUSTER=8;MV_STAGE_CLUSTER=2,MV_SPLIT_WARPS=4;MV_STAGE_CLUSTER=4,MV_SPLIT_WARPS=4}" \
+        "${VARIANTS:?VARIANTS: the builds to time, e.g. \";MV_STAGE_BATCH_SPLIT=1\"}" \
         2>&1 | grep -vE "^WARNING|^\|"
-    ;;
-sanitize)
-    # MV_STAGE_CLUSTER's barriers and stores into peers' shared memory under compute-sanitizer
-    # (its builds compiled by a `probe` call before are in the kernel cache when the machine is warm)
-    for tool in synccheck racecheck; do
-        guarded 280 compute-sanitizer --tool $tool --error-exitcode 1 python3 ci/gpu_cluster_sanitize.py 2 2>&1 \
-            | grep -vE "^WARNING" | tail -6
-        echo "$tool exit ${PIPESTATUS[0]}"
-    done
     ;;
 bar)
     for i in 1 2; do guarded 590 python3 ci/gpu_speed.py --types Q4_K 2>&1 | grep -v "^WARNING"; done

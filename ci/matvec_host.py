@@ -97,8 +97,6 @@ extern "C" int mv_split_warps(const char * name) {
     SPLIT_WARPS(q4_k) SPLIT_WARPS(q5_k) SPLIT_WARPS(q6_k) SPLIT_WARPS(mxfp4)
     return -1;
 }
-// the blocks of a cluster matvec_split_<kind> is built for (the backend reads __cluster_dims__)
-extern "C" int mv_stage_cluster() { return MV_STAGE_CLUSTER; }
 
 extern "C" int run_kernel(const char * kernel, const char * name, void * const * b, const void * params,
                           unsigned gx, unsigned gy, unsigned threads, int smem) {
@@ -181,10 +179,7 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
                   cols=1, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
-    blocks = -(-units // upb)
-    if split > 1:       # whole clusters, as the backend rounds them (MV_STAGE_CLUSTER)
-        blocks = -(-blocks // lib.mv_stage_cluster()) * lib.mv_stage_cluster()
-    res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (blocks, 1),
+    res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
                threads, _stage_bytes(qtype, K))
     return res[4:4 + len(raws)]
 

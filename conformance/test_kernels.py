@@ -776,9 +776,7 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     # MV_SPLIT_WARPS_PLAIN for the kinds not preloaded), and builds of 8, 16 and 32 warps (and
     # of 16 for the preloaded kinds only, MV_SPLIT_WARPS_PLAIN=8) must give its outputs bit for
     # bit (Q4_K: the preloading loop; Q6_K, Q8_0 the plain one), every row
-    # written (the outputs are poisoned); and builds of clusters of 2 and 4 blocks
-    # (MV_STAGE_CLUSTER: x staged by the cluster together, the grid rounded up to whole
-    # clusters, Kernels.cluster_width; 169 units of 4 a block here: 43 blocks, an odd count)
+    # written (the outputs are poisoned)
     import re
 
     from engine.backends.cuda import CudaBackend
@@ -793,10 +791,7 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
     builds = {(): header if preloaded else plain, ("-DMV_SPLIT_WARPS=8", "-DMV_SPLIT_WARPS_PLAIN=8"): 8,
               ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=16"): 16, ("-DMV_SPLIT_WARPS=32", "-DMV_SPLIT_WARPS_PLAIN=32"): 32,
-              ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=8"): 16 if preloaded else 8,
-              ("-DMV_STAGE_CLUSTER=2",): header if preloaded else plain,
-              ("-DMV_STAGE_CLUSTER=4",): header if preloaded else plain}
-    header_cluster = int(re.search(r"#define MV_STAGE_CLUSTER (\d+)", cb._MATVEC_H).group(1))
+              ("-DMV_SPLIT_WARPS=16", "-DMV_SPLIT_WARPS_PLAIN=8"): 16 if preloaded else 8}
     out = {}
     for defines, warps in builds.items():
         be = CudaBackend(poison_outputs=True)
@@ -805,8 +800,6 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
         ys = be.matmul_many(be.asarray(x), [be.weight(gf, "a"), be.weight(gf, "b")])
         assert kernel in launched, launched
         assert be.kernels.block_threads("matvec_q.cu", kernel) == 32 * warps, defines
-        cluster = next((int(d.split("=")[1]) for d in defines if d.startswith("-DMV_STAGE_CLUSTER=")), header_cluster)
-        assert be.kernels.cluster_width("matvec_q.cu", kernel) == cluster, defines
         out[defines] = [be.to_numpy(y) for y in ys]
     for defines, ys in out.items():
         for i, (a, b) in enumerate(zip(ys, out[()])):

@@ -169,10 +169,6 @@ SAME_BITS_SWITCHES = [
     ("MV_SPLIT_WARPS=16", "MV_SPLIT_WARPS_PLAIN=8"), ("MV_SPLIT_WARPS=32", "MV_SPLIT_WARPS_PLAIN=8"),
     # x's blocks copied raw into shared memory first (cp.async on the GPU, a copy here)
     ("MV_STAGE_ASYNC=1",), ("MV_STAGE_ASYNC=1", "MV_STAGE_BATCH=2"),
-    # x staged by a cluster of blocks together, each rank's share stored into every block's
-    # shared memory (here one block plays the ranks in turn: the shares must cover x exactly,
-    # 3 not dividing the blocks; the GPU test in test_kernels.py runs real clusters)
-    ("MV_STAGE_CLUSTER=2",), ("MV_STAGE_CLUSTER=3",),
     # Q4_K's scale and min by byte_of and a branch (the default: by shifts and selects)
     ("MV_Q4K_SEL=0",),
     # Q4_K's header read just before the arithmetic, at one and two items a row in flight
@@ -571,30 +567,3 @@ def test_q4k_weight_loads_through_ldg_compile():
     image = compile_text("matvec_q.cu", (KERNEL_DIR / "matvec_q.cu").read_text(), "sm_90", ("-DMV_LDG=1",),
                          use_cache=False)
     assert b"matvec_split_q4_k" in image
-
-
-def test_split_kernels_built_for_clusters_compile():
-    # MV_STAGE_CLUSTER=2 builds for sm_90 with NVRTC, and only matvec_split_<kind> asks for
-    # clusters (the backend rounds its grid to whole clusters, Kernels.cluster_width; the other
-    # kernels that stage through stage_in run without a cluster and keep the block's staging).
-    # The default build asks for none, and so does the switch's build for GPUs before Hopper
-    # (no clusters there: each block stages x itself, as cluster_blocks() then says). What the
-    # clusters do on the GPU, test_kernels.py checks (test_split_matvec_is_launched_as_its_
-    # build_asks) and ci/gpu_preload.py times.
-    import re
-    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
-    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
-    source = (KERNEL_DIR / "matvec_q.cu").read_text()
-
-    def cluster_dims(defines, target="compute_90"):
-        ptx = compile_text("matvec_q.cu", source, target, defines, use_cache=False).decode()
-        entries = re.split(r"\.entry ", ptx)[1:]
-        return {e.split("(")[0].strip(): (m.group(1).replace(" ", "") if (m := re.search(
-            r"\.reqnctapercluster\s+([\d, ]+)", e.split("{")[0])) else None) for e in entries}
-
-    on = cluster_dims(("-DMV_STAGE_CLUSTER=2",))
-    split = {n for n in on if n.startswith("matvec_split_")}
-    assert "matvec_split_q4_k" in split and "matvec_q4_k" in on
-    assert {n: d for n, d in on.items() if d is not None} == {n: "2,1,1" for n in split}
-    assert all(d is None for d in cluster_dims(()).values())
-    assert all(d is None for d in cluster_dims(("-DMV_STAGE_CLUSTER=2",), "compute_80").values())

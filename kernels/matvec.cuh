@@ -388,8 +388,7 @@ template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
 
 // A Q8_1 block as the mat-vecs stage it, from its quants q and its first word ds (d, then s),
 // every field from these registers (q8_sum over q is q8_sum over the block's quants): what
-// stage_q8_1's batched form and MV_STAGE_CLUSTER's staging store (the latter must not read x
-// again after its stores into peers' shared memory, which are asm with a memory clobber).
+// stage_q8_1's batched form stores.
 __device__ __forceinline__ q8s staged_q8s(const int (&q)[8], const u32 ds) {
     q8s o;
     o.q[0] = make_int4(q[0], q[1], q[2], q[3]);
@@ -589,142 +588,9 @@ __device__ __forceinline__ block_q8_1 * stage_raw_buffer() {
     return raw.b;
 }
 
-#ifndef MV_STAGE_CLUSTER
-// >1: matvec_split_<kind> is built for clusters of this many blocks (Hopper's thread block
-// clusters, __cluster_dims__), which stage x together: block r of a cluster converts x's Q8_1
-// blocks b = r, r + N, r + 2N, ... and stores each into the shared memory of every block of
-// its cluster (distributed shared memory, st.shared::cluster), so that x crosses from L2 once
-// a cluster instead of once a block and a thread converts 1/N as many blocks. Why try it:
-// every block of issue 8's bar launch (512 of them, one wave) reads all 13.8 KB of x before
-// its first row, 7 MB from L2 at the kernel's start beside the weights' first loads, and the
-// staging held ~30 % of the bar kernel's stall samples (perf/NOTES.md, twenty-second session).
-// What it costs: two cluster barriers (the first so that no block writes into a cluster
-// peer's shared memory before that block has started), and clusters are placed on one GPC
-// at a time. The backend rounds the grid up to whole clusters (Kernels.cluster_width reads
-// the loaded kernel's); blocks past the last unit stage and leave. The same values: the same
-// bits. Measured on the H200 (2026-12-05, ci/gpu_preload.py, us, defaults / N = 2 / 4 / 8; every
-// output the defaults' bits): Q4_K 4096 x 12288 8.8 / 13.6 / 15.5 / 15.8, Q6_K 4096 x 12288
-// 17.6 / 28.5 / 29.1 / 29.5; the unsplit shapes unchanged. The cluster barriers (the release
-// arrive is a GPU-wide MEMBAR, waiting on the weights' first loads too) cost far more than the
-// L2 reads they save. 1: off (every block stages all of x itself); kept only as the measured
-// record of the lever, removable.
-#define MV_STAGE_CLUSTER 1
-#endif
-#if MV_STAGE_CLUSTER > 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900     /* (clusters: Hopper on) */
-#define MV_SPLIT_CLUSTER_DIMS __cluster_dims__(MV_STAGE_CLUSTER, 1, 1)
-#else
-#define MV_SPLIT_CLUSTER_DIMS
-#endif
-
-// This block's rank in its cluster and the cluster's blocks (0 and 1 without a cluster launch).
-__device__ __forceinline__ int cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int) r;
-#else
-    return 0;
-#endif
-}
-__device__ __forceinline__ int cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return (int) n;
-#elif defined(__CUDA_ARCH__)
-    return 1;                    // before Hopper: no clusters, each block stages x itself
-#else
-    return MV_STAGE_CLUSTER;     // the CPU build plays every rank of a cluster in turn (below)
-#endif
-}
-
-// o into *dst in the shared memory of each of the cluster's n blocks (dst: this block's address
-// of it; every block's dynamic shared memory has the same layout). Off the GPU: this block's.
-__device__ __forceinline__ void store_q8s_cluster(q8s * __restrict__ dst, const q8s & o, const int n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned) __cvta_generic_to_shared(dst);
-    const float4 tail = make_float4(o.d, o.s, __int_as_float(o.isum), __int_as_float(o.hsum));
-    for (int r = 0; r < n; ++r) {
-        unsigned ra;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
-        asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};"
-                     :: "r"(ra), "r"(o.q[0].x), "r"(o.q[0].y), "r"(o.q[0].z), "r"(o.q[0].w) : "memory");
-        asm volatile("st.shared::cluster.v4.b32 [%0+16], {%1, %2, %3, %4};"
-                     :: "r"(ra), "r"(o.q[1].x), "r"(o.q[1].y), "r"(o.q[1].z), "r"(o.q[1].w) : "memory");
-        asm volatile("st.shared::cluster.v4.f32 [%0+32], {%1, %2, %3, %4};"
-                     :: "r"(ra), "f"(tail.x), "f"(tail.y), "f"(tail.z), "f"(tail.w) : "memory");
-    }
-#else
-    (void) n;
-    *dst = o;
-#endif
-}
-
-// The cluster barrier in its two halves (every thread of every block of the cluster takes
-// part). Off the GPU the cluster is one block playing each rank in turn: arrive and wait are
-// nothing, and the barrier that ends the staging is the block's.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
-#else
-    __syncthreads();
-#endif
-}
-
-// MV_STAGE_CLUSTER's staging: rank `rank`'s share of x's n_q8 blocks (b = rank + N j, N =
-// MV_STAGE_CLUSTER), into the staged items of every block of the cluster. The caller has
-// arrived on the cluster barrier (cluster_arrive_relaxed); each thread waits on it after its
-// first loads, before its first store into a peer's shared memory, and only once.
-template <int BPI>
-__device__ __forceinline__ void stage_q8_1_share(const block_q8_1 * __restrict__ x, StagedItem<BPI> * __restrict__ s,
-                                                 const int n_q8, const int rank) {
-    constexpr int N = MV_STAGE_CLUSTER;
-    const int share = (n_q8 - rank + N - 1) / N;
-    int j = threadIdx.x;
-    int q[8];
-    u32 ds = 0;
-    if (j < share) {
-        act_qs(x + rank + N * j, q);
-        ds = *(const u32 *) (x + rank + N * j);     /* d, then s (block_q8_1's first 4 bytes) */
-    }
-    cluster_wait();
-    for (; j < share; j += blockDim.x) {
-        const int b = rank + N * j;
-        if (j != (int) threadIdx.x) {
-            act_qs(x + b, q);
-            ds = *(const u32 *) (x + b);
-        }
-        store_q8s_cluster(&s[b / BPI].b[b % BPI], staged_q8s(q, ds), N);
-    }
-}
-
-// x's n_q8 blocks staged by the cluster (MV_STAGE_CLUSTER), synchronised over it.
-template <int BPI>
-__device__ __forceinline__ void stage_q8_1_cluster(const block_q8_1 * __restrict__ x, StagedItem<BPI> * __restrict__ s,
-                                                   const int n_q8) {
-    cluster_arrive_relaxed();
-#if defined(__CUDA_ARCH__)
-    stage_q8_1_share<BPI>(x, s, n_q8, cluster_rank());
-#else
-    for (int r = 0; r < MV_STAGE_CLUSTER; ++r) stage_q8_1_share<BPI>(x, s, n_q8, r);
-#endif
-    cluster_sync();
-}
-
 // A one-token launch's staged activations: stage_act's copy of x's Q8_1 blocks, or with a
 // norm (the *_norm_ kernels; the backend gives them rows short enough to stage) the blocks
-// formed from the residual stream. RAW_FIRST: the launch may take MV_STAGE_ASYNC's copy, or
-// MV_STAGE_CLUSTER's when it runs in clusters.
+// formed from the residual stream. RAW_FIRST: the launch may take MV_STAGE_ASYNC's copy.
 template <class K, bool RAW_FIRST = false, int NB = MV_STAGE_BATCH>
 __device__ __forceinline__ const void * stage_in(const typename K::act * __restrict__ x, const int n_items,
                                                  void * __restrict__ smem, const NormIn * norm) {
@@ -733,15 +599,6 @@ __device__ __forceinline__ const void * stage_in(const typename K::act * __restr
             stage_norm_q8_1(*norm, (typename Staged<K>::act *) smem);
             __syncthreads();
             return smem;
-        }
-        if constexpr (RAW_FIRST && MV_STAGE_CLUSTER > 1) {
-            const int n_q8 = n_items * Staged<K>::blocks_per_item;
-            /* uniform over the cluster: the same x and n_q8 in every block */
-            if (cluster_blocks() == MV_STAGE_CLUSTER && n_q8 * QK8_1 <= MV_STAGE_MAX_K) {
-                stage_q8_1_cluster<Staged<K>::blocks_per_item>((const block_q8_1 *) x,
-                                                              (typename Staged<K>::act *) smem, n_q8);
-                return smem;
-            }
         }
         if constexpr (RAW_FIRST && MV_STAGE_ASYNC) {
             const int n_q8 = n_items * Staged<K>::blocks_per_item;
@@ -1579,7 +1436,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     PDL_ENTRY();                                                                                   \
     decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
 }                                                                                                  \
-extern "C" __global__ void MV_SPLIT_BOUNDS(K) MV_SPLIT_CLUSTER_DIMS                                \
+extern "C" __global__ void MV_SPLIT_BOUNDS(K)                                                      \
 matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
     const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \

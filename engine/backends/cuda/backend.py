@@ -355,7 +355,6 @@ class _Kernels:
         self._functions: dict[tuple[str, str], cupy.cuda.function.Function] = {}
         self._smem_optin: dict[tuple[str, str], int] = {}
         self._threads: dict[tuple[str, str], int] = {}
-        self._clusters: dict[tuple[str, str], int] = {}
 
     def get(self, source: str, name: str):
         key = (source, name)
@@ -380,23 +379,6 @@ class _Kernels:
             CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
             n = self._threads[key] = int(driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                                                                  self.get(source, name).ptr))
-        return n
-
-    def cluster_width(self, source: str, name: str) -> int:
-        """The blocks of a cluster the kernel was built for (__cluster_dims__; 1 without): its
-        grid must be whole clusters. matvec_split_<type> has them with MV_STAGE_CLUSTER > 1
-        (kernels/matvec.cuh), whose blocks stage x together."""
-        key = (source, name)
-        n = self._clusters.get(key)
-        if n is None:
-            from cupy_backends.cuda.api import driver
-            CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11
-            fn = self.get(source, name)
-            try:
-                n = int(driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, fn.ptr))
-            except driver.CUDADriverError:      # a driver before clusters (CUDA < 12): none
-                n = 0
-            n = self._clusters[key] = max(1, n)
         return n
 
     def allow_smem(self, source: str, name: str, nbytes: int, limit: int):
@@ -888,11 +870,7 @@ class CudaBackend(Backend):
             if threads % (32 * split):      # (a build whose warps are not whole split groups)
                 raise CudaError(f"kernel {name} (kernels/{src_file}) was built for {threads} threads a block, "
                                 f"not whole groups of {split} warps")
-            blocks = -(-units // (threads // 32 // split))
-            if split > 1:       # whole clusters (MV_STAGE_CLUSTER: blocks past the last unit stage x and leave)
-                cw = self.kernels.cluster_width(src_file, name)
-                blocks = -(-blocks // cw) * cw
-            self.launch(src_file, name, (blocks, T), threads,
+            self.launch(src_file, name, (-(-units // (threads // 32 // split)), T), threads,
                         ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                         smem=_stage_bytes(w0.type, K))
             return
