@@ -10,8 +10,8 @@
 #          through ci/gpu_preload.py: bits compared, then the mat-vec shapes and tg128 and greedy
 #          tokens of Qwen3-0.6B and 8B alternated (SHAPES= empty: the mat-vecs alone). The levers
 #          timed so far and their figures: perf/NOTES.md.
-#   bar:   issue 8's bar kernel and its harness's streaming-read floor, twice (ci/gpu_speed.py
-#          --types Q4_K; ~60 s warm, carry [".whl"]).
+#   bar:   issue 8's bar kernel and its harness's streaming-read floor, three times (issue 8's
+#          figures are best of 3 each; ci/gpu_speed.py --types Q4_K; ~90 s warm, carry [".whl"]).
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
 #   real:  the three real models' whole-model tests on CUDA against llama.cpp's CUDA goldens
 #          (test_models: activations, teacher-forced, greedy) once ci/gpu_stage.sh has put them in
@@ -53,7 +53,7 @@ probe)
         2>&1 | grep -vE "^WARNING|^\|"
     ;;
 bar)
-    for i in 1 2; do guarded 590 python3 ci/gpu_speed.py --types Q4_K 2>&1 | grep -v "^WARNING"; done
+    for i in 1 2 3; do guarded 590 python3 ci/gpu_speed.py --types Q4_K 2>&1 | grep -v "^WARNING"; done
     ;;
 real)
     export BRASS_CACHE=${BRASS_CACHE:-/tmp/brass-cache}
