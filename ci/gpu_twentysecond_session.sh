@@ -5,6 +5,10 @@
 #          MV_STAGE_BATCH_SPLIT=2) timed against the old ones (ci/gpu_preload.py, bits compared).
 #   sbs:   the three qwen3 shapes side by side with llama-bench (REPS=3).
 #   suite: the whole suite.
+#   suite_bg: the whole suite started in the background from a copy of the tree in /tmp (so that
+#          the next calls, which copy the tree again, cannot change files under it), on a warm
+#          runner going on between calls (staging calls, say); carry [".whl"]. suite_wait [N]:
+#          waits for it until t = N (default 590) and prints what `suite` prints.
 #   probe: (carry [".whl"]) the defaults against each of VARIANTS (";"-separated builds, each a
 #          ","-separated list of kernels/matvec.cuh switches; the first, empty, is the defaults)
 #          through ci/gpu_preload.py: bits compared, then the mat-vec shapes and tg128 and greedy
@@ -45,6 +49,22 @@ sbs)
     ;;
 suite)
     brass_suite 590 -n 14 -q
+    ;;
+suite_bg)
+    rm -rf /tmp/brass-suite /tmp/brass-suite-out && mkdir -p /tmp/brass-suite /tmp/brass-suite-out
+    cp -a . /tmp/brass-suite/
+    (cd /tmp/brass-suite && setsid nohup env OUT=/tmp/brass-suite-out bash -c \
+        'bash ci/gpu_conformance.sh -n 14 -q > $OUT/suite.log 2>&1; echo $? > $OUT/rc' > /dev/null 2>&1 < /dev/null &)
+    echo "suite started in the background (t=$(t) s)"
+    ;;
+suite_wait)
+    s=/tmp/brass-suite-out
+    [ -d "$s" ] || { echo "no background suite here (a fresh runner?)"; exit 1; }
+    while [ ! -f "$s/rc" ] && [ "$(left "${2:-590}")" -gt 0 ]; do sleep 5; done
+    [ -f "$s/rc" ] && echo "suite exit $(cat "$s/rc") (t=$(t) s)" || echo "suite still running at t=$(t) s"
+    grep -E "^(FAILED|ERROR)" "$s/suite.log" | head -20
+    cat "$s/gpu-conformance-summary.txt" 2>/dev/null || { echo "no summary yet:"; tail -3 "$s/suite.log"; }
+    cp "$s/suite.log" "$s/gpu-models.txt" "$out/" 2>/dev/null
     ;;
 probe)
     sh=${SHAPES-qwen3-0.6b,qwen3-8b}     # SHAPES= (empty): the mat-vecs alone, no tg128
