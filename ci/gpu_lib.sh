@@ -29,8 +29,8 @@
 # guarded N CMD...: CMD under `timeout` until t = N, or a line saying it was skipped (GNU
 #   timeout takes 0 as no limit and refuses a negative one).
 # brass_suite N [pytest args]: the whole suite (ci/gpu_conformance.sh) until t = N, its log in
-#   $out/suite.log, its failures and summary line printed, its junit XML removed (the files
-#   that come back are counted).
+#   $out/suite.log, its failures and summary line printed (suite_report DIR), its junit XML
+#   removed (the files that come back are counted).
 
 LLAMA_SRC_DIR=/tmp/llama-src
 
@@ -84,9 +84,13 @@ guarded() {
 brass_suite() {
     local until=$1; shift
     guarded "$until" bash ci/gpu_conformance.sh "$@" > "$out/suite.log" 2>&1
-    echo "suite exit $?"; grep -E "^(FAILED|ERROR)" "$out/suite.log" | head -20
-    cat "$out/gpu-conformance-summary.txt" 2>/dev/null || echo "no summary: the suite did not end in time"
+    echo "suite exit $?"; suite_report "$out"
     rm -f "$out/gpu-conformance.xml"
+}
+
+suite_report() {     # $1: the folder of a suite's log and summary: its failures and summary line
+    grep -E "^(FAILED|ERROR)" "$1/suite.log" | head -20
+    cat "$1/gpu-conformance-summary.txt" 2>/dev/null || { echo "no summary: the suite did not end in time"; tail -3 "$1/suite.log"; }
 }
 
 llama_env() {

@@ -62,8 +62,7 @@ suite_wait)
     [ -d "$s" ] || { echo "no background suite here (a fresh runner?)"; exit 1; }
     while [ ! -f "$s/rc" ] && [ "$(left "${2:-590}")" -gt 0 ]; do sleep 5; done
     [ -f "$s/rc" ] && echo "suite exit $(cat "$s/rc") (t=$(t) s)" || echo "suite still running at t=$(t) s"
-    grep -E "^(FAILED|ERROR)" "$s/suite.log" | head -20
-    cat "$s/gpu-conformance-summary.txt" 2>/dev/null || { echo "no summary yet:"; tail -3 "$s/suite.log"; }
+    suite_report "$s"
     cp "$s/suite.log" "$s/gpu-models.txt" "$out/" 2>/dev/null
     ;;
 probe)
