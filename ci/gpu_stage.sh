@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # How real models reach the GPU runner, which has no network and takes at most 64 MiB per call
-# (repository included): split each assembled GGUF here into ordered parts under .stage/
-# (ignored by git), carry one or two parts per call, and run this script in each call. It
-# appends the carried parts to $BRASS_STAGE (a folder outside the working tree, which a warm
-# runner keeps between consecutive calls) and, once a model is complete and its sha256 matches
-# the catalog, moves it into $BRASS_CACHE/models with its stamp, where the catalog finds it.
+# (repository included): ci/stage_parts.sh splits each assembled GGUF here into ordered 63 MiB
+# parts under .stage/ (ignored by git) and detaches this checkout onto a slim tree, so that each
+# call carries one part; this script, run in each call, appends the carried part to $BRASS_STAGE
+# (a folder outside the working tree, which a warm runner keeps between consecutive calls) and,
+# once a model is complete and its sha256 matches the catalog, moves it into $BRASS_CACHE/models
+# with its stamp, where the catalog finds it.
 #
-#   here:   mkdir -p .stage && split -b 40m -d -a 2 ~/.cache/brass/models/X.gguf .stage/X.gguf.part
+#   here:   bash ci/stage_parts.sh split; bash ci/stage_parts.sh slim
 #   runner: run(command="bash ci/gpu_stage.sh", carry=[".stage/X.gguf.part00"]), then part01, ...
-#           then BRASS_CACHE=/tmp/brass-cache bash ci/gpu_conformance.sh
+#   here:   bash ci/stage_parts.sh back; then, on the same warm runner,
+#           BRASS_CACHE=/tmp/brass-cache bash ci/gpu_conformance.sh (or gpu_twentysecond_session.sh real)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=${BRASS_STAGE:-/tmp/brass-stage}

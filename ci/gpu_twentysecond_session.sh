@@ -19,9 +19,10 @@
 #   stalls: ncu's stall samples of issue 8's bar kernel per SASS instruction (ci/ncu_stalls.py).
 #   real:  the three real models' whole-model tests on CUDA against llama.cpp's CUDA goldens
 #          (test_models: activations, teacher-forced, greedy) once ci/gpu_stage.sh has put them in
-#          $BRASS_CACHE (here: `split -b 30m -d -a 2` each GGUF into .stage/, then one call per
-#          part, `bash ci/gpu_stage.sh` carrying that part alone, back to back on one warm runner:
-#          4 + 9 + 16 calls), with the models table (ci/gpu_summary.py --models). Carry [".whl"].
+#          $BRASS_CACHE (here: `bash ci/stage_parts.sh split` and `slim`, then one call per part,
+#          `bash ci/gpu_stage.sh` carrying that part alone, back to back on one warm runner:
+#          2 + 4 + 8 calls; then `stage_parts.sh back`), with the models table
+#          (ci/gpu_summary.py --models). Carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/gpu_lib.sh
