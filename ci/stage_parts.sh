@@ -46,8 +46,10 @@ slim)
     commit=$(git commit-tree "$tree" -p HEAD -m "slim tree for the GPU runner's staging calls (not a branch)")
     mkdir -p .stage && echo "$from" > "$branch_file"
     git checkout -q --detach "$commit"
-    bytes=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-    echo "slim checkout of ${#slim_paths[@]} files ($bytes bytes); \`bash ci/stage_parts.sh back\` returns to $from"
+    # what a call sends besides the carried part: tracked files and untracked ones not ignored
+    bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb | tail -1 | cut -f1)
+    echo "slim checkout of ${#slim_paths[@]} files ($bytes bytes travel with each part); \`bash ci/stage_parts.sh back\` returns to $from"
+    [ "$bytes" -lt $(( (64 - part_mib) << 20 )) ] || echo "warning: that and a ${part_mib} MiB part exceed the 64 MiB a call carries"
     ;;
 back)
     from=$(cat "$branch_file" 2>/dev/null || echo main)
