@@ -8,7 +8,8 @@
 #   suite_bg: the whole suite started in the background from a copy of the tree in /tmp (so that
 #          the next calls, which copy the tree again, cannot change files under it), on a warm
 #          runner going on between calls (staging calls, say); carry [".whl"]. suite_wait [N]:
-#          waits for it until t = N (default 590) and prints what `suite` prints.
+#          waits for it until t = N (default 590) and prints what `suite` prints. suite_bg refuses
+#          while an earlier one has not ended (suite_wait first: a second run after the first).
 #   probe: (carry [".whl"]) the defaults against each of VARIANTS (";"-separated builds, each a
 #          ","-separated list of kernels/matvec.cuh switches; the first, empty, is the defaults)
 #          through ci/gpu_preload.py: bits compared, then the mat-vec shapes and tg128 and greedy
@@ -52,6 +53,9 @@ suite)
     brass_suite 590 -n 14 -q
     ;;
 suite_bg)
+    if [ -d /tmp/brass-suite-out ] && [ ! -f /tmp/brass-suite-out/rc ]; then
+        echo "a background suite is still running: suite_wait first"; exit 1   # never pull its tree away
+    fi
     rm -rf /tmp/brass-suite /tmp/brass-suite-out && mkdir -p /tmp/brass-suite /tmp/brass-suite-out
     cp -a . /tmp/brass-suite/
     (cd /tmp/brass-suite && setsid nohup env OUT=/tmp/brass-suite-out bash -c \
