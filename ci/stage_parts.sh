@@ -5,7 +5,7 @@
 # models, each one a chance for the runner to go idle (30 s) and drop what was staged. With a slim
 # checkout (the files ci/gpu_stage.sh needs, and this script) a call carries one 63 MiB part: 14 calls.
 #
-#   bash ci/stage_parts.sh split   # .stage/<gguf>.partNN, 63 MiB each, from ~/.cache/brass/models
+#   bash ci/stage_parts.sh split   # .stage/<gguf>.partNN, 63 MiB each, of the catalog's cached models
 #   bash ci/stage_parts.sh slim    # detach HEAD onto a commit of those six files (main untouched)
 #   ... run(command="bash ci/gpu_stage.sh", carry=[".stage/<gguf>.partNN"]) per part, in order ...
 #   bash ci/stage_parts.sh back    # check main out again (the full tree) for the calls that test
@@ -14,23 +14,25 @@
 # in /tmp on the runner, so the slim tree cannot change files under it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-part_mib=${PART_MIB:-63}        # + the slim tree (~60 KB) stays under the 64 MiB a call carries
+part_mib=${PART_MIB:-63}        # + the slim tree (~20 KB) stays under the 64 MiB a call carries
 slim_paths=(.gitignore ci/gpu_stage.sh ci/stage_parts.sh engine/__init__.py engine/catalog.py engine/errors.py)
 branch_file=.stage/slim-from    # the branch `slim` left, for `back`
 
 case "${1:-}" in
 split)
-    models=${BRASS_CACHE:-$HOME/.cache/brass}/models
+    models=$(python3 -c "from engine import catalog; print(catalog.cache_dir() / 'models')")
     mkdir -p .stage
     rm -f .stage/*.gguf.part[0-9][0-9]
-    shopt -s nullglob
-    ggufs=("$models"/*.gguf)
-    [ ${#ggufs[@]} -gt 0 ] || { echo "no models in $models: \`brass models --fetch\` or run the tests once"; exit 1; }
-    for f in "${ggufs[@]}"; do
-        split -b "${part_mib}m" -d -a 2 "$f" ".stage/$(basename "$f").part"
+    for nf in $(python3 -c "from engine import catalog; print(*(f'{m.name}:{m.filename}' for m in catalog.CATALOG.values()))"); do
+        name=${nf%%:*}; f=${nf#*:}
+        if [ -f "$models/$f" ]; then
+            split -b "${part_mib}m" -d -a 2 "$models/$f" ".stage/$f.part"
+        else
+            echo "not in $models: $f (python3 -c 'from engine import catalog; catalog.fetch(\"$name\")' fetches it)"
+        fi
     done
-    ls -l .stage/*.gguf.part[0-9][0-9] | awk '{print $5, $NF}'
-    echo "$(ls .stage/*.gguf.part[0-9][0-9] | wc -l) parts: one staging call each, in this order"
+    ls -l .stage/*.gguf.part[0-9][0-9] 2> /dev/null | awk '{print $5, $NF}'
+    echo "$(ls .stage/*.gguf.part[0-9][0-9] 2> /dev/null | wc -l) parts: one staging call each, in this order"
     ;;
 slim)
     if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
