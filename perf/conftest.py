@@ -36,9 +36,17 @@ def pytest_configure(config):
         if not getattr(config.option, "benchmark_json", None):
             from perf.baseline import baseline_path, device_name
             RESULTS.mkdir(parents=True, exist_ok=True)
-            # (pytest-benchmark's own option is an argparse.FileType('wb'): it writes through
-            # the object it is given, so a path string failed at the end of every run)
-            config.option.benchmark_json = open(RESULTS / baseline_path(device_name()).name, "wb")
+            config.option.benchmark_json = _json_option(RESULTS / baseline_path(device_name()).name)
+
+
+def _json_option(path: Path):
+    """--benchmark-json's value as the installed pytest-benchmark takes it: up to 5.2 the option
+    is an argparse.FileType('wb') and the plugin writes through the open file it is given; from
+    5.3 it is a Path and the plugin opens the file itself (an open file there is a TypeError at
+    the end of the run). The installed version's own major.minor decides."""
+    from importlib.metadata import version
+    major, minor = (int(x) for x in version("pytest-benchmark").split(".")[:2])
+    return path if (major, minor) >= (5, 3) else open(path, "wb")
 
 
 def pytest_terminal_summary(terminalreporter, config):
