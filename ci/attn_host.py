@@ -346,7 +346,7 @@ def rope_attention(lib, q, k, v, pos, k_cache, v_cache, scale, *, q_norm, k_norm
     """The CPU build of attention.cu's `rope_attention` (T = 1 per sequence): (q_out, k_out, out,
     Q8_1 blocks or None); k_cache and v_cache (float16) are updated in place as the kernel
     writes them. Outputs poisoned with NaN before the kernel runs."""
-    from kernels.params import pack
+    from brass.backends.cuda.params import pack
     T, H, D = q.shape
     cap, Hkv, _ = k_cache.shape
     DV = v_cache.shape[2]
@@ -416,7 +416,7 @@ def unseen_slots(pos, cap, window) -> np.ndarray:
 
 
 def main(argv: list[str]) -> int:
-    from kernels.cases import ATTENTION, cuda_reference, nmse
+    from conformance.harness.cases import ATTENTION, cuda_reference, nmse
     rng = np.random.default_rng(int(argv[0]) if argv else 0)
     lib = build()
     ref = cuda_reference()

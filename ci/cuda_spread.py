@@ -37,7 +37,7 @@ TESTS = ("test_activations", "test_teacher_forced", "test_greedy_stream")
 
 def _config(attr: str, change):
     """Every model loaded afterwards computes with `attr` of its config changed."""
-    from engine.model import Model
+    from brass.model import Model
     init = Model.__init__
 
     def patched(self, *a, **kw):
@@ -48,7 +48,7 @@ def _config(attr: str, change):
 
 def _decay(factor: float):
     """The delta-net's log-decay g (S <- exp(g) S) multiplied by `factor`."""
-    from engine.backends.numpy_backend import NumpyBackend
+    from brass.backends.numpy_backend import NumpyBackend
     op = NumpyBackend.gated_delta_net
     NumpyBackend.gated_delta_net = lambda self, q, k, v, g, beta, state: op(self, q, k, v, g * factor, beta, state)
 
@@ -57,7 +57,7 @@ def _expert(expert: int, factor: float):
     """Expert `expert`'s output multiplied by `factor` wherever it is chosen (its routing weight)."""
     import numpy as np
 
-    from engine.backends.numpy_backend import NumpyBackend
+    from brass.backends.numpy_backend import NumpyBackend
     op = NumpyBackend.moe_ffn
 
     def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, *a, **kw):
@@ -112,11 +112,11 @@ class _Outcomes:
 
 
 def _child(plant: str | None, models: list[str], out: str, verbose: bool, backends: list[str]) -> int:
-    import engine.backends
-    import engine.model
-    engine.backends.cuda_available = lambda: True          # before test_models is imported
-    get_backend = engine.model.get_backend
-    engine.model.get_backend = lambda name=None, **kw: (
+    import brass.backends
+    import brass.model
+    brass.backends.cuda_available = lambda: True          # before test_models is imported
+    get_backend = brass.model.get_backend
+    brass.model.get_backend = lambda name=None, **kw: (
         get_backend("numpy", act_mode="q8_1") if name == "cuda" else get_backend(name, **kw))
     if plant:
         name, x = parse_plant(plant)

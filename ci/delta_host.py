@@ -193,8 +193,8 @@ def random_case(rng, T, Hk, Hv, D, g_hi=2.0):
 
 
 def main(argv: list[str]) -> int:
-    from engine.backends.numpy_backend import NumpyBackend
-    from kernels.cases import DELTA_CHUNKED, nmse
+    from brass.backends.numpy_backend import NumpyBackend
+    from conformance.harness.cases import DELTA_CHUNKED, nmse
     rng = np.random.default_rng(int(argv[0]) if argv else 0)
     lib = build()
     failed = 0

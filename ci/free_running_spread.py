@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: list[str]) -> int:
     from conformance import test_kernels_model as t
-    from engine import arch as registry
-    from engine.arch.common import Weights
-    from engine.config import read_config
-    from engine.gguf import GGUFFile
-    from engine.kv_cache import KVCache
-    from kernels.cases import cuda_reference, nmse
+    from brass import arch as registry
+    from brass.arch.common import Weights
+    from brass.config import read_config
+    from brass.gguf import GGUFFile
+    from brass.kv_cache import KVCache
+    from conformance.harness.cases import cuda_reference, nmse
 
     name = argv[0]
     n_seeds = int(argv[1]) if len(argv) > 1 else 100

@@ -83,7 +83,7 @@ def build() -> ctypes.CDLL:
 def rope_store(lib, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox, freq_scale=1.0):
     """(q_out, k_out) of the kernel over q/k/v [T, H(_kv), D]; the float16 caches are updated
     in place at slots pos, as the kernel writes them."""
-    from kernels.params import pack
+    from brass.backends.cuda.params import pack
     T, H, D = q.shape
     Hkv, DV = k.shape[1], v.shape[2]
     f32 = lambda a: np.ascontiguousarray(a, np.float32)     # noqa: E731
@@ -108,7 +108,7 @@ def _f(a: np.ndarray) -> int:
 
 def add_rms_norm(lib, a, b, w, eps, scale=None):
     """(sum, y, y's Q8_1 blocks) of the kernel over rows a [R, D] (+ b, then * scale[0])."""
-    from kernels.params import pack
+    from brass.backends.cuda.params import pack
     a = np.ascontiguousarray(a, np.float32)
     R, D = a.shape
     s, y = np.full((R, D), np.nan, np.float32), np.full((R, D), np.nan, np.float32)
@@ -124,7 +124,7 @@ def add_rms_norm(lib, a, b, w, eps, scale=None):
 
 def moe_norms(lib, x, w, w_router, factor, eps):
     """(h, h's Q8_1 blocks, r) of the kernel over rows x [R, D]."""
-    from kernels.params import pack
+    from brass.backends.cuda.params import pack
     x = np.ascontiguousarray(x, np.float32)
     R, D = x.shape
     h, r = np.full((R, D), np.nan, np.float32), np.full((R, D), np.nan, np.float32)

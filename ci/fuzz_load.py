@@ -1,6 +1,6 @@
 """Mutation fuzz of model loading: copies of the synthetic GGUFs (golden/models/) with flipped
 bytes, truncations, extreme integers and floats in the header, renamed tensors and shifted
-chunks, each loaded with `engine.load(..., backend="numpy")` and run on one prompt. Every copy
+chunks, each loaded with `brass.load(..., backend="numpy")` and run on one prompt. Every copy
 must either run or fail with a BrassError; anything else (a KeyError from deep in the forward
 pass, a ValueError from a mat-mul, a hang) is a bug.
 
@@ -337,8 +337,8 @@ def mutant(seed: int, case: int) -> tuple[Path, bytes, list[str]]:
 
 def run(path: str | os.PathLike) -> None:
     """Load and generate two tokens. Raises whatever the engine raises."""
-    import engine
-    m = engine.load(str(path), backend="numpy", quiet=True)
+    import brass
+    m = brass.load(str(path), backend="numpy", quiet=True)
     try:
         ids = m.tokenizer.encode(PROMPT)
         out = list(m.generate(ids, max_tokens=2, stop_at_eog=False))
@@ -349,7 +349,7 @@ def run(path: str | os.PathLike) -> None:
 
 def check(seed: int, case: int, directory: str | os.PathLike) -> tuple[str, str]:
     """Run one copy: ("ok", ""), ("brass", message) or ("other", traceback)."""
-    from engine.errors import BrassError
+    from brass.errors import BrassError
     model, data, done = mutant(seed, case)
     path = Path(directory) / f"fuzz-{os.getpid()}-{case}.gguf"
     path.write_bytes(data)

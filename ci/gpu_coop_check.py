@@ -19,10 +19,10 @@ SHAPES = [(151936, 1024), (151936, 4096), (3072, 1024), (1024, 3072), (4096, 409
 def main() -> int:
     import cupy as cp
 
-    import engine.backends.cuda.backend as cb
+    import brass.backends.cuda.backend as cb
     from ci.gpu_speed import copy_bandwidth
-    from engine.gguf import GGMLType, GGUFFile
-    from kernels.cases import random_weight_file
+    from brass.gguf import GGMLType, GGUFFile
+    from conformance.harness.cases import random_weight_file
     b = cb.CudaBackend()
     bw = copy_bandwidth(cp)
     rng = np.random.default_rng(1)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(seeds: list[int]) -> None:
     import conformance.test_kernels_model as t
-    from engine.arch import gemma4
-    from kernels.cases import nmse
+    from brass.arch import gemma4
+    from conformance.harness.cases import nmse
 
     orig = t.Lockstep._compare
 

@@ -48,9 +48,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ci.soak import PROMPTS  # noqa: E402
-from engine import model as model_mod  # noqa: E402
-from engine.serving import BatchScheduler, Request  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
+from brass import model as model_mod  # noqa: E402
+from brass.serving import BatchScheduler, Request  # noqa: E402
+from brass.sampling import SamplingParams  # noqa: E402
 
 MB = 2 ** 20
 
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
             captures[0] += 1
             return capture(fn, **kw)
         m.backend.capture = counted
-    from engine.chat_template import ChatTemplate
+    from brass.chat_template import ChatTemplate
     template = ChatTemplate.from_gguf(m.gguf, m.tokenizer)
     soak_ids = [m.tokenizer.encode(template.render([{"role": "user", "content": p}]),
                                    add_special=True, parse_special=True) for p in PROMPTS]

@@ -71,7 +71,7 @@ matvec_define() {
 }
 
 brass_tg() {
-    timeout "${2:-50}" python3 -m engine bench "$1" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
+    timeout "${2:-50}" python3 -m brass bench "$1" --backend cuda -r 3 -p 0 -n 128 2>/dev/null | grep -oE "tg128 .*"
 }
 
 t() { echo $((SECONDS - t0)); }

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.gguf import GGMLType, GGUFFile
-from kernels.cases import nmse, random_weight_file
+from brass.gguf import GGMLType, GGUFFile
+from conformance.harness.cases import nmse, random_weight_file
 
 SHAPES = ((4096, 4096), (12288, 4096), (4096, 12288))       # (N, K): q/o, gate/up, down
 TYPES = (GGMLType.Q4_K, GGMLType.Q6_K)
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     cuda = CudaBackend()
     rng = np.random.default_rng(0)
     T = args.tokens

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the next (the model keeps sequences' first prompts' graphs)
 os.environ["BRASS_PROMPT_GRAPHS"] = "0"
 
-from engine.gguf import GGMLType  # noqa: E402
+from brass.gguf import GGMLType  # noqa: E402
 
 SOURCE = "matvec_q.cu"
 # --pick: a variant is kept when it decodes at least 1 % faster over the shapes (geometric mean)
@@ -73,7 +73,7 @@ def options(defs: tuple[str, ...]) -> tuple[str, ...]:
 
 def precompile(variants, target: str):
     """Every variant's matvec_q.cu image into the compile cache, in parallel processes."""
-    code = ("import sys; sys.path.insert(0, {root!r}); from engine.backends.cuda.compiler import compile_source; "
+    code = ("import sys; sys.path.insert(0, {root!r}); from brass.backends.cuda.compiler import compile_source; "
             "compile_source({src!r}, {target!r}, {opts!r})")
     root = str(Path(__file__).resolve().parents[1])
     procs = [subprocess.Popen([sys.executable, "-c", code.format(root=root, src=SOURCE, target=target,
@@ -144,7 +144,7 @@ def main(argv=None):
     from tabulate import tabulate
 
     from ci.gpu_speed import copy_bandwidth, matvec_speed
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     label = [",".join(v) or "defaults" for v in variants]
     b = CudaBackend()
     t0 = time.time()
@@ -173,14 +173,14 @@ def main(argv=None):
     print(tabulate(rows, headers=["type", "N", "K", *label], tablefmt="github"), flush=True)
 
     if args.shapes:
-        import engine
+        import brass
         from ci import shape_models
-        from engine.bench import bench
+        from brass.bench import bench
         for shape in args.shapes.split(","):
             path = args.dir / f"{shape}.gguf"
             if not path.exists():
                 shape_models.write(shape, args.dir)
-            m = engine.load(str(path), backend="cuda", quiet=True)
+            m = brass.load(str(path), backend="cuda", quiet=True)
             prompt = [int(t) for t in np.random.default_rng(3).integers(0, m.config.n_vocab, 8)]
             tokens0, tg = None, {name: [] for name in label}
             for _ in range(args.rounds):

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def decode(path, n=20):
-    import engine
-    m = engine.load(path, backend="cuda", quiet=True)
+    import brass
+    m = brass.load(path, backend="cuda", quiet=True)
     s = m.new_session(256)
     s.prefill([1, 2, 3, 4])
     for t in s.greedy(5, 4):          # eager first step, capture, warm replays
@@ -32,8 +32,8 @@ def decode(path, n=20):
 
 
 def prefill(path, T=512):
-    import engine
-    m = engine.load(path, backend="cuda", quiet=True)
+    import brass
+    m = brass.load(path, backend="cuda", quiet=True)
     s = m.new_session(T)
     ids = [int(t) for t in np.random.default_rng(0).integers(0, m.config.n_vocab, T)]
     s.prefill(ids, device_logits=True)
@@ -44,9 +44,9 @@ def prefill(path, T=512):
 
 
 def batch(path, n=20, rows=16):
-    import engine
-    from engine.batch import BatchDecoder
-    m = engine.load(path, backend="cuda", quiet=True)
+    import brass
+    from brass.batch import BatchDecoder
+    m = brass.load(path, backend="cuda", quiet=True)
     sessions = [m.new_session(256) for _ in range(rows)]
     for i, s in enumerate(sessions):
         s.prefill([1 + i, 2, 3, 4])
@@ -63,9 +63,9 @@ def batch(path, n=20, rows=16):
 
 
 def matvec(tname, N, K):
-    from engine.backends.cuda import CudaBackend
-    from engine.gguf import GGMLType, GGUFFile
-    from kernels.cases import random_weight_file
+    from brass.backends.cuda import CudaBackend
+    from brass.gguf import GGMLType, GGUFFile
+    from conformance.harness.cases import random_weight_file
     b = CudaBackend()
     rng = np.random.default_rng(0)
     gf = GGUFFile(random_weight_file(Path("/tmp/prof-w.gguf"), rng, {"w": (GGMLType[tname], (N, K))}))

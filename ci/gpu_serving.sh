@@ -62,7 +62,7 @@ if want llama-server && [ -x "$server" ]; then
     kill "$pid"; wait "$pid" 2> /dev/null
 fi
 if want brass; then
-    python3 -m engine serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port 8182 \
+    python3 -m brass serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port 8182 \
         > "$out/brass-serve.log" 2>&1 &
     pid=$!
     wait_health 8182 180 && drive brass 8182 || { echo "brass serve did not start"; tail -5 "$out/brass-serve.log"; }

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(path, n=16, t=40):
-    import engine
-    from engine.sampling import Sampler, SamplingParams
-    m = engine.load(path, backend="cuda", quiet=True)
+    import brass
+    from brass.sampling import Sampler, SamplingParams
+    m = brass.load(path, backend="cuda", quiet=True)
     b = m.backend
     rng = np.random.default_rng(0)
     sessions = [m.new_session(256) for _ in range(n)]

@@ -46,7 +46,7 @@ for name in "${names[@]}"; do
     [ -f "$dir/$name.gguf" ] && python3 - "$dir/$name.gguf" "$name" "$recipe" <<'PY' || rm -f "$dir/$name.gguf"
 import sys
 from pathlib import Path
-from engine.gguf import GGUFFile
+from brass.gguf import GGUFFile
 from ci.shape_models import is_real
 # a file left by a run with --layers / --vocab / --experts is not the real shape; nor one of
 # another recipe (general.file_type: 38 = MXFP4_MOE)
@@ -63,7 +63,7 @@ PY
         "$bench_bin" -m "$dir/$name.gguf" -p 512 -n 128 -fa 1 -ngl 99 -r "$reps" -o json \
             > "$out/llama-$name.json" 2> "$out/llama-$name.log" || tail -5 "$out/llama-$name.log"
     fi
-    python3 -m engine bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r "$reps" --json \
+    python3 -m brass bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r "$reps" --json \
         > "$out/brass-$name.json" 2> "$out/brass-$name.log" || tail -5 "$out/brass-$name.log"
     python3 -c 'import sys; from pathlib import Path; from ci.side_by_side_table import bytes_per_token; print(bytes_per_token(Path(sys.argv[1])))' \
         "$dir/$name.gguf" > "$out/bytes-$name.txt"

@@ -24,7 +24,7 @@ if [ "${1:-start}" = start ]; then
     # a server of an earlier start still running would hold the port and GPU memory
     [ -f "$state/serve.pid" ] && kill "$(cat "$state/serve.pid")" 2> /dev/null
     rm -f "$state"/*
-    setsid nohup python3 -m engine serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port "$port" \
+    setsid nohup python3 -m brass serve "$dir/$shape.gguf" --backend cuda --parallel 16 --port "$port" \
         > "$state/serve.log" 2>&1 < /dev/null &
     echo $! > "$state/serve.pid"
     for _ in $(seq 1 180); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done

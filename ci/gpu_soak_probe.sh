@@ -13,7 +13,7 @@ secs=${1:-100}
 i=0
 for v in NONE=1 BRASS_SHARED_PROMPT_GRAPHS=0 BRASS_BATCH_BUCKETS=0 BRASS_PROMPT_GRAPHS=0; do
     port=$((8190 + i))
-    env "$v" setsid nohup python3 -m engine serve "$dir/qwen3-0.6b.gguf" --backend cuda --parallel 16 --port $port \
+    env "$v" setsid nohup python3 -m brass serve "$dir/qwen3-0.6b.gguf" --backend cuda --parallel 16 --port $port \
         > /tmp/probe-serve-$i.log 2>&1 < /dev/null &
     echo $! > /tmp/probe-$i.pid
     echo "$v" > /tmp/probe-$i.what

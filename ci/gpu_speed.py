@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile  # noqa: E402
-from kernels.cases import random_weight_file  # noqa: E402
+from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile  # noqa: E402
+from conformance.harness.cases import random_weight_file  # noqa: E402
 
 MATVEC_CASES = [  # (type, N rows, K)
     (GGMLType.Q4_K, 12288, 4096), (GGMLType.Q6_K, 12288, 4096), (GGMLType.Q8_0, 12288, 4096),
@@ -143,7 +143,7 @@ def main(argv=None):
     import cupy as cp
     from tabulate import tabulate
 
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     out = {}
     b = CudaBackend()
     print(f"device: {b.device_name}", flush=True)
@@ -167,8 +167,8 @@ def main(argv=None):
         print(tabulate(rows, headers=["type", "N", "K", "us/call", "GB/s", "of copy", "read-only GB/s",
                                       "read-only of copy", "of read-only"], tablefmt="github"), flush=True)
     if args.models:
-        import engine
-        from engine.bench import bench
+        import brass
+        from brass.bench import bench
         from ci import shape_models
         results = []
         for name in args.models.split(","):
@@ -176,7 +176,7 @@ def main(argv=None):
             if not path.exists():
                 shape_models.write(name, args.dir)
             t0 = time.time()
-            m = engine.load(str(path), backend="cuda", quiet=True)
+            m = brass.load(str(path), backend="cuda", quiet=True)
             print(f"{name}: loaded in {time.time() - t0:.1f} s", flush=True)
             for r in bench(m, reps=args.reps):
                 results.append(r.as_dict())

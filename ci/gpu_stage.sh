@@ -30,7 +30,7 @@ done
 python3 - "$stage" <<'PY'
 import hashlib, os, sys
 from pathlib import Path
-from engine import catalog
+from brass import catalog
 stage = Path(sys.argv[1])
 for m in catalog.CATALOG.values():
     src = stage / m.filename

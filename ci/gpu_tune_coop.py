@@ -36,11 +36,11 @@ def main() -> int:
     from cupy_backends.cuda.api import driver
     from tabulate import tabulate
 
-    import engine.backends.cuda.backend as cb
+    import brass.backends.cuda.backend as cb
     from ci.gpu_speed import copy_bandwidth, graph_us, read_floor
-    from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-    from engine.backends.cuda.compiler import compile_text
-    from kernels.cases import random_weight_file
+    from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile
+    from brass.backends.cuda.compiler import compile_text
+    from conformance.harness.cases import random_weight_file
 
     b = cb.CudaBackend()
     bw = copy_bandwidth(cp)

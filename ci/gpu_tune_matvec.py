@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.gguf import BLOCK_SIZES, GGMLType  # noqa: E402
-from engine.quants import random_blocks  # noqa: E402
-from kernels.params import pack  # noqa: E402
+from brass.gguf import BLOCK_SIZES, GGMLType  # noqa: E402
+from brass.quants import random_blocks  # noqa: E402
+from brass.backends.cuda.params import pack  # noqa: E402
 
 CASES = [(GGMLType.Q4_K, 12288, 4096), (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q4_K, 4096, 4096),
          (GGMLType.Q4_K, 3072, 1024), (GGMLType.Q6_K, 151936, 1024), (GGMLType.Q6_K, 151936, 4096)]
@@ -39,7 +39,7 @@ def main():
     from cupy_backends.cuda.libs import nvrtc
     from tabulate import tabulate
 
-    from engine.backends.cuda.compiler import compile_text, target_for
+    from brass.backends.cuda.compiler import compile_text, target_for
     from ci.gpu_speed import copy_bandwidth
 
     dev = cp.cuda.Device()
@@ -58,7 +58,7 @@ def main():
         raw = cp.asarray(random_blocks(qtype, N, K, rng).reshape(-1))
         ws = [raw] + [raw.copy() for _ in range(copies - 1)]
         x = rng.uniform(-1, 1, (1, K)).astype(np.float32)
-        from engine import quants
+        from brass import quants
         q = quants.quantize_q8_1_cuda(x)
         blocks = np.zeros((K // 32, 36), np.uint8)
         blocks[:, 0:2] = q.d.reshape(-1, 1).view(np.uint8).reshape(-1, 2)

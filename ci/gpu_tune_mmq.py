@@ -31,9 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.gguf import GGMLType  # noqa: E402
-from engine.quants import random_blocks  # noqa: E402
-from kernels.params import pack  # noqa: E402
+from brass.gguf import GGMLType  # noqa: E402
+from brass.quants import random_blocks  # noqa: E402
+from brass.backends.cuda.params import pack  # noqa: E402
 
 MMQ_CU = Path(__file__).resolve().parents[1] / "kernels" / "mmq.cu"
 E, K_USED, T = 128, 8, 512
@@ -114,8 +114,8 @@ def main() -> int:
     import cupy as cp
     from tabulate import tabulate
 
-    from engine.backends.cuda import CudaBackend
-    from engine.backends.cuda.compiler import compile_text, target_for
+    from brass.backends.cuda import CudaBackend
+    from brass.backends.cuda.compiler import compile_text, target_for
 
     argv = sys.argv[1:]
     apply = "--apply" in argv

@@ -7,8 +7,8 @@ values). Prints base/peak RSS and the growth."""
 import os, sys, time
 import numpy as np
 sys.path.insert(0, ".")
-from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-from kernels.cases import write_gguf
+from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile
+from conformance.harness.cases import write_gguf
 Q4K, Q6K, F32 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.F32
 scale = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
 L, D, FF, V = int(36 * scale) or 1, 4096, 12288, 151936
@@ -39,8 +39,8 @@ if len(sys.argv) > 3 and sys.argv[3] == "--write-only":
 import subprocess
 code = f"""
 import sys; sys.path.insert(0, ".")
-from engine.backends.cuda import CudaBackend
-from engine.gguf import GGUFFile
+from brass.backends.cuda import CudaBackend
+from brass.gguf import GGUFFile
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):

@@ -71,7 +71,7 @@ def blocks_per_sm(registers: int, shared: int, threads: int) -> dict[str, int]:
 def main(argv: list[str]) -> int:
     from tabulate import tabulate
 
-    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
     if not argv or argv[0].startswith("-"):
         print(__doc__)
         return 2

@@ -52,7 +52,7 @@ def find_tool(name: str) -> str:
 
 def sass(source: str, kernel: str, defines: tuple[str, ...] = ()) -> tuple[str, list[str]]:
     """(ptxas's report for `kernel`, its SASS lines without addresses or encodings)."""
-    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
     ptxas, nvdisasm = find_tool("ptxas"), find_tool("nvdisasm")
     ptx = compile_text(source, (KERNEL_DIR / source).read_text(), "compute_90", defines, use_cache=False).decode()
     with tempfile.TemporaryDirectory() as tmp:

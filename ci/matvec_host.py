@@ -144,7 +144,7 @@ def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
 
 def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threads: int, smem: int):
     """qtype: a weight type, or the name a kernel is instantiated under (matvec_mixed_'s pairs)."""
-    from engine.backends.cuda.backend import _TYPE_NAMES
+    from brass.backends.cuda.backend import _TYPE_NAMES
     arrs = [np.ascontiguousarray(a) for a in buffers]
     ptrs = (ctypes.c_void_p * len(arrs))(*[a.ctypes.data for a in arrs])
     name = qtype if isinstance(qtype, str) else _TYPE_NAMES[qtype]
@@ -162,8 +162,8 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     matvec_<type>, else the MV_SPLIT `lib` was built with, for matvec_split_<type> (default: the
     backend's choice for K, with the default MV_SPLIT); `preload_rows`: the MV_PRELOAD_ROWS `lib`
     was built with (default: the header's)."""
-    from engine.backends.cuda.backend import _TYPE_NAMES, MV_WARPS, _stage_bytes, matvec_units, mv_split
-    from kernels.params import pack
+    from brass.backends.cuda.backend import _TYPE_NAMES, MV_WARPS, _stage_bytes, matvec_units, mv_split
+    from brass.backends.cuda.params import pack
     K = x.shape[-1]
     split = mv_split(K) if split is None else split
     # the split kernel's block: the build's MV_SPLIT_WARPS(_PLAIN) (the backend: its launch bounds)
@@ -191,9 +191,9 @@ def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int
     (the H200's 132 by default); `blocks`: another grid (fewer blocks: each warp takes several
     rows); `warps`, `rows_at_once`: the MV_COOP_WARPS and MV_COOP_ROWS `lib` was built with
     (default: the header's)."""
-    from engine.backends.cuda.backend import MV_COOP_WARPS, _stage_bytes, coop_blocks
-    from engine.gguf import GGMLType
-    from kernels.params import pack
+    from brass.backends.cuda.backend import MV_COOP_WARPS, _stage_bytes, coop_blocks
+    from brass.gguf import GGMLType
+    from brass.backends.cuda.params import pack
     K = x.shape[-1]
     xb = q8_1_blocks(x.reshape(1, K))
     raws = [np.array(w, np.uint8) for w in weights]      # copies: numpy's own, aligned buffers
@@ -219,8 +219,8 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
     """[y_a0, (y_a1,) y_b] of matvec_mixed_<a>_<b> for one token x [1, K], as
     CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b
     (`preload_rows`: as for matvec)."""
-    from engine.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
-    from kernels.params import pack
+    from brass.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
+    from brass.backends.cuda.params import pack
     K = x.shape[-1]
     xb = q8_1_blocks(x.reshape(1, K)) if xb is None else xb
     ra = [np.ascontiguousarray(w, np.uint8) for w in weights_a]
@@ -252,8 +252,8 @@ def matvec_norm(lib, qtype, weights: list, a: np.ndarray, b: np.ndarray | None, 
     """(a + b, [rms_norm(a + b, wn) . W_i^T]) of matvec_norm_<type> for one token, as
     CudaBackend.add_rms_norm_matmul_many launches it: up to three weights of one type (one
     launch's q, k, v). Without b the sum is a itself and is not written."""
-    from engine.backends.cuda.backend import MV_WARPS, _stage_bytes, matvec_units
-    from kernels.params import pack
+    from brass.backends.cuda.backend import MV_WARPS, _stage_bytes, matvec_units
+    from brass.backends.cuda.params import pack
     a, bb, wn, s = _norm_inputs(a, b, wn)
     K = a.shape[-1]
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
@@ -273,8 +273,8 @@ def matvec_norm(lib, qtype, weights: list, a: np.ndarray, b: np.ndarray | None, 
 def matvec_mixed_norm(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, a: np.ndarray,
                       b: np.ndarray | None, wn: np.ndarray, eps: float) -> tuple[np.ndarray, list[np.ndarray]]:
     """(a + b, [y_a0, (y_a1,) y_b]) of matvec_mixed_norm_<a>_<b> for one token."""
-    from engine.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
-    from kernels.params import pack
+    from brass.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
+    from brass.backends.cuda.params import pack
     a, bb, wn, s = _norm_inputs(a, b, wn)
     K = a.shape[-1]
     ra = [np.ascontiguousarray(w, np.uint8) for w in weights_a]
@@ -296,8 +296,8 @@ def glu_norm(lib, qtype, wg: np.ndarray, wu: np.ndarray, a: np.ndarray, b: np.nd
              eps: float, gelu: bool = False, wide: bool = False):
     """(a + b, h [1, N], its Q8_1 blocks) of matvec_glu[_wide]_norm_<type> for one token: the
     gated FFN of rms_norm(a + b, wn)."""
-    from engine.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
-    from kernels.params import pack
+    from brass.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
+    from brass.backends.cuda.params import pack
     a, bb, wn, s = _norm_inputs(a, b, wn)
     K = a.shape[-1]
     wg, wu = np.ascontiguousarray(wg, np.uint8), np.ascontiguousarray(wu, np.uint8)
@@ -319,9 +319,9 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
     picks them: two groups of tokens or more); `iters`: rounds of rows a block takes (default
     the header's MV_COLS_ROW_ITERS, as the backend launches it); `unit_rows`: the rows a warp of
     the kernel takes as `lib` was built (default the header's MV_COLS_ROWS / _MANY)."""
-    from engine.backends.cuda.backend import (MV_COLS_ROWS_MANY, MV_WARPS, _cols_per_block, cols_row_blocks,
+    from brass.backends.cuda.backend import (MV_COLS_ROWS_MANY, MV_WARPS, _cols_per_block, cols_row_blocks,
                                               mv_split)
-    from kernels.params import pack
+    from brass.backends.cuda.params import pack
     T, K = x.shape
     split = mv_split(K) if split is None else split
     xb = q8_1_blocks(x)
@@ -354,9 +354,9 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
     its up rows), passed as the backend passes it (up = the same bytes N rows on). `warps`: the
     GLU_WARPS `lib` was built with (default: the header's); `wide`: matvec_glu_wide_<type>, the
     backend's kernel for launches of few blocks (GLU_WIDE_WARPS warps)."""
-    from engine.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
+    from brass.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
     warps = GLU_WIDE_WARPS if wide else (warps or GLU_WARPS)
-    from kernels.params import pack
+    from brass.backends.cuda.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x) if xb is None else xb
     wg = np.ascontiguousarray(wg, np.uint8)
@@ -381,8 +381,8 @@ def glu_cols(lib, qtype, wg: np.ndarray, wu: np.ndarray, x: np.ndarray, gelu: bo
     """(h [T, N], its Q8_1 blocks) of matvec_glu_cols_<type> (a batched step's gated FFN: blocks
     of `cols` tokens, each token's h as the one-token kernel's), as CudaBackend._glu_matvec
     launches it for T > 1 tokens without experts."""
-    from engine.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _cols_per_block
-    from kernels.params import pack
+    from brass.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _cols_per_block
+    from brass.backends.cuda.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x)
     wg, wu = np.ascontiguousarray(wg, np.uint8), np.ascontiguousarray(wu, np.uint8)
@@ -402,8 +402,8 @@ def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np
     """out [T, D] = sum_j wts[t, j] * (h[t, j] . W_down[ids[t, j]]^T) by matvec_moe_down_<type>,
     with h [T, k, N] as Q8_1 blocks (as the gated kernel writes them); wd: [E * D, row_bytes];
     scales [E]: each expert's output times scales[e] before its weight."""
-    from engine.backends.cuda.backend import DOWN_ROWS, DOWN_WARPS, _stage_bytes
-    from kernels.params import pack
+    from brass.backends.cuda.backend import DOWN_ROWS, DOWN_WARPS, _stage_bytes
+    from brass.backends.cuda.params import pack
     T, k, N = h.shape
     wd = np.ascontiguousarray(wd, np.uint8)
     D = wd.shape[0] // n_experts
@@ -421,8 +421,8 @@ def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np
 
 def main(argv: list[str]) -> int:
     import tempfile
-    from engine.gguf import GGMLType, GGUFFile
-    from kernels.cases import MATMUL, cuda_reference, nmse, random_weight_file
+    from brass.gguf import GGMLType, GGUFFile
+    from conformance.harness.cases import MATMUL, cuda_reference, nmse, random_weight_file
     rng = np.random.default_rng(int(argv[0]) if argv else 0)
     lib = build()
     ref = cuda_reference()

@@ -380,7 +380,7 @@ def max_tiles(n_slots: int, n_experts: int, cols: int) -> int:
 def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_experts: int) -> np.ndarray:
     """y [T, k, N] = expert ids[t, j] applied to x[t] (x [T, K]) or x[t, j] (x [T, k, K]) by the
     CPU build of moe_plan + mmq_id_<type>; w_raw: the expert tensor's ggml bytes [E * N, row_bytes]."""
-    from engine.backends.cuda.backend import _TYPE_NAMES
+    from brass.backends.cuda.backend import _TYPE_NAMES
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
     EN, row_bytes = w_raw.shape
     N = EN // n_experts
@@ -404,7 +404,7 @@ def q8_1_blocks(x: np.ndarray, misalign: int = 0) -> np.ndarray:
     """x [T, K] as the quantize_q8_1 kernel writes it: [T, K/32] blocks of 36 bytes, starting
     on a 64-byte boundary, or `misalign` bytes past one (a multiple of 4: the blocks' own
     alignment; MMQ_X_RAW's 16-byte copies then give way to 32-bit ones)."""
-    from engine import quants
+    from brass import quants
     qb = quants.quantize_q8_1_cuda(x)
     T, K = x.shape
     raw = np.zeros(T * K // 32 * 36 + 64 + misalign, np.uint8)
@@ -420,7 +420,7 @@ def q8_1_blocks(x: np.ndarray, misalign: int = 0) -> np.ndarray:
 def mmq(lib, qtype, w_raw: np.ndarray, x: np.ndarray, misalign: int = 0) -> np.ndarray:
     """y [T, N] = x . W^T by the CPU build of mmq_<type>; w_raw: the weight's ggml bytes [N, row_bytes];
     misalign: x's Q8_1 blocks that many bytes past a 64-byte boundary (q8_1_blocks)."""
-    from engine.backends.cuda.backend import _TYPE_NAMES
+    from brass.backends.cuda.backend import _TYPE_NAMES
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
     N, row_bytes = w_raw.shape
     T, K = x.shape
@@ -433,8 +433,8 @@ def mmq(lib, qtype, w_raw: np.ndarray, x: np.ndarray, misalign: int = 0) -> np.n
 
 
 def main(argv: list[str]) -> int:
-    from engine.gguf import GGMLType, GGUFFile
-    from kernels.cases import MATMUL, cuda_reference, nmse, random_weight_file
+    from brass.gguf import GGMLType, GGUFFile
+    from conformance.harness.cases import MATMUL, cuda_reference, nmse, random_weight_file
     rng = np.random.default_rng(int(argv[0]) if argv else 0)
     lib = build()
     ref = cuda_reference()

@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance import goldens, tolerances  # noqa: E402
-from engine.llamacpp import brass_tap  # noqa: E402
-from engine.model import Model  # noqa: E402
+from brass.llamacpp import brass_tap  # noqa: E402
+from brass.model import Model  # noqa: E402
 
 
 def nmse(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import llamacpp  # noqa: E402
-from engine import catalog  # noqa: E402
+from brass import llamacpp  # noqa: E402
+from brass import catalog  # noqa: E402
 
 OUT = ROOT / "golden" / "chat_templates"
 

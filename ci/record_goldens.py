@@ -7,7 +7,7 @@
 
 What is recorded and in which format is described in golden/README.md. Recording is
 deterministic: recording twice gives byte-identical files (`--check` proves it on a subset).
-Needs the `record` extra (llama-cpp-python); the real models come from engine.catalog.
+Needs the `record` extra (llama-cpp-python); the real models come from brass.catalog.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ci import synth_models, tokenizer_corpus, tokenizer_strings  # noqa: E402
-from engine import catalog, llamacpp  # noqa: E402
-from engine.diff import nmse  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from brass import catalog, llamacpp  # noqa: E402
+from brass.diff import nmse  # noqa: E402
+from brass.gguf import GGUFFile  # noqa: E402
 
 GOLDEN = ROOT / "golden"
 FORMAT_VERSION = 1

@@ -32,11 +32,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eps", type=float, default=0.25, help="llama.cpp margin above which a flip counts")
     args = ap.parse_args(argv)
 
-    import engine
+    import brass
     from conformance import goldens
-    from engine import quants
+    from brass import quants
 
-    m = engine.load(args.model, backend="numpy", act_mode="q8_1", quiet=True)
+    m = brass.load(args.model, backend="numpy", act_mode="q8_1", quiet=True)
     prompts = goldens.prompts(args.model, "cuda")
     base = [m.score(p.tf_ids) for p in prompts]
     exact = quants.quantize_q8_1_cuda

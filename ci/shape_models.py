@@ -48,8 +48,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ci import synth_models  # noqa: E402
-from engine.gguf import BLOCK_SIZES, GGMLType  # noqa: E402
-from engine.quants import random_blocks  # noqa: E402
+from brass.gguf import BLOCK_SIZES, GGMLType  # noqa: E402
+from brass.quants import random_blocks  # noqa: E402
 
 Q4K, Q6K, F32 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.F32
 
@@ -356,7 +356,7 @@ def shape_config(name: str, layers: int | None = None, vocab: int | None = None,
 def is_real(path: Path, name: str) -> bool:
     """Whether the file at `path` has SHAPES[name]'s full size (not one written with --layers,
     --vocab or --experts): its layer count, vocabulary and expert count."""
-    from engine.gguf import GGUFFile
+    from brass.gguf import GGUFFile
     c, gf = SHAPES[name], GGUFFile(path)
     try:
         a = gf.architecture

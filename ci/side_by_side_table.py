@@ -20,7 +20,7 @@ def bytes_per_token(path: Path) -> int:
     """Weight bytes a decode step reads: every tensor but the embedding table (one row; read
     in full when it is also the output head, as Gemma's tied one is), the chosen experts'
     share of each expert tensor."""
-    from engine.gguf import GGUFFile
+    from brass.gguf import GGUFFile
     gf = GGUFFile(path)
     arch = gf.architecture
     n_exp = gf.get(f"{arch}.expert_count") or 0

@@ -20,15 +20,15 @@ branch_file=.stage/slim-from    # the branch `slim` left, for `back`
 
 case "${1:-}" in
 split)
-    models=$(python3 -c "from engine import catalog; print(catalog.cache_dir() / 'models')")
+    models=$(python3 -c "from brass import catalog; print(catalog.cache_dir() / 'models')")
     mkdir -p .stage
     rm -f .stage/*.gguf.part[0-9][0-9]
-    for nf in $(python3 -c "from engine import catalog; print(*(f'{m.name}:{m.filename}' for m in catalog.CATALOG.values()))"); do
+    for nf in $(python3 -c "from brass import catalog; print(*(f'{m.name}:{m.filename}' for m in catalog.CATALOG.values()))"); do
         name=${nf%%:*}; f=${nf#*:}
         if [ -f "$models/$f" ]; then
             split -b "${part_mib}m" -d -a 2 "$models/$f" ".stage/$f.part"
         else
-            echo "not in $models: $f (python3 -c 'from engine import catalog; catalog.fetch(\"$name\")' fetches it)"
+            echo "not in $models: $f (python3 -c 'from brass import catalog; catalog.fetch(\"$name\")' fetches it)"
         fi
     done
     ls -l .stage/*.gguf.part[0-9][0-9] 2> /dev/null | awk '{print $5, $NF}'

@@ -624,8 +624,8 @@ def _write_f32(name: str, cfg: dict, tok: dict, path: Path):
 
 def build(name: str, out_dir: Path) -> Path:
     """Write MODELS[name] quantized into out_dir/<name>.gguf and check every tensor's type."""
-    from engine import llamacpp
-    from engine.gguf import GGUFFile
+    from brass import llamacpp
+    from brass.gguf import GGUFFile
 
     cfg = dict(MODELS[name])
     tok = build_tokenizer(cfg["tokenizer"])

@@ -8,12 +8,12 @@ import secrets
 import numpy as np
 import pytest
 
-from engine import catalog
-from engine.errors import DownloadError
+from brass import catalog
+from brass.errors import DownloadError
 
 
 def pytest_report_header(config):
-    from engine.backends import cuda_available
+    from brass.backends import cuda_available
     return [f"brass: cuda available: {cuda_available()}; model cache: {catalog.cache_dir()}"]
 
 

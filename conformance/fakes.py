@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.numpy_backend import NumpyBackend
+from brass.backends.numpy_backend import NumpyBackend
 
 
 class ReplayingNumpy(NumpyBackend):

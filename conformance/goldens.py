@@ -6,7 +6,7 @@ This is the only module tests use to reach goldens; it needs numpy only (no llam
     goldens.manifest()                      # the whole manifest (provenance, settings, files)
     goldens.settings()                      # llama.cpp settings the goldens were recorded with
     for m in goldens.models(kind="synthetic"):      # or "real", or None for all
-        path = m.fetch()                    # GGUF path (real models: engine.catalog.fetch)
+        path = m.fetch()                    # GGUF path (real models: brass.catalog.fetch)
         for p in goldens.prompts(m.name): ...       # Prompt records: ids, greedy tokens, logits
         acts = goldens.activations(m.name)          # per-layer nodes of one short prompt
     goldens.prompts(m.name, "cuda")         # the same from llama.cpp's CUDA backend (golden/cuda/)
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import catalog
-from engine.errors import BrassError
+from brass import catalog
+from brass.errors import BrassError
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 # Where each reference set lives: the CPU set (tokenizers, models, prompts, activations) and
@@ -256,10 +256,10 @@ def load_synthetic(name: str, backend: str):
     there is no CUDA device or its architecture does not run on that backend yet."""
     import pytest
 
-    import engine
-    from engine import arch
-    from engine.backends import cuda_available
-    from engine.gguf import GGUFFile
+    import brass
+    from brass import arch
+    from brass.backends import cuda_available
+    from brass.gguf import GGUFFile
     if backend == "cuda" and not cuda_available():
         pytest.skip("no CUDA device here: the CUDA cases run on the GPU runner")
     path = GOLDEN_DIR / "models" / f"{name}.gguf"
@@ -268,4 +268,4 @@ def load_synthetic(name: str, backend: str):
     gf.close()
     if backend not in arch.backends(arch_name):
         pytest.skip(f"{arch_name} is not yet supported on the {backend} backend")
-    return engine.load(str(path), backend=backend, quiet=True)
+    return brass.load(str(path), backend=backend, quiet=True)

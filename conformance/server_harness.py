@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from engine.errors import BrassError
-from engine.sampling import Sampler
+from brass.errors import BrassError
+from brass.sampling import Sampler
 
 
 class StubForward:
@@ -92,7 +92,7 @@ class ThreadedServer:
     port, serving `app`; `stop()` ends it as Ctrl-C does."""
 
     def __init__(self, app, log_config=None):
-        from engine import http_api
+        from brass import http_api
         self.app = app
         self.sock = http_api.listen("127.0.0.1", 0)
         self.host, self.port = self.sock.getsockname()[:2]

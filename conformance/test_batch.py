@@ -28,7 +28,7 @@ PLAN = [(3, 12, 0), (9, 5, 0), (5, 9, 3), (12, 6, 6)]
 @pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in ("numpy", "cuda")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
-    from engine.batch import supports_batched_decode
+    from brass.batch import supports_batched_decode
     m = load_synthetic(*request.param)
     if not supports_batched_decode(m):
         pytest.skip(f"{m.gguf.architecture} does not decode in batches yet "
@@ -38,7 +38,7 @@ def model(request):
 
 def _alone(model, prompt, n):
     """Greedy tokens through Model.generate, and the logits of each step taken eagerly."""
-    from engine.sampling import SamplingParams
+    from brass.sampling import SamplingParams
     tokens = list(model.generate(prompt, n, SamplingParams(temperature=0.0), stop_at_eog=False,
                                  session=model.new_session(64)))
     s = model.new_session(64)
@@ -52,7 +52,7 @@ def _alone(model, prompt, n):
 
 @pytest.mark.parametrize("buckets", [False, True], ids=["composition-graphs", "bucket-graphs"])
 def test_batched_decode_equals_alone(model, rng, buckets):
-    from engine.batch import BatchDecoder
+    from brass.batch import BatchDecoder
     b = model.backend
     if buckets and not hasattr(b, "row_tables_override"):
         pytest.skip("bucket graphs are the CUDA backend's (rows' cache addresses as data)")
@@ -110,7 +110,7 @@ def test_greedy_steps_run_ahead_equal_alone(model, rng):
     in advance (prepare_buckets, as the server's warm-up does): three sequences get their
     tokens alone; closing the run part-way drops the step run ahead, and the sequences go on
     through step_argmax, then through a second run, still as alone."""
-    from engine.batch import BatchDecoder
+    from brass.batch import BatchDecoder
     b = model.backend
     if not hasattr(b, "row_tables_override"):
         pytest.skip("bucket graphs are the CUDA backend's (rows' cache addresses as data)")
@@ -145,13 +145,13 @@ def test_greedy_steps_run_ahead_equal_alone(model, rng):
     assert dec.captures == captures, "a step captured a graph that prepare_buckets had captured"
     for i, (g, a) in enumerate(zip(got, alone)):
         assert g == a, f"sequence {i}: tokens {g} through greedy_steps, {a} alone"
-    from engine.errors import BrassError
+    from brass.errors import BrassError
     with pytest.raises(BrassError, match="bucket graphs"):
         next(dec.greedy_steps(sessions[:1] + [model.new_session(2048)], [1, 1]))
 
 def test_batched_step_refuses_bad_input(model):
-    from engine.batch import BatchDecoder
-    from engine.errors import BrassError
+    from brass.batch import BatchDecoder
+    from brass.errors import BrassError
     dec = BatchDecoder(model)
     s = model.new_session(4)
     s.prefill([1, 2, 3])
@@ -171,9 +171,9 @@ def test_unbatched_architecture_is_refused():
     """An architecture module without BATCHED_DECODE (its layers do not know a batch of
     sequences) is refused in one line, before any step."""
     import types
-    from engine.batch import BatchDecoder
-    from engine.errors import UnsupportedError
-    fake = types.SimpleNamespace(arch=types.ModuleType("engine.arch.future"),
+    from brass.batch import BatchDecoder
+    from brass.errors import UnsupportedError
+    fake = types.SimpleNamespace(arch=types.ModuleType("brass.arch.future"),
                                  gguf=types.SimpleNamespace(architecture="future"))
     with pytest.raises(UnsupportedError, match="future does not decode sequences in batches yet"):
         BatchDecoder(fake)
@@ -185,8 +185,8 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     Same logits bit for bit, and the same caches afterwards."""
     if model.backend.name != "cuda":
         pytest.skip("the row kernels are the CUDA backend's (numpy runs the loop)")
-    from engine.backends.cuda import backend as cuda_backend
-    from engine.batch import BatchDecoder
+    from brass.backends.cuda import backend as cuda_backend
+    from brass.batch import BatchDecoder
     b = model.backend
     V = model.config.n_vocab
     prompts = [[int(t) for t in rng.integers(0, V, n)] for n in (4, 11, 7)]

@@ -52,7 +52,7 @@ def test_bench_times_replayed_prompts_with_prompt_graphs(monkeypatch):
     """With prompt graphs every timed prefill replays: the capture is part of the warm-up,
     as the kernels' loading is (llama-bench warms up the same way)."""
     from conformance.fakes import ReplayingNumpy
-    from engine import bench, model as model_mod
+    from brass import bench, model as model_mod
     monkeypatch.setattr(model_mod, "PROMPT_GRAPHS", True)
     m = goldens.load_synthetic("synth-qwen3", "numpy")
     m.backend = ReplayingNumpy()
@@ -105,9 +105,9 @@ def test_shape_model_loads_and_runs(shape, shrink, tmp_path):
     that round-trips text, and runs (random weights: noise, but every tensor is read)."""
     sys.path.insert(0, str(ROOT))
     from ci import shape_models
-    import engine
+    import brass
     path = shape_models.write(shape, tmp_path, **shrink)
-    m = engine.load(str(path), backend="numpy", quiet=True)
+    m = brass.load(str(path), backend="numpy", quiet=True)
     c = shape_models.shape_config(shape, **shrink)
     cfg = m.config
     assert (cfg.arch, cfg.n_vocab, cfg.n_embd, cfg.n_layer, cfg.n_head) == \
@@ -136,7 +136,7 @@ def test_shape_recipes():
     MXFP4_MOE) choices; the full-size files' tensor counts and sizes (nothing written)."""
     sys.path.insert(0, str(ROOT))
     from ci import shape_models as sm
-    from engine.gguf import GGMLType as T
+    from brass.gguf import GGMLType as T
     specs = sm.tensor_specs(sm.shape_config("qwen3.6-35b-a3b"))
     types = {n: t for n, (t, _) in specs.items()}
     assert types["output.weight"] == T.Q6_K and types["token_embd.weight"] == T.Q4_K

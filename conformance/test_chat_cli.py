@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat import Conversation
-from engine.chat_template import ChatTemplate
-from engine.errors import BrassError
-from engine.sampling import SamplingParams
+from brass.chat import Conversation
+from brass.chat_template import ChatTemplate
+from brass.errors import BrassError
+from brass.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -28,7 +28,7 @@ WORDS = "sea ship storm harbor light wind stone river bread garden winter candle
 
 @pytest.fixture(scope="module")
 def model(real_model_path):
-    from engine.model import Model
+    from brass.model import Model
     return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
 
 
@@ -86,7 +86,7 @@ class Terminal:
         if self.pid == 0:
             os.chdir(ROOT)
             # A dumb terminal: no escape sequences from readline among the words we look for.
-            os.execve(sys.executable, [sys.executable, "-m", "engine", "chat", *args], {**os.environ, "TERM": "dumb"})
+            os.execve(sys.executable, [sys.executable, "-m", "brass", "chat", *args], {**os.environ, "TERM": "dumb"})
         self.output = b""
 
     def send(self, data: bytes):
@@ -174,7 +174,7 @@ def test_terminal_chat_ctrl_c_stops_a_reply_without_exiting(real_model_path):
 def test_chatml_fallback_stops_at_its_end_marker(real_model_path):
     """Gemma 3 270M has no template: ChatML's `<|im_end|>` is plain text to it, so a reply ends
     where the model writes it, as the engine's own greedy tokens show."""
-    from engine.model import Model
+    from brass.model import Model
     gemma = Model(real_model_path("gemma3-270m"), backend="numpy", n_ctx=N_CTX, quiet=True)
     conv = Conversation(gemma, SamplingParams(temperature=0.0), max_tokens=8)
     assert conv.template.is_fallback

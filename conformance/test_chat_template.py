@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import catalog
-from engine.chat_template import CHATML, ChatTemplate, ChatTemplateError
-from engine.gguf import GGUFFile
+from brass import catalog
+from brass.chat_template import CHATML, ChatTemplate, ChatTemplateError
+from brass.gguf import GGUFFile
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden" / "chat_templates"
 FEATURES = json.loads((GOLDEN_DIR / "template_features.json").read_text(encoding="utf-8"))
@@ -29,7 +29,7 @@ def case_id(c):
 @pytest.fixture(scope="module")
 def loaded(real_model_path):
     """name → (GGUFFile, Tokenizer, ChatTemplate), each built once."""
-    from engine.tokenizer import Tokenizer
+    from brass.tokenizer import Tokenizer
     cache = {}
 
     def get(name):

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from conformance import goldens, tolerances
-from engine.backends import cuda_available
+from brass.backends import cuda_available
 
 BACKENDS = ["numpy", pytest.param("cuda", marks=pytest.mark.skipif(
     not cuda_available(), reason="CUDA backend: no GPU on this machine"))]
 
 
 def brass(*args, stdin=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "engine", *map(str, args)], input=stdin,
+    return subprocess.run([sys.executable, "-m", "brass", *map(str, args)], input=stdin,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_error(case, tmp_path, snapshot):
 
 
 def test_version():
-    from engine import __version__
+    from brass import __version__
     r = brass("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"brass {__version__}"
 
@@ -197,14 +197,14 @@ def test_eog_ends_the_stream_and_is_not_printed(real_model_path):
     assert r.returncode == 0 and eog_text not in r.stdout
     assert out["text"] in r.stdout and "tok/s" in r.stderr
     # The Python API ends the stream there too: the end-of-generation token is the last one.
-    import engine
-    m = engine.load(model, backend="numpy", quiet=True)
-    assert list(m.generate(p.prompt_ids, 32, engine.SamplingParams(temperature=0))) == p.generated_ids
+    import brass
+    m = brass.load(model, backend="numpy", quiet=True)
+    assert list(m.generate(p.prompt_ids, 32, brass.SamplingParams(temperature=0))) == p.generated_ids
 
 
 def goldens_tokenizer_piece(model, token_id: int) -> str:
-    from engine.gguf import GGUFFile
-    from engine.tokenizer import Tokenizer
+    from brass.gguf import GGUFFile
+    from brass.tokenizer import Tokenizer
     return Tokenizer.from_gguf(GGUFFile(model)).decode([token_id])
 
 
@@ -220,7 +220,7 @@ def test_models_lists_the_catalog():
 def test_progress_follows_stderr_not_json(monkeypatch, tty):
     """Download and upload progress goes to stderr whenever stderr is a terminal, --json or
     not (it never mixes with stdout), and stays out of pipes and logs."""
-    from engine import cli, model
+    from brass import cli, model
     seen = {}
 
     class FakeModel:

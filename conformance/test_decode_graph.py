@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backends import cuda_available
+from brass.backends import cuda_available
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
@@ -27,15 +27,15 @@ N_GEN = 40          # more than two greedy chunks, so that chunks run ahead of t
 
 @pytest.fixture(scope="module", params=MODELS)
 def model(request):
-    import engine
-    from engine import arch
-    from engine.gguf import GGUFFile
+    import brass
+    from brass import arch
+    from brass.gguf import GGUFFile
     gf = GGUFFile(SYNTH / f"{request.param}.gguf")
     name = gf.architecture
     gf.close()
     if "cuda" not in arch.backends(name):
         pytest.skip(f"{name} is not yet supported on the cuda backend")
-    return engine.load(str(SYNTH / f"{request.param}.gguf"), backend="cuda", quiet=True)
+    return brass.load(str(SYNTH / f"{request.param}.gguf"), backend="cuda", quiet=True)
 
 
 def prompt(model, rng, n=9):
@@ -64,7 +64,7 @@ def test_graph_decode_logits_equal_eager(model, rng):
 
 
 def test_graph_greedy_tokens_equal_eager(model, rng):
-    from engine.sampling import SamplingParams
+    from brass.sampling import SamplingParams
     ids = prompt(model, rng)
     greedy = SamplingParams(temperature=0.0)
     eager = list(model.generate(ids, N_GEN, greedy, stop_at_eog=False, session=eager_session(model)))
@@ -90,7 +90,7 @@ def test_greedy_stops_where_the_consumer_stops(model, rng):
 
 
 def test_two_sessions_keep_their_graphs_apart(model, rng):
-    from engine.sampling import SamplingParams
+    from brass.sampling import SamplingParams
     greedy = SamplingParams(temperature=0.0)
     a_ids, b_ids = prompt(model, rng), prompt(model, rng, 5)
     want_a = list(model.generate(a_ids, 12, greedy, stop_at_eog=False, session=eager_session(model)))
@@ -105,7 +105,7 @@ def test_two_sessions_keep_their_graphs_apart(model, rng):
 
 
 def test_sampled_decode_through_the_graph_matches_eager(model, rng):
-    from engine.sampling import SamplingParams
+    from brass.sampling import SamplingParams
     ids = prompt(model, rng)
     p = SamplingParams(temperature=0.9, top_k=20, seed=1234)
     eager = list(model.generate(ids, 16, p, stop_at_eog=False, session=eager_session(model)))
@@ -117,7 +117,7 @@ def _switch_changes_no_logit(model, rng, monkeypatch, switch: str, what: str, n_
     """Decode logits of `model` (eager and through the graph, each graph captured with the
     setting of its session) with the backend's `switch` off and on: asserted the same bits,
     none NaN. Returns the graph's kernels per token by setting ({False: .., True: ..})."""
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     ids = prompt(model, rng)
     follow = [int(t) for t in rng.integers(0, model.config.n_vocab, 5)]
     runs, kernels = {}, {}
@@ -154,7 +154,7 @@ def _norm_launches_saved(model) -> int:
     architecture that norms through common.pre_norm_decoder, the attention norm where one
     quantized launch takes q, k and v (one type, not matvec_coop_q6_k's; or a mixed pair),
     and the FFN norm of a dense layer whose gate and up share a quantized type."""
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     cfg = model.config
     if cfg.arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
         return 0
@@ -193,10 +193,10 @@ def test_norm_matvec_on_a_q4_k_m_shape(shape, saved, rng, tmp_path, monkeypatch)
     # the graph the same bits with BRASS_NORM_MATVEC on as off; the graph shorter by both
     # norms of each dense layer, by the attention norm of each MoE layer.
     import sys
-    import engine
+    import brass
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ci import shape_models
     path = shape_models.write(shape, tmp_path, layers=2, vocab=4096, experts=8)
-    model = engine.load(str(path), backend="cuda", quiet=True)
+    model = brass.load(str(path), backend="cuda", quiet=True)
     kernels = _switch_changes_no_logit(model, rng, monkeypatch, "NORM_MATVEC", "the norms in the launches", 64)
     assert kernels[False] - kernels[True] == saved == _norm_launches_saved(model), kernels

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.backends.numpy_backend import NumpyBackend
-from engine.delta_chunked import gated_delta_net_chunked
-from kernels.cases import RECURRENCE, nmse
+from brass.backends.numpy_backend import NumpyBackend
+from brass.delta_chunked import gated_delta_net_chunked
+from conformance.harness.cases import RECURRENCE, nmse
 
 F32 = np.float32
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from conformance import goldens
-from engine.backends.base import Backend
-from engine.backends.numpy_backend import NumpyBackend
-from engine.errors import UnsupportedError
-from engine.model import Model
+from brass.backends.base import Backend
+from brass.backends.numpy_backend import NumpyBackend
+from brass.errors import UnsupportedError
+from brass.model import Model
 from conformance.fakes import ReplayingNumpy
 
 b = NumpyBackend()
@@ -217,7 +217,7 @@ def test_generate_cli_on_numpy(name):
     """`brass generate MODEL --backend numpy` greedily: llama.cpp's tokens for the same prompt."""
     path = goldens.model(name).path()
     p = next(p for p in goldens.prompts(name) if p.name == "digits")
-    r = subprocess.run([sys.executable, "-m", "engine", "generate", str(path), "--backend", "numpy",
+    r = subprocess.run([sys.executable, "-m", "brass", "generate", str(path), "--backend", "numpy",
                         "--prompt", p.text, "--max-tokens", "8", "--temperature", "0", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -235,9 +235,9 @@ def _config(name: str, **changes):
     None deletes the key)."""
     from types import SimpleNamespace
 
-    from engine import arch as arch_registry
-    from engine.config import read_config
-    from engine.gguf import GGUFFile
+    from brass import arch as arch_registry
+    from brass.config import read_config
+    from brass.gguf import GGUFFile
     gf = GGUFFile(goldens.model(name).path())
     a = gf.architecture
     md = dict(gf.metadata)
@@ -277,8 +277,8 @@ def test_recurrent_layer_pattern():
     ({"nextn_predict_layers": np.uint32(4)}, "GGUFError", "nextn_predict_layers is 4, expected in [0, block_count = 4)"),
 ])
 def test_bad_hybrid_metadata_is_named(changes, error, message):
-    import engine.errors
-    with pytest.raises(getattr(engine.errors, error)) as e:
+    import brass.errors
+    with pytest.raises(getattr(brass.errors, error)) as e:
         _config("synth-qwen35", **changes)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 

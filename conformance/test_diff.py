@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from conformance import goldens
-from engine import arch as arch_registry
-from engine.backends import cuda_available
-from engine.model import Model
+from brass import arch as arch_registry
+from brass.backends import cuda_available
+from brass.model import Model
 
 needs_llama_cpp = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
@@ -33,7 +33,7 @@ BACKENDS = ["numpy", pytest.param("cuda", marks=pytest.mark.skipif(
 
 
 def _diff(m, **kw):
-    from engine.diff import diff
+    from brass.diff import diff
     return diff(m, **kw)
 
 
@@ -49,7 +49,7 @@ def test_diff_passes_on_synthetic_models(name, backend):
     if backend not in arch_registry.backends(arch):
         pytest.skip(f"{arch} is not yet supported on the {backend} backend")
     if backend == "cuda":
-        from engine import llamacpp
+        from brass import llamacpp
         if not llamacpp.has_cuda():
             pytest.skip("llama.cpp's binding here is a CPU build; brass diff --reference cuda needs "
                         "a CUDA build (ci/build_llamacpp_cuda.sh, LLAMA_CPP_LIB_PATH)")
@@ -68,7 +68,7 @@ def test_diff_passes_on_synthetic_models(name, backend):
 def test_diff_cli_real_model(real_model_path):
     """The command as a user runs it: table, PASS, exit status 0; --json parses."""
     path = real_model_path("smollm2-135m")
-    cmd = [sys.executable, "-m", "engine", "diff", path, "--backend", "numpy", "--n-gen", "8"]
+    cmd = [sys.executable, "-m", "brass", "diff", path, "--backend", "numpy", "--n-gen", "8"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "first divergence" not in r.stdout and r.stdout.rstrip().endswith("PASS")
@@ -116,7 +116,7 @@ def test_diff_without_the_binding_is_one_clear_line(tmp_path):
             "    if name.startswith('llama_cpp'): raise ImportError(name)\n"
             "    return real(name, *a, **k)\n"
             "builtins.__import__ = imp\n"
-            "from engine.cli import main; sys.exit(main(sys.argv[1:]))\n")
+            "from brass.cli import main; sys.exit(main(sys.argv[1:]))\n")
     path = goldens.model("synth-llama").path()
     r = subprocess.run([sys.executable, "-c", code, "diff", str(path), "--backend", "numpy"],
                        capture_output=True, text=True, timeout=300)
@@ -129,13 +129,13 @@ def test_diff_without_the_binding_is_one_clear_line(tmp_path):
 def test_diff_bad_arguments_are_one_clear_line():
     """A negative --n-gen, or --reference cuda on a CPU build of llama.cpp (which would run on
     the CPU and be reported as CUDA), stop with one line and status 2."""
-    from engine import llamacpp
+    from brass import llamacpp
     path = str(goldens.model("synth-llama").path())
     cases = [["--n-gen", "-1"]]
     if not llamacpp.has_cuda():
         cases.append(["--reference", "cuda"])
     for extra in cases:
-        r = subprocess.run([sys.executable, "-m", "engine", "diff", path, "--backend", "numpy", *extra],
+        r = subprocess.run([sys.executable, "-m", "brass", "diff", path, "--backend", "numpy", *extra],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and r.stderr.startswith("brass: error: diff:"), (extra, r.stderr)
         assert "Traceback" not in r.stderr and r.stdout == ""

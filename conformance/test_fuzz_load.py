@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ci import fuzz_load
-from engine.errors import BrassError, GGUFError, UnsupportedError
+from brass.errors import BrassError, GGUFError, UnsupportedError
 
 MODELS = Path(__file__).resolve().parents[1] / "golden" / "models"
 # ~7 ms a file here: a few thousand files in well under a minute on a 2-core runner.
@@ -184,6 +184,6 @@ def test_backends_support_the_same_types():
     """The load-time check uses the numpy backend's list of types (the CUDA backend cannot be
     imported without CuPy); the CUDA backend must run the same ones."""
     pytest.importorskip("cupy")
-    from engine import quants
-    from engine.backends.cuda import backend
+    from brass import quants
+    from brass.backends.cuda import backend
     assert set(backend.SUPPORTED_TYPES) == set(quants.SUPPORTED_TYPES)

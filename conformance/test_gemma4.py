@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 
 from conformance import goldens, tolerances
-from engine.backends.numpy_backend import NumpyBackend
-from engine.errors import GGUFError, UnsupportedError
-from engine.gguf import GGUFFile
-from engine.llamacpp import brass_tap
-from engine.model import Model
+from brass.backends.numpy_backend import NumpyBackend
+from brass.errors import GGUFError, UnsupportedError
+from brass.gguf import GGUFFile
+from brass.llamacpp import brass_tap
+from brass.model import Model
 
 b = NumpyBackend()
 GEMMA4 = [m.name for m in goldens.models() if m.arch == "gemma4"]
@@ -318,9 +318,9 @@ def test_recorded_residual_stream(name):
 def _config(name: str, tensors: dict | None = None, **changes):
     """gemma4's config (read, configured, checked against the tensors) from a committed file's
     metadata with `changes` (key suffix → value, None deletes the key)."""
-    from engine import arch as arch_registry
-    from engine.config import read_config
-    from engine.validate import check_model
+    from brass import arch as arch_registry
+    from brass.config import read_config
+    from brass.validate import check_model
     gf = GGUFFile(goldens.model(name).path())
     md = dict(gf.metadata)
     for key, value in changes.items():
@@ -378,7 +378,7 @@ def test_architecture_a_backend_cannot_run_is_refused_in_one_line(monkeypatch):
     """An architecture lists the backends it runs on (its BACKENDS; every one by default):
     asked for another, loading stops with one line naming the one to use. (Every architecture
     runs on both backends today; gemma4 stands in for the next one that will not.)"""
-    from engine.arch import gemma4
+    from brass.arch import gemma4
     path = goldens.model("synth-gemma4").path()
     monkeypatch.setattr(gemma4, "BACKENDS", ("numpy",), raising=False)
     with pytest.raises(UnsupportedError, match="^gemma4 is not yet supported on the cuda backend; "
@@ -392,7 +392,7 @@ def test_generate_cli_on_numpy(name):
     path = goldens.model(name).path()
     p = max(goldens.prompts(name), key=lambda p: int(np.argmax(
         np.r_[p.step_top_logits[:8, 0] - p.step_top_logits[:8, 1], [0]] < 0.25)))
-    r = subprocess.run([sys.executable, "-m", "engine", "generate", str(path), "--backend", "numpy",
+    r = subprocess.run([sys.executable, "-m", "brass", "generate", str(path), "--backend", "numpy",
                         "--prompt", p.text, "--max-tokens", "8", "--temperature", "0", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -408,7 +408,7 @@ def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
     ffn_gate_up_exps in one tensor, GELU, ffn_down_exps.scale): on the numpy backend that is the
     same composition, so the logits are bit for bit those without it (the CUDA backend's fused
     kernels are checked against it in test_kernels.py and test_kernels_matvec_cpu.py)."""
-    from engine.arch import gemma4
+    from brass.arch import gemma4
     assert "blk.0.ffn_gate_up_exps.weight" in moe.gguf.tensors and "blk.0.ffn_down_exps.scale" in moe.gguf.tensors
     ids = [int(t) for t in rng.integers(0, moe.config.n_vocab, 24)]
     monkeypatch.setattr(gemma4, "FUSED_EXPERTS", False)     # the composition (on by default)
@@ -433,7 +433,7 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
     a prefill and the decode steps after it are bit for bit those without it (the CUDA kernels
     are held to the compositions' bounds by test_kernels_model.py's lockstep); only the SWA
     layers take rope_store (the full ones keep rope_ff)."""
-    from engine.arch import gemma4
+    from brass.arch import gemma4
     m = dense if which == "dense" else moe
     ids = [int(t) for t in rng.integers(0, m.config.n_vocab, 12)]
 

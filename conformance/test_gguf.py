@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from engine.errors import BrassError, GGUFError, UnsupportedError
-from engine.gguf import GGMLType, GGUFFile
+from brass.errors import BrassError, GGUFError, UnsupportedError
+from brass.gguf import GGMLType, GGUFFile
 
 
 def _write_tiny(path, arch="llama", tensor_type=None):
@@ -96,7 +96,7 @@ def test_open_is_fast(real_model_path):
     """Opening the 151,936-token Qwen file and reading metadata + tokenizer takes < 1 s
     (gguf-py's reader takes 6-9 s)."""
     path = real_model_path("qwen2.5-coder-0.5b")
-    from engine.tokenizer import Tokenizer
+    from brass.tokenizer import Tokenizer
     times = []
     for _ in range(3):      # best of three: a busy machine (CI neighbours, xdist) adds noise
         t0 = time.perf_counter()
@@ -162,7 +162,7 @@ def test_unknown_tensor_type(tiny):
 
 
 def test_unknown_architecture(tmp_path):
-    from engine.model import Model
+    from brass.model import Model
     p = _write_tiny(tmp_path / "m.gguf", arch="notanarch")
     with pytest.raises(UnsupportedError, match="architecture 'notanarch' is not supported"):
         Model(p, backend="numpy", quiet=True)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from conformance import goldens
-from engine import arch as arch_registry
-from engine.errors import BrassError
-from engine.gguf import GGUFFile
+from brass import arch as arch_registry
+from brass.errors import BrassError
+from brass.gguf import GGUFFile
 
 REQUIRED_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                   "Q4_K", "Q5_K", "Q6_K", "MXFP4"}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.cases import f16_steps
+from conformance.harness.cases import f16_steps
 
 
 def test_f16_steps_counts_float16_values_between():

@@ -21,7 +21,7 @@ def test_blocks_an_sm_follow_the_allocation_rules():
 
 def test_resources_read_from_an_nvrtc_cubin():
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
-    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
     source = (KERNEL_DIR / "norm.cu").read_text()
     threads = int(re.search(r"#define NORM_THREADS (\d+)", source).group(1))
     got = kernel_resources.resources(compile_text("norm.cu", source, "sm_90", use_cache=False))

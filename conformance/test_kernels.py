@@ -7,7 +7,7 @@ memory. Results are judged by NMSE (llama.cpp's test-backend-ops measure) agains
 op (kernels/cases.py, where each bound says why it is what it is). The NMSE of every case is
 recorded as a junit property (ci/gpu_dev.sh prints them as a table).
 
-The reference is `NumpyBackend(act_mode="q8_1")` (kernels.cases.cuda_reference): activations
+The reference is `NumpyBackend(act_mode="q8_1")` (conformance.harness.cases.cuda_reference): activations
 quantized to Q8_1 blocks exactly as the CUDA quantize kernel does, so quantized mat-vecs can be
 compared tightly.
 
@@ -25,12 +25,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine import quants
-from engine.backends import cuda_available
-from engine.backends.base import Backend
-from engine.errors import BrassError, UnsupportedError
-from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-from kernels.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, OP_BOUNDS, RECURRENCE,
+from brass import quants
+from brass.backends import cuda_available
+from brass.backends.base import Backend
+from brass.errors import BrassError, UnsupportedError
+from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile
+from conformance.harness.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MATMUL_SHAPES, OP_BOUNDS, RECURRENCE,
                            RMS_NORM, TRANSCENDENTAL,
                            WEIGHT_TYPES, cuda_reference, nmse, random_weight_file, write_gguf)
 
@@ -47,7 +47,7 @@ def tname(t) -> str:
 
 @pytest.fixture(scope="module")
 def cuda():
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     return CudaBackend(poison_outputs=True)
 
 
@@ -134,7 +134,7 @@ def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
     fits the scratch; a weight over GEMM_SCRATCH_BYTES goes in chunks without a copy and in
     one GEMM with it, which cuBLAS may sum in another order), on the first prompt and the
     next; a budget of 0 keeps nothing."""
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     plain, kept, none = CudaBackend(f16_weights=False), CudaBackend(f16_weights=True), CudaBackend(f16_weights=True)
     none._f16_budget = 0
     N, K, T = 768, 1024, 64
@@ -156,8 +156,8 @@ def test_out_of_memory_frees_the_f16_copies_then_says_so(rng, tmp_path):
     copies (a cache) are freed and no more are made, prompts still give the same product
     (dequantized per call), and what still does not fit is one line (CudaError), not CuPy's
     traceback; with prompt graphs on (their GEMMs may read a copy) the copies stay."""
-    from engine.backends.cuda import CudaBackend
-    from engine.backends.cuda.errors import CudaError
+    from brass.backends.cuda import CudaBackend
+    from brass.backends.cuda.errors import CudaError
     b = CudaBackend(f16_weights=True)
     N, K, T = 768, 1024, 64
     gf = weights(tmp_path, rng, {"w": (GGMLType.Q4_K, (N, K))})
@@ -184,7 +184,7 @@ def test_prompt_gemm_on_own_cublas_handle_is_captured(ref, rng, tmp_path, qtype,
     during a capture) a prompt's GEMM is the product (the mat-mul bound against the
     reference), and a captured one replays, on new inputs, what the eager GEMM gives, bit for
     bit (the same handle, workspace and call)."""
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     b = CudaBackend(poison_outputs=True)
     b.own_cublas = True
     N, K, T = 768, 1024, 64
@@ -224,7 +224,7 @@ def test_matmul_id_prompt_gemm(cuda, ref, rng, tmp_path, qtype, per_slot, moe_mm
     # (the default) or padded per-expert float16 batches on tensor cores (BRASS_MOE_MMQ=0, and
     # the reference rounds as each does); the experts' loads are uneven (expert 0 takes many
     # rows, some experts none).
-    from engine.backends import base
+    from brass.backends import base
     monkeypatch.setattr(base, "MOE_MMQ", moe_mmq)
     E, N, K, T, k = 8, 96, 512, 40, 3
     gf = weights(tmp_path, rng, {"w": (qtype, (E, N, K))})
@@ -309,7 +309,7 @@ def test_graph_with_pdl_waits_for_each_kernel(rng):
     (a stale read would see the last replay's values), must equal the same chain run eagerly
     (the same kernels one after another: bit for bit). Outputs are not poisoned: a fill
     between two kernels would serialise them and hide a missing wait."""
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     cuda = CudaBackend()
     if cuda.cc >= 90 and os.environ.get("BRASS_PDL", "1") not in ("", "0"):
         assert cuda.pdl, "the H100/H200 class launches graph kernels with PDL"
@@ -491,9 +491,9 @@ def test_debug_mode_names_the_failing_kernel():
     # caused it, as a CudaError naming that kernel.
     r = _run_python("""
         import cupy, numpy as np
-        from engine.backends.cuda import CudaBackend
-        from engine.backends.cuda.errors import CudaError
-        from kernels.params import pack
+        from brass.backends.cuda import CudaBackend
+        from brass.backends.cuda.errors import CudaError
+        from brass.backends.cuda.params import pack
         b = CudaBackend()
         assert b.debug
         x = cupy.ones(1 << 20, np.float32)
@@ -520,8 +520,8 @@ def test_weight_upload_streams_with_bounded_host_memory(tmp_path, record_propert
     total = n_tensors * rows * row_bytes
     r = _run_python(f"""
         import numpy as np
-        from engine.backends.cuda import CudaBackend
-        from engine.gguf import GGUFFile
+        from brass.backends.cuda import CudaBackend
+        from brass.gguf import GGUFFile
         def status(key):
             for line in open("/proc/self/status"):
                 if line.startswith(key):
@@ -667,7 +667,7 @@ def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
 def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types, K, monkeypatch):
     # BRASS_MIXED_MATVEC: q and k of one type, v of another, in one launch (matvec_mixed_) must
     # give what the two launches give, bit for bit; and it must be the launch taken
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     ta, tb = types
     gf = weights(tmp_path, rng, {"q": (ta, (2048, K)), "k": (ta, (512, K)), "v": (tb, (520, K))})
     w = [cuda.weight(gf, n) for n in "qkv"]
@@ -698,7 +698,7 @@ def test_norm_matvec_gives_the_bits_of_add_rms_norm_then_the_launch(cuda, rng, t
     # normed row's Q8_1 blocks, block 0 writes the sum) must leave what add_rms_norm then the
     # q/k/v launch leave, bit for bit (on the GPU: FMA contraction, the real shuffles and
     # shared memory), the outputs in the weights' order; and it must be the one launch taken
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     types, K, residual = NORM_MATVEC_CASES[case]
     gf = weights(tmp_path, rng, {"q": (types[0], (2048, K)), "k": (types[1], (512, K)), "v": (types[2], (520, K)),
                                  "norm": (GGMLType.F32, (K,))})
@@ -726,7 +726,7 @@ def test_norm_glu_gives_the_bits_of_add_rms_norm_then_ffn_glu(cuda, rng, tmp_pat
     # BRASS_NORM_MATVEC: add_rms_norm_ffn_glu in one launch (the wide kernel for the 0.6B's
     # 96 blocks, the other for the 8B's 384) against add_rms_norm then ffn_glu: the sum, h and
     # h's Q8_1 blocks (which the down projection reads) bit for bit
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     gf = weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K)), "norm": (GGMLType.F32, (K,))})
     a = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32))
     b = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)) if residual else None
@@ -751,7 +751,7 @@ def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeyp
     # three matrices in one launch, the first with more rows than the grid has warps (each warp
     # then takes several rows, the next row's first chunk loaded during the row before); and it
     # must be the launch taken
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     rows = {"a": 20000 if K == 1024 else 4000, "b": 300, "c": 37}
     gf = weights(tmp_path, rng, {n: (GGMLType.Q6_K, (r, K)) for n, r in rows.items()})
     w = [cuda.weight(gf, n) for n in rows]
@@ -779,8 +779,8 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     # written (the outputs are poisoned)
     import re
 
-    from engine.backends.cuda import CudaBackend
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import CudaBackend
+    from brass.backends.cuda import backend as cb
     header = int(re.search(r"#define MV_SPLIT_WARPS (\d+)", cb._MATVEC_H).group(1))
     plain = re.search(r"#define MV_SPLIT_WARPS_PLAIN (\w+)", cb._MATVEC_H).group(1)
     plain = header if plain == "MV_SPLIT_WARPS" else int(plain)
@@ -814,7 +814,7 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
     # blocks and matvec_glu_ (8 x 4) the rest (backend: GLU_WIDE_MAX_BLOCKS_PER_SM); the test
     # models' launches are all small, so each kernel is forced here in turn: the same h and Q8_1
     # blocks, dense and over chosen experts, or which one a matrix takes would move numbers
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     E, N, K, k = 8, 736, 1024, 4
     gf = weights(tmp_path, rng, {"g": (qtype, (E, N, K)), "u": (qtype, (E, N, K)),
                                  "g2": (qtype, (N, K)), "u2": (qtype, (N, K))})
@@ -962,7 +962,7 @@ def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, t
     # one launch taken. With GQA every block of a KV head's group writes that head's slot and
     # reads it back after a barrier: three fused runs, each on fresh caches, so that an
     # ordering fault between blocks has more than one chance to show.
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     H, Hkv, Dh, Dv, qk_norm, neox, n_rot, window, cap, past = ROPE_ATTENTION_CASES[case]
     past = past[:1] if layout == "one-sequence" else past
     R = len(past)
@@ -1009,7 +1009,7 @@ def test_argmax_advance_gives_argmax_then_decode_advance(cuda, rng, C, start, mo
     # leave what argmax then decode_advance leave (the token, the position, the history, the
     # ids), the first of two equal maxima chosen, nothing written past the history's end; one
     # launch fewer where the argmax takes two stages, the same launches otherwise
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     cap = 16
     x = rng.uniform(-3, 3, (1, C)).astype(F32)
     best = rng.choice(C, 2, replace=False)

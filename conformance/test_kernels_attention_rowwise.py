@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conformance.test_kernels import check
-from kernels.cases import ATTENTION, cuda_reference
+from conformance.harness.cases import ATTENTION, cuda_reference
 from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 # (T, past, H, H_kv, D, DV, window): decode steps (T = 1) at short and longer contexts, GQA,

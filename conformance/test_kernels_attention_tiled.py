@@ -5,7 +5,7 @@ The op's whole contract: causal mask from the positions (a prompt continuing a c
 p0, p0 + 1, ...), sliding windows smaller than the prompt, slots past the capacity never
 seen, GQA (head h on KV head h / (H / H_kv)), head dims 64 / 128 / 256 and a V head dim of its
 own, V the very buffer of K (Gemma 4), T on either side of the 64-query tile and caches much
-longer than the prompt. Bound kernels.cases.ATTENTION (probabilities rounded to F16; its
+longer than the prompt. Bound conformance.harness.cases.ATTENTION (probabilities rounded to F16; its
 derivation holds for any two computations that differ only by float32 roundings before that
 rounding, so also between this kernel and attention.cu). Fresh random inputs (the `rng`
 fixture prints the seed), outputs poisoned (NaN, 0xFF bytes) so that an element never written
@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.backends import cuda_available
-from kernels.cases import ATTENTION, ATTENTION_UNIFORM, cuda_reference, nmse
+from brass.backends import cuda_available
+from conformance.harness.cases import ATTENTION, ATTENTION_UNIFORM, cuda_reference, nmse
 from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 F16, F32 = np.float16, np.float32
@@ -117,7 +117,7 @@ def test_tiled_attention_on_the_cpu(host, ref, rng, case, record_property):
 
 
 def uniform_case(rng, T, past, H, Hkv, D, DV):
-    """Equal logits along every row (kernels.cases.ATTENTION_UNIFORM): each KV head's slots all
+    """Equal logits along every row (conformance.harness.cases.ATTENTION_UNIFORM): each KV head's slots all
     hold one key; q in quarters and k in eighths, so that K.Q is exact in any order."""
     from ci.attn_host import random_case
     q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV)
@@ -202,7 +202,7 @@ def test_kernel_table_and_shared_memory_agree(host):
     # The Python launcher's head dims and shared memory bytes are those of the source.
     pytest.importorskip("cupy", reason="the launcher module imports the CUDA backend (CuPy)")
     from ci.attn_host import kernel_head_dims
-    from engine.backends.cuda import attention_tiled as at
+    from brass.backends.cuda import attention_tiled as at
     assert at.HEAD_DIMS == tuple(kernel_head_dims()) and len(at.HEAD_DIMS) >= 3
     assert {(64, 64), (128, 128), (256, 256)} <= set(at.HEAD_DIMS)
     for d, dv in at.HEAD_DIMS:
@@ -217,8 +217,8 @@ def test_kernel_table_and_shared_memory_agree(host):
 def test_every_tiled_kernel_is_in_the_image():
     nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
     del nvrtc
-    from engine.backends.cuda import attention_tiled as at
-    from engine.backends.cuda.compiler import compile_source
+    from brass.backends.cuda import attention_tiled as at
+    from brass.backends.cuda.compiler import compile_source
     image = compile_source(at.SOURCE, "sm_90")
     for _, name in at.launched_kernels():
         assert name.encode() + b"\0" in image, f"{name} is missing from {at.SOURCE}"
@@ -236,12 +236,12 @@ GPU_CASES = CPU_CASES + [
 
 @pytest.fixture(scope="module")
 def cuda():
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     return CudaBackend(poison_outputs=True)
 
 
 def _run_tiled(cuda, q, k, v, pos, scale, window, same=False):
-    from engine.backends.cuda.attention_tiled import Q8_1_BLOCK_BYTES, attention_tiled
+    from brass.backends.cuda.attention_tiled import Q8_1_BLOCK_BYTES, attention_tiled
     T, H, _ = q.shape
     DV = v.shape[2]
     dk = cuda.asarray(k)
@@ -258,8 +258,8 @@ def _old_launch(cuda, dq, dk, dv, dp, scale, window, out):
     """attention.cu's `attention` launched directly on device arrays (as CudaBackend.attention
     launched it for every T before the tiled kernel): whatever the backend now routes prompts
     to, this is the kernel the tiled one replaces."""
-    from engine.backends.cuda.backend import ATTN_THREADS, ATTN_WARPS
-    from kernels.params import pack
+    from brass.backends.cuda.backend import ATTN_THREADS, ATTN_WARPS
+    from brass.backends.cuda.params import pack
     T, H, D = dq.shape
     cap, Hkv, _ = dk.shape
     DV = dv.shape[2]
@@ -331,7 +331,7 @@ def test_context_beyond_the_old_kernels_limit(cuda, ref, rng, record_property):
 @needs_cuda
 def test_what_it_does_not_take(cuda, rng, monkeypatch):
     from conformance.test_kernels import record_launches
-    from engine.backends.cuda.attention_tiled import attention_tiled
+    from brass.backends.cuda.attention_tiled import attention_tiled
     launched = record_launches(cuda, monkeypatch)
     for T, D, DV in ((1, 128, 128), (8, 96, 96), (8, 512, 512), (8, 32, 32)):
         q = cuda.asarray(rng.uniform(-1, 1, (T, 2, D)).astype(F32))
@@ -349,7 +349,7 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
     # Not a bound: records both kernels' times on the Qwen3-0.6B prompt (512 tokens, 16/8
     # heads of 128) for perf/NOTES.md.
     import cupy
-    from engine.backends.cuda.attention_tiled import attention_tiled
+    from brass.backends.cuda.attention_tiled import attention_tiled
     from ci.attn_host import random_case
     T, H, Hkv, D = 512, 16, 8, 128
     q, k, v, pos = random_case(rng, T, 0, H, Hkv, D, D)
@@ -381,7 +381,7 @@ def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
     BRASS_ATTN_TILED is on and to attention.cu otherwise; a decode token (T = 1) always to
     attention.cu. Either way the result is the reference's, and the Q8_1 blocks it wrote
     are remembered for the output projection."""
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     monkeypatch.setattr(cb, "ATTN_TILED", on)
     launched = []
     real = cuda.launch

@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.backends import cuda_available
-from engine.backends.numpy_backend import NumpyBackend
+from brass.backends import cuda_available
+from brass.backends.numpy_backend import NumpyBackend
 from conformance.test_kernels import check, cuda, record_launches  # noqa: F401  (fixtures)
-from kernels.cases import DELTA_CHUNKED, RECURRENCE
+from conformance.harness.cases import DELTA_CHUNKED, RECURRENCE
 from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
@@ -45,7 +45,7 @@ def random_case(rng, T, Hk, Hv, D, g_hi=2.0):
 
 
 def _fits(cuda, D):
-    from engine.backends.cuda.backend import gdn_chunked_smem
+    from brass.backends.cuda.backend import gdn_chunked_smem
     if gdn_chunked_smem(D) > cuda.smem_optin_limit:
         pytest.skip(f"D = {D} needs {gdn_chunked_smem(D)} bytes of shared memory per block; this "
                     f"GPU allows {cuda.smem_optin_limit} (the switch keeps the sequential kernel)")
@@ -71,7 +71,7 @@ def test_chunked_kernel(cuda, rng, T, Hk, Hv, D, decay, record_property):
 def test_switch_routes_prompts(cuda, rng, monkeypatch, on):
     # With the switch on, a prompt of at least DELTA_CHUNKED_MIN_TOKENS tokens goes to the
     # chunked kernel and a decode step (T = 1) stays sequential; off, nothing reaches it.
-    from engine.backends.cuda import backend as cb
+    from brass.backends.cuda import backend as cb
     monkeypatch.setattr(cb, "DELTA_CHUNKED", on)
     launched = record_launches(cuda, monkeypatch)
     for T in (1, cb.DELTA_CHUNKED_MIN_TOKENS):
@@ -124,7 +124,7 @@ def test_decode_kernel_block_matches_the_backend():
     # The threads per block the backend launches (gdn_threads) are the kernel's own.
     pytest.importorskip("cupy")
     from ci import delta_host
-    from engine.backends.cuda.backend import GDN_HEAD_DIMS, gdn_threads
+    from brass.backends.cuda.backend import GDN_HEAD_DIMS, gdn_threads
     try:
         lib = delta_host.build_sequential()
     except NoHostCompiler as e:
@@ -136,7 +136,7 @@ def test_shared_memory_size_matches_the_kernel():
     # (GDN_CHUNK_SMEM_FLOATS), read from the CPU build of the source.
     pytest.importorskip("cupy")
     from ci import delta_host
-    from engine.backends.cuda.backend import GDN_HEAD_DIMS, gdn_chunked_smem
+    from brass.backends.cuda.backend import GDN_HEAD_DIMS, gdn_chunked_smem
     try:
         lib = delta_host.build()
     except NoHostCompiler as e:

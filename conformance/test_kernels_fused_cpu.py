@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import quants
-from engine.gguf import GGMLType, GGUFFile
-from kernels.cases import RMS_NORM, cuda_reference, nmse, random_weight_file
+from brass import quants
+from brass.gguf import GGMLType, GGUFFile
+from conformance.harness.cases import RMS_NORM, cuda_reference, nmse, random_weight_file
 from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 F32 = np.float32

@@ -22,11 +22,11 @@ import pytest
 
 from conformance import test_kernels as tk
 from conformance.test_kernels import check, cuda, ref, weights  # noqa: F401  (fixtures)
-from engine.backends import cuda_available
-from engine.backends.base import Backend
-from engine.errors import BrassError
-from engine.gguf import GGMLType, GGUFFile
-from kernels.cases import EXACT, F16_ROUNDED, OP_BOUNDS, write_gguf
+from brass.backends import cuda_available
+from brass.backends.base import Backend
+from brass.errors import BrassError
+from brass.gguf import GGMLType, GGUFFile
+from conformance.harness.cases import EXACT, F16_ROUNDED, OP_BOUNDS, write_gguf
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
@@ -37,7 +37,7 @@ F16, F32 = np.float16, np.float32
 
 
 def vectors(tmp_path, name: str, **values):
-    """A GGUF of the given float32 vectors (exact values, unlike kernels.cases' random ones)."""
+    """A GGUF of the given float32 vectors (exact values, unlike conformance.harness.cases' random ones)."""
     tensors = {k: (GGMLType.F32, (len(v),), np.asarray(v, F32).view(np.uint8)) for k, v in values.items()}
     return GGUFFile(write_gguf(tmp_path / f"{name}.gguf", tensors))
 

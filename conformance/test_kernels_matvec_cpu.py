@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conformance.test_kernels import check, tname
-from engine.gguf import GGMLType, GGUFFile
-from kernels.cases import MATMUL, OP_BOUNDS, cuda_reference, random_weight_file
+from brass.gguf import GGMLType, GGUFFile
+from conformance.harness.cases import MATMUL, OP_BOUNDS, cuda_reference, random_weight_file
 from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_K,
@@ -278,7 +278,7 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
     # matrix's end), K = 512 (staged) and 98560 (read from global memory: past the staging
     # budget MV_COLS_STAGE_MAX_K even for one token), split and not.
     from ci import matvec_host
-    from engine.backends.cuda.backend import MV_SPLIT
+    from brass.backends.cuda.backend import MV_SPLIT
     try:
         other = matvec_host.build(defines)
     except NoHostCompiler as e:
@@ -563,7 +563,7 @@ def test_q4k_weight_loads_through_ldg_compile():
     # the host its loads are the default's plain ones (no bits to compare there: the GPU's are
     # compared by ci/gpu_preload.py); what it changes in the SASS, test_kernel_sass.py checks.
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
-    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
     image = compile_text("matvec_q.cu", (KERNEL_DIR / "matvec_q.cu").read_text(), "sm_90", ("-DMV_LDG=1",),
                          use_cache=False)
     assert b"matvec_split_q4_k" in image

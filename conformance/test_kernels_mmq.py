@@ -28,10 +28,10 @@ import sys
 import numpy as np
 import pytest
 
-from engine.backends import base, cuda_available
-from engine.gguf import GGMLType, GGUFFile
+from brass.backends import base, cuda_available
+from brass.gguf import GGMLType, GGUFFile
 from conformance.test_kernels import check, cuda, record_launches, ref, tname  # noqa: F401  (fixtures)
-from kernels.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
+from conformance.harness.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
 from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
@@ -174,7 +174,7 @@ def test_reference_follows_the_switch(rng, tmp_path, monkeypatch):
 
 
 def test_switch_is_read_from_the_environment():
-    code = "from engine.backends import base; print(base.MMQ)"
+    code = "from brass.backends import base; print(base.MMQ)"
     for env, want in (("1", "True"), ("0", "False"), (None, "False")):
         e = {k: v for k, v in os.environ.items() if k != "BRASS_MMQ"}
         if env is not None:
@@ -265,7 +265,7 @@ def test_mmq_variants_compile(defines):
     # each variant builds for sm_90 with NVRTC (as ci/gpu_tune_mmq.py will build it), with
     # the moe_plan and the mmq / mmq_id kernels the backend looks up
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
-    from engine.backends.cuda.compiler import KERNEL_DIR, compile_text
+    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
     image = compile_text("mmq.cu", (KERNEL_DIR / "mmq.cu").read_text(), "sm_90",
                          tuple(f"-D{d}" for d in defines), use_cache=False)
     for name in (b"moe_plan", b"mmq_id_q4_k", b"mmq_id_q6_k", b"mmq_q8_0"):

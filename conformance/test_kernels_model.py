@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.backends import cuda_available
-from kernels.cases import OP_BOUNDS, cuda_reference, f16_steps, nmse
+from brass.backends import cuda_available
+from conformance.harness.cases import OP_BOUNDS, cuda_reference, f16_steps, nmse
 
 
 pytestmark = pytest.mark.skipif(
@@ -97,7 +97,7 @@ class Pair:
         self.shape = ref.shape
 
     def __getitem__(self, i):
-        # one sequence's state of engine.kv_cache.RecurrentState's [n_seq, ...] arrays: views
+        # one sequence's state of brass.kv_cache.RecurrentState's [n_seq, ...] arrays: views
         return Pair(self.ref[i], self.dev[i])
 
 
@@ -216,7 +216,7 @@ class Lockstep:
         the reference's attention over the kernel's own q and caches (only the sum order may
         differ: the attention bound). Where it does not fuse (a prompt), the composition, each
         op checked as every other."""
-        from engine.backends.base import Backend
+        from brass.backends.base import Backend
         if not self.cuda.fuses_rope_attention(q.shape[0], k_cache.dev, v_cache.dev):
             return Backend.rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window, **rope)
         ref_kw = {n: a.ref if isinstance(a, Pair) else a for n, a in rope.items()}
@@ -309,7 +309,7 @@ class Lockstep:
         2.3e-8; the other rows ~1e-14), with Gemma 4's fused ops on or off."""
         dev = [self._dev(a) for a in (x, w_gate, w_up, w_down, ids, weights, down_scale)]
         if not self.cuda.fuses_moe_ffn(*dev[:6], down_scale=dev[6]):
-            from engine.backends.base import Backend
+            from brass.backends.base import Backend
             return Backend.moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu, down_scale)
         ref = self.ref
         want = ref.moe_ffn(x, w_gate.ref, w_up.ref if w_up is not None else None, w_down.ref, ids, weights,
@@ -338,9 +338,9 @@ class Lockstep:
 
 
 def load(name):
-    from engine import arch as arch_registry
-    from engine.config import read_config
-    from engine.gguf import GGUFFile
+    from brass import arch as arch_registry
+    from brass.config import read_config
+    from brass.gguf import GGUFFile
 
     gf = GGUFFile(SYNTH / f"{name}.gguf")
     if "cuda" not in arch_registry.backends(gf.architecture) and gf.architecture not in CHECKED_BEFORE_ENABLED:
@@ -358,7 +358,7 @@ def steps(rng, n_vocab, n_prompt=12, n_decode=3):
 
 
 def forward(backend, weights, cfg, arch, cache, ids, pos, trace=None):
-    from engine.arch.common import Forward
+    from brass.arch.common import Forward
 
     # On the backend's own stream, as Model.forward runs it: the architecture's own array
     # operations (slices, copies) would otherwise queue on whichever stream is current (the
@@ -372,9 +372,9 @@ def forward(backend, weights, cfg, arch, cache, ids, pos, trace=None):
 @pytest.mark.parametrize("n_prompt", [12, 40], ids=["prompt12", "prompt40-gemm"])
 @pytest.mark.parametrize("name", MODELS)
 def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
-    from engine.arch.common import Weights
-    from engine.backends.cuda import CudaBackend
-    from engine.kv_cache import KVCache
+    from brass.arch.common import Weights
+    from brass.backends.cuda import CudaBackend
+    from brass.kv_cache import KVCache
 
     gf, arch, cfg = load(name)
     b = Lockstep(CudaBackend(poison_outputs=True), cuda_reference())
@@ -386,7 +386,7 @@ def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
     called = set(CALLED_BY.get(gf.architecture, CALLED))
     if cfg.n_expert:
         called.add("moe_gate")              # the router
-    from engine.arch import gemma4
+    from brass.arch import gemma4
     if gf.architecture == "gemma4" and gemma4.FUSED_OPS:
         called |= {"rope_store", "add_rms_norm"}    # BRASS_GEMMA4_FUSED_OPS took them
         if cfg.n_expert:
@@ -423,9 +423,9 @@ def first_parting(cfg, got_nodes, want_nodes):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_model_free_running_logits(name, rng, record_property):
-    from engine.arch.common import Weights
-    from engine.backends.cuda import CudaBackend
-    from engine.kv_cache import KVCache
+    from brass.arch.common import Weights
+    from brass.backends.cuda import CudaBackend
+    from brass.kv_cache import KVCache
 
     gf, arch, cfg = load(name)
     tokens = steps(rng, cfg.n_vocab)

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not installed (pip install -e '.[cuda]')")
 
-from engine.backends.cuda.device import pick_device  # noqa: E402
-from engine.backends.cuda.errors import CudaError  # noqa: E402
-from engine.errors import BrassError  # noqa: E402
-from kernels.params import STRUCTS, pack  # noqa: E402
+from brass.backends.cuda.device import pick_device  # noqa: E402
+from brass.backends.cuda.errors import CudaError  # noqa: E402
+from brass.errors import BrassError  # noqa: E402
+from brass.backends.cuda.params import STRUCTS, pack  # noqa: E402
 
 
 def test_highest_compute_capability_wins():
@@ -154,8 +154,8 @@ def test_which_mat_vecs_take_the_coop_q6_k_kernel(monkeypatch):
     # uses_q6k_coop: BRASS_Q6K_COOP on, Q6_K, rows not split, every matrix's rows whole 8-byte
     # words (K a multiple of 1024: 4 super-blocks of 210 bytes); coop_blocks: a block per
     # MV_COOP_WARPS rows, at most COOP_BLOCKS_PER_SM an SM
-    from engine.backends.cuda import backend as cb
-    from engine.gguf import GGMLType as T
+    from brass.backends.cuda import backend as cb
+    from brass.gguf import GGMLType as T
     rb = lambda k: k // 256 * 210          # noqa: E731 (a Q6_K row's bytes)
     monkeypatch.setattr(cb, "Q6K_COOP", True)
     for k in (1024, 2048, 3072, 4096):
@@ -174,8 +174,8 @@ def test_which_decode_groups_take_the_mixed_launch(monkeypatch):
     # CudaBackend._mixed_pair: one token, two types of a MIXED_PAIRS pair (either order), at
     # most two matrices of the first and exactly one of the second, rows not split; else the
     # launches of one type each (and never with BRASS_MIXED_MATVEC off)
-    from engine.backends.cuda import backend as cb
-    from engine.gguf import GGMLType as T
+    from brass.backends.cuda import backend as cb
+    from brass.gguf import GGMLType as T
     pick = cb.CudaBackend._mixed_pair
     q4, q6, q5, q8 = T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0
     monkeypatch.setattr(cb, "MIXED_MATVEC", True)

@@ -34,7 +34,7 @@ def url(real_model_path, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("load") / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", MODEL, "--backend", "numpy",
+        proc = subprocess.Popen([sys.executable, "-m", "brass", "serve", MODEL, "--backend", "numpy",
                                  "--port", str(port), "--parallel", str(CLIENTS)],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180

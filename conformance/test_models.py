@@ -20,10 +20,10 @@ import pytest
 from tabulate import tabulate
 
 from conformance import goldens, tolerances
-from engine import arch as arch_registry
-from engine.backends import cuda_available
-from engine.llamacpp import brass_tap
-from engine.model import Model
+from brass import arch as arch_registry
+from brass.backends import cuda_available
+from brass.llamacpp import brass_tap
+from brass.model import Model
 
 MODELS = [m.name for m in goldens.models()]
 NEEDS_GPU = pytest.mark.skipif(not cuda_available(), reason="CUDA backend: no GPU on this machine")
@@ -210,7 +210,7 @@ def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
 
 def _tap_name(node) -> str:
     # llama.cpp's name, except the attention output projection (attn_out everywhere in
-    # Brass) and gemma4's residual after attention (engine.llamacpp.brass_tap)
+    # Brass) and gemma4's residual after attention (brass.llamacpp.brass_tap)
     return brass_tap(node.name, node.role, node.layer)
 
 

@@ -14,11 +14,11 @@ import pytest
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc",
                             reason="CuPy's NVRTC binding is not installed (pip install -e '.[cuda]')")
 
-from engine.backends.cuda.backend import launched_kernels  # noqa: E402
-from engine.backends.cuda.compiler import (KERNEL_DIR, compile_source, compile_text,  # noqa: E402
+from brass.backends.cuda.backend import launched_kernels  # noqa: E402
+from brass.backends.cuda.compiler import (KERNEL_DIR, compile_source, compile_text,  # noqa: E402
                                            kernel_sources)
-from engine.backends.cuda.errors import KernelCompileError  # noqa: E402
-from kernels.params import STRUCTS  # noqa: E402
+from brass.backends.cuda.errors import KernelCompileError  # noqa: E402
+from brass.backends.cuda.params import STRUCTS  # noqa: E402
 
 ARCHS = ("sm_80", "sm_89", "sm_90", "sm_120")
 

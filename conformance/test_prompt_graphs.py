@@ -32,11 +32,11 @@ ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma
 
 @pytest.fixture
 def prompt_graphs(monkeypatch):
-    from engine import model
+    from brass import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS", True)
     monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", True)
     try:
-        from engine.backends.cuda import backend
+        from brass.backends.cuda import backend
     except ImportError:                 # no CuPy: the numpy cases run without it
         return
     monkeypatch.setattr(backend, "OWN_CUBLAS", True)
@@ -134,7 +134,7 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_gra
 def test_a_large_cache_is_not_shared(rng, prompt_graphs, monkeypatch):
     # a StartStep holds a cache of its sessions' size: for a cache over half the graphs' budget
     # the session reads eagerly and then captures its own graph, as without sharing
-    from engine.kv_cache import KVCache
+    from brass.kv_cache import KVCache
     m, ref = _faked("synth-qwen3")
     monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", str(KVCache.nbytes_for(m.config, 64) / 2 ** 20 * 1.5))
     V = m.config.n_vocab
@@ -155,7 +155,7 @@ def test_a_large_cache_is_not_shared(rng, prompt_graphs, monkeypatch):
 def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs, monkeypatch):
     # BRASS_SHARED_PROMPT_GRAPHS=0: a second session (a server's pooled one, with its own
     # cache) captures its first prompt of a length the model read before, and replays the next
-    from engine import model
+    from brass import model
     monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
     m, ref = _faked("synth-qwen3")
     first, r = m.new_session(64), ref.new_session(64)
@@ -200,7 +200,7 @@ def test_what_is_never_captured(rng, prompt_graphs):
 
 
 def test_graphs_kept_are_bounded(rng, prompt_graphs):
-    from engine.model import PROMPT_GRAPHS_KEPT
+    from brass.model import PROMPT_GRAPHS_KEPT
     m, _ = _faked("synth-llama")
     s = m.new_session(128)
     lengths = list(range(2, 2 + PROMPT_GRAPHS_KEPT + 2))
@@ -238,7 +238,7 @@ def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
     read(6)                                 # the kept one still replays
     assert len(captures) == 3
     monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "lots")
-    from engine.errors import BrassError
+    from brass.errors import BrassError
     with pytest.raises(BrassError, match="BRASS_PROMPT_GRAPHS_MB must be a finite number"):
         read(8), read(8)
 
@@ -269,14 +269,14 @@ def _printed_under(var: str, code: str, cases):
 def test_shared_graphs_on_by_default():
     # on since the whole GPU suite passed with it (2026-12-02); BRASS_SHARED_PROMPT_GRAPHS=0
     # turns it off
-    _printed_under("BRASS_SHARED_PROMPT_GRAPHS", "from engine import model; print(model.SHARED_PROMPT_GRAPHS)",
+    _printed_under("BRASS_SHARED_PROMPT_GRAPHS", "from brass import model; print(model.SHARED_PROMPT_GRAPHS)",
                    ((None, "True"), ("1", "True"), ("0", "False")))
 
 
 def test_on_by_default(monkeypatch):
     # on since the whole GPU suite passed with it (2026-12-01); BRASS_PROMPT_GRAPHS=0 turns it
     # off, read at import, and the backend's own cuBLAS handle follows it
-    code = ("from engine import model; from engine.backends.cuda import backend; "
+    code = ("from brass import model; from brass.backends.cuda import backend; "
             "print(model.PROMPT_GRAPHS and backend.OWN_CUBLAS, model.PROMPT_GRAPHS or backend.OWN_CUBLAS)")
     _printed_under("BRASS_PROMPT_GRAPHS", code, ((None, "True True"), ("1", "True True"), ("0", "False False")))
 
@@ -286,8 +286,8 @@ def test_cuda_start_graph_equals_eager(name, rng, prompt_graphs):
     """On the GPU: sessions reading a length from position 0 through the model's graph
     (StartStep: its own cache, copied into theirs) get the eager read's logits bit for bit,
     and greedy decoding after it the same tokens."""
-    from engine.backends import base
-    from engine.sampling import SamplingParams
+    from brass.backends import base
+    from brass.sampling import SamplingParams
     m = load_synthetic(name, "cuda")
     V = m.config.n_vocab
     greedy = SamplingParams(temperature=0.0)
@@ -316,7 +316,7 @@ def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
     """On the GPU: the replayed prefill's logits equal the eager prefill's bit for bit, for a
     short prompt (mat-mul tiles) and one long enough for the tensor-core GEMMs, continuing a
     cache; greedy decoding after it then gives the same tokens."""
-    from engine.sampling import SamplingParams
+    from brass.sampling import SamplingParams
     m = load_synthetic(name, "cuda")
     V = m.config.n_vocab
     for n in (9, 40):
@@ -331,7 +331,7 @@ def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
             assert np.array_equal(got, want), f"{name} T={n} prompt {i}: graph logits differ " \
                                               f"(max |diff| {np.abs(got - want).max():.3g})"
         moe = m.config.n_expert > 0
-        from engine.backends import base
+        from brass.backends import base
         assert s.prompt_graphs == (not moe or base.MOE_MMQ) and bool(s._prompt_steps) == s.prompt_graphs, \
             (name, s.prompt_graphs, list(s._prompt_steps), s.prompt_graphs_error)
         # the memory each graph holds is counted (the session's budget reads it)
@@ -390,7 +390,7 @@ def test_graph_bytes_counts_the_sessions_and_the_model():
 def test_one_ledger_for_every_session_and_the_model(monkeypatch):
     # the budget and the count are the model's: every session's graphs and the model's
     # StartSteps together, the least recently used out first whichever shelf it is on
-    from engine import model
+    from brass import model
     MiB = 1 << 20
     monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "10")
     m = load_synthetic("synth-qwen3", "numpy")
@@ -419,7 +419,7 @@ def test_one_ledger_for_every_session_and_the_model(monkeypatch):
 def test_sessions_graphs_together_stay_within_the_budget(rng, prompt_graphs, monkeypatch):
     # four sessions each capture their own graph of a length (without shared graphs, as
     # BRASS_SHARED_PROMPT_GRAPHS=0 or a prompt read in chunks): room for two of them in all
-    from engine import model
+    from brass import model
     monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
     monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "7")
     m, ref = _faked("synth-qwen3")
@@ -446,7 +446,7 @@ def test_an_evicted_graph_is_freed_at_once(rng, prompt_graphs, monkeypatch):
     # the ledger holds the only reference to a graph it keeps (the captured function reaches
     # neither the step nor the session, whatever a backend keeps of it): evicted, the step and
     # its graph (on the GPU: its memory) are freed then and there, without the garbage collector
-    from engine import model
+    from brass import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
     m, _ = _faked("synth-qwen3")
     s, other = m.new_session(64), m.new_session(64)
@@ -489,7 +489,7 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, m
     backend's memos (escaped)."""
     import cupy
     from ci.soak import gpu_mb
-    from engine import model
+    from brass import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
     m = load_synthetic("synth-qwen3", "cuda")
     s = m.new_session(512)
@@ -539,7 +539,7 @@ def test_graph_memory_script_runs(monkeypatch, capsys):
     interface faked, so that prompt graphs are captured and counted; no verdict without a GPU."""
     import importlib.util
     from pathlib import Path
-    from engine import model
+    from brass import model
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("gpu_graph_memory", root / "ci" / "gpu_graph_memory.py")
     script = importlib.util.module_from_spec(spec)

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from engine import quants
-from engine.errors import BrassError, UnsupportedError
-from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
+from brass import quants
+from brass.errors import BrassError, UnsupportedError
+from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile
 
 SUPPORTED = list(quants.SUPPORTED_TYPES)
 IDS = [t.name for t in SUPPORTED]

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.backends.numpy_backend import NumpyBackend, gelu_f16_table, rope_cos_sin
+from brass.backends.numpy_backend import NumpyBackend, gelu_f16_table, rope_cos_sin
 
 b = NumpyBackend()
 

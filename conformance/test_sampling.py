@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from engine.errors import BrassError
-from engine.sampling import Sampler, SamplingParams
+from brass.errors import BrassError
+from brass.sampling import Sampler, SamplingParams
 
 
 def _draws(params, logits, n=400, history=()):

@@ -29,9 +29,9 @@ import pytest
 
 pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .; "
                                       "on the GPU runner: the wheels in .whl/, listed in ci/gpu_conformance.sh)")
-from engine.chat_template import ChatTemplate  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-from engine.server import StopScanner  # noqa: E402
+from brass.chat_template import ChatTemplate  # noqa: E402
+from brass.sampling import SamplingParams  # noqa: E402
+from brass.server import StopScanner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -137,7 +137,7 @@ def server(real_model_path, tmp_path_factory):
     real_model_path(MODEL)  # fetched into the cache the server reads, or skipped visibly
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     # No --host: the default bind address is under test.
-    cmd = [sys.executable, "-m", "engine", "serve", MODEL, "--backend", "numpy", "--port", "0",
+    cmd = [sys.executable, "-m", "brass", "serve", MODEL, "--backend", "numpy", "--port", "0",
            "--ctx", str(N_CTX), "--api-key", API_KEY]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -162,7 +162,7 @@ def server(real_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(real_model_path):
-    from engine.model import Model
+    from brass.model import Model
     return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
 
 
@@ -375,8 +375,8 @@ def test_web_page_is_served(server):
 def test_chatml_fallback_ends_replies_at_its_end_marker(real_model_path):
     """Gemma 3 270M has no template; ChatML's `<|im_end|>` is plain text to it, so the server
     ends a chat reply where the model writes it (the server's own queue, without HTTP)."""
-    from engine.model import Model
-    from engine.server import App
+    from brass.model import Model
+    from brass.server import App
     gemma = Model(real_model_path("gemma3-270m"), backend="numpy", n_ctx=N_CTX, quiet=True)
     app = App(gemma, "gemma3-270m", None, parallel=1, max_waiting=1)
     messages = [{"role": "user", "content": "Hello"}]
@@ -429,7 +429,7 @@ def test_sixteen_concurrent_clients(server, model, rng):
 def test_full_queue_gets_503_and_leavers_free_their_places(model, rng):
     """The worker's queue in-process: one request running, one waiting, a third refused with
     503 and Retry-After; once the waiting one's client leaves, a new request takes its place."""
-    from engine.server import APIError, App, Job
+    from brass.server import APIError, App, Job
     app = App(model, MODEL, None, parallel=1, max_waiting=1)
     scheduler = app.scheduler
 
@@ -460,7 +460,7 @@ def test_full_queue_gets_503_and_leavers_free_their_places(model, rng):
 def test_short_request_is_not_held_up_by_a_long_one(model, rng):
     """Running requests take turns a token each: a 2-token request sent just after a 40-token
     one finishes while the long one is still generating."""
-    from engine.server import Job, Scheduler
+    from brass.server import Job, Scheduler
     greedy = SamplingParams(temperature=0.0)
     for _ in range(5):  # a long prompt whose greedy reply does not end early
         long_ids = model.tokenizer.encode(words(rng, 4), add_special=True, parse_special=True)
@@ -489,12 +489,12 @@ def test_last_event_comes_after_the_scheduler_lets_go(model, rng, ending):
     (what /health and /metrics report): CI once caught /health saying 1 running right after
     the reply. The scheduler's release of the job is slowed here (a 0.3 s sleep where it
     starts letting go), so a last event sent before the release is seen every time."""
-    from engine.server import Job, Scheduler
+    from brass.server import Job, Scheduler
     greedy = SamplingParams(temperature=0.0)
     ids = model.tokenizer.encode(words(rng, 3), add_special=True, parse_special=True)
     job = Job(ids, 2, greedy, [], model.tokenizer)
     if ending == "error":       # the second token fails: on_error, then the release
-        from engine.errors import BrassError
+        from brass.errors import BrassError
         take = job.on_token
 
         def fail_second(token):
@@ -527,7 +527,7 @@ def test_phase_seconds_count_the_step_that_ends_a_job(model, rng, phase):
     last event: CI once saw the decode seconds unchanged right after a reply. The step is slowed
     after it has ended the job (a 0.3 s sleep before it returns), so seconds added only once the
     step returns are missed every time."""
-    from engine.server import Job, Scheduler
+    from brass.server import Job, Scheduler
     greedy = SamplingParams(temperature=0.0)
     scheduler = Scheduler(model, parallel=1, max_waiting=1)
     name = "_prefill_chunk" if phase == "prefill" else "_decode"
@@ -837,8 +837,8 @@ def test_fastapi_validation_errors_are_openai_400s(model):
     """FastAPI's own 422 (for a parameter it checks itself) is answered as ours are: a 400 in
     OpenAI's error body."""
     from conformance.server_harness import ASGIClient, StubForward
-    from engine.http_api import create_app
-    from engine.server import App
+    from brass.http_api import create_app
+    from brass.server import App
     app = App(StubForward(model), MODEL, None, parallel=1, max_waiting=1)
     asgi = create_app(app)
 
@@ -864,7 +864,7 @@ def test_full_queue_over_http_gets_503_with_retry_after(model):
     request is held after its first token by a gate on the stub's decode step, so it is still
     running whenever the test looks, however slow the machine."""
     from conformance.server_harness import StubForward, ThreadedServer
-    from engine.server import App
+    from brass.server import App
     gate = threading.Event()
     server = ThreadedServer(App(StubForward(model, n_ctx=256, eog_bias=-1e9, gate=gate), MODEL, None,
                                 parallel=1, max_waiting=1))
@@ -925,8 +925,8 @@ def test_silent_connection_is_closed_after_the_keep_alive_time(model, monkeypatc
     (uvicorn's clock starts only after a response: such connections were held for ever, each a
     file descriptor, a slowloris); one that sends its request in time is served."""
     from conformance.server_harness import StubForward, ThreadedServer
-    from engine import http_api
-    from engine.server import App
+    from brass import http_api
+    from brass.server import App
     monkeypatch.setattr(http_api, "SOCKET_TIMEOUT", 1)
     server = ThreadedServer(App(StubForward(model), MODEL, None, parallel=1, max_waiting=1))
     try:
@@ -945,7 +945,7 @@ def test_silent_connection_is_closed_after_the_keep_alive_time(model, monkeypatc
 
 def _serve(*args, **popen) -> subprocess.Popen:
     synth = ROOT / "golden" / "models" / "synth-llama.gguf"
-    return subprocess.Popen([sys.executable, "-m", "engine", "serve", str(synth), "--backend", "numpy",
+    return subprocess.Popen([sys.executable, "-m", "brass", "serve", str(synth), "--backend", "numpy",
                              *args], cwd=ROOT, stderr=subprocess.PIPE, text=True, **popen)
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import cuda_available
-from engine.chat_template import ChatTemplate
-from engine.sampling import SamplingParams
+from brass.backends import cuda_available
+from brass.chat_template import ChatTemplate
+from brass.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.skipif(not cuda_available(), reason="no CUDA device here: brass serve on CUDA is tested on "
@@ -42,7 +42,7 @@ WORDS = "sea ship storm harbor light wind stone river bread garden winter mornin
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-cuda") / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", str(MODEL), "--backend", "cuda",
+        proc = subprocess.Popen([sys.executable, "-m", "brass", "serve", str(MODEL), "--backend", "cuda",
                                  "--port", "0", "--ctx", str(N_CTX)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while not (m := re.search(r"at http://([0-9.]+):([0-9]+)/", log.read_text(errors="replace"))):
@@ -60,7 +60,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model():
-    from engine.model import Model
+    from brass.model import Model
     return Model(MODEL, backend="cuda", n_ctx=N_CTX, quiet=True)
 
 

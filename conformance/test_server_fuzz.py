@@ -169,13 +169,13 @@ def asked_stream(data: bytes) -> bool:
 
 @pytest.fixture(scope="module")
 def model(real_model_path):
-    from engine.model import Model
+    from brass.model import Model
     return Model(real_model_path(MODEL), backend="numpy", n_ctx=256, quiet=True)
 
 
 def test_fuzz_request_bodies_in_process(model, capfd):
-    from engine.http_api import create_app
-    from engine.server import App
+    from brass.http_api import create_app
+    from brass.server import App
     app = App(StubForward(model, n_ctx=64, eog_bias=3.0), MODEL, KEY, parallel=4, max_waiting=64)
     client = ASGIClient(create_app(app))
     auth = {"Authorization": f"Bearer {KEY}"}
@@ -236,7 +236,7 @@ def raw_post(host, port, path, headers, data, timeout=120) -> tuple[int, str, by
 @pytest.mark.parametrize("forward, n_bodies", [("stub", N_LIVE_STUB), ("real", N_LIVE_REAL)])
 def test_fuzz_request_bodies_live(model, forward, n_bodies):
     """Real sockets into uvicorn: many bodies with the stub forward, a few with the real one."""
-    from engine.server import App
+    from brass.server import App
     served = StubForward(model, n_ctx=64, eog_bias=3.0) if forward == "stub" else model
     server = ThreadedServer(App(served, MODEL, KEY, parallel=2, max_waiting=8))
     seen = []

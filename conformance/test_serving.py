@@ -34,7 +34,7 @@ def alone(model, req):
 def alone_chunked(model, req, chunk):
     """The request alone, its prompt read in chunks of `chunk` tokens as the scheduler reads it
     (a prompt in pieces is not bit-identical to one pass: the GEMMs have other row counts)."""
-    from engine.sampling import Sampler
+    from brass.sampling import Sampler
     s = model.new_session(len(req.prompt_ids) + req.max_tokens)
     s.graphs = False
     sampler, history = Sampler(req.sampling), list(req.prompt_ids)
@@ -53,7 +53,7 @@ def alone_chunked(model, req, chunk):
 def serve(model, reqs, setup=None, **kw):
     """Submit the requests to a BatchScheduler(model, **kw), wait for all; the scheduler.
     `setup(scheduler)`, if given, runs before its worker starts."""
-    from engine.serving import BatchScheduler
+    from brass.serving import BatchScheduler
     sched = BatchScheduler(model, start=setup is None, **kw)
     if setup is not None:
         setup(sched)
@@ -69,8 +69,8 @@ def serve(model, reqs, setup=None, **kw):
 
 
 def test_batched_requests_equal_alone(model, rng):
-    from engine.sampling import SamplingParams
-    from engine.serving import Request
+    from brass.sampling import SamplingParams
+    from brass.serving import Request
     V = model.config.n_vocab
 
     def prompt(n):
@@ -102,8 +102,8 @@ def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep, backend):
     greedy_steps; on numpy (no bucket graphs) a decoder runs the same run_ahead protocol with
     each step computed at its launch. Requests of different lengths, more than run at once, so
     that runs end by leaves and by joins, mid-batch."""
-    from engine.batch import BatchDecoder, SequenceBatch, run_ahead
-    from engine.serving import Request
+    from brass.batch import BatchDecoder, SequenceBatch, run_ahead
+    from brass.serving import Request
     import numpy as np
     m = load_synthetic("synth-qwen3", backend)
     b = m.backend
@@ -151,8 +151,8 @@ def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep, backend):
 def test_prompts_read_in_chunks_between_steps(model, rng):
     """A long prompt is read a chunk per step while the others decode: each request gets what
     it gets alone with its prompt read in the same chunks."""
-    from engine.sampling import SamplingParams
-    from engine.serving import Request
+    from brass.sampling import SamplingParams
+    from brass.serving import Request
     V = model.config.n_vocab
     reqs = [Request([int(t) for t in rng.integers(0, V, 4)], 14),
             Request([int(t) for t in rng.integers(0, V, 29)], 6),
@@ -165,7 +165,7 @@ def test_prompts_read_in_chunks_between_steps(model, rng):
 
 
 def test_cancel_and_failure_leave_the_others_alone(model, rng):
-    from engine.serving import Request
+    from brass.serving import Request
     V = model.config.n_vocab
 
     class Failing(Request):
@@ -191,7 +191,7 @@ def test_cancel_and_failure_leave_the_others_alone(model, rng):
 
 
 def test_full_queue_refuses(model):
-    from engine.serving import BatchScheduler, Request
+    from brass.serving import BatchScheduler, Request
     sched = BatchScheduler(model, parallel=1, max_waiting=2, start=False)   # nothing is taken
     sched.submit(Request([1, 2], 4))
     sched.submit(Request([1, 2], 4))
@@ -205,8 +205,8 @@ def test_full_queue_refuses(model):
 
 
 def test_bad_requests_are_refused():
-    from engine.errors import BrassError
-    from engine.serving import Request
+    from brass.errors import BrassError
+    from brass.serving import Request
     with pytest.raises(BrassError, match="empty"):
         Request([], 4)
     with pytest.raises(BrassError, match="at least 1"):
@@ -220,8 +220,8 @@ def test_a_request_alone_runs_ahead_and_yields_to_arrivals(name, rng, monkeypatc
     closes that stream and the two are batched. Both still get their tokens alone. On the CPU
     with a numpy backend that has CUDA's graph interface (conformance/fakes.py)."""
     from conformance.fakes import ReplayingNumpy
-    from engine.model import Session
-    from engine.serving import Request
+    from brass.model import Session
+    from brass.serving import Request
     m = load_synthetic(name, "numpy")
     m.backend = ReplayingNumpy()
     V = m.config.n_vocab
@@ -242,7 +242,7 @@ def test_a_request_alone_runs_ahead_and_yields_to_arrivals(name, rng, monkeypatc
             return super().on_token(token)
 
     first = First([int(t) for t in rng.integers(0, V, 6)], 30)
-    from engine.serving import BatchScheduler
+    from brass.serving import BatchScheduler
     sched = BatchScheduler(m, parallel=2)
     sched.batch.graphs = False      # the fake cannot capture a batched step; those run eagerly
     try:
@@ -265,7 +265,7 @@ def test_session_pool_sizes_and_limit():
     """Sessions are made in sizes that recur (a power of two, at least MIN_POOLED_CTX, at most
     the model's context), the smallest idle one that fits is taken, and no more than `limit`
     exist at once."""
-    from engine.serving import MIN_POOLED_CTX, SessionPool
+    from brass.serving import MIN_POOLED_CTX, SessionPool
 
     class Counted:
         def __init__(self, n_ctx):
@@ -303,7 +303,7 @@ def test_warm_up_captures_before_the_first_request(name, rng):
     warm-up's own sequence in that session) equal alone. On the CPU with a numpy backend that
     has CUDA's graph interface (conformance/fakes.py); numpy itself has nothing to warm."""
     from conformance.fakes import ReplayingNumpy
-    from engine.serving import BatchScheduler, Request
+    from brass.serving import BatchScheduler, Request
     plain = BatchScheduler(load_synthetic(name, "numpy"), parallel=2, start=False)
     assert plain.warm_up() == 0.0 and plain.sessions.created == 0
     m = load_synthetic(name, "numpy")

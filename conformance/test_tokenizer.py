@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from conformance import goldens
-from engine.errors import BrassError, GGUFError, UnsupportedError
-from engine.gguf import GGUFFile
-from engine.tokenizer import Tokenizer, TokenizerError, libstdcxx
-from engine.tokenizer.tokenizer import clean_spaces
+from brass.errors import BrassError, GGUFError, UnsupportedError
+from brass.gguf import GGUFFile
+from brass.tokenizer import Tokenizer, TokenizerError, libstdcxx
+from brass.tokenizer.tokenizer import clean_spaces
 
 GOLDEN_PAIRS = [(t["name"], m) for t in goldens.tokenizers() for m in t["models"]]
 
@@ -632,7 +632,7 @@ BPE_PRES = ["default", "llama-bpe", "qwen2", "qwen35", "smollm", "gpt-2", "starc
 
 
 def _random_bpe_vocab(rng, path: Path, pre: str) -> Path:
-    from engine.tokenizer.unicode import BYTE_TO_UNICODE, byte_encode
+    from brass.tokenizer.unicode import BYTE_TO_UNICODE, byte_encode
     tokens = list(BYTE_TO_UNICODE)
     drop = set(rng.choice(256, 8, replace=False).tolist()) - set(b" ab'\n")
     tokens = [t for b, t in enumerate(tokens) if b not in drop]     # bytes without a token are dropped

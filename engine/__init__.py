@@ -1,10 +1,10 @@
 """Brass: GGUF LLM inference, numpy reference backend and CUDA backend.
 
-`engine.load(model, backend=...)` opens a model; see engine/model.py. Submodules import lazily
-so that `import engine.gguf` (or the catalog) stays light.
+`brass.load(model, backend=...)` opens a model; see model.py. Submodules import lazily
+so that `import brass.gguf` (or the catalog) stays light.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["BrassError", "Model", "SamplingParams", "load"]
 
 
@@ -18,4 +18,4 @@ def __getattr__(name):
     if name == "SamplingParams":
         from .sampling import SamplingParams
         return SamplingParams
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    raise AttributeError(f"module 'brass' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The `brass` command line (also `python -m engine`).
+"""The `brass` command line (also `python -m brass`).
 
     brass run [MODEL] [PROMPT]           stream a completion to the terminal
     brass generate MODEL --prompt TEXT   one completion, optionally as JSON

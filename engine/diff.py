@@ -133,7 +133,7 @@ def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
 
 def diff(model, prompt: str = DEFAULT_PROMPT, reference: str = "cpu", n_gen: int = DEFAULT_N_GEN,
          progress=None) -> DiffReport:
-    """Compare `model` (an engine.model.Model) with llama.cpp on `prompt`."""
+    """Compare `model` (an brass.model.Model) with llama.cpp on `prompt`."""
     from . import llamacpp
     if n_gen < 0:
         raise BrassError("diff: the number of generated tokens must be >= 0")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import BrassError
-from engine.gguf import GGMLType
+from brass.errors import BrassError
+from brass.gguf import GGMLType
 
 LLAMA_CPP_BUILD = "b11312"          # vendored in llama-cpp-python 0.3.36 (not readable from the .so)
 BINDING = "llama-cpp-python==0.3.36"

@@ -1,2 +1,2 @@
-"""CUDA C kernel sources (*.cu, *.cuh), compiled at run time by engine.backends.cuda.compiler,
-and the host-side description of their parameter structs (params.py)."""
+"""CUDA C kernel sources (*.cu, *.cuh): package data of brass.kernels, compiled at run time
+by brass.backends.cuda.compiler (NVRTC)."""

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str]) -> int:
     import cupy
     from ci.delta_host import random_case
-    from engine.backends.cuda import CudaBackend
-    from engine.backends.cuda import backend as cb
-    from kernels.cases import nmse
+    from brass.backends.cuda import CudaBackend
+    from brass.backends.cuda import backend as cb
+    from conformance.harness.cases import nmse
     T, Hk, Hv, D, reps = (int(a) for a in (argv + ["512", "16", "32", "128", "50"][len(argv):]))
     cb.DELTA_CHUNKED = False                 # gated_delta_net: the sequential kernel whatever the env says
     cuda = CudaBackend()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import cuda_available
+from brass.backends import cuda_available
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="no CUDA device: model benchmarks run on the GPU runner")
 
@@ -41,14 +41,14 @@ def test_bench_shape(benchmark, shape):
         pytest.skip(f"CUDA conformance did not pass ({tail}): no model figures")
     sys.path.insert(0, str(ROOT))
     import cupy
-    import engine
+    import brass
     from ci import shape_models
-    from engine.bench import bench
+    from brass.bench import bench
     folder = Path(os.environ.get("BRASS_SHAPES", "/tmp/brass-shapes"))
     path = folder / f"{shape}.gguf"
     if not path.exists():
         shape_models.write(shape, folder)
-    m = engine.load(str(path), backend="cuda", quiet=True)
+    m = brass.load(str(path), backend="cuda", quiet=True)
     results = {}
     benchmark.pedantic(lambda: results.update({r.test: r for r in bench(m, reps=3)}), rounds=1, iterations=1)
     pp, tg = results["pp512"], results["tg128"]

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from engine import catalog
-from engine.model import Model
+from brass import catalog
+from brass.model import Model
 
 MODEL = "smollm2-135m"
 N_TOKENS = 32

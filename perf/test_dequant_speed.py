@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from engine import catalog, quants
-from engine.gguf import GGUFFile
+from brass import catalog, quants
+from brass.gguf import GGUFFile
 
 N_ROWS, ROW_LEN = 1024, 4096          # 4M elements: big enough that per-call overhead is noise
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.backends import cuda_available
-from engine.gguf import BLOCK_SIZES, GGMLType, GGUFFile
-from kernels.cases import PERF_MATMUL_SHAPES, WEIGHT_TYPES, random_weight_file
+from brass.backends import cuda_available
+from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile
+from conformance.harness.cases import PERF_MATMUL_SHAPES, WEIGHT_TYPES, random_weight_file
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="no CUDA device: GPU benchmarks run on the GPU runner")
 
@@ -23,7 +23,7 @@ REPEAT = 50
 
 @pytest.fixture(scope="module")
 def cuda():
-    from engine.backends.cuda import CudaBackend
+    from brass.backends.cuda import CudaBackend
     return CudaBackend()
 
 

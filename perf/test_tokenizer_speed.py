@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import catalog
-from engine.gguf import GGUFFile
-from engine.tokenizer import Tokenizer
+from brass import catalog
+from brass.gguf import GGUFFile
+from brass.tokenizer import Tokenizer
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"]
 

@@ -4,7 +4,7 @@ llama.cpp classifies code points with its own tables (generated from the Unicode
 day it was written), not with the C library or Python's `unicodedata`. Pre-tokenization must
 use the very same tables to split text where llama.cpp splits it, so we copy them:
 
-    python -m engine.tokenizer.gen_unicode_data path/to/llama.cpp/src/unicode-data.cpp
+    python -m brass.tokenizer.gen_unicode_data path/to/llama.cpp/src/unicode-data.cpp
 
 The goldens are recorded with llama.cpp b11312 (vendored in llama-cpp-python 0.3.36).
 """
@@ -43,7 +43,7 @@ def main(path: str) -> None:
     to_ascii = [(a, b) for a, b in lower if b < 0x80 and a != b]
     TARGET.write_text(f'''"""Code point tables copied from llama.cpp b11312 `src/unicode-data.cpp` (generated; do not edit).
 
-Regenerate with `python -m engine.tokenizer.gen_unicode_data <unicode-data.cpp>`.
+Regenerate with `python -m brass.tokenizer.gen_unicode_data <unicode-data.cpp>`.
 """
 
 # unicode_ranges_flags: the flags of code point c are RANGE_FLAGS[i] for the last i with

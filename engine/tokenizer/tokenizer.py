@@ -53,7 +53,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, gf) -> Tokenizer:
-        """Read the tokenizer.ggml.* metadata of an open engine.gguf.GGUFFile."""
+        """Read the tokenizer.ggml.* metadata of an open brass.gguf.GGUFFile."""
         return cls(load_vocab(gf))
 
     # -- encoding -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Code point tables copied from llama.cpp b11312 `src/unicode-data.cpp` (generated; do not edit).
 
-Regenerate with `python -m engine.tokenizer.gen_unicode_data <unicode-data.cpp>`.
+Regenerate with `python -m brass.tokenizer.gen_unicode_data <unicode-data.cpp>`.
 """
 
 # unicode_ranges_flags: the flags of code point c are RANGE_FLAGS[i] for the last i with

@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from kernels.params import pack
+from brass.backends.cuda.params import pack
 
 from ...errors import BrassError
 from .compiler import KERNEL_DIR

@@ -29,7 +29,7 @@ import cupy
 import numpy as np
 from cupy_backends.cuda.api.driver import CUDADriverError
 
-from kernels.params import pack
+from brass.backends.cuda.params import pack
 
 from ... import quants
 from ...errors import BrassError, UnsupportedError
@@ -515,7 +515,7 @@ class CudaBackend(Backend):
     # -- launching --------------------------------------------------------------------------
     def launch(self, source: str, name: str, grid, block: int, *buffers, params: np.ndarray, smem: int = 0):
         """Run kernel `name` of kernels/`source`: buffers first, the parameter struct last
-        (kernels.params.pack)."""
+        (brass.backends.cuda.params.pack)."""
         if not (isinstance(params, np.ndarray) and params.dtype.names and params.size == 1):
             raise TypeError(f"{name}: the last kernel argument must be a parameter struct")
         fn = self.kernels.get(source, name)

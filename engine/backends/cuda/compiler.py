@@ -14,13 +14,15 @@ import hashlib
 import os
 import re
 import tempfile
+from importlib import resources
 from functools import lru_cache
 from pathlib import Path
 
 from ...catalog import cache_dir
 from .errors import KernelCompileError
 
-KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels"
+# The CUDA sources ship as the package data of brass.kernels (the repository's kernels/ folder).
+KERNEL_DIR = Path(str(resources.files("brass.kernels")))
 BASE_OPTIONS = ("-std=c++17",)
 
 

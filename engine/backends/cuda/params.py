@@ -10,7 +10,7 @@ Parsing the header keeps one definition; conformance/test_nvrtc_compile.py prove
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from importlib import resources
 
 import numpy as np
 
@@ -35,7 +35,7 @@ def _parse(text: str) -> dict[str, np.dtype]:
     return structs
 
 
-STRUCTS: dict[str, np.dtype] = _parse((Path(__file__).parent / "params.cuh").read_text())
+STRUCTS: dict[str, np.dtype] = _parse(resources.files("brass.kernels").joinpath("params.cuh").read_text())
 
 
 _PACKED: dict = {}

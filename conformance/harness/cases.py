@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import quants
-from engine.gguf import BLOCK_SIZES, GGMLType
+from brass import quants
+from brass.gguf import BLOCK_SIZES, GGMLType
 
 QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.MXFP4)
@@ -141,7 +141,7 @@ MATMUL_SHAPES = ((1, 256, 8), (7, 256, 1), (33, 512, 3), (130, 1024, 1), (67, 20
                  (19, 4096, 17), (37, 4096, 1), (13, 8192, 1), (21, 12288, 1), (9, 512, 33), (300, 1024, 64))
 # (13, 8192, 1) and (21, 12288, 1): decode rows long enough for the split mat-vec
 # (kernels/matvec.cuh MV_SPLIT_MIN_K), the other decode shapes a warp per row.
-# The last two reach the prompt GEMM (engine.backends.base.GEMM_MIN_TOKENS): float16 operands,
+# The last two reach the prompt GEMM (brass.backends.base.GEMM_MIN_TOKENS): float16 operands,
 # float32 sums, against the reference that rounds the same way.
 
 # Benchmark shapes: a 4096-wide model's attention projection in decode, a matrix large enough
@@ -219,5 +219,5 @@ def cuda_reference():
     """The reference for the CUDA backend: the numpy backend in its Q8_1 mode, which rounds
     activations as llama.cpp's CUDA path does (including Q4_0/Q5_0/Q4_1/Q5_1 constant terms
     taken against the fp16 block sum s)."""
-    from engine.backends.numpy_backend import NumpyBackend
+    from brass.backends.numpy_backend import NumpyBackend
     return NumpyBackend(act_mode="q8_1")
