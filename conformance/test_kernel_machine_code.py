@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import struct
 import sys
@@ -98,7 +99,10 @@ def build_hashes(sources: list[str], use_cache: bool = True) -> dict[str, dict[s
     from engine.backends.cuda.compiler import KERNEL_DIR
     order = sorted(sources, key=lambda s: -(KERNEL_DIR / s).stat().st_size)
     workers = max(1, min(4, os.cpu_count() or 1, len(order)))
-    with ProcessPoolExecutor(max_workers=workers) as ex:
+    # forked (a spawned worker spends seconds importing): the workers call NVRTC alone, never
+    # the driver, so a CUDA context the parent may hold (the GPU runner's suite) is not touched
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
         results = dict(zip(order, ex.map(_hashes_of, order, [use_cache] * len(order))))
     return {s: results[s] for s in sorted(sources)}
 
