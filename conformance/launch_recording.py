@@ -3,7 +3,7 @@ backend on the synthetic models, recorded on the CPU through a fake CuPy
 (conformance/fake_cupy.py): a baseline that host-side changes to the backend must keep entry
 for entry (conformance/test_launch_sequence.py).
 
-How: the fake CuPy and cupy_backends modules are put in sys.modules, engine.backends.cuda and
+How: the fake CuPy and cupy_backends modules are put in sys.modules, brass.backends.cuda and
 its submodules are imported afresh under them (so that every `import cupy` of theirs, at module
 level or in a function, gets the fake, and nothing of an earlier import with the real CuPy
 stays in the way), and everything is put back afterwards. Three things are set on the fresh
@@ -11,7 +11,7 @@ modules: `CudaBackend.launch`, the backend's one launch surface, is wrapped to o
 with its arguments (kernel, buffers, parameter struct) that the fake driver completes with
 what reached it (grid, block, dynamic shared memory, whether with programmatic dependent
 launch); `pdl._driver` gives the fake cuLaunchKernelEx; `blas.library` the fake libcublas.
-Models are loaded with engine.load(..., backend="cuda") and run through Model / Session as a
+Models are loaded with brass.load(..., backend="cuda") and run through Model / Session as a
 user runs them, every switch at its default: a run refuses (skips) while a BRASS_* variable
 that changes what runs is set.
 
@@ -60,7 +60,7 @@ PROMPT = 70
 HARMLESS_ENV = {"BRASS_CACHE", "BRASS_OFFLINE", "BRASS_TEST_SEED", "BRASS_LLAMA_VOCABS", "BRASS_WHEELHOUSE",
                 "BRASS_KEEP_WHEELS", "BRASS_PYPI_INDEX", "BRASS_API_KEY", "BRASS_STAGE", "BRASS_PERF_RESULTS",
                 "BRASS_SKIP_PERF", "BRASS_FUZZ_LIVE", "BRASS_FUZZ_BODIES", "BRASS_BACKEND"}
-_CUDA_PKG = "engine.backends.cuda"
+_CUDA_PKG = "brass.backends.cuda"
 
 
 def synthetic_models() -> list[str]:
@@ -79,9 +79,9 @@ def _ours(name: str) -> bool:
 
 @contextmanager
 def fake_cuda(rec: fake_cupy.Recorder):
-    """The fake CuPy installed for `rec`, engine.backends.cuda imported afresh under it (yielded:
+    """The fake CuPy installed for `rec`, brass.backends.cuda imported afresh under it (yielded:
     its backend module), with CudaBackend.launch recording; everything put back on exit."""
-    import engine.backends as backends_pkg
+    import brass.backends as backends_pkg
     saved = {k: v for k, v in sys.modules.items() if _ours(k)}
     had_attr, old_attr = hasattr(backends_pkg, "cuda"), getattr(backends_pkg, "cuda", None)
     old_cache = os.environ.get("BRASS_CACHE")
@@ -95,8 +95,8 @@ def fake_cuda(rec: fake_cupy.Recorder):
         fake_cupy.activate(rec)
         # the fake NVRTC's images go to a cache of their own, never the real one
         os.environ["BRASS_CACHE"] = tmp.name
-        import engine.backends.cuda.backend as backend
-        from engine.backends.cuda import blas, pdl
+        import brass.backends.cuda.backend as backend
+        from brass.backends.cuda import blas, pdl
         if not hasattr(pdl, "_driver") or not hasattr(blas, "library"):
             raise RuntimeError("launch_recording: pdl._driver or blas.library is gone; point the fake "
                                "driver and cuBLAS at what replaced them")
@@ -164,7 +164,7 @@ def _ids(n: int, vocab: int, salt: int) -> list[int]:
 
 
 def _name_weights(rec, m):
-    from engine.errors import BrassError
+    from brass.errors import BrassError
     for name in m.gguf.tensors:
         try:
             w = m.weights(name)
@@ -187,10 +187,10 @@ def _name_cache(rec, s, tag: str):
 
 def record_model(name: str) -> list[dict]:
     """The events of the scenario (see the module's docstring) on synthetic model `name`."""
-    import engine
+    import brass
     rec = fake_cupy.Recorder()
     with fake_cuda(rec):
-        m = engine.load(str(MODELS_DIR / f"{name}.gguf"), backend="cuda", quiet=True)
+        m = brass.load(str(MODELS_DIR / f"{name}.gguf"), backend="cuda", quiet=True)
         _name_weights(rec, m)
         V = m.config.n_vocab
         rec.on = True

@@ -89,14 +89,14 @@ def section_hashes(img: bytes) -> dict[str, str]:
 
 def _hashes_of(source: str, use_cache: bool) -> dict[str, str]:
     sys.path.insert(0, str(ROOT))
-    from engine.backends.cuda.compiler import compile_source
+    from brass.backends.cuda.compiler import compile_source
     return section_hashes(compile_source(source, TARGET, use_cache=use_cache))
 
 
 def build_hashes(sources: list[str], use_cache: bool = True) -> dict[str, dict[str, str]]:
     """{source: section hashes} of each source's default sm_90 build, the largest sources
     first over a process per core (at most 4)."""
-    from engine.backends.cuda.compiler import KERNEL_DIR
+    from brass.backends.cuda.compiler import KERNEL_DIR
     order = sorted(sources, key=lambda s: -(KERNEL_DIR / s).stat().st_size)
     workers = max(1, min(4, os.cpu_count() or 1, len(order)))
     # forked (a spawned worker spends seconds importing): the workers call NVRTC alone, never
@@ -110,7 +110,7 @@ def build_hashes(sources: list[str], use_cache: bool = True) -> dict[str, dict[s
 def sources_digest() -> str:
     """sha256 over every kernels/*.cu and *.cuh, by name: whether the sources are the ones
     recorded (a changed hash with identical sources is the compiler's doing)."""
-    from engine.backends.cuda.compiler import KERNEL_DIR
+    from brass.backends.cuda.compiler import KERNEL_DIR
     h = hashlib.sha256()
     for p in sorted(list(KERNEL_DIR.glob("*.cu")) + list(KERNEL_DIR.glob("*.cuh"))):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
@@ -118,7 +118,7 @@ def sources_digest() -> str:
 
 
 def record(path: Path = DATA) -> dict:
-    from engine.backends.cuda.compiler import BASE_OPTIONS, kernel_sources, nvrtc_version
+    from brass.backends.cuda.compiler import BASE_OPTIONS, kernel_sources, nvrtc_version
     doc = {
         "about": "sha256 of the code sections of each kernels/*.cu's default sm_90 build; "
                  f"written by `{RECORD_CMD}`, read by conformance/test_kernel_machine_code.py",
@@ -170,7 +170,7 @@ def _recording() -> dict:
 
 
 def _all_sources() -> list[str]:
-    from engine.backends.cuda.compiler import kernel_sources
+    from brass.backends.cuda.compiler import kernel_sources
     recorded = json.loads(DATA.read_text())["sources"] if DATA.exists() else {}
     return sorted(set(kernel_sources()) | set(recorded))
 
@@ -179,7 +179,7 @@ def _all_sources() -> list[str]:
 def built():
     nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc",
                                 reason="CuPy's NVRTC binding is not installed (pip install -e '.[cuda]')")
-    from engine.backends.cuda.compiler import kernel_sources, target_for
+    from brass.backends.cuda.compiler import kernel_sources, target_for
     rec = _recording()
     have = tuple(nvrtc.getVersion())
     if list(have) != rec["nvrtc"]:
