@@ -33,47 +33,32 @@ cd "$(dirname "$0")/.."
 
 sub_help() {
     cat <<'EOF'
-usage: ci/gpu.sh SUBCOMMAND [ARGS]     (results in $OUT; ci/gpu.sh says what calls carry)
-  suite [--bg | --wait [T]] [PYTEST ARGS]
-                 the conformance suite: failures, summary line, models table; --bg: started
-                 detached from a copy of the tree; --wait: waits for that one until t = T (590)
-  kernels [PYTEST ARGS]
-                 the CUDA kernel tests, with each case's NMSE
-  models         the real models' CUDA tests against llama.cpp's CUDA goldens (once staged)
-  mmq            the MMQ kernels: their tests, BRASS_MMQ=1's checks, T = 512 timing, real models
-  mutations      bugs planted in the CUDA kernels one at a time: each must be caught (the CPU
-                 engine's own: python ci/mutations.py)
-  perf [PYTEST ARGS]
-                 pytest perf/ --benchmark (default perf/), the results JSON in $OUT
-  bar [--stalls] the Q4_K mat-vecs' share of the copy rate, three runs; --stalls: ncu's stall
-                 samples of matvec_split_q4_k per SASS instruction
-  side-by-side [SHAPES]
-                 llama-bench and brass bench on the same shape-true files, one table
-                 (SHAPES default qwen3-0.6b,qwen3-8b,qwen3-30b-a3b; env REPS, DROP, RECIPE)
-  serving        llama-server and brass serve under the same load test, one table
-                 (env SHAPE, CLIENTS, REQUESTS, MAX_TOKENS, ENGINES)
-  soak start | result | memory [ARGS]
-                 brass serve under ci/soak.py, started in one call and read in a later one;
-                 memory: the prompt graphs' device memory under churn (ci/gpu_graph_memory.py)
-  profile [SHAPE] | profile prompts [SHAPE] [N] [T]
-                 kernel time by name (CUPTI) and ncu on decode mat-vecs (env MODES, NCU_CASES);
-                 prompts: N short prompts of T tokens read as brass serve reads them
-  tune matvec | mmq [ARGS] | coop | variants VARIANTS
-                 kernel variants timed against the defaults, every output's bits compared
-                 (variants: ";"-separated builds of kernels/matvec.cuh switches; env SHAPES)
-  llama start | status | wait [T]
-                 llama.cpp built on the runner in the background: llama-server and llama-bench,
-                 and the goldens' CUDA libraries (ci/build_llamacpp_cuda.sh) when carried
-  stage split | slim | back | llama-src | recorder-src | receive
-                 (here, with network) real models cut into parts, a slim checkout to carry them,
-                 llama.cpp's sources packed into .stage/; (runner) receive: the carried part
-                 appended, a complete model checked and put in the cache
-  env CMD...     CMD in the runner's environment (brass from this tree, offline, the wheels)
-  help           this list
+usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head of ci/gpu.sh)
+  suite [--bg | --wait [T]] [ARGS]  the conformance suite: failures, summary, models table
+  kernels [ARGS]                    the CUDA kernel tests, with each case's NMSE
+  models                            the real models' CUDA tests against llama.cpp's CUDA goldens
+  mmq                               the MMQ kernels: tests, BRASS_MMQ=1 checks, timing, real models
+  mutations                         bugs planted in the CUDA kernels, each to be caught
+  perf [ARGS]                       pytest perf/ --benchmark, its results JSON in $OUT
+  bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
+  side-by-side [SHAPES]             llama-bench and brass bench on the same files, one table
+  serving                           llama-server and brass serve under one load test, one table
+  soak start | result | memory      brass serve under ci/soak.py, across calls
+  profile [SHAPE | prompts ...]     time per kernel (CUPTI) and ncu on the decode mat-vecs
+  tune matvec | mmq | coop | variants V   kernel variants against the defaults, bits compared
+  llama start | status | wait [T]   llama.cpp built on the runner in the background
+  stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
+  env CMD...                        CMD with brass from this tree, offline, the carried wheels
+  help                              this list (each subcommand's comment in ci/gpu.sh says more)
 EOF
 }
 
 sub_suite() {     # [--bg | --wait [T]] [PYTEST ARGS]
+    # The whole conformance suite on SUITE_WORKERS (14) xdist workers: its log, summary line and
+    # models table (ci/gpu_summary.py) in $OUT, its failures and summary printed. --bg starts it
+    # detached from a copy of the tree, so that it goes on while later calls of a warm runner
+    # stage models or measure; --wait [T] waits for that one until t = T (590) and prints the
+    # same. A second --bg is refused while the first runs.
     local copy=/tmp/brass-suite bg=/tmp/brass-suite-out
     case "${1:-}" in
     --bg)
@@ -109,6 +94,7 @@ sub_suite() {     # [--bg | --wait [T]] [PYTEST ARGS]
 }
 
 sub_kernels() {     # [PYTEST ARGS]
+    # the CUDA kernel tests alone, with the NMSE (or other figure) each case recorded
     gpu_name
     guarded 590 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py \
         conformance/test_kernels_plumbing.py -q -rfEs -p no:cacheprovider -o junit_family=xunit1 \
@@ -121,6 +107,9 @@ sub_kernels() {     # [PYTEST ARGS]
 }
 
 sub_models() {
+    # the catalog's real models on CUDA against llama.cpp's CUDA goldens (test_models:
+    # activations, teacher-forced, greedy) once `stage receive` has put them in $BRASS_CACHE,
+    # with the models table
     local names
     names=$(python3 -c "from brass import catalog; print(' or '.join(catalog.CATALOG))")
     echo "cache $BRASS_CACHE: $(ls "$BRASS_CACHE/models" 2> /dev/null | tr '\n' ' ')"
@@ -163,6 +152,9 @@ sub_mmq() {
 }
 
 sub_mutations() {
+    # one deliberate bug at a time planted in a kernel source, the tests that should catch it
+    # run, the source restored; each line says whether the bug was caught (it must be). The CPU
+    # engine's own mutation check runs anywhere: python ci/mutations.py.
     local status=0
     # a run cut short (a timeout) must not leave a planted bug behind for what runs next
     trap 'for f in kernels/*.orig; do [ -e "$f" ] && mv "$f" "${f%.orig}"; done' EXIT INT TERM
@@ -173,9 +165,9 @@ sub_mutations() {
         if cmp -s "$file" "$file.orig"; then
             echo "MUTATION $name: the edit did not apply"; status=1
         else
-            python3 -m pytest "$tests" -q -p no:cacheprovider -k "$sel" > "$out/mutation-$name.log" 2>&1
+            python3 -m pytest "$tests" -q -p no:cacheprovider -k "$sel" > "${TMPDIR:-/tmp}/mutation-$name.log" 2>&1
             local rc=$? summary
-            summary=$(tail -1 "$out/mutation-$name.log")
+            summary=$(tail -1 "${TMPDIR:-/tmp}/mutation-$name.log")
             if [ $rc -ne 0 ]; then echo "MUTATION $name: caught ($summary)"; else echo "MUTATION $name: NOT caught ($summary)"; status=1; fi
         fi
         mv "$file.orig" "$file"
@@ -204,11 +196,12 @@ sub_mutations() {
     mutate conv-window-shifted kernels/ssm.cu \
         's|const float v = X_ROW(p.n_tokens + j);|const float v = X_ROW(p.n_tokens + j - 1);|' \
         "ssm_conv"
-    rm -f "$out"/mutation-*.log
     return $status
 }
 
 sub_perf() {     # [PYTEST ARGS] (default perf/)
+    # the benchmarks beside the device's committed baseline; the results JSON (python -m
+    # perf.baseline turns it into a baseline) in $OUT
     [ $# -gt 0 ] || set -- perf/
     BRASS_TEST_PERF_RESULTS="$out" guarded 590 python3 -m pytest "$@" --benchmark -q -p no:cacheprovider \
         > "$out/perf.log" 2>&1
@@ -217,6 +210,9 @@ sub_perf() {     # [PYTEST ARGS] (default perf/)
 }
 
 sub_bar() {     # [--stalls]
+    # The Q4_K decode mat-vecs alone as a share of the device copy rate measured in the same run
+    # (ci/gpu_speed.py; the bar is 75 % on the 4096 x 12288 case). --stalls: ncu's stall samples
+    # of matvec_split_q4_k, over the kernel and per SASS instruction (ci/ncu_stalls.py).
     if [ "${1:-}" = --stalls ]; then
         # every stall reason's samples (the raw page) and per SASS instruction (the source page,
         # as CSV) into $OUT, the top instructions printed
@@ -411,6 +407,11 @@ PY
 }
 
 sub_profile() {     # [SHAPE] | prompts [SHAPE] [N] [T]
+    # Where a decode token's time goes on a shape-true model (SHAPE, default qwen3-0.6b): kernel
+    # time by name over decode-graph replays and a prompt (MODES, default "decode prefill"), then
+    # ncu on decode mat-vecs (NCU_CASES) for bandwidth, occupancy and stall reasons.
+    # prompts: N (16) prompts of T (40) tokens read one after another into pooled sessions as
+    # brass serve reads them, with cProfile's top entries (ci/gpu_short_prompts.py).
     local name
     if [ "${1:-}" = prompts ]; then
         name="${2:-qwen3-0.6b}"
@@ -442,6 +443,10 @@ sub_profile() {     # [SHAPE] | prompts [SHAPE] [N] [T]
 }
 
 sub_tune() {     # matvec | mmq [ARGS] | coop | variants VARIANTS
+    # kernel variants compiled in turn and timed against the defaults, every output compared
+    # bit for bit: the decode mat-vecs' launch shapes (ci/gpu_tune_matvec.py), the MoE prompt
+    # tile (ci/gpu_tune_mmq.py, ARGS: --apply, --only), the Q6_K coop mat-vec
+    # (ci/gpu_tune_coop.py), or any kernels/matvec.cuh switches (ci/gpu_preload.py)
     local what="${1:-}"
     [ $# -gt 0 ] && shift
     case "$what" in
@@ -642,6 +647,8 @@ PY
 }
 
 sub_env() {     # CMD...
+    # any tool on the runner (a ci/ script, the golden recorder) in the environment the
+    # subcommands have: brass importable from this tree, offline, the carried wheels
     "$@"
 }
 
