@@ -4,11 +4,9 @@
 # and `brass diff --reference cuda` load through LLAMA_CPP_LIB_PATH. ~4.5 min on the runner's
 # 16 cores.
 #
-# Source: a trimmed copy of the sdist (77 MB, over the runner's 64 MiB carry), made here by
-# ci/stage_llama_b11312_src.sh, i.e.
-#   tar -xzf llama_cpp_python-0.3.36.tar.gz && cd llama_cpp_python-0.3.36 && \
-#   tar cJf .stage/llama-b11312-src.tar.xz --exclude='*.md' vendor/llama.cpp/{CMakeLists.txt,cmake,ggml,include,src,vendor,licenses,LICENSE} llama_cpp
-# (3.6 MB) and carried as .stage.
+# Source: the sdist (77 MB, over the runner's 64 MiB carry) trimmed to the CMake tree and the
+# ctypes binding (~3.6 MB) by `ci/gpu.sh stage recorder-src` into .stage/llama-b11312-src.tar.xz,
+# carried as .stage. `ci/gpu.sh llama start` runs this script in the background on the runner.
 #
 # Usage: ci/build_llamacpp_cuda.sh [SRC_TAR] [PREFIX]; then
 #   export PYTHONPATH=PREFIX/py:$PYTHONPATH LLAMA_CPP_LIB_PATH=PREFIX/lib

@@ -5,7 +5,7 @@ should catch it, restore the file, and print which tests failed.
     python ci/mutations.py --only rope_base                      # one
 
 A mutation that no test catches is reported as SURVIVED and makes the script exit 1.
-(The CUDA kernels have their own: ci/gpu_mutations.sh.)
+(The CUDA kernels have their own: ci/gpu.sh mutations.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The table of ci/gpu_side_by_side.sh: llama-bench's and brass bench's JSON results for each
+"""The table of ci/gpu.sh side-by-side: llama-bench's and brass bench's JSON results for each
 shape, the ratios, and Brass's decode speed as a share of what memory bandwidth allows (the
 weight bytes one token reads, from the file's tensor directory, over the measured copy rate).
 
@@ -71,7 +71,7 @@ def main():
         tg = brass.get("tg", {})
         ceiling = None
         if bw and tg:
-            # the file, or (DROP=1 deleted it) the bytes ci/gpu_side_by_side.sh kept
+            # the file, or (DROP=1 deleted it) the bytes ci/gpu.sh side-by-side kept
             saved = out / f"bytes-{name}.txt"
             nbytes = (bytes_per_token(SHAPES_DIR / f"{name}.gguf") if (SHAPES_DIR / f"{name}.gguf").exists()
                       else int(saved.read_text()) if saved.exists() and saved.read_text().strip() else None)

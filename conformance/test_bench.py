@@ -1,5 +1,5 @@
 """`brass bench` and the speed tooling around it, on the CPU: the same command the GPU runner
-uses beside llama-bench (ci/gpu_side_by_side.sh), its JSON (a snapshot: ours to define), its
+uses beside llama-bench (ci/gpu.sh side-by-side), its JSON (a snapshot: ours to define), its
 one-line errors, the shape-true model generator (ci/shape_models.py) whose files both engines
 read, and the side-by-side table."""
 

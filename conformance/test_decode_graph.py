@@ -18,7 +18,7 @@ from brass.backends import cuda_available
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
-    reason="no CUDA device here: decode-graph checks run on the GPU runner (ci/gpu_conformance.sh)")
+    reason="no CUDA device here: decode-graph checks run on the GPU runner (ci/gpu.sh suite)")
 
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))

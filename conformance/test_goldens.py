@@ -42,7 +42,7 @@ MIN_STRINGS = 150
 # bytes (the brief allows 40 MB): every GPU run carries the repository in 64 MiB, beside the
 # wheels (~7 MB) the runner lacks. 25 MB until the two gemma4 synthetic models (issue 12)
 # brought golden/ to ~27 MB; 32 MB leaves room for one more architecture's pair. (Calls that
-# stage a real model's parts carry a slim checkout instead: ci/stage_parts.sh.)
+# stage a real model's parts carry a slim checkout instead: ci/gpu.sh stage.)
 SIZE_BUDGET = 32_000_000
 
 MODELS = [m.name for m in goldens.models()]

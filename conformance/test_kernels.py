@@ -5,7 +5,7 @@ failure; BRASS_TEST_SEED reruns it). CUDA outputs are poisoned with NaN before e
 runs, so an element a kernel forgets to write fails the test instead of passing as stale
 memory. Results are judged by NMSE (llama.cpp's test-backend-ops measure) against a bound per
 op (kernels/cases.py, where each bound says why it is what it is). The NMSE of every case is
-recorded as a junit property (ci/gpu_dev.sh prints them as a table).
+recorded as a junit property (ci/gpu.sh kernels prints them as a table).
 
 The reference is `NumpyBackend(act_mode="q8_1")` (conformance.harness.cases.cuda_reference): activations
 quantized to Q8_1 blocks exactly as the CUDA quantize kernel does, so quantized mat-vecs can be
@@ -36,7 +36,7 @@ from conformance.harness.cases import (ATTENTION, EXACT, F16_ROUNDED, MATMUL, MA
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
-    reason="no CUDA device here: the CUDA kernel tests run on the GPU runner (ci/gpu_conformance.sh); "
+    reason="no CUDA device here: the CUDA kernel tests run on the GPU runner (ci/gpu.sh suite); "
            "CI compiles every kernel in test_nvrtc_compile.py")
 
 F16, F32 = np.float16, np.float32

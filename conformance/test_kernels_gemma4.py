@@ -30,7 +30,7 @@ from conformance.harness.cases import EXACT, F16_ROUNDED, OP_BOUNDS, write_gguf
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
-    reason="no CUDA device here: the CUDA kernel tests run on the GPU runner (ci/gpu_conformance.sh); "
+    reason="no CUDA device here: the CUDA kernel tests run on the GPU runner (ci/gpu.sh suite); "
            "CI compiles every kernel in test_nvrtc_compile.py")
 
 F16, F32 = np.float16, np.float32

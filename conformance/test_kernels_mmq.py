@@ -36,7 +36,7 @@ from ci.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
-    reason="no CUDA device here: the MMQ kernel tests run on the GPU runner (ci/gpu_mmq.sh); "
+    reason="no CUDA device here: the MMQ kernel tests run on the GPU runner (ci/gpu.sh mmq); "
            "CI compiles mmq.cu in test_nvrtc_compile.py")
 
 F32 = np.float32

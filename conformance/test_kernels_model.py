@@ -38,7 +38,7 @@ from conformance.harness.cases import OP_BOUNDS, cuda_reference, f16_steps, nmse
 
 pytestmark = pytest.mark.skipif(
     not cuda_available(),
-    reason="no CUDA device here: whole-model CUDA checks run on the GPU runner (ci/gpu_conformance.sh)")
+    reason="no CUDA device here: whole-model CUDA checks run on the GPU runner (ci/gpu.sh suite)")
 
 FREE_RUNNING = 1e-3
 # The gated delta-net hybrids amplify such a flip: the output norm rms(o)·silu(z) scales each

@@ -59,7 +59,7 @@ def test_benchmark_run_saves_its_figures(tmp_path):
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
                        cwd=root, capture_output=True, text=True, timeout=600,
                        env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
-                            "BRASS_PERF_RESULTS": str(tmp_path / "results")})
+                            "BRASS_TEST_PERF_RESULTS": str(tmp_path / "results")})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = [b["fullname"] for b in json.loads(saved.read_text())["benchmarks"]]
     assert names == ["perf/test_dequant_speed.py::test_dequantize_throughput[Q4_K]"]
@@ -75,5 +75,5 @@ def test_benchmark_run_under_xdist_says_why_it_refuses(tmp_path):
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
                        cwd=root, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTEST_XDIST_WORKER": "gw0",
-                            "BRASS_PERF_RESULTS": str(tmp_path / "results")})
+                            "BRASS_TEST_PERF_RESULTS": str(tmp_path / "results")})
     assert r.returncode == 4 and "without -n" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]

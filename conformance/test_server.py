@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .; "
-                                      "on the GPU runner: the wheels in .whl/, listed in ci/gpu_conformance.sh)")
+                                      "on the GPU runner: the wheels in .whl/, listed in ci/gpu.sh)")
 from brass.chat_template import ChatTemplate  # noqa: E402
 from brass.sampling import SamplingParams  # noqa: E402
 from brass.server import StopScanner  # noqa: E402

@@ -26,10 +26,10 @@ from brass.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.skipif(not cuda_available(), reason="no CUDA device here: brass serve on CUDA is tested on "
-                                                    "the GPU runner (ci/gpu_conformance.sh)"),
+                                                    "the GPU runner (ci/gpu.sh suite)"),
     pytest.mark.skipif(importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None,
                        reason="FastAPI / uvicorn are not installed, so brass serve cannot run: carry their "
-                              "wheels in .whl/ (the list is in ci/gpu_conformance.sh)"),
+                              "wheels in .whl/ (the list is in ci/gpu.sh)"),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]

