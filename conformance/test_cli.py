@@ -304,6 +304,14 @@ def test_run_tells_a_model_from_a_prompt(arg, is_model, monkeypatch):
     assert cli._is_model(arg) is is_model
 
 
+def test_run_refuses_a_near_miss_of_a_catalog_name():
+    """`brass run smollm-135m` is a typo, not a text to continue."""
+    from brass import cli
+    from brass.errors import BrassError
+    with pytest.raises(BrassError, match=r"did you mean smollm2-135m\?"):
+        cli._is_model("smollm-135m")
+
+
 def test_run_with_one_argument_that_is_text_uses_the_default_model(monkeypatch, capsys):
     """`brass run "Once upon a time"` continues that text with the default model (here the
     synthetic one stands in for it: no download)."""

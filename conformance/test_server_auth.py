@@ -120,3 +120,31 @@ def test_the_favicon_is_an_icon(app):
     status, headers, body = ask(asgi, "GET", "/favicon.ico", {})
     assert status == 200 and headers["content-type"] == "image/x-icon"
     assert body[:4] == b"\x00\x00\x01\x00", "not an ICO file"
+
+
+@pytest.mark.parametrize("env,option,expected", [
+    (None, None, None), ("env-key", None, "env-key"), ("env-key", "flag-key", "flag-key"),
+    (None, "flag-key", "flag-key"),
+])
+def test_serve_takes_the_key_from_the_option_else_brass_api_key(model, monkeypatch, env, option, expected):
+    """`brass serve`'s key: --api-key, else $BRASS_API_KEY read (through brass.flags) when the
+    command runs, not when the parser is built. The server itself is not started."""
+    from brass import cli, cli_serve, http_api
+    seen = {}
+    monkeypatch.setattr(cli_serve, "load_model", lambda args: StubForward(model))
+
+    class Sock:
+        def getsockname(self):
+            return ("127.0.0.1", 1)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(http_api, "listen", lambda host, port: Sock())
+    monkeypatch.setattr(http_api, "serve", lambda app, sock: seen.setdefault("key", app.api_key))
+    monkeypatch.delenv("BRASS_API_KEY", raising=False)
+    args = cli.build_parser().parse_args(["serve", "--backend", "numpy"] + (["--api-key", option] if option else []))
+    if env is not None:
+        monkeypatch.setenv("BRASS_API_KEY", env)
+    cli_serve.cmd_serve(args)
+    assert seen["key"] == expected
