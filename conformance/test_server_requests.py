@@ -449,3 +449,16 @@ def test_every_validation_error_names_its_field(asgi, body, param):
     assert err["param"] == param, err
     if param != "prompt":       # "the prompt is 300 tokens, but the context holds 64 ..."
         assert f"'{param}'" in err["message"], err
+
+
+def test_a_conversation_the_template_refuses_names_messages(asgi, monkeypatch):
+    from brass.chat_template import ChatTemplateError
+    client, app = asgi
+
+    def refuse(messages):
+        raise ChatTemplateError("the chat template refused the conversation: roles must alternate")
+    monkeypatch.setattr(app.template, "render", refuse)
+    status, _, data = post(client, CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400, data
+    err = json.loads(data)["error"]
+    assert (err["param"], err["code"]) == ("messages", "invalid_value") and "alternate" in err["message"]

@@ -242,8 +242,9 @@ class App:
                 ids = tok.encode(req.prompt, add_special=True, parse_special=True)
             else:
                 ids = req.prompt
-        except BrassError as e:
-            raise APIError(400, str(e), code="invalid_value") from None
+        except BrassError as e:     # the template or the tokenizer refused the text
+            where = "messages" if chat else "prompt"
+            raise APIError(400, str(e), code="invalid_value", param=where) from None
         # the client's own name for the length: the newer one wins, as api_models reads them
         length = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         try:
