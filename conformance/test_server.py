@@ -1,10 +1,12 @@
 """`brass serve` on loopback, driven as users drive it: the official `openai` client (streaming
-and not), raw HTTP for every bad input, many clients at once, clients that hang up, and the web
-page in headless Chromium.
+and not), many clients at once, clients that hang up, /metrics, the command's own behaviour
+(port in use, open files, Ctrl-C) and the web page in headless Chromium. Bad requests are in
+test_server_requests.py, the API key in test_server_auth.py.
 
-One server process (smollm2-135m, numpy backend, a 256-token context) serves the whole module.
-What a reply must be comes from the same model run in this process through the engine's API
-(greedy, or the same seed): the server must neither change nor mix up anyone's tokens.
+One server process (smollm2-135m, numpy backend, a 256-token context) serves the whole session
+(the fixture `server` of conformance/server_harness.py). What a reply must be
+comes from the same model run in this process through the engine's API (greedy, or the same
+seed): the server must neither change nor mix up anyone's tokens.
 Measured on 2 cores: ~15 s for the module when the machine is otherwise idle, ~2.5 min when
 other work shares the cores; the 16-client test, the Gemma fallback test and the openai-client
 tests take most of it, the browser test ~2 s.
@@ -12,15 +14,11 @@ tests take most of it, the browser test ~2 s.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,184 +27,11 @@ import pytest
 
 pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .; "
                                       "on the GPU runner: the wheels in .whl/, listed in ci/gpu.sh)")
-from brass.chat_template import ChatTemplate  # noqa: E402
 from brass.sampling import SamplingParams  # noqa: E402
 from brass.server import StopScanner  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smollm2-135m"
-N_CTX = 256
-API_KEY = "brass-test-key"
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-# A short system prompt keeps SmolLM2's 20-token default one out of every test prompt.
-SYSTEM = {"role": "system", "content": "Be brief."}
-WORDS = ("sea ship storm harbor light wind stone river bread garden winter morning candle "
-         "mountain letter window silver forest music bridge lantern orchard meadow copper").split()
-
-
-def words(rng, n: int) -> str:
-    return " ".join(rng.choice(WORDS, size=n))
-
-
-class LiveServer:
-    def __init__(self, proc, host: str, port: int, log: Path):
-        self.proc, self.host, self.port, self.log = proc, host, port, log
-        self.url = f"http://{host}:{port}"
-
-    def request(self, method: str, path: str, body=None, key: str | None = API_KEY,
-                headers: dict | None = None, timeout: float = 300):
-        """(status, headers, parsed JSON or raw bytes) of one request on a fresh connection."""
-        h = {"Authorization": f"Bearer {key}"} if key else {}
-        h.update(headers or {})
-        if body is not None and not isinstance(body, bytes):
-            body = json.dumps(body).encode()
-            h.setdefault("Content-Type", "application/json")
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=h)
-            r = conn.getresponse()
-            data = r.read()
-            ctype = r.getheader("Content-Type", "")
-            # r.headers: header names compare without case, as HTTP has them
-            return r.status, r.headers, json.loads(data) if ctype.startswith("application/json") else data
-        finally:
-            conn.close()
-
-    def health(self) -> dict:
-        status, _, body = self.request("GET", "/health")
-        assert status == 200, body
-        return body
-
-    def metrics(self) -> dict:
-        status, headers, text = self.request("GET", "/metrics")
-        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4"), text
-        return parse_prometheus(text.decode())
-
-    def raw(self, data: bytes, timeout: float = 30) -> bytes:
-        """Send bytes as they are; return the server's answer: up to the end of one response
-        with a Content-Length, else everything until the server closes."""
-        with socket.create_connection((self.host, self.port), timeout=timeout) as s:
-            s.sendall(data)
-            got = b""
-            while not response_complete(got):
-                try:
-                    b = s.recv(65536)
-                except ConnectionResetError:
-                    break
-                if not b:
-                    break
-                got += b
-            return got
-
-
-PROM_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",?)*\})? '
-                         r'(-?[0-9.]+(?:e[+-]?[0-9]+)?|[+-]Inf|NaN)')
-
-
-def parse_prometheus(text: str) -> dict:
-    """Prometheus' text format (0.0.4), strictly: every metric has HELP and TYPE before its
-    samples, each sample line parses, counters end in _total. {name or name{labels}: value}."""
-    assert text.endswith("\n")
-    types, samples = {}, {}
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, _, doc = line[7:].partition(" ")
-            assert doc and name not in types, line
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[7:].partition(" ")
-            assert kind in ("counter", "gauge") and name not in types, line
-            types[name] = kind
-        else:
-            m = PROM_SAMPLE.fullmatch(line)
-            assert m, f"not a sample line: {line!r}"
-            name = m.group(1)
-            assert name in types and name.startswith("brass_"), line
-            assert (types[name] == "counter") == name.endswith("_total"), line
-            samples[name + (m.group(2) or "")] = float(m.group(3))
-    return samples
-
-
-def response_complete(data: bytes) -> bool:
-    head, sep, body = data.partition(b"\r\n\r\n")
-    m = re.search(rb"(?im)^content-length: *([0-9]+)\r?$", head)
-    return bool(sep) and m is not None and len(body) >= int(m.group(1))
-
-
-@pytest.fixture(scope="module")
-def server(real_model_path, tmp_path_factory):
-    real_model_path(MODEL)  # fetched into the cache the server reads, or skipped visibly
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    # No --host: the default bind address is under test.
-    cmd = [sys.executable, "-m", "brass", "serve", MODEL, "--backend", "numpy", "--port", "0",
-           "--ctx", str(N_CTX), "--api-key", API_KEY]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while True:
-        text = log.read_text(errors="replace")
-        m = re.search(r"at http://([0-9.]+):([0-9]+)/", text)
-        if m:
-            break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"brass serve did not start:\n{text}")
-        time.sleep(0.1)
-    yield LiveServer(proc, m.group(1), int(m.group(2)), log)
-    proc.terminate()
-    proc.wait(timeout=30)
-    text = log.read_text(errors="replace")
-    # Bad input must be answered with a 4xx, never by an internal error.
-    assert "Traceback" not in text and not re.search(r'HTTP/1\.[01]" 5[0-9][0-9]', text), \
-        f"the server logged an internal error:\n{text}"
-
-
-@pytest.fixture(scope="module")
-def model(real_model_path):
-    from brass.model import Model
-    return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
-
-
-@pytest.fixture(scope="module")
-def openai_client(server):
-    # a test dependency (the `test` extra; CI installs it). The offline GPU runner lacks it.
-    openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
-
-
-def chat_ids(model, messages) -> list[int]:
-    prompt = ChatTemplate.from_gguf(model.gguf, model.tokenizer).render(messages)
-    return model.tokenizer.encode(prompt, add_special=True, parse_special=True)
-
-
-def cut_at_stop(text: str, stops) -> tuple[str, bool]:
-    """`text` up to the stop string that is complete first (the earliest end; of two ending
-    together, the earlier start) and whether there was one."""
-    hits = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
-    return (text[:min(hits)[1]], True) if hits else (text, False)
-
-
-def expected(model, ids, max_tokens, sampling=None, stop=()):
-    """What the server must answer, from the engine directly: (text, completion tokens,
-    finish_reason). Text is decoded in one piece here, not streamed as the server does."""
-    sampling = sampling or SamplingParams(temperature=0.0)
-    tok = model.tokenizer
-    tokens = list(model.generate(ids, max_tokens=max_tokens, sampling=sampling))
-    ends_eog = bool(tokens) and tok.is_eog(tokens[-1])
-    content = tokens[:-1] if ends_eog else tokens
-    for n in range(1, len(content) + 1):
-        text, hit = cut_at_stop(tok.decode(content[:n]), stop)
-        if hit:
-            return text, n, "stop"
-    return tok.decode(content), len(tokens), "stop" if ends_eog else "length"
-
-
-def read_sse(body: bytes) -> list:
-    events = []
-    for block in body.decode("utf-8").split("\n\n"):
-        if block.startswith("data: "):
-            data = block[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
+from conformance.server_harness import (API_KEY, CHAT, COMPLETIONS, MODEL, N_CTX, SYSTEM, chat_ids,  # noqa: E402
+                                        cut_at_stop, expected, read_sse, serve_synth, words)
+from conformance.server_harness import model, openai_client, server  # noqa: E402,F401 (fixtures)
 
 
 # --------------------------------------------------------------------------------------------
@@ -596,197 +421,7 @@ def test_client_disconnect_stops_generation(server, rng, stream):
 
 
 # --------------------------------------------------------------------------------------------
-# Bad input: a 4xx with OpenAI's error body, and the server keeps serving
-
-
-def big_prompt(n_words=400) -> str:
-    return " ".join(WORDS[i % len(WORDS)] for i in range(n_words))
-
-
-BAD_REQUESTS = {
-    # name: (path, body: bytes | JSON object, status)
-    "malformed_json": (CHAT, b'{"messages": [{"role": "user", "content": "hi"}', 400),
-    "trailing_garbage": (CHAT, b'{"messages": []} xyz', 400),
-    "body_not_an_object": (CHAT, b'[1, 2, 3]', 400),
-    "nan_literal": (COMPLETIONS, b'{"prompt": "hi", "temperature": NaN}', 400),
-    "deeply_nested": (CHAT, b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400),
-    "non_utf8_bytes": (COMPLETIONS, b'{"prompt": "caf\xe9 \xff"}', 400),
-    "unpaired_surrogate": (COMPLETIONS, b'{"prompt": "bad \\ud800 text", "max_tokens": 1}', 400),
-    "messages_missing": (CHAT, {"max_tokens": 1}, 400),
-    "messages_not_array": (CHAT, {"messages": "hello"}, 400),
-    "messages_empty": (CHAT, {"messages": []}, 400),
-    "message_not_object": (CHAT, {"messages": ["hello"]}, 400),
-    "role_not_string": (CHAT, {"messages": [{"role": 1, "content": "hi"}]}, 400),
-    "role_unknown": (CHAT, {"messages": [{"role": "tool", "content": "hi"}]}, 400),
-    "content_number": (CHAT, {"messages": [{"role": "user", "content": 42}]}, 400),
-    "content_image_part": (CHAT, {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400),
-    "prompt_missing": (COMPLETIONS, {"max_tokens": 1}, 400),
-    "prompt_object": (COMPLETIONS, {"prompt": {"text": "hi"}}, 400),
-    "prompt_empty": (COMPLETIONS, {"prompt": ""}, 400),
-    "prompt_token_out_of_range": (COMPLETIONS, {"prompt": [1, 2, 10**9]}, 400),
-    "max_tokens_string": (COMPLETIONS, {"prompt": "hi", "max_tokens": "10"}, 400),
-    "max_tokens_float": (COMPLETIONS, {"prompt": "hi", "max_tokens": 2.5}, 400),
-    "max_tokens_bool": (COMPLETIONS, {"prompt": "hi", "max_tokens": True}, 400),
-    "max_tokens_zero": (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400),
-    "max_tokens_negative": (COMPLETIONS, {"prompt": "hi", "max_tokens": -5}, 400),
-    "max_tokens_absurd": (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**12}, 400),
-    "max_tokens_beyond_int64": (COMPLETIONS, {"prompt": "hi", "max_tokens": 2**80}, 400),
-    "prompt_longer_than_context": (COMPLETIONS, {"prompt": big_prompt(), "max_tokens": 1}, 400),
-    "chat_longer_than_context": (CHAT, {"messages": [{"role": "user", "content": big_prompt()}]}, 400),
-    "temperature_string": (COMPLETIONS, {"prompt": "hi", "temperature": "hot"}, 400),
-    "temperature_negative": (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400),
-    "top_p_zero": (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400),
-    "top_p_above_one": (COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400),
-    "top_k_float": (COMPLETIONS, {"prompt": "hi", "top_k": 1.5}, 400),
-    "top_k_negative": (COMPLETIONS, {"prompt": "hi", "top_k": -1}, 400),
-    "min_p_above_one": (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400),
-    "repetition_penalty_zero": (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400),
-    "seed_string": (COMPLETIONS, {"prompt": "hi", "seed": "abc"}, 400),
-    "seed_below_minus_one": (COMPLETIONS, {"prompt": "hi", "seed": -2}, 400),
-    "stream_string": (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400),
-    "stream_options_not_object": (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "stream": True,
-                                                "stream_options": 3}, 400),
-    "stop_number": (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400),
-    "stop_too_many": (COMPLETIONS, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400),
-    "stop_empty_string": (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400),
-    "n_two": (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400),
-    "logprobs": (COMPLETIONS, {"prompt": "hi", "logprobs": 5}, 400),
-    "tools": (CHAT, {"messages": [{"role": "user", "content": "hi"}],
-                     "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
-    "model_not_string": (CHAT, {"model": 7, "messages": [{"role": "user", "content": "hi"}]}, 400),
-    "unknown_model": (CHAT, {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404),
-}
-
-
-@pytest.mark.parametrize("name", BAD_REQUESTS)
-def test_bad_request_gets_4xx(server, snapshot, name):
-    path, body, status = BAD_REQUESTS[name]
-    got, _, answer = server.request("POST", path, body)
-    assert got == status, answer
-    assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
-    assert answer == snapshot
-    assert server.health()["status"] == "ok"
-
-
-def test_bad_requests_with_the_openai_client(openai_client):
-    import openai
-    with pytest.raises(openai.NotFoundError) as e:
-        openai_client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
-    assert e.value.body["code"] == "model_not_found"
-    with pytest.raises(openai.BadRequestError) as e:
-        openai_client.completions.create(model=MODEL, prompt="hi", max_tokens=10**9)
-    assert e.value.body["code"] == "context_length_exceeded"
-    with pytest.raises(openai.AuthenticationError):
-        openai_client.with_options(api_key="wrong").models.list()
-
-
-HTTP_ERRORS = {
-    # name: (raw request bytes, status)
-    "body_over_size_limit": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-                             b"Content-Length: 5000000\r\n\r\n{\"messages\": [" % API_KEY.encode(), 413),
-    "no_content_length": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-                          b"Connection: close\r\n\r\n" % API_KEY.encode(), 411),
-    # A chunked body is read (and found to lack its messages).
-    "chunked_body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n" % API_KEY.encode(), 400),
-    "bad_content_length": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-                           b"Content-Length: 1_0\r\n\r\n{}" % API_KEY.encode(), 400),
-    "no_api_key": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
-    "wrong_api_key": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
-                      b"Content-Length: 2\r\n\r\n{}", 401),
-    "health_without_key": (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
-    # The right key under another scheme than Bearer is refused.
-    "basic_scheme_with_key": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Basic %s\r\n"
-                              b"Connection: close\r\n\r\n" % API_KEY.encode(), 401),
-    "key_without_scheme": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\n"
-                           b"Connection: close\r\n\r\n" % API_KEY.encode(), 401),
-    "unknown_path": (b"GET /v2/everything HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
-    "wrong_method": (b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
-    "unknown_method": (b"BREW /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
-    "head_method": (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
-    "garbage_request_line": (b"\x16\x03\x01 hello there\r\n\r\n", 400),
-}
-
-
-@pytest.mark.parametrize("name", HTTP_ERRORS)
-def test_http_level_errors(server, snapshot, name):
-    request, status = HTTP_ERRORS[name]
-    answer = server.raw(request)
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n")[0].decode()
-    assert status_line.split()[1] == str(status), answer[:500]
-    if request.startswith(b"HEAD "):
-        assert body == b"", "a response to HEAD has no body"
-        error = {}
-    else:
-        error = json.loads(body)
-        assert set(error["error"]) == {"message", "type", "param", "code"}
-    assert {"status": status_line, **error} == snapshot
-    assert server.health()["status"] == "ok"
-
-
-def test_keep_alive_survives_errors(server):
-    """On one connection: a good request, a 400 whose body was read, and a good one again."""
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
-    h = {"Authorization": f"Bearer {API_KEY}"}
-    try:
-        for body, status in ((None, 200), (b'{"prompt": 1}', 400), (None, 200)):
-            if body is None:
-                conn.request("GET", "/v1/models", headers=h)
-            else:
-                conn.request("POST", COMPLETIONS, body=body, headers=h)
-            r = conn.getresponse()
-            r.read()
-            assert r.status == status
-            assert r.getheader("Connection") != "close"
-    finally:
-        conn.close()
-
-
-def test_chunked_request_bodies_on_a_kept_alive_connection(server, model, rng):
-    """HTTP/1.1 as clients send it: a chunked body (no Content-Length), then a Content-Length
-    one, then a chunked streaming request, all on one connection, each answered in full."""
-    prompt = words(rng, 4)
-    ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
-    text, n, reason = expected(model, ids, 3)
-    body = json.dumps({"prompt": prompt, "max_tokens": 3, "temperature": 0}).encode()
-    pieces = [body[i:i + 7] for i in range(0, len(body), 7)]     # many small chunks
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=300)
-    h = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
-    try:
-        conn.request("POST", COMPLETIONS, body=iter(pieces), headers=h, encode_chunked=True)
-        r = conn.getresponse()
-        out = json.loads(r.read())
-        assert r.status == 200, out
-        assert (out["choices"][0]["text"], out["usage"]["completion_tokens"]) == (text, n)
-        sock = conn.sock
-        conn.request("POST", COMPLETIONS, body=body, headers=h)
-        r = conn.getresponse()
-        assert r.status == 200 and json.loads(r.read())["choices"][0]["text"] == text
-        stream = json.dumps({"prompt": prompt, "max_tokens": 3, "temperature": 0, "stream": True}).encode()
-        conn.request("POST", COMPLETIONS, body=iter([stream[:5], stream[5:]]), headers=h, encode_chunked=True)
-        r = conn.getresponse()
-        events = read_sse(r.read())
-        assert r.status == 200 and events[-1] == "[DONE]"
-        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
-        assert conn.sock is sock, "the connection was not kept alive"
-    finally:
-        conn.close()
-
-
-def test_chunked_body_over_the_size_limit_gets_413(server):
-    """A chunked body is counted as it arrives: past 1 MiB it is refused and the connection
-    closed, without reading the rest."""
-    big = b"x" * 65536
-    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-               b"Transfer-Encoding: chunked\r\n\r\n" % API_KEY.encode())
-    request += b"".join(b"%x\r\n%s\r\n" % (len(big), big) for _ in range(17))
-    answer = server.raw(request)
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.split(b"\r\n")[0] == b"HTTP/1.1 413 Request Entity Too Large", answer[:300]
-    assert b"connection: close" in head.lower()
-    assert json.loads(body)["error"]["code"] == "request_too_large"
+# Counters, documents, the command
 
 
 def test_metrics_count_requests_and_tokens(server, rng):
@@ -833,124 +468,8 @@ def test_openapi_document_and_docs_page(server):
     assert status == 200 and headers["Content-Type"].startswith("text/html") and b"/openapi.json" in page
 
 
-def test_fastapi_validation_errors_are_openai_400s(model):
-    """FastAPI's own 422 (for a parameter it checks itself) is answered as ours are: a 400 in
-    OpenAI's error body."""
-    from conformance.server_harness import ASGIClient, StubForward
-    from brass.http_api import create_app
-    from brass.server import App
-    app = App(StubForward(model), MODEL, None, parallel=1, max_waiting=1)
-    asgi = create_app(app)
-
-    @asgi.app.get("/probe")
-    async def probe(n: int):
-        return {"n": n}
-
-    client = ASGIClient(asgi)
-    try:
-        status, _, body = client.request("GET", "/probe?n=seven")
-        assert status == 400, body
-        err = json.loads(body)["error"]
-        assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "invalid_value", "n")
-    finally:
-        client.close()
-        app.scheduler.close()
-
-
-def test_full_queue_over_http_gets_503_with_retry_after(model):
-    """--parallel 1 --max-waiting 1 through uvicorn: one stream running, one waiting, the
-    third request refused with 503, Retry-After and OpenAI's body; the waiting client hangs up
-    and a new request takes its place; once every client has gone nothing runs. The running
-    request is held after its first token by a gate on the stub's decode step, so it is still
-    running whenever the test looks, however slow the machine."""
-    from conformance.server_harness import StubForward, ThreadedServer
-    from brass.server import App
-    gate = threading.Event()
-    server = ThreadedServer(App(StubForward(model, n_ctx=256, eog_bias=-1e9, gate=gate), MODEL, None,
-                                parallel=1, max_waiting=1))
-    body = json.dumps({"prompt": "The sea", "max_tokens": 200, "temperature": 0, "stream": True}).encode()
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
-
-    def health():
-        conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-        try:
-            conn.request("GET", "/health")
-            return json.loads(conn.getresponse().read())
-        finally:
-            conn.close()
-
-    def until(cond, what):
-        deadline = time.monotonic() + 30
-        while not cond(h := health()):
-            assert time.monotonic() < deadline, f"{what}: {h}"
-            time.sleep(0.02)
-
-    def stream():
-        s = socket.create_connection((server.host, server.port), timeout=30)
-        s.sendall(head + body)
-        streams.append(s)
-
-    streams = []
-    try:
-        stream()
-        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 0), "one running")
-        stream()
-        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 1), "one running, one waiting")
-        conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-        conn.request("POST", COMPLETIONS, body=body)
-        r = conn.getresponse()
-        err = json.loads(r.read())
-        conn.close()
-        assert r.status == 503 and int(r.getheader("Retry-After")) > 0, err
-        assert (err["error"]["code"], err["error"]["type"]) == ("server_busy", "server_error")
-        assert err["error"]["message"], err
-        streams.pop().close()       # the waiting client leaves: its place is free
-        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 0), "the waiting request dropped")
-        stream()
-        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (1, 1), "a new request waiting")
-        for s in streams:
-            s.close()
-        streams = []
-        gate.set()                  # the running request's next step notices its client left
-        until(lambda h: (h["requests_running"], h["requests_waiting"]) == (0, 0), "nothing left running")
-    finally:
-        gate.set()
-        for s in streams:
-            s.close()
-        server.stop()
-
-
-def test_silent_connection_is_closed_after_the_keep_alive_time(model, monkeypatch):
-    """A connection that never sends a request is closed after the kept-alive time
-    (uvicorn's clock starts only after a response: such connections were held for ever, each a
-    file descriptor, a slowloris); one that sends its request in time is served."""
-    from conformance.server_harness import StubForward, ThreadedServer
-    from brass import http_api
-    from brass.server import App
-    monkeypatch.setattr(http_api, "SOCKET_TIMEOUT", 1)
-    server = ThreadedServer(App(StubForward(model), MODEL, None, parallel=1, max_waiting=1))
-    try:
-        silent = socket.create_connection((server.host, server.port), timeout=30)
-        talker = socket.create_connection((server.host, server.port), timeout=30)
-        start = time.monotonic()
-        talker.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert talker.recv(65536).startswith(b"HTTP/1.1 200 ")
-        assert silent.recv(1) == b"", "the server sent something to a connection that asked nothing"
-        assert 0.5 < time.monotonic() - start < 20
-        silent.close()
-        talker.close()
-    finally:
-        server.stop()
-
-
-def _serve(*args, **popen) -> subprocess.Popen:
-    synth = ROOT / "golden" / "models" / "synth-llama.gguf"
-    return subprocess.Popen([sys.executable, "-m", "brass", "serve", str(synth), "--backend", "numpy",
-                             *args], cwd=ROOT, stderr=subprocess.PIPE, text=True, **popen)
-
-
 def test_port_in_use_is_one_line(server):
-    proc = _serve("--port", str(server.port))
+    proc = serve_synth("--port", str(server.port))
     err = proc.communicate(timeout=120)[1]
     assert proc.returncode == 2, err
     assert err.strip().splitlines()[-1] == f"brass: error: cannot listen on 127.0.0.1:{server.port}: " \
@@ -968,7 +487,7 @@ def test_serve_raises_its_open_files_limit_to_the_hard_one():
 
     def low_soft_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-    proc = _serve("--port", "0", preexec_fn=low_soft_limit)
+    proc = serve_synth("--port", "0", preexec_fn=low_soft_limit)
     try:
         line = proc.stderr.readline()
         while "serving" not in line:
@@ -986,7 +505,7 @@ def test_ctrl_c_stops_the_server_cleanly():
     """Ctrl-C while a reply is streaming: the server ends within seconds, says so, exit 0, no
     traceback."""
     import signal
-    proc = _serve("--port", "0", "--ctx", "512", start_new_session=True)
+    proc = serve_synth("--port", "0", "--ctx", "512", start_new_session=True)
     try:
         lines = [proc.stderr.readline()]
         while not (m := re.search(r"at http://([0-9.]+):([0-9]+)/", lines[-1])):

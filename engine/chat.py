@@ -16,7 +16,7 @@ from typing import Iterator
 
 from .chat_template import ChatTemplate
 from .errors import BrassError
-from .server import StopScanner
+from .scheduler import StopScanner
 
 HELP = "/reset starts a new conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
 
@@ -118,13 +118,10 @@ def run(conv: Conversation):
         err.flush()
 
 
-def cmd_chat(args, sampling):
-    from .model import Model
-    if args.max_tokens < 1:
-        raise BrassError("--max-tokens must be >= 1")
-    from .server import model_id_for
-    model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
-    name = model_id_for(args.model, model.path)
+def cmd_chat(args, sampling, load_model):
+    from .catalog import model_name
+    model = load_model(args)
+    name = model_name(args.model, model.path)
     conv = Conversation(model, sampling, args.max_tokens, args.system)
     if conv.template.is_fallback:
         print(f"brass: {name} has no chat template; using ChatML, as llama.cpp does", file=sys.stderr)
@@ -136,9 +133,10 @@ def cmd_chat(args, sampling):
     run(conv)
 
 
-def add_cli(sub, add_model_args, add_sampling_args, sampling_from_args):
+def add_cli(sub, add_model_args, add_sampling_args, sampling_from_args, load_model):
+    """`brass chat`, with the command line's own options, checks and loading (engine/cli.py)."""
     p = sub.add_parser("chat", help="interactive chat in the terminal")
     add_model_args(p, model_optional=True)
     p.add_argument("--system", default=None, help="system prompt (default: the template's own, if any)")
     add_sampling_args(p)
-    p.set_defaults(func=lambda args: cmd_chat(args, sampling_from_args(args)))
+    p.set_defaults(func=lambda args: cmd_chat(args, sampling_from_args(args), load_model))

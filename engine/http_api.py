@@ -1,5 +1,10 @@
 """HTTP for `brass serve`: FastAPI routes over engine/server.py's App, run by uvicorn (h11).
 
+Who needs the API key (with --api-key): every route but those a browser or a load balancer
+reaches without one, the page and its files, /favicon.ico, /docs and /openapi.json, and
+/health and /v1/models (open in llama-server too). conformance/test_server_auth.py holds the
+table of every route and checks it against this app's own route list.
+
 The event loop only moves bytes. Parsing, validation and tokenizing a request run on a worker
 thread (`anyio.to_thread`); generation runs on the scheduler's thread, which hands each event
 to the loop through `loop.call_soon_threadsafe`. A client that leaves is noticed by a task
@@ -135,9 +140,9 @@ class EventStream(StreamingResponse):
     """Server-sent events; whatever ends the stream (its end, the client leaving, the server
     stopping) cancels the job, so it never runs on for nobody."""
 
-    def __init__(self, events: JobEvents, content, on_left, on_end):
+    def __init__(self, events: JobEvents, content, on_left, on_end, headers: dict | None = None):
         super().__init__(content, media_type="text/event-stream; charset=utf-8",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self.events, self.on_left, self.on_end = events, on_left, on_end
 
     async def __call__(self, scope, receive, send):
@@ -181,7 +186,9 @@ def create_app(brass: App):
     api = FastAPI(title="Brass", version=__version__, docs_url="/docs", redoc_url=None,
                   openapi_url="/openapi.json", redirect_slashes=False,
                   description="An OpenAI-compatible API over one GGUF model. With --api-key, send "
-                              "`Authorization: Bearer KEY`.")
+                              "`Authorization: Bearer KEY` (GET /health and GET /v1/models are "
+                              "open). Request fields Brass does not read are ignored and named in "
+                              "the reply's X-Brass-Ignored-Fields header.")
     keyed = [Depends(require_key)]
 
     # -- errors --------------------------------------------------------------------------------
@@ -226,7 +233,8 @@ def create_app(brass: App):
     for route, file in brass.web_files.items():
         api.add_api_route(route, page(file), methods=["GET"], include_in_schema=False)
 
-    @api.get("/health", dependencies=keyed, summary="Liveness and load")
+    # open, as llama-server's: load balancers probe it, clients list the model before anything
+    @api.get("/health", summary="Liveness and load")
     async def health():
         return JSON(brass.health())
 
@@ -236,7 +244,7 @@ def create_app(brass: App):
                                         brass.model.graph_bytes())
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @api.get("/v1/models", dependencies=keyed, summary="The served model")
+    @api.get("/v1/models", summary="The served model")
     async def models():
         return JSON({"object": "list", "data": [brass.model_card()]})
 
@@ -269,6 +277,7 @@ def create_app(brass: App):
         except ClientGone:
             return Response(status_code=499)
         job, req = await anyio.to_thread.run_sync(brass.prepare, body, chat)
+        headers = brass.reply_headers(req)
         if state["stopping"]:
             raise STOPPING
         events = JobEvents(job)             # before submit: no event is missed
@@ -280,11 +289,11 @@ def create_app(brass: App):
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return EventStream(events, stream(events, head, chat, usage), on_left=brass.metrics.client_left,
-                               on_end=live.discard)
+                               on_end=live.discard, headers=headers)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         gone.add_done_callback(lambda t: t.cancelled() or events.client_gone())
         try:
-            return await reply(events, head, chat)
+            return await reply(events, head, chat, headers)
         except ClientGone:
             brass.metrics.client_left()
             return Response(status_code=499)    # nobody reads it; the guard does not count it
@@ -295,7 +304,7 @@ def create_app(brass: App):
             job.cancelled.set()
             live.discard(events)
 
-    async def reply(events: JobEvents, head: dict, chat: bool) -> Response:
+    async def reply(events: JobEvents, head: dict, chat: bool, headers: dict) -> Response:
         parts = []
         async for event in events:
             if event[0] == "delta":
@@ -308,7 +317,7 @@ def create_app(brass: App):
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text})
         choice.update(logprobs=None, finish_reason=reason)
-        return JSON({**head, "choices": [choice], "usage": usage})
+        return JSON({**head, "choices": [choice], "usage": usage}, headers=headers)
 
     async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool):
         if chat:
@@ -483,9 +492,14 @@ class BrassH11Protocol(H11Protocol):
 LOG_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"brass": {"format": "brass: %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "brass", "stream": "ext://sys.stderr"}},
+    "formatters": {"brass": {"format": "brass: %(message)s"},
+                   "warning": {"format": "brass: warning: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "brass", "stream": "ext://sys.stderr"},
+                 "warnings": {"class": "logging.StreamHandler", "formatter": "warning",
+                              "stream": "ext://sys.stderr"}},
     "loggers": {
+        # the App's own (engine/server.py: request fields it ignored)
+        "brass": {"handlers": ["warnings"], "level": "WARNING", "propagate": False},
         "uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
         "uvicorn.error": {"level": "WARNING"},
         "uvicorn.access": {"handlers": ["stderr"], "level": "INFO", "propagate": False},

@@ -18,7 +18,7 @@ from .config import read_config
 from .errors import BrassError, UnsupportedError
 from .gguf import GGUFFile
 from .kv_cache import KVCache
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, generation_length
 from .tokenizer import Tokenizer
 from .validate import check_model
 
@@ -213,16 +213,10 @@ class Model:
         return s.prefill(ids, all_logits=True, trace=trace)
 
     def check_generation(self, prompt_ids: list[int], max_tokens: int, n_ctx: int | None = None):
-        """Raise BrassError unless `max_tokens` after `prompt_ids` fit a context of `n_ctx`
-        (default: the model's) and both are non-empty."""
-        n_ctx = n_ctx or self.n_ctx
-        if max_tokens < 1:
-            raise BrassError(f"max_tokens must be at least 1, not {max_tokens}")
-        if len(prompt_ids) + max_tokens > n_ctx:
-            raise BrassError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) "
-                             f"exceeds the context of {n_ctx} tokens")
-        if not prompt_ids:
-            raise BrassError("the prompt is empty")
+        """Raise BrassError (a ParameterError) unless `max_tokens` after `prompt_ids` fit a
+        context of `n_ctx` (default: the model's) and both are non-empty: the engine's one
+        check, sampling.generation_length."""
+        generation_length(max_tokens, len(prompt_ids), n_ctx or self.n_ctx)
 
     def generate(self, prompt_ids: list[int], max_tokens: int = 32,
                  sampling: SamplingParams | None = None, stop_at_eog: bool = True,

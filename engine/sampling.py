@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BrassError
+from .errors import ParameterError
 
 
 @dataclass
@@ -26,23 +26,56 @@ class SamplingParams:
 
     def __post_init__(self):
         checks = [
-            (self.temperature >= 0, "temperature must be >= 0"),
-            (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-            (self.penalty_last_n >= 0, "penalty_last_n must be >= 0"),
-            (self.seed is None or self.seed >= -1, "seed must be >= 0, or -1 for a random seed"),
+            (self.temperature >= 0, "temperature", "{name} must be >= 0"),
+            (self.top_k >= 0, "top_k", "{name} must be >= 0 (0 disables it)"),
+            (0.0 < self.top_p <= 1.0, "top_p", "{name} must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "{name} must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty", "{name} must be > 0"),
+            (self.penalty_last_n >= 0, "penalty_last_n", "{name} must be >= 0"),
+            (self.seed is None or self.seed >= -1, "seed", "{name} must be >= 0, or -1 for a random seed"),
         ]
-        for ok, msg in checks:
+        for ok, param, msg in checks:
             if not ok:
-                raise BrassError(msg)
+                raise ParameterError(param, msg)
         if self.seed == -1:         # llama.cpp's "random seed"
             self.seed = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
+def generation_length(max_tokens: int | None, n_prompt: int | None = None,
+                      n_ctx: int | None = None) -> int | None:
+    """The number of tokens to generate after a prompt of `n_prompt` tokens in a context of
+    `n_ctx`: `max_tokens`, or (None) all that fits. The engine's one check of a generation's
+    length: Model.generate, the batch scheduler, the server and the command line all rely on it
+    and only translate its ParameterError (the prompt, or the context, may be unknown yet: a
+    check before a model is loaded passes None for them)."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ParameterError("max_tokens", f"{{name}} must be at least 1, got {max_tokens}")
+    if n_prompt is None:
+        return max_tokens
+    if n_prompt == 0:
+        raise ParameterError("prompt", "the prompt is empty")
+    if n_ctx is None:
+        return max_tokens
+    if n_prompt >= n_ctx:
+        raise ParameterError("prompt", f"the prompt is {_tokens(n_prompt)}, but the context holds "
+                                       f"{n_ctx} for the prompt and the reply together",
+                             code="context_length_exceeded")
+    room = n_ctx - n_prompt
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise ParameterError("max_tokens", f"the prompt ({_tokens(n_prompt)}) plus {{name}} ({max_tokens}) "
+                                           f"exceed the context of {n_ctx} tokens; at most {room} new "
+                                           f"tokens fit", code="context_length_exceeded")
+    return max_tokens
 
 
 class Sampler:

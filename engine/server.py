@@ -1,46 +1,52 @@
-"""`brass serve`: an OpenAI-compatible HTTP API and a web chat page over one loaded model.
+"""The application behind `brass serve`: what a request becomes (App), and the counters behind
+/metrics. No HTTP here, and no command line (engine/cli_serve.py parses `brass serve` and starts
+the server).
 
     POST /v1/chat/completions   POST /v1/completions   (`"stream": true` → server-sent events)
     GET  /v1/models             GET  /v1/models/{id}   GET /health   GET /metrics (Prometheus)
-    GET  / (the chat page)      GET  /docs (the OpenAPI page)
+    GET  / (the chat page)      GET  /docs (the OpenAPI page)        GET /favicon.ico
 
 The layers, each its own module:
     engine/api.py         OpenAI's error body; the request body read as strict JSON
     engine/api_models.py  the request bodies as pydantic models (schema and validation)
     engine/scheduler.py   jobs, and the interface of the worker thread that generates them
                           (engine/serving.py's BatchScheduler: continuous batching)
-    engine/server.py      this file: what a request becomes (App), the counters behind
-                          /metrics, and the `serve` command
-    engine/http_api.py    HTTP on FastAPI + uvicorn: routes, server-sent events, clients that
-                          leave, error bodies for everything
+    engine/server.py      this file: what a request becomes (App), the counters behind /metrics
+    engine/http_api.py    HTTP on FastAPI + uvicorn: routes, who needs the API key, server-sent
+                          events, clients that leave, error bodies for everything
+    engine/cli_serve.py   the `serve` command: its options, the model, the listening socket
 
 Generation runs on the scheduler's thread, never on the event loop. With `--api-key` (or
-$BRASS_API_KEY) every API request must carry `Authorization: Bearer KEY`; the page and /docs
-are public (a browser cannot send the header when it navigates; the page sends the key it is
-given with each of its API calls).
+$BRASS_API_KEY) a request must carry `Authorization: Bearer KEY`, except those a browser or a
+load balancer makes without it: the chat page and its files, the favicon, /docs and
+/openapi.json, /health and /v1/models (as llama-server leaves /health and /v1/models open).
+The page sends the key it is given with each of its API calls.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import logging
+import re
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from .api import APIError, parse_json_body
-from .errors import BrassError
+from .errors import BrassError, ParameterError
+from .sampling import generation_length
 from .scheduler import Job, QueueFull, Scheduler, StopScanner  # noqa: F401 (StopScanner: tests)
 
 WEB_DIR = Path(__file__).parent / "web"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".css": "text/css; charset=utf-8"}
+                 ".css": "text/css; charset=utf-8", ".ico": "image/x-icon"}
+# The response header naming the request's fields that Brass ignored (api_models.ignored_fields).
+IGNORED_HEADER = "X-Brass-Ignored-Fields"
+# A body with hundreds of unknown fields gets a header of this many names, then a count.
+IGNORED_SHOWN = 16
+log = logging.getLogger("brass.server")
 # What a client whose request found the queue full is told to wait before it retries.
 RETRY_AFTER_S = 5
-
-
-def _tokens(n: int) -> str:
-    return f"{n} token{'' if n == 1 else 's'}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,9 +166,12 @@ class App:
         self.scheduler = scheduler or Scheduler(model, parallel, max_waiting)
         self.metrics = Metrics()
         self.created = int(time.time())
-        self.web_files = {"/": WEB_DIR / "index.html"}
+        self._warned: set[str] = set()      # field names already logged as ignored
+        # the page, its files, and the icon browsers ask for at /favicon.ico (else a 404 in
+        # every browser's console)
+        self.web_files = {"/": WEB_DIR / "index.html", "/favicon.ico": WEB_DIR / "favicon.ico"}
         self.web_files.update({f"/web/{p.name}": p for p in sorted(WEB_DIR.iterdir())
-                               if p.suffix in CONTENT_TYPES})
+                               if p.suffix in (".html", ".js", ".css")})
 
     def model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "brass"}
@@ -174,36 +183,44 @@ class App:
                 "requests_running": running, "requests_waiting": waiting,
                 "tokens_generated": self.scheduler.tokens_generated}
 
-    def budget(self, n_prompt: int, max_tokens: int | None) -> int:
-        """max_tokens for a prompt of `n_prompt` tokens: as asked, or what fits in the context."""
-        n_ctx = self.model.n_ctx
-        if n_prompt == 0:
-            raise APIError(400, "the prompt is empty", code="invalid_value", param="prompt")
-        if n_prompt >= n_ctx:
-            raise APIError(400, f"the prompt is {_tokens(n_prompt)}, but the context holds {n_ctx} "
-                                "for the prompt and the reply together", code="context_length_exceeded")
-        room = n_ctx - n_prompt
-        if max_tokens is None:
-            return room
-        if max_tokens < 1:
-            raise APIError(400, f"'max_tokens' must be at least 1, got {max_tokens}",
-                           code="invalid_value", param="max_tokens")
-        if max_tokens > room:
-            raise APIError(400, f"the prompt ({_tokens(n_prompt)}) plus max_tokens ({max_tokens}) exceed "
-                                f"the context of {n_ctx} tokens; at most {room} new tokens fit",
-                           code="context_length_exceeded", param="max_tokens")
-        return max_tokens
+    def warn_ignored(self, path: str, names: list[str]):
+        """One warning in the server's log for each field name ignored for the first time (a
+        client that always sends `user` would otherwise fill the log; every reply still names
+        them in its header). A bounded memory: a fuzzer's random names do not grow it for ever."""
+        new = [n for n in names if n not in self._warned]
+        if not new:
+            return
+        if len(self._warned) < 1000:
+            self._warned.update(new)
+        log.warning("%s: ignored field%s %s (Brass does not read %s; reported once per field name, "
+                    "and to the client in the %s header)", path, "" if len(new) == 1 else "s",
+                    ignored_header(new), "it" if len(new) == 1 else "them", IGNORED_HEADER)
 
     def prepare(self, body: bytes | dict, chat: bool):
         """Validate a completion request and turn it into a job (nothing runs yet): (job, the
         request as its model). CPU work (JSON, the template, the tokenizer): the HTTP layer
-        calls it on a worker thread, off its event loop."""
-        from .api_models import ChatCompletionRequest, CompletionRequest, validate
-        from .sampling import SamplingParams
+        calls it on a worker thread, off its event loop. Fields it ignores go to the log and
+        into the reply's header (reply_headers), an error's included."""
+        from .api_models import ChatCompletionRequest, CompletionRequest, ignored_fields
         if isinstance(body, bytes):
             body = parse_json_body(body)
-        req = validate(ChatCompletionRequest if chat else CompletionRequest, body, self.model_id,
-                       self.model.config.n_vocab)
+        cls = ChatCompletionRequest if chat else CompletionRequest
+        ignored = ignored_fields(cls, body)
+        if ignored:
+            self.warn_ignored("/v1/chat/completions" if chat else "/v1/completions", ignored)
+        try:
+            job, req = self._prepare(cls, body, chat)
+        except APIError as e:
+            if ignored:
+                e.headers = {**e.headers, IGNORED_HEADER: ignored_header(ignored)}
+            raise
+        req._ignored = ignored
+        return job, req
+
+    def _prepare(self, cls, body: dict, chat: bool):
+        from .api_models import validate
+        from .sampling import SamplingParams
+        req = validate(cls, body, self.model_id, self.model.config.n_vocab)
         d = SamplingParams()
         try:
             sampling = SamplingParams(
@@ -213,8 +230,8 @@ class App:
                 min_p=d.min_p if req.min_p is None else req.min_p,
                 repetition_penalty=d.repetition_penalty if req.repetition_penalty is None else req.repetition_penalty,
                 seed=req.seed)
-        except BrassError as e:
-            raise APIError(400, str(e), code="invalid_value") from None
+        except ParameterError as e:
+            raise parameter_error(e) from None
         stop = list(req.stop or [])
         tok = self.model.tokenizer
         try:
@@ -225,11 +242,22 @@ class App:
                 ids = tok.encode(req.prompt, add_special=True, parse_special=True)
             else:
                 ids = req.prompt
-        except BrassError as e:
-            raise APIError(400, str(e), code="invalid_value") from None
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        job = Job(ids, self.budget(len(ids), max_tokens), sampling, stop, tok, on_tokens=self.metrics.tokens)
+        except BrassError as e:     # the template or the tokenizer refused the text
+            where = "messages" if chat else "prompt"
+            raise APIError(400, str(e), code="invalid_value", param=where) from None
+        # the client's own name for the length: the newer one wins, as api_models reads them
+        length = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        try:
+            max_tokens = generation_length(getattr(req, length), len(ids), self.model.n_ctx)
+        except ParameterError as e:
+            raise parameter_error(e, {"max_tokens": length, "prompt": "messages" if chat else "prompt"}) from None
+        job = Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens)
         return job, req
+
+    @staticmethod
+    def reply_headers(req) -> dict:
+        """The headers of a reply to `req` (from prepare): the fields it ignored, if any."""
+        return {IGNORED_HEADER: ignored_header(req._ignored)} if req._ignored else {}
 
     def submit(self, job: Job):
         """Queue the job; 503 with Retry-After when the queue is full."""
@@ -241,82 +269,19 @@ class App:
         self.metrics.prompt(len(job.prompt_ids))
 
 
-# --------------------------------------------------------------------------------------------
-# Command line
+def parameter_error(e: ParameterError, fields: dict | None = None) -> APIError:
+    """The engine's ParameterError as a 400 naming the request's field (`fields` maps the
+    engine's name of a parameter to the request's, where they differ)."""
+    field = (fields or {}).get(e.param, e.param)
+    return APIError(400, e.named(f"'{field}'"), code=e.code, param=field)
 
 
-def model_id_for(name: str | None, path: Path) -> str:
-    """The id clients name the model by: its catalog name, else its file name."""
-    from . import catalog
-    if name is None:
-        return catalog.DEFAULT_MODEL
-    return name if name in catalog.CATALOG else path.name
-
-
-def raise_open_files_limit():
-    """Each connection is a file descriptor: the soft limit (often 1,024) goes up to the hard
-    one, as servers do. At the limit, accept() fails and no one new is served, not even /health,
-    until connections close."""
-    try:
-        import resource
-    except ImportError:     # not a Unix
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):   # e.g. an unlimited hard limit that the kernel caps lower
-            pass
-
-
-def cmd_serve(args):
-    from .model import Model, graphs_enabled
-    if args.parallel < 1:
-        raise BrassError("--parallel must be >= 1")
-    if args.max_waiting < 1:
-        raise BrassError("--max-waiting must be >= 1")
-    if not 0 <= args.port <= 65535:
-        raise BrassError(f"--port {args.port} is not a port number (0-65535; 0 picks a free one)")
-    try:
-        from . import http_api
-    except ImportError as e:
-        raise BrassError(f"brass serve needs FastAPI and uvicorn ({e}): pip install -e .") from None
-    model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
-    app = App(model, model_id_for(args.model, model.path), args.api_key, args.parallel, args.max_waiting)
-    if graphs_enabled(model.backend):       # what BatchScheduler.warm_up has work for
-        print("brass: loading kernels and capturing decode graphs before the first request",
-              file=sys.stderr, flush=True)
-        print(f"brass: ready in {app.scheduler.warm_up():.1f} s", file=sys.stderr, flush=True)
-    raise_open_files_limit()
-    sock = http_api.listen(args.host, args.port)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    if app.template.is_fallback:
-        print(f"brass: {app.model_id} has no chat template; chat requests use ChatML, as llama.cpp does",
-              file=sys.stderr)
-    print(f"brass: serving {app.model_id} on the {model.backend.name} backend at http://{shown}:{port}/ "
-          f"(API: /v1, chat page: /, API docs: /docs){' — API key required' if args.api_key else ''}",
-          file=sys.stderr, flush=True)
-    try:
-        http_api.serve(app, sock)
-    except KeyboardInterrupt:   # uvicorn stopped gracefully on Ctrl-C, then raised it again
-        pass
-    finally:
-        sock.close()
-        app.scheduler.close()
-    print("brass: stopped", file=sys.stderr)
-
-
-def add_cli(sub, add_model_args):
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP API and web chat page")
-    add_model_args(p, model_optional=True)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    p.add_argument("--api-key", default=os.environ.get("BRASS_API_KEY") or None,
-                   help="require 'Authorization: Bearer KEY' on every API request (default: $BRASS_API_KEY)")
-    p.add_argument("--parallel", type=int, default=4,
-                   help="sequences decoded together, one batched step for all (each holds a KV "
-                        "cache); more requests queue")
-    p.add_argument("--max-waiting", type=int, default=64,
-                   help="requests queued beyond --parallel before new ones get 503 with Retry-After")
-    p.set_defaults(func=cmd_serve)
+def ignored_header(names: list[str]) -> str:
+    """The field names for a header and a log line: a name of letters, digits and _.- as is,
+    any other percent-encoded (a name is any JSON string: a newline, a non-Latin-1 character
+    or a lone surrogate must not reach a header), at most IGNORED_SHOWN of them."""
+    shown = [n if re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", n)
+             else quote(n[:64].encode("utf-8", "backslashreplace"), safe="") or '""'
+             for n in names[:IGNORED_SHOWN]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f", and {more} more" if more > 0 else "")

@@ -37,7 +37,7 @@ import numpy as np
 from . import batch as batch_mod
 from .batch import FINISH_RUN, BatchDecoder, supports_batched_decode
 from .errors import BrassError
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, generation_length
 
 PREFILL_CHUNK = 256
 # Tokens a request decoding alone takes per loop iteration (greedy, graph backend): the loop
@@ -92,10 +92,7 @@ class Request:
     jobs) override on_token / on_error; the defaults collect the tokens (tests, scripts)."""
 
     def __init__(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None):
-        if not prompt_ids:
-            raise BrassError("the prompt is empty")
-        if max_tokens < 1:
-            raise BrassError(f"max_tokens must be at least 1, not {max_tokens}")
+        generation_length(max_tokens, len(prompt_ids))     # the engine's one check of both
         self.prompt_ids, self.max_tokens = list(prompt_ids), max_tokens
         self.sampling = sampling or SamplingParams(temperature=0.0)
         self.cancelled = threading.Event()
