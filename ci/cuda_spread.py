@@ -145,7 +145,7 @@ def standin(plant: str | None, models: list[str], verbose: bool, numpy: bool) ->
 def spread_table(models: list[str]) -> str:
     from tabulate import tabulate
 
-    from conformance import goldens, tolerances
+    from conformance.harness import goldens, tolerances
     from conformance.test_models import llama_spread, spread_rule
     rows = []
     for name in models:
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     if args.child:
         return _child(args.plant, args.models, args.child, args.verbose, ["cuda", "numpy"] if args.numpy else ["cuda"])
 
-    from conformance import goldens
+    from conformance.harness import goldens
     from conformance.test_models import spread_rule
     cuda_set = [m["name"] for m in goldens.manifest("cuda")["models"]]
     print(spread_table(cuda_set))

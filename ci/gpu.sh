@@ -233,7 +233,7 @@ sub_side_by_side() {     # [SHAPES]
     # llama-bench -p 512 -n 128 -fa 1 -ngl 99 -r REPS, then brass bench with the same lengths and
     # repetitions, then one table (ci/side_by_side_table.py): both engines' pp512 and tg128, the
     # ratios, Brass's share of the decode bandwidth ceiling. SHAPES are names of
-    # ci/shape_models.py. DROP=1 deletes each file once both engines have read it (its decode bytes
+    # conformance/harness/shape_models.py. DROP=1 deletes each file once both engines have read it (its decode bytes
     # per token are kept for the table): the runner's disk does not hold every shape at once.
     # RECIPE=mxfp4-moe writes the MoE shapes with MXFP4 experts (a file of another recipe is
     # rewritten).
@@ -247,7 +247,7 @@ sub_side_by_side() {     # [SHAPES]
 import sys
 from pathlib import Path
 from brass.gguf import GGUFFile
-from ci.shape_models import is_real
+from conformance.harness.shape_models import is_real
 # a file left by a run with --layers / --vocab / --experts is not the real shape; nor one of
 # another recipe (general.file_type: 38 = MXFP4_MOE)
 path, name, recipe = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -256,7 +256,7 @@ sys.exit(0 if is_real(path, name) and mx == (recipe == "mxfp4-moe") else 1)
 PY
         if [ ! -f "$dir/$name.gguf" ]; then
             local start=$SECONDS
-            python3 ci/shape_models.py "$name" "$dir" --recipe "$recipe" || return 1
+            python3 conformance/harness/shape_models.py "$name" "$dir" --recipe "$recipe" || return 1
             echo "$name: written in $((SECONDS - start)) s"
         fi
         if [ -n "$bench" ]; then

@@ -136,7 +136,7 @@ MUTATIONS = {
         ["conformance/test_models.py::test_activations[synth-gemma4moe-numpy]"],
         "gemma4 MoE: the per-expert down scale (ffn_down_exps.scale) not applied",
     ),
-    # the delta net's CUDA kernels, through their CPU builds (ci/delta_host.py)
+    # the delta net's CUDA kernels, through their CPU builds (conformance/harness/delta_host.py)
     "cuda_delta_decode_grouped_heads": (
         "kernels/ssm.cu",
         "hk = h % Hk;",

@@ -179,7 +179,9 @@ def build(llama_cpp: Path, locale: Path) -> dict:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for name, patterns, kind, n in PYTHON_STDLIB:
         groups.append({"source": name, "texts": _from_files(stdlib, name, patterns, kind, n, rng)})
-    synth = _paragraphs(_read(ROOT / "ci" / "synth_corpus.txt"))
+    # read beside conformance/harness/synth_models.py; labelled "ci/synth_corpus.txt" (here and
+    # in SOURCES), where it was when the committed corpus was drawn: a re-draw gives its bytes
+    synth = _paragraphs(_read(ROOT / "conformance" / "harness" / "synth_corpus.txt"))
     groups.append({"source": "ci/synth_corpus.txt", "texts": [_cut_prose(p, rng) for p in synth]})
     seen: set[str] = set()
     for g in groups:                # each string once, in its first group; none empty

@@ -1,6 +1,6 @@
 """`brass bench` and the speed tooling around it, on the CPU: the same command the GPU runner
 uses beside llama-bench (ci/gpu.sh side-by-side), its JSON (a snapshot: ours to define), its
-one-line errors, the shape-true model generator (ci/shape_models.py) whose files both engines
+one-line errors, the shape-true model generator (conformance/harness/shape_models.py) whose files both engines
 read, and the side-by-side table."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import goldens
+from conformance.harness import goldens
 from conformance.test_cli import _shape, brass
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_bench_parallel_counts_every_sequence():
 def test_bench_times_replayed_prompts_with_prompt_graphs(monkeypatch):
     """With prompt graphs every timed prefill replays: the capture is part of the warm-up,
     as the kernels' loading is (llama-bench warms up the same way)."""
-    from conformance.fakes import ReplayingNumpy
+    from conformance.harness.fakes import ReplayingNumpy
     from brass import bench, model as model_mod
     monkeypatch.setattr(model_mod, "PROMPT_GRAPHS", True)
     m = goldens.load_synthetic("synth-qwen3", "numpy")
@@ -104,7 +104,7 @@ def test_shape_model_loads_and_runs(shape, shrink, tmp_path):
     """A shape-true file (shrunk) has the real hyper-parameters and vocabulary, a tokenizer
     that round-trips text, and runs (random weights: noise, but every tensor is read)."""
     sys.path.insert(0, str(ROOT))
-    from ci import shape_models
+    from conformance.harness import shape_models
     import brass
     path = shape_models.write(shape, tmp_path, **shrink)
     m = brass.load(str(path), backend="numpy", quiet=True)
@@ -135,7 +135,7 @@ def test_shape_recipes():
     """The Qwen3.5/3.6 and Gemma 4 shapes' weight types follow llama-quantize's Q4_K_M (and
     MXFP4_MOE) choices; the full-size files' tensor counts and sizes (nothing written)."""
     sys.path.insert(0, str(ROOT))
-    from ci import shape_models as sm
+    from conformance.harness import shape_models as sm
     from brass.gguf import GGMLType as T
     specs = sm.tensor_specs(sm.shape_config("qwen3.6-35b-a3b"))
     types = {n: t for n, (t, _) in specs.items()}

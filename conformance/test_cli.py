@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conformance import goldens, tolerances
+from conformance.harness import goldens, tolerances
 from brass.backends import cuda_available
 
 BACKENDS = ["numpy", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -188,14 +188,14 @@ def test_norm_matvec_changes_no_logit(model, rng, monkeypatch):
 @pytest.mark.parametrize("shape, saved", [("qwen3-0.6b", 4), ("qwen3-30b-a3b", 2)])
 def test_norm_matvec_on_a_q4_k_m_shape(shape, saved, rng, tmp_path, monkeypatch):
     # The synthetic models give q, k and v three types (to reach every kernel), so no launch
-    # there takes both of a layer's norms: a shape-true file (ci/shape_models.py: Q4_K q, k,
+    # there takes both of a layer's norms: a shape-true file (conformance/harness/shape_models.py: Q4_K q, k,
     # gate, up, Q6_K v; two layers, a small vocabulary) does. Decode logits eager and through
     # the graph the same bits with BRASS_NORM_MATVEC on as off; the graph shorter by both
     # norms of each dense layer, by the attention norm of each MoE layer.
     import sys
     import brass
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from ci import shape_models
+    from conformance.harness import shape_models
     path = shape_models.write(shape, tmp_path, layers=2, vocab=4096, experts=8)
     model = brass.load(str(path), backend="cuda", quiet=True)
     kernels = _switch_changes_no_logit(model, rng, monkeypatch, "NORM_MATVEC", "the norms in the launches", 64)

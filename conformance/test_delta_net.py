@@ -17,12 +17,12 @@ import sys
 import numpy as np
 import pytest
 
-from conformance import goldens
+from conformance.harness import goldens
 from brass.backends.base import Backend
 from brass.backends.numpy_backend import NumpyBackend
 from brass.errors import UnsupportedError
 from brass.model import Model
-from conformance.fakes import ReplayingNumpy
+from conformance.harness.fakes import ReplayingNumpy
 
 b = NumpyBackend()
 HYBRID = [m.name for m in goldens.models() if m.arch in ("qwen35", "qwen35moe")]

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from conformance import goldens
+from conformance.harness import goldens
 from brass import arch as arch_registry
 from brass.backends import cuda_available
 from brass.model import Model

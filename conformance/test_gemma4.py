@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conformance import goldens, tolerances
+from conformance.harness import goldens, tolerances
 from brass.backends.numpy_backend import NumpyBackend
 from brass.errors import GGUFError, UnsupportedError
 from brass.gguf import GGUFFile

@@ -1,6 +1,6 @@
 """The golden corpus (golden/) is complete and consistent with itself and its manifest.
 
-Needs no llama.cpp: it reads the committed files through conformance.goldens. Re-recording and
+Needs no llama.cpp: it reads the committed files through conformance.harness.goldens. Re-recording and
 comparing with llama.cpp itself is `python ci/record_goldens.py --check`.
 """
 
@@ -11,7 +11,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from conformance import goldens
+from conformance.harness import goldens
 from brass import arch as arch_registry
 from brass.errors import BrassError
 from brass.gguf import GGUFFile
@@ -390,7 +390,7 @@ def test_cuda_set_provenance_and_files():
     # every model of the CPU set whose architecture Brass runs on CUDA, except those not yet
     # recorded on CUDA (qwen35, qwen35moe, gemma4: enabled on CUDA after this set was made),
     # which are held to the CPU set with bounds from the kernels' oracle (tolerances.Q8_1_ORACLE)
-    from conformance import tolerances
+    from conformance.harness import tolerances
     cuda_models = {m["name"] for m in man["models"]}
     want = {m.name for m in goldens.models() if "cuda" in arch_registry.backends(m.arch)}
     assert want - set(tolerances.Q8_1_ORACLE) <= cuda_models, "CUDA-capable models with neither CUDA goldens nor oracle bounds"

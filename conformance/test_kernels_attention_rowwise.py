@@ -1,5 +1,5 @@
 """attention.cu's `attention` kernel (a block per (head, query): every decode step's attention)
-run on the CPU (ci/attn_host.py build_rowwise: the source under g++, a std::thread per CUDA
+run on the CPU (conformance/harness/attn_host.py build_rowwise: the source under g++, a std::thread per CUDA
 thread, warp shuffles through per-warp barriers, shared memory poisoned with NaN) against the
 numpy reference, and its pass 1 with several slots in flight per warp against one at a time.
 
@@ -14,7 +14,7 @@ import pytest
 
 from conformance.test_kernels import check
 from conformance.harness.cases import ATTENTION, cuda_reference
-from ci.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 # (T, past, H, H_kv, D, DV, window): decode steps (T = 1) at short and longer contexts, GQA,
 # a window, DV != D, an empty past, a few queries at once
@@ -23,7 +23,7 @@ CASES = [(1, 40, 4, 2, 128, 128, 0), (1, 3, 2, 1, 64, 64, 0), (1, 0, 2, 1, 64, 6
 
 
 def _lib(kernel_text=None):
-    from ci import attn_host
+    from conformance.harness import attn_host
     try:
         return attn_host.build_rowwise(kernel_text)
     except NoHostCompiler as e:
@@ -31,7 +31,7 @@ def _lib(kernel_text=None):
 
 
 def _case(rng, T, past, H, Hkv, D, DV, window):
-    from ci.attn_host import random_case, unseen_slots
+    from conformance.harness.attn_host import random_case, unseen_slots
     q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV, window=window)
     unseen = unseen_slots(pos, k.shape[0], window)
     kk, vk = k.copy(), v.copy()
@@ -41,8 +41,8 @@ def _case(rng, T, past, H, Hkv, D, DV, window):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "T%d-past%d-H%d-%d-D%d-%d-w%d" % c)
 def test_rowwise_attention_on_the_cpu(rng, case, record_property):
-    from ci.attn_host import attention_rowwise
-    from ci.mmq_host import q8_1_blocks
+    from conformance.harness.attn_host import attention_rowwise
+    from conformance.harness.mmq_host import q8_1_blocks
     T, past, H, Hkv, D, DV, window = case
     q, k, v, kk, vk, pos = _case(rng, *case)
     scale = float(1 / np.sqrt(D))
@@ -57,7 +57,7 @@ def test_slots_in_flight_change_no_bit(rng):
     # Pass 1 with a slot per warp may take ATTN_SLOTS_PER_WARP slots per warp at a time (1 by
     # default: 4 measured slower on the H200); each slot's logit must be the same float
     # operations as with one at a time, so the output too.
-    from ci.attn_host import KERNEL_DIR, attention_rowwise
+    from conformance.harness.attn_host import KERNEL_DIR, attention_rowwise
     src = "#define ATTN_SLOT_LANES 0\n" + (KERNEL_DIR / "attention.cu").read_text()
     one = _lib("#define ATTN_SLOTS_PER_WARP 1\n" + src)
     many = _lib("#define ATTN_SLOTS_PER_WARP 4\n" + src)
@@ -78,8 +78,8 @@ def test_pass1_layouts_on_the_cpu(rng, case, lanes, record_property):
     # (head_dim 36: not a multiple of 8, the warp path either way; 256 and 512, Gemma 4's, take
     # a slot per warp by default, ATTN_SLOT_LANES_MAX_DIM: a slot per thread is built here for
     # every head size, so that both layouts are checked at each)
-    from ci.attn_host import KERNEL_DIR, attention_rowwise
-    from ci.mmq_host import q8_1_blocks
+    from conformance.harness.attn_host import KERNEL_DIR, attention_rowwise
+    from conformance.harness.mmq_host import q8_1_blocks
     lib = _lib(f"#define ATTN_SLOT_LANES {lanes}\n#define ATTN_SLOT_LANES_MAX_DIM 1024\n"
                + (KERNEL_DIR / "attention.cu").read_text())
     T, past, H, Hkv, D, DV, window = case
@@ -110,7 +110,7 @@ def test_rope_attention_and_rope_store_run_on_as_many_threads():
     # The kernels share their float operations only if the head norms' reductions see the same
     # warps: rope_store's block and the attention block must be the same size.
     import re
-    from ci.attn_host import KERNEL_DIR
+    from conformance.harness.attn_host import KERNEL_DIR
     threads = {f: int(re.search(rf"#define {d} (\d+)", (KERNEL_DIR / f).read_text()).group(1))
                for f, d in (("fused.cu", "ROPE_STORE_THREADS"), ("attention.cu", "ATTN_THREADS"))}
     assert len(set(threads.values())) == 1, threads
@@ -123,9 +123,9 @@ def test_rope_attention_is_rope_store_then_attention_on_the_cpu(rng, case):
     # kernel) must give exactly what fused.cu's rope_store then attention give: the roped q
     # and k, every cache slot, the output and its Q8_1 blocks, bit for bit (the same device
     # code for the rope, the same attention body). Unseen cache slots are NaN on both sides.
-    from ci import fused_host
-    from ci.attn_host import attention_rowwise, rope_attention, unseen_slots
-    from ci.mmq_host import NoHostCompiler
+    from conformance.harness import fused_host
+    from conformance.harness.attn_host import attention_rowwise, rope_attention, unseen_slots
+    from conformance.harness.mmq_host import NoHostCompiler
     try:
         flib = fused_host.build()
     except NoHostCompiler as e:

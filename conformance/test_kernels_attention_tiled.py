@@ -14,7 +14,7 @@ and the Q8_1 blocks written beside the output equal, bit for bit, the numpy quan
 blocks of the kernel's own output (as test_kernels.assert_q8_of holds the other producers).
 
 Without a GPU the CUDA tests skip; what runs everywhere is the kernel's own source compiled
-for the CPU by g++ (ci/attn_host.py: the mma and ldmatrix fragment layouts emulated from the
+for the CPU by g++ (conformance/harness/attn_host.py: the mma and ldmatrix fragment layouts emulated from the
 PTX ISA) against the same reference, and NVRTC's compile of the source (test_nvrtc_compile.py).
 """
 
@@ -25,7 +25,7 @@ import pytest
 
 from brass.backends import cuda_available
 from conformance.harness.cases import ATTENTION, ATTENTION_UNIFORM, cuda_reference, nmse
-from ci.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 F16, F32 = np.float16, np.float32
 
@@ -49,7 +49,7 @@ CPU_CASES = [
 
 
 def _case_inputs(rng, T, past, H, Hkv, D, DV, window, cap):
-    from ci.attn_host import random_case, unseen_slots
+    from conformance.harness.attn_host import random_case, unseen_slots
     q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV, cap=cap, window=window)
     # the kernel's copies: slots no query sees are NaN (the reference masks them; they must
     # not be read, or 0 * NaN reaches P.V)
@@ -80,7 +80,7 @@ def _check(got, want, what="output", bound=ATTENTION):
 
 
 def _check_q8(blocks, got, what="Q8_1 blocks"):
-    from ci.mmq_host import q8_1_blocks
+    from conformance.harness.mmq_host import q8_1_blocks
     want = q8_1_blocks(got)
     blocks = np.asarray(blocks).reshape(want.shape)
     bad = np.nonzero((blocks != want).any(axis=-1))
@@ -92,7 +92,7 @@ def _check_q8(blocks, got, what="Q8_1 blocks"):
 
 @pytest.fixture(scope="module")
 def host():
-    from ci.attn_host import build
+    from conformance.harness.attn_host import build
     try:
         return build()
     except NoHostCompiler as e:
@@ -106,7 +106,7 @@ def ref():
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c[0])
 def test_tiled_attention_on_the_cpu(host, ref, rng, case, record_property):
-    from ci.attn_host import attention_tiled
+    from conformance.harness.attn_host import attention_tiled
     _, T, past, H, Hkv, D, DV, window, cap, scale = case
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     q, k, v, kk, vk, pos = _case_inputs(rng, T, past, H, Hkv, D, DV, window, cap)
@@ -119,7 +119,7 @@ def test_tiled_attention_on_the_cpu(host, ref, rng, case, record_property):
 def uniform_case(rng, T, past, H, Hkv, D, DV):
     """Equal logits along every row (conformance.harness.cases.ATTENTION_UNIFORM): each KV head's slots all
     hold one key; q in quarters and k in eighths, so that K.Q is exact in any order."""
-    from ci.attn_host import random_case
+    from conformance.harness.attn_host import random_case
     q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV)
     q = (rng.integers(-2, 3, q.shape) / 4).astype(F32)
     key = (rng.integers(-8, 9, (Hkv, D)) / 8).astype(F16)
@@ -133,7 +133,7 @@ UNIFORM_CASES = [(70, 0, 4, 2, 64, 64, 0), (37, 50, 4, 1, 128, 128, 0), (40, 30,
 
 @pytest.mark.parametrize("case", UNIFORM_CASES, ids=lambda c: "T%d-past%d-H%d-kv%d-d%d-v%d-w%d" % c)
 def test_probabilities_normalised_before_rounding_on_the_cpu(host, ref, rng, case, record_property):
-    from ci.attn_host import attention_tiled
+    from conformance.harness.attn_host import attention_tiled
     T, past, H, Hkv, D, DV, window = case
     q, k, v, pos = uniform_case(rng, T, past, H, Hkv, D, DV)
     scale = 1.0 / np.sqrt(D)
@@ -145,7 +145,7 @@ def test_probabilities_normalised_before_rounding_on_the_cpu(host, ref, rng, cas
 
 def test_v_is_the_key_buffer_on_the_cpu(host, ref, rng):
     # Gemma 4 without attn_v: V is the raw key cache itself, one buffer passed twice
-    from ci.attn_host import attention_tiled, random_case
+    from conformance.harness.attn_host import attention_tiled, random_case
     q, k, _, pos = random_case(rng, 17, 4, 4, 2, 256, 256)
     want = ref.attention(q, k, k, pos, 1.0, 8)
     got, blocks = attention_tiled(host, q, k, k, pos, 1.0, 8)
@@ -156,7 +156,7 @@ def test_v_is_the_key_buffer_on_the_cpu(host, ref, rng):
 def test_slots_past_the_capacity_are_never_seen_on_the_cpu(host, ref, rng):
     # Positions beyond the cache (capacity 6, positions 0..9): query t sees slots
     # 0..min(pos[t], capacity - 1), as the reference does with the positions clipped.
-    from ci.attn_host import attention_tiled
+    from conformance.harness.attn_host import attention_tiled
     T, H, Hkv, D, cap = 10, 2, 1, 64, 6
     q = rng.uniform(-1, 1, (T, H, D)).astype(F32)
     k, v = (rng.uniform(-1, 1, (cap, Hkv, D)).astype(F16) for _ in range(2))
@@ -168,7 +168,7 @@ def test_slots_past_the_capacity_are_never_seen_on_the_cpu(host, ref, rng):
 
 
 def test_without_q8_blocks_on_the_cpu(host, ref, rng):
-    from ci.attn_host import attention_tiled, random_case
+    from conformance.harness.attn_host import attention_tiled, random_case
     q, k, v, pos = random_case(rng, 3, 1, 2, 1, 64, 64)
     want = ref.attention(q, k, v, pos, 0.125, 0)
     got, blocks = attention_tiled(host, q, k, v, pos, 0.125, 0, write_q8=False)
@@ -201,7 +201,7 @@ def test_host_half_rounding_is_numpys(host, rng):
 def test_kernel_table_and_shared_memory_agree(host):
     # The Python launcher's head dims and shared memory bytes are those of the source.
     pytest.importorskip("cupy", reason="the launcher module imports the CUDA backend (CuPy)")
-    from ci.attn_host import kernel_head_dims
+    from conformance.harness.attn_host import kernel_head_dims
     from brass.backends.cuda import attention_tiled as at
     assert at.HEAD_DIMS == tuple(kernel_head_dims()) and len(at.HEAD_DIMS) >= 3
     assert {(64, 64), (128, 128), (256, 256)} <= set(at.HEAD_DIMS)
@@ -307,7 +307,7 @@ def test_probabilities_normalised_before_rounding_on_cuda(cuda, ref, rng, case, 
 
 @needs_cuda
 def test_v_is_the_key_buffer_on_cuda(cuda, ref, rng):
-    from ci.attn_host import random_case
+    from conformance.harness.attn_host import random_case
     q, k, _, pos = random_case(rng, 70, 4, 4, 2, 256, 256)
     want = ref.attention(q, k, k, pos, 1.0, 8)
     got, blocks = _run_tiled(cuda, q, k, k, pos, 1.0, 8, same=True)
@@ -319,7 +319,7 @@ def test_v_is_the_key_buffer_on_cuda(cuda, ref, rng):
 def test_context_beyond_the_old_kernels_limit(cuda, ref, rng, record_property):
     # attention.cu keeps n_slots logits in shared memory (beyond ~57k slots it cannot launch);
     # the tiled kernel's shared memory does not depend on the context.
-    from ci.attn_host import random_case
+    from conformance.harness.attn_host import random_case
     past, T = 70000, 3
     q, k, v, pos = random_case(rng, T, past, 2, 1, 128, 128)
     want = ref.attention(q, k, v, pos, 1.0 / np.sqrt(128), 0)
@@ -350,7 +350,7 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
     # heads of 128) for perf/NOTES.md.
     import cupy
     from brass.backends.cuda.attention_tiled import attention_tiled
-    from ci.attn_host import random_case
+    from conformance.harness.attn_host import random_case
     T, H, Hkv, D = 512, 16, 8, 128
     q, k, v, pos = random_case(rng, T, 0, H, Hkv, D, D)
     dq, dk, dv, dp = (cuda.asarray(a) for a in (q, k, v, pos))
@@ -387,7 +387,7 @@ def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
     real = cuda.launch
     monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
     ref = cuda_reference()
-    from ci.attn_host import random_case
+    from conformance.harness.attn_host import random_case
     for T in (40, 1):
         q, k, v, pos = random_case(rng, T, 20, 4, 2, 128, 128)
         launched.clear()

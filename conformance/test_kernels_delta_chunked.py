@@ -12,7 +12,7 @@ random inputs (the `rng` fixture; the seed is printed on failure), outputs poiso
 before the kernel runs (CudaBackend(poison_outputs=True)).
 
 Without a GPU the kernel tests skip; what runs everywhere: the kernel's own source compiled
-for the CPU with g++ (ci/delta_host.py) against the same reference. CI also compiles
+for the CPU with g++ (conformance/harness/delta_host.py) against the same reference. CI also compiles
 delta_chunked.cu with NVRTC (test_nvrtc_compile.py).
 """
 
@@ -25,7 +25,7 @@ from brass.backends import cuda_available
 from brass.backends.numpy_backend import NumpyBackend
 from conformance.test_kernels import check, cuda, record_launches  # noqa: F401  (fixtures)
 from conformance.harness.cases import DELTA_CHUNKED, RECURRENCE
-from ci.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
@@ -40,7 +40,7 @@ TOKENS = (1, 7, 64, 65, 300, 512)
 
 
 def random_case(rng, T, Hk, Hv, D, g_hi=2.0):
-    from ci.delta_host import random_case
+    from conformance.harness.delta_host import random_case
     return random_case(rng, T, Hk, Hv, D, g_hi)
 
 
@@ -83,10 +83,10 @@ def test_switch_routes_prompts(cuda, rng, monkeypatch, on):
 
 @pytest.mark.parametrize("T,Hk,Hv,D", [(1, 2, 4, 32), (65, 2, 6, 64), (130, 1, 2, 128), (300, 2, 4, 32)])
 def test_chunked_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
-    # delta_chunked.cu's own source on the CPU (ci/delta_host.py: a std::thread per CUDA
+    # delta_chunked.cu's own source on the CPU (conformance/harness/delta_host.py: a std::thread per CUDA
     # thread, shared memory poisoned with NaN), against the sequential rule: the indexing,
     # chunk edges, head mapping and solve of the real source, not timing nor FMA contraction.
-    from ci import delta_host
+    from conformance.harness import delta_host
     try:
         lib = delta_host.build()
     except NoHostCompiler as e:
@@ -107,7 +107,7 @@ def test_decode_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
     # two threads at D = 128, the slab staged through shared memory) on the CPU, against the
     # rule, with the RECURRENCE bound the GPU test uses: the slab indexing, the row split and
     # its shuffles, and the tiled head mapping of the real source.
-    from ci import delta_host
+    from conformance.harness import delta_host
     try:
         lib = delta_host.build_sequential()
     except NoHostCompiler as e:
@@ -123,7 +123,7 @@ def test_decode_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
 def test_decode_kernel_block_matches_the_backend():
     # The threads per block the backend launches (gdn_threads) are the kernel's own.
     pytest.importorskip("cupy")
-    from ci import delta_host
+    from conformance.harness import delta_host
     from brass.backends.cuda.backend import GDN_HEAD_DIMS, gdn_threads
     try:
         lib = delta_host.build_sequential()
@@ -135,7 +135,7 @@ def test_shared_memory_size_matches_the_kernel():
     # The bytes the backend gives at launch (gdn_chunked_smem) are those the kernel carves up
     # (GDN_CHUNK_SMEM_FLOATS), read from the CPU build of the source.
     pytest.importorskip("cupy")
-    from ci import delta_host
+    from conformance.harness import delta_host
     from brass.backends.cuda.backend import GDN_HEAD_DIMS, gdn_chunked_smem
     try:
         lib = delta_host.build()

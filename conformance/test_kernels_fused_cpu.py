@@ -1,4 +1,4 @@
-"""kernels/fused.cu's norm kernels on the CPU (ci/fused_host.py: the kernel source compiled by g++
+"""kernels/fused.cu's norm kernels on the CPU (conformance/harness/fused_host.py: the kernel source compiled by g++
 against a shim of the CUDA device code), against the numpy reference's compositions: the
 residual add (then gemma4's layer_output_scale) and RMS norm of add_rms_norm, and gemma4's
 moe_norms (the experts' norm and the router's input from one sum of squares), with the Q8_1
@@ -13,14 +13,14 @@ import pytest
 from brass import quants
 from brass.gguf import GGMLType, GGUFFile
 from conformance.harness.cases import RMS_NORM, cuda_reference, nmse, random_weight_file
-from ci.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 F32 = np.float32
 
 
 @pytest.fixture(scope="module")
 def lib():
-    from ci import fused_host
+    from conformance.harness import fused_host
     try:
         return fused_host.build()
     except NoHostCompiler as e:
@@ -46,7 +46,7 @@ def _q8_equal(blocks: np.ndarray, y: np.ndarray) -> bool:
 @pytest.mark.parametrize("D,residual,scaled", [(256, True, True), (200, True, True), (2816, False, True),
                                                (576, True, False)], ids=str)
 def test_add_rms_norm_on_the_cpu(lib, rng, tmp_path, D, residual, scaled):
-    from ci import fused_host
+    from conformance.harness import fused_host
     gf = _weights(tmp_path, rng, D)
     ref = cuda_reference()
     a, b = (rng.uniform(-1, 1, (3, D)).astype(F32) * F32(rng.uniform(0.1, 10)) for _ in range(2))
@@ -63,7 +63,7 @@ def test_add_rms_norm_on_the_cpu(lib, rng, tmp_path, D, residual, scaled):
 
 @pytest.mark.parametrize("D", [256, 2816, 200], ids=str)
 def test_moe_norms_on_the_cpu(lib, rng, tmp_path, D):
-    from ci import fused_host
+    from conformance.harness import fused_host
     gf = _weights(tmp_path, rng, D)
     ref = cuda_reference()
     x = rng.uniform(-1, 1, (4, D)).astype(F32) * F32(rng.uniform(0.1, 50))

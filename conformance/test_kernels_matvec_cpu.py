@@ -1,4 +1,4 @@
-"""The decode mat-vec kernels' own source on the CPU (ci/matvec_host.py: g++, a std::thread per
+"""The decode mat-vec kernels' own source on the CPU (conformance/harness/matvec_host.py: g++, a std::thread per
 CUDA thread, warp shuffles through per-warp barriers, staged activations in shared memory
 poisoned with 0xFF), launched as the CUDA backend launches them, against the numpy q8_1
 reference: matvec_<type> with one to three matrices (q/k/v), matvec_cols_<type> (a batched
@@ -16,7 +16,7 @@ import pytest
 from conformance.test_kernels import check, tname
 from brass.gguf import GGMLType, GGUFFile
 from conformance.harness.cases import MATMUL, OP_BOUNDS, cuda_reference, random_weight_file
-from ci.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_K,
          GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.MXFP4)
@@ -25,7 +25,7 @@ F32 = np.float32
 
 @pytest.fixture(scope="module")
 def lib():
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     try:
         return matvec_host.build()
     except NoHostCompiler as e:
@@ -44,7 +44,7 @@ def _raw(gf, name, rows):
 def test_matvec_on_the_cpu(lib, rng, tmp_path, qtype, record_property):
     # three matrices in one launch (q, k, v of a decode step: 100, 40 and 33 rows, so units
     # of different matrices share blocks), and one alone
-    from ci.matvec_host import matvec
+    from conformance.harness.matvec_host import matvec
     K = 512
     gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in (("a", 100), ("b", 40), ("c", 33))})
     x = rng.uniform(-1, 1, (1, K)).astype(F32)
@@ -67,7 +67,7 @@ def test_coop_q6_k_equals_matvec_q6_k(lib, rng, tmp_path, K, record_property):
     # rows, the next row's first chunk loaded during the row before's last); and the reference's
     # within the mat-vec bound. K = 25600 reads x from global memory (past MV_STAGE_MAX_K: the
     # kernel's other loop; the backend splits such rows, so fewer rows there).
-    from ci.matvec_host import matvec, matvec_coop
+    from conformance.harness.matvec_host import matvec, matvec_coop
     qtype = GGMLType.Q6_K
     shapes = (("a", 37), ("b", 300), ("c", 9)) if K <= 4096 else (("a", 21), ("b", 9), ("c", 5))
     gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
@@ -92,7 +92,7 @@ def test_coop_q6_k_other_warps_and_late_preload_give_the_same_bits(lib, rng, tmp
     # MV_COOP_WARPS (warps a block) moves time only, and with MV_PRELOAD_EARLY 0 the first
     # chunk is loaded after PDL_ENTRY, not before: a build with 4 warps and the late load must
     # still give matvec_q6_k's bits (both grids as above)
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     try:
         other = matvec_host.build(("MV_COOP_WARPS=4", "MV_PRELOAD_EARLY=0"))
     except NoHostCompiler as e:
@@ -115,7 +115,7 @@ def test_coop_q6_k_two_rows_at_once_gives_the_same_bits(lib, rng, tmp_path):
     # lookahead is the next pair's first) and three (K = 3072), on the backend's grid (half the
     # blocks) and on grids of 3 and 5 blocks, where a pair's second row is past the last row
     # on some warps (the row counts are not multiples of anything the grid takes)
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     try:
         two = matvec_host.build(("MV_COOP_ROWS=2",))
     except NoHostCompiler as e:
@@ -144,7 +144,7 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
     # second row past its matrix: the last row read again and dropped), q/k/v's three matrices
     # in one launch, one and several items a lane (K 1024 / 5120), x staged and read from
     # global memory (K 28672), the mixed q/k + v launch (its blocks split by kind on both sides)
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     sp = f"MV_SPLIT={max(split, 2)}"
     try:
         base = matvec_host.build(("MV_PRELOAD_ROWS=1", "MV_PRELOAD=2", sp))
@@ -182,7 +182,7 @@ def test_switches_keep_the_bits(rng, tmp_path, qtype, defines):
     # At K where a block's threads stage one round of blocks, two (12288: 384 of 256 threads)
     # and three with the last part-full (20480), split and not, q/k/v-like launches of two
     # matrices, and x read from global memory (28672, past MV_STAGE_MAX_K).
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     try:
         base = matvec_host.build(())
         lib = matvec_host.build(defines)
@@ -201,7 +201,7 @@ def test_switches_keep_the_bits(rng, tmp_path, qtype, defines):
 
 
 def _two_rows_case(base, two, rng, tmp_path, split):
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     qtype = GGMLType.Q4_K
     shapes = (("a", 37), ("b", 20), ("c", 9))
     for K in ((1024, 5120) if split == 1 else (5120, 28672)):
@@ -230,7 +230,7 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     # matvec_cols_<type> (a batched decode step: tokens side by side per weight row) must give
     # each token the one-token kernel's float, bit for bit: a sequence's tokens must not depend
     # on which others share its step
-    from ci.matvec_host import matvec, matvec_cols
+    from conformance.harness.matvec_host import matvec, matvec_cols
     K, T = 512, 11                              # 11 tokens: two blocks of 8, the second partial
     gf = _weights(tmp_path, rng, {"a": (qtype, (70, K)), "b": (qtype, (45, K))})
     x = rng.uniform(-1, 1, (T, K)).astype(F32)
@@ -255,7 +255,7 @@ def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype)
     # the tokens' activations: GLU_COLS_PAIRED) must give each token the one-token kernel's h
     # and Q8_1 blocks bit for bit. N = 80 leaves the last block's rows part-filled (past the
     # end they are not written); 11 tokens: two blocks of 8, the second partial.
-    from ci.matvec_host import glu, glu_cols
+    from conformance.harness.matvec_host import glu, glu_cols
     K, N, T = 512, 80, 11
     gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
     wg, wu = _raw(gf, "g", N), _raw(gf, "u", N)
@@ -277,7 +277,7 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
     # the default build's bits. Q4_K (the staged pair items) with 45 and 7 rows (units past a
     # matrix's end), K = 512 (staged) and 98560 (read from global memory: past the staging
     # budget MV_COLS_STAGE_MAX_K even for one token), split and not.
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     from brass.backends.cuda.backend import MV_SPLIT
     try:
         other = matvec_host.build(defines)
@@ -320,7 +320,7 @@ def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
     # memory, past MV_STAGE_MAX_K); q/k/v's three matrices in one launch (37 rows: units of
     # different matrices share blocks, and the last block has warp groups with no row), and the
     # batched kernel with the same split bit for bit one token at a time.
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     try:
         lib = matvec_host.build((f"MV_SPLIT={split}",))
     except NoHostCompiler as e:
@@ -359,7 +359,7 @@ def test_mixed_matvec_equals_its_two_launches(lib, rng, tmp_path, types, K, n_a)
     # matrix the bits of its own launch (matvec_<a> over q and k, matvec_<b> over v): 37 + 9
     # rows leave matvec_<a>'s last block part-filled, 21 rows matvec_<b>'s; K = 28672 reads x
     # from global memory (past MV_STAGE_MAX_K), the others stage it
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     ta, tb = types
     shapes = {"q": (ta, (37, K)), "k": (ta, (9, K)), "v": (tb, (21, K))}
     gf = _weights(tmp_path, rng, shapes)
@@ -377,8 +377,8 @@ def test_mixed_matvec_equals_its_two_launches(lib, rng, tmp_path, types, K, n_a)
 @pytest.mark.parametrize("gelu", [False, True], ids=["swiglu", "geglu"])
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0), ids=tname)
 def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):
-    from ci.matvec_host import glu
-    from ci.mmq_host import q8_1_blocks
+    from conformance.harness.matvec_host import glu
+    from conformance.harness.mmq_host import q8_1_blocks
     N, K = 96, 512
     gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
     x = rng.uniform(-1, 1, (1, K)).astype(F32)
@@ -400,7 +400,7 @@ def test_gated_ffn_layouts_give_the_same_floats(lib, rng, tmp_path, qtype, K, va
     # kernel for small launches, "wide"), must give matvec_glu_'s h and Q8_1 blocks bit for bit,
     # dense (staged; K = 28672 unstaged) and over chosen experts, so that they move time only
     # (and the batched kernel, which keeps 8 x 4, still equals one token at a time)
-    from ci import matvec_host
+    from conformance.harness import matvec_host
     wide = variant == ("wide",)
     try:
         other = lib if wide else matvec_host.build(variant)
@@ -427,7 +427,7 @@ def test_experts_on_the_cpu(lib, rng, tmp_path, qtypes, record_property):
     # the chosen experts' gate/up (ids on the device) and down with the weighted sum; the down
     # is checked on the kernel's own h (re-quantized to Q8_1 between them: test_kernels'
     # test_moe_ffn_decode says why)
-    from ci.matvec_host import glu, moe_down
+    from conformance.harness.matvec_host import glu, moe_down
     gu, dn = qtypes
     E, N, D, T, k = 8, 256, 512, 2, 4
     gf = _weights(tmp_path, rng, {"g": (gu, (E, N, D)), "u": (gu, (E, N, D)), "d": (dn, (E, D, N))})
@@ -452,7 +452,7 @@ def test_experts_gate_up_in_one_tensor_with_down_scale(lib, rng, tmp_path, qtype
     # rows F after each expert's gate rows), GELU, and a factor per expert on the down
     # projection's output before the routing weight (ffn_down_exps.scale), against
     # Backend.moe_ffn's composition on the reference (the down checked on the kernel's own h)
-    from ci.matvec_host import glu, moe_down
+    from conformance.harness.matvec_host import glu, moe_down
     gu, dn = qtypes
     E, D, T, k = 6, 512, 2, 3
     gf = _weights(tmp_path, rng, {"gu": (gu, (E, 2 * F, D)), "d": (dn, (E, D, F)), "s": (GGMLType.F32, (E,))})
@@ -475,7 +475,7 @@ def test_experts_gate_up_in_one_tensor_with_down_scale(lib, rng, tmp_path, qtype
 
 @pytest.fixture(scope="module")
 def norm_lib():
-    from ci import fused_host
+    from conformance.harness import fused_host
     try:
         return fused_host.build()
     except NoHostCompiler as e:
@@ -500,8 +500,8 @@ def test_norm_matvec_equals_add_rms_norm_then_matvec(lib, norm_lib, rng, tmp_pat
     # matvec_norm_<type>: the residual add, RMS norm and Q8_1 of the row formed in every
     # block; the sum and every output the very bits of add_rms_norm (fused.cu, 1024 threads)
     # then matvec_<type> on its Q8_1 blocks
-    from ci import fused_host
-    from ci.matvec_host import matvec, matvec_norm
+    from conformance.harness import fused_host
+    from conformance.harness.matvec_host import matvec, matvec_norm
     specs = {n: (qtype, (r, K)) for n, r in (("q", 64), ("k", 40), ("v", 24))}
     gf = _weights(tmp_path, rng, specs)
     raws = [_raw(gf, n, r) for n, (_, (r, _k)) in specs.items()]
@@ -522,8 +522,8 @@ def test_norm_matvec_equals_add_rms_norm_then_matvec(lib, norm_lib, rng, tmp_pat
 def test_mixed_norm_matvec_equals_add_rms_norm_then_matvec_mixed(lib, norm_lib, rng, tmp_path, types, residual):
     # matvec_mixed_norm_<a>_<b> (q, k of one type, v of another: Q4_K_M's layers): both kinds'
     # staged layouts formed from the same normed row
-    from ci import fused_host
-    from ci.matvec_host import matvec_mixed, matvec_mixed_norm
+    from conformance.harness import fused_host
+    from conformance.harness.matvec_host import matvec_mixed, matvec_mixed_norm
     K = 1280
     gf = _weights(tmp_path, rng, {"q": (types[0], (72, K)), "k": (types[0], (24, K)), "v": (types[1], (40, K))})
     ra, rb = [_raw(gf, "q", 72), _raw(gf, "k", 24)], _raw(gf, "v", 40)
@@ -543,8 +543,8 @@ def test_mixed_norm_matvec_equals_add_rms_norm_then_matvec_mixed(lib, norm_lib, 
                                             (GGMLType.Q8_0, 576, False)], ids=str)
 def test_glu_norm_equals_add_rms_norm_then_glu(lib, norm_lib, rng, tmp_path, qtype, K, gelu, wide):
     # matvec_glu[_wide]_norm_<type>: the gated FFN of the normed row, h and its Q8_1 blocks
-    from ci import fused_host
-    from ci.matvec_host import glu, glu_norm
+    from conformance.harness import fused_host
+    from conformance.harness.matvec_host import glu, glu_norm
     N = 96
     gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
     wg, wu = _raw(gf, "g", N), _raw(gf, "u", N)

@@ -14,7 +14,7 @@ Shapes: T on either side of the 64-token tile (1, 7, 32, 77, 512), N not a multi
 chunk of 8 blocks is partial (288 = 8 + 1 blocks).
 
 Without a GPU the kernel tests skip; what runs everywhere: mmq.cu's own source compiled for
-the CPU with g++ (ci/mmq_host.py: the mma fragments emulated as the PTX ISA lays them out)
+the CPU with g++ (conformance/harness/mmq_host.py: the mma fragments emulated as the PTX ISA lays them out)
 against the numpy reference, and the switch's routing in the numpy reference. CI also
 compiles mmq.cu with NVRTC (test_nvrtc_compile.py).
 """
@@ -32,7 +32,7 @@ from brass.backends import base, cuda_available
 from brass.gguf import GGMLType, GGUFFile
 from conformance.test_kernels import check, cuda, record_launches, ref, tname  # noqa: F401  (fixtures)
 from conformance.harness.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
-from ci.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
@@ -133,10 +133,10 @@ def test_matmul_many_routes_to_mmq(cuda, ref, rng, tmp_path, monkeypatch, mmq, r
 
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=tname)
 def test_mmq_on_the_cpu(rng, tmp_path, qtype, record_property):
-    # The kernel source on the CPU (ci/mmq_host.py), against the reference: two row tiles and
+    # The kernel source on the CPU (conformance/harness/mmq_host.py), against the reference: two row tiles and
     # two token tiles with ragged edges, a partial K chunk for the 32-value types, issue 9's
     # massive activation. Checks everything but the hardware's mma layouts and timing.
-    from ci import mmq_host
+    from conformance.harness import mmq_host
     try:
         lib = mmq_host.build()
     except NoHostCompiler as e:
@@ -216,10 +216,10 @@ def _id_want(ref, gf, x, ids):
 
 @pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
 def test_mmq_id_on_the_cpu(rng, tmp_path, qtype, shape, record_property):
-    # mmq.cu's moe_plan + mmq_id_<type> on the CPU (ci/mmq_host.py), against the numpy q8_1
+    # mmq.cu's moe_plan + mmq_id_<type> on the CPU (conformance/harness/mmq_host.py), against the numpy q8_1
     # reference: the device plan (counts, starts, ranks, tiles), the column mapping of a tile
     # and the NaN rows of out-of-range ids of the real source.
-    from ci import mmq_host
+    from conformance.harness import mmq_host
     try:
         lib = mmq_host.build()
     except NoHostCompiler as e:
@@ -309,7 +309,7 @@ def test_mmq_x_raw_copies_on_the_cpu(rng, tmp_path, misalign, x_async):
     # chunk are 16-byte aligned (MMQ_X_ASYNC: as cp.async, issued before the weights' unpack),
     # else word by word: both, bit for bit against the tile staged item by item (MMQ_X_RAW=0;
     # K of 768: 24 blocks a row, full chunks)
-    from ci import mmq_host
+    from conformance.harness import mmq_host
     try:
         base_lib, lib = mmq_host.build(("MMQ_X_RAW=0",)), mmq_host.build(("MMQ_X_ASYNC=1",) if x_async else ())
     except NoHostCompiler as e:
@@ -321,7 +321,7 @@ def test_mmq_x_raw_copies_on_the_cpu(rng, tmp_path, misalign, x_async):
 
 
 def _variant_equals_default(rng, tmp_path, qtype, defines):
-    from ci import mmq_host
+    from conformance.harness import mmq_host
     try:
         base_lib, lib = mmq_host.build(), mmq_host.build(defines)
     except NoHostCompiler as e:
@@ -348,7 +348,7 @@ def test_cpu_builds_of_variants_do_not_share_their_tiles(rng, tmp_path):
     # on the host). g++'s unique symbols bound them together across libraries, so the MMQ_KB=8
     # variant loaded second wrote past the first's arrays: NaN results, in whichever pytest
     # worker happened to load them in this order (one GPU suite run in four).
-    from ci import mmq_host
+    from conformance.harness import mmq_host
     try:
         small = mmq_host.build(("MMQ_PACKED=1", "MMQ_KB=2", "MMQ_PREFETCH=1"))
         large, base_lib = mmq_host.build(("MMQ_PACKED=1",)), mmq_host.build()

@@ -2,14 +2,14 @@
 grid, block, dynamic shared memory, programmatic dependent launch or not, the parameter struct's
 fields and values, the buffers' labels, dtypes and shapes; and the cuBLAS calls, host<->device
 copies, CuPy array work and graph captures and launches between them. A baseline for host-side
-changes that must change no launch (conformance/launch_recording.py says what runs and how;
-conformance/fake_cupy.py what the fake CuPy sees and what it cannot).
+changes that must change no launch (conformance/harness/launch_recording.py says what runs and how;
+conformance/harness/fake_cupy.py what the fake CuPy sees and what it cannot).
 
 No GPU and no CuPy needed: the backend runs on a numpy stand-in of CuPy, kernels do not run.
 The recording is conformance/data/launch_sequence.json; when a change is meant to change what
 is launched, re-record it and say why in the commit:
 
-    python3 -m conformance.launch_recording --record [--only synth-qwen3,...]
+    python3 -m conformance.harness.launch_recording --record [--only synth-qwen3,...]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conformance import fake_cupy, launch_recording as lr
+from conformance.harness import fake_cupy, launch_recording as lr
 
 
 def _recorded_models() -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tabulate import tabulate
 
-from conformance import goldens, tolerances
+from conformance.harness import goldens, tolerances
 from brass import arch as arch_registry
 from brass.backends import cuda_available
 from brass.llamacpp import brass_tap

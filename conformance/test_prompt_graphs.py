@@ -2,7 +2,7 @@
 length it has read before replays a captured graph, and gives what reading it eagerly gives.
 
 On the CPU the session logic runs on the numpy backend with CUDA's graph interface
-(conformance/fakes.py: a replay re-runs the captured forward): which prefill is eager, which
+(conformance/harness/fakes.py: a replay re-runs the captured forward): which prefill is eager, which
 captures, which replays; the ids and positions uploaded per replay (another prompt, another
 start); the bound on graphs kept, one for the whole model (every session's graphs and the
 model's, least recently used out first), and that a graph evicted, or its session dropped, is
@@ -23,8 +23,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from conformance.fakes import ReplayingNumpy
-from conformance.goldens import load_synthetic
+from conformance.harness.fakes import ReplayingNumpy
+from conformance.harness.goldens import load_synthetic
 
 DENSE = ["synth-llama", "synth-qwen3", "synth-gemma3", "synth-qwen35"]
 ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma4moe"]

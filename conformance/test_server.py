@@ -836,7 +836,7 @@ def test_openapi_document_and_docs_page(server):
 def test_fastapi_validation_errors_are_openai_400s(model):
     """FastAPI's own 422 (for a parameter it checks itself) is answered as ours are: a 400 in
     OpenAI's error body."""
-    from conformance.server_harness import ASGIClient, StubForward
+    from conformance.harness.server_harness import ASGIClient, StubForward
     from brass.http_api import create_app
     from brass.server import App
     app = App(StubForward(model), MODEL, None, parallel=1, max_waiting=1)
@@ -863,7 +863,7 @@ def test_full_queue_over_http_gets_503_with_retry_after(model):
     and a new request takes its place; once every client has gone nothing runs. The running
     request is held after its first token by a gate on the stub's decode step, so it is still
     running whenever the test looks, however slow the machine."""
-    from conformance.server_harness import StubForward, ThreadedServer
+    from conformance.harness.server_harness import StubForward, ThreadedServer
     from brass.server import App
     gate = threading.Event()
     server = ThreadedServer(App(StubForward(model, n_ctx=256, eog_bias=-1e9, gate=gate), MODEL, None,
@@ -924,7 +924,7 @@ def test_silent_connection_is_closed_after_the_keep_alive_time(model, monkeypatc
     """A connection that never sends a request is closed after the kept-alive time
     (uvicorn's clock starts only after a response: such connections were held for ever, each a
     file descriptor, a slowloris); one that sends its request in time is served."""
-    from conformance.server_harness import StubForward, ThreadedServer
+    from conformance.harness.server_harness import StubForward, ThreadedServer
     from brass import http_api
     from brass.server import App
     monkeypatch.setattr(http_api, "SOCKET_TIMEOUT", 1)

@@ -9,7 +9,7 @@ without the API key. A 200 must be a well-formed completion (a stream: events en
 no error event).
 
 Two runs, bounded and on loopback only:
-- in process, 10,000 bodies: a minimal ASGI client (conformance/server_harness.py; Starlette's
+- in process, 10,000 bodies: a minimal ASGI client (conformance/harness/server_harness.py; Starlette's
   TestClient costs twice as much a request) drives the whole application (body reading,
   JSON, the pydantic models, tokenizer and chat template, the scheduler thread, the real
   sampler with the request's parameters, the stop-string scanner, server-sent events) over
@@ -34,7 +34,7 @@ pytest.importorskip("fastapi", reason="FastAPI is not installed (pip install -e 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from conformance.server_harness import ASGIClient, StubForward, ThreadedServer  # noqa: E402
+from conformance.harness.server_harness import ASGIClient, StubForward, ThreadedServer  # noqa: E402
 
 MODEL = "smollm2-135m"
 KEY = "fuzz-key"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.goldens import load_synthetic
+from conformance.harness.goldens import load_synthetic
 
 SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
 MODELS = ["synth-qwen3moe", "synth-gemma3", "synth-qwen35"]
@@ -218,8 +218,8 @@ def test_a_request_alone_runs_ahead_and_yields_to_arrivals(name, rng, monkeypatc
     """A greedy request decoding by itself on a graph backend streams through Session.greedy
     (steps run ahead on the device, no host sync per token); a request arriving meanwhile
     closes that stream and the two are batched. Both still get their tokens alone. On the CPU
-    with a numpy backend that has CUDA's graph interface (conformance/fakes.py)."""
-    from conformance.fakes import ReplayingNumpy
+    with a numpy backend that has CUDA's graph interface (conformance/harness/fakes.py)."""
+    from conformance.harness.fakes import ReplayingNumpy
     from brass.model import Session
     from brass.serving import Request
     m = load_synthetic(name, "numpy")
@@ -301,8 +301,8 @@ def test_warm_up_captures_before_the_first_request(name, rng):
     """warm_up() reads a prompt and decodes on a pooled session (its decode graph captured),
     which then serves the first request: no capture waits for it, and its tokens (after the
     warm-up's own sequence in that session) equal alone. On the CPU with a numpy backend that
-    has CUDA's graph interface (conformance/fakes.py); numpy itself has nothing to warm."""
-    from conformance.fakes import ReplayingNumpy
+    has CUDA's graph interface (conformance/harness/fakes.py); numpy itself has nothing to warm."""
+    from conformance.harness.fakes import ReplayingNumpy
     from brass.serving import BatchScheduler, Request
     plain = BatchScheduler(load_synthetic(name, "numpy"), parallel=2, start=False)
     assert plain.warm_up() == 0.0 and plain.sessions.created == 0

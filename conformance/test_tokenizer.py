@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance import goldens
+from conformance.harness import goldens
 from brass.errors import BrassError, GGUFError, UnsupportedError
 from brass.gguf import GGUFFile
 from brass.tokenizer import Tokenizer, TokenizerError, libstdcxx

@@ -1,7 +1,7 @@
 """A stand-in for the parts of CuPy (and cupy_backends) that the CUDA backend uses, backed by
 numpy on the CPU, which records what would be sent to the GPU instead of sending it: the CUDA
 backend then runs a model's steps on a machine without a GPU (or without CuPy), and what it
-launches can be compared with a recording (conformance/launch_recording.py).
+launches can be compared with a recording (launch_recording.py).
 
 What it is:
 
@@ -622,7 +622,7 @@ def funcGetAttribute(attrib: int, func: int):
         return 0
     raise NotImplementedError(
         f"the fake CuPy compiles nothing, so it cannot answer attribute {_FUNC_ATTR.get(attrib, attrib)} of "
-        f"kernel {fn.name} (kernels/{fn.source}); extend conformance/fake_cupy.py if a recorded path needs it")
+        f"kernel {fn.name} (kernels/{fn.source}); extend conformance/harness/fake_cupy.py if a recorded path needs it")
 
 
 def funcSetAttribute(func: int, attrib: int, value: int):

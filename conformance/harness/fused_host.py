@@ -1,11 +1,11 @@
 """kernels/fused.cu's norm kernels (add_rms_norm, moe_norms) run on the CPU, for machines without
-a GPU: the kernel source compiled by g++ against ci/mmq_host.py's shim of CUDA device code
+a GPU: the kernel source compiled by g++ against mmq_host.py's shim of CUDA device code
 (every thread of a block a std::thread, one block at a time, __syncthreads a barrier, warp
 shuffles through per-warp barriers), launched as CudaBackend launches them (one block of
 FUSED_NORM_THREADS per row). conformance/test_kernels_fused_cpu.py holds them to the numpy
 reference's compositions.
 
-    python3 ci/fused_host.py [seed]      # a few shapes; exit 1 on a failure
+    python3 conformance/harness/fused_host.py [seed]      # a few shapes; exit 1 on a failure
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ci.mmq_host import HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host, host_headers  # noqa: E402
+from conformance.harness.mmq_host import HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host, host_headers  # noqa: E402
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 HEADERS = ("common.cuh", "params.cuh", "route.cuh")
 THREADS = 1024                      # FUSED_NORM_THREADS
 

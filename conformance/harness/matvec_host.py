@@ -1,7 +1,7 @@
 """The decode mat-vec kernels (kernels/matvec.cuh through matvec_q.cu) run on the CPU, for
 machines without a GPU (CI, development).
 
-As ci/mmq_host.py, ci/delta_host.py and ci/attn_host.py do for their kernels: the kernel
+As mmq_host.py, delta_host.py and attn_host.py do for their kernels: the kernel
 source itself (with its headers) compiled by g++ against the shim of CUDA device code (every
 CUDA thread of a block a std::thread, __shared__ variables function statics, one block at a
 time, __syncthreads a barrier of the block's threads). The dynamic shared memory the
@@ -18,7 +18,7 @@ staging of activations, the multi-matrix units, the experts' offsets and ids, th
 kernels' per-token sums against the one-token kernels, and the Q8_1 blocks the gated kernels
 write, against the numpy reference.
 
-    python3 ci/matvec_host.py [seed]      # a few shapes; exit 1 on a failure
+    python3 conformance/harness/matvec_host.py [seed]      # a few shapes; exit 1 on a failure
 conformance/test_kernels_matvec_cpu.py uses it (skips without g++).
 """
 
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ci.mmq_host import (HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host,  # noqa: E402
+from conformance.harness.mmq_host import (HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host,  # noqa: E402
                          host_headers, q8_1_blocks)
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 MAX_THREADS = 1024
@@ -122,7 +122,7 @@ extern "C" int run_kernel(const char * kernel, const char * name, void * const *
 
 
 def _sources(defines: tuple[str, ...] = ()) -> dict[str, str]:
-    out = host_headers(HEADERS)           # staged_x: host_smem (ci/mmq_host.py host_headers)
+    out = host_headers(HEADERS)           # staged_x: host_smem (mmq_host.py host_headers)
     out["matvec_host.cu"] = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines) + \
         (KERNEL_DIR / "matvec_q.cu").read_text()
     out["shim.h"] = SHIM

@@ -12,7 +12,7 @@ comments state them. What this cannot check is that the hardware uses those layo
 timing, nor FMA contraction; it does check the tiling, the unpacking, the scaling, the tile
 edges and the partial K chunks of the real source, against the numpy q8_1 reference.
 
-    python3 ci/mmq_host.py [seed]      # every type on a few shapes; exit 1 on a failure
+    python3 conformance/harness/mmq_host.py [seed]      # every type on a few shapes; exit 1 on a failure
 conformance/test_kernels_mmq.py::test_mmq_on_the_cpu uses it (skips without g++).
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 
@@ -460,5 +460,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """The kernel launches (and cuBLAS calls, copies, graph captures and CuPy array work) of the CUDA
 backend on the synthetic models, recorded on the CPU through a fake CuPy
-(conformance/fake_cupy.py): a baseline that host-side changes to the backend must keep entry
+(fake_cupy.py): a baseline that host-side changes to the backend must keep entry
 for entry (conformance/test_launch_sequence.py).
 
 How: the fake CuPy and cupy_backends modules are put in sys.modules, brass.backends.cuda and
@@ -31,7 +31,7 @@ sessions' caches as `s<session>.k<layer>` / `.v` / `.conv` / `.ssm`, pinned host
 (so the labels follow the data flow, not addresses or allocation order). Tokens read back
 from the device are zeros (kernels do not run).
 
-    python3 -m conformance.launch_recording --record [--only synth-qwen3,...]
+    python3 -m conformance.harness.launch_recording --record [--only synth-qwen3,...]
 
 writes conformance/data/launch_sequence.json (one event a line).
 """
@@ -47,12 +47,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from conformance import fake_cupy
+from conformance.harness import fake_cupy
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parent / "data" / "launch_sequence.json"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "conformance" / "data" / "launch_sequence.json"
 MODELS_DIR = ROOT / "golden" / "models"
-RECORD_CMD = "python3 -m conformance.launch_recording --record"
+RECORD_CMD = "python3 -m conformance.harness.launch_recording --record"
 N_CTX = 128
 DECODE_PROMPT, DECODE_TOKENS = 7, 3
 PROMPT = 70
@@ -223,7 +223,7 @@ def record_model(name: str) -> list[dict]:
 def header() -> dict:
     return {
         "about": "kernel launches, cuBLAS calls, copies, graph captures and CuPy array work of the CUDA "
-                 "backend on each synthetic model, through conformance/fake_cupy.py; written by "
+                 "backend on each synthetic model, through conformance/harness/fake_cupy.py; written by "
                  f"`{RECORD_CMD}`, read by conformance/test_launch_sequence.py",
         "device": {k: fake_cupy.DEVICE_PROPERTIES[k] for k in
                    ("name", "multiProcessorCount", "major", "minor", "sharedMemPerBlockOptin", "totalGlobalMem")},

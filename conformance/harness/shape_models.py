@@ -6,13 +6,13 @@ Both engines run them: llama.cpp (llama-bench) and Brass (brass bench) read the 
 The weights are random, so the text is noise, but every byte a token reads is a real byte of
 a real-sized matrix: decode and prefill cost what they cost on the real model.
 
-    python3 ci/shape_models.py qwen3-0.6b /tmp/models/         # one shape
-    python3 ci/shape_models.py all /tmp/models/                # every shape in SHAPES
-    python3 ci/shape_models.py qwen3-8b /tmp/m/ --layers 2     # fewer layers (quick checks)
-    python3 ci/shape_models.py gemma-4-26b-a4b /tmp/m/ --layers 2 --vocab 4096 --experts 8
+    python3 conformance/harness/shape_models.py qwen3-0.6b /tmp/models/         # one shape
+    python3 conformance/harness/shape_models.py all /tmp/models/                # every shape in SHAPES
+    python3 conformance/harness/shape_models.py qwen3-8b /tmp/m/ --layers 2     # fewer layers (quick checks)
+    python3 conformance/harness/shape_models.py gemma-4-26b-a4b /tmp/m/ --layers 2 --vocab 4096 --experts 8
 
 `--layers`, `--vocab` and `--experts` shrink a file for quick checks (such a file is not the
-real shape: ci/gpu_side_by_side.sh regenerates it). With fewer layers than a hybrid's period
+real shape: `ci/gpu.sh side-by-side` regenerates it). With fewer layers than a hybrid's period
 (Qwen3.5/3.6: full attention every 4th layer; Gemma 4: every 6th) the period shrinks to the
 layer count, so the last layer is still a full-attention one.
 
@@ -30,7 +30,7 @@ other matrix Q8_0. The tokenizer is a byte-level BPE (Qwen2 pre-tokenizer) of th
 vocabulary size: the 256 byte tokens, every pair of them, then triples, each with its merge,
 and the special tokens at the end (the speed of a forward pass does not depend on it).
 The tensor names and shapes of the qwen35 / qwen35moe / gemma4 shapes come from
-ci/synth_models.py (tensor_shapes, init_weight), which writes loadable files of the same
+synth_models.py (tensor_shapes, init_weight), which writes loadable files of the same
 architectures at tiny sizes. Needs only numpy and this repository (the runner has no gguf-py).
 """
 
@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ci import synth_models  # noqa: E402
+from conformance.harness import synth_models  # noqa: E402
 from brass.gguf import BLOCK_SIZES, GGMLType  # noqa: E402
 from brass.quants import random_blocks  # noqa: E402
 
@@ -87,7 +87,7 @@ SHAPES = {
                         swa=dict(head_dim=256, n_kv_head=16), full=dict(head_dim=512, n_kv_head=4),
                         sliding_window=1024, rope_base_swa=1e4, rope_pairs=64),
 }
-HYBRID = ("qwen35", "qwen35moe", "gemma4")     # built from ci/synth_models.py's tensor lists
+HYBRID = ("qwen35", "qwen35moe", "gemma4")     # built from synth_models.py's tensor lists
 RECIPES = ("q4_k_m", "mxfp4-moe")
 
 POOL_BYTES = 96 << 20       # random blocks per type, reused across tensors at shifted offsets
@@ -106,7 +106,7 @@ def swa_pattern(c: dict) -> list[bool]:
 
 
 def synth_config(c: dict) -> dict:
-    """Shape config `c` as a ci/synth_models.py model config (dims, globals, layer tensors)."""
+    """Shape config `c` as a synth_models.py model config (dims, globals, layer tensors)."""
     dims = {k: v for k, v in c.items() if not isinstance(v, dict)}
     if c["arch"] in ("qwen35", "qwen35moe"):
         ffn = ["ffn_gate", "ffn_up", "ffn_down"] if c["arch"] == "qwen35" else [
@@ -141,7 +141,7 @@ def _k_fallback(t: GGMLType, row_len: int) -> GGMLType:
 
 def hybrid_specs(c: dict, recipe: str = "q4_k_m") -> dict[str, tuple[GGMLType, tuple[int, ...]]]:
     """{name: (type, numpy shape)} of a qwen35 / qwen35moe / gemma4 shape: the tensors of
-    ci/synth_models.py's writer at the real dimensions, typed by `recipe` (module docstring)."""
+    synth_models.py's writer at the real dimensions, typed by `recipe` (module docstring)."""
     shapes = synth_models.tensor_shapes(synth_config(c))
     n_wv = sum(1 for name in shapes if name.endswith(("attn_v.weight", "attn_qkv.weight")))
     i_wv, specs = 0, {}
@@ -274,7 +274,7 @@ class _Meta:
 
 def metadata(name: str, c: dict, recipe: str = "q4_k_m") -> _Meta:
     """The GGUF keys llama.cpp (b11312 / b11434) reads for the architecture: the keys of
-    ci/synth_models.py's gguf-py writer for qwen35 / qwen35moe / gemma4, written by hand here."""
+    synth_models.py's gguf-py writer for qwen35 / qwen35moe / gemma4, written by hand here."""
     a = c["arch"]
     m = _Meta()
     m.add("general.architecture", GGUF_STRING, a)

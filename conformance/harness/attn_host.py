@@ -1,6 +1,6 @@
 """kernels/attention_tiled.cu run on the CPU, for machines without a GPU (CI, development).
 
-As ci/mmq_host.py and ci/delta_host.py do for their kernels: the kernel source itself (with
+As mmq_host.py and delta_host.py do for their kernels: the kernel source itself (with
 its headers) is compiled by g++ against the same shim of CUDA device code (every CUDA thread
 of a block a std::thread, __shared__ variables function statics, one block at a time,
 __syncthreads a barrier of the block's threads). The statements that are not plain C++ are
@@ -38,7 +38,7 @@ GPU's shared memory limits. It does check the tiling, the swizzled addressing, t
 mask edges, the grouped head index, both passes and the normalisation, the fragment
 reuse of the logits as P, the output staging and the Q8_1 blocks, against the numpy reference.
 
-    python3 ci/attn_host.py [seed]      # a few shapes; exit 1 on a failure
+    python3 conformance/harness/attn_host.py [seed]      # a few shapes; exit 1 on a failure
 conformance/test_kernels_attention_tiled.py uses it (skips without g++).
 """
 
@@ -51,11 +51,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ci.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
+from conformance.harness.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCE = "attention_tiled.cu"
 HEADERS = ("common.cuh", "params.cuh")
 BQ = 64                     # queries per block (ATTN_TILED_BQ)

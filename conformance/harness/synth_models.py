@@ -501,7 +501,7 @@ def _layer_tensors(cfg: dict, il: int) -> list[str]:
 def tensor_shapes(cfg: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{GGUF tensor name: (kind, numpy shape)} of every tensor of a model config (`dims`,
     `vocab`, `arch`, `globals`, `layer`, optional `layer_dims`), in file order. Also what
-    ci/shape_models.py builds its shape-true qwen35 / qwen35moe / gemma4 files from."""
+    shape_models.py builds its shape-true qwen35 / qwen35moe / gemma4 files from."""
     d = dict(cfg["dims"])
     d["vocab"] = cfg["vocab"]
     names = list(cfg["globals"]) + [f"blk.{i}.{t}" for i in range(d["n_layer"])

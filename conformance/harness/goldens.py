@@ -2,7 +2,7 @@
 
 This is the only module tests use to reach goldens; it needs numpy only (no llama.cpp).
 
-    from conformance import goldens
+    from conformance.harness import goldens
     goldens.manifest()                      # the whole manifest (provenance, settings, files)
     goldens.settings()                      # llama.cpp settings the goldens were recorded with
     for m in goldens.models(kind="synthetic"):      # or "real", or None for all
@@ -32,7 +32,7 @@ import numpy as np
 from brass import catalog
 from brass.errors import BrassError
 
-GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden"
 # Where each reference set lives: the CPU set (tokenizers, models, prompts, activations) and
 # the CUDA set (prompts and activations of the same models from llama.cpp's CUDA backend).
 REFERENCE_DIRS = {"cpu": GOLDEN_DIR, "cuda": GOLDEN_DIR / "cuda"}

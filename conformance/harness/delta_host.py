@@ -1,6 +1,6 @@
 """kernels/delta_chunked.cu run on the CPU, for machines without a GPU (CI, development).
 
-As ci/mmq_host.py does for mmq.cu: the kernel source itself (with its headers) is compiled by
+As mmq_host.py does for mmq.cu: the kernel source itself (with its headers) is compiled by
 g++ against the same shim of CUDA device code (every CUDA thread of a block a std::thread,
 __shared__ variables function statics, one block at a time, __syncthreads a barrier of the
 block's threads). The one line that is not plain C++, the dynamic shared memory declaration,
@@ -10,7 +10,7 @@ contraction, or the hardware's shared memory limits; it does check the indexing,
 edges, the tiled head mapping, the solve and the barriers' placement (a missing barrier still
 may pass by luck of the scheduling) against the numpy sequential rule.
 
-    python3 ci/delta_host.py [seed]      # a few shapes; exit 1 on a failure
+    python3 conformance/harness/delta_host.py [seed]      # a few shapes; exit 1 on a failure
 conformance/test_kernels_delta_chunked.py::test_chunked_kernel_on_the_cpu uses it (skips without g++).
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ci.mmq_host import SHIM, compile_host, host_headers  # noqa: E402
+from conformance.harness.mmq_host import SHIM, compile_host, host_headers  # noqa: E402
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 HEADERS = ("common.cuh", "params.cuh")
 HEAD_DIMS = (32, 64, 128)
 
