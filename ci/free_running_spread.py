@@ -1,4 +1,4 @@
-"""How far float rounding alone moves conformance/test_kernels_model.py's free-running
+"""How far float rounding alone moves conformance/kernels/test_kernels_model.py's free-running
 comparison (router logits per layer, output logits; every step of the test's tokens), on the
 CPU: the numpy q8_1 reference against itself with every mat-mul output moved by up to 2 float32
 ulps at random (the GPU's other summation order, roughly), over many seeds of the test's random
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str]) -> int:
-    from conformance import test_kernels_model as t
+    from conformance.kernels import test_kernels_model as t
     from brass import arch as registry
     from brass.arch.common import Weights
     from brass.config import read_config

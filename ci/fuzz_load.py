@@ -4,7 +4,7 @@ chunks, each loaded with `brass.load(..., backend="numpy")` and run on one promp
 must either run or fail with a BrassError; anything else (a KeyError from deep in the forward
 pass, a ValueError from a mat-mul, a hang) is a bug.
 
-conformance/test_fuzz_load.py runs a few thousand copies on every CI run; this script runs
+conformance/models/test_fuzz_load.py runs a few thousand copies on every CI run; this script runs
 many more over several processes, each copy under a time limit:
 
     python ci/fuzz_load.py -n 100000 --jobs 2              # counts: ok / BrassError / other

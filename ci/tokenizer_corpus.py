@@ -5,7 +5,7 @@ The 242 strings of ci/tokenizer_strings.py aim at the tokenizers' branches; they
 exercise the merge tables (swapping the ranks of two adjacent BPE merges went unnoticed by
 them). This corpus is drawn from real text, so that the merges a real text meets are met here.
 ci/record_goldens.py records llama.cpp's ids of every string for every tokenizer
-(golden/tokenizer/corpus/, add_special and parse_special off); conformance/test_tokenizer.py
+(golden/tokenizer/corpus/, add_special and parse_special off); conformance/tokenizer/test_tokenizer.py
 compares Brass with them.
 
 The selection is committed (ci/tokenizer_corpus.json) and is all CI reads. It was drawn by this

@@ -79,7 +79,7 @@ def conformance_gate():
         key = (model, backend)
         if key not in _gate:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "conformance/test_models.py", "-k", f"{model} and {backend}"]
+                   "conformance/models/test_models.py", "-k", f"{model} and {backend}"]
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ.copy())
             _gate[key] = (r.returncode == 0, r.stdout.strip().splitlines()[-1:] or ["no output"])
         ok, tail = _gate[key]

@@ -28,7 +28,7 @@ _gate: dict = {}
 def cuda_conformance_passed() -> tuple[bool, str]:
     if "ok" not in _gate:
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "conformance/test_kernels_model.py", "conformance/test_decode_graph.py"],
+                            "conformance/kernels/test_kernels_model.py", "conformance/models/test_decode_graph.py"],
                            cwd=ROOT, capture_output=True, text=True)
         _gate["ok"] = (r.returncode == 0, (r.stdout.strip().splitlines() or ["no output"])[-1])
     return _gate["ok"]

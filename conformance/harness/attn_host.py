@@ -30,7 +30,7 @@ call), meets its warp at a barrier of 32 threads, and reads its partners' words:
 only overwrite a slot array two calls later, after every lane of the warp has passed the
 barrier of the call in between, so one barrier per call suffices. Half <-> float conversions
 are host functions, round to nearest even with subnormals (checked against numpy by
-conformance/test_kernels_attention_tiled.py).
+conformance/kernels/test_kernels_attention_tiled.py).
 
 What this cannot check: that the hardware uses those layouts (the PTX ISA says so), timing,
 bank conflicts, the asynchrony of cp.async (a missing wait passes here), FMA contraction, the
@@ -39,7 +39,7 @@ mask edges, the grouped head index, both passes and the normalisation, the fragm
 reuse of the logits as P, the output staging and the Q8_1 blocks, against the numpy reference.
 
     python3 conformance/harness/attn_host.py [seed]      # a few shapes; exit 1 on a failure
-conformance/test_kernels_attention_tiled.py uses it (skips without g++).
+conformance/kernels/test_kernels_attention_tiled.py uses it (skips without g++).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ edges, the tiled head mapping, the solve and the barriers' placement (a missing 
 may pass by luck of the scheduling) against the numpy sequential rule.
 
     python3 conformance/harness/delta_host.py [seed]      # a few shapes; exit 1 on a failure
-conformance/test_kernels_delta_chunked.py::test_chunked_kernel_on_the_cpu uses it (skips without g++).
+conformance/kernels/test_kernels_delta_chunked.py::test_chunked_kernel_on_the_cpu uses it (skips without g++).
 """
 
 from __future__ import annotations

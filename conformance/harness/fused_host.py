@@ -2,7 +2,7 @@
 a GPU: the kernel source compiled by g++ against mmq_host.py's shim of CUDA device code
 (every thread of a block a std::thread, one block at a time, __syncthreads a barrier, warp
 shuffles through per-warp barriers), launched as CudaBackend launches them (one block of
-FUSED_NORM_THREADS per row). conformance/test_kernels_fused_cpu.py holds them to the numpy
+FUSED_NORM_THREADS per row). conformance/kernels/test_kernels_fused_cpu.py holds them to the numpy
 reference's compositions.
 
     python3 conformance/harness/fused_host.py [seed]      # a few shapes; exit 1 on a failure

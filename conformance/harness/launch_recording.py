@@ -1,7 +1,7 @@
 """The kernel launches (and cuBLAS calls, copies, graph captures and CuPy array work) of the CUDA
 backend on the synthetic models, recorded on the CPU through a fake CuPy
 (fake_cupy.py): a baseline that host-side changes to the backend must keep entry
-for entry (conformance/test_launch_sequence.py).
+for entry (conformance/kernels/test_launch_sequence.py).
 
 How: the fake CuPy and cupy_backends modules are put in sys.modules, brass.backends.cuda and
 its submodules are imported afresh under them (so that every `import cupy` of theirs, at module
@@ -224,7 +224,7 @@ def header() -> dict:
     return {
         "about": "kernel launches, cuBLAS calls, copies, graph captures and CuPy array work of the CUDA "
                  "backend on each synthetic model, through conformance/harness/fake_cupy.py; written by "
-                 f"`{RECORD_CMD}`, read by conformance/test_launch_sequence.py",
+                 f"`{RECORD_CMD}`, read by conformance/kernels/test_launch_sequence.py",
         "device": {k: fake_cupy.DEVICE_PROPERTIES[k] for k in
                    ("name", "multiProcessorCount", "major", "minor", "sharedMemPerBlockOptin", "totalGlobalMem")},
         "scenario": {"n_ctx": N_CTX, "decode_prompt": DECODE_PROMPT, "decode_tokens": DECODE_TOKENS,

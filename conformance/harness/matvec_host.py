@@ -19,7 +19,7 @@ kernels' per-token sums against the one-token kernels, and the Q8_1 blocks the g
 write, against the numpy reference.
 
     python3 conformance/harness/matvec_host.py [seed]      # a few shapes; exit 1 on a failure
-conformance/test_kernels_matvec_cpu.py uses it (skips without g++).
+conformance/kernels/test_kernels_matvec_cpu.py uses it (skips without g++).
 """
 
 from __future__ import annotations

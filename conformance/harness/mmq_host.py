@@ -13,7 +13,7 @@ timing, nor FMA contraction; it does check the tiling, the unpacking, the scalin
 edges and the partial K chunks of the real source, against the numpy q8_1 reference.
 
     python3 conformance/harness/mmq_host.py [seed]      # every type on a few shapes; exit 1 on a failure
-conformance/test_kernels_mmq.py::test_mmq_on_the_cpu uses it (skips without g++).
+conformance/kernels/test_kernels_mmq.py::test_mmq_on_the_cpu uses it (skips without g++).
 """
 
 from __future__ import annotations

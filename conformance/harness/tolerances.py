@@ -76,7 +76,7 @@ CUDA_LOGITS_FALLBACK = {"real": 2e-2, "synthetic": 5e-3}
 # random (a GPU's other summation order) changed its distance by at most 2 % at any node (12 runs);
 # twice the oracle leaves room for that and for another prompt's or GPU's flips, while an op that is
 # wrong (a head mapping, a decay, a state not carried) gives O(1). Small defects hide under these
-# bounds: conformance/test_kernels_model.py (each op against the oracle, 1e-10 to exact) is the
+# bounds: conformance/kernels/test_kernels_model.py (each op against the oracle, 1e-10 to exact) is the
 # check that finds them; these say the whole model is as close to llama.cpp's CPU as Q8_1 allows.
 # Gemma 4: its activations stay within the ACTIVATIONS/LOGITS bounds of CUDA vs the CPU set, but its
 # teacher-forced argmax does not: Q8_1 moves its logits enough to flip clear positions (llama.cpp

@@ -18,7 +18,7 @@ import pytest
 
 from conformance.harness.goldens import load_synthetic
 
-SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
+SYNTH = Path(__file__).resolve().parents[2] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 
 # (prompt length, tokens to generate, step at which the sequence joins the batch)

@@ -7,7 +7,7 @@ from conformance.harness.cases import f16_steps
 
 
 def test_f16_steps_counts_float16_values_between():
-    """The rope_store cache check's distance (conformance/test_kernels_model.py, on the GPU;
+    """The rope_store cache check's distance (conformance/kernels/test_kernels_model.py, on the GPU;
     checked here): neighbours are 1 apart across zero and across a binade, +0 and -0 are 0 apart."""
     f = np.float16
     a = np.array([0.0, -0.0, 1.0, -1.0, 2.0, -6e-8, 1.0], f)

@@ -32,7 +32,7 @@ pytestmark = [
                               "wheels in .whl/ (the list is in ci/gpu.sh)"),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "golden" / "models" / "synth-llama.gguf"
 N_CTX = 512
 WORDS = "sea ship storm harbor light wind stone river bread garden winter morning".split()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conformance.harness import goldens
-from conformance.test_cli import _shape, brass
+from conformance.tools.test_cli import _shape, brass
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_json(snapshot):

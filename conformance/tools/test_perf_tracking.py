@@ -53,7 +53,7 @@ def test_benchmark_run_saves_its_figures(tmp_path):
     # at its end, the H200's of 2026-12-04 included). Into a folder of its own, so that a
     # user's own perf/.results are left alone. Without the xdist worker's environment: under
     # `-n`, pytest-benchmark would take the child for a worker and refuse --benchmark-only.
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     saved = tmp_path / "results" / baseline.baseline_path(baseline.device_name()).name
     r = subprocess.run([sys.executable, "-m", "pytest", "perf/test_dequant_speed.py", "--benchmark", "-q",
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
@@ -70,7 +70,7 @@ def test_benchmark_run_under_xdist_says_why_it_refuses(tmp_path):
     # Under xdist pytest-benchmark disables itself; `--benchmark` must then stop with a line
     # that names the cause (-n), not pytest-benchmark's own option clash. A worker's
     # environment stands in for -n (xdist need not be installed).
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-m", "pytest", "perf/test_dequant_speed.py", "--benchmark", "-q",
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
                        cwd=root, capture_output=True, text=True, timeout=600,

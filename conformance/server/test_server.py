@@ -33,7 +33,7 @@ from brass.chat_template import ChatTemplate  # noqa: E402
 from brass.sampling import SamplingParams  # noqa: E402
 from brass.server import StopScanner  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m"
 N_CTX = 256
 API_KEY = "brass-test-key"

@@ -1,5 +1,5 @@
 """Per-kernel conformance of the CUDA ops Gemma 4 needs beyond the common ones, against the
-numpy reference backend, as conformance/test_kernels.py does for those (fresh random inputs,
+numpy reference backend, as conformance/kernels/test_kernels.py does for those (fresh random inputs,
 outputs poisoned with NaN, NMSE within the op's bound from kernels/cases.py OP_BOUNDS):
 
 - rope_ff: rope with per-pair frequency factors (the full-attention layers' "proportional"
@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance import test_kernels as tk
-from conformance.test_kernels import check, cuda, ref, weights  # noqa: F401  (fixtures)
+from conformance.kernels import test_kernels as tk
+from conformance.kernels.test_kernels import check, cuda, ref, weights  # noqa: F401  (fixtures)
 from brass.backends import cuda_available
 from brass.backends.base import Backend
 from brass.errors import BrassError

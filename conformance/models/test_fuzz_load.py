@@ -14,7 +14,7 @@ import pytest
 from ci import fuzz_load
 from brass.errors import BrassError, GGUFError, UnsupportedError
 
-MODELS = Path(__file__).resolve().parents[1] / "golden" / "models"
+MODELS = Path(__file__).resolve().parents[2] / "golden" / "models"
 # ~7 ms a file here: a few thousand files in well under a minute on a 2-core runner.
 N_FUZZ = 8000
 # A file that takes longer than this is hung (the normal time is a few milliseconds).

@@ -57,7 +57,7 @@ def _kernel_bodies(sources=None):
     from pathlib import Path
     if sources is None:
         sources = {path.name: path.read_text()
-                   for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.cu*"))}
+                   for path in sorted((Path(__file__).resolve().parents[2] / "kernels").glob("*.cu*"))}
     out = []
     for name, text in sources.items():
         text = re.sub(r"//[^\n]*", "", text)

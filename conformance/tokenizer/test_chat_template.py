@@ -15,7 +15,7 @@ from brass import catalog
 from brass.chat_template import CHATML, ChatTemplate, ChatTemplateError
 from brass.gguf import GGUFFile
 
-GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden" / "chat_templates"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "chat_templates"
 FEATURES = json.loads((GOLDEN_DIR / "template_features.json").read_text(encoding="utf-8"))
 GOLDENS = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(GOLDEN_DIR.glob("*.json"))
            if p.name != "template_features.json"}

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
     not cuda_available(),
     reason="no CUDA device here: decode-graph checks run on the GPU runner (ci/gpu.sh suite)")
 
-SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
+SYNTH = Path(__file__).resolve().parents[2] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 N_GEN = 40          # more than two greedy chunks, so that chunks run ahead of the host
 
@@ -194,7 +194,7 @@ def test_norm_matvec_on_a_q4_k_m_shape(shape, saved, rng, tmp_path, monkeypatch)
     # norms of each dense layer, by the attention norm of each MoE layer.
     import sys
     import brass
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from conformance.harness import shape_models
     path = shape_models.write(shape, tmp_path, layers=2, vocab=4096, experts=8)
     model = brass.load(str(path), backend="cuda", quiet=True)

@@ -4,7 +4,7 @@ gives, and the install command installs the package and runs `brass run` on the 
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _commands(text: str) -> list[str]:

@@ -479,7 +479,7 @@ def test_unsupported_weight_type(cuda, tmp_path):
 
 def _run_python(code: str, env_extra: dict, timeout=300) -> subprocess.CompletedProcess:
     env = dict(os.environ, **env_extra)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=root,
                           capture_output=True, text=True, timeout=timeout)

@@ -540,7 +540,7 @@ def test_graph_memory_script_runs(monkeypatch, capsys):
     import importlib.util
     from pathlib import Path
     from brass import model
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("gpu_graph_memory", root / "ci" / "gpu_graph_memory.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

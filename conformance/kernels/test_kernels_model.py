@@ -83,7 +83,7 @@ CALLED = {"matmul", "matmul_many", "add_rms_norm", "rope_store", "attention"}
 CALLED_BY = {"gemma4": {"matmul", "matmul_many", "attention"}}
 # Ops that update one of their arguments in place (a recurrent state): its position.
 STATE_ARG = {"ssm_conv": 1, "gated_delta_net": 5}
-SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
+SYNTH = Path(__file__).resolve().parents[2] / "golden" / "models"
 MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 
 

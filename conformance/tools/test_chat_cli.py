@@ -20,7 +20,7 @@ from brass.chat_template import ChatTemplate
 from brass.errors import BrassError
 from brass.sampling import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m"
 N_CTX = 256
 WORDS = "sea ship storm harbor light wind stone river bread garden winter candle".split()

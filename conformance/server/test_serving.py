@@ -15,7 +15,7 @@ import pytest
 
 from conformance.harness.goldens import load_synthetic
 
-SYNTH = Path(__file__).resolve().parents[1] / "golden" / "models"
+SYNTH = Path(__file__).resolve().parents[2] / "golden" / "models"
 MODELS = ["synth-qwen3moe", "synth-gemma3", "synth-qwen35"]
 TIMEOUT = 120
 

@@ -23,7 +23,7 @@ and matvec.cuh in a scratch copy of kernels/ (the same).
 
 The recording is conformance/data/kernel_machine_code.json, written by
 
-    python3 -m conformance.test_kernel_machine_code --record
+    python3 -m conformance.kernels.test_kernel_machine_code --record
 
 Machine code is the compiler's: the recording holds the NVRTC version it was made with, and the
 test skips, saying so, under another (the GPU runner's 13.0); re-record there to compare there.
@@ -50,12 +50,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parent / "data" / "kernel_machine_code.json"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "conformance" / "data" / "kernel_machine_code.json"
 TARGET = "sm_90"
 KEPT = (".text.", ".nv.shared.", ".nv.constant", ".nv.global")
 SHT_NOBITS = 8
-RECORD_CMD = "python3 -m conformance.test_kernel_machine_code --record"
+RECORD_CMD = "python3 -m conformance.kernels.test_kernel_machine_code --record"
 
 
 def elf_sections(img: bytes) -> list[tuple[str, int, bytes | None, int]]:
@@ -121,7 +121,7 @@ def record(path: Path = DATA) -> dict:
     from brass.backends.cuda.compiler import BASE_OPTIONS, kernel_sources, nvrtc_version
     doc = {
         "about": "sha256 of the code sections of each kernels/*.cu's default sm_90 build; "
-                 f"written by `{RECORD_CMD}`, read by conformance/test_kernel_machine_code.py",
+                 f"written by `{RECORD_CMD}`, read by conformance/kernels/test_kernel_machine_code.py",
         "nvrtc": list(nvrtc_version()),
         "target": TARGET,
         "options": [*BASE_OPTIONS, f"-arch={TARGET}"],
