@@ -12,7 +12,7 @@ figures against the CUDA goldens are the H200's), with a planted bug if asked:
                                                 # bugs of a chosen size; --numpy: also the numpy
                                                 # backend's tests against the CPU goldens
 
-Models default to those the spread rule applies to (test_models.spread_rule). Each stand-in run
+Models default to those the spread rule applies to (harness.llama_spread.spread_rule). Each stand-in run
 is a pytest process of its own (the stand-in and the bug are patched into it, nothing on disk
 changes); a model's three tests take 5-15 s on one core.
 """
@@ -146,7 +146,7 @@ def spread_table(models: list[str]) -> str:
     from tabulate import tabulate
 
     from conformance.harness import goldens, tolerances
-    from conformance.models.test_models import llama_spread, spread_rule
+    from conformance.harness.llama_spread import llama_spread, spread_rule
     rows = []
     for name in models:
         gm = goldens.model(name)
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         return _child(args.plant, args.models, args.child, args.verbose, ["cuda", "numpy"] if args.numpy else ["cuda"])
 
     from conformance.harness import goldens
-    from conformance.models.test_models import spread_rule
+    from conformance.harness.llama_spread import spread_rule
     cuda_set = [m["name"] for m in goldens.manifest("cuda")["models"]]
     print(spread_table(cuda_set))
     models = args.models or [n for n in cuda_set if spread_rule(n, "cuda", "cuda") is not None]

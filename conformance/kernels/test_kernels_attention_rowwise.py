@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.kernels.test_kernels import check
+from conformance.harness.kernel_checks import check
 from conformance.harness.cases import ATTENTION, cuda_reference
 from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 

@@ -330,7 +330,7 @@ def test_context_beyond_the_old_kernels_limit(cuda, ref, rng, record_property):
 
 @needs_cuda
 def test_what_it_does_not_take(cuda, rng, monkeypatch):
-    from conformance.kernels.test_kernels import record_launches
+    from conformance.harness.kernel_checks import record_launches
     from brass.backends.cuda.attention_tiled import attention_tiled
     launched = record_launches(cuda, monkeypatch)
     for T, D, DV in ((1, 128, 128), (8, 96, 96), (8, 512, 512), (8, 32, 32)):

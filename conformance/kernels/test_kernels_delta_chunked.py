@@ -23,7 +23,7 @@ import pytest
 
 from brass.backends import cuda_available
 from brass.backends.numpy_backend import NumpyBackend
-from conformance.kernels.test_kernels import check, cuda, record_launches  # noqa: F401  (fixtures)
+from conformance.harness.kernel_checks import check, record_launches
 from conformance.harness.cases import DELTA_CHUNKED, RECURRENCE
 from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 

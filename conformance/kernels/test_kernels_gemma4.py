@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.kernels import test_kernels as tk
-from conformance.kernels.test_kernels import check, cuda, ref, weights  # noqa: F401  (fixtures)
+from conformance.harness.kernel_checks import check, kv_store_and_attention, weights
 from brass.backends import cuda_available
 from brass.backends.base import Backend
 from brass.errors import BrassError
@@ -170,7 +169,7 @@ GEMMA4_ATTENTION_CASES = [
 
 @pytest.mark.parametrize("case", GEMMA4_ATTENTION_CASES, ids=lambda c: "T%d-past%d-H%d-kv%d-d%d-w%d" % c[:6])
 def test_attention_gemma4_head_dims(cuda, ref, rng, case, record_property):
-    tk.test_kv_store_and_attention(cuda, ref, rng, case, record_property)
+    kv_store_and_attention(cuda, ref, rng, case, record_property)
 
 
 def test_attention_rows_head_dim_512(cuda, ref, rng, record_property):

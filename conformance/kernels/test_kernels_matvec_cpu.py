@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.kernels.test_kernels import check, tname
+from conformance.harness.kernel_checks import check, tname
 from brass.gguf import GGMLType, GGUFFile
 from conformance.harness.cases import MATMUL, OP_BOUNDS, cuda_reference, random_weight_file
 from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402

@@ -30,7 +30,7 @@ import pytest
 
 from brass.backends import base, cuda_available
 from brass.gguf import GGMLType, GGUFFile
-from conformance.kernels.test_kernels import check, cuda, record_launches, ref, tname  # noqa: F401  (fixtures)
+from conformance.harness.kernel_checks import check, record_launches, tname
 from conformance.harness.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
 from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conformance.harness import goldens
-from conformance.tools.test_cli import _shape, brass
+from conformance.harness.cli import brass, json_shape as _shape
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,31 +5,17 @@ every bad input — never a traceback."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from conformance.harness import goldens, tolerances
+from conformance.harness.cli import brass, json_shape as _shape
 from brass.backends import cuda_available
 
 BACKENDS = ["numpy", pytest.param("cuda", marks=pytest.mark.skipif(
     not cuda_available(), reason="CUDA backend: no GPU on this machine"))]
-
-
-def brass(*args, stdin=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "brass", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _shape(obj):
-    """The JSON's structure with values replaced by their type names (for snapshots)."""
-    if isinstance(obj, dict):
-        return {k: _shape(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_shape(obj[0])] if obj else []
-    return type(obj).__name__
 
 
 @pytest.mark.skipif(not cuda_available(), reason="CUDA backend: no GPU on this machine")
