@@ -1,7 +1,6 @@
 """Registers and static shared memory of kernels/ as NVRTC builds them, and what that allows
-an SM: no GPU needed (the cubin NVRTC writes for sm_90 is read as an ELF file).
-
-    python3 ci/kernel_resources.py mmq.cu [--threads 128] [--match REGEX] [-DNAME=VALUE ...]
+an SM: no GPU needed (the cubin NVRTC writes for sm_90 is read as an ELF file). ci/kernel_resources.py
+prints them for a kernel source.
 
 Per kernel: registers a thread (the .nv.info REGCOUNT attribute), the static shared memory
 (the .nv.shared.<kernel> section, which on sm_90 holds the 1 KiB the system reserves per
@@ -12,12 +11,7 @@ blocks an SM against the default's 4 were found; the GPU (ncu's Occupancy sectio
 
 from __future__ import annotations
 
-import re
 import struct
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REGS_PER_SM, SMEM_PER_SM, THREADS_PER_SM, BLOCKS_PER_SM = 65536, 233472, 2048, 32
 EIATTR_REGCOUNT, EIFMT_SVAL = 0x2F, 0x04
@@ -66,30 +60,3 @@ def blocks_per_sm(registers: int, shared: int, threads: int) -> dict[str, int]:
     return {"registers": REGS_PER_SM // (per_warp * warps) if registers else BLOCKS_PER_SM,
             "shared": SMEM_PER_SM // shared if shared else BLOCKS_PER_SM,
             "threads": THREADS_PER_SM // threads}
-
-
-def main(argv: list[str]) -> int:
-    from tabulate import tabulate
-
-    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
-    if not argv or argv[0].startswith("-"):
-        print(__doc__)
-        return 2
-    source, rest = argv[0], argv[1:]
-    threads = int(rest[rest.index("--threads") + 1]) if "--threads" in rest else 128
-    match = re.compile(rest[rest.index("--match") + 1] if "--match" in rest else ".")
-    defines = tuple(a for a in rest if a.startswith("-D"))
-    img = compile_text(source, (KERNEL_DIR / source).read_text(), "sm_90", defines, use_cache=False)
-    rows = []
-    for k, v in sorted(resources(img).items()):
-        if match.search(k):
-            b = blocks_per_sm(v["registers"], v["shared"], threads)
-            rows.append((k, v["registers"], v["shared"], b["registers"], b["shared"], b["threads"], min(b.values())))
-    print(f"{source} {' '.join(defines)} (sm_90, {threads} threads a block)")
-    print(tabulate(rows, headers=["kernel", "registers", "shared bytes", "blocks/SM by registers", "by shared",
-                                  "by threads", "blocks/SM"], tablefmt="github"))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -9,10 +9,8 @@ wheel (`pip install nvidia-cuda-nvdisasm`). PTX of an ISA newer than the ptxas r
 declared as the one it names (what these kernels use is older than both). ptxas may not be the
 one the runner's driver uses: the schedule is a sample of the compiler's habits, not the runner's code.
 
-    python3 ci/kernel_sass.py SOURCE KERNEL [-DNAME=VALUE ...] [--all]
-
-Prints ptxas's register and spill report for KERNEL, then its SASS reduced to labels, branches,
-global / shared memory instructions, barriers and mma (--all: every instruction).
+ci/kernel_sass.py prints it; conformance/kernels/test_kernel_sass.py checks what the kernels'
+switches do to it.
 """
 
 from __future__ import annotations
@@ -22,13 +20,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-KEEP = re.compile(r"^\.L|BRA|EXIT|LDG|STG|LDS|STS|LDGSTS|DEPBAR|BAR\.|IMMA|HMMA|ATOM|RED\.")
 
 
 class NoToolkit(RuntimeError):
@@ -85,25 +78,3 @@ def sass(source: str, kernel: str, defines: tuple[str, ...] = ()) -> tuple[str, 
         if line and not line.startswith(("/*", "//", ".")) or line.startswith(".L"):
             lines.append(line)
     return "\n".join(report), lines
-
-
-def main(argv: list[str]) -> int:
-    args = [a for a in argv if not a.startswith("-")]
-    if len(args) != 2:
-        print(__doc__)
-        return 2
-    defines = tuple(a for a in argv if a.startswith("-D"))
-    try:
-        report, lines = sass(args[0], args[1], defines)
-    except (NoToolkit, KeyError) as e:
-        print(f"kernel_sass: {e.args[0]}", file=sys.stderr)
-        return 2
-    print(report)
-    for i, line in enumerate(lines):
-        if "--all" in argv or KEEP.search(line):
-            print(f"{i:5d}  {line}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,6 @@
-"""ci/kernel_resources.py: what NVRTC's sm_90 build of a kernel needs, read without a GPU (the
-figures the speed notes quote for variants nobody has timed yet)."""
+"""conformance/harness/kernel_resources.py (ci/kernel_resources.py prints it): what NVRTC's
+sm_90 build of a kernel needs, read without a GPU (the figures the speed notes quote for
+variants nobody has timed yet)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 
 import pytest
 
-from ci import kernel_resources
+from conformance.harness import kernel_resources
 
 
 def test_blocks_an_sm_follow_the_allocation_rules():

@@ -1,13 +1,14 @@
-"""ci/kernel_sass.py, and through it what mmq.cu's latency switches are for: the weight unpack's
-loads of several items in flight together (MMQ_UNPACK_UNROLL), the activation copies issued as
-cp.async ahead of them (MMQ_X_ASYNC). Needs a CUDA toolkit's ptxas and nvdisasm (CI has
-neither: these skip there and say so; the GPU runner and a development machine have them)."""
+"""The machine code ci/kernel_sass.py prints (conformance/harness/kernel_sass.py), and through
+it what mmq.cu's latency switches are for: the weight unpack's loads of several items in flight
+together (MMQ_UNPACK_UNROLL), the activation copies issued as cp.async ahead of them
+(MMQ_X_ASYNC). Needs a CUDA toolkit's ptxas and nvdisasm (CI has neither: these skip there and
+say so; the GPU runner and a development machine have them)."""
 
 import pytest
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
 
-from ci import kernel_sass  # noqa: E402
+from conformance.harness import kernel_sass  # noqa: E402
 
 try:
     kernel_sass.find_tool("ptxas")

@@ -2,8 +2,9 @@
 BrassError naming the key or tensor, what was expected and what the file has (engine/validate.py)
 — never a KeyError from the forward pass, a ValueError from a mat-mul, or a hang.
 
-The fuzz mutates the synthetic models in golden/models/ (the mutations are in ci/fuzz_load.py,
-which also runs them by the hundred thousand over several processes)."""
+The fuzz mutates the synthetic models in golden/models/ (the mutations are in
+conformance/harness/gguf_mutations.py; ci/fuzz_load.py runs them by the hundred thousand over
+several processes)."""
 
 import signal
 from collections import Counter
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ci import fuzz_load
+from conformance.harness import gguf_mutations
 from brass.errors import BrassError, GGUFError, UnsupportedError
 
 MODELS = Path(__file__).resolve().parents[2] / "golden" / "models"
@@ -40,7 +41,7 @@ def test_fuzz_load_gives_success_or_brass_error(rng, tmp_path, record_property):
             # where the file was stuck.
             signal.setitimer(signal.ITIMER_REAL, CASE_LIMIT_S)
             try:
-                kind, detail = fuzz_load.check(seed, case, tmp_path)
+                kind, detail = gguf_mutations.check(seed, case, tmp_path)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             counts[kind] += 1
@@ -63,7 +64,7 @@ def _error(tmp_path, data: bytes, kind=BrassError) -> str:
     path = tmp_path / "damaged.gguf"
     path.write_bytes(data)
     with pytest.raises(kind) as e:
-        fuzz_load.run(path)
+        gguf_mutations.run(path)
     message = str(e.value)
     assert "\n" not in message and str(path) in message, message
     return message
@@ -75,11 +76,11 @@ def _model(name: str) -> bytes:
 
 def test_the_unmutated_models_run(tmp_path):
     for path in sorted(MODELS.glob("*.gguf")):
-        fuzz_load.run(path)
+        gguf_mutations.run(path)
 
 
 def test_missing_tensor_is_named(tmp_path):
-    data = fuzz_load.rename_tensor(_model("llama"), "blk.0.ffn_up.weight", "blk.0.ffn_uq.weight")
+    data = gguf_mutations.rename_tensor(_model("llama"), "blk.0.ffn_up.weight", "blk.0.ffn_uq.weight")
     msg = _error(tmp_path, data, GGUFError)
     assert "tensor blk.0.ffn_up.weight is missing; llama needs it with shape " \
            "[256 (embedding_length), 256 (feed_forward_length)]" in msg
@@ -107,14 +108,14 @@ def test_missing_tensor_is_named(tmp_path):
      "tensor blk.0.attn_q_norm.weight has shape [32], expected [64 (key_length)]"),
 ])
 def test_shape_disagreeing_with_metadata_is_named(tmp_path, model, edit, expected):
-    msg = _error(tmp_path, fuzz_load.set_value(_model(model), *edit), GGUFError)
+    msg = _error(tmp_path, gguf_mutations.set_value(_model(model), *edit), GGUFError)
     assert expected in msg, msg
 
 
 def test_swapped_tensors_are_named(tmp_path):
-    data = fuzz_load.rename_tensor(_model("llama"), "blk.0.attn_q.weight", "blk.0.attn_X.weight")
-    data = fuzz_load.rename_tensor(data, "blk.0.attn_k.weight", "blk.0.attn_q.weight")
-    data = fuzz_load.rename_tensor(data, "blk.0.attn_X.weight", "blk.0.attn_k.weight")
+    data = gguf_mutations.rename_tensor(_model("llama"), "blk.0.attn_q.weight", "blk.0.attn_X.weight")
+    data = gguf_mutations.rename_tensor(data, "blk.0.attn_k.weight", "blk.0.attn_q.weight")
+    data = gguf_mutations.rename_tensor(data, "blk.0.attn_X.weight", "blk.0.attn_k.weight")
     assert "tensor blk.0.attn_q.weight has shape [256, 128], expected [256 (embedding_length), " \
            "256 (head_count × key_length)]" in _error(tmp_path, data, GGUFError)
 
@@ -152,20 +153,20 @@ def test_swapped_tensors_are_named(tmp_path):
      "metadata key qwen3.attention.layer_norm_rms_epsilon is -1.0, expected a finite number >= 0"),
 ])
 def test_count_out_of_range_is_named(tmp_path, model, key, value, expected):
-    msg = _error(tmp_path, fuzz_load.set_value(_model(model), key, value), GGUFError)
+    msg = _error(tmp_path, gguf_mutations.set_value(_model(model), key, value), GGUFError)
     assert expected in msg, msg
 
 
 def test_odd_rope_dimensions_are_named(tmp_path):
     """rope turns pairs of dimensions: an odd count (here from a key_length of 63 with no
     rope.dimension_count key) cannot be rotated."""
-    data = fuzz_load.set_value(_model("llama"), "llama.attention.key_length", 63)
+    data = gguf_mutations.set_value(_model("llama"), "llama.attention.key_length", 63)
     assert "metadata key llama.rope.dimension_count is 63, expected an even number in " \
            "[2, attention.key_length = 63]" in _error(tmp_path, data, GGUFError)
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
-    data = fuzz_load.set_value(_model("llama"), "type of tensor blk.0.ffn_up.weight", 10)  # Q2_K
+    data = gguf_mutations.set_value(_model("llama"), "type of tensor blk.0.ffn_up.weight", 10)  # Q2_K
     msg = _error(tmp_path, data, UnsupportedError)
     assert "tensor blk.0.ffn_up.weight has type Q2_K, which Brass does not run" in msg, msg
 
@@ -173,7 +174,7 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 @pytest.mark.parametrize("where", ["header", "tokens", "tensor directory", "data", "last byte"])
 def test_truncated_file_is_named(tmp_path, where):
     data = _model("qwen3")
-    lay = fuzz_load.layout(data)
+    lay = gguf_mutations.layout(data)
     cut = {"header": 20, "tokens": lay.keys[-5].pos - 1000, "tensor directory": lay.header_end - 10,
            "data": (lay.header_end + len(data)) // 2, "last byte": len(data) - 1}[where]
     msg = _error(tmp_path, data[:cut], GGUFError)

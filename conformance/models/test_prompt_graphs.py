@@ -488,7 +488,7 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, m
     Each graph's bytes are the blocks it holds, and nothing of its memory is left with the
     backend's memos (escaped)."""
     import cupy
-    from ci.soak import gpu_mb
+    from conformance.harness.soak_measures import gpu_mb
     from brass import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
     m = load_synthetic("synth-qwen3", "cuda")
@@ -533,28 +533,37 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, m
                              f"the device's memory grew {grown / 2**20:.1f} MiB"
 
 
-def test_graph_memory_script_runs(monkeypatch, capsys):
+def test_graph_memory_script_runs():
     """ci/gpu_graph_memory.py (a server's worker under soak-like churn, the prompt graphs'
     memory sampled) runs on the CPU: a few requests on the numpy backend with CUDA's graph
-    interface faked, so that prompt graphs are captured and counted; no verdict without a GPU."""
-    import importlib.util
+    interface faked, so that prompt graphs are captured and counted; no verdict without a GPU.
+    The script runs in a process of its own (the suite imports nothing of ci/), with the fake
+    backend patched in before it starts."""
+    import subprocess
+    import sys
+    import textwrap
     from pathlib import Path
-    from brass import model
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("gpu_graph_memory", root / "ci" / "gpu_graph_memory.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    real = model.Model
+    child = textwrap.dedent("""
+        import runpy
+        import sys
+        from brass import model
+        from conformance.harness.fakes import ReplayingNumpy
+        real = model.Model
 
-    def faked(*args, **kw):
-        m = real(*args, **kw)
-        m.backend = ReplayingNumpy()
-        m.backend.graph_bytes = 1 << 20
-        return m
-    monkeypatch.setattr(model, "Model", faked)
-    rc = script.main([str(root / "golden" / "models" / "synth-qwen3.gguf"), "--backend", "numpy",
-                      "--requests", "8", "--every", "4", "--clients", "3", "--long-share", "0"])
-    out = capsys.readouterr().out
-    assert rc == 2 and "verdict: NONE: 8 requests (0 failed)" in out, out
+        def faked(*args, **kw):
+            m = real(*args, **kw)
+            m.backend = ReplayingNumpy()
+            m.backend.graph_bytes = 1 << 20
+            return m
+        model.Model = faked
+        sys.argv = ["ci/gpu_graph_memory.py", *sys.argv[1:]]
+        runpy.run_path("ci/gpu_graph_memory.py", run_name="__main__")
+    """)
+    r = subprocess.run([sys.executable, "-c", child, str(root / "golden" / "models" / "synth-qwen3.gguf"),
+                        "--backend", "numpy", "--requests", "8", "--every", "4", "--clients", "3",
+                        "--long-share", "0"], cwd=root, capture_output=True, text=True, timeout=600)
+    out = r.stdout
+    assert r.returncode == 2 and "verdict: NONE: 8 requests (0 failed)" in out, out + r.stderr[-2000:]
     end = next(line for line in out.splitlines() if line.endswith("<- end"))
     assert " 8 req " in end and "captured 0" not in end and "graphs 0 " not in end, end

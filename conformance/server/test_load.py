@@ -113,8 +113,7 @@ def test_soak_judges_gpu_memory_only_on_one_kind_of_reading():
     # whole device's: a growth from one kind to the other means nothing, so a run that mixed
     # them fails saying so, and one kind alone is judged against its limit
     import argparse
-    sys.path.insert(0, str(ROOT))
-    from ci import soak
+    from conformance.harness import soak_measures
     args = argparse.Namespace(health_limit=1.0, rss_growth_mb=16.0, gpu_growth_mb=64.0, pid=None, warmup=30.0)
     out = dict(failed=0, completed=5, dropped=1, clients=4, seconds=10, model="m", health_s_with_idle=0.01,
                idle_open_at_health=10, idle_connections=10, idle_open_at_end=10, health_after=True,
@@ -123,15 +122,16 @@ def test_soak_judges_gpu_memory_only_on_one_kind_of_reading():
                gpu_mb_after_warmup=1000.0, gpu_mb_max_after_warmup=1010.0, gpu_mb_last=1010.0)
     for scope, grown, ok in ((["process"], 10.0, True), (["device"], 100.0, False),
                              (["device", "process"], 10.0, False)):
-        ok_got, line = soak.summary(dict(out, gpu_scope=scope, gpu_mb_last=1000.0 + grown), args)
+        ok_got, line = soak_measures.summary(dict(out, gpu_scope=scope, gpu_mb_last=1000.0 + grown), args)
         assert ok_got == ok, (scope, grown, line)
         assert ("cannot be judged" in line) == (len(scope) > 1), line
 
 
 def test_soak_reads_the_servers_prompt_graph_bytes(url):
-    """ci/soak.py's graph_mb: brass serve's brass_prompt_graph_bytes summed (0 on the numpy
-    backend, which captures no graphs); None from a server that reports none or is not there."""
-    from ci.soak import graph_mb
+    """The graph_mb ci/soak.py samples (harness/soak_measures.py): brass serve's
+    brass_prompt_graph_bytes summed (0 on the numpy backend, which captures no graphs); None
+    from a server that reports none or is not there."""
+    from conformance.harness.soak_measures import graph_mb
     base = url[0].removesuffix("/v1")
     assert graph_mb(base, 10) == 0.0
     assert graph_mb(f"http://127.0.0.1:{_free_port()}", 2) is None

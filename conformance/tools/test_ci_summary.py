@@ -1,12 +1,20 @@
 """ci/gpu_summary.py, which turns the GPU runner's junit XML into the summary line the closing
-notes quote and, with --models, the per-model table against llama.cpp's goldens."""
+notes quote and, with --models, the per-model table against llama.cpp's goldens; and
+ci/ncu_stalls.py. Both are run as their users run them, as scripts (the suite imports nothing
+of ci/)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "ci" / script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
 
 XML = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="4">
@@ -24,25 +32,25 @@ XML = """<?xml version="1.0" encoding="utf-8"?>
 """
 
 
-def test_summary_line_and_models_table(tmp_path, capsys):
-    from ci import gpu_summary
+def test_summary_line_and_models_table(tmp_path):
     path = tmp_path / "suite.xml"
     path.write_text(XML)
-    assert gpu_summary.main([str(path)]) == 0
-    out = capsys.readouterr().out.strip().splitlines()
+    r = run("gpu_summary.py", path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.strip().splitlines()
     assert out == ["conformance on GPU: 2 passed, 1 skipped, 1 failed, 0 errors"]
-    assert gpu_summary.main([str(path), "--models"]) == 0
-    out = capsys.readouterr().out
+    r = run("gpu_summary.py", path, "--models")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     row = next(line for line in out.splitlines() if line.startswith("| tiny-cuda"))
     for want in ("cuda", "99/100 (margin > 0.25)", "0.412", "l_out-3#0 2.00e-03", "failed/passed"):
         assert want in row, (want, row)
     assert "test_add" not in out, "kernel cases are not models"
 
 
-def test_ncu_stalls_reads_the_pages_ncu_writes(tmp_path, capsys, monkeypatch):
+def test_ncu_stalls_reads_the_pages_ncu_writes(tmp_path):
     # ci/ncu_stalls.py: the source page starts with a "Kernel Name" line before its header (the
     # first version of the parser took that line for the header and printed nothing)
-    from ci import ncu_stalls
     raw = tmp_path / "raw.csv"
     raw.write_text('"ID","smsp__pcsamp_warps_issue_stalled_long_scoreboard","smsp__pcsamp_warps_issue_stalled_barrier",'
                    '"smsp__pcsamp_warps_issue_stalled_barrier_not_issued"\n"","","",""\n"0","470","125","3"\n')
@@ -53,9 +61,9 @@ def test_ncu_stalls_reads_the_pages_ncu_writes(tmp_path, capsys, monkeypatch):
                     '"0x7f00","IDP.4A.S8.S8 R44, R36, UR5, RZ","196","196","0","0"\n'
                     '"0x7f10","BSSY B0, 0x7f40","87","0","86","9"\n'
                     '"0x7f20","LOP3.LUT R59, R25, 0xf0f0f0f, RZ, 0xc0, !PT","200","198","0","0"\n')
-    monkeypatch.setattr(sys, "argv", ["ncu_stalls.py", str(raw), str(sass), "2"])
-    assert ncu_stalls.main() == 0
-    out = capsys.readouterr().out.splitlines()
+    r = run("ncu_stalls.py", raw, sass, 2)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
     assert out[0] == "stall samples: long_scoreboard 470, barrier 125"
     assert out[1] == "483 samples over 3 instructions; the top 2:"
     assert "LOP3.LUT" in out[2] and "long_sb 198" in out[2] and "IDP.4A" in out[3] and len(out) == 4

@@ -1,4 +1,4 @@
-"""Regression tracking of `pytest perf/ --benchmark` (perf/baseline.py): figures from
+"""Regression tracking of `pytest perf/ --benchmark` (conformance/harness/perf_baseline.py): figures from
 pytest-benchmark's JSON, a baseline written from a results file and read back, the change
 column (positive when better, for rates and for times), new benchmarks marked new."""
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from perf import baseline
+from conformance.harness import perf_baseline
 
 
 def results(rate, seconds):
@@ -20,30 +20,30 @@ def results(rate, seconds):
 
 
 def test_baseline_round_trip_and_changes(tmp_path, monkeypatch):
-    monkeypatch.setattr(baseline, "BASELINES", tmp_path / "baselines")
+    monkeypatch.setattr(perf_baseline, "BASELINES", tmp_path / "baselines")
     src = tmp_path / "run.json"
     src.write_text(json.dumps(results(100.0, 2.0)))
-    path = baseline.write_baseline(src, "NVIDIA H200 (test)")
+    path = perf_baseline.write_baseline(src, "NVIDIA H200 (test)")
     assert path.name == "NVIDIA-H200-test.json"
     base = json.loads(path.read_text())
     assert base["device"] == "NVIDIA H200 (test)" and base["date"] == "2026-11-30"
-    rows = {r[0]: r for r in baseline.compare(results(125.0, 1.0), base)}
+    rows = {r[0]: r for r in perf_baseline.compare(results(125.0, 1.0), base)}
     assert rows["perf/a.py::test_rate"][3] == "+25.0 %"        # faster rate: better
     assert rows["perf/a.py::test_time"][3] == "+100.0 %"       # half the time: better
-    rows = {r[0]: r for r in baseline.compare(results(80.0, 4.0), base)}
+    rows = {r[0]: r for r in perf_baseline.compare(results(80.0, 4.0), base)}
     assert rows["perf/a.py::test_rate"][3] == "-20.0 %" and rows["perf/a.py::test_time"][3] == "-50.0 %"
     new = results(1.0, 1.0)
     new["benchmarks"][0]["fullname"] = "perf/b.py::test_other"
-    assert {r[0]: r[3] for r in baseline.compare(new, base)}["perf/b.py::test_other"] == "new"
+    assert {r[0]: r[3] for r in perf_baseline.compare(new, base)}["perf/b.py::test_other"] == "new"
 
 
 def test_committed_baselines_are_readable():
-    for path in baseline.BASELINES.glob("*.json"):
+    for path in perf_baseline.BASELINES.glob("*.json"):
         b = json.loads(path.read_text())
-        assert baseline.baseline_path(b["device"]).name == path.name, path
+        assert perf_baseline.baseline_path(b["device"]).name == path.name, path
         assert b["commit"] and b["figures"], path
         for name, (unit, value) in b["figures"].items():
-            assert unit in (*baseline.HIGHER_IS_BETTER, "median_s") and value > 0, (path, name)
+            assert unit in (*perf_baseline.HIGHER_IS_BETTER, "median_s") and value > 0, (path, name)
 
 
 def test_benchmark_run_saves_its_figures(tmp_path):
@@ -54,7 +54,7 @@ def test_benchmark_run_saves_its_figures(tmp_path):
     # user's own perf/.results are left alone. Without the xdist worker's environment: under
     # `-n`, pytest-benchmark would take the child for a worker and refuse --benchmark-only.
     root = Path(__file__).resolve().parents[2]
-    saved = tmp_path / "results" / baseline.baseline_path(baseline.device_name()).name
+    saved = tmp_path / "results" / perf_baseline.baseline_path(perf_baseline.device_name()).name
     r = subprocess.run([sys.executable, "-m", "pytest", "perf/test_dequant_speed.py", "--benchmark", "-q",
                         "-p", "no:cacheprovider", "-k", "throughput and Q4_K"],
                        cwd=root, capture_output=True, text=True, timeout=600,
