@@ -1,7 +1,8 @@
 """ci/ stays a toolbox a maintainer can read: files named for what they do (never for the
 session, the plan or the day that wrote them), every one of them called or documented from
 somewhere, its shell scripts parsing, and one GPU-runner entry (ci/gpu.sh) whose `help` lists
-every subcommand it has."""
+every subcommand it has. The ci/ files and the suite's files that CI, perf/ and the docs name
+exist."""
 
 from __future__ import annotations
 
@@ -104,6 +105,20 @@ def test_references_from_tests_ci_and_the_golden_readme_exist():
     missing = sorted({f"{p.relative_to(ROOT)}: ci/{m}" for p in texts
                       for m in re.findall(r"(?<![\w./])ci/([\w.-]+\.(?:py|sh|txt|json))", p.read_text())
                       if not (CI / m).is_file()})
+    assert not missing, missing
+
+
+def test_suite_paths_named_by_ci_and_the_docs_exist():
+    # the test files and harness modules that CI runs (gpu.sh's pytest commands, mutations.py's
+    # test ids), perf's gate and the docs name are where the suite keeps them: a path left
+    # behind by a move would otherwise show only on the GPU runner
+    texts = [ROOT / ".ci" / "run", ROOT / "README.md", ROOT / "golden" / "README.md",
+             *(p for p in CI.iterdir() if p.suffix in (".py", ".sh")), *(ROOT / "perf").glob("*.py"),
+             *(ROOT / "conformance").rglob("*.py"), *(ROOT / "docs").glob("*.md")]
+    named = {(p, m) for p in texts
+             for m in re.findall(r"(?<![\w./])(conformance/[\w/]*\.py)(?![\w/])", p.read_text())}
+    assert len(named) > 20, "the pattern no longer finds the suite's paths"
+    missing = sorted(f"{p.relative_to(ROOT)}: {m}" for p, m in named if not (ROOT / m).is_file())
     assert not missing, missing
 
 
