@@ -1,4 +1,4 @@
-"""llama.cpp's own CUDA-vs-CPU spread per model, the bounds conformance/test_models.py derives
+"""llama.cpp's own CUDA-vs-CPU spread per model, the bounds conformance/models/test_models.py derives
 from it for Brass's CUDA backend against llama.cpp's CUDA goldens (tolerances.py,
 SPREAD_ARGMAX_FACTOR), and, on the CPU, test_models' own CUDA tests run with the numpy backend
 in q8_1 mode in CUDA's place (the CUDA kernels' oracle, kernels/cases.py cuda_reference, whose
@@ -12,7 +12,7 @@ figures against the CUDA goldens are the H200's), with a planted bug if asked:
                                                 # bugs of a chosen size; --numpy: also the numpy
                                                 # backend's tests against the CPU goldens
 
-Models default to those the spread rule applies to (test_models.spread_rule). Each stand-in run
+Models default to those the spread rule applies to (harness.llama_spread.spread_rule). Each stand-in run
 is a pytest process of its own (the stand-in and the bug are patched into it, nothing on disk
 changes); a model's three tests take 5-15 s on one core.
 """
@@ -122,7 +122,7 @@ def _child(plant: str | None, models: list[str], out: str, verbose: bool, backen
         name, x = parse_plant(plant)
         PLANTS[name][1](x)
     import pytest
-    ids = [f"conformance/test_models.py::{t}[{m}-{b}]" for b in backends for m in models for t in TESTS]
+    ids = [f"conformance/models/test_models.py::{t}[{m}-{b}]" for b in backends for m in models for t in TESTS]
     plugin = _Outcomes()
     os.chdir(ROOT)
     code = pytest.main([*ids, "-p", "no:cacheprovider", "-q", *(["-s"] if verbose else [])], plugins=[plugin])
@@ -145,8 +145,8 @@ def standin(plant: str | None, models: list[str], verbose: bool, numpy: bool) ->
 def spread_table(models: list[str]) -> str:
     from tabulate import tabulate
 
-    from conformance import goldens, tolerances
-    from conformance.test_models import llama_spread, spread_rule
+    from conformance.harness import goldens, tolerances
+    from conformance.harness.llama_spread import llama_spread, spread_rule
     rows = []
     for name in models:
         gm = goldens.model(name)
@@ -191,8 +191,8 @@ def main(argv=None) -> int:
     if args.child:
         return _child(args.plant, args.models, args.child, args.verbose, ["cuda", "numpy"] if args.numpy else ["cuda"])
 
-    from conformance import goldens
-    from conformance.test_models import spread_rule
+    from conformance.harness import goldens
+    from conformance.harness.llama_spread import spread_rule
     cuda_set = [m["name"] for m in goldens.manifest("cuda")["models"]]
     print(spread_table(cuda_set))
     models = args.models or [n for n in cuda_set if spread_rule(n, "cuda", "cuda") is not None]

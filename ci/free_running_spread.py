@@ -1,4 +1,4 @@
-"""How far float rounding alone moves conformance/test_kernels_model.py's free-running
+"""How far float rounding alone moves conformance/kernels/test_kernels_model.py's free-running
 comparison (router logits per layer, output logits; every step of the test's tokens), on the
 CPU: the numpy q8_1 reference against itself with every mat-mul output moved by up to 2 float32
 ulps at random (the GPU's other summation order, roughly), over many seeds of the test's random
@@ -21,18 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str]) -> int:
-    from conformance import test_kernels_model as t
     from brass import arch as registry
     from brass.arch.common import Weights
     from brass.config import read_config
     from brass.gguf import GGUFFile
     from brass.kv_cache import KVCache
     from conformance.harness.cases import cuda_reference, nmse
+    from conformance.harness.model_runs import first_parting, forward_traced, steps
 
     name = argv[0]
     n_seeds = int(argv[1]) if len(argv) > 1 else 100
     draws = int(argv[2]) if len(argv) > 2 else 4
-    gf = GGUFFile(t.SYNTH / f"{name}.gguf")
+    gf = GGUFFile(Path(__file__).resolve().parents[1] / "golden" / "models" / f"{name}.gguf")
     arch = registry.get(gf.architecture)
     cfg = arch.configure(read_config(gf, gf.architecture), gf)
     noise = np.random.default_rng(12345)
@@ -48,17 +48,17 @@ def main(argv: list[str]) -> int:
             b.matmul = lambda x, w: moved(mm(x, w))
             b.matmul_id = lambda x, w, ids: moved(mid(x, w, ids))
         w, cache = Weights(b, gf), KVCache(b, cfg, 32)
-        return [t.forward_traced(b, w, cfg, arch, cache, ids, pos) for ids, pos in tokens]
+        return [forward_traced(b, w, cfg, arch, cache, ids, pos) for ids, pos in tokens]
 
     worst, where, over1, over3, runs = 0.0, None, 0, 0, 0
     for seed in range(n_seeds):
-        tokens = t.steps(np.random.default_rng(seed), cfg.n_vocab)
+        tokens = steps(np.random.default_rng(seed), cfg.n_vocab)
         clean = run(tokens, False)
         for _ in range(draws):
             moved = run(tokens, True)
             m = 0.0
             for i, ((got, gn), (want, wn)) in enumerate(zip(moved, clean)):
-                part = t.first_parting(cfg, gn, wn)
+                part = first_parting(cfg, gn, wn)
                 rows = len(want) if part is None else part[0]
                 errs = [(nmse(gn[k][:rows + (part is not None)], wn[k][:rows + (part is not None)]), k)
                         for k in wn if k.startswith("ffn_moe_logits-")] if rows or part else []

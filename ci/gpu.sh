@@ -96,8 +96,8 @@ sub_suite() {     # [--bg | --wait [T]] [PYTEST ARGS]
 sub_kernels() {     # [PYTEST ARGS]
     # the CUDA kernel tests alone, with the NMSE (or other figure) each case recorded
     gpu_name
-    guarded 590 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py \
-        conformance/test_kernels_plumbing.py -q -rfEs -p no:cacheprovider -o junit_family=xunit1 \
+    guarded 590 python3 -m pytest conformance/kernels/test_kernels.py conformance/kernels/test_kernels_model.py \
+        conformance/kernels/test_kernels_plumbing.py -q -rfEs -p no:cacheprovider -o junit_family=xunit1 \
         --junitxml="$out/kernels.xml" "$@" > "$out/kernels.log" 2>&1
     local rc=$?
     grep -E "^(FAILED|ERROR)|Error|error:|assert" "$out/kernels.log" | head -40
@@ -113,7 +113,7 @@ sub_models() {
     local names
     names=$(python3 -c "from brass import catalog; print(' or '.join(catalog.CATALOG))")
     echo "cache $BRASS_CACHE: $(ls "$BRASS_CACHE/models" 2> /dev/null | tr '\n' ' ')"
-    guarded 590 python3 -m pytest conformance/test_models.py -q -rs -p no:cacheprovider -k "cuda and ($names)" \
+    guarded 590 python3 -m pytest conformance/models/test_models.py -q -rs -p no:cacheprovider -k "cuda and ($names)" \
         -o junit_family=xunit1 --junitxml="$out/models.xml" > "$out/models.log" 2>&1
     echo "pytest exit $?"
     grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/models.log" | tail -12
@@ -127,7 +127,7 @@ sub_mmq() {
     local rc=0
     echo "== 1. MMQ kernels against the mat-vec and the numpy q8_1 reference"
     # shellcheck disable=SC2046
-    guarded 100 python3 -m pytest conformance/test_kernels_mmq.py -q -rfEs $(xdist_workers 4) -p no:cacheprovider \
+    guarded 100 python3 -m pytest conformance/kernels/test_kernels_mmq.py -q -rfEs $(xdist_workers 4) -p no:cacheprovider \
         -o junit_family=xunit1 --junitxml="$out/mmq.xml" > "$out/mmq.log" 2>&1 || rc=1
     grep -E "^(FAILED|ERROR)|NMSE .* exceeds|never written" "$out/mmq.log" | head -30
     tail -2 "$out/mmq.log"
@@ -135,7 +135,7 @@ sub_mmq() {
 
     echo "== 2. BRASS_MMQ=1: test_kernels.py mat-muls, test_kernels_model.py"
     # shellcheck disable=SC2046
-    BRASS_MMQ=1 guarded 180 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py \
+    BRASS_MMQ=1 guarded 180 python3 -m pytest conformance/kernels/test_kernels.py conformance/kernels/test_kernels_model.py \
         -k "matmul or model" -q -rfEs $(xdist_workers 4) -p no:cacheprovider > "$out/mmq-model.log" 2>&1 || rc=1
     grep -E "^(FAILED|ERROR)|exceeds" "$out/mmq-model.log" | head -30
     tail -2 "$out/mmq-model.log"
@@ -144,7 +144,7 @@ sub_mmq() {
     guarded 240 python3 ci/gpu_mmq_bench.py 2>&1 | tee "$out/mmq-bench.log" | grep -v "^WARNING" || rc=1
 
     echo "== 4. BRASS_MMQ=1: teacher-forced real models (--runxfail), cache $BRASS_CACHE"
-    BRASS_MMQ=1 guarded 300 python3 -m pytest conformance/test_models.py -k "teacher_forced and cuda" --runxfail \
+    BRASS_MMQ=1 guarded 300 python3 -m pytest conformance/models/test_models.py -k "teacher_forced and cuda" --runxfail \
         -q -rfEs -p no:cacheprovider > "$out/mmq-models.log" 2>&1
     echo "teacher-forced exit $?"
     grep -E "^(FAILED|ERROR|PASSED|SKIPPED)|passed|failed|skipped|margin" "$out/mmq-models.log" | head -30
@@ -159,7 +159,7 @@ sub_mutations() {
     # a run cut short (a timeout) must not leave a planted bug behind for what runs next
     trap 'for f in kernels/*.orig; do [ -e "$f" ] && mv "$f" "${f%.orig}"; done' EXIT INT TERM
     mutate() {   # name, file, sed expression, pytest -k selection[, test file (test_kernels.py)]
-        local name=$1 file=$2 expr=$3 sel=$4 tests=${5:-conformance/test_kernels.py}
+        local name=$1 file=$2 expr=$3 sel=$4 tests=${5:-conformance/kernels/test_kernels.py}
         cp "$file" "$file.orig"
         sed -i "$expr" "$file"
         if cmp -s "$file" "$file.orig"; then
@@ -191,7 +191,7 @@ sub_mutations() {
         "gated_delta_net"
     mutate delta-chunked-grouped-heads kernels/delta_chunked.cu \
         's|hk = h % Hk;|hk = h / (Hv / Hk);|' \
-        "chunked_kernel and not cpu" conformance/test_kernels_delta_chunked.py
+        "chunked_kernel and not cpu" conformance/kernels/test_kernels_delta_chunked.py
     # The causal conv1d carries a window shifted by one token (the prompt's own outputs are right).
     mutate conv-window-shifted kernels/ssm.cu \
         's|const float v = X_ROW(p.n_tokens + j);|const float v = X_ROW(p.n_tokens + j - 1);|' \
@@ -233,7 +233,7 @@ sub_side_by_side() {     # [SHAPES]
     # llama-bench -p 512 -n 128 -fa 1 -ngl 99 -r REPS, then brass bench with the same lengths and
     # repetitions, then one table (ci/side_by_side_table.py): both engines' pp512 and tg128, the
     # ratios, Brass's share of the decode bandwidth ceiling. SHAPES are names of
-    # ci/shape_models.py. DROP=1 deletes each file once both engines have read it (its decode bytes
+    # conformance/harness/shape_models.py. DROP=1 deletes each file once both engines have read it (its decode bytes
     # per token are kept for the table): the runner's disk does not hold every shape at once.
     # RECIPE=mxfp4-moe writes the MoE shapes with MXFP4 experts (a file of another recipe is
     # rewritten).
@@ -247,7 +247,7 @@ sub_side_by_side() {     # [SHAPES]
 import sys
 from pathlib import Path
 from brass.gguf import GGUFFile
-from ci.shape_models import is_real
+from conformance.harness.shape_models import is_real
 # a file left by a run with --layers / --vocab / --experts is not the real shape; nor one of
 # another recipe (general.file_type: 38 = MXFP4_MOE)
 path, name, recipe = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -256,7 +256,7 @@ sys.exit(0 if is_real(path, name) and mx == (recipe == "mxfp4-moe") else 1)
 PY
         if [ ! -f "$dir/$name.gguf" ]; then
             local start=$SECONDS
-            python3 ci/shape_models.py "$name" "$dir" --recipe "$recipe" || return 1
+            python3 conformance/harness/shape_models.py "$name" "$dir" --recipe "$recipe" || return 1
             echo "$name: written in $((SECONDS - start)) s"
         fi
         if [ -n "$bench" ]; then

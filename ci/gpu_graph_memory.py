@@ -25,7 +25,7 @@ PASS when the graphs held at most their budget (BRASS_PROMPT_GRAPHS_MB) at every
 (memory a dropped graph keeps shows there), no request failing; the device's growth over the
 same span is printed beside the budget.
 
-    python3 ci/shape_models.py qwen3-0.6b /tmp/models
+    python3 conformance/harness/shape_models.py qwen3-0.6b /tmp/models
     python3 ci/gpu_graph_memory.py /tmp/models/qwen3-0.6b.gguf     # 60 s of requests, then the end
     python3 ci/gpu_graph_memory.py golden/models/synth-qwen3.gguf --backend numpy \\
         --requests 12 --every 4 --clients 4                              # a smoke run on the CPU
@@ -123,7 +123,7 @@ def line(s) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="a GGUF file (ci/shape_models.py writes shape-true ones)")
+    ap.add_argument("model", help="a GGUF file (conformance/harness/shape_models.py writes shape-true ones)")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--parallel", type=int, default=16, help="the worker's sessions (brass serve --parallel)")
     ap.add_argument("--clients", type=int, default=16)

@@ -15,7 +15,7 @@
 # t: seconds since brass_env. left N: the seconds until t = N (a call's limit is 600).
 # guarded N CMD...: CMD under `timeout` until t = N, or a line saying it was skipped (GNU timeout
 #   takes 0 as no limit and refuses a negative one).
-# shape NAME: the shape-true file $dir/NAME.gguf (ci/shape_models.py), written if missing.
+# shape NAME: the shape-true file $dir/NAME.gguf (conformance/harness/shape_models.py), written if missing.
 # run_suite [PYTEST ARGS]: the conformance suite, its junit XML, summary line and models table
 #   in $out. suite_report DIR: a finished suite's failures and summary line.
 # llama_env: $bin, $server (where the build puts llama-server and llama-bench) and the library
@@ -64,7 +64,7 @@ guarded() {
 
 shape() {
     mkdir -p "$dir"
-    [ -f "$dir/$1.gguf" ] || python3 ci/shape_models.py "$1" "$dir" > /dev/null
+    [ -f "$dir/$1.gguf" ] || python3 conformance/harness/shape_models.py "$1" "$dir" > /dev/null
 }
 
 gpu_name() {

@@ -7,7 +7,7 @@ MV_PRELOAD_EARLY, or any other #ifndef default of kernels/matvec.cuh given as NA
 2. the mat-vecs alone, timed as ci/gpu_speed.py times them (the backend's own launches: 20 per
    graph, programmatic dependent launch, weights rotated past L2), in GB/s and as a share of
    the device copy rate, and every output compared bit for bit with the first variant's;
-3. with --shapes: tg128 of shape-true models (ci/shape_models.py) with each variant, the
+3. with --shapes: tg128 of shape-true models (conformance/harness/shape_models.py) with each variant, the
    variants alternated --rounds times on one loaded model (the backend's matvec_q.cu module
    swapped between them, a new session each: its decode graph captured with that module), and
    64 greedy tokens compared with the first variant's.
@@ -174,7 +174,7 @@ def main(argv=None):
 
     if args.shapes:
         import brass
-        from ci import shape_models
+        from conformance.harness import shape_models
         from brass.bench import bench
         for shape in args.shapes.split(","):
             path = args.dir / f"{shape}.gguf"

@@ -8,7 +8,7 @@
    kernel reading those bytes once in the same harness (a streaming read of the same number of
    bytes, 16 per load, the same graph of 20 calls and rotation; the best of a few grid shapes):
    what the launch, the ramp-up and the tail of a call of that size leave of the copy rate;
-3. with --models: shape-true models (ci/shape_models.py) written to --dir, then
+3. with --models: shape-true models (conformance/harness/shape_models.py) written to --dir, then
    brass bench on each (pp512 / tg128 and the kernels per decode token).
 
     python3 ci/gpu_speed.py [--models qwen3-0.6b,qwen3-8b] [--dir /tmp/shapes] [--json OUT]
@@ -131,7 +131,7 @@ def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="", help="comma-separated shape names (ci/shape_models.py)")
+    ap.add_argument("--models", default="", help="comma-separated shape names (conformance/harness/shape_models.py)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/brass-shapes"))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-kernels", action="store_true")
@@ -169,7 +169,7 @@ def main(argv=None):
     if args.models:
         import brass
         from brass.bench import bench
-        from ci import shape_models
+        from conformance.harness import shape_models
         results = []
         for name in args.models.split(","):
             path = args.dir / f"{name}.gguf"

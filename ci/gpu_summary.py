@@ -1,6 +1,6 @@
 """Summarise a pytest junit XML: one line of counts (passed / skipped / failed / errors), with
 --table what each kernel case recorded (its `nmse` or `measured` junit property), and with
---models the whole models against llama.cpp's goldens (conformance/test_models.py: teacher-forced
+--models the whole models against llama.cpp's goldens (conformance/models/test_models.py: teacher-forced
 argmax agreement, worst top-1 logit difference and top-16 NMSE, the worst activation node)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ down Q6_K 2048 x 768), routing uniform at random (8 distinct experts per token),
 prompt mat-mul (mmq_q4_k, the Qwen3-8B shape's 12288 x 4096 at 512 tokens: BRASS_MMQ=1's
 kernel, against which ci/gpu_mmq_bench.py times the float16 GEMM). Every
 variant's output must equal the default's bit for bit (each output is one column's own sum
-in K order, whatever the tile: conformance/test_kernels_mmq.py checks the same on the CPU); a
+in K order, whatever the tile: conformance/kernels/test_kernels_mmq.py checks the same on the CPU); a
 variant that differs is reported and never chosen.
 
     python3 ci/gpu_tune_mmq.py [--apply] [--only NAME]

@@ -1,6 +1,6 @@
 """The numpy backend in q8_1 mode (the CUDA kernels' oracle, kernels/cases.py cuda_reference)
-against llama.cpp's CPU goldens: the figures conformance/tolerances.py Q8_1_ORACLE holds for
-the models CUDA is held to the CPU set on, measured the way conformance/test_models.py
+against llama.cpp's CPU goldens: the figures conformance/harness/tolerances.py Q8_1_ORACLE holds for
+the models CUDA is held to the CPU set on, measured the way conformance/models/test_models.py
 compares (the same nodes, clear positions and near-tie rule), so that those figures can be
 re-made rather than pasted.
 
@@ -28,13 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance import goldens, tolerances  # noqa: E402
+from conformance.harness import goldens, tolerances  # noqa: E402
 from brass.llamacpp import brass_tap  # noqa: E402
 from brass.model import Model  # noqa: E402
 
 
 def nmse(ours: np.ndarray, ref: np.ndarray) -> float:
-    # as conformance/test_models.py
+    # as conformance/models/test_models.py
     return float(((ours.astype(np.float64) - ref) ** 2).sum() / max((ref.astype(np.float64) ** 2).sum(), 1e-30))
 
 

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ci import synth_models, tokenizer_corpus, tokenizer_strings  # noqa: E402
+from ci import tokenizer_corpus, tokenizer_strings  # noqa: E402
+from conformance.harness import synth_models  # noqa: E402
 from brass import catalog, llamacpp  # noqa: E402
 from brass.diff import nmse  # noqa: E402
 from brass.gguf import GGUFFile  # noqa: E402
@@ -393,8 +394,8 @@ def build_manifest(out: Path) -> dict:
         else:
             cfg = synth_models.MODELS[name]
             entry.update(description=cfg["description"], sha256=sha256(path), size=path.stat().st_size,
-                         source={"file": f"models/{name}.gguf", "script": "ci/synth_models.py",
-                                 "seed": cfg["seed"], "corpus": "ci/synth_corpus.txt",
+                         source={"file": f"models/{name}.gguf", "script": "conformance/harness/synth_models.py",
+                                 "seed": cfg["seed"], "corpus": "conformance/harness/synth_corpus.txt",
                                  "quantized_by": "llama_model_quantize (pure, per-tensor overrides)"})
         entry["types"] = facts["types"]
         entry["prompts"] = {"file": f"prompts/{name}.json", "count": len(prompts),

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import brass
-    from conformance import goldens
+    from conformance.harness import goldens
     from brass import quants
 
     m = brass.load(args.model, backend="numpy", act_mode="q8_1", quiet=True)

@@ -5,7 +5,7 @@ The 242 strings of ci/tokenizer_strings.py aim at the tokenizers' branches; they
 exercise the merge tables (swapping the ranks of two adjacent BPE merges went unnoticed by
 them). This corpus is drawn from real text, so that the merges a real text meets are met here.
 ci/record_goldens.py records llama.cpp's ids of every string for every tokenizer
-(golden/tokenizer/corpus/, add_special and parse_special off); conformance/test_tokenizer.py
+(golden/tokenizer/corpus/, add_special and parse_special off); conformance/tokenizer/test_tokenizer.py
 compares Brass with them.
 
 The selection is committed (ci/tokenizer_corpus.json) and is all CI reads. It was drawn by this
@@ -179,7 +179,9 @@ def build(llama_cpp: Path, locale: Path) -> dict:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for name, patterns, kind, n in PYTHON_STDLIB:
         groups.append({"source": name, "texts": _from_files(stdlib, name, patterns, kind, n, rng)})
-    synth = _paragraphs(_read(ROOT / "ci" / "synth_corpus.txt"))
+    # read beside conformance/harness/synth_models.py; labelled "ci/synth_corpus.txt" (here and
+    # in SOURCES), where it was when the committed corpus was drawn: a re-draw gives its bytes
+    synth = _paragraphs(_read(ROOT / "conformance" / "harness" / "synth_corpus.txt"))
     groups.append({"source": "ci/synth_corpus.txt", "texts": [_cut_prose(p, rng) for p in synth]})
     seen: set[str] = set()
     for g in groups:                # each string once, in its first group; none empty

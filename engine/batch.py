@@ -60,7 +60,7 @@ AHEAD = os.environ.get("BRASS_BATCH_AHEAD", "1") not in ("", "0")
 # What a scheduler does with the step run ahead when the batch changes (a request leaves or
 # joins): 1 reads its tokens for the rows that stay (FINISH_RUN), 0 drops the step (each
 # session goes back one position and the step is computed again in the next run); its tokens
-# are the same either way (conformance/test_serving.py). Measured on the H200 (2026-12-03,
+# are the same either way (conformance/server/test_serving.py). Measured on the H200 (2026-12-03,
 # ci/gpu_serving.sh, Qwen3-8B shape, 16 streaming clients x 6 requests of 128 tokens, one call):
 # 1,018 / 1,013 tok/s kept against 970 / 942 dropped (~90 runs ended either way); at 4 clients
 # 481 / 466 against 476 / 454.

@@ -5,7 +5,7 @@ numpy backend's `gated_delta_net` does the same (its goldens are recorded that w
 cannot afford that loop for a 512-token prompt: this is the chunked form (Yang et al., "Gated
 Delta Networks", 2024; llama.cpp's unused build_delta_net_chunking) that a tensor-core prefill
 kernel computes, written out in numpy as that kernel's twin and checked against the
-sequential op (conformance/test_delta_net.py).
+sequential op (conformance/models/test_delta_net.py).
 
 Within a chunk of n tokens starting from state S (Dk × Dv), with γ_t the cumulative sum of the
 log-decays g and Γ_t = exp(γ_t):

@@ -25,7 +25,7 @@ DEFAULT_PROMPT = ("The history of the printing press begins in the fifteenth cen
 DEFAULT_N_GEN = 16
 
 # NMSE bounds (layer 0, any later layer) by (Brass backend, llama.cpp backend). Reasons, from
-# the conformance suite's measurements on real models (conformance/tolerances.py):
+# the conformance suite's measurements on real models (conformance/harness/tolerances.py):
 # - numpy vs llama.cpp CPU: numpy rounds activations where llama.cpp's CPU path does; layer 0
 #   agrees to ~1e-5 (an occasional Q8 rounding flip), deep layers reach 8.5e-3 (gemma3's
 #   post-norms amplify) → 1e-4 and 2e-2.

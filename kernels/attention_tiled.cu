@@ -51,7 +51,7 @@
 //
 // Needs sm_80 (cp.async, f16 mma with float32 accumulation; ldmatrix is sm_75). Kernels
 // attention_tiled_<D>_<DV>; head dims it lacks keep attention.cu (engine/backends/cuda/
-// attention_tiled.py says which). ci/attn_host.py runs this source on the CPU.
+// attention_tiled.py says which). conformance/harness/attn_host.py runs this source on the CPU.
 #include "common.cuh"
 #include "params.cuh"
 
@@ -62,7 +62,7 @@
 #define ATTN_TILED_SMEM(D, DV) ATTN_TILED_MAX(2 * (ATTN_TILED_BQ * (D) + 2 * ATTN_TILED_BK(D, DV) * ((D) + (DV))), \
                                               4 * ATTN_TILED_BQ * ((DV) + 8))
 
-// ---- the only inline PTX of this file (ci/attn_host.py replaces each statement) ---------------
+// ---- the only inline PTX of this file (conformance/harness/attn_host.py replaces each statement) --
 
 // The shared-window address of a generic pointer into shared memory (what ldmatrix and
 // cp.async take).

@@ -23,7 +23,7 @@ typedef unsigned long long u64;
 // one to complete before it touches memory). Nothing before PDL_ENTRY may read or write memory
 // another kernel writes: only the weights, which no kernel writes, may be prefetched there
 // (prefetch_l2_span). Without the launch attribute (eager launches, other GPUs) the wait
-// returns at once. conformance/test_kernels_plumbing.py checks every kernel begins this way.
+// returns at once. conformance/kernels/test_kernels_plumbing.py checks every kernel begins this way.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_ENTRY() do { asm volatile("griddepcontrol.wait;" ::: "memory");                  \
                          asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); } while (0)
@@ -265,7 +265,7 @@ __device__ __forceinline__ float rope_angle_ff(const int pos, const int i, const
 // `cache` (F16), either may be null. `row` is head_dim floats of shared memory, `partial` one
 // double per warp. fused.cu's rope_store calls it; attention.cu's rope_attention does the same
 // operations for a query and a key head side by side (and must keep giving the same bits:
-// conformance/test_kernels_attention_rowwise.py). Every thread of the block must call it.
+// conformance/kernels/test_kernels_attention_rowwise.py). Every thread of the block must call it.
 template <int THREADS>
 __device__ __forceinline__ void norm_rope_head(const float * src, const float * nw, const bool norm, const int D,
                                                const int n_rot, const bool neox, const float theta_scale,

@@ -420,7 +420,7 @@ __device__ __forceinline__ void mmq_unpack_loaded(const MmqRaw<TYPE> & raw, cons
 }
 
 // MMQ_X_ASYNC: 16 bytes from global to shared memory without a register (sm_80's cp.async;
-// .cg: through L2 only, as the tile's other global data); the CPU build (ci/mmq_host.py)
+// .cg: through L2 only, as the tile's other global data); the CPU build (conformance/harness/mmq_host.py)
 // copies at once, where the wait is then nothing.
 __device__ __forceinline__ void mmq_cp_async16(void * smem, const void * gmem) {
 #if defined(__CUDA_ARCH__)
@@ -714,7 +714,7 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
 //    two tokens;
 // 24 wavefronts per block and warp. The float arithmetic is mmq_block_value's on the same
 // values in the same order: the results equal mmq_tile's bit for bit (the CPU test of every
-// variant, conformance/test_kernels_mmq.py, and ci/gpu_tune_mmq.py on the GPU check it).
+// variant, conformance/kernels/test_kernels_mmq.py, and ci/gpu_tune_mmq.py on the GPU check it).
 // One of the two goes once the GPU has timed them.
 
 // (a, b) or, for Q6_K, (a, its two int8 scales as an int's bits).

@@ -1,5 +1,5 @@
 // Parameter structs: every kernel takes its buffers first and one of these by value last.
-// kernels/params.py describes the same structs for the host; conformance/test_nvrtc_compile.py
+// kernels/params.py describes the same structs for the host; conformance/kernels/test_nvrtc_compile.py
 // checks that the two layouts agree field by field.
 #pragma once
 

@@ -34,7 +34,7 @@ def pytest_configure(config):
         # Every run keeps its figures (regression tracking): perf/.results/<device>.json
         # unless --benchmark-json names another file.
         if not getattr(config.option, "benchmark_json", None):
-            from perf.baseline import baseline_path, device_name
+            from conformance.harness.perf_baseline import baseline_path, device_name
             RESULTS.mkdir(parents=True, exist_ok=True)
             config.option.benchmark_json = _json_option(RESULTS / baseline_path(device_name()).name)
 
@@ -60,7 +60,7 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(tabulate(rows, headers=["benchmark", "median ms", "figures"]))
         # Against the committed baseline of this device, when there is one.
         import json
-        from perf.baseline import baseline_path, compare, device_name
+        from conformance.harness.perf_baseline import baseline_path, compare, device_name
         path = baseline_path(device_name())
         results = {"benchmarks": [{"fullname": b.fullname, "name": b.name, "extra_info": b.extra_info,
                                    "stats": {"median": b.stats.median}}
@@ -79,7 +79,7 @@ def conformance_gate():
         key = (model, backend)
         if key not in _gate:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "conformance/test_models.py", "-k", f"{model} and {backend}"]
+                   "conformance/models/test_models.py", "-k", f"{model} and {backend}"]
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ.copy())
             _gate[key] = (r.returncode == 0, r.stdout.strip().splitlines()[-1:] or ["no output"])
         ok, tail = _gate[key]

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: list[str]) -> int:
     import cupy
-    from ci.delta_host import random_case
+    from conformance.harness.delta_host import random_case
     from brass.backends.cuda import CudaBackend
     from brass.backends.cuda import backend as cb
     from conformance.harness.cases import nmse

@@ -1,4 +1,4 @@
-"""`brass bench` on shape-true models (ci/shape_models.py) on the GPU: prompt (pp512) and
+"""`brass bench` on shape-true models (conformance/harness/shape_models.py) on the GPU: prompt (pp512) and
 generation (tg128) tokens per second, the figures llama.cpp's are compared with
 (ci/gpu.sh side-by-side), kept per run and compared with the device's baseline (perf/baseline.py).
 
@@ -28,7 +28,7 @@ _gate: dict = {}
 def cuda_conformance_passed() -> tuple[bool, str]:
     if "ok" not in _gate:
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "conformance/test_kernels_model.py", "conformance/test_decode_graph.py"],
+                            "conformance/kernels/test_kernels_model.py", "conformance/models/test_decode_graph.py"],
                            cwd=ROOT, capture_output=True, text=True)
         _gate["ok"] = (r.returncode == 0, (r.stdout.strip().splitlines() or ["no output"])[-1])
     return _gate["ok"]
@@ -42,7 +42,7 @@ def test_bench_shape(benchmark, shape):
     sys.path.insert(0, str(ROOT))
     import cupy
     import brass
-    from ci import shape_models
+    from conformance.harness import shape_models
     from brass.bench import bench
     folder = Path(os.environ.get("BRASS_TEST_SHAPES", "/tmp/brass-shapes"))
     path = folder / f"{shape}.gguf"

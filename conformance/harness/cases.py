@@ -81,7 +81,7 @@ F16_INPUT_ROUNDED = 2.5e-7
 # the down weights by a whole quant step. Measured 1.3e-10 to 2.1e-10 on the H200; 1e-8 is
 # fifty times that, while one wrong expert or weight row gives more than 1e-4.
 REQUANTIZED = 1e-8
-# The bound each backend op is held to (conformance/test_kernels_model.py checks every op of
+# The bound each backend op is held to (conformance/kernels/test_kernels_model.py checks every op of
 # whole models against these, on the models' own activations).
 # A fused op is held to the bound of the composition it replaces (engine/backends/base.py):
 # add_rms_norm (and moe_norms) as the norm; rope_store as rope (its cache writes are F16 roundings of the

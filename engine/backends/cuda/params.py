@@ -3,7 +3,7 @@
 Every kernel takes its buffers first and one struct by value last; CuPy passes a one-element
 numpy array by value (its bytes become the argument), so the structured dtype must match the
 C layout byte for byte.
-Parsing the header keeps one definition; conformance/test_nvrtc_compile.py proves with NVRTC
+Parsing the header keeps one definition; conformance/kernels/test_nvrtc_compile.py proves with NVRTC
 (sizeof/offsetof static_asserts) that the layouts agree.
 """
 

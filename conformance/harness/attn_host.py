@@ -1,0 +1,439 @@
+"""kernels/attention_tiled.cu run on the CPU, for machines without a GPU (CI, development).
+
+As mmq_host.py and delta_host.py do for their kernels: the kernel source itself (with
+its headers) is compiled by g++ against the same shim of CUDA device code (every CUDA thread
+of a block a std::thread, __shared__ variables function statics, one block at a time,
+__syncthreads a barrier of the block's threads). The statements that are not plain C++ are
+replaced textually, each found exactly once or the build refuses:
+
+- the dynamic shared memory declaration becomes a host buffer filled with 0xFF bytes (NaN as
+  F16 and as float32) before each block, so a read of shared memory the block never wrote
+  shows in the result; a shared address (cvta.to.shared) is the offset into that buffer;
+- cp.async copies its 16 bytes at once (commit and wait are no-ops: the copy has landed
+  before the barrier that follows, as the real wait guarantees);
+- ldmatrix .x4 (.trans) and mma.m16n8k16 .f16 become warp-collective emulations, written
+  from the PTX ISA's documented fragment layouts (not from the kernel's comments):
+    ldmatrix m8n8 .b16: lanes 8i..8i+7 give the row addresses of matrix i (16-byte aligned
+      rows of 8 halves); lane l receives in register i row l/4, columns 2(l%4), 2(l%4)+1 of
+      matrix i; with .trans row 2(l%4) and 2(l%4)+1 of column l/4 (the first in the low half);
+    mma.m16n8k16.row.col.f32.f16.f16.f32, g = l/4, t = l%4, halves packed low index first:
+      a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+      b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g];
+      c0, c1 = C[g][2t], C[g][2t+1]; c2, c3 = C[g+8][2t], C[g+8][2t+1].
+    The products of two halves are exact in float32; the emulation adds the 16 of an output
+    in k order onto the accumulator in float32 (the hardware's order and internal width are
+    unspecified: the bound allows for float32 reordering);
+- __shfl_xor_sync (the quad max, quantize_warp_q8_1's reductions) exchanges through the
+  same per-warp slots; __launch_bounds__ takes two arguments here (the shim's takes one).
+Each collective call publishes the lane's words into one of two slot arrays (alternating per
+call), meets its warp at a barrier of 32 threads, and reads its partners' words: a lane can
+only overwrite a slot array two calls later, after every lane of the warp has passed the
+barrier of the call in between, so one barrier per call suffices. Half <-> float conversions
+are host functions, round to nearest even with subnormals (checked against numpy by
+conformance/kernels/test_kernels_attention_tiled.py).
+
+What this cannot check: that the hardware uses those layouts (the PTX ISA says so), timing,
+bank conflicts, the asynchrony of cp.async (a missing wait passes here), FMA contraction, the
+GPU's shared memory limits. It does check the tiling, the swizzled addressing, the tile and
+mask edges, the grouped head index, both passes and the normalisation, the fragment
+reuse of the logits as P, the output staging and the Q8_1 blocks, against the numpy reference.
+
+    python3 conformance/harness/attn_host.py [seed]      # a few shapes; exit 1 on a failure
+conformance/kernels/test_kernels_attention_tiled.py uses it (skips without g++).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from conformance.harness.mmq_host import HOST_HALF, HOST_WARP_SYNC, SHIM, compile_host, host_headers, q8_1_blocks  # noqa: E402
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+SOURCE = "attention_tiled.cu"
+HEADERS = ("common.cuh", "params.cuh")
+BQ = 64                     # queries per block (ATTN_TILED_BQ)
+
+# (statement pattern, replacement): every inline PTX statement of attention_tiled.cu
+_REPLACE = (
+    (r'extern __shared__ __align__\(16\) u8 attn_smem\[\];', "u8 * const attn_smem = host_smem;"),
+    (r'asm\("\{ \.reg \.u64 t; cvta\.to\.shared\.u64.*?\);', "a = (u32) ((const u8 *) p - host_smem);"),
+    (r'asm volatile\("cp\.async\.cg\.shared\.global.*?\);', "memcpy(host_smem + dst, src, 16);"),
+    (r'asm volatile\("cp\.async\.commit_group;".*?\);', "(void) 0;"),
+    (r'asm volatile\("cp\.async\.wait_group %0;".*?\);', "(void) 0;"),
+    (r'asm volatile\("ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16.*?\);', "host_ldmatrix_x4(r, addr, false);"),
+    (r'asm volatile\("ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16.*?\);', "host_ldmatrix_x4(r, addr, true);"),
+    (r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32.*?\);', "host_mma_f16(d, a, b0, b1);"),
+)
+
+HARNESS = r"""#include "shim.h"
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#include <cstdio>
+#include <limits>
+unsigned char * host_smem;
+static size_t host_smem_size;
+void host_ldmatrix_x4(unsigned (&r)[4], unsigned addr, bool trans);
+void host_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
+#include "attn_host.cu"
+
+thread_local uint3h threadIdx;
+uint3h blockIdx, blockDim, gridDim;
+static std::barrier<> * block_bar;
+static std::barrier<> * warp_bar[ATTN_TILED_THREADS / 32];
+struct Slot { unsigned w[6]; };
+static Slot xch[2][ATTN_TILED_THREADS];
+static thread_local unsigned xseq;
+void __syncthreads() { block_bar->arrive_and_wait(); }
+
+// One warp-collective call: publish this lane's words, meet the warp; the warp's 32 slots.
+static const Slot * publish(const unsigned * w, int n) {
+    const unsigned i = threadIdx.x;
+    Slot * s = xch[xseq++ & 1];
+    for (int k = 0; k < n; ++k) s[i].w[k] = w[k];
+    warp_bar[i / 32]->arrive_and_wait();
+    return s + (i / 32) * 32;
+}
+
+HOST_HALF
+
+float host_shfl_xor(float v, int o) {
+    unsigned w; memcpy(&w, &v, 4);
+    const Slot * s = publish(&w, 1);
+    const unsigned r = s[(threadIdx.x % 32) ^ (unsigned) o].w[0];
+    float f; memcpy(&f, &r, 4);
+    return f;
+}
+
+double host_shfl_xor_d(double, int) { abort(); }
+
+static unsigned short smem_half(unsigned off) {
+    if (off + 2 > host_smem_size) { fprintf(stderr, "ldmatrix: shared offset %u out of range\n", off); abort(); }
+    unsigned short h; memcpy(&h, host_smem + off, 2);
+    return h;
+}
+
+void host_ldmatrix_x4(unsigned (&r)[4], unsigned addr, bool trans) {
+    if (addr % 16) { fprintf(stderr, "ldmatrix: row address %u is not 16-byte aligned\n", addr); abort(); }
+    const Slot * s = publish(&addr, 1);
+    const unsigned l = threadIdx.x % 32;
+    for (int i = 0; i < 4; ++i) {
+        if (!trans) {
+            const unsigned row = s[8 * i + l / 4].w[0] + 4 * (l % 4);
+            r[i] = smem_half(row) | ((unsigned) smem_half(row + 2) << 16);
+        } else {
+            const unsigned lo = s[8 * i + 2 * (l % 4)].w[0], hi = s[8 * i + 2 * (l % 4) + 1].w[0];
+            r[i] = smem_half(lo + 2 * (l / 4)) | ((unsigned) smem_half(hi + 2 * (l / 4)) << 16);
+        }
+    }
+}
+
+static float frag_half(const Slot * s, int lane, int reg, int k) {
+    return host_h2f((unsigned short) (s[lane].w[reg] >> (16 * (k % 2))));
+}
+
+void host_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned w[6] = {a[0], a[1], a[2], a[3], b0, b1};
+    const Slot * s = publish(w, 6);
+    const int l = threadIdx.x % 32, g = l / 4, t = l % 4;
+    for (int c = 0; c < 4; ++c) {
+        const int row = g + 8 * (c / 2), col = 2 * t + c % 2;
+        float acc = d[c];
+        for (int k = 0; k < 16; ++k) {
+            const float x = frag_half(s, 4 * (row % 8) + (k % 8) / 2, (row >= 8) + 2 * (k >= 8), k);
+            const float y = frag_half(s, 4 * col + (k % 8) / 2, 4 + (k >= 8), k);
+            acc += x * y;
+        }
+        d[c] = acc;
+    }
+}
+
+typedef void (*kernel_t)(const float *, const u16 *, const u16 *, const int *, float *, block_q8_1 *,
+                         const AttentionTiledParams);
+struct Entry { int d, dv; kernel_t fn; int smem; };
+static const Entry entries[] = { ENTRIES };
+
+static const Entry * find(int D, int DV) {
+    for (const Entry & e : entries) if (e.d == D && e.dv == DV) return &e;
+    return nullptr;
+}
+
+extern "C" int attn_smem_bytes(int D, int DV) {
+    const Entry * e = find(D, DV);
+    return e ? e->smem : -1;
+}
+
+extern "C" int run_attn(int D, int DV, const float * q, const u16 * k, const u16 * v, const int * pos,
+                        float * out, block_q8_1 * out_q, int T, int H, int Hkv, int cap, int window,
+                        float scale, int write_q8) {
+    const Entry * e = find(D, DV);
+    if (!e) return 1;
+    AttentionTiledParams p{};
+    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.capacity = cap; p.window = window;
+    p.scale = scale; p.write_q8 = write_q8;
+    std::vector<unsigned char> sm(e->smem);
+    host_smem = sm.data();
+    host_smem_size = sm.size();
+    std::barrier<> bb(ATTN_TILED_THREADS); block_bar = &bb;
+    for (int i = 0; i < ATTN_TILED_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {(unsigned) H, (unsigned) ((T + ATTN_TILED_BQ - 1) / ATTN_TILED_BQ), 1};
+    blockDim = {ATTN_TILED_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            std::fill(sm.begin(), sm.end(), (unsigned char) 0xFF);
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < ATTN_TILED_THREADS; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; e->fn(q, k, v, pos, out, out_q, p); });
+            for (auto & t : th) t.join();
+        }
+    for (int i = 0; i < ATTN_TILED_THREADS / 32; ++i) delete warp_bar[i];
+    return 0;
+}
+
+extern "C" void f32_to_f16_array(const float * x, unsigned short * y, long long n) {
+    for (long long i = 0; i < n; ++i) y[i] = host_f2h(x[i]);
+}
+"""
+
+
+def kernel_head_dims(source: str | None = None) -> list[tuple[int, int]]:
+    """The (D, DV) pairs attention_tiled.cu instantiates (its ATTN_TILED_KERNEL lines)."""
+    s = source if source is not None else (KERNEL_DIR / SOURCE).read_text()
+    return [(int(d), int(dv)) for d, dv in re.findall(r"^ATTN_TILED_KERNEL\(\w+, (\d+), (\d+)\)", s, re.M)]
+
+
+def _sources(kernel_text: str | None = None) -> dict[str, str]:
+    out = host_headers(HEADERS)
+    s = kernel_text if kernel_text is not None else (KERNEL_DIR / SOURCE).read_text()
+    for pattern, repl in _REPLACE:
+        s, n = re.subn(pattern, lambda _m, r=repl: r, s, flags=re.S)
+        if n != 1:
+            raise RuntimeError(f"{SOURCE}: expected one statement matching {pattern!r}, found {n}")
+    out["attn_host.cu"] = s
+    out["shim.h"] = SHIM
+    entries = ", ".join(f"{{{d}, {dv}, attention_tiled_{d}_{dv}, ATTN_TILED_SMEM({d}, {dv})}}"
+                        for d, dv in kernel_head_dims(s))
+    out["harness.cpp"] = HARNESS.replace("ENTRIES", entries).replace("HOST_HALF", HOST_HALF)
+    return out
+
+
+def build(kernel_text: str | None = None) -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of attention_tiled.cu (or of `kernel_text`, a modified
+    copy of it); raises RuntimeError without g++."""
+    so = compile_host(_sources(kernel_text), "attn", SOURCE)
+    so.run_attn.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + \
+                           [ctypes.c_float, ctypes.c_int]
+    so.attn_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    so.f32_to_f16_array.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong]
+    return so
+
+
+def _aligned(a: np.ndarray, dtype) -> np.ndarray:
+    """A C-contiguous copy of a with a 64-byte aligned base (the kernel reads 16-byte vectors)."""
+    a = np.asarray(a, dtype)
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    out = buf[off:off + a.nbytes].view(dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=True):
+    """The CPU build of attention_tiled_<D>_<DV>: (out [T, H * DV] float32, Q8_1 blocks
+    [T, H * DV / 32, 36] uint8 or None), both poisoned (NaN, 0xFF) before the kernel runs.
+    v_cache may be k_cache itself (Gemma 4): then one buffer is passed for both."""
+    same = v_cache is k_cache
+    T, H, D = q.shape
+    cap, Hkv, Dk = k_cache.shape
+    DV = v_cache.shape[2]
+    assert Dk == D and v_cache.shape[:2] == (cap, Hkv) and H % Hkv == 0 and T >= 1
+    q = _aligned(q, np.float32)
+    k = _aligned(k_cache, np.float16)
+    v = k if same else _aligned(v_cache, np.float16)
+    pos = np.ascontiguousarray(pos, np.int32)
+    out = _aligned(np.full((T, H * DV), np.nan, np.float32), np.float32)
+    out_q = _aligned(np.full((T, H * DV // 32, 36), 0xFF, np.uint8), np.uint8)
+    if lib.run_attn(D, DV, q.ctypes.data, k.ctypes.data, v.ctypes.data, pos.ctypes.data, out.ctypes.data,
+                    out_q.ctypes.data, T, H, Hkv, cap, int(window), float(scale), int(write_q8)):
+        raise ValueError(f"no tiled attention kernel for head dims {D}/{DV}")
+    return out, (out_q if write_q8 else None)
+
+
+# ---- attention.cu's `attention` (a block per (head, query); the decode kernel) ----------------
+# The same shim; its dynamic shared memory becomes a host buffer poisoned with NaN before each
+# block, and warp shuffles (float and double) go through per-warp slots and barriers, as above.
+ROWWISE_HARNESS = r"""#include "shim.h"
+#include <limits>
+float * host_smem;
+#include "attn_rowwise.cu"
+thread_local uint3h threadIdx;
+uint3h blockIdx, blockDim, gridDim;
+HOST_WARP_SYNC
+HOST_HALF
+// Every (head, token) block of attention.cu's grid, one after another, with `smem_floats` of
+// dynamic shared memory poisoned with NaN before each.
+template <class F>
+static void run_heads(unsigned H, unsigned T, size_t smem_floats, F fn) {
+    std::vector<float> sm(smem_floats);
+    host_smem = sm.data();
+    std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {H, T, 1};
+    blockDim = {ATTN_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> th;
+            for (unsigned i = 0; i < ATTN_THREADS; ++i)
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
+            for (auto & t : th) t.join();
+        }
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
+}
+
+extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, float * out,
+                             block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap, int window,
+                             float scale, int write_q8) {
+    AttentionParams p{};
+    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
+    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
+    p.scale = scale; p.write_q8 = write_q8; p.per_row = 0;
+    run_heads(H, T, D + p.n_slots + ATTN_WARPS * DV,
+              [=] { attention(q, k, v, pos, out, out_q, nullptr, nullptr, p); });
+    return 0;
+}
+
+// rope_attention: q, k, v before their norms and rope; the caches are updated in place.
+extern "C" int run_rope_attention(const float * q, const float * k, const float * v, const float * qn,
+                                  const float * kn, const int * pos, float * q_out, float * k_out, u16 * kc,
+                                  u16 * vc, float * out, block_q8_1 * out_q, const void * params) {
+    RopeAttentionParams p; memcpy(&p, params, sizeof p);
+    run_heads(p.n_heads, p.n_tokens, p.head_dim + p.n_slots + ATTN_WARPS * p.head_dim_v,
+              [=] { rope_attention(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, out, out_q, nullptr, nullptr, p); });
+    return 0;
+}
+"""
+
+
+def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
+    """Compile (or reuse) the CPU build of attention.cu's `attention` kernel (or of
+    `kernel_text`, a modified copy of attention.cu); raises RuntimeError without g++."""
+    srcs = host_headers(HEADERS)
+    text = kernel_text if kernel_text is not None else (KERNEL_DIR / "attention.cu").read_text()
+    decl = "extern __shared__ float smem[];"
+    if text.count(decl) != 1:
+        raise RuntimeError(f"attention.cu: expected one {decl!r}")
+    srcs["attn_rowwise.cu"] = text.replace(decl, "float * const smem = host_smem;")
+    srcs["shim.h"] = SHIM
+    srcs["harness.cpp"] = (ROWWISE_HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC)
+                           .replace("NTHREADS", "ATTN_THREADS").replace("HOST_HALF", HOST_HALF))
+    so = compile_host(srcs, "attnrow", "attention.cu")
+    so.run_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
+    so.run_rope_attention.argtypes = [ctypes.c_void_p] * 13
+    return so
+
+
+def rope_attention(lib, q, k, v, pos, k_cache, v_cache, scale, *, q_norm, k_norm, eps, n_rot, base, neox,
+                   freq_scale=1.0, window=0):
+    """The CPU build of attention.cu's `rope_attention` (T = 1 per sequence): (q_out, k_out, out,
+    Q8_1 blocks or None); k_cache and v_cache (float16) are updated in place as the kernel
+    writes them. Outputs poisoned with NaN before the kernel runs."""
+    from brass.backends.cuda.params import pack
+    T, H, D = q.shape
+    cap, Hkv, _ = k_cache.shape
+    DV = v_cache.shape[2]
+    f32 = lambda a: np.ascontiguousarray(a, np.float32)     # noqa: E731
+    q, k, v = f32(q), f32(k), f32(v)
+    qn = f32(q_norm) if q_norm is not None else q
+    kn = f32(k_norm) if k_norm is not None else k
+    pos = np.ascontiguousarray(pos, np.int32)
+    assert k_cache.dtype == np.float16 and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+    # the kernel's two scratch heads live in its per-warp V sums (CudaBackend.fuses_rope_attention)
+    assert 2 * D <= 4 * DV, f"rope_attention needs 2 head_dim <= ATTN_WARPS head_dim_v ({D}, {DV})"
+    write_q8 = DV % 32 == 0
+    q_out, k_out = np.full(q.shape, np.nan, np.float32), np.full(k.shape, np.nan, np.float32)
+    out = np.full((T, H * DV), np.nan, np.float32)
+    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+    theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
+    params = pack("RopeAttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
+                  capacity=cap, n_slots=min(cap, window) if window > 0 else cap, window=max(0, window),
+                  scale=scale, write_q8=int(write_q8), per_row=0, n_rot=n_rot, theta_scale=theta_scale,
+                  freq_scale=freq_scale, neox=int(bool(neox)), q_norm=int(q_norm is not None),
+                  k_norm=int(k_norm is not None), eps=eps)
+    d = lambda a: a.ctypes.data                              # noqa: E731
+    lib.run_rope_attention(d(q), d(k), d(v), d(qn), d(kn), d(pos), d(q_out), d(k_out),
+                           d(k_cache.view(np.uint16)), d(v_cache.view(np.uint16)), d(out), d(out_q), d(params))
+    return q_out, k_out, out, (out_q if write_q8 else None)
+
+
+def attention_rowwise(lib, q, k_cache, v_cache, pos, scale, window=0):
+    """The CPU build of attention.cu's `attention`: (out [T, H * DV], Q8_1 blocks or None),
+    the output poisoned with NaN before the kernel runs."""
+    T, H, D = q.shape
+    cap, Hkv, _ = k_cache.shape
+    DV = v_cache.shape[2]
+    q = np.ascontiguousarray(q, np.float32)
+    k = np.ascontiguousarray(k_cache, np.float16)
+    v = np.ascontiguousarray(v_cache, np.float16)
+    pos = np.ascontiguousarray(pos, np.int32)
+    write_q8 = DV % 32 == 0
+    out = np.full((T, H * DV), np.nan, np.float32)
+    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+    lib.run_attention(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
+                      pos.ctypes.data, out.ctypes.data, out_q.ctypes.data, T, H, Hkv, D, DV, cap,
+                      int(window), float(scale), int(write_q8))
+    return out, (out_q if write_q8 else None)
+
+
+def random_case(rng, T, past, H, Hkv, D, DV, cap=None, window=0):
+    """A prompt of T tokens continuing `past` cached ones: q [T, H, D], caches [cap, Hkv, D/DV]
+    with slots 0 .. past + T - 1 written (random, as after kv_store) and NaN beyond."""
+    cap = past + T + 5 if cap is None else cap
+    q = rng.uniform(-1, 1, (T, H, D)).astype(np.float32)
+    k = np.full((cap, Hkv, D), np.nan, np.float16)
+    v = np.full((cap, Hkv, DV), np.nan, np.float16)
+    k[:past + T] = rng.uniform(-1, 1, (past + T, Hkv, D)).astype(np.float16)
+    v[:past + T] = rng.uniform(-1, 1, (past + T, Hkv, DV)).astype(np.float16)
+    pos = np.arange(past, past + T, dtype=np.int32)
+    return q, k, v, pos
+
+
+def unseen_slots(pos, cap, window) -> np.ndarray:
+    """Mask of the cache slots no query can see (the kernel must not read them)."""
+    s = np.arange(cap)
+    seen = (s[None, :] <= pos[:, None])
+    if window:
+        seen &= (pos[:, None] - s[None, :]) < window
+    return ~seen.any(axis=0)
+
+
+def main(argv: list[str]) -> int:
+    from conformance.harness.cases import ATTENTION, cuda_reference, nmse
+    rng = np.random.default_rng(int(argv[0]) if argv else 0)
+    lib = build()
+    ref = cuda_reference()
+    failed = 0
+    for T, past, H, Hkv, D, DV, window in ((70, 0, 4, 2, 64, 64, 0), (37, 50, 8, 2, 128, 128, 0),
+                                          (40, 10, 2, 1, 256, 256, 16), (20, 3, 4, 2, 128, 64, 0)):
+        q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV, window=window)
+        scale = 1.0 / np.sqrt(D)
+        want = ref.attention(q, k, v, pos, scale, window)
+        got, blocks = attention_tiled(lib, q, k, v, pos, scale, window)
+        e = nmse(got, want)
+        ok = e <= ATTENTION and not np.isnan(got).any() and np.array_equal(blocks, q8_1_blocks(got))
+        failed += not ok
+        print(f"T={T} past={past} H={H}/{Hkv} D={D}/{DV} window={window}: NMSE {e:.2e} {'ok' if ok else 'FAIL'}",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
