@@ -4,7 +4,7 @@ and not), many clients at once, clients that hang up, /metrics, the command's ow
 test_server_requests.py, the API key in test_server_auth.py.
 
 One server process (smollm2-135m, numpy backend, a 256-token context) serves the whole session
-(the fixture `server` of conformance/server_harness.py). What a reply must be
+(the fixture `server` of conformance/harness/server_harness.py). What a reply must be
 comes from the same model run in this process through the engine's API (greedy, or the same
 seed): the server must neither change nor mix up anyone's tokens.
 Measured on 2 cores: ~15 s for the module when the machine is otherwise idle, ~2.5 min when

@@ -2,7 +2,7 @@
 OpenAI's error body (snapshots: the messages are ours to define) and the server keeps serving;
 fields Brass does not read are named in a header and a log line, and fields it does not
 implement are refused where ignoring them would change the answer. Against the live server of
-conformance/server_harness.py, and (ignored and refused fields) in process over a stub forward.
+conformance/harness/server_harness.py, and (ignored and refused fields) in process over a stub forward.
 """
 
 from __future__ import annotations
