@@ -80,3 +80,220 @@ def test_score_logprobs_text():
     for line, lp in zip(lines[1:], want):
         col = line.split()[3]
         assert col == ("-" if lp is None else f"{lp:.6f}"), line
+
+
+# --------------------------------------------------------------------------------------------
+# brass serve
+
+
+pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .)")
+
+
+@pytest.fixture(scope="module")
+def live(synth_model):
+    """synth-llama served with two parallel slots (batched decoding), no API key."""
+    from brass.server import App
+    from conformance.server_harness import ThreadedServer
+    srv = ThreadedServer(App(synth_model, SYNTH, None, parallel=2, max_waiting=8))
+    yield srv
+    srv.stop()
+
+
+def post(srv, path, body):
+    import http.client
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=300)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        ctype = r.getheader("Content-Type", "")
+        return r.status, json.loads(data) if ctype.startswith("application/json") else data
+    finally:
+        conn.close()
+
+
+def ref_logprobs(model, ids) -> np.ndarray:
+    """The prompt path's float32 log-softmax over `ids` (Model.score: what `brass score
+    --logprobs` prints)."""
+    from brass.logprobs import log_softmax
+    return log_softmax(model.score(ids))
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_equals_score_logprobs(live, synth_model, max_tokens):
+    """echo + logprobs (lm-eval's loglikelihood request): the prompt's tokens with their
+    logprobs, the first null, exactly what `brass score --logprobs` prints for them."""
+    status, out = post(live, "/v1/completions", {"prompt": IDS, "echo": True, "logprobs": 3,
+                                                 "max_tokens": max_tokens, "temperature": 0})
+    assert status == 200, out
+    ref = score_logprobs(IDS, top_k=3)
+    lp = out["choices"][0]["logprobs"]
+    n = len(IDS)
+    assert len(lp["tokens"]) == n + max_tokens
+    assert lp["token_logprobs"][:n] == ref["token_logprobs"]        # exactly
+    assert lp["top_logprobs"][0] is None
+    tok = synth_model.tokenizer
+    for t in range(1, n):
+        want = {tok.token_to_piece(i).decode("utf-8", "replace"): v for i, v in ref["top_logprobs"][t - 1]}
+        assert lp["top_logprobs"][t] == want
+    assert lp["tokens"][:n] == [tok.token_to_piece(i).decode("utf-8", "replace") for i in IDS]
+    text = out["choices"][0]["text"]
+    assert text.startswith(tok.decode(IDS))
+    assert lp["text_offset"][0] == 0
+    assert out["usage"]["completion_tokens"] == max_tokens
+
+
+def generated_ids(model, ids, n, sampling=None):
+    from brass.sampling import SamplingParams
+    return list(model.generate(ids, max_tokens=n, sampling=sampling or SamplingParams(temperature=0.0)))
+
+
+# The decode path and the prompt path are NOT identical on the numpy backend (measured): the
+# decode path attends to every earlier token's keys and values as the KV cache holds them,
+# rounded to float16 (relative 4.9e-4), while Model.score attends to its own tokens' in float32.
+# synth-llama's random weights amplify that: over the 6 generated rows of
+# test_generated_logprobs_match_both_paths, 1.4e-1 at the worst of the 1139 logprobs of a row,
+# 1.3e-2 at the chosen tokens (2026-12-05). Bound: twice the worst row entry; a logprob of the
+# wrong row is off by O(1) (the next row's logprob of the same tokens: 7.4 to 12.5, measured).
+DECODE_VS_PROMPT_TOL = 0.3
+
+
+def decode_path(model, prompt_ids, gen_ids) -> np.ndarray:
+    """The engine's own decode path, one token a step after the prompt: the logits a server's
+    request alone picks its tokens from (rows for each generated token)."""
+    from brass.logprobs import log_softmax
+    s = model.new_session(len(prompt_ids) + len(gen_ids))
+    rows = [s.prefill(prompt_ids)[-1]]
+    rows += [s.prefill([t])[-1] for t in gen_ids[:-1]]
+    return log_softmax(np.array(rows))
+
+
+def check_generated(got, model, prompt_ids, gen_ids):
+    """`got`: the reply's logprobs of gen_ids. Exactly the decode path's; within
+    DECODE_VS_PROMPT_TOL of the prompt path's. Returns the decode path's rows."""
+    dec = decode_path(model, prompt_ids, gen_ids)
+    assert got == [float(dec[k, t]) for k, t in enumerate(gen_ids)]
+    n = len(prompt_ids)
+    ref = ref_logprobs(model, prompt_ids + gen_ids)[n - 1:n - 1 + len(gen_ids)]
+    np.testing.assert_allclose(got, [float(ref[k, t]) for k, t in enumerate(gen_ids)], rtol=0,
+                               atol=DECODE_VS_PROMPT_TOL)
+    return dec
+
+
+def test_generated_logprobs_match_both_paths(live, synth_model):
+    """/v1/completions logprobs: N on generated tokens: each the log-softmax of the logits it
+    was picked from (the decode path, exactly), near the prompt path's over prompt + generated
+    tokens (DECODE_VS_PROMPT_TOL)."""
+    gen = generated_ids(synth_model, IDS, 6)
+    status, out = post(live, "/v1/completions", {"prompt": IDS, "logprobs": 2, "max_tokens": 6,
+                                                 "temperature": 0})
+    assert status == 200, out
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(gen) == 6
+    dec = check_generated(lp["token_logprobs"], synth_model, IDS, gen)
+    tok = synth_model.tokenizer
+    for k, top in enumerate(lp["top_logprobs"]):
+        row = dec[k]
+        ids = np.argsort(-row, kind="stable")[:2]
+        assert top == {tok.token_to_piece(int(i)).decode("utf-8", "replace"): float(row[i]) for i in ids}
+    assert "".join(lp["tokens"]) == out["choices"][0]["text"]
+    assert lp["text_offset"] == list(np.cumsum([0] + [len(t) for t in lp["tokens"]])[:-1])
+
+
+CHAT_MSGS = [{"role": "user", "content": "sea ship"}]
+
+
+def chat_prompt_ids(model):
+    from conformance.server_harness import chat_ids
+    return chat_ids(model, CHAT_MSGS)
+
+
+def test_chat_logprobs_stream_and_not(live, synth_model):
+    """/v1/chat/completions logprobs: true, top_logprobs: 3, sampled with a repetition penalty
+    (which does not change them): the same entries streamed (one chunk per token) and not,
+    each exactly the decode path's."""
+    from conformance.server_harness import read_sse
+    body = {"messages": CHAT_MSGS, "logprobs": True, "top_logprobs": 3, "max_tokens": 5,
+            "temperature": 0.9, "seed": 7, "repetition_penalty": 1.5}
+    status, out = post(live, "/v1/chat/completions", body)
+    assert status == 200, out
+    content = out["choices"][0]["logprobs"]["content"]
+    status, raw = post(live, "/v1/chat/completions", {**body, "stream": True})
+    assert status == 200
+    chunks = [e for e in read_sse(raw) if e != "[DONE]"]
+    streamed = [c for e in chunks for ch in e["choices"] if ch["logprobs"] for c in ch["logprobs"]["content"]]
+    assert streamed == content
+    texts = [ch["delta"].get("content", "") for e in chunks for ch in e["choices"]]
+    assert "".join(texts) == out["choices"][0]["message"]["content"]
+    tok = synth_model.tokenizer
+    from brass.sampling import SamplingParams
+    sampling = SamplingParams(temperature=0.9, seed=7, repetition_penalty=1.5)
+    prompt = chat_prompt_ids(synth_model)
+    gen = [t for t in generated_ids(synth_model, prompt, 5, sampling) if not tok.is_eog(t)]
+    assert [bytes(c["bytes"]) for c in content] == [tok.token_to_piece(t) for t in gen]
+    dec = check_generated([c["logprob"] for c in content], synth_model, prompt, gen)
+    for k, c in enumerate(content):
+        assert c["token"] == tok.token_to_piece(gen[k]).decode("utf-8", "replace")
+        ids = np.argsort(-dec[k], kind="stable")[:3]
+        assert [t["logprob"] for t in c["top_logprobs"]] == [float(dec[k, i]) for i in ids]
+        assert [bytes(t["bytes"]) for t in c["top_logprobs"]] == [tok.token_to_piece(int(i)) for i in ids]
+
+
+def test_completion_logprobs_streamed(live, synth_model):
+    """Legacy completions streamed: each chunk's logprobs are its tokens', text_offset runs on."""
+    from conformance.server_harness import read_sse
+    body = {"prompt": IDS, "logprobs": 1, "max_tokens": 5, "temperature": 0}
+    status, out = post(live, "/v1/completions", body)
+    assert status == 200, out
+    status, raw = post(live, "/v1/completions", {**body, "stream": True})
+    assert status == 200
+    lps = [ch["logprobs"] for e in read_sse(raw) if e != "[DONE]" for ch in e["choices"] if ch["logprobs"]]
+    joined = {k: [v for lp in lps for v in lp[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert joined == out["choices"][0]["logprobs"]
+
+
+def test_batched_rows_carry_their_own_logprobs(live, synth_model):
+    """Two requests decoded together (parallel 2): each gets what it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+    bodies = [{"prompt": IDS, "logprobs": 2, "max_tokens": 8, "temperature": 0},
+              {"prompt": IDS[:5], "logprobs": 2, "max_tokens": 8, "temperature": 0}]
+    alone = [post(live, "/v1/completions", b)[1]["choices"][0]["logprobs"] for b in bodies]
+    with ThreadPoolExecutor(2) as ex:
+        together = list(ex.map(lambda b: post(live, "/v1/completions", b)[1]["choices"][0]["logprobs"], bodies))
+    assert together == alone
+
+
+BAD = {
+    "completions_logprobs_21": ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    "completions_logprobs_negative": ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
+    "completions_logprobs_string": ("/v1/completions", {"prompt": "hi", "logprobs": "5"}, "logprobs"),
+    "completions_echo_string": ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
+    "completions_echo_stream": ("/v1/completions", {"prompt": "hi", "echo": True, "stream": True}, "echo"),
+    "completions_top_logprobs": ("/v1/completions", {"prompt": "hi", "top_logprobs": 2}, "top_logprobs"),
+    "completions_max_tokens_0_no_echo": ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    "chat_top_logprobs_21": ("/v1/chat/completions", {"messages": CHAT_MSGS, "logprobs": True,
+                                                      "top_logprobs": 21}, "top_logprobs"),
+    "chat_top_logprobs_negative": ("/v1/chat/completions", {"messages": CHAT_MSGS, "logprobs": True,
+                                                            "top_logprobs": -1}, "top_logprobs"),
+    "chat_top_logprobs_without_logprobs": ("/v1/chat/completions", {"messages": CHAT_MSGS,
+                                                                    "top_logprobs": 2}, "top_logprobs"),
+    "chat_logprobs_int": ("/v1/chat/completions", {"messages": CHAT_MSGS, "logprobs": 3}, "logprobs"),
+    "chat_echo": ("/v1/chat/completions", {"messages": CHAT_MSGS, "echo": True}, "echo"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_logprobs_values_get_400(live, name):
+    path, body, param = BAD[name]
+    status, out = post(live, path, body)
+    assert status == 400, out
+    assert set(out["error"]) == {"message", "type", "param", "code"}
+    assert out["error"]["param"] == param and out["error"]["type"] == "invalid_request_error"
+    assert f"'{param}'" in out["error"]["message"]
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "hi", "logprobs": False}),
+                                       ("/v1/chat/completions", {"messages": CHAT_MSGS, "logprobs": 0})])
+def test_logprobs_off_values_are_accepted(live, path, body):
+    status, out = post(live, path, {**body, "max_tokens": 1})
+    assert status == 200 and out["choices"][0]["logprobs"] is None, out

@@ -18,6 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
                       StrictStr, ValidationError, ValidationInfo, WrapValidator)
 
 from .api import APIError, json_type
+from .logprobs import MAX_TOP_LOGPROBS
 
 # OpenAI accepts at most 4 stop sequences.
 MAX_STOP = 4
@@ -144,6 +145,39 @@ def _max_tokens(v, handler, info: ValidationInfo):
     return _typed("an integer").func(v, handler, info)
 
 
+def _top_count(v, handler, info: ValidationInfo):
+    """A number of alternatives a token's logprobs list: an integer in [0, MAX_TOP_LOGPROBS]
+    (for completions' logprobs, false is off, as clients that send the chat form do)."""
+    if v is False and info.field_name == "logprobs":
+        return None
+    n = _typed("an integer").func(v, handler, info)
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise FieldError(info.field_name, f"must be between 0 and {MAX_TOP_LOGPROBS}, got {n}",
+                         code="invalid_value")
+    return n
+
+
+def _chat_logprobs(v, handler, info: ValidationInfo):
+    if type(v) is int and v == 0:       # 0 for off, as completions' clients send it
+        return False
+    return _typed("a boolean").func(v, handler, info)
+
+
+def _chat_top_logprobs(v, handler, info: ValidationInfo):
+    n = _top_count(v, handler, info)
+    if n is not None and not info.data.get("logprobs"):
+        raise FieldError("top_logprobs", "needs 'logprobs': true", code="invalid_value")
+    return n
+
+
+def _echo(v, handler, info: ValidationInfo):
+    e = _typed("a boolean").func(v, handler, info)
+    if e and info.data.get("stream"):
+        raise FieldError("echo", "is not supported with 'stream': true by Brass",
+                         code="unsupported_parameter")
+    return e
+
+
 # --------------------------------------------------------------------------------------------
 # The request bodies
 
@@ -165,10 +199,7 @@ class _Request(BaseModel):
         None, description="The served model's id (GET /v1/models); may be left out.")
     n: Annotated[int | None, _unsupported(1)] = Field(None, description="Only 1.")
     best_of: Annotated[int | None, _unsupported(1)] = Field(None, description="Only 1.")
-    echo: Annotated[bool | None, _unsupported(False)] = Field(None, description="Only false.")
     suffix: Annotated[str | None, _unsupported("")] = Field(None, description="Only empty.")
-    logprobs: Annotated[bool | int | None, _unsupported(False, 0)] = Field(None, description="Not supported.")
-    top_logprobs: Annotated[int | None, _unsupported(0)] = Field(None, description="Not supported.")
     logit_bias: Annotated[dict | None, _unsupported({})] = Field(None, description="Not supported.")
     frequency_penalty: Annotated[float | None, _unsupported(0)] = Field(
         None, description="Only 0; see repetition_penalty.")
@@ -289,6 +320,13 @@ class ChatCompletionRequest(_Request):
 
     messages: Annotated[list[ChatMessage] | None, WrapValidator(_messages)] = Field(
         None, validate_default=True, description="The conversation so far; the reply continues it.")
+    logprobs: Annotated[StrictBool | None, WrapValidator(_chat_logprobs)] = Field(None, description="true: each generated token's logprob (the log-softmax "
+                                                "of the logits it was picked from, before penalties) in "
+                                                "choices[].logprobs.content.")
+    top_logprobs: Annotated[StrictInt | None, WrapValidator(_chat_top_logprobs)] = Field(
+        None, description=f"0-{MAX_TOP_LOGPROBS}: the most likely alternatives at each token; needs "
+                          "logprobs: true.")
+    echo: Annotated[bool | None, _unsupported(False)] = Field(None, description="Only false.")
 
 
 class CompletionRequest(_Request):
@@ -298,6 +336,15 @@ class CompletionRequest(_Request):
 
     prompt: Annotated[str | list[int] | None, WrapValidator(_prompt)] = Field(
         None, validate_default=True, description="Text, or token ids.")
+    logprobs: Annotated[StrictInt | None, WrapValidator(_top_count)] = Field(
+        None, description=f"0-{MAX_TOP_LOGPROBS}: each token's logprob and this many most likely "
+                          "alternatives, in OpenAI's legacy form (tokens, token_logprobs, top_logprobs, "
+                          "text_offset).")
+    echo: Annotated[StrictBool | None, WrapValidator(_echo)] = Field(
+        None, description="true: the reply's text and logprobs begin with the prompt's (the first "
+                          "token's logprob null); max_tokens may then be 0. Not with stream.")
+    top_logprobs: Annotated[int | None, _unsupported(0, hint="; use logprobs")] = Field(
+        None, description="Only 0; use logprobs.")
 
 
 def validate(cls: type[_Request], body: dict, model_id: str | None = None, n_vocab: int | None = None):

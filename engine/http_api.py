@@ -43,6 +43,7 @@ from starlette.responses import Response, StreamingResponse
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from . import __version__
+from . import logprobs as logprob_forms
 from .api import APIError
 from .errors import BrassError
 from .server import CONTENT_TYPES, App
@@ -126,7 +127,7 @@ class JobEvents:
                 await self._ready.wait()
                 continue
             yield event
-            if event[0] != "delta":
+            if event[0] not in ("delta", "prompt"):
                 return
 
 
@@ -288,12 +289,12 @@ def create_app(brass: App):
                 "created": int(time.time()), "model": brass.model_id}
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(events, stream(events, head, chat, usage), on_left=brass.metrics.client_left,
+            return EventStream(events, stream(events, head, chat, usage, job), on_left=brass.metrics.client_left,
                                on_end=live.discard, headers=headers)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         gone.add_done_callback(lambda t: t.cancelled() or events.client_gone())
         try:
-            return await reply(events, head, chat, headers)
+            return await reply(events, head, chat, headers, job, req)
         except ClientGone:
             brass.metrics.client_left()
             return Response(status_code=499)    # nobody reads it; the guard does not count it
@@ -304,26 +305,44 @@ def create_app(brass: App):
             job.cancelled.set()
             live.discard(events)
 
-    async def reply(events: JobEvents, head: dict, chat: bool, headers: dict) -> Response:
-        parts = []
+    async def reply(events: JobEvents, head: dict, chat: bool, headers: dict, job, req) -> Response:
+        parts, prompt, entries = [], [], []
         async for event in events:
             if event[0] == "delta":
                 parts.append(event[1])
+                entries += event[2] if len(event) > 2 else []
+            elif event[0] == "prompt":
+                prompt = event[1]
             elif event[0] == "error":
                 raise event[1]
             else:
                 _, reason, usage = event
         text = "".join(parts)
+        tok = brass.model.tokenizer
+        echoed = ""
+        if job.echo:
+            echoed = req.prompt if isinstance(req.prompt, str) else tok.decode(req.prompt)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-                  else {"index": 0, "text": text})
-        choice.update(logprobs=None, finish_reason=reason)
+                  else {"index": 0, "text": echoed + text})
+        logprobs = None
+        if job.logprobs is not None:
+            if chat:
+                logprobs = logprob_forms.chat_form(entries, tok)
+            else:
+                logprobs = logprob_forms.completion_form(prompt, tok)
+                more = logprob_forms.completion_form(entries, tok, len(echoed))
+                for k in logprobs:
+                    logprobs[k] += more[k]
+        choice.update(logprobs=logprobs, finish_reason=reason)
         return JSON({**head, "choices": [choice], "usage": usage}, headers=headers)
 
-    async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool):
+    async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool, job):
         if chat:
             head = {**head, "object": "chat.completion.chunk"}
+        tok = brass.model.tokenizer
+        offset = 0          # of the next token's text in the whole reply (legacy text_offset)
 
-        def chunk(text: str | None, reason: str | None, role: bool = False) -> dict:
+        def chunk(text: str | None, reason: str | None, role: bool = False, entries=None) -> dict:
             if chat:
                 delta = {} if text is None else {"content": text}
                 if role:
@@ -331,7 +350,11 @@ def create_app(brass: App):
                 c = {"index": 0, "delta": delta}
             else:
                 c = {"index": 0, "text": text or ""}
-            c.update(logprobs=None, finish_reason=reason)
+            logprobs = None
+            if entries is not None:
+                logprobs = (logprob_forms.chat_form(entries, tok) if chat
+                            else logprob_forms.completion_form(entries, tok, offset))
+            c.update(logprobs=logprobs, finish_reason=reason)
             return {**head, "choices": [c]}
 
         if chat:
@@ -339,7 +362,9 @@ def create_app(brass: App):
         try:
             async for event in events:
                 if event[0] == "delta":
-                    yield sse(chunk(event[1], None))
+                    yield sse(chunk(event[1], None, entries=event[2] if len(event) > 2 else None))
+                    offset += sum(len(logprob_forms.token_text(tok, e["token"])) for e in
+                                  (event[2] if len(event) > 2 else ()))
                 elif event[0] == "error":     # mid-stream: the status line is gone; say it here
                     yield sse(event[1].body())
                 else:

@@ -247,11 +247,21 @@ class App:
             raise APIError(400, str(e), code="invalid_value", param=where) from None
         # the client's own name for the length: the newer one wins, as api_models reads them
         length = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        echo = bool(not chat and req.echo)
+        # with echo, 0 new tokens is a request of its own: the prompt's logprobs alone
+        asked = getattr(req, length)
         try:
-            max_tokens = generation_length(getattr(req, length), len(ids), self.model.n_ctx)
+            max_tokens = generation_length(None if echo and asked == 0 else asked, len(ids), self.model.n_ctx)
         except ParameterError as e:
             raise parameter_error(e, {"max_tokens": length, "prompt": "messages" if chat else "prompt"}) from None
-        job = Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens)
+        if echo and asked == 0:
+            max_tokens = 0
+        if chat:
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            logprobs = req.logprobs
+        job = Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens, logprobs=logprobs,
+                  echo=echo)
         return job, req
 
     @staticmethod
