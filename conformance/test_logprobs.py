@@ -297,3 +297,40 @@ def test_bad_logprobs_values_get_400(live, name):
 def test_logprobs_off_values_are_accepted(live, path, body):
     status, out = post(live, path, {**body, "max_tokens": 1})
     assert status == 200 and out["choices"][0]["logprobs"] is None, out
+
+
+def test_a_batch_of_prompts_gets_a_choice_each(live, synth_model):
+    """lm-eval's batch: prompt as a list of token-id lists, or of strings; one choice per
+    prompt, `index` its position, each what the prompt gets alone; usage sums them."""
+    prompts = [IDS, IDS[:4], [5, 6, 7]]
+    body = {"echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+    status, out = post(live, "/v1/completions", {**body, "prompt": prompts})
+    assert status == 200, out
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    for p, c in zip(prompts, out["choices"]):
+        alone = post(live, "/v1/completions", {**body, "prompt": p})[1]
+        assert c == alone["choices"][0] | {"index": c["index"]}
+    assert out["usage"]["prompt_tokens"] == sum(map(len, prompts))
+    assert out["usage"]["completion_tokens"] == 3
+    texts = ["sea ship", "storm"]
+    status, out = post(live, "/v1/completions", {"prompt": texts, "max_tokens": 2, "temperature": 0})
+    assert status == 200, out
+    for i, t in enumerate(texts):
+        alone = post(live, "/v1/completions", {"prompt": t, "max_tokens": 2, "temperature": 0})[1]
+        assert out["choices"][i] == alone["choices"][0] | {"index": i}
+
+
+BAD_BATCH = {
+    "mixed_bad_item": ({"prompt": ["a", 5]}, "prompt[1]"),
+    "empty_item": ({"prompt": ["a", []]}, "prompt[1]"),
+    "token_out_of_range": ({"prompt": [[1, 2], [10**9]]}, "prompt[1]"),
+    "stream": ({"prompt": ["a", "b"], "stream": True}, "prompt"),
+    "too_many": ({"prompt": ["a"] * 65}, "prompt"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_BATCH)
+def test_bad_batches_get_400(live, name):
+    body, param = BAD_BATCH[name]
+    status, out = post(live, "/v1/completions", body)
+    assert status == 400 and out["error"]["param"] == param, out

@@ -22,6 +22,8 @@ from .logprobs import MAX_TOP_LOGPROBS
 
 # OpenAI accepts at most 4 stop sequences.
 MAX_STOP = 4
+# Prompts of one completion request at most (a batch: each is a job in the queue).
+MAX_PROMPTS = 64
 ROLES = ("system", "user", "assistant")
 
 
@@ -194,6 +196,8 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
     # the body's fields this model does not read (set by App.prepare; see ignored_fields)
     _ignored: list[str] = PrivateAttr(default_factory=list)
+    # the request's jobs, one per prompt (set by App.prepare)
+    _jobs: list = PrivateAttr(default_factory=list)
 
     model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
         None, description="The served model's id (GET /v1/models); may be left out.")
@@ -300,17 +304,45 @@ def _messages(v, handler, info: ValidationInfo):
     return [ChatMessage.read(m, f"messages[{i}]") for i, m in enumerate(v)]
 
 
+def _one_prompt(v, where: str, n_vocab):
+    if isinstance(v, str):
+        return check_text(v, where)
+    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
+            raise FieldError(where, f"token ids must be in [0, {n_vocab})", code="invalid_value")
+        return list(v)
+    return None
+
+
 def _prompt(v, handler, info: ValidationInfo):
     if v is None:
         raise FieldError("prompt", "is required", code="missing_field")
-    if isinstance(v, str):
-        return check_text(v, "prompt")
-    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-        n_vocab = (info.context or {}).get("n_vocab")
-        if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
-            raise FieldError("prompt", f"token ids must be in [0, {n_vocab})", code="invalid_value")
-        return list(v)
-    raise FieldError("prompt", f"must be a string or a non-empty array of token ids, got {json_type(v)}")
+    n_vocab = (info.context or {}).get("n_vocab")
+    one = _one_prompt(v, "prompt", n_vocab)
+    if one is not None:
+        return one
+    # a batch: a list of strings or of token-id lists (lm-eval sends them so)
+    if isinstance(v, list) and v and any(isinstance(p, (str, list)) for p in v):
+        if len(v) > MAX_PROMPTS:
+            raise FieldError("prompt", f"holds {len(v)} prompts; at most {MAX_PROMPTS} are allowed",
+                             code="invalid_value")
+        out = []
+        for i, p in enumerate(v):
+            got = _one_prompt(p, f"prompt[{i}]", n_vocab)
+            if got is None:
+                raise FieldError(f"prompt[{i}]", f"must be a string or a non-empty array of token ids, "
+                                                 f"got {json_type(p)}")
+            out.append(got)
+        if info.data.get("stream"):
+            raise FieldError("prompt", "holds several prompts, which Brass does not stream; send "
+                                       "them one a request, or without stream", code="unsupported_parameter")
+        return Batch(out)
+    raise FieldError("prompt", "must be a string, a non-empty array of token ids, or a non-empty "
+                               f"array of either (a batch), got {json_type(v)}")
+
+
+class Batch(list):
+    """Several prompts of one completion request."""
 
 
 class ChatCompletionRequest(_Request):
@@ -334,8 +366,14 @@ class CompletionRequest(_Request):
 
     model_config = ConfigDict(json_schema_extra={"required": ["prompt"]})
 
-    prompt: Annotated[str | list[int] | None, WrapValidator(_prompt)] = Field(
-        None, validate_default=True, description="Text, or token ids.")
+    prompt: Annotated[str | list | None, WrapValidator(_prompt)] = Field(
+        None, validate_default=True, description=f"Text, or token ids; or a batch: an array of up to "
+                                                 f"{MAX_PROMPTS} of either (not with stream), one "
+                                                 "choice each, with its index.")
+
+    def prompts(self) -> list:
+        """The prompts: one, or the batch's."""
+        return list(self.prompt) if isinstance(self.prompt, Batch) else [self.prompt]
     logprobs: Annotated[StrictInt | None, WrapValidator(_top_count)] = Field(
         None, description=f"0-{MAX_TOP_LOGPROBS}: each token's logprob and this many most likely "
                           "alternatives, in OpenAI's legacy form (tokens, token_logprobs, top_logprobs, "

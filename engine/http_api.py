@@ -281,6 +281,8 @@ def create_app(brass: App):
         headers = brass.reply_headers(req)
         if state["stopping"]:
             raise STOPPING
+        if len(req._jobs) > 1:
+            return await complete_batch(request, req, headers)
         events = JobEvents(job)             # before submit: no event is missed
         brass.submit(job)
         live.add(events)
@@ -305,7 +307,46 @@ def create_app(brass: App):
             job.cancelled.set()
             live.discard(events)
 
+    async def complete_batch(request: Request, req, headers: dict) -> Response:
+        """A completion request of several prompts: one job each, submitted together (decoded
+        together as the scheduler's places allow), one choice each, `index` its prompt's."""
+        all_events = []
+        try:
+            for job in req._jobs:
+                events = JobEvents(job)
+                brass.submit(job)       # a full queue: the jobs already in are cancelled below
+                all_events.append(events)
+                live.add(events)
+        except BaseException:
+            for events in all_events:
+                events.job.cancelled.set()
+                live.discard(events)
+            raise
+        head = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
+                "created": int(time.time()), "model": brass.model_id}
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        gone.add_done_callback(lambda t: t.cancelled() or [e.client_gone() for e in all_events])
+        try:
+            got = [await collect(events, False, events.job, req, i) for i, events in enumerate(all_events)]
+        except ClientGone:
+            brass.metrics.client_left()
+            return Response(status_code=499)
+        except ServerStopping:
+            return error_response(STOPPING)
+        finally:
+            gone.cancel()
+            for events in all_events:
+                events.job.cancelled.set()
+                live.discard(events)
+        usage = {k: sum(u[k] for _, u in got) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        return JSON({**head, "choices": [c for c, _ in got], "usage": usage}, headers=headers)
+
     async def reply(events: JobEvents, head: dict, chat: bool, headers: dict, job, req) -> Response:
+        choice, usage = await collect(events, chat, job, req, 0)
+        return JSON({**head, "choices": [choice], "usage": usage}, headers=headers)
+
+    async def collect(events: JobEvents, chat: bool, job, req, index: int) -> tuple[dict, dict]:
+        """A job's whole reply: (its choice, its usage)."""
         parts, prompt, entries = [], [], []
         async for event in events:
             if event[0] == "delta":
@@ -321,9 +362,10 @@ def create_app(brass: App):
         tok = brass.model.tokenizer
         echoed = ""
         if job.echo:
-            echoed = req.prompt if isinstance(req.prompt, str) else tok.decode(req.prompt)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-                  else {"index": 0, "text": echoed + text})
+            p = req.prompts()[index]
+            echoed = p if isinstance(p, str) else tok.decode(p)
+        choice = ({"index": index, "message": {"role": "assistant", "content": text}} if chat
+                  else {"index": index, "text": echoed + text})
         logprobs = None
         if job.logprobs is not None:
             if chat:
@@ -334,7 +376,7 @@ def create_app(brass: App):
                 for k in logprobs:
                     logprobs[k] += more[k]
         choice.update(logprobs=logprobs, finish_reason=reason)
-        return JSON({**head, "choices": [choice], "usage": usage}, headers=headers)
+        return choice, usage
 
     async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool, job):
         if chat:

@@ -234,35 +234,41 @@ class App:
             raise parameter_error(e) from None
         stop = list(req.stop or [])
         tok = self.model.tokenizer
-        try:
-            if chat:
-                ids = tok.encode(self.template.render(req.messages), add_special=True, parse_special=True)
-                stop += self.template.stop_strings
-            elif isinstance(req.prompt, str):
-                ids = tok.encode(req.prompt, add_special=True, parse_special=True)
-            else:
-                ids = req.prompt
-        except BrassError as e:     # the template or the tokenizer refused the text
-            where = "messages" if chat else "prompt"
-            raise APIError(400, str(e), code="invalid_value", param=where) from None
+        if chat:
+            prompts, stop = [None], stop + self.template.stop_strings
+        else:
+            prompts = req.prompts()
         # the client's own name for the length: the newer one wins, as api_models reads them
         length = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         echo = bool(not chat and req.echo)
         # with echo, 0 new tokens is a request of its own: the prompt's logprobs alone
         asked = getattr(req, length)
-        try:
-            max_tokens = generation_length(None if echo and asked == 0 else asked, len(ids), self.model.n_ctx)
-        except ParameterError as e:
-            raise parameter_error(e, {"max_tokens": length, "prompt": "messages" if chat else "prompt"}) from None
-        if echo and asked == 0:
-            max_tokens = 0
         if chat:
             logprobs = (req.top_logprobs or 0) if req.logprobs else None
         else:
             logprobs = req.logprobs
-        job = Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens, logprobs=logprobs,
-                  echo=echo)
-        return job, req
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            where = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            try:
+                if chat:
+                    ids = tok.encode(self.template.render(req.messages), add_special=True, parse_special=True)
+                elif isinstance(prompt, str):
+                    ids = tok.encode(prompt, add_special=True, parse_special=True)
+                else:
+                    ids = prompt
+            except BrassError as e:     # the template or the tokenizer refused the text
+                raise APIError(400, str(e), code="invalid_value", param=where) from None
+            try:
+                max_tokens = generation_length(None if echo and asked == 0 else asked, len(ids), self.model.n_ctx)
+            except ParameterError as e:
+                raise parameter_error(e, {"max_tokens": length, "prompt": where}) from None
+            if echo and asked == 0:
+                max_tokens = 0
+            jobs.append(Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens,
+                            logprobs=logprobs, echo=echo))
+        req._jobs = jobs
+        return jobs[0], req
 
     @staticmethod
     def reply_headers(req) -> dict:
