@@ -334,3 +334,48 @@ def test_bad_batches_get_400(live, name):
     body, param = BAD_BATCH[name]
     status, out = post(live, "/v1/completions", body)
     assert status == 400 and out["error"]["param"] == param, out
+
+
+# --------------------------------------------------------------------------------------------
+# /tokenize and /detokenize (llama-server's routes; vLLM's field names)
+
+
+def test_tokenize_as_llama_server(live, synth_model):
+    tok = synth_model.tokenizer
+    text = "sea ship<s> storm"
+    status, out = post(live, "/tokenize", {"content": text})
+    assert status == 200, out
+    assert out == {"tokens": tok.encode(text, add_special=False, parse_special=True)}
+    status, out = post(live, "/tokenize", {"content": text, "add_special": True, "with_pieces": True})
+    ids = tok.encode(text, add_special=True, parse_special=True)
+    assert ids[0] == 1 and [t["id"] for t in out["tokens"]] == ids      # BOS added
+    for t in out["tokens"]:
+        b = tok.token_to_piece(t["id"])
+        assert (t["piece"] if isinstance(t["piece"], list) else list(t["piece"].encode())) == list(b)
+    status, out = post(live, "/detokenize", {"tokens": ids[1:]})
+    assert status == 200 and out["content"] == tok.decode(ids[1:]), out
+
+
+def test_tokenize_as_vllm(live, synth_model):
+    tok = synth_model.tokenizer
+    status, out = post(live, "/tokenize", {"model": SYNTH, "prompt": "sea ship"})
+    ids = tok.encode("sea ship", add_special=True, parse_special=True)      # vLLM adds them by default
+    assert status == 200 and out == {"tokens": ids, "count": len(ids), "max_model_len": 256}, out
+    out = post(live, "/tokenize", {"prompt": "sea ship", "add_special_tokens": False})[1]
+    assert out["tokens"] == ids[1:]
+    status, out = post(live, "/detokenize", {"model": SYNTH, "tokens": ids[1:]})
+    assert status == 200 and out["prompt"] == tok.decode(ids[1:]), out
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/tokenize", {}, "content"),
+    ("/tokenize", {"content": 5}, "content"),
+    ("/tokenize", {"content": "a", "add_special": "yes"}, "add_special"),
+    ("/tokenize", {"content": "a", "model": "gpt-4o"}, "model"),
+    ("/detokenize", {}, "tokens"),
+    ("/detokenize", {"tokens": ["a"]}, "tokens"),
+    ("/detokenize", {"tokens": [10**9]}, "tokens"),
+])
+def test_bad_tokenize_bodies_get_4xx(live, path, body, param):
+    status, out = post(live, path, body)
+    assert status in (400, 404) and out["error"]["param"] == param, out

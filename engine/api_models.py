@@ -385,6 +385,50 @@ class CompletionRequest(_Request):
         None, description="Only 0; use logprobs.")
 
 
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: llama-server's fields (content, add_special, with_pieces) or vLLM's
+    (prompt, add_special_tokens)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
+        None, description="The served model's id (vLLM sends it); may be left out.")
+    content: String = Field(None, description="The text (llama-server's name).")
+    prompt: String = Field(None, description="The text (vLLM's name); one of content or prompt.")
+    add_special: Boolean = Field(None, description="Add the model's BOS/EOS as it does for a prompt "
+                                                   "(default: false, as llama-server).")
+    add_special_tokens: Boolean = Field(None, description="vLLM's name of add_special (default there: true).")
+    with_pieces: Boolean = Field(None, description="Give each token as {id, piece}: its text, or its "
+                                                   "bytes where they are not UTF-8 alone.")
+
+    def text(self) -> str:
+        if self.content is None and self.prompt is None:
+            raise FieldError("content", "is required (or vLLM's 'prompt')", code="missing_field").api_error()
+        return self.content if self.content is not None else self.prompt
+
+
+def _token_ids(v, handler, info: ValidationInfo):
+    if v is None:
+        raise FieldError("tokens", "is required", code="missing_field")
+    if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise FieldError("tokens", f"must be an array of token ids, got {json_type(v)}")
+    n_vocab = (info.context or {}).get("n_vocab")
+    if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
+        raise FieldError("tokens", f"token ids must be in [0, {n_vocab})", code="invalid_value")
+    return list(v)
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (llama-server's and vLLM's: tokens)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
+        None, description="The served model's id (vLLM sends it); may be left out.")
+    tokens: Annotated[list[int] | None, WrapValidator(_token_ids)] = Field(
+        None, validate_default=True, description="Token ids.")
+
+
 def validate(cls: type[_Request], body: dict, model_id: str | None = None, n_vocab: int | None = None):
     """The request as `cls`, or the first wrong field as an APIError."""
     try:

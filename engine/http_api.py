@@ -256,6 +256,24 @@ def create_app(brass: App):
                                 f"{brass.model_id!r}", code="model_not_found")
         return JSON(brass.model_card())
 
+    # -- tokenizer (llama-server's routes; vLLM's field names too) -----------------------------
+
+    @api.post("/tokenize", dependencies=keyed, summary="Text to token ids")
+    async def tokenize(request: Request):
+        try:
+            body = await read_body(request)
+        except ClientGone:
+            return Response(status_code=499)
+        return JSON(await anyio.to_thread.run_sync(brass.tokenize, body))
+
+    @api.post("/detokenize", dependencies=keyed, summary="Token ids to text")
+    async def detokenize(request: Request):
+        try:
+            body = await read_body(request)
+        except ClientGone:
+            return Response(status_code=499)
+        return JSON(await anyio.to_thread.run_sync(brass.detokenize, body))
+
     # -- completions ----------------------------------------------------------------------------
 
     def body_schema(name: str) -> dict:

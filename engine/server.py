@@ -270,6 +270,45 @@ class App:
         req._jobs = jobs
         return jobs[0], req
 
+    def tokenize(self, body: bytes | dict) -> dict:
+        """POST /tokenize: {"tokens": [...]} (with_pieces: [{"id", "piece"}]); asked in vLLM's
+        form (`prompt`), also its `count` and `max_model_len`. Special-token text is parsed,
+        as llama-server does."""
+        from .api_models import TokenizeRequest, validate
+        if isinstance(body, bytes):
+            body = parse_json_body(body)
+        req = validate(TokenizeRequest, body, self.model_id)
+        add = req.add_special if req.add_special is not None else req.add_special_tokens
+        if add is None:
+            add = req.content is None       # each server's own default: llama-server's false, vLLM's true
+        tok = self.model.tokenizer
+        try:
+            ids = tok.encode(req.text(), add_special=add, parse_special=True)
+        except BrassError as e:
+            raise APIError(400, str(e), code="invalid_value",
+                           param="content" if req.content is not None else "prompt") from None
+        out: dict = {"tokens": ids}
+        if req.with_pieces:
+            def piece(i):
+                b = tok.token_to_piece(i)
+                try:
+                    return b.decode("utf-8")
+                except UnicodeDecodeError:
+                    return list(b)
+            out["tokens"] = [{"id": i, "piece": piece(i)} for i in ids]
+        if req.content is None:
+            out.update(count=len(ids), max_model_len=self.model.n_ctx)
+        return out
+
+    def detokenize(self, body: bytes | dict) -> dict:
+        """POST /detokenize: {"content": text} (and vLLM's name of it, `prompt`)."""
+        from .api_models import DetokenizeRequest, validate
+        if isinstance(body, bytes):
+            body = parse_json_body(body)
+        req = validate(DetokenizeRequest, body, self.model_id, self.model.config.n_vocab)
+        text = self.model.tokenizer.decode(req.tokens)
+        return {"content": text, "prompt": text}
+
     @staticmethod
     def reply_headers(req) -> dict:
         """The headers of a reply to `req` (from prepare): the fields it ignored, if any."""
