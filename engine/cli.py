@@ -503,7 +503,7 @@ def build_parser():
                    help="log-softmax (float32) instead of raw logits: per position the logprob of "
                         "the next given token and the top-k; --json gives {tokens, token_logprobs "
                         "(first null, as OpenAI's echo), top_logprobs (per position, [[id, logprob]...] "
-                        "of the token after it)}")
+                        "of the token after it)} (default: raw logits)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (default: a table with the tokens' text)")
     p.set_defaults(func=cmd_score)

@@ -3,6 +3,7 @@
 the server).
 
     POST /v1/chat/completions   POST /v1/completions   (`"stream": true` → server-sent events)
+    POST /tokenize              POST /detokenize       (llama-server's; vLLM's field names too)
     GET  /v1/models             GET  /v1/models/{id}   GET /health   GET /metrics (Prometheus)
     GET  / (the chat page)      GET  /docs (the OpenAPI page)        GET /favicon.ico
 
