@@ -379,3 +379,16 @@ def test_tokenize_as_vllm(live, synth_model):
 def test_bad_tokenize_bodies_get_4xx(live, path, body, param):
     status, out = post(live, path, body)
     assert status in (400, 404) and out["error"]["param"] == param, out
+
+
+def test_echo_without_logprobs_echoes_the_text(live, synth_model):
+    """echo alone: the prompt's text before the completion's, logprobs null."""
+    body = {"prompt": "sea ship", "max_tokens": 3, "temperature": 0}
+    plain = post(live, "/v1/completions", body)[1]["choices"][0]
+    status, out = post(live, "/v1/completions", {**body, "echo": True})
+    assert status == 200, out
+    c = out["choices"][0]
+    assert c["text"] == "sea ship" + plain["text"] and c["logprobs"] is None
+    status, out = post(live, "/v1/completions", {**body, "echo": True, "max_tokens": 0})
+    assert status == 200 and out["choices"][0]["text"] == "sea ship", out
+    assert out["usage"]["completion_tokens"] == 0 and out["choices"][0]["finish_reason"] == "length"
