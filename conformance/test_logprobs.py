@@ -392,3 +392,15 @@ def test_echo_without_logprobs_echoes_the_text(live, synth_model):
     status, out = post(live, "/v1/completions", {**body, "echo": True, "max_tokens": 0})
     assert status == 200 and out["choices"][0]["text"] == "sea ship", out
     assert out["usage"]["completion_tokens"] == 0 and out["choices"][0]["finish_reason"] == "length"
+
+
+def test_openapi_describes_the_tokenizer_routes(live):
+    import urllib.request
+    with urllib.request.urlopen(live.url + "/openapi.json", timeout=60) as r:
+        doc = json.loads(r.read())
+    for path, name, field in (("/tokenize", "TokenizeRequest", "content"),
+                              ("/detokenize", "DetokenizeRequest", "tokens")):
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith("/" + name) and field in doc["components"]["schemas"][name]["properties"]
+    props = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"logprobs", "top_logprobs"} <= set(props)

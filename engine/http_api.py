@@ -256,9 +256,14 @@ def create_app(brass: App):
                                 f"{brass.model_id!r}", code="model_not_found")
         return JSON(brass.model_card())
 
+    def body_schema(name: str) -> dict:
+        return {"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
     # -- tokenizer (llama-server's routes; vLLM's field names too) -----------------------------
 
-    @api.post("/tokenize", dependencies=keyed, summary="Text to token ids")
+    @api.post("/tokenize", dependencies=keyed, openapi_extra=body_schema("TokenizeRequest"),
+              summary="Text to token ids")
     async def tokenize(request: Request):
         try:
             body = await read_body(request)
@@ -266,7 +271,8 @@ def create_app(brass: App):
             return Response(status_code=499)
         return JSON(await anyio.to_thread.run_sync(brass.tokenize, body))
 
-    @api.post("/detokenize", dependencies=keyed, summary="Token ids to text")
+    @api.post("/detokenize", dependencies=keyed, openapi_extra=body_schema("DetokenizeRequest"),
+              summary="Token ids to text")
     async def detokenize(request: Request):
         try:
             body = await read_body(request)
@@ -275,10 +281,6 @@ def create_app(brass: App):
         return JSON(await anyio.to_thread.run_sync(brass.detokenize, body))
 
     # -- completions ----------------------------------------------------------------------------
-
-    def body_schema(name: str) -> dict:
-        return {"requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
     @api.post("/v1/chat/completions", dependencies=keyed, openapi_extra=body_schema("ChatCompletionRequest"),
               summary="Chat completion (stream: server-sent events)")
@@ -471,10 +473,12 @@ def create_app(brass: App):
         if api.openapi_schema is None:
             from pydantic.json_schema import models_json_schema
 
-            from .api_models import ChatCompletionRequest, CompletionRequest
+            from .api_models import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                     TokenizeRequest)
             schema = get_openapi(title=api.title, version=api.version, description=api.description,
                                  routes=api.routes)
-            _, defs = models_json_schema([(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+            _, defs = models_json_schema([(m, "validation") for m in (ChatCompletionRequest, CompletionRequest,
+                                                                       TokenizeRequest, DetokenizeRequest)],
                                          ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {}).update(defs.get("$defs", {}))
