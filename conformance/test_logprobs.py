@@ -404,3 +404,15 @@ def test_openapi_describes_the_tokenizer_routes(live):
         assert ref.endswith("/" + name) and field in doc["components"]["schemas"][name]["properties"]
     props = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert {"logprobs", "top_logprobs"} <= set(props)
+
+
+def test_a_batch_mixing_logprobs_and_not(live):
+    """A row that wants logprobs batched with one that does not: both get what they get alone
+    (the step brings every row's logits to the host; the greedy tokens are the same)."""
+    from concurrent.futures import ThreadPoolExecutor
+    bodies = [{"prompt": IDS, "logprobs": 3, "max_tokens": 8, "temperature": 0},
+              {"prompt": IDS[2:], "max_tokens": 8, "temperature": 0}]
+    alone = [post(live, "/v1/completions", b)[1]["choices"][0] for b in bodies]
+    with ThreadPoolExecutor(2) as ex:
+        together = list(ex.map(lambda b: post(live, "/v1/completions", b)[1]["choices"][0], bodies))
+    assert together == alone and alone[0]["logprobs"] is not None and alone[1]["logprobs"] is None
