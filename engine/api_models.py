@@ -18,9 +18,12 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
                       StrictStr, ValidationError, ValidationInfo, WrapValidator)
 
 from .api import APIError, json_type
+from .logprobs import MAX_TOP_LOGPROBS
 
 # OpenAI accepts at most 4 stop sequences.
 MAX_STOP = 4
+# Prompts of one completion request at most (a batch: each is a job in the queue).
+MAX_PROMPTS = 64
 ROLES = ("system", "user", "assistant")
 
 
@@ -144,6 +147,39 @@ def _max_tokens(v, handler, info: ValidationInfo):
     return _typed("an integer").func(v, handler, info)
 
 
+def _top_count(v, handler, info: ValidationInfo):
+    """A number of alternatives a token's logprobs list: an integer in [0, MAX_TOP_LOGPROBS]
+    (for completions' logprobs, false is off, as clients that send the chat form do)."""
+    if v is False and info.field_name == "logprobs":
+        return None
+    n = _typed("an integer").func(v, handler, info)
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise FieldError(info.field_name, f"must be between 0 and {MAX_TOP_LOGPROBS}, got {n}",
+                         code="invalid_value")
+    return n
+
+
+def _chat_logprobs(v, handler, info: ValidationInfo):
+    if type(v) is int and v == 0:       # 0 for off, as completions' clients send it
+        return False
+    return _typed("a boolean").func(v, handler, info)
+
+
+def _chat_top_logprobs(v, handler, info: ValidationInfo):
+    n = _top_count(v, handler, info)
+    if n is not None and not info.data.get("logprobs"):
+        raise FieldError("top_logprobs", "needs 'logprobs': true", code="invalid_value")
+    return n
+
+
+def _echo(v, handler, info: ValidationInfo):
+    e = _typed("a boolean").func(v, handler, info)
+    if e and info.data.get("stream"):
+        raise FieldError("echo", "is not supported with 'stream': true by Brass",
+                         code="unsupported_parameter")
+    return e
+
+
 # --------------------------------------------------------------------------------------------
 # The request bodies
 
@@ -160,15 +196,14 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
     # the body's fields this model does not read (set by App.prepare; see ignored_fields)
     _ignored: list[str] = PrivateAttr(default_factory=list)
+    # the request's jobs, one per prompt (set by App.prepare)
+    _jobs: list = PrivateAttr(default_factory=list)
 
     model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
         None, description="The served model's id (GET /v1/models); may be left out.")
     n: Annotated[int | None, _unsupported(1)] = Field(None, description="Only 1.")
     best_of: Annotated[int | None, _unsupported(1)] = Field(None, description="Only 1.")
-    echo: Annotated[bool | None, _unsupported(False)] = Field(None, description="Only false.")
     suffix: Annotated[str | None, _unsupported("")] = Field(None, description="Only empty.")
-    logprobs: Annotated[bool | int | None, _unsupported(False, 0)] = Field(None, description="Not supported.")
-    top_logprobs: Annotated[int | None, _unsupported(0)] = Field(None, description="Not supported.")
     logit_bias: Annotated[dict | None, _unsupported({})] = Field(None, description="Not supported.")
     frequency_penalty: Annotated[float | None, _unsupported(0)] = Field(
         None, description="Only 0; see repetition_penalty.")
@@ -269,17 +304,45 @@ def _messages(v, handler, info: ValidationInfo):
     return [ChatMessage.read(m, f"messages[{i}]") for i, m in enumerate(v)]
 
 
+def _one_prompt(v, where: str, n_vocab):
+    if isinstance(v, str):
+        return check_text(v, where)
+    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
+            raise FieldError(where, f"token ids must be in [0, {n_vocab})", code="invalid_value")
+        return list(v)
+    return None
+
+
 def _prompt(v, handler, info: ValidationInfo):
     if v is None:
         raise FieldError("prompt", "is required", code="missing_field")
-    if isinstance(v, str):
-        return check_text(v, "prompt")
-    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-        n_vocab = (info.context or {}).get("n_vocab")
-        if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
-            raise FieldError("prompt", f"token ids must be in [0, {n_vocab})", code="invalid_value")
-        return list(v)
-    raise FieldError("prompt", f"must be a string or a non-empty array of token ids, got {json_type(v)}")
+    n_vocab = (info.context or {}).get("n_vocab")
+    one = _one_prompt(v, "prompt", n_vocab)
+    if one is not None:
+        return one
+    # a batch: a list of strings or of token-id lists (lm-eval sends them so)
+    if isinstance(v, list) and v and any(isinstance(p, (str, list)) for p in v):
+        if len(v) > MAX_PROMPTS:
+            raise FieldError("prompt", f"holds {len(v)} prompts; at most {MAX_PROMPTS} are allowed",
+                             code="invalid_value")
+        out = []
+        for i, p in enumerate(v):
+            got = _one_prompt(p, f"prompt[{i}]", n_vocab)
+            if got is None:
+                raise FieldError(f"prompt[{i}]", f"must be a string or a non-empty array of token ids, "
+                                                 f"got {json_type(p)}")
+            out.append(got)
+        if info.data.get("stream"):
+            raise FieldError("prompt", "holds several prompts, which Brass does not stream; send "
+                                       "them one a request, or without stream", code="unsupported_parameter")
+        return Batch(out)
+    raise FieldError("prompt", "must be a string, a non-empty array of token ids, or a non-empty "
+                               f"array of either (a batch), got {json_type(v)}")
+
+
+class Batch(list):
+    """Several prompts of one completion request."""
 
 
 class ChatCompletionRequest(_Request):
@@ -289,6 +352,13 @@ class ChatCompletionRequest(_Request):
 
     messages: Annotated[list[ChatMessage] | None, WrapValidator(_messages)] = Field(
         None, validate_default=True, description="The conversation so far; the reply continues it.")
+    logprobs: Annotated[StrictBool | None, WrapValidator(_chat_logprobs)] = Field(None, description="true: each generated token's logprob (the log-softmax "
+                                                "of the logits it was picked from, before penalties) in "
+                                                "choices[].logprobs.content.")
+    top_logprobs: Annotated[StrictInt | None, WrapValidator(_chat_top_logprobs)] = Field(
+        None, description=f"0-{MAX_TOP_LOGPROBS}: the most likely alternatives at each token; needs "
+                          "logprobs: true.")
+    echo: Annotated[bool | None, _unsupported(False)] = Field(None, description="Only false.")
 
 
 class CompletionRequest(_Request):
@@ -296,8 +366,67 @@ class CompletionRequest(_Request):
 
     model_config = ConfigDict(json_schema_extra={"required": ["prompt"]})
 
-    prompt: Annotated[str | list[int] | None, WrapValidator(_prompt)] = Field(
-        None, validate_default=True, description="Text, or token ids.")
+    prompt: Annotated[str | list | None, WrapValidator(_prompt)] = Field(
+        None, validate_default=True, description=f"Text, or token ids; or a batch: an array of up to "
+                                                 f"{MAX_PROMPTS} of either (not with stream), one "
+                                                 "choice each, with its index.")
+
+    def prompts(self) -> list:
+        """The prompts: one, or the batch's."""
+        return list(self.prompt) if isinstance(self.prompt, Batch) else [self.prompt]
+    logprobs: Annotated[StrictInt | None, WrapValidator(_top_count)] = Field(
+        None, description=f"0-{MAX_TOP_LOGPROBS}: each token's logprob and this many most likely "
+                          "alternatives, in OpenAI's legacy form (tokens, token_logprobs, top_logprobs, "
+                          "text_offset).")
+    echo: Annotated[StrictBool | None, WrapValidator(_echo)] = Field(
+        None, description="true: the reply's text and logprobs begin with the prompt's (the first "
+                          "token's logprob null); max_tokens may then be 0. Not with stream.")
+    top_logprobs: Annotated[int | None, _unsupported(0, hint="; use logprobs")] = Field(
+        None, description="Only 0; use logprobs.")
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: llama-server's fields (content, add_special, with_pieces) or vLLM's
+    (prompt, add_special_tokens)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
+        None, description="The served model's id (vLLM sends it); may be left out.")
+    content: String = Field(None, description="The text (llama-server's name).")
+    prompt: String = Field(None, description="The text (vLLM's name); one of content or prompt.")
+    add_special: Boolean = Field(None, description="Add the model's BOS/EOS as it does for a prompt "
+                                                   "(default: false, as llama-server).")
+    add_special_tokens: Boolean = Field(None, description="vLLM's name of add_special (default there: true).")
+    with_pieces: Boolean = Field(None, description="Give each token as {id, piece}: its text, or its "
+                                                   "bytes where they are not UTF-8 alone.")
+
+    def text(self) -> str:
+        if self.content is None and self.prompt is None:
+            raise FieldError("content", "is required (or vLLM's 'prompt')", code="missing_field").api_error()
+        return self.content if self.content is not None else self.prompt
+
+
+def _token_ids(v, handler, info: ValidationInfo):
+    if v is None:
+        raise FieldError("tokens", "is required", code="missing_field")
+    if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise FieldError("tokens", f"must be an array of token ids, got {json_type(v)}")
+    n_vocab = (info.context or {}).get("n_vocab")
+    if n_vocab is not None and not all(0 <= i < n_vocab for i in v):
+        raise FieldError("tokens", f"token ids must be in [0, {n_vocab})", code="invalid_value")
+    return list(v)
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (llama-server's and vLLM's: tokens)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[StrictStr | None, WrapValidator(_served_model)] = Field(
+        None, description="The served model's id (vLLM sends it); may be left out.")
+    tokens: Annotated[list[int] | None, WrapValidator(_token_ids)] = Field(
+        None, validate_default=True, description="Token ids.")
 
 
 def validate(cls: type[_Request], body: dict, model_id: str | None = None, n_vocab: int | None = None):

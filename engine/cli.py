@@ -5,6 +5,7 @@
     brass tokenize MODEL [--text TEXT]   token ids (--jsonl FILE: one JSON string per line;
                                          neither: the text on stdin)
     brass score MODEL --tokens IDS       teacher-forced top-k logits at every position
+                                         (--logprobs: log-softmax, as the server reports them)
     brass models [--rm NAME]             the model catalog and the cache
     brass serve [MODEL]                  OpenAI-compatible HTTP API and web chat page (cli_serve.py)
     brass chat [MODEL]                   interactive chat in the terminal (chat.py)
@@ -337,6 +338,20 @@ def score_table(ids: list[int], rows: list, piece) -> str:
     return "\n".join(lines)
 
 
+def logprob_table(ids: list[int], rows: list, nxt: list, piece) -> str:
+    """`brass score --logprobs`'s text: per position the token, the logprob of the token that
+    follows it (none at the last position), and the top-k next tokens as id, text, logprob."""
+    k = len(rows[0]) if rows else 0
+    lines = [f"# position, token (id, text), logprob of the next token, then the {k} most likely "
+             f"next tokens (id, text, logprob), best first"]
+    width = min(24, max((len(piece(i)) for i in ids), default=0))
+    for t, r in enumerate(rows):
+        top = "   ".join(f"{i} {piece(i)} {v:.6f}" for i, v in r)
+        n = "-" if nxt[t] is None else f"{nxt[t]:.6f}"
+        lines.append(f"{t:5d}  {ids[t]:6d} {piece(ids[t]):{width}s}  {n:>10s}  {top}")
+    return "\n".join(lines)
+
+
 def cmd_score(args):
     import numpy as np
     ids = _parse_token_list(args.tokens)
@@ -345,13 +360,25 @@ def cmd_score(args):
     m = load_model(args)
     logits = m.score(ids)
     k = min(args.top_k, logits.shape[-1])
+
+    def piece(i):
+        return repr(m.tokenizer.token_to_piece(i).decode("utf-8", errors="replace"))
+    if args.logprobs:
+        from .logprobs import log_softmax, top
+        lp = log_softmax(logits)
+        rows = [[[i, v] for i, v in top(lp[t], k)] for t in range(len(ids))]
+        # the logprob of ids[t + 1] after position t: OpenAI's echo aligns it with ids[t + 1]
+        nxt = [float(lp[t, ids[t + 1]]) for t in range(len(ids) - 1)] + [None]
+        if args.json:
+            print(json.dumps({"tokens": ids, "token_logprobs": [None] + nxt[:-1], "top_logprobs": rows}))
+        else:
+            print(logprob_table(ids, rows, nxt, piece))
+        return
     top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
     rows = [[[int(i), float(logits[t, i])] for i in top[t]] for t in range(len(ids))]
     if args.json:
         print(json.dumps({"tokens": ids, "top_k": rows}))
     else:
-        def piece(i):
-            return repr(m.tokenizer.token_to_piece(i).decode("utf-8", errors="replace"))
         print(score_table(ids, rows, piece))
 
 
@@ -472,6 +499,11 @@ def build_parser():
     add_model_args(p)
     p.add_argument("--tokens", required=True, help="JSON array of ids, or a file holding one (required)")
     p.add_argument("--top-k", type=int, default=8, help="logits shown per position (default: 8)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="log-softmax (float32) instead of raw logits: per position the logprob of "
+                        "the next given token and the top-k; --json gives {tokens, token_logprobs "
+                        "(first null, as OpenAI's echo), top_logprobs (per position, [[id, logprob]...] "
+                        "of the token after it)} (default: raw logits)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (default: a table with the tokens' text)")
     p.set_defaults(func=cmd_score)

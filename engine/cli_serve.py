@@ -5,6 +5,16 @@ $BRASS_API_KEY) every request must carry `Authorization: Bearer KEY`, except GET
 GET /v1/models (open, as in llama-server: load balancers probe one, clients list the model with
 the other) and what a browser fetches by navigating: the chat page /, its /web/ files,
 /favicon.ico, /docs and /openapi.json. conformance/test_server_auth.py holds the table.
+
+Logprobs, as OpenAI defines them (engine/logprobs.py): /v1/completions takes `logprobs` 0-20
+(OpenAI's legacy form: tokens, token_logprobs, top_logprobs, text_offset), `echo` (the prompt's
+tokens first, the first logprob null; `max_tokens` may then be 0; not with stream) and a batch
+of prompts (an array of strings or of token-id lists, one choice each with its index; not with
+stream); /v1/chat/completions takes `logprobs: true` and `top_logprobs` 0-20
+(choices[].logprobs.content[]: token, logprob, bytes, top_logprobs). A logprob is the float32
+log-softmax of the logits the token was picked from, before sampling penalties; an echoed
+prompt's are those `brass score --logprobs` prints. POST /tokenize and /detokenize serve the
+tokenizer as llama-server does (vLLM's field names accepted).
 """
 
 from __future__ import annotations
@@ -81,7 +91,14 @@ def add_cli(sub):
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP API and web chat page",
                        description="An OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
                                    "/v1/models), /health, /metrics (Prometheus), a chat page at / and "
-                                   "the API's documentation at /docs. With --api-key, every request "
+                                   "the API's documentation at /docs. Logprobs as OpenAI gives them: "
+                                   "completions' logprobs (0-20) and echo (max_tokens 0 allowed), a "
+                                   "batch of prompts per completion request, chat's logprobs and "
+                                   "top_logprobs (0-20); the float32 log-softmax of the logits each "
+                                   "token was picked from, before penalties. POST /tokenize {content, "
+                                   "add_special, with_pieces} and /detokenize {tokens}, as "
+                                   "llama-server (vLLM's prompt and add_special_tokens too). With "
+                                   "--api-key, every request "
                                    "needs 'Authorization: Bearer KEY' except GET /health, GET "
                                    "/v1/models and what a browser opens: the page, its files, "
                                    "/favicon.ico, /docs and /openapi.json. Request fields Brass does "

@@ -43,6 +43,7 @@ from starlette.responses import Response, StreamingResponse
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from . import __version__
+from . import logprobs as logprob_forms
 from .api import APIError
 from .errors import BrassError
 from .server import CONTENT_TYPES, App
@@ -126,7 +127,7 @@ class JobEvents:
                 await self._ready.wait()
                 continue
             yield event
-            if event[0] != "delta":
+            if event[0] not in ("delta", "prompt"):
                 return
 
 
@@ -255,11 +256,31 @@ def create_app(brass: App):
                                 f"{brass.model_id!r}", code="model_not_found")
         return JSON(brass.model_card())
 
-    # -- completions ----------------------------------------------------------------------------
-
     def body_schema(name: str) -> dict:
         return {"requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+    # -- tokenizer (llama-server's routes; vLLM's field names too) -----------------------------
+
+    @api.post("/tokenize", dependencies=keyed, openapi_extra=body_schema("TokenizeRequest"),
+              summary="Text to token ids")
+    async def tokenize(request: Request):
+        try:
+            body = await read_body(request)
+        except ClientGone:
+            return Response(status_code=499)
+        return JSON(await anyio.to_thread.run_sync(brass.tokenize, body))
+
+    @api.post("/detokenize", dependencies=keyed, openapi_extra=body_schema("DetokenizeRequest"),
+              summary="Token ids to text")
+    async def detokenize(request: Request):
+        try:
+            body = await read_body(request)
+        except ClientGone:
+            return Response(status_code=499)
+        return JSON(await anyio.to_thread.run_sync(brass.detokenize, body))
+
+    # -- completions ----------------------------------------------------------------------------
 
     @api.post("/v1/chat/completions", dependencies=keyed, openapi_extra=body_schema("ChatCompletionRequest"),
               summary="Chat completion (stream: server-sent events)")
@@ -280,6 +301,8 @@ def create_app(brass: App):
         headers = brass.reply_headers(req)
         if state["stopping"]:
             raise STOPPING
+        if len(req._jobs) > 1:
+            return await complete_batch(request, req, headers)
         events = JobEvents(job)             # before submit: no event is missed
         brass.submit(job)
         live.add(events)
@@ -288,12 +311,12 @@ def create_app(brass: App):
                 "created": int(time.time()), "model": brass.model_id}
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(events, stream(events, head, chat, usage), on_left=brass.metrics.client_left,
+            return EventStream(events, stream(events, head, chat, usage, job), on_left=brass.metrics.client_left,
                                on_end=live.discard, headers=headers)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         gone.add_done_callback(lambda t: t.cancelled() or events.client_gone())
         try:
-            return await reply(events, head, chat, headers)
+            return await reply(events, head, chat, headers, job, req)
         except ClientGone:
             brass.metrics.client_left()
             return Response(status_code=499)    # nobody reads it; the guard does not count it
@@ -304,26 +327,84 @@ def create_app(brass: App):
             job.cancelled.set()
             live.discard(events)
 
-    async def reply(events: JobEvents, head: dict, chat: bool, headers: dict) -> Response:
-        parts = []
+    async def complete_batch(request: Request, req, headers: dict) -> Response:
+        """A completion request of several prompts: one job each, submitted together (decoded
+        together as the scheduler's places allow), one choice each, `index` its prompt's."""
+        all_events = []
+        try:
+            for job in req._jobs:
+                events = JobEvents(job)
+                brass.submit(job)       # a full queue: the jobs already in are cancelled below
+                all_events.append(events)
+                live.add(events)
+        except BaseException:
+            for events in all_events:
+                events.job.cancelled.set()
+                live.discard(events)
+            raise
+        head = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
+                "created": int(time.time()), "model": brass.model_id}
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        gone.add_done_callback(lambda t: t.cancelled() or [e.client_gone() for e in all_events])
+        try:
+            got = [await collect(events, False, events.job, req, i) for i, events in enumerate(all_events)]
+        except ClientGone:
+            brass.metrics.client_left()
+            return Response(status_code=499)
+        except ServerStopping:
+            return error_response(STOPPING)
+        finally:
+            gone.cancel()
+            for events in all_events:
+                events.job.cancelled.set()
+                live.discard(events)
+        usage = {k: sum(u[k] for _, u in got) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        return JSON({**head, "choices": [c for c, _ in got], "usage": usage}, headers=headers)
+
+    async def reply(events: JobEvents, head: dict, chat: bool, headers: dict, job, req) -> Response:
+        choice, usage = await collect(events, chat, job, req, 0)
+        return JSON({**head, "choices": [choice], "usage": usage}, headers=headers)
+
+    async def collect(events: JobEvents, chat: bool, job, req, index: int) -> tuple[dict, dict]:
+        """A job's whole reply: (its choice, its usage)."""
+        parts, prompt, entries = [], [], []
         async for event in events:
             if event[0] == "delta":
                 parts.append(event[1])
+                entries += event[2] if len(event) > 2 else []
+            elif event[0] == "prompt":
+                prompt = event[1]
             elif event[0] == "error":
                 raise event[1]
             else:
                 _, reason, usage = event
         text = "".join(parts)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-                  else {"index": 0, "text": text})
-        choice.update(logprobs=None, finish_reason=reason)
-        return JSON({**head, "choices": [choice], "usage": usage}, headers=headers)
+        tok = brass.model.tokenizer
+        echoed = ""
+        if job.echo:
+            p = req.prompts()[index]
+            echoed = p if isinstance(p, str) else tok.decode(p)
+        choice = ({"index": index, "message": {"role": "assistant", "content": text}} if chat
+                  else {"index": index, "text": echoed + text})
+        logprobs = None
+        if job.logprobs is not None:
+            if chat:
+                logprobs = logprob_forms.chat_form(entries, tok)
+            else:
+                logprobs = logprob_forms.completion_form(prompt, tok)
+                more = logprob_forms.completion_form(entries, tok, len(echoed))
+                for k in logprobs:
+                    logprobs[k] += more[k]
+        choice.update(logprobs=logprobs, finish_reason=reason)
+        return choice, usage
 
-    async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool):
+    async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool, job):
         if chat:
             head = {**head, "object": "chat.completion.chunk"}
+        tok = brass.model.tokenizer
+        offset = 0          # of the next token's text in the whole reply (legacy text_offset)
 
-        def chunk(text: str | None, reason: str | None, role: bool = False) -> dict:
+        def chunk(text: str | None, reason: str | None, role: bool = False, entries=None) -> dict:
             if chat:
                 delta = {} if text is None else {"content": text}
                 if role:
@@ -331,7 +412,11 @@ def create_app(brass: App):
                 c = {"index": 0, "delta": delta}
             else:
                 c = {"index": 0, "text": text or ""}
-            c.update(logprobs=None, finish_reason=reason)
+            logprobs = None
+            if entries is not None:
+                logprobs = (logprob_forms.chat_form(entries, tok) if chat
+                            else logprob_forms.completion_form(entries, tok, offset))
+            c.update(logprobs=logprobs, finish_reason=reason)
             return {**head, "choices": [c]}
 
         if chat:
@@ -339,7 +424,9 @@ def create_app(brass: App):
         try:
             async for event in events:
                 if event[0] == "delta":
-                    yield sse(chunk(event[1], None))
+                    yield sse(chunk(event[1], None, entries=event[2] if len(event) > 2 else None))
+                    offset += sum(len(logprob_forms.token_text(tok, e["token"])) for e in
+                                  (event[2] if len(event) > 2 else ()))
                 elif event[0] == "error":     # mid-stream: the status line is gone; say it here
                     yield sse(event[1].body())
                 else:
@@ -386,10 +473,12 @@ def create_app(brass: App):
         if api.openapi_schema is None:
             from pydantic.json_schema import models_json_schema
 
-            from .api_models import ChatCompletionRequest, CompletionRequest
+            from .api_models import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                     TokenizeRequest)
             schema = get_openapi(title=api.title, version=api.version, description=api.description,
                                  routes=api.routes)
-            _, defs = models_json_schema([(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+            _, defs = models_json_schema([(m, "validation") for m in (ChatCompletionRequest, CompletionRequest,
+                                                                       TokenizeRequest, DetokenizeRequest)],
                                          ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {}).update(defs.get("$defs", {}))

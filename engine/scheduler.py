@@ -19,6 +19,14 @@ tokens into text (stop strings cut, the end-of-generation token left out) and pu
 ("error", APIError); after each it calls `wakeup()`, the HTTP layer's bridge to its event loop.
 The last event waits for `on_end()`: a client that has its whole reply finds the job gone from
 the scheduler's counts (/health, /metrics), not still running.
+
+With logprobs (`logprobs`: the number of alternatives, 0-20; None is off) a delta is
+("delta", text, entries): the logprob entries of the tokens whose text it completes (a token
+whose text is held back, part of a UTF-8 character or of a possible stop string, goes with the
+text that follows; those cut by a stop string go with the last event before "done"). An entry
+is {"token": id, "logprob": float, "top": [(id, logprob), ...]}. Every generated token has
+one except the end-of-generation token, whose text is left out too. With `echo`, the first
+event is ("prompt", entries) for the prompt's tokens (the first with logprob and top None).
 """
 
 from __future__ import annotations
@@ -66,8 +74,12 @@ class Job:
     """One request's generation (see the module's docstring for the contract)."""
 
     def __init__(self, prompt_ids: list[int], max_tokens: int, sampling, stop: list[str], tokenizer,
-                 on_tokens: Callable[[int], None] | None = None):
+                 on_tokens: Callable[[int], None] | None = None, logprobs: int | None = None,
+                 echo: bool = False):
         self.prompt_ids, self.max_tokens, self.sampling = prompt_ids, max_tokens, sampling
+        self.logprobs, self.echo = logprobs, echo
+        self._row = None                # the log-softmax row of the next token
+        self._entries: list[dict] = []  # entries of tokens whose text is not out yet
         self.tokenizer = tokenizer
         self.stops = StopScanner(stop)
         self.events: queue.Queue = queue.Queue()
@@ -86,6 +98,11 @@ class Job:
         """Take the next generated token; True when the job is finished."""
         if self._done:
             return True
+        row, self._row = self._row, None
+        if row is not None and not self.tokenizer.is_eog(token):
+            from .logprobs import top
+            self._entries.append({"token": token, "logprob": float(row[token]),
+                                  "top": top(row, self.logprobs)})
         self.completion_tokens += 1
         if self._on_tokens is not None:
             self._on_tokens(1)
@@ -98,6 +115,24 @@ class Job:
         if self.completion_tokens >= self.max_tokens:
             return self._finish("length", self._decoder.flush())
         return False
+
+    def on_logprobs(self, row):
+        self._row = row
+
+    def on_prompt_logprobs(self, rows):
+        if rows is not None:
+            self._put(("prompt", self._prompt_entries(rows)))
+        if self.max_tokens == 0:       # echo alone: nothing is generated
+            self._finish("length", None)
+
+    def _prompt_entries(self, rows) -> list[dict]:
+        from .logprobs import top
+        ids = self.prompt_ids
+        n = self.logprobs or 0
+        entries = [{"token": ids[0], "logprob": None, "top": None}]
+        entries += [{"token": ids[i], "logprob": float(rows[i - 1][ids[i]]), "top": top(rows[i - 1], n)}
+                    for i in range(1, len(ids))]
+        return entries
 
     def on_error(self, exc: BaseException):
         if self._done:
@@ -123,15 +158,21 @@ class Job:
         if self.wakeup is not None:
             self.wakeup()
 
-    def _emit(self, text: str):
-        if text:
-            self._put(("delta", text))
+    def _emit(self, text: str, last: bool = False):
+        if self.logprobs is None:
+            if text:
+                self._put(("delta", text))
+            return
+        if text or (last and self._entries):
+            entries, self._entries = self._entries, []
+            self._put(("delta", text, entries))
 
     def _finish(self, reason: str, tail: str | None) -> bool:
         if tail is not None:
             text, hit = self.stops.feed(tail)
             self._emit(text if hit else text + self.stops.flush())
             reason = "stop" if hit else reason
+        self._emit("", last=True)       # entries whose text a stop string cut
         n_prompt = len(self.prompt_ids)
         usage = {"prompt_tokens": n_prompt, "completion_tokens": self.completion_tokens,
                  "total_tokens": n_prompt + self.completion_tokens}

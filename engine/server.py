@@ -3,6 +3,7 @@
 the server).
 
     POST /v1/chat/completions   POST /v1/completions   (`"stream": true` → server-sent events)
+    POST /tokenize              POST /detokenize       (llama-server's; vLLM's field names too)
     GET  /v1/models             GET  /v1/models/{id}   GET /health   GET /metrics (Prometheus)
     GET  / (the chat page)      GET  /docs (the OpenAPI page)        GET /favicon.ico
 
@@ -234,25 +235,80 @@ class App:
             raise parameter_error(e) from None
         stop = list(req.stop or [])
         tok = self.model.tokenizer
-        try:
-            if chat:
-                ids = tok.encode(self.template.render(req.messages), add_special=True, parse_special=True)
-                stop += self.template.stop_strings
-            elif isinstance(req.prompt, str):
-                ids = tok.encode(req.prompt, add_special=True, parse_special=True)
-            else:
-                ids = req.prompt
-        except BrassError as e:     # the template or the tokenizer refused the text
-            where = "messages" if chat else "prompt"
-            raise APIError(400, str(e), code="invalid_value", param=where) from None
+        if chat:
+            prompts, stop = [None], stop + self.template.stop_strings
+        else:
+            prompts = req.prompts()
         # the client's own name for the length: the newer one wins, as api_models reads them
         length = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        echo = bool(not chat and req.echo)
+        # with echo, 0 new tokens is a request of its own: the prompt's logprobs alone
+        asked = getattr(req, length)
+        if chat:
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            logprobs = req.logprobs
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            where = "messages" if chat else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            try:
+                if chat:
+                    ids = tok.encode(self.template.render(req.messages), add_special=True, parse_special=True)
+                elif isinstance(prompt, str):
+                    ids = tok.encode(prompt, add_special=True, parse_special=True)
+                else:
+                    ids = prompt
+            except BrassError as e:     # the template or the tokenizer refused the text
+                raise APIError(400, str(e), code="invalid_value", param=where) from None
+            try:
+                max_tokens = generation_length(None if echo and asked == 0 else asked, len(ids), self.model.n_ctx)
+            except ParameterError as e:
+                raise parameter_error(e, {"max_tokens": length, "prompt": where}) from None
+            if echo and asked == 0:
+                max_tokens = 0
+            jobs.append(Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens,
+                            logprobs=logprobs, echo=echo))
+        req._jobs = jobs
+        return jobs[0], req
+
+    def tokenize(self, body: bytes | dict) -> dict:
+        """POST /tokenize: {"tokens": [...]} (with_pieces: [{"id", "piece"}]); asked in vLLM's
+        form (`prompt`), also its `count` and `max_model_len`. Special-token text is parsed,
+        as llama-server does."""
+        from .api_models import TokenizeRequest, validate
+        if isinstance(body, bytes):
+            body = parse_json_body(body)
+        req = validate(TokenizeRequest, body, self.model_id)
+        add = req.add_special if req.add_special is not None else req.add_special_tokens
+        if add is None:
+            add = req.content is None       # each server's own default: llama-server's false, vLLM's true
+        tok = self.model.tokenizer
         try:
-            max_tokens = generation_length(getattr(req, length), len(ids), self.model.n_ctx)
-        except ParameterError as e:
-            raise parameter_error(e, {"max_tokens": length, "prompt": "messages" if chat else "prompt"}) from None
-        job = Job(ids, max_tokens, sampling, stop, tok, on_tokens=self.metrics.tokens)
-        return job, req
+            ids = tok.encode(req.text(), add_special=add, parse_special=True)
+        except BrassError as e:
+            raise APIError(400, str(e), code="invalid_value",
+                           param="content" if req.content is not None else "prompt") from None
+        out: dict = {"tokens": ids}
+        if req.with_pieces:
+            def piece(i):
+                b = tok.token_to_piece(i)
+                try:
+                    return b.decode("utf-8")
+                except UnicodeDecodeError:
+                    return list(b)
+            out["tokens"] = [{"id": i, "piece": piece(i)} for i in ids]
+        if req.content is None:
+            out.update(count=len(ids), max_model_len=self.model.n_ctx)
+        return out
+
+    def detokenize(self, body: bytes | dict) -> dict:
+        """POST /detokenize: {"content": text} (and vLLM's name of it, `prompt`)."""
+        from .api_models import DetokenizeRequest, validate
+        if isinstance(body, bytes):
+            body = parse_json_body(body)
+        req = validate(DetokenizeRequest, body, self.model_id, self.model.config.n_vocab)
+        text = self.model.tokenizer.decode(req.tokens)
+        return {"content": text, "prompt": text}
 
     @staticmethod
     def reply_headers(req) -> dict:

@@ -22,6 +22,13 @@ captures the decode graphs before the first request, which would otherwise wait 
 The scheduler knows nothing of HTTP: a Request is told its tokens through `on_token(token) ->
 bool` (True: it is finished) and a failure through `on_error(exc)`, and `on_end()` once the
 scheduler has let go of it; it reads `cancelled` (a threading.Event) to leave early.
+
+Logprobs (engine/logprobs.py): a request whose `logprobs` is not None is told, before each
+token, `on_logprobs(row)`, the log-softmax of the logits the token is picked from (before any
+sampling penalty); its steps then bring their logits to the host (no greedy run on the device).
+A request with `echo` set is told `on_prompt_logprobs(rows)` before its prompt is read: with
+logprobs, the log-softmax of Model.score over the prompt, the very pass `brass score
+--logprobs` prints (else None); with `max_tokens` 0 it then ends, generating nothing.
 """
 
 from __future__ import annotations
@@ -99,6 +106,16 @@ class Request:
         self.finished = threading.Event()
         self.tokens: list[int] = []
         self.error: BaseException | None = None
+
+    # logprobs (see the module's docstring): None is off
+    logprobs: int | None = None
+    echo: bool = False
+
+    def on_logprobs(self, row):
+        """The log-softmax of the logits the next token is picked from."""
+
+    def on_prompt_logprobs(self, rows):
+        """The log-softmax of the teacher-forced logits at every prompt position."""
 
     def on_token(self, token: int) -> bool:
         self.tokens.append(token)
@@ -269,11 +286,31 @@ class BatchScheduler:
         self._phase = phase
 
     def _prefill_chunk(self, r: _Running):
+        if r.read == 0 and r.req.echo:
+            from .logprobs import log_softmax
+            r.req.on_prompt_logprobs(None if r.req.logprobs is None
+                                     else log_softmax(self.model.score(r.req.prompt_ids)))
+            if r.req.max_tokens == 0:
+                self._end(r)
+                return
         ids = r.req.prompt_ids[r.read:r.read + self.prefill_chunk]
         logits = r.session.prefill(ids, device_logits=True)
         r.read += len(ids)
         if r.read == len(r.req.prompt_ids):
-            self._accept(r, r.session.pick(logits, r.sampler, r.history))
+            self._pick_logged(r, logits)
+
+    def _pick_logged(self, r: _Running, logits):
+        """Pick the next token from device logits; a request that wants logprobs is told them
+        first, from the same logits."""
+        if r.req.logprobs is not None:
+            from .logprobs import log_softmax
+            b = self.model.backend
+            # a session may say how its logits read as a vocabulary row (the tests' stub)
+            host_row = getattr(r.session, "host_row", None)
+            with b.activate():
+                row = host_row(logits) if host_row is not None else b.to_numpy(logits)[-1]
+            r.req.on_logprobs(log_softmax(row))
+        self._accept(r, r.session.pick(logits, r.sampler, r.history))
 
     def _decode(self, ready: list[_Running]):
         b = self.model.backend
@@ -299,7 +336,8 @@ class BatchScheduler:
             self._stop_solo(r)
         # Greedy rows need only their argmax (taken on the device): B integers come back
         # instead of B rows of logits.
-        greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0 for r in ready)
+        greedy = all(r.sampler.p.greedy and r.sampler.p.repetition_penalty == 1.0
+                     and r.req.logprobs is None for r in ready)
         # Greedy rows of an unchanged batch continue its run ahead (BatchDecoder.greedy_steps);
         # any change of the rows ends it, and a new one starts where the batch takes one.
         key = tuple(id(r) for r in ready)     # (a run of other rows ended at the top)
@@ -337,7 +375,7 @@ class BatchScheduler:
             if greedy:
                 self._guard(r, lambda r: self._accept(r, int(row)), r)
             else:
-                self._guard(r, lambda r: self._accept(r, _pick(row, r.sampler, r.history)), r)
+                self._guard(r, lambda r: self._accept(r, _pick_logged(row, r)), r)
 
     def _decode_alone(self, r: _Running):
         """The next token(s) of a request decoding by itself. Greedy on a graph backend, it runs
@@ -345,8 +383,9 @@ class BatchScheduler:
         sync per token), up to SOLO_TOKENS tokens per iteration and only while nothing
         waits; otherwise one step through Session.decode."""
         p = r.sampler.p
-        if not (p.greedy and p.repetition_penalty == 1.0 and getattr(r.session, "graphs", False)):
-            self._accept(r, r.session.pick(r.session.decode(r.next), r.sampler, r.history))
+        if not (p.greedy and p.repetition_penalty == 1.0 and getattr(r.session, "graphs", False)
+                and r.req.logprobs is None):
+            self._pick_logged(r, r.session.decode(r.next))
             return
         if r.solo is None:
             r.solo = r.session.greedy(r.next, r.req.max_tokens - r.generated)
@@ -482,6 +521,14 @@ class BatchScheduler:
         if self.batch is not None:
             self.batch.prepare_buckets(self.parallel, s.n_ctx)
         return time.perf_counter() - t0
+
+
+def _pick_logged(row: np.ndarray, r: _Running) -> int:
+    """_pick, telling a request that wants logprobs the row's first."""
+    if r.req.logprobs is not None:
+        from .logprobs import log_softmax
+        r.req.on_logprobs(log_softmax(row))
+    return _pick(row, r.sampler, r.history)
 
 
 def _pick(row: np.ndarray, sampler: Sampler, history: list[int]) -> int:

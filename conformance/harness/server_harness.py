@@ -58,6 +58,7 @@ class StubForward:
         self.gate = gate
         eog = min(model.tokenizer.vocab.eog)
         self.ids = np.array([eog] + [i for i in range(200, 300) if i != eog][:63])
+        self.n_vocab = model.config.n_vocab
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -109,6 +110,13 @@ class StubSession:
 
     def pick(self, logits, sampler, history) -> int:
         return int(self.stub.ids[sampler(logits, history)])
+
+    def host_row(self, logits) -> np.ndarray:
+        """The logits as a row of the vocabulary (for logprobs): the stub's 64 tokens have
+        theirs, every other token -inf."""
+        row = np.full(self.stub.n_vocab, -np.inf, np.float32)
+        row[self.stub.ids] = logits
+        return row
 
 
 class ThreadedServer:

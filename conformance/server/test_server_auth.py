@@ -40,10 +40,13 @@ ROUTES = {
     ("GET", "/metrics"): (True, 200),
     ("POST", "/v1/chat/completions"): (True, 200),
     ("POST", "/v1/completions"): (True, 200),
+    ("POST", "/tokenize"): (True, 200),
+    ("POST", "/detokenize"): (True, 200),
 }
 
 BODIES = {CHAT: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
-          COMPLETIONS: {"prompt": "The sea", "max_tokens": 1}}
+          COMPLETIONS: {"prompt": "The sea", "max_tokens": 1},
+          "/tokenize": {"content": "The sea"}, "/detokenize": {"tokens": [504, 3]}}
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ BAD_REQUESTS = {
     "stop_too_many": (COMPLETIONS, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400),
     "stop_empty_string": (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400),
     "n_two": (CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400),
-    "logprobs": (COMPLETIONS, {"prompt": "hi", "logprobs": 5}, 400),
+    "logprobs": (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400),
     "tools": (CHAT, {"messages": [{"role": "user", "content": "hi"}],
                      "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
     "model_not_string": (CHAT, {"model": 7, "messages": [{"role": "user", "content": "hi"}]}, 400),
