@@ -93,7 +93,7 @@ pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve 
 def live(synth_model):
     """synth-llama served with two parallel slots (batched decoding), no API key."""
     from brass.server import App
-    from conformance.server_harness import ThreadedServer
+    from conformance.harness.server_harness import ThreadedServer
     srv = ThreadedServer(App(synth_model, SYNTH, None, parallel=2, max_waiting=8))
     yield srv
     srv.stop()
@@ -204,7 +204,7 @@ CHAT_MSGS = [{"role": "user", "content": "sea ship"}]
 
 
 def chat_prompt_ids(model):
-    from conformance.server_harness import chat_ids
+    from conformance.harness.server_harness import chat_ids
     return chat_ids(model, CHAT_MSGS)
 
 
@@ -212,7 +212,7 @@ def test_chat_logprobs_stream_and_not(live, synth_model):
     """/v1/chat/completions logprobs: true, top_logprobs: 3, sampled with a repetition penalty
     (which does not change them): the same entries streamed (one chunk per token) and not,
     each exactly the decode path's."""
-    from conformance.server_harness import read_sse
+    from conformance.harness.server_harness import read_sse
     body = {"messages": CHAT_MSGS, "logprobs": True, "top_logprobs": 3, "max_tokens": 5,
             "temperature": 0.9, "seed": 7, "repetition_penalty": 1.5}
     status, out = post(live, "/v1/chat/completions", body)
@@ -241,7 +241,7 @@ def test_chat_logprobs_stream_and_not(live, synth_model):
 
 def test_completion_logprobs_streamed(live, synth_model):
     """Legacy completions streamed: each chunk's logprobs are its tokens', text_offset runs on."""
-    from conformance.server_harness import read_sse
+    from conformance.harness.server_harness import read_sse
     body = {"prompt": IDS, "logprobs": 1, "max_tokens": 5, "temperature": 0}
     status, out = post(live, "/v1/completions", body)
     assert status == 200, out
