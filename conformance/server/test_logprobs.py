@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from conformance import goldens
+from conformance.harness import goldens
 
 SYNTH = "synth-llama"
 # float32 log-softmax against a float64 one of the same logits: a few ulps of values of
