@@ -42,14 +42,6 @@ __device__ __forceinline__ void prefetch_l2_span(const void * p, const long long
 #endif
 }
 
-// The same from one thread: the 128-byte lines that [p, p + n) touches.
-__device__ __forceinline__ void prefetch_l2_bytes(const void * p, const long long n) {
-#if defined(__CUDA_ARCH__)
-    const char * c = (const char *) ((size_t) p & ~(size_t) 127);
-    for (; c < (const char *) p + n; c += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(c));
-#endif
-}
-
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -304,14 +296,4 @@ __device__ __forceinline__ void norm_rope_head(const float * src, const float * 
             if (cache) cache[d] = f32_to_f16(row[d]);
         }
     }
-}
-
-// The greedy advance of a decode step on the device: the chosen token becomes the next step's
-// input at the next position, and is kept in the history at that position (while it fits).
-// One thread (fused.cu decode_advance, router.cu argmax_final_advance).
-__device__ __forceinline__ void greedy_advance(const int next, int * tok, int * pos, int * history, const int capacity) {
-    const int p1 = pos[0] + 1;
-    tok[0] = next;
-    pos[0] = p1;
-    if (p1 >= 0 && p1 < capacity) history[p1] = next;
 }

@@ -133,7 +133,12 @@ extern "C" __global__ void decode_advance(const int * __restrict__ next, int * _
                                           const AdvanceParams p) {
     PDL_ENTRY();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    greedy_advance(next[0], tok, pos, history, p.capacity);
+    /* the chosen token becomes the next step's input at the next position, and is kept in the
+       history at that position (while it fits) */
+    const int n = next[0], p1 = pos[0] + 1;
+    tok[0] = n;
+    pos[0] = p1;
+    if (p1 >= 0 && p1 < p.capacity) history[p1] = n;
 }
 
 extern "C" __global__ void decode_set(int * __restrict__ tok, int * __restrict__ pos, const DecodeSetParams p) {

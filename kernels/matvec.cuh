@@ -104,12 +104,6 @@ static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32 && MV_SPLIT
 #define GLU_ROWS 4
 #endif
 static_assert(GLU_WARPS * GLU_ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
-#ifndef GLU_PAIRED
-// matvec_glu_<kind>: 1 reads gate and up in one loop (rows_dot2: both matrices' loads in
-// flight together, the same floats), 0 one after the other. ptxas gives the paired loop 105
-// registers against 60 on Q4_K, which halves the resident blocks of a large launch.
-#define GLU_PAIRED 0
-#endif
 #ifndef GLU_WIDE_WARPS
 // matvec_glu_wide_<kind>: GLU_WIDE_WARPS warps x 32 / GLU_WIDE_WARPS rows, gate and up in one
 // loop, for launches of fewer than GLU_WIDE_MAX_BLOCKS_PER_SM blocks per SM (the backend's
@@ -163,11 +157,6 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // the rule off's 583.5 / 1,005.7 / 1,206.1 and 583.3 / 1,009.9 / 1,206.3.
 #define MV_COLS_ROWS_MANY 3
 #endif
-#ifndef GLU_COLS_PAIRED
-// matvec_glu_cols_<kind>: 1 reads a row's gate and up in one pass over the tokens'
-// activations (each read once for both), 0 one after the other. The same bits either way.
-#define GLU_COLS_PAIRED 1
-#endif
 #ifndef MV_COLS_ROW_ITERS
 // matvec_cols_<kind> / matvec_cols_split_<kind>: rounds of rows a block takes (the backend's
 // grid: blockIdx.y over units / (units per block x this); the kernels stride over the rest).
@@ -200,9 +189,9 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // as many items in flight as 2 did with one.
 #define MV_PRELOAD 1
 #endif
-#ifndef MV_PRELOAD_Q6K
+// Q6_K's rows are not preloaded (its one-token mat-vec is matvec_coop_q6_k's chunks); the
+// backend's unit_rows reads this 0.
 #define MV_PRELOAD_Q6K 0
-#endif
 #ifndef MV_PRELOAD_ROWS
 // matvec_<kind> / matvec_split_<kind> of the preloaded kinds (MV_PRELOAD): rows a warp (a split
 // group) takes at once, each item of the staged activations read once for all of them (their
@@ -237,13 +226,6 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 // blocks scaled, rounded up: rounded down, 1 of 16 warps or 3 of 32 would lift the cap)
 // (through MvSplitBounds: a template's comma inside __launch_bounds__ would split its arguments)
 #define MV_SPLIT_BOUNDS(K) __launch_bounds__(MvSplitBounds<K>::threads, MvSplitBounds<K>::min_blocks)
-#ifndef MV_PRELOAD_EARLY
-// 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
-// that inside a decode graph they are in flight while the previous kernel ends; 0: after it
-// (Q4_K 4 and Q6_K 2 without / with it: Q4_K 4096 x 12288 48 % / 54 %, tg128 0.6B 844.5 /
-// 863.1, 8B 295.4 / 300.0 tok/s, the same call).
-#define MV_PRELOAD_EARLY 1
-#endif
 template <class K> struct Preloads { static constexpr int depth = 0; };
 template <class K> struct MvMinBlocks { static constexpr int value = Preloads<K>::depth > 0 ? MV_MIN_BLOCKS : 0; };
 // The warps of a decode_rows block: matvec_split_<kind>'s (MV_SPLIT_WARPS, or _PLAIN for the
@@ -316,51 +298,21 @@ __device__ __forceinline__ float act_s(const q8s * y) { return y->s; }
 __device__ __forceinline__ int act_sum(const block_q8_1 * y) { return q8_sum(y); }
 __device__ __forceinline__ int act_sum(const q8s * y) { return y->isum; }
 
-#ifndef MV_TAIL_LOAD
-// 1: act_tail reads a staged block's d, s, isum and hsum (16-byte aligned after its quants) as
-// one 128-bit shared-memory load; 0: a 32-bit load a field. Why: a K-quant item needs d and
-// isum of each block, and as 32-bit loads at the staged items' stride (112 bytes: 28 banks) the
-// lanes of a warp meet on 8 banks, a 4-way conflict each, where the 128-bit word is one
-// wavefront per quarter warp (8 lanes, distinct 16-byte slots). ncu on the Q4_K mat-vec (H200,
-// 4096 x 12288, 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: its L1
-// wavefronts are the limit. The same values. Measured on the H200 (2026-12-03, ci/gpu_preload.py,
-// us at 1 / 0): Q4_K 4096 x 12288 11.5 / 11.7, 12288 x 4096 10.8 / 10.7, Q6_K 151936 x 1024
-// 45.1 / 43.7 (the 0.6B head): no gain, 0 until a kernel shows one.
-#define MV_TAIL_LOAD 0
-#endif
 // A block's four factors, for the kinds that use several of them per block.
 struct ActTail { float d; float s; int isum; int hsum; };
 __device__ __forceinline__ ActTail act_tail(const block_q8_1 * y, int) {
     return {act_d(y), act_s(y), act_sum(y), 0};     // (what a caller leaves unused is not computed)
 }
-// after: any word of the block's quants, read (act_qs) before. The load is asm because nvcc
-// narrows a vector load whose other fields go unused back to 32-bit loads; asm without a memory
-// operand might be moved above the barrier that ends the staging, so it takes that word as an
-// input, which only a load after the barrier gives; not volatile, so that the rows of one warp
-// (MV_PRELOAD_ROWS) share one load.
-__device__ __forceinline__ ActTail act_tail(const q8s * y, const int after) {
-#if defined(__CUDA_ARCH__) && MV_TAIL_LOAD
-    int4 t;
-    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4]; // %5"
-        : "=r"(t.x), "=r"(t.y), "=r"(t.z), "=r"(t.w)
-        : "r"((unsigned) __cvta_generic_to_shared(&y->d)), "r"(after));
-    return {__int_as_float(t.x), __int_as_float(t.y), t.z, t.w};
-#else
+__device__ __forceinline__ ActTail act_tail(const q8s * y, int) {
     return {y->d, y->s, y->isum, y->hsum};
-#endif
 }
 
-#ifndef MV_PAIR_PAD
-#define MV_PAIR_PAD 1
-#endif
 // The staged activations of one item (the blocks_per_item Q8_1 blocks it meets). A lane reads
 // its item's quants as 128-bit words, eight lanes per shared-memory wavefront: at a stride of
 // 48 bytes (12 banks) those eight land on distinct banks; two-block items are padded from 96
 // to 112 bytes (28 banks) for the same reason (96 would put lanes 0 and 4 on the same banks).
 template <int BPI> struct StagedItem { q8s b[BPI]; };
-#if MV_PAIR_PAD
 template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
-#endif
 #define STAGED_BYTES_PER_Q8 56      // the largest sizeof(StagedItem<n>) / n (backend: Q8S_BYTES)
 
 #ifndef MV_STAGE_BATCH
@@ -476,161 +428,6 @@ __device__ __forceinline__ const void * stage_act(const typename K::act * __rest
     return nullptr;
 }
 
-// ---- The residual add and RMS norm before a decode launch, in every block of it ----------
-//
-// A decode step ran add_rms_norm (kernels/fused.cu: one block of 1024 threads) before each of
-// its q/k/v and gate/up launches, 2 of a dense layer's 8 launches, each a kernel boundary on
-// the critical path of a token. matvec_norm_<kind>, matvec_mixed_norm_<a>_<b> and
-// matvec_glu[_wide]_norm_<kind> instead form their activations themselves: every block reads
-// the residual stream's a and b (K floats each, from L2), adds, normalises and quantizes the
-// row into its staged Q8_1 blocks, and block 0 also writes the sum (the next residual).
-//
-// The bits are add_rms_norm's, then stage_q8_1's: the same float adds, the same double sum of
-// squares in the same order (this block's threads play add_rms_norm's 1024 in turn: virtual
-// thread v sums elements v, v + 1024, ..., its warp's lanes are the same lanes, and the 32 warp
-// sums are added in warp order), the same scale, products and quantize_warp_q8_1 arithmetic,
-// with d and s rounded through half as the staged copy of a block_q8_1 has them.
-#define NORM_VIRTUAL_THREADS 1024      // add_rms_norm's block (fused.cu FUSED_NORM_THREADS)
-
-struct NormIn {
-    const float * a;           // the residual stream
-    const float * b;           // the sublayer output added to it (has_residual)
-    const float * w;           // the norm's weight
-    float * sum;               // a + b, written by block 0 (has_residual)
-    int n;                     // the row's width (a multiple of 32)
-    float eps;
-    int has_residual;
-};
-
-// Block b of 32 values, one per lane, as stage_q8_1 stages quantize_warp_q8_1's block.
-__device__ __forceinline__ void quantize_warp_q8s(const float xi, q8s * __restrict__ o) {
-    const WarpQ8 r = warp_q8_1(xi);
-    const int isum = warp_sum_i32(r.q);
-    const int hsum = warp_sum_i32(threadIdx.x % WARP_SIZE < 16 ? r.q : 0);
-    ((i8 *) o->q)[threadIdx.x % WARP_SIZE] = (i8) r.q;
-    if (threadIdx.x % WARP_SIZE == 0) {
-        o->d = f16_to_f32(f32_to_f16(r.d));
-        o->s = f16_to_f32(f32_to_f16(r.sum));
-        o->isum = isum;
-        o->hsum = hsum;
-    }
-}
-
-template <int BPI>
-__device__ __forceinline__ void stage_norm_q8_1(const NormIn & n, StagedItem<BPI> * __restrict__ s) {
-    __shared__ double norm_partial[NORM_VIRTUAL_THREADS / WARP_SIZE];
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const bool write_sum = n.has_residual && blockIdx.x == 0 && blockIdx.y == 0;
-    /* blockDim.x divides 1024: every lane of a warp takes each virtual thread's turn */
-    for (int v = threadIdx.x; v < NORM_VIRTUAL_THREADS; v += blockDim.x) {
-        double ss = 0.0;
-        for (int i = v; i < n.n; i += NORM_VIRTUAL_THREADS) {
-            const float x = n.has_residual ? __fadd_rn(n.a[i], n.b[i]) : n.a[i];
-            if (write_sum) n.sum[i] = x;
-            const double d = x;
-            ss += d * d;
-        }
-        ss = warp_sum_f64(ss);
-        if (lane == 0) norm_partial[v / WARP_SIZE] = ss;
-    }
-    __syncthreads();
-    double ss = 0.0;
-#pragma unroll
-    for (int i = 0; i < NORM_VIRTUAL_THREADS / WARP_SIZE; ++i) ss += norm_partial[i];
-    const float mean = (float) (ss / n.n);
-    const float scale = 1.0f / sqrtf(__fadd_rn(mean, n.eps));
-    for (int b = warp; b < n.n / QK8_1; b += blockDim.x / WARP_SIZE) {
-        const int i = b * QK8_1 + lane;
-        const float x = n.has_residual ? __fadd_rn(n.a[i], n.b[i]) : n.a[i];
-        quantize_warp_q8s(__fmul_rn(__fmul_rn(x, scale), n.w[i]), &s[b / BPI].b[b % BPI]);
-    }
-}
-
-#ifndef MV_STAGE_ASYNC
-// 1: the decode mat-vecs (matvec_<kind>, matvec_split_<kind>, their mixed and norm forms: not
-// the gated ones) first copy x's Q8_1 blocks as they are into a static buffer of the block
-// (16-byte cp.async copies, every one in flight at once, no registers held), then convert them
-// from there (stage_q8_1 reading shared memory). Why: stage_q8_1 reading global memory waits
-// out an L2 round trip for each round of blocks a thread converts (two at K = 12288), and
-// MV_STAGE_BATCH, which overlaps them in registers, took 3-4 % off issue 8's split Q4_K mat-vec
-// but cost the unsplit ones their occupancy (perf/NOTES.md, twenty-first session). The buffer
-// is MV_STAGE_MAX_K / 32 blocks (27 KB) of static shared memory in those kernels. The same
-// values: the same bits. 0 until the GPU times it.
-#define MV_STAGE_ASYNC 0
-#endif
-
-// x's n_q8 Q8_1 blocks (16-byte aligned, n_q8 a multiple of 4: whole 16-byte words) into raw
-// (shared) as they are, waited for by the whole block. Off the GPU (the CPU builds) a copy.
-__device__ __forceinline__ void copy_q8_1_async(const block_q8_1 * __restrict__ x, block_q8_1 * __restrict__ raw,
-                                                const int n_q8) {
-    const int n16 = n_q8 * (int) sizeof(block_q8_1) / 16;
-    const int4 * src = (const int4 *) x;
-    int4 * dst = (int4 *) raw;
-    for (int c = threadIdx.x; c < n16; c += blockDim.x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                     :: "r"((unsigned) __cvta_generic_to_shared(dst + c)), "l"(src + c) : "memory");
-#else
-        dst[c] = src[c];
-#endif
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-#endif
-    __syncthreads();
-}
-
-// MV_STAGE_ASYNC's buffer: one a kernel, whichever kinds it stages for (matvec_mixed_'s two).
-struct __align__(16) StageRaw { block_q8_1 b[MV_STAGE_MAX_K / QK8_1]; };
-__device__ __forceinline__ block_q8_1 * stage_raw_buffer() {
-    __shared__ StageRaw raw;
-    return raw.b;
-}
-
-// A one-token launch's staged activations: stage_act's copy of x's Q8_1 blocks, or with a
-// norm (the *_norm_ kernels; the backend gives them rows short enough to stage) the blocks
-// formed from the residual stream. RAW_FIRST: the launch may take MV_STAGE_ASYNC's copy.
-template <class K, bool RAW_FIRST = false, int NB = MV_STAGE_BATCH>
-__device__ __forceinline__ const void * stage_in(const typename K::act * __restrict__ x, const int n_items,
-                                                 void * __restrict__ smem, const NormIn * norm) {
-    if constexpr (K::can_stage) {
-        if (norm != nullptr) {
-            stage_norm_q8_1(*norm, (typename Staged<K>::act *) smem);
-            __syncthreads();
-            return smem;
-        }
-        if constexpr (RAW_FIRST && MV_STAGE_ASYNC) {
-            const int n_q8 = n_items * Staged<K>::blocks_per_item;
-            /* uniform over the block: the same x and n_q8 in every thread */
-            if (n_q8 * QK8_1 <= MV_STAGE_MAX_K && n_q8 % 4 == 0 && ((unsigned long long) x & 15) == 0) {
-                block_q8_1 * raw = stage_raw_buffer();
-                copy_q8_1_async((const block_q8_1 *) x, raw, n_q8);
-                stage_q8_1(raw, (typename Staged<K>::act *) smem, n_q8);
-                __syncthreads();
-                return smem;
-            }
-        }
-    }
-    return stage_act<K, MV_STAGE_MAX_K, NB>(x, 1, n_items, smem);
-}
-
-// The launch parameters a *_norm_ kernel's body takes, from its own (pure arithmetic: the
-// kernels call these before PDL_ENTRY).
-__device__ __forceinline__ MultiMatVecParams norm_mv_params(const NormMatVecParams & p) {
-    MultiMatVecParams q;
-    q.k = p.k; q.n_tokens = 1; q.n_rows0 = p.n_rows0; q.n_rows1 = p.n_rows1; q.n_rows2 = p.n_rows2; q.cols = 1;
-    q.row_bytes0 = p.row_bytes0; q.row_bytes1 = p.row_bytes1; q.row_bytes2 = p.row_bytes2;
-    return q;
-}
-
-__device__ __forceinline__ GluMatVecParams norm_glu_params(const NormGluParams & p) {
-    GluMatVecParams q;
-    q.n_rows = p.n_rows; q.k = p.k; q.n_tokens = 1; q.n_used = 1; q.row_bytes = p.row_bytes; q.expert_bytes = 0;
-    q.has_ids = 0; q.n_experts = 1; q.gelu = p.gelu; q.write_q8 = p.write_q8; q.cols = 1; q.pad0 = 0;
-    return q;
-}
-
 // Row r of staged rows of n_items items (nullptr stays nullptr).
 template <class K>
 __device__ __forceinline__ const void * staged_row(const void * xs, const int r, const int n_items) {
@@ -720,31 +517,12 @@ __device__ __forceinline__ void rows_dot(const u8 * __restrict__ w0, const i64 r
     warp_dot_rows<K, R>(w0, row_bytes, n_valid, x, n_items, acc, first, step);
 }
 
-// acc[c] = w_row . x_c for the n_cols tokens c (rows of x n_items apart), summed over the
-// warp. Token c's sum takes the same terms in the same order as warp_dot_rows for that token
-// alone (the lane's items, then the shuffle tree), so it is the same float; the weight item is
-// loaded once for all tokens.
-template <class K, int C>
-__device__ __forceinline__ void warp_dot_cols(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
-                                              const int n_cols, const int n_items, float (&acc)[C],
-                                              const int first, const int step) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[c] = 0.0f;
-    for (int i = first; i < n_items; i += step) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            acc[c] += K::dot(w_row, i, x + (i64) min(c, n_cols - 1) * n_items + i);
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[c] = warp_sum(acc[c]);
-}
-
 // acc[r * C + c] = w[r] . x_c for R rows (w[r]: a row's weights, any matrix; a caller with
 // fewer rows passes a real row again and drops its sums: a branch per row would keep the
-// compiler from reading each item once) and the n_cols tokens c: warp_dot_cols for each row,
-// with each token's item read once for all rows (the same terms in the same order per (row,
-// token): the same floats).
+// compiler from reading each item once) and the n_cols tokens c (rows of x n_items apart),
+// summed over the warp, with each token's item read once for all rows. Token c's sum takes the
+// same terms in the same order as warp_dot_rows for that token alone (the lane's items, then the
+// shuffle tree), so it is the same float: a sequence's results do not depend on the batch.
 template <class K, int R, int C>
 __device__ __forceinline__ void warp_dot_cols_rows(const u8 * const (&w)[R],
                                                    const typename K::act * __restrict__ x, const int n_cols,
@@ -780,22 +558,6 @@ __device__ __forceinline__ void cols_dot_rows(const u8 * const (&w)[R], const ty
     warp_dot_cols_rows<K, R, C>(w, x, n_cols, n_items, acc, first, step);
 }
 
-// warp_dot_cols on the staged activations xs when there are.
-template <class K, int C>
-__device__ __forceinline__ void cols_dot(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
-                                         const void * __restrict__ xs, const int n_cols, const int n_items,
-                                         float (&acc)[C], const int first = threadIdx.x % WARP_SIZE,
-                                         const int step = WARP_SIZE) {
-    if constexpr (K::can_stage) {
-        if (xs != nullptr) {
-            warp_dot_cols<Staged<K>, C>(w_row, (const typename Staged<K>::act *) xs, n_cols, n_items, acc,
-                                        first, step);
-            return;
-        }
-    }
-    warp_dot_cols<K, C>(w_row, x, n_cols, n_items, acc, first, step);
-}
-
 // The old block-per-row skeleton, kept for prefill tiles and mul_mat_id: one weight row per
 // thread block, items strided over MATVEC_THREADS threads, partial sums through shared memory.
 template <class K, int NCOLS>
@@ -829,10 +591,8 @@ __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const
 
 #define NAN_F32 __int_as_float(0x7fc00000)
 
-#ifndef MV_PREFETCH
-#define MV_PREFETCH 1            // prefetch a warp's first weight rows into L2 before PDL_ENTRY
-#endif
-// ... for launches of at most this many weight bytes. Inside a decode graph the prefetch lets a
+// The decode mat-vecs prefetch a warp's first weight rows into L2 before PDL_ENTRY, for launches
+// of at most this many weight bytes. Inside a decode graph the prefetch lets a
 // small matrix stream in while the previous kernel ends; on large ones (whose later blocks
 // prefetch just before their own loads) it only doubles the L2 requests: on the H200 the
 // Qwen3-8B shape decoded at 251 tok/s with it on every mat-vec and 260 without.
@@ -883,7 +643,6 @@ __device__ __forceinline__ void split_sum(float (&acc)[N], float (*part)[N], con
 // first. Weights only, so it may run before PDL_ENTRY (common.cuh).
 __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, const u8 * w2,
                                               const MultiMatVecParams & p, int u, const int rows) {
-#if MV_PREFETCH
     const int u0 = (p.n_rows0 + rows - 1) / rows, u1 = (p.n_rows1 + rows - 1) / rows;
     const int u2 = (p.n_rows2 + rows - 1) / rows;
     if (u >= u0 + u1 + u2 || (long long) p.n_rows0 * p.row_bytes0 + (long long) p.n_rows1 * p.row_bytes1
@@ -891,7 +650,6 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
     const MatVecUnit m = unit_matrix(u, rows, w0, w1, w2, nullptr, nullptr, nullptr, p);
     const int row = u * rows;
     prefetch_l2_span(m.w + row * m.rb, (long long) min(rows, m.n - row) * m.rb);
-#endif
 }
 
 // The Q8_1 blocks of one item, whatever form the activations have (a block, a pair of blocks,
@@ -912,10 +670,6 @@ __device__ __forceinline__ void preload_items(const u8 * __restrict__ w, const i
 // Whether kind K reads an item's activations once for several rows (K::dot_raw_rows).
 template <class K, class = void> struct HasDotRows { static constexpr bool value = false; };
 template <class K> struct HasDotRows<K, decltype((void) K::has_dot_rows)> { static constexpr bool value = K::has_dot_rows; };
-
-// Whether kind K leaves part of an item's loads to just before its arithmetic (K::late_load).
-template <class K, class = void> struct HasLateLoad { static constexpr bool value = false; };
-template <class K> struct HasLateLoad<K, decltype((void) K::has_late_load)> { static constexpr bool value = K::has_late_load; };
 
 // acc[r] += item i of row r (its raw loads buf[r][q]) . y, for the R rows: K::dot_raw_rows where
 // the kind has it (the activations read once), else K::dot_raw a row at a time. Each row's
@@ -952,10 +706,6 @@ __device__ __forceinline__ void preloaded_dot(const u8 * __restrict__ w, const i
         for (int q = 0; q < P; ++q) {
             const int i = i0 + q * step;
             if (i < n_items) {
-                if constexpr (HasLateLoad<K>::value) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) K::late_load(w + r * rb, i, buf[r][q]);
-                }
                 /* every row's products first, then the refills: the rows' reads of the item's
                    activations in one basic block, where nvcc keeps one of each */
                 kind_dot_rows<K, P, R>(buf, q, i, item_blocks(x + i), acc);
@@ -1027,18 +777,16 @@ __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0
                                                       const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                                       float * __restrict__ y0, float * __restrict__ y1,
                                                       float * __restrict__ y2, const MultiMatVecParams & p,
-                                                      const int bx, const int gx, PreloadBuf<K> & pb,
-                                                      const NormIn * norm) {
+                                                      const int bx, const int gx, PreloadBuf<K> & pb) {
     constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = warp / SPLIT, s = warp % SPLIT;
     const int units = (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R;
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
-    if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
-                                                                                       staged_x, norm);
+    const void * xs = stage_act<K, MV_STAGE_MAX_K, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(
+        x + (i64) t * n_items, 1, n_items, staged_x);
     __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<K, SPLIT>::value : 1][R];
     /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
     for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
@@ -1075,9 +823,7 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
                                             const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
                                             float * __restrict__ y0, float * __restrict__ y1,
                                             float * __restrict__ y2, const MultiMatVecParams p,
-                                            const int bx, const int gx, PreloadBuf<K> & pb,
-                                            const NormIn * norm = nullptr) {
-    /* norm: the *_norm_ kernels' (stage_in); nullptr: x's Q8_1 blocks                          */
+                                            const int bx, const int gx, PreloadBuf<K> & pb) {
     /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
     /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
     constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT;    /* units per block: a group of SPLIT warps each */
@@ -1088,13 +834,13 @@ __device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8
     const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;
     const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;
     if constexpr (decode_preloads<K>()) {
-        decode_rows_preloaded<K, SPLIT>(w0, w1, w2, x, y0, y1, y2, p, bx, gx, pb, norm);
+        decode_rows_preloaded<K, SPLIT>(w0, w1, w2, x, y0, y1, y2, p, bx, gx, pb);
         return;
     }
     const int t = blockIdx.y, n_items = p.k / K::values_per_item;
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
-                                                                                       staged_x, norm);
+    const void * xs = stage_act<K, MV_STAGE_MAX_K, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(
+        x + (i64) t * n_items, 1, n_items, staged_x);
     __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<K, SPLIT>::value : 1][MV_ROWS];
     if constexpr (SPLIT == 1) {
         for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {
@@ -1291,7 +1037,6 @@ __device__ __forceinline__ void decode_rows_coop(const u8 * __restrict__ w0, con
                                                  float * __restrict__ y2, const MultiMatVecParams & p,
                                                  CoopNext<K> & next) {
     const int n_items = p.k / K::values_per_item;
-    if (!MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);
     const typename K::act * xt = x + (i64) blockIdx.y * n_items;
     extern __shared__ int4 staged_x[];
     const void * xs = stage_act<K>(xt, 1, n_items, staged_x);
@@ -1353,7 +1098,7 @@ __device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8
 // lanes and order do not depend on it): they move time only.
 template <int WARPS, int ROWS>
 __device__ __forceinline__ void glu_prefetch(const u8 * wg, const u8 * wu, const GluMatVecParams & p) {
-    if (MV_PREFETCH && !p.has_ids && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {
+    if (!p.has_ids && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {
         const int r0 = blockIdx.x * (WARPS * ROWS) + threadIdx.x / WARP_SIZE * ROWS;
         const long long nb = (long long) max(0, min(ROWS, p.n_rows - r0)) * p.row_bytes;
         prefetch_l2_span(wg + r0 * p.row_bytes, nb);
@@ -1365,7 +1110,7 @@ template <typename K, int WARPS, int ROWS, bool PAIRED>
 __device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * __restrict__ wu,
                                          const typename K::act * __restrict__ x, const int * __restrict__ ids,
                                          float * __restrict__ h, block_q8_1 * __restrict__ hq,
-                                         const GluMatVecParams & p, const NormIn * norm = nullptr) {
+                                         const GluMatVecParams & p) {
     static_assert(WARPS * ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
     __shared__ float hs[WARPS * ROWS];
     const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -1380,7 +1125,7 @@ __device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * 
     }
     const typename K::act * xr = x + (i64) (slot / p.n_used) * n_items;
     extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K>(xr, n_items, staged_x, norm);
+    const void * xs = stage_act<K>(xr, 1, n_items, staged_x);
     float g[ROWS], up[ROWS];
     if constexpr (PAIRED) {
         rows_dot2<K, ROWS>(wg + off + row * p.row_bytes, wu + off + row * p.row_bytes, p.row_bytes,
@@ -1432,7 +1177,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     PreloadBuf<K> pb;                                                                              \
     prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, unit_rows<K>()); \
-    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, p, blockIdx.x, pb);                     \
+    decode_preload<K, 1>(w0, w1, w2, p, blockIdx.x, pb);                                           \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
 }                                                                                                  \
@@ -1445,7 +1190,7 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
         prefetch_unit(w0, w1, w2, p, blockIdx.x * (MvSplitBounds<K>::warps / MV_SPLIT)              \
                       + threadIdx.x / WARP_SIZE / MV_SPLIT,                                        \
                       unit_rows<K>());                                                             \
-    if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
+    decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);                                    \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);             \
 }                                                                                                  \
@@ -1455,7 +1200,7 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
                   const GluMatVecParams p) {                                                       \
     glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, p);                                                  \
     PDL_ENTRY();                                                                                   \
-    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, x, ids, h, hq, p);                        \
+    glu_rows<K, GLU_WARPS, GLU_ROWS, false>(wg, wu, x, ids, h, hq, p);                        \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
 matvec_glu_wide_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
@@ -1471,7 +1216,7 @@ extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)             
 matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
                        const K::act * __restrict__ x, float * __restrict__ h,                      \
                        block_q8_1 * __restrict__ hq, const GluMatVecParams p) {                    \
-    if (MV_PREFETCH && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {                    \
+    if (2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {                    \
         const int r0 = blockIdx.y * (GLU_WARPS * GLU_ROWS) + threadIdx.x / WARP_SIZE * GLU_ROWS;   \
         const long long nb = (long long) max(0, min(GLU_ROWS, p.n_rows - r0)) * p.row_bytes;       \
         prefetch_l2_span(wg + r0 * p.row_bytes, nb);                                               \
@@ -1491,15 +1236,12 @@ matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,  
     for (int r = 0; r < GLU_ROWS; ++r) {                                                           \
         const int row = row0 + warp * GLU_ROWS + r;                                                \
         float g[MV_COLS], up[MV_COLS];                                                             \
-        if (row < p.n_rows && GLU_COLS_PAIRED) {                                                   \
+        if (row < p.n_rows) {           /* gate and up of the row in one pass over the tokens */   \
             const u8 * w[2] = {wg + row * p.row_bytes, wu + row * p.row_bytes};                    \
             float gu[2 * MV_COLS];                                                                 \
             cols_dot_rows<K, 2, MV_COLS>(w, xr, xs, n_cols, n_items, gu);                          \
             _Pragma("unroll")                                                                      \
             for (int c = 0; c < MV_COLS; ++c) { g[c] = gu[c]; up[c] = gu[MV_COLS + c]; }           \
-        } else if (row < p.n_rows) {                                                               \
-            cols_dot<K, MV_COLS>(wg + row * p.row_bytes, xr, xs, n_cols, n_items, g);              \
-            cols_dot<K, MV_COLS>(wu + row * p.row_bytes, xr, xs, n_cols, n_items, up);             \
         } else {                                                                                   \
             _Pragma("unroll")                                                                      \
             for (int c = 0; c < MV_COLS; ++c) g[c] = up[c] = 0.0f;                                 \
@@ -1581,49 +1323,6 @@ matvec_id_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,      
                       n_items, 1, 0, 0);                                                           \
 }
 
-// matvec_norm_<kind>, matvec_glu_norm_<kind>, matvec_glu_wide_norm_<kind>: matvec_<kind> and the
-// gated kernels for one token with their activations formed from the residual stream in every
-// block (stage_norm_q8_1). Quantized kinds only: the float kinds read x itself, not Q8_1.
-#define DEFINE_MATVEC_NORM(name, K)                                                                \
-static_assert(K::can_stage, "the *_norm_ kernels stage Q8_1 activations");                         \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ wn,     \
-    float * __restrict__ sum, float * __restrict__ y0, float * __restrict__ y1,                    \
-    float * __restrict__ y2, const NormMatVecParams p) {                                           \
-    /* matvec_<kind> for one token, its activations add_rms_norm's (stage_norm_q8_1) */           \
-    PreloadBuf<K> pb;                                                                              \
-    const MultiMatVecParams q = norm_mv_params(p);                                                 \
-    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, unit_rows<K>()); \
-    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, q, blockIdx.x, pb);                     \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    decode_rows<K, 1>(w0, w1, w2, (const K::act *) a, y0, y1, y2, q, blockIdx.x, gridDim.x, pb, &n); \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
-matvec_glu_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
-                       const float * __restrict__ a, const float * __restrict__ b,                 \
-                       const float * __restrict__ wn, float * __restrict__ sum,                    \
-                       float * __restrict__ h, block_q8_1 * __restrict__ hq, const NormGluParams p) { \
-    const GluMatVecParams q = norm_glu_params(p);                                                  \
-    glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, q);                                                  \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
-matvec_glu_wide_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                \
-                            const float * __restrict__ a, const float * __restrict__ b,            \
-                            const float * __restrict__ wn, float * __restrict__ sum,               \
-                            float * __restrict__ h, block_q8_1 * __restrict__ hq,                  \
-                            const NormGluParams p) {                                               \
-    const GluMatVecParams q = norm_glu_params(p);                                                  \
-    glu_prefetch<GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS>(wg, wu, q);                                  \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
-}
-
 // matvec_mixed_<a>_<b>: a decode step's q, k (kind KA: matrices 0 and 1) and v (kind KB: matrix
 // 2) in one launch, where the recipe gives v another type (Q4_K_M: q, k Q4_K, v Q6_K) and two
 // launches would otherwise be needed. The first ceil(units of 0 and 1 / MV_WARPS) blocks run
@@ -1650,40 +1349,11 @@ matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
     MixedPreloadBuf<KA, KB> pre;        /* a block takes one kind: one buffer's registers */      \
     prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, \
                   a ? unit_rows<KA>() : unit_rows<KB>());                                    \
-    if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
-    if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
+    if (a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                                        \
+    else decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                                          \
     PDL_ENTRY();                                                                                   \
     if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx, pre.a);                        \
     else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx, pre.b);        \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_mixed_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,                   \
-    const u8 * __restrict__ w2, const float * __restrict__ xa, const float * __restrict__ xb,      \
-    const float * __restrict__ wn, float * __restrict__ sum, float * __restrict__ y0,              \
-    float * __restrict__ y1, float * __restrict__ y2, const NormMatVecParams np) {                 \
-    /* matvec_mixed_<a>_<b>, each block's activations add_rms_norm's (stage_norm_q8_1) */         \
-    const MultiMatVecParams p = norm_mv_params(np);                                                \
-    constexpr int ra = unit_rows<KA>();  /* the backend's mixed_blocks */                          \
-    const int blocks_a = ((p.n_rows0 + ra - 1) / ra + (p.n_rows1 + ra - 1) / ra + MV_WARPS - 1) / MV_WARPS; \
-    const bool a = (int) blockIdx.x < blocks_a;                                                    \
-    const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
-    const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
-    MultiMatVecParams q = p;                                                                       \
-    q.n_rows2 = 0;                                                                                 \
-    if (!a) {                                                                                      \
-        q.n_rows0 = p.n_rows2;                                                                     \
-        q.row_bytes0 = p.row_bytes2;                                                               \
-        q.n_rows1 = 0;                                                                             \
-    }                                                                                              \
-    MixedPreloadBuf<KA, KB> pre;                                                                   \
-    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, \
-                  a ? unit_rows<KA>() : unit_rows<KB>());                                    \
-    if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
-    if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {xa, xb, wn, sum, np.k, np.eps, np.has_residual};                             \
-    if (a) decode_rows<KA, 1>(w0, w1, w1, (const KA::act *) xa, y0, y1, y1, q, bx, gx, pre.a, &n); \
-    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) xa, y2, y2, y2, q, bx, gx, pre.b, &n);   \
 }
 
 // matvec_coop_<kind> (MV_COOP_WARPS): matvec_<kind>'s launch and bits for one token, for kinds with
@@ -1696,7 +1366,7 @@ matvec_coop_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     CoopNext<K> next;                                                                              \
     prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE, 1);         \
-    if (MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);                                    \
+    coop_preload<K>(w0, w1, w2, p, next);                                                          \
     PDL_ENTRY();                                                                                   \
     decode_rows_coop<K>(w0, w1, w2, x, y0, y1, y2, p, next);                                       \
 }
