@@ -36,7 +36,8 @@ from ci.mmq_host import (HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile
                          host_headers, q8_1_blocks)
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
-HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
+HEADERS = ("common.cuh", "matvec.cuh", "matvec_cols.cuh", "matvec_decode.cuh", "matvec_glu.cuh", "matvec_q.cuh",
+           "params.cuh", "quant_dot.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 MAX_THREADS = 1024
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
-HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
+HEADERS = ("common.cuh", "params.cuh", "quant_dot.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 
 SHIM = r"""// Host shim: CUDA device code of kernels/ compiled by g++, one std::thread per CUDA thread.
@@ -266,19 +266,18 @@ def host_headers(names) -> dict[str, str]:
     """The kernel headers `names` as g++ can compile them: the half conversions' inline PTX
     replaced by the shim's host functions."""
     out = {}
+    # The mat-vecs stage activations in dynamic shared memory: on the host, the harness's buffer
+    # `host_smem` (every harness including these headers declares it), poisoned before each
+    # block. The shim's static __shared__ cannot be extern.
+    decl, staged = "extern __shared__ int4 staged_x[];", 0
     for h in names:
         s = (KERNEL_DIR / h).read_text()
         s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));', "f = host_h2f(h);")
         s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));', "h = host_f2h(f);")
-        if h == "matvec.cuh":
-            # The mat-vecs stage activations in dynamic shared memory: on the host, the
-            # harness's buffer `host_smem` (every harness including this header declares it),
-            # poisoned before each block. The shim's static __shared__ cannot be extern.
-            decl = "extern __shared__ int4 staged_x[];"
-            if s.count(decl) < 5:
-                raise RuntimeError(f"matvec.cuh: expected a {decl!r} in each kernel, found {s.count(decl)}")
-            s = s.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
-        out[h] = s
+        staged += s.count(decl)
+        out[h] = s.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
+    if "matvec.cuh" in names and staged < 5:
+        raise RuntimeError(f"matvec*.cuh: expected a {decl!r} in each kernel body, found {staged}")
     return out
 
 

@@ -58,6 +58,9 @@ __device__ __forceinline__ float bf16_to_f32(u16 h) {
     return __uint_as_float(((u32) h) << 16);
 }
 
+// What a kernel writes for an output it has no value for (an expert id out of range).
+#define NAN_F32 __int_as_float(0x7fc00000)
+
 // Half the E8M0 scale of an MXFP4 block, 2^(e-128) (e < 2: the subnormals), computed
 // directly so that e = 255 gives 2^127 rather than half of an infinity.
 __device__ __forceinline__ float e8m0_half_to_f32(u8 e) {

@@ -20,7 +20,9 @@
 // Launch: grid (ceil(N / MMQ_ROWS), ceil(T / MMQ_COLS)), MMQ_THREADS threads, static shared
 // memory only (under 48 KiB). Rows past N and tokens past T read row N-1 / token T-1 (valid
 // memory) and are not written. Needs sm_80 (int8 m16n8k32 mma).
-#include "matvec_q.cuh"
+#include "common.cuh"
+#include "params.cuh"
+#include "quant_dot.cuh"
 
 // (each #ifndef: ci/gpu_tune_mmq.py compiles variants; the backend reads these defaults)
 #ifndef MMQ_ROWS
