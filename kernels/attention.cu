@@ -73,8 +73,8 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
     // load of two halves); lane 0 keeps the logit and the running max. A warp takes
     // ATTN_SLOTS_PER_WARP slots at a time, their loads in flight together (one slot after
     // another, each waited for before its shuffles, made a decode step's attention a chain of
-    // memory latencies: ~8 us a call at short contexts on the H200); each slot's sum is the
-    // same float operations as one at a time.
+    // memory latencies at short contexts); each slot's sum is the same float operations as one
+    // at a time.
     const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
     const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);

@@ -258,9 +258,7 @@ __device__ __forceinline__ float rope_angle_ff(const int pos, const int i, const
 // One q or k head of a token: optional RMS norm over the head (double sum of squares, as
 // rms_norm; weight nw), then rope at cache slot `slot`; the result goes to `out` (float32) and
 // `cache` (F16), either may be null. `row` is head_dim floats of shared memory, `partial` one
-// double per warp. fused.cu's rope_store calls it; attention.cu's rope_attention does the same
-// operations for a query and a key head side by side (and must keep giving the same bits:
-// conformance/test_kernels_attention_rowwise.py). Every thread of the block must call it.
+// double per warp. fused.cu's rope_store calls it. Every thread of the block must call it.
 template <int THREADS>
 __device__ __forceinline__ void norm_rope_head(const float * src, const float * nw, const bool norm, const int D,
                                                const int n_rot, const bool neox, const float theta_scale,

@@ -48,19 +48,16 @@
 // matvec_split_<kind> / matvec_cols_split_<kind>: the warps that share a unit of rows (split-K),
 // warp s of the group taking items lane + 32 s, lane + 32 (s + MV_SPLIT), ...; their warp sums
 // added in the order s = 0, 1, ... through shared memory. matvec_<kind> / matvec_cols_<kind>
-// keep a warp per unit. Why: a warp per row leaves the H200 short of loads in flight on long
-// rows (ncu: the Q4_K mat-vec at ~54 % achieved occupancy, stalled on memory latency), and
-// llama.cpp's mmvq splits a row over its block's warps likewise. But a short row split leaves
-// lanes idle: at K = 1024 (32 Q8_1 items) the second warp of a pair has nothing to read, and
-// the 151936 x 1024 output head took 127 us split against 70 us not. Measured on the H200
-// (2026-12-02, tg128, every decode mat-vec split alike, alternated): split 2 took Qwen3-8B
-// (K 4096 / 12288) from 288.0 to 301.8 tok/s, Qwen3-0.6B (K <= 3072) from 840.9 down to 802.7
-// and split 4 both down (283.3, 721.0). Hence the backend splits rows of K >= MV_SPLIT_MIN_K
-// only: at 4096 / 8192 / never (alternated, twice): 0.6B 841.0 / 841.3 / 841.8, 8B 301.9 /
-// 301.3 / 288.1, 30B-A3B (rows of 2048 and 4096) 309.3 / - / 311.1. So 8192: of the 8B only
-// the down projection (K 12288) splits, and it holds nearly all of the gain. Another order of the same sums than a warp per row: within the mat-mul bound of the
-// reference, not bit for bit the unsplit kernel (a matrix takes one of the two always, so a
-// token's result still does not depend on the batch it is in).
+// keep a warp per unit. Why: a warp per long row leaves the GPU short of loads in flight (the
+// Q4_K mat-vec stalled on memory latency at low occupancy), and llama.cpp's mmvq splits a row
+// over its block's warps likewise. But a short row split leaves lanes idle (at K = 1024, 32 Q8_1
+// items, the second warp of a pair has nothing to read: the output head of a small model slowed
+// down), and 4 warps a row lost on every shape. Hence the backend splits rows of K >=
+// MV_SPLIT_MIN_K only: of Qwen3-8B's matrices only the down projection (K 12288), which holds
+// nearly all of the gain; splitting from 4096 gained nothing more and cost the 30B-A3B shape. Another order of the same sums than
+// a warp per row: within the mat-mul bound of the reference, not bit for bit the unsplit kernel
+// (a matrix takes one of the two always, so a token's result still does not depend on the batch
+// it is in).
 #define MV_SPLIT 2
 #endif
 #ifndef MV_SPLIT_MIN_K
@@ -71,25 +68,18 @@ static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 // matvec_split_<kind> (one token, rows of K >= MV_SPLIT_MIN_K): warps a block, MV_SPLIT_WARPS /
 // MV_SPLIT units of rows. The backend launches the threads the kernel was built for (its
 // __launch_bounds__, read from the loaded function), so a build with another value needs no
-// other change. Why more than MV_WARPS: every block stages all of x (K = 12288: 384 Q8_1 blocks,
-// 13.8 KB read from L2) before its first row, and ncu's stall samples on issue 8's Q4_K bar
-// kernel (2026-12-04, 4096 x 12288, 4 blocks an SM, one wave) put ~30 % of them on that staging
-// (its loads, its conversion, the barrier after it) against ~20 % on the weights' loads; a block
-// of 16 warps stages once for 8 units where two blocks of 8 stage twice, at the same warps an
-// SM (64 registers: 2 blocks of 512 threads). Every row's sum is the same (the split group's
-// warps, items and order do not change): the same bits. Measured on the H200 (2026-12-04,
-// ci/gpu_preload.py, us, every output the defaults' bits): Q4_K 4096 x 12288 8.82 (8) / 9.16
-// (16) / 10.08 (32), with MV_SPLIT_WARPS_PLAIN=8 9.12 / 10.05; MV_SPLIT_WARPS=4 (8 blocks an SM)
-// 10.09; Qwen3-8B tg128 349.8 (8) / 351.2 (16) / 347.4 (32), 0.6B within 0.2 %. One staging for
-// more units is not what the bar kernel waits for; 8.
+// other change. Why more than MV_WARPS might pay: every block stages all of x (K = 12288: 384
+// Q8_1 blocks, 13.8 KB read from L2) before its first row, a large share of the split Q4_K
+// kernel's stalls; a block of 16 warps stages once for 8 units where two blocks of 8 stage
+// twice, at the same warps an SM. It did not: the kernel was slower at 16, 32 and 4 warps than
+// at 8 (one staging for more units is not what it waits for). Every row's sum is the same (the
+// split group's warps, items and order do not change): the same bits.
 #define MV_SPLIT_WARPS 8
 #endif
 #ifndef MV_SPLIT_WARPS_PLAIN
 // MV_SPLIT_WARPS for the kinds whose rows are not preloaded (Q6_K, Q8_0, Q5_K, ...; MV_PRELOAD).
-// Why apart: at 16 and 32 warps ptxas gives matvec_split_q6_k 58 registers against 48 (NVRTC
-// 13.5, sm_90): 32 resident warps an SM against 40, where matvec_split_q4_k stays at 64. The
-// same bits. MV_SPLIT_WARPS (the GPU's figures at MV_SPLIT_WARPS above: Q6_K 4096 x 12288 17.5
-// us at 8, 16.9 at 16, 17.5 at 16 with PLAIN=8).
+// Why apart: at 16 and 32 warps ptxas gives matvec_split_q6_k more registers (fewer resident
+// warps an SM), where matvec_split_q4_k keeps its count. The same bits.
 #define MV_SPLIT_WARPS_PLAIN MV_SPLIT_WARPS
 #endif
 static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32 && MV_SPLIT_WARPS_PLAIN % MV_SPLIT == 0
@@ -106,10 +96,11 @@ static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32 && MV_SPLIT
 static_assert(GLU_WARPS * GLU_ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
 #ifndef GLU_WIDE_WARPS
 // matvec_glu_wide_<kind>: GLU_WIDE_WARPS warps x 32 / GLU_WIDE_WARPS rows, gate and up in one
-// loop, for launches of fewer than GLU_WIDE_MAX_BLOCKS_PER_SM blocks per SM (the backend's
-// rule). Measured 2026-12-02 on the H200 (tg128 alternated twice, against 8 x 4 one after the
-// other): the Qwen3-0.6B shape's 96-block gate/up launch 841 -> 850 tok/s, the 30B-A3B's
-// 8 experts x 24 blocks 311 -> 321; the 8B's 384 blocks 295 -> 289, so it keeps 8 x 4.
+// loop, for launches of fewer than GLU_WIDE_MAX_BLOCKS_PER_SM blocks per SM (the backend's rule):
+// a small launch (a small model's gate/up, a MoE expert's few blocks) leaves SMs short of warps,
+// and the wide blocks with both matrices' loads in flight fill them; a large launch (Qwen3-8B's
+// 384 blocks) is faster with 8 x 4 one matrix after the other, whose loop takes fewer registers.
+// The backend picks the kernel per launch.
 #define GLU_WIDE_WARPS 16
 #endif
 #ifndef GLU_WIDE_MAX_BLOCKS_PER_SM
@@ -127,10 +118,9 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #define MV_COLS 8                // matvec_cols_<kind>: tokens per block at most (accumulators per lane)
 #endif
 #ifndef MV_COLS_STAGE_MAX_K
-// ... and their staged values (tokens x K) at most (~172 KB). Measured on the H200 (2026-12-02,
-// brass bench --parallel P -p 0 -n 64, Qwen3-8B shape, alternated twice): 49152 against 98304
-// at P = 2 / 4 / 8 / 16: 301.6 / 581.0 / 977.2 / 1165.0 against 301.6 / 581.0 / 1002.7 /
-// 1197.0 tok/s (the down projection, K = 12288, then takes 8 tokens a block, not 4).
+// ... and their staged values (tokens x K) at most (~172 KB): at half this, Qwen3-8B's down
+// projection (K = 12288) took 4 tokens a block instead of 8, and batched steps of 8 and more
+// sequences were slower.
 #define MV_COLS_STAGE_MAX_K 98304
 #endif
 #ifndef MV_COLS_ROWS
@@ -139,84 +129,65 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // kernels read every token's activations from shared memory once per row, and per item that
 // is more shared-memory traffic than the item's arithmetic (Q4_K: ~20 wavefronts of 128 bytes
 // against ~12 cycles of dp4a and float work per warp, item and token), so at 1 row a warp they
-// wait on shared memory. Each (row, token) sum keeps its terms and order: the same bits for any
-// value. Measured on the H200 (2026-12-02, brass bench --parallel P -p 0 -n 64, Qwen3-8B shape,
-// alternated twice): P = 16 at 1 row unpaired 990.3 / 990.4 tok/s, at 2 rows with the gated
-// kernel paired 1165.4 / 1165.1 (+17.7 %); 3 rows 1189 at P = 16 but 283.6 / 552.4 / 950.5
-// against 301.6 / 581.0 / 977.2 at P = 2 / 4 / 8, 4 rows 1142 at P = 16 (128 registers at 2).
+// wait on shared memory. 2 gained most at 16 sequences; 3 gained a little more there but lost at
+// 2 to 8 sequences, and 4 lost (128 registers). Each (row, token) sum keeps its terms and order:
+// the same bits for any value.
 #define MV_COLS_ROWS 2
 #endif
 #ifndef MV_COLS_ROWS_MANY
 // matvec_cols_many_<kind> / matvec_cols_split_many_<kind>: the same with this many rows a warp,
 // which the backend takes for a launch of two groups of tokens or more (blockIdx.x > 1: twice
-// the blocks, so fewer rows a block still fill the GPU). From the measurements above (H200,
-// staging 98304 on both sides): 16 sequences 1,236.1 / 1,236.5 at 3 rows against 1,197.0 /
-// 1,197.0 at 2; at 4 sequences (one group) 3 rows lose (552.4 against 581.0). As this rule
-// (3 here, 2 in one-group launches), alternated twice in one call on 2026-12-03 (tok/s at
-// 4 / 8 / 16 sequences): 583.3 / 1,009.9 / 1,245.0 and 583.5 / 1,009.0 / 1,244.9 against
-// the rule off's 583.5 / 1,005.7 / 1,206.1 and 583.3 / 1,009.9 / 1,206.3.
+// the blocks, so fewer rows a block still fill the GPU): where 3 rows gained (16 sequences), not
+// where they lost (one group of 4).
 #define MV_COLS_ROWS_MANY 3
 #endif
 #ifndef MV_COLS_ROW_ITERS
 // matvec_cols_<kind> / matvec_cols_split_<kind>: rounds of rows a block takes (the backend's
 // grid: blockIdx.y over units / (units per block x this); the kernels stride over the rest).
-// Why: each block stages its tokens' activations (the 8B's down projection, K = 12288: 4
-// tokens, ~55 KB from L2) for the rows it then reads, so a block of few rows reads more staged
-// bytes than weight bytes; split 2 halves a block's rows, and the batched step at 16
-// sequences ran 989 tok/s with the down projection split against 1032 not (2026-12-02). Each
-// row's sums do not depend on which block takes it: the same bits for any value. 1 until timed.
+// Why more than 1 might pay: each block stages its tokens' activations (the 8B's down
+// projection, K = 12288: 4 tokens, ~55 KB from L2) for the rows it then reads, so a block of few
+// rows reads more staged bytes than weight bytes (split 2 halves a block's rows, and the batched
+// step was slower with the down projection split). Each row's sums do not depend on which block
+// takes it: the same bits for any value. Untimed: 1.
 #define MV_COLS_ROW_ITERS 1
 #endif
 
 #ifndef MV_PRELOAD
 // matvec_<kind> / matvec_split_<kind> with one row per warp, for kinds whose loads stand apart
 // from their arithmetic (K::raw, K::load, K::dot_raw; Preloads<K>::depth items, MV_PRELOAD for
-// Q4_K, MV_PRELOAD_Q6K for Q6_K): each lane loads its first `depth` items of the row before the
-// block stages the activations, and keeps `depth` items in flight after (each item's loads
-// issued `depth` items before its arithmetic), where the plain loop waits for every item's
-// loads before it issues the next item's. Why: ncu put the Q4_K mat-vec at 47 % DRAM throughput
-// with half its stalls on the L1TEX scoreboard (memory latency; 2026-12-01). The same terms in
-// the same order as warp_dot_rows: the same floats (the GPU compared every output and 64 greedy
-// tokens of each variant with the plain loop's). Measured on the H200 (2026-12-02,
-// ci/gpu_preload.py; the mat-vecs alone, us and share of the copy rate, then tg128 alternated
-// twice), plain / Q4_K 2 with MV_PRELOAD_EARLY:
-//   Q4_K 4096 x 12288  13.0 (51 %) / 11.2 (59 %); 12288 x 4096 11.4 (58 %) / 10.7 (62 %);
-//   3072 x 1024 2.8 / 2.3; Q6_K unchanged; Qwen3-0.6B 888.2 / 888.4 against 899.1 / 899.0
-//   tok/s, Qwen3-8B 316.7 / 316.7 against 316.5 / 316.3 (the whole GPU suite passed with it).
-// Deeper loses (Q4_K at 4: 79 registers against 47, 48 % on 4096 x 12288; 0.6B -3 %), and so
-// does Q6_K's (21 registers an item; at 2: the 151936 x 1024 head 67 -> 92 us, 8B -2 to -6 %).
-// 0: the plain loop. With two rows a warp (MV_PRELOAD_ROWS, below) a depth of 1 a row keeps
-// as many items in flight as 2 did with one.
+// Q4_K): each lane loads its first `depth` items of the row before PDL_ENTRY and the staging of
+// the activations (weights only: inside a decode graph they are in flight while the previous
+// kernel ends), and keeps `depth` items in flight after (each item's loads issued `depth` items
+// before its arithmetic), where the plain loop waits for every item's loads before it issues
+// the next item's. Why: the Q4_K mat-vec spent half its stalls waiting on memory latency, far
+// below DRAM's throughput. The same terms in the same order as warp_dot_rows: the same floats.
+// Deeper takes more registers than it saves latency (4: a smaller model slower), and so did
+// Q6_K's preload (21 registers an item): Q6_K's rows are not preloaded (matvec_coop_q6_k takes
+// them where it can). 0: the plain loop.
+// With two rows a warp (MV_PRELOAD_ROWS, below) a depth of 1 a row keeps as many items in
+// flight as 2 did with one.
 #define MV_PRELOAD 1
 #endif
-// Q6_K's rows are not preloaded (its one-token mat-vec is matvec_coop_q6_k's chunks); the
-// backend's unit_rows reads this 0.
+// Q6_K's rows are not preloaded (above); the backend's unit_rows reads this 0.
 #define MV_PRELOAD_Q6K 0
 #ifndef MV_PRELOAD_ROWS
 // matvec_<kind> / matvec_split_<kind> of the preloaded kinds (MV_PRELOAD): rows a warp (a split
 // group) takes at once, each item of the staged activations read once for all of them (their
-// weight loads in flight together). Why: ncu on the Q4_K mat-vec (H200, 4096 x 12288,
-// 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: per 32 weight bytes a
-// lane read ~88 bytes of staged activations, so its L1 wavefronts, not DRAM, bound it. Each
+// weight loads in flight together). Why: the Q4_K mat-vec was bound by its L1 wavefronts, not
+// DRAM: per 32 weight bytes a lane read ~88 bytes of staged activations. At 2 rows with a depth
+// of 1 it gained on every Q4_K shape (at depth 2, twice the preloaded registers, it lost). Each
 // row's items, lanes and order are the one-row kernel's: the same bits. The backend's units
 // (unit_rows) follow it; a matrix of an odd row count reads its last row twice and drops one.
-// Measured on the H200 (2026-12-03, ci/gpu_speed.py, the mat-vecs alone; tg128 alternated):
-//   rows 1, depth 2 (MV_PRELOAD): Q4_K 4096 x 12288 11.8 us (56 % of the copy rate), 12288 x
-//     4096 10.7 (62 %), 4096 x 4096 5.0, 3072 x 1024 2.5; Qwen3-0.6B 948.3 / 950.3, 8B 341.1 tok/s
-//   rows 2, depth 2: 11.6, 11.2 us; 0.6B 927.1 / 927.1 (twice the preloaded registers)
-//   rows 2, depth 1: 9.7 us (68 %), 9.4 (70 %), 4.9, 2.2; 0.6B 972.7 / 972.6, 8B 341.2
-// Every output of ci/gpu_preload.py's Q4_K and Q6_K cases the one-row kernel's bits; the GPU
-// tests of the mat-vecs, graphs, batches and models (266 passed, 38 skipped) with it.
 #define MV_PRELOAD_ROWS 2
 #endif
 static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past its matrix: one row again");
 #ifndef MV_MIN_BLOCKS
 // matvec_<kind> / matvec_split_<kind>: resident blocks an SM asked of ptxas (__launch_bounds__'s
 // second argument, a register cap: 4 blocks of MV_WARPS = 8 warps leave 64 registers a thread).
-// Why: with two rows a warp matvec_split_q4_k takes 70 registers (NVRTC 13.5, sm_90;
-// ci/kernel_resources.py), so 3 blocks fit an SM; issue 8's 4096 x 12288 launches 512 blocks
-// (2048 units of 2 rows, 4 a block), 1.29 waves of 396 where 4 an SM would hold them all in one
-// (528). 0: no cap (the default until the GPU times it; the same arithmetic either way).
+// Why it might pay: with two rows a warp matvec_split_q4_k takes 70 registers (NVRTC 13.5,
+// sm_90; ci/kernel_resources.py), so 3 blocks fit an SM, and a 4096 x 12288 launch (512 blocks)
+// then runs in two waves where 4 an SM would hold it in one. 0: no cap (untimed; the same
+// arithmetic either way).
 #define MV_MIN_BLOCKS 0
 #endif
 // (the preloaded kinds only: Q6_K's 48 registers would grow to the cap's 64, 5 blocks -> 4;
@@ -243,22 +214,21 @@ template <class K> struct MvSplitBounds {
 // matvec_coop_<kind>: warps per block, a row each at a time. Why the kernel: matvec_q6_k's lanes
 // each read their own item's 9 + 9 aligned words from global memory, and as the warp's 32 items
 // lie in four 210-byte blocks, each such warp-wide load touches ~7 cache lines (~126 L1
-// wavefronts a row): bound by L1, not DRAM (the 151936 x 1024 output head of Qwen3-0.6B took
-// 67.5 us on the H200, 45 % of the copy rate). matvec_coop_ reads a row a chunk (the 32 items
-// the lanes take next: K::chunk_words 8-byte words) at a time, lane l the words l + 32 k
-// (coalesced: each line once), into its warp's buffer in shared memory, and each lane then runs
-// K::load / K::dot_raw on its item there, loading the next chunk into registers meanwhile. The
-// same items on the same lanes in the same order as matvec_<kind>, the same quants and floats:
-// the same bits. Rows of whole chunks only (the backend's rule). 8 is untimed.
+// wavefronts a row): bound by L1, not DRAM (a small model's Q6_K output head ran at under half
+// the copy rate). matvec_coop_ reads a row a chunk (the 32 items the lanes take next:
+// K::chunk_words 8-byte words) at a time, lane l the words l + 32 k (coalesced: each line once),
+// into its warp's buffer in shared memory, and each lane then runs K::load / K::dot_raw on its
+// item there, loading the next chunk into registers meanwhile. The same items on the same lanes
+// in the same order as matvec_<kind>, the same quants and floats: the same bits. Rows of whole
+// chunks only (the backend's rule). 8: untimed.
 #define MV_COOP_WARPS 8
 #endif
 #ifndef MV_COOP_ROWS
 // matvec_coop_<kind>: rows a warp works on at once (1 or 2). With 2 the warp takes rows r and
 // r + one grid step together, chunk by chunk: two chunks in flight and two independent sums, for
-// the instruction-level parallelism a warp lacks at one row (on the H200 the 0.6B's 151936 x
-// 1024 head ran at 52 % of the copy rate with 32 warps an SM, and neither L2 prefetches ahead
-// nor more resident warps moved it: perf/NOTES.md, fifteenth session). Each row's items, lanes
-// and order are the one-row kernel's: the same bits. 1 until timed.
+// the instruction-level parallelism a warp lacks at one row (the kernel stayed near half the
+// copy rate whatever the resident warps or L2 prefetches ahead). Each row's items, lanes and
+// order are the one-row kernel's: the same bits. Untimed: 1.
 #define MV_COOP_ROWS 1
 #endif
 
@@ -319,22 +289,18 @@ template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
 // stage_q8_1: blocks a thread loads before it converts and stores any of them (the blocks
 // b, b + blockDim.x, ...). 1: one at a time, each load waited for before the next is issued.
 // Why more: a long row's launch (K = 12288: 384 blocks, 256 threads) takes two rounds of L2
-// latency per block of threads before its first weight is used. The same values: the same bits.
-// Measured on the H200 (2026-12-04, ci/gpu_preload.py, us, defaults / 2 / 3): Q4_K 4096 x 12288
-// (split) 9.7 / 9.4 / 12.4, 12288 x 4096 9.3 / 10.0 / 10.2, 4096 x 4096 4.9 / 5.0 / 5.1: the
-// batch's registers cost the unsplit kernels more than it saves the split one. 1 (off).
+// latency per block of threads before its first weight is used. But the batch's registers cost
+// the unsplit kernels more than it saves them: 1 here, 2 for the split kernels (below). The
+// same values: the same bits.
 #define MV_STAGE_BATCH 1
 #endif
 
 #ifndef MV_STAGE_BATCH_SPLIT
-// MV_STAGE_BATCH for the split one-token mat-vecs alone (matvec_split_<kind> and their norm and
-// mixed forms: rows of K >= MV_SPLIT_MIN_K, where a thread converts two or more rounds of
-// blocks). Why apart: the batch took 3-4 % off the split Q4_K kernel but its registers cost
-// the unsplit ones (MV_STAGE_BATCH above); each kernel is its own instance, so the split ones
-// can batch while the others do not. The same values: the same bits. Measured on the H200
-// (2026-12-04, ci/gpu_preload.py, us, with MV_Q4K_SEL=1, 1 / 2 / 3): Q4_K 4096 x 12288 9.1 / 8.9 /
-// 11.5 (2: 76 % of that run's copy rate), 12288 x 4096 and 4096 x 4096 (unsplit) unchanged;
-// tg128 Qwen3-0.6B 980.6 / 980.6 / 980.6, Qwen3-8B 349.1 / 350.3 / 348.5 (greedy tokens the same). 2.
+// MV_STAGE_BATCH for the split one-token mat-vecs alone (matvec_split_<kind>: rows of K >=
+// MV_SPLIT_MIN_K, where a thread converts two or more rounds of blocks). Why apart: the batch of
+// 2 took time off the split Q4_K kernel (3 lost) but its registers cost the unsplit ones
+// (MV_STAGE_BATCH above); each kernel is its own instance, so the split ones can batch while the
+// others do not. The same values: the same bits.
 #define MV_STAGE_BATCH_SPLIT 2
 #endif
 
@@ -590,10 +556,10 @@ __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const
 }
 
 // The decode mat-vecs prefetch a warp's first weight rows into L2 before PDL_ENTRY, for launches
-// of at most this many weight bytes. Inside a decode graph the prefetch lets a
-// small matrix stream in while the previous kernel ends; on large ones (whose later blocks
-// prefetch just before their own loads) it only doubles the L2 requests: on the H200 the
-// Qwen3-8B shape decoded at 251 tok/s with it on every mat-vec and 260 without.
+// of at most this many weight bytes. Inside a decode graph the prefetch lets a small matrix
+// stream in while the previous kernel ends; on large ones (whose later blocks prefetch just
+// before their own loads) it only doubles the L2 requests, and Qwen3-8B's shape decoded slower
+// with it on every mat-vec.
 #ifndef MV_PREFETCH_MAX_BYTES
 #define MV_PREFETCH_MAX_BYTES (8ll << 20)
 #endif

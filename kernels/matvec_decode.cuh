@@ -100,7 +100,8 @@ __device__ __forceinline__ void preload_unit(const MatVecUnit & m, const int u, 
 }
 
 // decode_rows' first loads (MV_PRELOAD): the warp's first unit's items, into pb. Weights only,
-// so a kernel may call it before PDL_ENTRY (MV_PRELOAD_EARLY); nothing for other kinds.
+// so the kernels call it before PDL_ENTRY: inside a decode graph those loads are in flight while
+// the previous kernel ends. Nothing for other kinds.
 template <class K, int SPLIT>
 __device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                                const u8 * __restrict__ w2, const MultiMatVecParams & p,
@@ -116,9 +117,8 @@ __device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const
 }
 
 // decode_rows for MV_PRELOAD (units of MV_PRELOAD_ROWS rows a warp or split group): the warp's
-// first unit's loads go out before the activations are staged (pb: by the kernel before
-// PDL_ENTRY with MV_PRELOAD_EARLY, else here); every row's result is decode_rows' (the same
-// sums, blocks and order).
+// first unit's loads went out before PDL_ENTRY (pb: decode_preload, by the kernel); every row's
+// result is decode_rows' (the same sums, blocks and order).
 template <class K, int SPLIT>
 __device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                                       const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
@@ -241,8 +241,8 @@ __device__ __forceinline__ void coop_chunk_load(const u8 * __restrict__ w, const
         if (lane + WARP_SIZE * k < K::chunk_words) r.w[k] = src[lane + WARP_SIZE * k];
 }
 
-// The warp's first row's first chunk into r. Weights only, so the kernel may call it before
-// PDL_ENTRY (MV_PRELOAD_EARLY): those loads in flight while the previous kernel ends.
+// The warp's first row's first chunk into r. Weights only, so the kernel calls it before
+// PDL_ENTRY: those loads in flight while the previous kernel ends.
 template <class K>
 __device__ __forceinline__ void coop_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
                                              const u8 * __restrict__ w2, const MultiMatVecParams & p,

@@ -4,8 +4,9 @@
 #include "matvec.cuh"
 
 // matvec_glu_ / matvec_glu_wide_: a block's 32 rows of h (one Q8_1 block), WARPS warps x ROWS
-// rows; PAIRED reads gate and up in one loop. Every choice gives the same floats (a row's items,
-// lanes and order do not depend on it): they move time only.
+// rows; PAIRED (matvec_glu_wide_) reads gate and up in one loop, both matrices' loads in flight
+// together, at more registers (matvec_glu_ reads one after the other). Every choice gives the
+// same floats (a row's items, lanes and order do not depend on it): they move time only.
 template <int WARPS, int ROWS>
 __device__ __forceinline__ void glu_prefetch(const u8 * wg, const u8 * wu, const GluMatVecParams & p) {
     if (!p.has_ids && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {

@@ -211,9 +211,7 @@ __device__ __forceinline__ float q6k_math(const Q6KRaw & r, const int ib, const 
         if constexpr (HasHalfSum<Y>::value) {
             // the quants unsigned (0..63): sum((v - 32) a) = sum(v a) - 32 sum(a), the same
             // integers without the per-byte subtraction (__vsubss4: several instructions each,
-            // where the output head's mat-vec is bound by issue: ncu 68.6 % of issue slots).
-            // On the H200 (2026-12-03) the Qwen3-0.6B head, 151936 x 1024, went from 57.7 to
-            // 44.4 us, 12288 x 4096 to 65 % of the copy rate, tg128 896 -> 941 tok/s (0.6B)
+            // where the output head's mat-vec is bound by instruction issue)
             sumi[i / 4] = __dp4a(vl | vh, yq[i], sumi[i / 4]);
         } else {
             sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);

@@ -1,25 +1,26 @@
-// A prompt's mat-mul on int8 tensor cores against Q8_1 activations (llama.cpp's MMQ,
-// ggml-cuda/mmq.cuh): y [T, N] = x [T, K] . W^T, with x already quantized to Q8_1 blocks
-// ([T, K/32] block_q8_1, the quantize_q8_1 kernel's output) and W in its ggml blocks.
+// A MoE prompt's expert mat-muls (mul_mat_id) on int8 tensor cores against Q8_1 activations
+// (llama.cpp's MMQ, ggml-cuda/mmq.cuh): y [S, N] = x . W_e^T for each (token, slot) pair s and
+// its expert e, with x already quantized to Q8_1 blocks (the quantize_q8_1 kernel's output) and
+// the experts' W in their ggml blocks. moe_plan sorts the pairs by expert on the device;
+// mmq_id_<type> multiplies each tile of one expert's pairs.
 //
-// A thread block takes MMQ_ROWS weight rows x MMQ_COLS tokens. K is walked in chunks of 256
+// A thread block takes MMQ_ROWS weight rows x MMQ_COLS pairs. K is walked in chunks of 256
 // values (8 blocks of 32: one K-quant super-block): every row's chunk is unpacked to int8
-// quants in shared memory with its per-32-block scale factors, every token's chunk of Q8_1
+// quants in shared memory with its per-32-block scale factors, every column's chunk of Q8_1
 // blocks copied beside it. Each warp then forms, per block of 32, the int32 dot products of
-// its 32 rows x 32 tokens with `mma.sync.m16n8k32.s8.s8.s32` (Q6_K: two m16n8k16, one per
+// its 32 rows x 32 columns with `mma.sync.m16n8k32.s8.s8.s32` (Q6_K: two m16n8k16, one per
 // 16-value half, which has its own scale) and scales them in float32 exactly as the mat-vec's
-// dot_item<TYPE> does (kernels/matvec_q.cuh), adding block after block in K order. So against
-// the decode mat-vec only the order of the float32 sum over the K/32 blocks differs (the
-// mat-vec strides them over lanes and sums by shuffles); the integer products are the same.
+// dot does (kernels/matvec_q.cuh), adding block after block in K order. So against the decode
+// mat-vec only the order of the float32 sum over the K/32 blocks differs (the mat-vec strides
+// them over lanes and sums by shuffles); the integer products are the same.
 //
-// Quants are unpacked with the mat-vec's own bit arithmetic: Q4_0 / Q5_0 stay unsigned
-// (0..15 / 0..31, the -8d / -16d constant taken against the activation block's half sum s),
-// Q4_K / Q5_K keep their min against the integer sum of the activation quants, Q6_K is signed
-// (q - 32), MXFP4 is the doubled E2M1 value.
+// Quants are unpacked with the mat-vec's own bit arithmetic (kernels/quant_dot.cuh): Q4_0 /
+// Q5_0 stay unsigned (0..15 / 0..31, the -8d / -16d constant taken against the activation
+// block's half sum s), Q4_K / Q5_K keep their min against the integer sum of the activation
+// quants, Q6_K is signed (q - 32), MXFP4 is the doubled E2M1 value.
 //
-// Launch: grid (ceil(N / MMQ_ROWS), ceil(T / MMQ_COLS)), MMQ_THREADS threads, static shared
-// memory only (under 48 KiB). Rows past N and tokens past T read row N-1 / token T-1 (valid
-// memory) and are not written. Needs sm_80 (int8 m16n8k32 mma).
+// Launch: see mmq_id below; MMQ_THREADS threads, static shared memory only (under 48 KiB). Rows
+// past N read row N-1 (valid memory) and are not written. Needs sm_80 (int8 m16n8k32 mma).
 #include "common.cuh"
 #include "params.cuh"
 #include "quant_dot.cuh"
@@ -41,12 +42,15 @@ static_assert(MMQ_ROWS % 32 == 0 && MMQ_COLS % 32 == 0 && MMQ_THREADS == MMQ_ROW
 #define MMQ_KB 8             // blocks of 32 per K chunk (256 values)
 #endif
 #ifndef MMQ_MIN_BLOCKS
-#define MMQ_MIN_BLOCKS 5     // resident blocks per SM asked of ptxas (__launch_bounds__): a register cap
+// resident blocks per SM asked of ptxas (__launch_bounds__): a register cap. The tile's shared
+// memory (the padded layout below) leaves room for 5 blocks an SM, and the cap makes the
+// registers fit them too (ci/kernel_resources.py reads both from the cubin).
+#define MMQ_MIN_BLOCKS 5
 #endif
 #if MMQ_MIN_BLOCKS > 1
 #define MMQ_BOUNDS __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS)
 #else
-#define MMQ_BOUNDS __launch_bounds__(MMQ_THREADS)   // (a minimum of 1 given changes ptxas's choices: 103 -> 109 registers)
+#define MMQ_BOUNDS __launch_bounds__(MMQ_THREADS)   // (a minimum of 1 given changes ptxas's register choices)
 #endif
 // words per token row of the raw activation tile: 9 * MMQ_KB, rounded up to 4 mod 8 (16-byte
 // rows; 8 rows' 4 consecutive words land on the 32 banks)
@@ -68,16 +72,18 @@ struct MmqTile {
 // scales (low byte: values 0..15, next: 16..31).
 struct MmqWeightBlock { int q[8]; float a; float b; int sc; };
 
-// Which per-block factors mmq_block_value<TYPE> reads (with MMQ_BANKS the others are neither
-// stored nor given shared memory): Q6_K's scales, the activation half sum s, the quants' sum.
+// Which per-block factors mmq_block_value<TYPE> reads (the others are neither stored nor read):
+// Q6_K's scales, the activation half sum s, the quants' sum.
 template <int TYPE> constexpr bool mmq_reads_sc = TYPE == Q6_K;
 template <int TYPE> constexpr bool mmq_reads_s8 = TYPE == Q4_0 || TYPE == Q5_0 || TYPE == Q4_1 || TYPE == Q5_1;
 template <int TYPE> constexpr bool mmq_reads_isum = TYPE == Q4_K || TYPE == Q5_K;
 
-// MMQ_VEC_LOADS's Q4_K and Q6_K items as loads and a decoding of what they loaded, apart, so
-// that MMQ_UNPACK_UNROLL can issue several items' loads before decoding any.
-// Q4_K: rows of whole 144-byte blocks (16-byte aligned), so qs (at byte 16) and its pairs' 32
-// bytes are 16-byte aligned; h: d, dmin and the 12 scale bytes.
+// Q4_K and Q6_K items from wide loads, apart from their decoding. Q4_K: its 32 quant bytes as two
+// 16-byte words, d, dmin and the 12 scale bytes as one, where k45_quants reads eight 32-bit
+// words, two halves and four scale bytes one by one (the unpack's global loads used a fraction
+// of each sector they touched, and L1 bound the tile). Rows of whole 144-byte blocks (16-byte
+// aligned), so qs (at byte 16) and its pairs' 32 bytes are 16-byte aligned; h: d, dmin and the
+// 12 scale bytes.
 struct MmqRawQ4K { int4 lo, hi, h; };
 
 __device__ __forceinline__ void mmq_load_q4k_quants(const u8 * __restrict__ row, const int ib, MmqRawQ4K & r) {
@@ -106,8 +112,7 @@ __device__ __forceinline__ void mmq_decode_q4k_scales(const MmqRawQ4K & r, const
     dmin = f16_to_f32((u16) (dm >> 16));
 }
 
-// Q6_K: nine aligned words under each of ql and qh (the mat-vec's q6k_load), funnel-shifted
-// into place, where q6k_quants reads sixteen 2-aligned words as 32 halves
+// Q6_K: nine aligned words under each of ql and qh (q6k_load), funnel-shifted into place
 __device__ __forceinline__ void mmq_decode_q6k(const Q6KRaw & r, const int ib, MmqWeightBlock & o) {
     const int lshift = 4 * ((ib % 4) / 2), hshift = 2 * (ib % 4);
 #pragma unroll
@@ -201,7 +206,7 @@ __device__ __forceinline__ void mmq_unpack(const u8 * __restrict__ row, const in
     }
 }
 
-// One block of 32's float result from its int32 dot product(s), as dot_item<TYPE>:
+// One block of 32's float result from its int32 dot product(s), as the mat-vec's dot:
 // d8 = the activation block's scale, s8 = its half sum s, isum = the integer sum of its quants;
 // sumi (Q6_K: sumi for values 0..15, sumi2 for 16..31).
 template <int TYPE>
@@ -264,9 +269,17 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float * _
             }
 }
 
-// MMQ_BANKS: a block's 8 quant words (16-byte aligned) as two 128-bit stores, blocks 4..7 of
-// a row (kb / 4 odd) their high half first: a quarter warp's 8 lanes (one row's blocks, 8
-// words apart) then write banks 0-3, 8-11, 16-19, 24-27, 4-7, ... : each bank once.
+// The tile's shared stores without bank conflicts. A row's blocks sit on adjacent threads of the
+// unpack (for the global loads: a warp's loads then touch 4 rows' consecutive blocks, where a
+// row per thread touched 32 rows' sectors, which cost more than its conflict-free stores saved),
+// and a quarter warp's 128-bit store of a block's quant words (nvcc merges the eight 32-bit
+// stores into two) would put blocks kb and kb + 4 on the same banks, the factors ([block][row]:
+// the 8 blocks a multiple of 32 words apart) 8 lanes to a bank (ci/mmq_banks.py counts it: most
+// of the store wavefronts conflicts, L1 being the tile's limit). So a block's 8 quant words
+// (16-byte aligned) go as two 128-bit stores, blocks 4..7 of a row (kb / 4 odd) their high half
+// first: a quarter warp's 8 lanes (one row's blocks, 8 words apart) then write banks 0-3, 8-11,
+// 16-19, 24-27, 4-7, ... : each bank once; and the factor rows are padded by 32 / MMQ_KB words
+// (float2: 16 / MMQ_KB, MMQ_IPAD / MMQ_FPAD), so that block kb's rows start kb * 4 banks on.
 __device__ __forceinline__ void mmq_store_block(int * __restrict__ dst, const int kb, const int (&q)[8]) {
     const int4 lo = make_int4(q[0], q[1], q[2], q[3]), hi = make_int4(q[4], q[5], q[6], q[7]);
     const bool swap = (kb >> 2) & 1;
@@ -275,8 +288,15 @@ __device__ __forceinline__ void mmq_store_block(int * __restrict__ dst, const in
     d[!swap] = swap ? lo : hi;
 }
 
-// MMQ_X_RAW's 16-byte path: every token's chunk starts at block (row * nb + kb0), a multiple of
-// 4, so 16-byte aligned
+// The activation tile is the Q8_1 blocks' own bytes, copied by consecutive threads from
+// consecutive words (a column's chunk is 9 * MMQ_KB contiguous words): an item (column, block)
+// per thread read its 8 quant words and two halves with lanes 36 bytes apart, each warp-wide
+// load touching ~11 lines of 128 bytes for the 128 bytes it used (ci/mmq_banks.py: several
+// times the lines of these copies). The mma loop takes the B fragments from the raw blocks
+// (column rows of MMQ_XSTRIDE words: 8 columns x 4 words a fragment load on 32 banks), d8 (and
+// s) as the block's first word, and the K-quants' integer sum of a block's 32 activation quants
+// from one more mma against a fragment of ones. 16-byte copies when every column's chunk is
+// 16-byte aligned (it starts at block (row * nb + kb0), a multiple of 4), else word by word.
 #define MMQ_X_WIDE (MMQ_KB % 4 == 0 && n_kb == MMQ_KB && nb % 4 == 0 && ((u64) x & 15) == 0)
 
 // The tile of weight rows blockIdx.x * MMQ_ROWS.. against MMQ_COLS columns of x: column c
@@ -294,8 +314,9 @@ __device__ __forceinline__ void mmq_tile(const u8 * __restrict__ w, const block_
     __shared__ int wsc[MMQ_KB][MMQ_ROWS + MMQ_IPAD];              // Q6_K's scales
     __align__(16) __shared__ int xraw[MMQ_COLS * MMQ_XSTRIDE];    // a token's chunk of block_q8_1
     // columns staged and multiplied: those up to the last valid one (an expert's tile holds
-    // about half its columns on a MoE prompt); columns are independent, so the others are never
-    // needed (a warp holding a valid one multiplies all its 32, stale past it, never written)
+    // about half its columns on a MoE prompt): warps whose 32 columns are all past it skip the
+    // mma loop; a warp that holds a valid one multiplies all its 32 (stale values past it, never
+    // written). Columns are independent: the same bits.
     const int cols = n_cols;
 
     const int row0 = blockIdx.x * MMQ_ROWS;
@@ -468,9 +489,9 @@ __device__ __forceinline__ void mmq_id(const u8 * __restrict__ w, const block_q8
     const int tile = blockIdx.y;
     if (tile == q.max_tiles) {
         // A thread per slot: this block row is scheduled last, and when every thread walked all
-        // S slots in turn (one dependent load each) its blocks ran on alone for a long tail:
-        // ncu on mmq_id_q4_k (H200, the 30B-A3B prompt, S = 4096) had the SMs active 39 % of
-        // the kernel's cycles. Out-of-range ids are rare, so a slot's rows from one thread.
+        // S slots in turn (one dependent load each) its blocks ran on alone for a long tail,
+        // the SMs idle most of the kernel's time. Out-of-range ids are rare, so a slot's rows
+        // from one thread.
         const int r0 = blockIdx.x * MMQ_ROWS, r1 = min(q.n_rows, r0 + MMQ_ROWS);
         for (int s = threadIdx.x; s < S; s += MMQ_THREADS)
             if (rank[s] < 0)
