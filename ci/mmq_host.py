@@ -314,9 +314,8 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     # -fno-gnu-unique: the kernels' __shared__ arrays are function statics here, which g++
     # otherwise exports as STB_GNU_UNIQUE symbols that the dynamic linker binds to one object
     # for every library of a process, RTLD_LOCAL or not: a variant's library (MMQ_KB=8) loaded
-    # after another's (MMQ_KB=2) then wrote its tiles into the other's smaller arrays (the GPU
-    # runner's suite saw the MMQ_PACKED variants' results wrong in one run of four; reproduced
-    # here by loading the two in that order)
+    # after another's (MMQ_KB=2) then wrote its tiles into the other's smaller arrays (wrong
+    # results in whichever pytest worker loaded the two in that order)
     flags = ["-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-fno-gnu-unique"]
     key = hashlib.sha256("\0".join([*flags, *(f"{k}\0{v}" for k, v in sorted(srcs.items()))]).encode()).hexdigest()[:16]
     d = Path(tempfile.gettempdir()) / f"brass-{stem}-host-{key}"

@@ -245,7 +245,7 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
 def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     # matvec_glu_cols_<type> (a batched step's gated FFN, gate and up of a row in one pass over
-    # the tokens' activations: GLU_COLS_PAIRED) must give each token the one-token kernel's h
+    # the tokens' activations) must give each token the one-token kernel's h
     # and Q8_1 blocks bit for bit. N = 80 leaves the last block's rows part-filled (past the
     # end they are not written); 11 tokens: two blocks of 8, the second partial.
     from ci.matvec_host import glu, glu_cols
@@ -265,9 +265,10 @@ def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype)
                          ids=["one-row", "three-rows"])
 def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, defines):
     # MV_COLS_ROWS (rows a warp of matvec_cols_ takes at once, the tokens' items read once for
-    # all) moves time only: other builds must give the default build's bits. Q4_K (the staged pair items) with 45 and 7 rows (units past a
-    # matrix's end), K = 512 (staged) and 98560 (read from global memory: past the staging
-    # budget MV_COLS_STAGE_MAX_K even for one token), split and not.
+    # all) moves time only: other builds must give the default build's bits. Q4_K (the staged
+    # pair items) with 45 and 7 rows (units past a matrix's end), K = 512 (staged) and 98560
+    # (read from global memory: past the staging budget MV_COLS_STAGE_MAX_K even for one
+    # token), split and not.
     from ci import matvec_host
     from brass.backends.cuda.backend import MV_SPLIT
     try:
@@ -383,9 +384,9 @@ def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):
 def test_gated_ffn_layouts_give_the_same_floats(lib, rng, tmp_path, qtype, K, variant):
     # The gated kernel's sizes (kernels/matvec.cuh: GLU_WARPS x GLU_ROWS splits a block's 32
     # rows), and matvec_glu_wide_ (the backend's kernel for small launches, "wide": gate and up
-    # in one loop), must give matvec_glu_'s h and Q8_1 blocks bit for bit,
-    # dense (staged; K = 28672 unstaged) and over chosen experts, so that they move time only
-    # (and the batched kernel, which keeps 8 x 4, still equals one token at a time)
+    # in one loop), must give matvec_glu_'s h and Q8_1 blocks bit for bit, dense (staged;
+    # K = 28672 unstaged) and over chosen experts, so that they move time only (and the batched
+    # kernel, which keeps 8 x 4, still equals one token at a time)
     from ci import matvec_host
     wide = variant == ("wide",)
     try:
