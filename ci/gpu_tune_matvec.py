@@ -1,7 +1,6 @@
 """Decode mat-vec variants side by side on the GPU runner: kernels/matvec_q.cuh compiled with
 other MV_WARPS / MV_ROWS / MV_UNROLL values, with and without the activations staged in shared
-memory (MV_STAGE_MAX_K=0 turns staging off), with and without the L2 prefetch of each warp's
-first rows (MV_PREFETCH=0 turns it off), and grid sizes (one wave of resident blocks,
+memory (MV_STAGE_MAX_K=0 turns staging off), and grid sizes (one wave of resident blocks,
 looping, or one block per row group), each timed alone (20 launches captured as a graph,
 weights rotated so that no launch is served from L2) against the device copy bandwidth. Every
 variant's output must equal the first variant's bit for bit (same integer sums, same float
@@ -26,11 +25,9 @@ from brass.backends.cuda.params import pack  # noqa: E402
 
 CASES = [(GGMLType.Q4_K, 12288, 4096), (GGMLType.Q6_K, 4096, 12288), (GGMLType.Q4_K, 4096, 4096),
          (GGMLType.Q4_K, 3072, 1024), (GGMLType.Q6_K, 151936, 1024), (GGMLType.Q6_K, 151936, 4096)]
-# stage: 0 global activations, 1 staged with padded two-block items, 2 staged unpadded
-# prefetch: 1 the warp's first rows asked of L2 before PDL_ENTRY (the default), 0 not
-VARIANTS = [dict(warps=w, rows=r, unroll=u, stage=st, prefetch=pf)
-            for pf, st, w, r, u in itertools.product((1, 0), (1, 0, 2), (4, 8), (1,), (1, 2))
-            if pf or st == 1]
+# stage: 0 global activations, 1 staged
+VARIANTS = [dict(warps=w, rows=r, unroll=u, stage=st)
+            for st, w, r, u in itertools.product((1, 0), (4, 8), (1,), (1, 2))]
 KINDS = {GGMLType.Q4_K: ("q4_k", "Q4KPairKind", 64), GGMLType.Q6_K: ("q6_k", "Q6KKind", 32)}
 
 
@@ -75,10 +72,6 @@ def main():
         opts = (f"-DMV_WARPS={v['warps']}", f"-DMV_ROWS={v['rows']}", f"-DMV_UNROLL={v['unroll']}", "-DMV_SPLIT=1")
         if not v["stage"]:
             opts += ("-DMV_STAGE_MAX_K=0",)
-        if v["stage"] == 2:
-            opts += ("-DMV_PAIR_PAD=0",)
-        if not v["prefetch"]:
-            opts += ("-DMV_PREFETCH=0",)
         mod = cp.cuda.function.Module()
         mod.load(compile_text("tune_matvec.cu", src, target, opts, use_cache=True))
         for (qtype, N, K), (ws, xq, nbytes) in data.items():
@@ -122,8 +115,7 @@ def main():
                     mismatches.append((qtype.name, N, K, v, grid_kind))
                 gbs = nbytes / us / 1e3
                 key = (qtype.name, N, K)
-                label = (f"{('global', 'staged', 'unpadded')[v['stage']]} w{v['warps']} r{v['rows']} u{v['unroll']} "
-                         f"{'pf ' if v['prefetch'] else ''}{grid_kind}")
+                label = f"{('global', 'staged')[v['stage']]} w{v['warps']} r{v['rows']} u{v['unroll']} {grid_kind}"
                 rows_out.append((*key, label, f"{us:.1f}", f"{100 * gbs / bw:.0f} %"))
                 if key not in best or us < best[key][1]:
                     best[key] = (label, us, gbs)

@@ -1,13 +1,11 @@
-"""A MoE prompt's expert mat-muls (moe_plan + mmq_id_<type>, kernels/mmq.cu) in tile variants
-on the GPU runner: the #defines of mmq.cu (tile rows / tokens / threads, the K chunk, a
-register cap, the L2 prefetch of the next chunk's weights) compiled in turn, each timed on the
-Qwen3-30B-A3B shape (128 experts, 8 per token, a 512-token prompt: gate / up Q4_K 768 x 2048,
-down Q6_K 2048 x 768), routing uniform at random (8 distinct experts per token), and a dense
-prompt mat-mul (mmq_q4_k, the Qwen3-8B shape's 12288 x 4096 at 512 tokens: BRASS_MMQ=1's
-kernel, against which ci/gpu_mmq_bench.py times the float16 GEMM). Every
-variant's output must equal the default's bit for bit (each output is one column's own sum
-in K order, whatever the tile: conformance/kernels/test_kernels_mmq.py checks the same on the CPU); a
-variant that differs is reported and never chosen.
+"""A MoE prompt's expert mat-muls (moe_plan + mmq_id_<type>, kernels/mmq.cu) in tile sizes on
+the GPU runner: the #defines of mmq.cu (tile rows / tokens / threads, the K chunk, a register
+cap) compiled in turn, each timed on the Qwen3-30B-A3B shape (128 experts, 8 per token, a
+512-token prompt: gate / up Q4_K 768 x 2048, down Q6_K 2048 x 768), routing uniform at random
+(8 distinct experts per token). Every variant's output must equal the default's bit for bit
+(each output is one column's own sum in K order, whatever the tile:
+conformance/kernels/test_kernels_mmq.py checks the same on the CPU); a variant that differs is
+reported and never chosen.
 
     python3 ci/gpu_tune_mmq.py [--apply] [--only NAME]
 
@@ -38,71 +36,18 @@ from brass.backends.cuda.params import pack  # noqa: E402
 MMQ_CU = Path(__file__).resolve().parents[1] / "kernels" / "mmq.cu"
 E, K_USED, T = 128, 8, 512
 CASES = (("gate", GGMLType.Q4_K, "q4_k", 768, 2048), ("down", GGMLType.Q6_K, "q6_k", 2048, 768))
-# and a dense prompt mat-mul (mmq_<type>, BRASS_MMQ=1; the float16 GEMM is the default there):
-# the Qwen3-8B shape's gate, 12288 x 4096 Q4_K, 512 tokens
-DENSE = ("dense", GGMLType.Q4_K, "q4_k", 12288, 4096)
 VARIANTS = {
     "default": (),
     "kb4": ("MMQ_KB=4",),
-    "kb4 cap5": ("MMQ_KB=4", "MMQ_MIN_BLOCKS=5"),
-    "prefetch": ("MMQ_PREFETCH=1",),
-    "kb4 cap5 prefetch": ("MMQ_KB=4", "MMQ_MIN_BLOCKS=5", "MMQ_PREFETCH=1"),
+    "kb2": ("MMQ_KB=2",),
+    "no cap": ("MMQ_MIN_BLOCKS=1",),
+    "cap4": ("MMQ_MIN_BLOCKS=4",),
+    "kb4 no cap": ("MMQ_KB=4", "MMQ_MIN_BLOCKS=1"),
     "128x32 kb4": ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
-    "128x32 kb4 cap5": ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4", "MMQ_MIN_BLOCKS=5"),
-    "128x32 kb4 cap5 prefetch": ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4",
-                                 "MMQ_MIN_BLOCKS=5", "MMQ_PREFETCH=1"),
+    "128x32 kb4 no cap": ("MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4", "MMQ_MIN_BLOCKS=1"),
     "64x32": ("MMQ_COLS=32", "MMQ_THREADS=64"),
     "32x64": ("MMQ_ROWS=32", "MMQ_THREADS=64"),
     "128x64 kb4": ("MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
-    # mmq_tile_packed: fewer, wider shared-memory loads (the default's limit, ncu: L1/TEX 78 %)
-    "packed": ("MMQ_PACKED=1",),
-    "packed prefetch": ("MMQ_PACKED=1", "MMQ_PREFETCH=1"),
-    "packed kb4": ("MMQ_PACKED=1", "MMQ_KB=4"),
-    "packed kb4 cap5": ("MMQ_PACKED=1", "MMQ_KB=4", "MMQ_MIN_BLOCKS=5"),
-    "packed 128x32 kb4": ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_COLS=32", "MMQ_THREADS=128", "MMQ_KB=4"),
-    "packed 128x64 kb4": ("MMQ_PACKED=1", "MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
-    # the unpack with rows (tokens) on adjacent threads: ncu found the shared stores 9-way
-    # bank conflicted (2026-12-03)
-    "rows fast": ("MMQ_ROWS_FAST=1",),
-    "rows fast kb4": ("MMQ_ROWS_FAST=1", "MMQ_KB=4"),
-    "rows fast prefetch": ("MMQ_ROWS_FAST=1", "MMQ_PREFETCH=1"),
-    "rows fast 128x64 kb4": ("MMQ_ROWS_FAST=1", "MMQ_ROWS=128", "MMQ_THREADS=256", "MMQ_KB=4"),
-    # Q4_K's unpack from 16-byte loads (ncu: the global loads use 4.1 of 32 bytes a sector)
-    "vec loads": ("MMQ_VEC_LOADS=1",),
-    "vec loads prefetch": ("MMQ_VEC_LOADS=1", "MMQ_PREFETCH=1"),
-    # The eighteenth session's three switches, on by default since the nineteenth (H200: 1.14x a
-    # layer, all four together); each named here with all four set, so that a variant means the
-    # same thing whatever the header's defaults.
-    # the tile before them (103 / 112 registers, 48.6 KB: 4 blocks an SM)
-    "before banks": ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
-    # the shared stores without bank conflicts and only the factors a type reads (95 / 96
-    # registers, 43.9 KB: 5 blocks an SM)
-    "banks": ("MMQ_BANKS=1", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
-    "banks cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=5"),
-    # the activations staged from coalesced 16-byte loads of the raw Q8_1 blocks, the quants'
-    # sum from an mma against ones
-    "x raw": ("MMQ_BANKS=0", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
-    "banks x raw": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=1"),
-    "banks x raw cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=0", "MMQ_MIN_BLOCKS=5"),
-    # and an expert tile's columns past its last slot neither staged nor multiplied
-    "banks x raw skip": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=1"),
-    "banks x raw skip cap5": ("MMQ_BANKS=1", "MMQ_X_RAW=1", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=5"),
-    "banks x raw skip 64x32": ("MMQ_COLS=32", "MMQ_THREADS=64"),
-    "skip": ("MMQ_BANKS=0", "MMQ_X_RAW=0", "MMQ_SKIP_PAD=1", "MMQ_MIN_BLOCKS=1"),
-    # the latency of the unpack's loads (ncu on the default since the nineteenth session: L1 at
-    # 34 %, an instruction issued every 8 cycles at 24 % occupancy; its SASS waits out each
-    # item's three 16-byte loads, and each of the activations' nine 16-byte copies, in turn):
-    # the activation copies as cp.async, issued before the unpack; two or four items' loads
-    # issued before their unpack (4: 124-128 registers, so 4 blocks an SM)
-    "x async": ("MMQ_X_ASYNC=1",),
-    "unroll2": ("MMQ_UNPACK_UNROLL=2",),
-    "unroll2 x async": ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1"),
-    "unroll4 x async cap4": ("MMQ_UNPACK_UNROLL=4", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
-    "unroll2 x async cap4": ("MMQ_UNPACK_UNROLL=2", "MMQ_X_ASYNC=1", "MMQ_MIN_BLOCKS=4"),
-    # Q4_K's scale and min (matvec_q.cuh's q4k_scale_min, shared with the decode mat-vecs) by
-    # shifts and selects, and by byte_of and a branch on s < 4
-    "q4k sel": ("MV_Q4K_SEL=1",),
-    "q4k branch": ("MV_Q4K_SEL=0",),
 }
 
 
@@ -132,10 +77,6 @@ def main() -> int:
             w = cp.asarray(random_blocks(qtype, E * N, K, rng).reshape(-1))
             x = cp.asarray(rng.uniform(-1, 1, (T if what == "gate" else T * K_USED, K)).astype(np.float32))
             data[what] = (w, cuda.quantize_q8_1(x), w.size // (E * N))
-        what, qtype, name, N, K = DENSE
-        w = cp.asarray(random_blocks(qtype, N, K, rng).reshape(-1))
-        x = cp.asarray(rng.uniform(-1, 1, (T, K)).astype(np.float32))
-        data[what] = (w, cuda.quantize_q8_1(x), w.size // N)
         cuda.synchronize()
     print(f"{cuda.device_name}: E {E}, {K_USED} per token, T {T}; median of 10 launches after a warm-up", flush=True)
     rows, first, differ, totals = [], {}, [], {}
@@ -148,7 +89,7 @@ def main() -> int:
         try:
             image = compile_text("mmq.cu", source, target_for(cuda.cc), tuple(f"-D{x}" for x in defines))
         except Exception as e:              # a variant that does not build is reported, not chosen
-            rows.append((label, f"compile failed: {str(e).splitlines()[0][:60]}", "", "", "", ""))
+            rows.append((label, f"compile failed: {str(e).splitlines()[0][:60]}", "", "", ""))
             continue
         mod = cp.cuda.function.Module()
         mod.load(image)
@@ -160,20 +101,14 @@ def main() -> int:
             plan = cp.empty(2 * E + 2 * S + 1 + 2 * max_tiles, np.int32)
             mod.get_function("moe_plan")((1,), (plan_threads,), (I, plan, pack("MoePlanParams", n_slots=S, n_experts=E,
                                                                                 max_tiles=max_tiles)))
-            for what, qtype, name, N, K in CASES + (DENSE,):
+            for what, qtype, name, N, K in CASES:
                 w, xa, row_bytes = data[what]
-                if what == "dense":
-                    fn = mod.get_function(f"mmq_{name}")
-                    y = cp.full((T, N), np.nan, np.float32)
-                    params = pack("MmqParams", n_rows=N, k=K, n_tokens=T, row_bytes=row_bytes)
-                    args = ((-(-N // R), -(-T // C)), (TH,), (w, xa, y, params))
-                else:
-                    fn = mod.get_function(f"mmq_id_{name}")
-                    y = cp.full((S, N), np.nan, np.float32)
-                    params = pack("MmqIdParams", n_rows=N, k=K, n_slots=S, n_used=K_USED, row_bytes=row_bytes,
-                                  expert_bytes=N * row_bytes, n_experts=E, x_per_slot=int(what == "down"),
-                                  max_tiles=max_tiles)
-                    args = ((-(-N // R), max_tiles + 1), (TH,), (w, xa, plan, y, params))
+                fn = mod.get_function(f"mmq_id_{name}")
+                y = cp.full((S, N), np.nan, np.float32)
+                params = pack("MmqIdParams", n_rows=N, k=K, n_slots=S, n_used=K_USED, row_bytes=row_bytes,
+                              expert_bytes=N * row_bytes, n_experts=E, x_per_slot=int(what == "down"),
+                              max_tiles=max_tiles)
+                args = ((-(-N // R), max_tiles + 1), (TH,), (w, xa, plan, y, params))
                 fn(*args)
                 samples = []
                 for _ in range(10):
@@ -193,15 +128,14 @@ def main() -> int:
         layer = 2 * times["gate"] + times["down"]
         totals[label] = (layer, label not in differ)
         rows.append((label, f"{times['gate']:.0f}", f"{times['down']:.0f}", f"{layer:.0f}",
-                     f"{times['dense']:.0f}", "yes" if label not in differ else "NO"))
+                     "yes" if label not in differ else "NO"))
     if "default" not in totals:         # (--only without the default: nothing to compare with)
-        print(tabulate(rows, headers=["variant", "gate us", "down us", "layer us", "dense us", "equals default"],
+        print(tabulate(rows, headers=["variant", "gate us", "down us", "layer us", "equals default"],
                        tablefmt="github"))
         return 1 if differ else 0
     base = totals["default"][0]
     print(tabulate([(*r, f"{base / totals[r[0]][0]:.2f}x" if r[0] in totals else "") for r in rows],
-                   headers=["variant", "gate us", "down us", "layer us", "dense 12288x4096 us", "equals default",
-                            "speed-up (layer)"],
+                   headers=["variant", "gate us", "down us", "layer us", "equals default", "speed-up (layer)"],
                    tablefmt="github"))
     ok = {k: v for k, (v, same) in totals.items() if same}
     best = min(ok, key=ok.get)

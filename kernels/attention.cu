@@ -15,24 +15,15 @@
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / WARP_SIZE)
 #ifndef ATTN_SLOTS_PER_WARP
-// pass 1: slots a warp has in flight at once. 4 was slower on the H200 (2026-12-01, tg128 in
-// one call: Qwen3-0.6B shape 663 against 685 tok/s with 1, 30B-A3B 262.5 against 268.3).
+// pass 1, a slot per warp: slots a warp has in flight at once (4 was slower than 1)
 #define ATTN_SLOTS_PER_WARP 1
 #endif
-#ifndef ATTN_SLOT_LANES
-// 1: pass 1 takes a slot per thread (its K row read as 16-byte words, the dot product summed
-// in the thread: a block's 128 slots in flight at once, no shuffles) instead of a slot per
-// warp (0). On the H200 (2026-12-02, tg128 alternated in one call) it took the Qwen3-0.6B
-// shape from 687 to 847 tok/s and the 30B-A3B from 272 to 312: at short contexts a decode
-// step's attention was ~8 us a call, ~15 % of a 0.6B token. Needs head_dim % 8 == 0 (else
-// pass 1 takes a slot per warp).
-#define ATTN_SLOT_LANES 1
-#endif
+// Pass 1 takes a slot per thread (its K row read as 16-byte words, the dot product summed in the
+// thread: a block's 128 slots in flight at once, no shuffles) for rows of head_dim % 8 == 0 up to
+// ATTN_SLOT_LANES_MAX_DIM, else a slot per warp; the kernel picks per launch. With a slot per
+// warp a decode step's attention at short contexts was a chain of memory latencies; on longer
+// rows (256, 512 dims) a thread's serial dot outweighs the slots in flight.
 #ifndef ATTN_SLOT_LANES_MAX_DIM
-// ... and head_dim <= this: longer rows take a slot per warp. The gains above were at head_dim
-// 128; Gemma-4-26B-A4B (head_dim 256 and 512) decoded at 222.63 / 222.60 tok/s with a slot per
-// thread against 224.94 / 224.94 per warp (H200, 2026-12-02, alternated): a thread's serial dot
-// over 256-512 dims outweighs the slots in flight.
 #define ATTN_SLOT_LANES_MAX_DIM 128
 #endif
 
@@ -48,33 +39,14 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __res
     cache[(i64) slot * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 
-// The rope and norm arguments of rope_attention (unused by attention).
-struct RopeArgs {
-    const float * k;          // [T, H_kv, head_dim] keys before their norm and rope
-    const float * v;          // [T, H_kv, head_dim_v]
-    const float * qn;         // head norm weights (when q_norm / k_norm)
-    const float * kn;
-    float * q_out;            // [T, H, head_dim] the roped queries (for the trace)
-    float * k_out;            // [T, H_kv, head_dim] the roped keys
-    int n_rot, neox, q_norm, k_norm;
-    float theta_scale, freq_scale, eps;
-};
-
 // One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
 // blocks (the input of the output projection), quantized here so that no separate kernel has
 // to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
 // per_row: token t reads the caches at k_rows[t] / v_rows[t] (each row its own sequence, all
 // of capacity >= its position; capacity is the largest) instead of k_cache / v_cache.
-// ROPE (rope_attention): first the block does what rope_store does for its query head and for
-// its KV head (the same float operations in the same order, so the same bits), writing that KV
-// head's slot of the caches itself; every block of a KV head group writes the same values there, and each
-// reads its own writes after the barrier (no other kernel between). The caches are then not
-// read-only in the kernel, so they are plain pointers here (no __restrict__, no .nc loads).
-template <bool ROPE>
 __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cache, const u16 * v_cache,
                                              const int * pos, float * out, block_q8_1 * out_q,
-                                             const u64 * k_rows, const u64 * v_rows, const AttentionParams & p,
-                                             const RopeArgs & r) {
+                                             const u64 * k_rows, const u64 * v_rows, const AttentionParams & p) {
     extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
@@ -94,95 +66,18 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
     const int n = hi - lo + 1;                // visible slots; n <= n_slots
 
     const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
-    if (ROPE) {
-        // The query head and the block's key head side by side, each with the float32 and
-        // double operations norm_rope_head does (rope_store's), in its order: q, k and v read
-        // at once, both sums of squares in one block reduction (each added per warp by shuffles,
-        // then the warps' sums in warp order, as block_sum_f64), one angle and one sincos per
-        // pair for both. part (ATTN_WARPS * head_dim_v floats, at least 2 head_dim: the launch
-        // checks) holds the two heads until pass 3.
-        __shared__ double rope_partial[2 * ATTN_WARPS];
-        const int D = p.head_dim;
-        float * rq = part, * rk = part + D;
-        const int slot = pos[t];
-        const bool slot_ok = slot >= 0 && slot < p.capacity;
-        const i64 kh = (i64) t * p.n_kv_heads + h_kv;
-        const float * kr = r.k + kh * D, * vr = r.v + kh * p.head_dim_v;
-        u16 * vd = slot_ok ? (u16 *) v_cache + ((i64) slot * p.n_kv_heads + h_kv) * p.head_dim_v : nullptr;
-        double sq = 0.0, sk = 0.0;
-        for (int d = threadIdx.x; d < max(D, p.head_dim_v); d += ATTN_THREADS) {
-            const float a = d < D ? qr[d] : 0.0f, b = d < D ? kr[d] : 0.0f;
-            const float c = d < p.head_dim_v ? vr[d] : 0.0f;
-            if (d < D) {
-                rq[d] = a;
-                rk[d] = b;
-                const double x = a, y = b;
-                sq += x * x;
-                sk += y * y;
-            }
-            if (vd && d < p.head_dim_v) vd[d] = f32_to_f16(c);
-        }
-        sq = warp_sum_f64(sq);
-        sk = warp_sum_f64(sk);
-        if (lane == 0) { rope_partial[warp] = sq; rope_partial[ATTN_WARPS + warp] = sk; }
-        __syncthreads();
-        sq = 0.0;
-        sk = 0.0;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) sq += rope_partial[w];
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) sk += rope_partial[ATTN_WARPS + w];
-        const float scale_q = r.q_norm ? 1.0f / sqrtf(__fadd_rn((float) (sq / D), r.eps)) : 1.0f;
-        const float scale_k = r.k_norm ? 1.0f / sqrtf(__fadd_rn((float) (sk / D), r.eps)) : 1.0f;
-        for (int d = threadIdx.x; d < D; d += ATTN_THREADS) {
-            if (r.q_norm) rq[d] = __fmul_rn(__fmul_rn(rq[d], scale_q), r.qn[d]);
-            if (r.k_norm) rk[d] = __fmul_rn(__fmul_rn(rk[d], scale_k), r.kn[d]);
-        }
-        __syncthreads();
-        float * qo = r.q_out + ((i64) t * p.n_heads + h) * D;
-        float * ko = h % (p.n_heads / p.n_kv_heads) == 0 ? r.k_out + kh * D : nullptr;  // once a group
-        u16 * kd = slot_ok ? (u16 *) k_cache + ((i64) slot * p.n_kv_heads + h_kv) * D : nullptr;
-        const int half = r.n_rot / 2;
-        for (int i = threadIdx.x; i < half + (D - r.n_rot); i += ATTN_THREADS) {
-            if (i < half) {
-                const float angle = rope_angle(slot, i, r.theta_scale, r.freq_scale);
-                const float c = cosf(angle), s = sinf(angle);
-                const int i0 = r.neox ? i : 2 * i;
-                const int i1 = r.neox ? i + half : 2 * i + 1;
-                const float q0 = rq[i0], q1 = rq[i1], k0 = rk[i0], k1 = rk[i1];
-                const float yq0 = __fsub_rn(__fmul_rn(q0, c), __fmul_rn(q1, s));
-                const float yq1 = __fadd_rn(__fmul_rn(q0, s), __fmul_rn(q1, c));
-                const float yk0 = __fsub_rn(__fmul_rn(k0, c), __fmul_rn(k1, s));
-                const float yk1 = __fadd_rn(__fmul_rn(k0, s), __fmul_rn(k1, c));
-                qo[i0] = yq0;
-                qo[i1] = yq1;
-                q16[i0] = f16_to_f32(f32_to_f16(yq0));
-                q16[i1] = f16_to_f32(f32_to_f16(yq1));
-                if (ko) { ko[i0] = yk0; ko[i1] = yk1; }
-                if (kd) { kd[i0] = f32_to_f16(yk0); kd[i1] = f32_to_f16(yk1); }
-            } else {
-                const int d = r.n_rot + (i - half);
-                qo[d] = rq[d];
-                q16[d] = f16_to_f32(f32_to_f16(rq[d]));
-                if (ko) ko[d] = rk[d];
-                if (kd) kd[d] = f32_to_f16(rk[d]);
-            }
-        }
-    } else {
-        for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
-    }
-    __syncthreads();                          // q16 (and with ROPE this slot's K and V) written
+    for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
+    __syncthreads();                          // q16 written
 
     // Pass 1: a warp per slot computes K.Q, each lane two adjacent dims per step (one 32-bit
     // load of two halves); lane 0 keeps the logit and the running max. A warp takes
     // ATTN_SLOTS_PER_WARP slots at a time, their loads in flight together (one slot after
     // another, each waited for before its shuffles, made a decode step's attention a chain of
-    // memory latencies: ~8 us a call at short contexts on the H200); each slot's sum is the
-    // same float operations as one at a time.
+    // memory latencies at short contexts); each slot's sum is the same float operations as one
+    // at a time.
     const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
     const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);
-#if ATTN_SLOT_LANES
     if (p.head_dim % 8 == 0 && p.head_dim <= ATTN_SLOT_LANES_MAX_DIM) {
         // A thread per slot: 8 halves of its K row per 16-byte load, each pair of dims added as
         // in the warp-per-slot loop (q0 k0 + q1 k1), the pairs in dim order.
@@ -204,7 +99,6 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
         }
         m = warp_max(m);
     } else
-#endif
     for (int j0 = warp; j0 < n; j0 += ATTN_WARPS * ATTN_SLOTS_PER_WARP) {
         float dot[ATTN_SLOTS_PER_WARP];
 #pragma unroll
@@ -285,25 +179,5 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
           const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
           const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows, const AttentionParams p) {
     PDL_ENTRY();
-    attend_block<false>(q, k_cache, v_cache, pos, out, out_q, k_rows, v_rows, p, RopeArgs{});
-}
-
-// rope_store and attention in one launch, for one token per sequence (a decode step: T = 1, or
-// a batched step's rows, each its own caches): the launch a decode layer saves.
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
-rope_attention(const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
-               const float * __restrict__ qn, const float * __restrict__ kn, const int * __restrict__ pos,
-               float * __restrict__ q_out, float * __restrict__ k_out, u16 * k_cache, u16 * v_cache,
-               float * __restrict__ out, block_q8_1 * __restrict__ out_q, const u64 * __restrict__ k_rows,
-               const u64 * __restrict__ v_rows, const RopeAttentionParams rp) {
-    PDL_ENTRY();
-    AttentionParams p;
-    p.n_tokens = rp.n_tokens; p.n_heads = rp.n_heads; p.n_kv_heads = rp.n_kv_heads; p.head_dim = rp.head_dim;
-    p.head_dim_v = rp.head_dim_v; p.capacity = rp.capacity; p.n_slots = rp.n_slots; p.window = rp.window;
-    p.scale = rp.scale; p.write_q8 = rp.write_q8; p.per_row = rp.per_row; p.pad0 = 0;
-    RopeArgs r;
-    r.k = k; r.v = v; r.qn = qn; r.kn = kn; r.q_out = q_out; r.k_out = k_out;
-    r.n_rot = rp.n_rot; r.neox = rp.neox; r.q_norm = rp.q_norm; r.k_norm = rp.k_norm;
-    r.theta_scale = rp.theta_scale; r.freq_scale = rp.freq_scale; r.eps = rp.eps;
-    attend_block<true>(q, k_cache, v_cache, pos, out, out_q, k_rows, v_rows, p, r);
+    attend_block(q, k_cache, v_cache, pos, out, out_q, k_rows, v_rows, p);
 }

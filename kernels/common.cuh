@@ -42,14 +42,6 @@ __device__ __forceinline__ void prefetch_l2_span(const void * p, const long long
 #endif
 }
 
-// The same from one thread: the 128-byte lines that [p, p + n) touches.
-__device__ __forceinline__ void prefetch_l2_bytes(const void * p, const long long n) {
-#if defined(__CUDA_ARCH__)
-    const char * c = (const char *) ((size_t) p & ~(size_t) 127);
-    for (; c < (const char *) p + n; c += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(c));
-#endif
-}
-
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -65,6 +57,9 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
 __device__ __forceinline__ float bf16_to_f32(u16 h) {
     return __uint_as_float(((u32) h) << 16);
 }
+
+// What a kernel writes for an output it has no value for (an expert id out of range).
+#define NAN_F32 __int_as_float(0x7fc00000)
 
 // Half the E8M0 scale of an MXFP4 block, 2^(e-128) (e < 2: the subnormals), computed
 // directly so that e = 255 gives 2^127 rather than half of an infinity.
@@ -263,9 +258,7 @@ __device__ __forceinline__ float rope_angle_ff(const int pos, const int i, const
 // One q or k head of a token: optional RMS norm over the head (double sum of squares, as
 // rms_norm; weight nw), then rope at cache slot `slot`; the result goes to `out` (float32) and
 // `cache` (F16), either may be null. `row` is head_dim floats of shared memory, `partial` one
-// double per warp. fused.cu's rope_store calls it; attention.cu's rope_attention does the same
-// operations for a query and a key head side by side (and must keep giving the same bits:
-// conformance/kernels/test_kernels_attention_rowwise.py). Every thread of the block must call it.
+// double per warp. fused.cu's rope_store calls it. Every thread of the block must call it.
 template <int THREADS>
 __device__ __forceinline__ void norm_rope_head(const float * src, const float * nw, const bool norm, const int D,
                                                const int n_rot, const bool neox, const float theta_scale,
@@ -304,14 +297,4 @@ __device__ __forceinline__ void norm_rope_head(const float * src, const float * 
             if (cache) cache[d] = f32_to_f16(row[d]);
         }
     }
-}
-
-// The greedy advance of a decode step on the device: the chosen token becomes the next step's
-// input at the next position, and is kept in the history at that position (while it fits).
-// One thread (fused.cu decode_advance, router.cu argmax_final_advance).
-__device__ __forceinline__ void greedy_advance(const int next, int * tok, int * pos, int * history, const int capacity) {
-    const int p1 = pos[0] + 1;
-    tok[0] = next;
-    pos[0] = p1;
-    if (p1 >= 0 && p1 < capacity) history[p1] = next;
 }

@@ -48,19 +48,16 @@
 // matvec_split_<kind> / matvec_cols_split_<kind>: the warps that share a unit of rows (split-K),
 // warp s of the group taking items lane + 32 s, lane + 32 (s + MV_SPLIT), ...; their warp sums
 // added in the order s = 0, 1, ... through shared memory. matvec_<kind> / matvec_cols_<kind>
-// keep a warp per unit. Why: a warp per row leaves the H200 short of loads in flight on long
-// rows (ncu: the Q4_K mat-vec at ~54 % achieved occupancy, stalled on memory latency), and
-// llama.cpp's mmvq splits a row over its block's warps likewise. But a short row split leaves
-// lanes idle: at K = 1024 (32 Q8_1 items) the second warp of a pair has nothing to read, and
-// the 151936 x 1024 output head took 127 us split against 70 us not. Measured on the H200
-// (2026-12-02, tg128, every decode mat-vec split alike, alternated): split 2 took Qwen3-8B
-// (K 4096 / 12288) from 288.0 to 301.8 tok/s, Qwen3-0.6B (K <= 3072) from 840.9 down to 802.7
-// and split 4 both down (283.3, 721.0). Hence the backend splits rows of K >= MV_SPLIT_MIN_K
-// only: at 4096 / 8192 / never (alternated, twice): 0.6B 841.0 / 841.3 / 841.8, 8B 301.9 /
-// 301.3 / 288.1, 30B-A3B (rows of 2048 and 4096) 309.3 / - / 311.1. So 8192: of the 8B only
-// the down projection (K 12288) splits, and it holds nearly all of the gain. Another order of the same sums than a warp per row: within the mat-mul bound of the
-// reference, not bit for bit the unsplit kernel (a matrix takes one of the two always, so a
-// token's result still does not depend on the batch it is in).
+// keep a warp per unit. Why: a warp per long row leaves the GPU short of loads in flight (the
+// Q4_K mat-vec stalled on memory latency at low occupancy), and llama.cpp's mmvq splits a row
+// over its block's warps likewise. But a short row split leaves lanes idle (at K = 1024, 32 Q8_1
+// items, the second warp of a pair has nothing to read: the output head of a small model slowed
+// down), and 4 warps a row lost on every shape. Hence the backend splits rows of K >=
+// MV_SPLIT_MIN_K only: of Qwen3-8B's matrices only the down projection (K 12288), which holds
+// nearly all of the gain; splitting from 4096 gained nothing more and cost the 30B-A3B shape. Another order of the same sums than
+// a warp per row: within the mat-mul bound of the reference, not bit for bit the unsplit kernel
+// (a matrix takes one of the two always, so a token's result still does not depend on the batch
+// it is in).
 #define MV_SPLIT 2
 #endif
 #ifndef MV_SPLIT_MIN_K
@@ -71,25 +68,18 @@ static_assert(MV_WARPS % MV_SPLIT == 0, "MV_SPLIT must divide MV_WARPS");
 // matvec_split_<kind> (one token, rows of K >= MV_SPLIT_MIN_K): warps a block, MV_SPLIT_WARPS /
 // MV_SPLIT units of rows. The backend launches the threads the kernel was built for (its
 // __launch_bounds__, read from the loaded function), so a build with another value needs no
-// other change. Why more than MV_WARPS: every block stages all of x (K = 12288: 384 Q8_1 blocks,
-// 13.8 KB read from L2) before its first row, and ncu's stall samples on issue 8's Q4_K bar
-// kernel (2026-12-04, 4096 x 12288, 4 blocks an SM, one wave) put ~30 % of them on that staging
-// (its loads, its conversion, the barrier after it) against ~20 % on the weights' loads; a block
-// of 16 warps stages once for 8 units where two blocks of 8 stage twice, at the same warps an
-// SM (64 registers: 2 blocks of 512 threads). Every row's sum is the same (the split group's
-// warps, items and order do not change): the same bits. Measured on the H200 (2026-12-04,
-// ci/gpu_preload.py, us, every output the defaults' bits): Q4_K 4096 x 12288 8.82 (8) / 9.16
-// (16) / 10.08 (32), with MV_SPLIT_WARPS_PLAIN=8 9.12 / 10.05; MV_SPLIT_WARPS=4 (8 blocks an SM)
-// 10.09; Qwen3-8B tg128 349.8 (8) / 351.2 (16) / 347.4 (32), 0.6B within 0.2 %. One staging for
-// more units is not what the bar kernel waits for; 8.
+// other change. Why more than MV_WARPS might pay: every block stages all of x (K = 12288: 384
+// Q8_1 blocks, 13.8 KB read from L2) before its first row, a large share of the split Q4_K
+// kernel's stalls; a block of 16 warps stages once for 8 units where two blocks of 8 stage
+// twice, at the same warps an SM. It did not: the kernel was slower at 16, 32 and 4 warps than
+// at 8 (one staging for more units is not what it waits for). Every row's sum is the same (the
+// split group's warps, items and order do not change): the same bits.
 #define MV_SPLIT_WARPS 8
 #endif
 #ifndef MV_SPLIT_WARPS_PLAIN
 // MV_SPLIT_WARPS for the kinds whose rows are not preloaded (Q6_K, Q8_0, Q5_K, ...; MV_PRELOAD).
-// Why apart: at 16 and 32 warps ptxas gives matvec_split_q6_k 58 registers against 48 (NVRTC
-// 13.5, sm_90): 32 resident warps an SM against 40, where matvec_split_q4_k stays at 64. The
-// same bits. MV_SPLIT_WARPS (the GPU's figures at MV_SPLIT_WARPS above: Q6_K 4096 x 12288 17.5
-// us at 8, 16.9 at 16, 17.5 at 16 with PLAIN=8).
+// Why apart: at 16 and 32 warps ptxas gives matvec_split_q6_k more registers (fewer resident
+// warps an SM), where matvec_split_q4_k keeps its count. The same bits.
 #define MV_SPLIT_WARPS_PLAIN MV_SPLIT_WARPS
 #endif
 static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32 && MV_SPLIT_WARPS_PLAIN % MV_SPLIT == 0
@@ -104,18 +94,13 @@ static_assert(MV_SPLIT_WARPS % MV_SPLIT == 0 && MV_SPLIT_WARPS <= 32 && MV_SPLIT
 #define GLU_ROWS 4
 #endif
 static_assert(GLU_WARPS * GLU_ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
-#ifndef GLU_PAIRED
-// matvec_glu_<kind>: 1 reads gate and up in one loop (rows_dot2: both matrices' loads in
-// flight together, the same floats), 0 one after the other. ptxas gives the paired loop 105
-// registers against 60 on Q4_K, which halves the resident blocks of a large launch.
-#define GLU_PAIRED 0
-#endif
 #ifndef GLU_WIDE_WARPS
 // matvec_glu_wide_<kind>: GLU_WIDE_WARPS warps x 32 / GLU_WIDE_WARPS rows, gate and up in one
-// loop, for launches of fewer than GLU_WIDE_MAX_BLOCKS_PER_SM blocks per SM (the backend's
-// rule). Measured 2026-12-02 on the H200 (tg128 alternated twice, against 8 x 4 one after the
-// other): the Qwen3-0.6B shape's 96-block gate/up launch 841 -> 850 tok/s, the 30B-A3B's
-// 8 experts x 24 blocks 311 -> 321; the 8B's 384 blocks 295 -> 289, so it keeps 8 x 4.
+// loop, for launches of fewer than GLU_WIDE_MAX_BLOCKS_PER_SM blocks per SM (the backend's rule):
+// a small launch (a small model's gate/up, a MoE expert's few blocks) leaves SMs short of warps,
+// and the wide blocks with both matrices' loads in flight fill them; a large launch (Qwen3-8B's
+// 384 blocks) is faster with 8 x 4 one matrix after the other, whose loop takes fewer registers.
+// The backend picks the kernel per launch.
 #define GLU_WIDE_WARPS 16
 #endif
 #ifndef GLU_WIDE_MAX_BLOCKS_PER_SM
@@ -133,10 +118,9 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 #define MV_COLS 8                // matvec_cols_<kind>: tokens per block at most (accumulators per lane)
 #endif
 #ifndef MV_COLS_STAGE_MAX_K
-// ... and their staged values (tokens x K) at most (~172 KB). Measured on the H200 (2026-12-02,
-// brass bench --parallel P -p 0 -n 64, Qwen3-8B shape, alternated twice): 49152 against 98304
-// at P = 2 / 4 / 8 / 16: 301.6 / 581.0 / 977.2 / 1165.0 against 301.6 / 581.0 / 1002.7 /
-// 1197.0 tok/s (the down projection, K = 12288, then takes 8 tokens a block, not 4).
+// ... and their staged values (tokens x K) at most (~172 KB): at half this, Qwen3-8B's down
+// projection (K = 12288) took 4 tokens a block instead of 8, and batched steps of 8 and more
+// sequences were slower.
 #define MV_COLS_STAGE_MAX_K 98304
 #endif
 #ifndef MV_COLS_ROWS
@@ -145,89 +129,65 @@ static_assert(32 % GLU_WIDE_WARPS == 0, "matvec_glu_wide_'s warps share one Q8_1
 // kernels read every token's activations from shared memory once per row, and per item that
 // is more shared-memory traffic than the item's arithmetic (Q4_K: ~20 wavefronts of 128 bytes
 // against ~12 cycles of dp4a and float work per warp, item and token), so at 1 row a warp they
-// wait on shared memory. Each (row, token) sum keeps its terms and order: the same bits for any
-// value. Measured on the H200 (2026-12-02, brass bench --parallel P -p 0 -n 64, Qwen3-8B shape,
-// alternated twice): P = 16 at 1 row unpaired 990.3 / 990.4 tok/s, at 2 rows with the gated
-// kernel paired 1165.4 / 1165.1 (+17.7 %); 3 rows 1189 at P = 16 but 283.6 / 552.4 / 950.5
-// against 301.6 / 581.0 / 977.2 at P = 2 / 4 / 8, 4 rows 1142 at P = 16 (128 registers at 2).
+// wait on shared memory. 2 gained most at 16 sequences; 3 gained a little more there but lost at
+// 2 to 8 sequences, and 4 lost (128 registers). Each (row, token) sum keeps its terms and order:
+// the same bits for any value.
 #define MV_COLS_ROWS 2
 #endif
 #ifndef MV_COLS_ROWS_MANY
 // matvec_cols_many_<kind> / matvec_cols_split_many_<kind>: the same with this many rows a warp,
 // which the backend takes for a launch of two groups of tokens or more (blockIdx.x > 1: twice
-// the blocks, so fewer rows a block still fill the GPU). From the measurements above (H200,
-// staging 98304 on both sides): 16 sequences 1,236.1 / 1,236.5 at 3 rows against 1,197.0 /
-// 1,197.0 at 2; at 4 sequences (one group) 3 rows lose (552.4 against 581.0). As this rule
-// (3 here, 2 in one-group launches), alternated twice in one call on 2026-12-03 (tok/s at
-// 4 / 8 / 16 sequences): 583.3 / 1,009.9 / 1,245.0 and 583.5 / 1,009.0 / 1,244.9 against
-// the rule off's 583.5 / 1,005.7 / 1,206.1 and 583.3 / 1,009.9 / 1,206.3.
+// the blocks, so fewer rows a block still fill the GPU): where 3 rows gained (16 sequences), not
+// where they lost (one group of 4).
 #define MV_COLS_ROWS_MANY 3
-#endif
-#ifndef GLU_COLS_PAIRED
-// matvec_glu_cols_<kind>: 1 reads a row's gate and up in one pass over the tokens'
-// activations (each read once for both), 0 one after the other. The same bits either way.
-#define GLU_COLS_PAIRED 1
 #endif
 #ifndef MV_COLS_ROW_ITERS
 // matvec_cols_<kind> / matvec_cols_split_<kind>: rounds of rows a block takes (the backend's
 // grid: blockIdx.y over units / (units per block x this); the kernels stride over the rest).
-// Why: each block stages its tokens' activations (the 8B's down projection, K = 12288: 4
-// tokens, ~55 KB from L2) for the rows it then reads, so a block of few rows reads more staged
-// bytes than weight bytes; split 2 halves a block's rows, and the batched step at 16
-// sequences ran 989 tok/s with the down projection split against 1032 not (2026-12-02). Each
-// row's sums do not depend on which block takes it: the same bits for any value. 1 until timed.
+// Why more than 1 might pay: each block stages its tokens' activations (the 8B's down
+// projection, K = 12288: 4 tokens, ~55 KB from L2) for the rows it then reads, so a block of few
+// rows reads more staged bytes than weight bytes (split 2 halves a block's rows, and the batched
+// step was slower with the down projection split). Each row's sums do not depend on which block
+// takes it: the same bits for any value. Untimed: 1.
 #define MV_COLS_ROW_ITERS 1
 #endif
 
 #ifndef MV_PRELOAD
 // matvec_<kind> / matvec_split_<kind> with one row per warp, for kinds whose loads stand apart
 // from their arithmetic (K::raw, K::load, K::dot_raw; Preloads<K>::depth items, MV_PRELOAD for
-// Q4_K, MV_PRELOAD_Q6K for Q6_K): each lane loads its first `depth` items of the row before the
-// block stages the activations, and keeps `depth` items in flight after (each item's loads
-// issued `depth` items before its arithmetic), where the plain loop waits for every item's
-// loads before it issues the next item's. Why: ncu put the Q4_K mat-vec at 47 % DRAM throughput
-// with half its stalls on the L1TEX scoreboard (memory latency; 2026-12-01). The same terms in
-// the same order as warp_dot_rows: the same floats (the GPU compared every output and 64 greedy
-// tokens of each variant with the plain loop's). Measured on the H200 (2026-12-02,
-// ci/gpu_preload.py; the mat-vecs alone, us and share of the copy rate, then tg128 alternated
-// twice), plain / Q4_K 2 with MV_PRELOAD_EARLY:
-//   Q4_K 4096 x 12288  13.0 (51 %) / 11.2 (59 %); 12288 x 4096 11.4 (58 %) / 10.7 (62 %);
-//   3072 x 1024 2.8 / 2.3; Q6_K unchanged; Qwen3-0.6B 888.2 / 888.4 against 899.1 / 899.0
-//   tok/s, Qwen3-8B 316.7 / 316.7 against 316.5 / 316.3 (the whole GPU suite passed with it).
-// Deeper loses (Q4_K at 4: 79 registers against 47, 48 % on 4096 x 12288; 0.6B -3 %), and so
-// does Q6_K's (21 registers an item; at 2: the 151936 x 1024 head 67 -> 92 us, 8B -2 to -6 %).
-// 0: the plain loop. With two rows a warp (MV_PRELOAD_ROWS, below) a depth of 1 a row keeps
-// as many items in flight as 2 did with one.
+// Q4_K): each lane loads its first `depth` items of the row before PDL_ENTRY and the staging of
+// the activations (weights only: inside a decode graph they are in flight while the previous
+// kernel ends), and keeps `depth` items in flight after (each item's loads issued `depth` items
+// before its arithmetic), where the plain loop waits for every item's loads before it issues
+// the next item's. Why: the Q4_K mat-vec spent half its stalls waiting on memory latency, far
+// below DRAM's throughput. The same terms in the same order as warp_dot_rows: the same floats.
+// Deeper takes more registers than it saves latency (4: a smaller model slower), and so did
+// Q6_K's preload (21 registers an item): Q6_K's rows are not preloaded (matvec_coop_q6_k takes
+// them where it can). 0: the plain loop.
+// With two rows a warp (MV_PRELOAD_ROWS, below) a depth of 1 a row keeps as many items in
+// flight as 2 did with one.
 #define MV_PRELOAD 1
 #endif
-#ifndef MV_PRELOAD_Q6K
+// Q6_K's rows are not preloaded (above); the backend's unit_rows reads this 0.
 #define MV_PRELOAD_Q6K 0
-#endif
 #ifndef MV_PRELOAD_ROWS
 // matvec_<kind> / matvec_split_<kind> of the preloaded kinds (MV_PRELOAD): rows a warp (a split
 // group) takes at once, each item of the staged activations read once for all of them (their
-// weight loads in flight together). Why: ncu on the Q4_K mat-vec (H200, 4096 x 12288,
-// 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: per 32 weight bytes a
-// lane read ~88 bytes of staged activations, so its L1 wavefronts, not DRAM, bound it. Each
+// weight loads in flight together). Why: the Q4_K mat-vec was bound by its L1 wavefronts, not
+// DRAM: per 32 weight bytes a lane read ~88 bytes of staged activations. At 2 rows with a depth
+// of 1 it gained on every Q4_K shape (at depth 2, twice the preloaded registers, it lost). Each
 // row's items, lanes and order are the one-row kernel's: the same bits. The backend's units
 // (unit_rows) follow it; a matrix of an odd row count reads its last row twice and drops one.
-// Measured on the H200 (2026-12-03, ci/gpu_speed.py, the mat-vecs alone; tg128 alternated):
-//   rows 1, depth 2 (MV_PRELOAD): Q4_K 4096 x 12288 11.8 us (56 % of the copy rate), 12288 x
-//     4096 10.7 (62 %), 4096 x 4096 5.0, 3072 x 1024 2.5; Qwen3-0.6B 948.3 / 950.3, 8B 341.1 tok/s
-//   rows 2, depth 2: 11.6, 11.2 us; 0.6B 927.1 / 927.1 (twice the preloaded registers)
-//   rows 2, depth 1: 9.7 us (68 %), 9.4 (70 %), 4.9, 2.2; 0.6B 972.7 / 972.6, 8B 341.2
-// Every output of ci/gpu_preload.py's Q4_K and Q6_K cases the one-row kernel's bits; the GPU
-// tests of the mat-vecs, graphs, batches and models (266 passed, 38 skipped) with it.
 #define MV_PRELOAD_ROWS 2
 #endif
 static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past its matrix: one row again");
 #ifndef MV_MIN_BLOCKS
 // matvec_<kind> / matvec_split_<kind>: resident blocks an SM asked of ptxas (__launch_bounds__'s
 // second argument, a register cap: 4 blocks of MV_WARPS = 8 warps leave 64 registers a thread).
-// Why: with two rows a warp matvec_split_q4_k takes 70 registers (NVRTC 13.5, sm_90;
-// ci/kernel_resources.py), so 3 blocks fit an SM; issue 8's 4096 x 12288 launches 512 blocks
-// (2048 units of 2 rows, 4 a block), 1.29 waves of 396 where 4 an SM would hold them all in one
-// (528). 0: no cap (the default until the GPU times it; the same arithmetic either way).
+// Why it might pay: with two rows a warp matvec_split_q4_k takes 70 registers (NVRTC 13.5,
+// sm_90; ci/kernel_resources.py), so 3 blocks fit an SM, and a 4096 x 12288 launch (512 blocks)
+// then runs in two waves where 4 an SM would hold it in one. 0: no cap (untimed; the same
+// arithmetic either way).
 #define MV_MIN_BLOCKS 0
 #endif
 // (the preloaded kinds only: Q6_K's 48 registers would grow to the cap's 64, 5 blocks -> 4;
@@ -237,13 +197,6 @@ static_assert(MV_PRELOAD_ROWS == 1 || MV_PRELOAD_ROWS == 2, "a unit's rows past 
 // blocks scaled, rounded up: rounded down, 1 of 16 warps or 3 of 32 would lift the cap)
 // (through MvSplitBounds: a template's comma inside __launch_bounds__ would split its arguments)
 #define MV_SPLIT_BOUNDS(K) __launch_bounds__(MvSplitBounds<K>::threads, MvSplitBounds<K>::min_blocks)
-#ifndef MV_PRELOAD_EARLY
-// 1: those first loads are issued before PDL_ENTRY (weights only: no kernel writes them), so
-// that inside a decode graph they are in flight while the previous kernel ends; 0: after it
-// (Q4_K 4 and Q6_K 2 without / with it: Q4_K 4096 x 12288 48 % / 54 %, tg128 0.6B 844.5 /
-// 863.1, 8B 295.4 / 300.0 tok/s, the same call).
-#define MV_PRELOAD_EARLY 1
-#endif
 template <class K> struct Preloads { static constexpr int depth = 0; };
 template <class K> struct MvMinBlocks { static constexpr int value = Preloads<K>::depth > 0 ? MV_MIN_BLOCKS : 0; };
 // The warps of a decode_rows block: matvec_split_<kind>'s (MV_SPLIT_WARPS, or _PLAIN for the
@@ -261,22 +214,21 @@ template <class K> struct MvSplitBounds {
 // matvec_coop_<kind>: warps per block, a row each at a time. Why the kernel: matvec_q6_k's lanes
 // each read their own item's 9 + 9 aligned words from global memory, and as the warp's 32 items
 // lie in four 210-byte blocks, each such warp-wide load touches ~7 cache lines (~126 L1
-// wavefronts a row): bound by L1, not DRAM (the 151936 x 1024 output head of Qwen3-0.6B took
-// 67.5 us on the H200, 45 % of the copy rate). matvec_coop_ reads a row a chunk (the 32 items
-// the lanes take next: K::chunk_words 8-byte words) at a time, lane l the words l + 32 k
-// (coalesced: each line once), into its warp's buffer in shared memory, and each lane then runs
-// K::load / K::dot_raw on its item there, loading the next chunk into registers meanwhile. The
-// same items on the same lanes in the same order as matvec_<kind>, the same quants and floats:
-// the same bits. Rows of whole chunks only (the backend's rule). 8 is untimed.
+// wavefronts a row): bound by L1, not DRAM (a small model's Q6_K output head ran at under half
+// the copy rate). matvec_coop_ reads a row a chunk (the 32 items the lanes take next:
+// K::chunk_words 8-byte words) at a time, lane l the words l + 32 k (coalesced: each line once),
+// into its warp's buffer in shared memory, and each lane then runs K::load / K::dot_raw on its
+// item there, loading the next chunk into registers meanwhile. The same items on the same lanes
+// in the same order as matvec_<kind>, the same quants and floats: the same bits. Rows of whole
+// chunks only (the backend's rule). 8: untimed.
 #define MV_COOP_WARPS 8
 #endif
 #ifndef MV_COOP_ROWS
 // matvec_coop_<kind>: rows a warp works on at once (1 or 2). With 2 the warp takes rows r and
 // r + one grid step together, chunk by chunk: two chunks in flight and two independent sums, for
-// the instruction-level parallelism a warp lacks at one row (on the H200 the 0.6B's 151936 x
-// 1024 head ran at 52 % of the copy rate with 32 warps an SM, and neither L2 prefetches ahead
-// nor more resident warps moved it: perf/NOTES.md, fifteenth session). Each row's items, lanes
-// and order are the one-row kernel's: the same bits. 1 until timed.
+// the instruction-level parallelism a warp lacks at one row (the kernel stayed near half the
+// copy rate whatever the resident warps or L2 prefetches ahead). Each row's items, lanes and
+// order are the one-row kernel's: the same bits. Untimed: 1.
 #define MV_COOP_ROWS 1
 #endif
 
@@ -316,73 +268,39 @@ __device__ __forceinline__ float act_s(const q8s * y) { return y->s; }
 __device__ __forceinline__ int act_sum(const block_q8_1 * y) { return q8_sum(y); }
 __device__ __forceinline__ int act_sum(const q8s * y) { return y->isum; }
 
-#ifndef MV_TAIL_LOAD
-// 1: act_tail reads a staged block's d, s, isum and hsum (16-byte aligned after its quants) as
-// one 128-bit shared-memory load; 0: a 32-bit load a field. Why: a K-quant item needs d and
-// isum of each block, and as 32-bit loads at the staged items' stride (112 bytes: 28 banks) the
-// lanes of a warp meet on 8 banks, a 4-way conflict each, where the 128-bit word is one
-// wavefront per quarter warp (8 lanes, distinct 16-byte slots). ncu on the Q4_K mat-vec (H200,
-// 4096 x 12288, 2026-12-03): L1/TEX 70 % busy at 43 % of DRAM's peak, issue slots 40 %: its L1
-// wavefronts are the limit. The same values. Measured on the H200 (2026-12-03, ci/gpu_preload.py,
-// us at 1 / 0): Q4_K 4096 x 12288 11.5 / 11.7, 12288 x 4096 10.8 / 10.7, Q6_K 151936 x 1024
-// 45.1 / 43.7 (the 0.6B head): no gain, 0 until a kernel shows one.
-#define MV_TAIL_LOAD 0
-#endif
 // A block's four factors, for the kinds that use several of them per block.
 struct ActTail { float d; float s; int isum; int hsum; };
 __device__ __forceinline__ ActTail act_tail(const block_q8_1 * y, int) {
     return {act_d(y), act_s(y), act_sum(y), 0};     // (what a caller leaves unused is not computed)
 }
-// after: any word of the block's quants, read (act_qs) before. The load is asm because nvcc
-// narrows a vector load whose other fields go unused back to 32-bit loads; asm without a memory
-// operand might be moved above the barrier that ends the staging, so it takes that word as an
-// input, which only a load after the barrier gives; not volatile, so that the rows of one warp
-// (MV_PRELOAD_ROWS) share one load.
-__device__ __forceinline__ ActTail act_tail(const q8s * y, const int after) {
-#if defined(__CUDA_ARCH__) && MV_TAIL_LOAD
-    int4 t;
-    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4]; // %5"
-        : "=r"(t.x), "=r"(t.y), "=r"(t.z), "=r"(t.w)
-        : "r"((unsigned) __cvta_generic_to_shared(&y->d)), "r"(after));
-    return {__int_as_float(t.x), __int_as_float(t.y), t.z, t.w};
-#else
+__device__ __forceinline__ ActTail act_tail(const q8s * y, int) {
     return {y->d, y->s, y->isum, y->hsum};
-#endif
 }
 
-#ifndef MV_PAIR_PAD
-#define MV_PAIR_PAD 1
-#endif
 // The staged activations of one item (the blocks_per_item Q8_1 blocks it meets). A lane reads
 // its item's quants as 128-bit words, eight lanes per shared-memory wavefront: at a stride of
 // 48 bytes (12 banks) those eight land on distinct banks; two-block items are padded from 96
 // to 112 bytes (28 banks) for the same reason (96 would put lanes 0 and 4 on the same banks).
 template <int BPI> struct StagedItem { q8s b[BPI]; };
-#if MV_PAIR_PAD
 template <> struct StagedItem<2> { q8s b[2]; int4 pad; };
-#endif
 #define STAGED_BYTES_PER_Q8 56      // the largest sizeof(StagedItem<n>) / n (backend: Q8S_BYTES)
 
 #ifndef MV_STAGE_BATCH
 // stage_q8_1: blocks a thread loads before it converts and stores any of them (the blocks
 // b, b + blockDim.x, ...). 1: one at a time, each load waited for before the next is issued.
 // Why more: a long row's launch (K = 12288: 384 blocks, 256 threads) takes two rounds of L2
-// latency per block of threads before its first weight is used. The same values: the same bits.
-// Measured on the H200 (2026-12-04, ci/gpu_preload.py, us, defaults / 2 / 3): Q4_K 4096 x 12288
-// (split) 9.7 / 9.4 / 12.4, 12288 x 4096 9.3 / 10.0 / 10.2, 4096 x 4096 4.9 / 5.0 / 5.1: the
-// batch's registers cost the unsplit kernels more than it saves the split one. 1 (off).
+// latency per block of threads before its first weight is used. But the batch's registers cost
+// the unsplit kernels more than it saves them: 1 here, 2 for the split kernels (below). The
+// same values: the same bits.
 #define MV_STAGE_BATCH 1
 #endif
 
 #ifndef MV_STAGE_BATCH_SPLIT
-// MV_STAGE_BATCH for the split one-token mat-vecs alone (matvec_split_<kind> and their norm and
-// mixed forms: rows of K >= MV_SPLIT_MIN_K, where a thread converts two or more rounds of
-// blocks). Why apart: the batch took 3-4 % off the split Q4_K kernel but its registers cost
-// the unsplit ones (MV_STAGE_BATCH above); each kernel is its own instance, so the split ones
-// can batch while the others do not. The same values: the same bits. Measured on the H200
-// (2026-12-04, ci/gpu_preload.py, us, with MV_Q4K_SEL=1, 1 / 2 / 3): Q4_K 4096 x 12288 9.1 / 8.9 /
-// 11.5 (2: 76 % of that run's copy rate), 12288 x 4096 and 4096 x 4096 (unsplit) unchanged;
-// tg128 Qwen3-0.6B 980.6 / 980.6 / 980.6, Qwen3-8B 349.1 / 350.3 / 348.5 (greedy tokens the same). 2.
+// MV_STAGE_BATCH for the split one-token mat-vecs alone (matvec_split_<kind>: rows of K >=
+// MV_SPLIT_MIN_K, where a thread converts two or more rounds of blocks). Why apart: the batch of
+// 2 took time off the split Q4_K kernel (3 lost) but its registers cost the unsplit ones
+// (MV_STAGE_BATCH above); each kernel is its own instance, so the split ones can batch while the
+// others do not. The same values: the same bits.
 #define MV_STAGE_BATCH_SPLIT 2
 #endif
 
@@ -476,161 +394,6 @@ __device__ __forceinline__ const void * stage_act(const typename K::act * __rest
     return nullptr;
 }
 
-// ---- The residual add and RMS norm before a decode launch, in every block of it ----------
-//
-// A decode step ran add_rms_norm (kernels/fused.cu: one block of 1024 threads) before each of
-// its q/k/v and gate/up launches, 2 of a dense layer's 8 launches, each a kernel boundary on
-// the critical path of a token. matvec_norm_<kind>, matvec_mixed_norm_<a>_<b> and
-// matvec_glu[_wide]_norm_<kind> instead form their activations themselves: every block reads
-// the residual stream's a and b (K floats each, from L2), adds, normalises and quantizes the
-// row into its staged Q8_1 blocks, and block 0 also writes the sum (the next residual).
-//
-// The bits are add_rms_norm's, then stage_q8_1's: the same float adds, the same double sum of
-// squares in the same order (this block's threads play add_rms_norm's 1024 in turn: virtual
-// thread v sums elements v, v + 1024, ..., its warp's lanes are the same lanes, and the 32 warp
-// sums are added in warp order), the same scale, products and quantize_warp_q8_1 arithmetic,
-// with d and s rounded through half as the staged copy of a block_q8_1 has them.
-#define NORM_VIRTUAL_THREADS 1024      // add_rms_norm's block (fused.cu FUSED_NORM_THREADS)
-
-struct NormIn {
-    const float * a;           // the residual stream
-    const float * b;           // the sublayer output added to it (has_residual)
-    const float * w;           // the norm's weight
-    float * sum;               // a + b, written by block 0 (has_residual)
-    int n;                     // the row's width (a multiple of 32)
-    float eps;
-    int has_residual;
-};
-
-// Block b of 32 values, one per lane, as stage_q8_1 stages quantize_warp_q8_1's block.
-__device__ __forceinline__ void quantize_warp_q8s(const float xi, q8s * __restrict__ o) {
-    const WarpQ8 r = warp_q8_1(xi);
-    const int isum = warp_sum_i32(r.q);
-    const int hsum = warp_sum_i32(threadIdx.x % WARP_SIZE < 16 ? r.q : 0);
-    ((i8 *) o->q)[threadIdx.x % WARP_SIZE] = (i8) r.q;
-    if (threadIdx.x % WARP_SIZE == 0) {
-        o->d = f16_to_f32(f32_to_f16(r.d));
-        o->s = f16_to_f32(f32_to_f16(r.sum));
-        o->isum = isum;
-        o->hsum = hsum;
-    }
-}
-
-template <int BPI>
-__device__ __forceinline__ void stage_norm_q8_1(const NormIn & n, StagedItem<BPI> * __restrict__ s) {
-    __shared__ double norm_partial[NORM_VIRTUAL_THREADS / WARP_SIZE];
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const bool write_sum = n.has_residual && blockIdx.x == 0 && blockIdx.y == 0;
-    /* blockDim.x divides 1024: every lane of a warp takes each virtual thread's turn */
-    for (int v = threadIdx.x; v < NORM_VIRTUAL_THREADS; v += blockDim.x) {
-        double ss = 0.0;
-        for (int i = v; i < n.n; i += NORM_VIRTUAL_THREADS) {
-            const float x = n.has_residual ? __fadd_rn(n.a[i], n.b[i]) : n.a[i];
-            if (write_sum) n.sum[i] = x;
-            const double d = x;
-            ss += d * d;
-        }
-        ss = warp_sum_f64(ss);
-        if (lane == 0) norm_partial[v / WARP_SIZE] = ss;
-    }
-    __syncthreads();
-    double ss = 0.0;
-#pragma unroll
-    for (int i = 0; i < NORM_VIRTUAL_THREADS / WARP_SIZE; ++i) ss += norm_partial[i];
-    const float mean = (float) (ss / n.n);
-    const float scale = 1.0f / sqrtf(__fadd_rn(mean, n.eps));
-    for (int b = warp; b < n.n / QK8_1; b += blockDim.x / WARP_SIZE) {
-        const int i = b * QK8_1 + lane;
-        const float x = n.has_residual ? __fadd_rn(n.a[i], n.b[i]) : n.a[i];
-        quantize_warp_q8s(__fmul_rn(__fmul_rn(x, scale), n.w[i]), &s[b / BPI].b[b % BPI]);
-    }
-}
-
-#ifndef MV_STAGE_ASYNC
-// 1: the decode mat-vecs (matvec_<kind>, matvec_split_<kind>, their mixed and norm forms: not
-// the gated ones) first copy x's Q8_1 blocks as they are into a static buffer of the block
-// (16-byte cp.async copies, every one in flight at once, no registers held), then convert them
-// from there (stage_q8_1 reading shared memory). Why: stage_q8_1 reading global memory waits
-// out an L2 round trip for each round of blocks a thread converts (two at K = 12288), and
-// MV_STAGE_BATCH, which overlaps them in registers, took 3-4 % off issue 8's split Q4_K mat-vec
-// but cost the unsplit ones their occupancy (perf/NOTES.md, twenty-first session). The buffer
-// is MV_STAGE_MAX_K / 32 blocks (27 KB) of static shared memory in those kernels. The same
-// values: the same bits. 0 until the GPU times it.
-#define MV_STAGE_ASYNC 0
-#endif
-
-// x's n_q8 Q8_1 blocks (16-byte aligned, n_q8 a multiple of 4: whole 16-byte words) into raw
-// (shared) as they are, waited for by the whole block. Off the GPU (the CPU builds) a copy.
-__device__ __forceinline__ void copy_q8_1_async(const block_q8_1 * __restrict__ x, block_q8_1 * __restrict__ raw,
-                                                const int n_q8) {
-    const int n16 = n_q8 * (int) sizeof(block_q8_1) / 16;
-    const int4 * src = (const int4 *) x;
-    int4 * dst = (int4 *) raw;
-    for (int c = threadIdx.x; c < n16; c += blockDim.x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                     :: "r"((unsigned) __cvta_generic_to_shared(dst + c)), "l"(src + c) : "memory");
-#else
-        dst[c] = src[c];
-#endif
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-#endif
-    __syncthreads();
-}
-
-// MV_STAGE_ASYNC's buffer: one a kernel, whichever kinds it stages for (matvec_mixed_'s two).
-struct __align__(16) StageRaw { block_q8_1 b[MV_STAGE_MAX_K / QK8_1]; };
-__device__ __forceinline__ block_q8_1 * stage_raw_buffer() {
-    __shared__ StageRaw raw;
-    return raw.b;
-}
-
-// A one-token launch's staged activations: stage_act's copy of x's Q8_1 blocks, or with a
-// norm (the *_norm_ kernels; the backend gives them rows short enough to stage) the blocks
-// formed from the residual stream. RAW_FIRST: the launch may take MV_STAGE_ASYNC's copy.
-template <class K, bool RAW_FIRST = false, int NB = MV_STAGE_BATCH>
-__device__ __forceinline__ const void * stage_in(const typename K::act * __restrict__ x, const int n_items,
-                                                 void * __restrict__ smem, const NormIn * norm) {
-    if constexpr (K::can_stage) {
-        if (norm != nullptr) {
-            stage_norm_q8_1(*norm, (typename Staged<K>::act *) smem);
-            __syncthreads();
-            return smem;
-        }
-        if constexpr (RAW_FIRST && MV_STAGE_ASYNC) {
-            const int n_q8 = n_items * Staged<K>::blocks_per_item;
-            /* uniform over the block: the same x and n_q8 in every thread */
-            if (n_q8 * QK8_1 <= MV_STAGE_MAX_K && n_q8 % 4 == 0 && ((unsigned long long) x & 15) == 0) {
-                block_q8_1 * raw = stage_raw_buffer();
-                copy_q8_1_async((const block_q8_1 *) x, raw, n_q8);
-                stage_q8_1(raw, (typename Staged<K>::act *) smem, n_q8);
-                __syncthreads();
-                return smem;
-            }
-        }
-    }
-    return stage_act<K, MV_STAGE_MAX_K, NB>(x, 1, n_items, smem);
-}
-
-// The launch parameters a *_norm_ kernel's body takes, from its own (pure arithmetic: the
-// kernels call these before PDL_ENTRY).
-__device__ __forceinline__ MultiMatVecParams norm_mv_params(const NormMatVecParams & p) {
-    MultiMatVecParams q;
-    q.k = p.k; q.n_tokens = 1; q.n_rows0 = p.n_rows0; q.n_rows1 = p.n_rows1; q.n_rows2 = p.n_rows2; q.cols = 1;
-    q.row_bytes0 = p.row_bytes0; q.row_bytes1 = p.row_bytes1; q.row_bytes2 = p.row_bytes2;
-    return q;
-}
-
-__device__ __forceinline__ GluMatVecParams norm_glu_params(const NormGluParams & p) {
-    GluMatVecParams q;
-    q.n_rows = p.n_rows; q.k = p.k; q.n_tokens = 1; q.n_used = 1; q.row_bytes = p.row_bytes; q.expert_bytes = 0;
-    q.has_ids = 0; q.n_experts = 1; q.gelu = p.gelu; q.write_q8 = p.write_q8; q.cols = 1; q.pad0 = 0;
-    return q;
-}
-
 // Row r of staged rows of n_items items (nullptr stays nullptr).
 template <class K>
 __device__ __forceinline__ const void * staged_row(const void * xs, const int r, const int n_items) {
@@ -720,31 +483,12 @@ __device__ __forceinline__ void rows_dot(const u8 * __restrict__ w0, const i64 r
     warp_dot_rows<K, R>(w0, row_bytes, n_valid, x, n_items, acc, first, step);
 }
 
-// acc[c] = w_row . x_c for the n_cols tokens c (rows of x n_items apart), summed over the
-// warp. Token c's sum takes the same terms in the same order as warp_dot_rows for that token
-// alone (the lane's items, then the shuffle tree), so it is the same float; the weight item is
-// loaded once for all tokens.
-template <class K, int C>
-__device__ __forceinline__ void warp_dot_cols(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
-                                              const int n_cols, const int n_items, float (&acc)[C],
-                                              const int first, const int step) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[c] = 0.0f;
-    for (int i = first; i < n_items; i += step) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            acc[c] += K::dot(w_row, i, x + (i64) min(c, n_cols - 1) * n_items + i);
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) acc[c] = warp_sum(acc[c]);
-}
-
 // acc[r * C + c] = w[r] . x_c for R rows (w[r]: a row's weights, any matrix; a caller with
 // fewer rows passes a real row again and drops its sums: a branch per row would keep the
-// compiler from reading each item once) and the n_cols tokens c: warp_dot_cols for each row,
-// with each token's item read once for all rows (the same terms in the same order per (row,
-// token): the same floats).
+// compiler from reading each item once) and the n_cols tokens c (rows of x n_items apart),
+// summed over the warp, with each token's item read once for all rows. Token c's sum takes the
+// same terms in the same order as warp_dot_rows for that token alone (the lane's items, then the
+// shuffle tree), so it is the same float: a sequence's results do not depend on the batch.
 template <class K, int R, int C>
 __device__ __forceinline__ void warp_dot_cols_rows(const u8 * const (&w)[R],
                                                    const typename K::act * __restrict__ x, const int n_cols,
@@ -780,22 +524,6 @@ __device__ __forceinline__ void cols_dot_rows(const u8 * const (&w)[R], const ty
     warp_dot_cols_rows<K, R, C>(w, x, n_cols, n_items, acc, first, step);
 }
 
-// warp_dot_cols on the staged activations xs when there are.
-template <class K, int C>
-__device__ __forceinline__ void cols_dot(const u8 * __restrict__ w_row, const typename K::act * __restrict__ x,
-                                         const void * __restrict__ xs, const int n_cols, const int n_items,
-                                         float (&acc)[C], const int first = threadIdx.x % WARP_SIZE,
-                                         const int step = WARP_SIZE) {
-    if constexpr (K::can_stage) {
-        if (xs != nullptr) {
-            warp_dot_cols<Staged<K>, C>(w_row, (const typename Staged<K>::act *) xs, n_cols, n_items, acc,
-                                        first, step);
-            return;
-        }
-    }
-    warp_dot_cols<K, C>(w_row, x, n_cols, n_items, acc, first, step);
-}
-
 // The old block-per-row skeleton, kept for prefill tiles and mul_mat_id: one weight row per
 // thread block, items strided over MATVEC_THREADS threads, partial sums through shared memory.
 template <class K, int NCOLS>
@@ -827,15 +555,11 @@ __device__ __forceinline__ void matvec_rows(const u8 * __restrict__ w_row, const
     }
 }
 
-#define NAN_F32 __int_as_float(0x7fc00000)
-
-#ifndef MV_PREFETCH
-#define MV_PREFETCH 1            // prefetch a warp's first weight rows into L2 before PDL_ENTRY
-#endif
-// ... for launches of at most this many weight bytes. Inside a decode graph the prefetch lets a
-// small matrix stream in while the previous kernel ends; on large ones (whose later blocks
-// prefetch just before their own loads) it only doubles the L2 requests: on the H200 the
-// Qwen3-8B shape decoded at 251 tok/s with it on every mat-vec and 260 without.
+// The decode mat-vecs prefetch a warp's first weight rows into L2 before PDL_ENTRY, for launches
+// of at most this many weight bytes. Inside a decode graph the prefetch lets a small matrix
+// stream in while the previous kernel ends; on large ones (whose later blocks prefetch just
+// before their own loads) it only doubles the L2 requests, and Qwen3-8B's shape decoded slower
+// with it on every mat-vec.
 #ifndef MV_PREFETCH_MAX_BYTES
 #define MV_PREFETCH_MAX_BYTES (8ll << 20)
 #endif
@@ -883,7 +607,6 @@ __device__ __forceinline__ void split_sum(float (&acc)[N], float (*part)[N], con
 // first. Weights only, so it may run before PDL_ENTRY (common.cuh).
 __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, const u8 * w2,
                                               const MultiMatVecParams & p, int u, const int rows) {
-#if MV_PREFETCH
     const int u0 = (p.n_rows0 + rows - 1) / rows, u1 = (p.n_rows1 + rows - 1) / rows;
     const int u2 = (p.n_rows2 + rows - 1) / rows;
     if (u >= u0 + u1 + u2 || (long long) p.n_rows0 * p.row_bytes0 + (long long) p.n_rows1 * p.row_bytes1
@@ -891,7 +614,6 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
     const MatVecUnit m = unit_matrix(u, rows, w0, w1, w2, nullptr, nullptr, nullptr, p);
     const int row = u * rows;
     prefetch_l2_span(m.w + row * m.rb, (long long) min(rows, m.n - row) * m.rb);
-#endif
 }
 
 // The Q8_1 blocks of one item, whatever form the activations have (a block, a pair of blocks,
@@ -899,530 +621,10 @@ __device__ __forceinline__ void prefetch_unit(const u8 * w0, const u8 * w1, cons
 __device__ __forceinline__ const block_q8_1 * item_blocks(const block_q8_1 * y) { return y; }
 template <int B> __device__ __forceinline__ const q8s * item_blocks(const StagedItem<B> * y) { return y->b; }
 
-// MV_PRELOAD: a lane's first P items of row w (first, first + step, ...) into buf.
-template <class K, int P>
-__device__ __forceinline__ void preload_items(const u8 * __restrict__ w, const int n_items, const int first,
-                                              const int step, typename K::raw (&buf)[P]) {
-#pragma unroll
-    for (int q = 0; q < P; ++q) {
-        if (first + q * step < n_items) K::load(w, first + q * step, buf[q]);
-    }
-}
-
-// Whether kind K reads an item's activations once for several rows (K::dot_raw_rows).
-template <class K, class = void> struct HasDotRows { static constexpr bool value = false; };
-template <class K> struct HasDotRows<K, decltype((void) K::has_dot_rows)> { static constexpr bool value = K::has_dot_rows; };
-
-// Whether kind K leaves part of an item's loads to just before its arithmetic (K::late_load).
-template <class K, class = void> struct HasLateLoad { static constexpr bool value = false; };
-template <class K> struct HasLateLoad<K, decltype((void) K::has_late_load)> { static constexpr bool value = K::has_late_load; };
-
-// acc[r] += item i of row r (its raw loads buf[r][q]) . y, for the R rows: K::dot_raw_rows where
-// the kind has it (the activations read once), else K::dot_raw a row at a time. Each row's
-// product is dot_raw's float, added to acc[r] as the one-row loop adds it.
-template <class K, int P, int R, class Y>
-__device__ __forceinline__ void kind_dot_rows(typename K::raw (&buf)[R][P], const int q, const int i,
-                                              const Y * __restrict__ y, float (&acc)[R]) {
-    if constexpr (R > 1 && HasDotRows<K>::value) {
-        const typename K::raw * rs[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) rs[r] = &buf[r][q];
-        float v[R];
-        K::template dot_raw_rows<R>(rs, i, y, v);
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += v[r];
-    } else {
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += K::dot_raw(buf[r][q], i, y);
-    }
-}
-
-// Rows w + r * rb (r < R) . x over the lane's items first, first + step, ... in that order,
-// summed over the warp: warp_dot_rows<K, 1>'s terms and order for each row (the same floats).
-// buf[r] holds row r's first P items (preload_items); each slot is refilled with the item P
-// items on as soon as it is used. The rows read each item's activations together.
-template <class K, int P, int R, class A>
-__device__ __forceinline__ void preloaded_dot(const u8 * __restrict__ w, const i64 rb, const A * __restrict__ x,
-                                              const int n_items, typename K::raw (&buf)[R][P], const int first,
-                                              const int step, float (&acc)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int i0 = first; i0 < n_items; i0 += P * step) {
-#pragma unroll
-        for (int q = 0; q < P; ++q) {
-            const int i = i0 + q * step;
-            if (i < n_items) {
-                if constexpr (HasLateLoad<K>::value) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) K::late_load(w + r * rb, i, buf[r][q]);
-                }
-                /* every row's products first, then the refills: the rows' reads of the item's
-                   activations in one basic block, where nvcc keeps one of each */
-                kind_dot_rows<K, P, R>(buf, q, i, item_blocks(x + i), acc);
-                if (i + P * step < n_items) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) K::load(w + r * rb, i + P * step, buf[r][q]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-}
-
-template <class K>
-__host__ __device__ __forceinline__ constexpr bool decode_preloads() {
-    return Preloads<K>::depth > 0 && MV_ROWS == 1;
-}
-
-// Rows of a unit of matvec_<kind>'s launch (a warp's, or a split group's, at once): the
-// backend's unit_rows for the kind's type.
-template <class K>
-__host__ __device__ __forceinline__ constexpr int unit_rows() {
-    return decode_preloads<K>() ? MV_PRELOAD_ROWS : MV_ROWS;
-}
-
-// A lane's preloaded items (MV_PRELOAD) for kind K, MV_PRELOAD_ROWS rows; empty for the kinds
-// without (Preloads<K>).
-template <class K, bool = (Preloads<K>::depth > 0)> struct PreloadBuf { };
-template <class K> struct PreloadBuf<K, true> { typename K::raw r[MV_PRELOAD_ROWS][Preloads<K>::depth]; };
-
-template <class KA, class KB> union MixedPreloadBuf { PreloadBuf<KA> a; PreloadBuf<KB> b; };
-
-// The first loads of unit u (rows u * R .. of its matrix; rows past the matrix's end read its
-// last row again) into pb; u becomes the unit's index within its matrix. Weights only.
-template <class K, int SPLIT>
-__device__ __forceinline__ void preload_unit(const MatVecUnit & m, const int u, const int n_items,
-                                             PreloadBuf<K> & pb) {
-    constexpr int R = MV_PRELOAD_ROWS;
-    const int first = threadIdx.x % WARP_SIZE + (threadIdx.x / WARP_SIZE % SPLIT) * WARP_SIZE;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-        preload_items<K, Preloads<K>::depth>(m.w + (i64) min(u * R + r, m.n - 1) * m.rb, n_items, first,
-                                             SPLIT * WARP_SIZE, pb.r[r]);
-}
-
-// decode_rows' first loads (MV_PRELOAD): the warp's first unit's items, into pb. Weights only,
-// so a kernel may call it before PDL_ENTRY (MV_PRELOAD_EARLY); nothing for other kinds.
-template <class K, int SPLIT>
-__device__ __forceinline__ void decode_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                               const u8 * __restrict__ w2, const MultiMatVecParams & p,
-                                               const int bx, PreloadBuf<K> & pb) {
-    if constexpr (decode_preloads<K>()) {
-        constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
-        int u = bx * UPB + threadIdx.x / WARP_SIZE / SPLIT;
-        if (u < (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R) {
-            const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, nullptr, nullptr, nullptr, p);
-            preload_unit<K, SPLIT>(m, u, p.k / K::values_per_item, pb);
-        }
-    }
-}
-
-// decode_rows for MV_PRELOAD (units of MV_PRELOAD_ROWS rows a warp or split group): the warp's
-// first unit's loads go out before the activations are staged (pb: by the kernel before
-// PDL_ENTRY with MV_PRELOAD_EARLY, else here); every row's result is decode_rows' (the same
-// sums, blocks and order).
-template <class K, int SPLIT>
-__device__ __forceinline__ void decode_rows_preloaded(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                                      const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
-                                                      float * __restrict__ y0, float * __restrict__ y1,
-                                                      float * __restrict__ y2, const MultiMatVecParams & p,
-                                                      const int bx, const int gx, PreloadBuf<K> & pb,
-                                                      const NormIn * norm) {
-    constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT, R = MV_PRELOAD_ROWS;
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int g = warp / SPLIT, s = warp % SPLIT;
-    const int units = (p.n_rows0 + R - 1) / R + (p.n_rows1 + R - 1) / R + (p.n_rows2 + R - 1) / R;
-    const int t = blockIdx.y, n_items = p.k / K::values_per_item;
-    const int first = lane + s * WARP_SIZE, step = SPLIT * WARP_SIZE;
-    if (!MV_PRELOAD_EARLY) decode_preload<K, SPLIT>(w0, w1, w2, p, bx, pb);
-    extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
-                                                                                       staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<K, SPLIT>::value : 1][R];
-    /* the block's groups loop together (ub is uniform), so split_sum's barriers are too */
-    for (int ub = bx * UPB; ub < units; ub += gx * UPB) {
-        int u = ub + g;
-        const bool valid = u < units;
-        const MatVecUnit m = unit_matrix(u, R, w0, w1, w2, y0, y1, y2, p);
-        const int row = u * R;
-        float acc[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-        if (valid) {
-            constexpr int P = Preloads<K>::depth;
-            if (ub != bx * UPB) preload_unit<K, SPLIT>(m, u, n_items, pb);
-            /* the unit's last rows past the matrix's end are its last row again (dropped) */
-            const i64 rb = R > 1 && row + 1 >= m.n ? 0 : m.rb;
-            const u8 * w = m.w + row * m.rb;
-            if (xs != nullptr)
-                preloaded_dot<K, P, R>(w, rb, (const typename Staged<K>::act *) xs, n_items, pb.r, first, step, acc);
-            else
-                preloaded_dot<K, P, R>(w, rb, x + (i64) t * n_items, n_items, pb.r, first, step, acc);
-        }
-        if constexpr (SPLIT > 1) split_sum<R, SPLIT>(acc, mv_part, warp, s, valid);
-        if (valid && s == 0 && lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];
-        }
-    }
-}
-
-// matvec_<kind> (SPLIT 1) and matvec_split_<kind> (SPLIT = MV_SPLIT): one token's rows, after the
-// kernel's prefetch and PDL_ENTRY (in the kernel itself, where the PDL lint reads them).
-template <class K, int SPLIT>
-__device__ __forceinline__ void decode_rows(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                            const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
-                                            float * __restrict__ y0, float * __restrict__ y1,
-                                            float * __restrict__ y2, const MultiMatVecParams p,
-                                            const int bx, const int gx, PreloadBuf<K> & pb,
-                                            const NormIn * norm = nullptr) {
-    /* norm: the *_norm_ kernels' (stage_in); nullptr: x's Q8_1 blocks                          */
-    /* bx, gx: this block's index among the launch's blocks that take these matrices, and     */
-    /* their number (blockIdx.x, gridDim.x; matvec_mixed_ gives each kind its own range)       */
-    constexpr int UPB = MvBlockWarps<K, SPLIT>::value / SPLIT;    /* units per block: a group of SPLIT warps each */
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int g = warp / SPLIT, s = warp % SPLIT;
-    /* Each matrix takes whole warp groups: unit u covers rows u*MV_ROWS.. of its matrix. A     */
-    /* grid smaller than the units makes each group loop over several (grid-stride).           */
-    const int u0 = (p.n_rows0 + MV_ROWS - 1) / MV_ROWS, u1 = (p.n_rows1 + MV_ROWS - 1) / MV_ROWS;
-    const int u2 = (p.n_rows2 + MV_ROWS - 1) / MV_ROWS;
-    if constexpr (decode_preloads<K>()) {
-        decode_rows_preloaded<K, SPLIT>(w0, w1, w2, x, y0, y1, y2, p, bx, gx, pb, norm);
-        return;
-    }
-    const int t = blockIdx.y, n_items = p.k / K::values_per_item;
-    extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K, true, (SPLIT > 1 ? MV_STAGE_BATCH_SPLIT : MV_STAGE_BATCH)>(x + (i64) t * n_items, n_items,
-                                                                                       staged_x, norm);
-    __shared__ float mv_part[SPLIT > 1 ? MvBlockWarps<K, SPLIT>::value : 1][MV_ROWS];
-    if constexpr (SPLIT == 1) {
-        for (int uu = bx * MV_WARPS + warp; uu < u0 + u1 + u2; uu += gx * MV_WARPS) {
-            int u = uu;
-            const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);
-            const int row = u * MV_ROWS;
-            float acc[MV_ROWS];
-            rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs, n_items, acc);
-            if (lane == 0) {
-                _Pragma("unroll")
-                for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];
-            }
-        }
-        return;
-    }
-    /* split: the block's groups loop together (ub is uniform), so the barriers are too */
-    for (int ub = bx * UPB; ub < u0 + u1 + u2; ub += gx * UPB) {
-        int u = ub + g;
-        const bool valid = u < u0 + u1 + u2;
-        const MatVecUnit m = unit_matrix(u, MV_ROWS, w0, w1, w2, y0, y1, y2, p);
-        const int row = u * MV_ROWS;
-        float acc[MV_ROWS];
-        if (valid) rows_dot<K, MV_ROWS>(m.w + row * m.rb, m.rb, m.n - row, x + (i64) t * n_items, xs,
-                                        n_items, acc, lane + s * WARP_SIZE, SPLIT * WARP_SIZE);
-        split_sum<MV_ROWS, SPLIT>(acc, mv_part, warp, s, valid);
-        if (valid && s == 0 && lane == 0) {
-            _Pragma("unroll")
-            for (int r = 0; r < MV_ROWS; ++r) if (row + r < m.n) y_row(m, t, row + r) = acc[r];
-        }
-    }
-}
-
-// matvec_coop_<kind> (MV_COOP_WARPS): a lane's words of one chunk of a row, l + 32 k for lane l.
-template <class K>
-struct CoopChunk {
-    static constexpr int loads = (K::chunk_words + WARP_SIZE - 1) / WARP_SIZE;
-    u64 w[loads];
-};
-
-// The chunks a warp has in flight, one per row it takes at once (MV_COOP_ROWS).
-template <class K>
-struct CoopNext { CoopChunk<K> r[MV_COOP_ROWS]; };
-
-// Chunk c of row w (8-byte aligned, whole chunks) into r: lane l the words l + 32 k.
-template <class K>
-__device__ __forceinline__ void coop_chunk_load(const u8 * __restrict__ w, const int c, CoopChunk<K> & r) {
-    const u64 * src = (const u64 *) w + (i64) c * K::chunk_words;
-    const int lane = threadIdx.x % WARP_SIZE;
-#pragma unroll
-    for (int k = 0; k < CoopChunk<K>::loads; ++k)
-        if (lane + WARP_SIZE * k < K::chunk_words) r.w[k] = src[lane + WARP_SIZE * k];
-}
-
-// The warp's first row's first chunk into r. Weights only, so the kernel may call it before
-// PDL_ENTRY (MV_PRELOAD_EARLY): those loads in flight while the previous kernel ends.
-template <class K>
-__device__ __forceinline__ void coop_preload(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                             const u8 * __restrict__ w2, const MultiMatVecParams & p,
-                                             CoopNext<K> & next) {
-    if constexpr (MV_COOP_ROWS == 1) {
-        int row = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
-        if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
-            const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
-            coop_chunk_load<K>(m.w + row * m.rb, 0, next.r[0]);
-        }
-    } else {
-        const int first = blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE;
-#pragma unroll
-        for (int j = 0; j < MV_COOP_ROWS; ++j) {
-            int row = first + j * gridDim.x * MV_COOP_WARPS;
-            if (row < p.n_rows0 + p.n_rows1 + p.n_rows2) {
-                const MatVecUnit m = unit_matrix(row, 1, w0, w1, w2, nullptr, nullptr, nullptr, p);
-                coop_chunk_load<K>(m.w + row * m.rb, 0, next.r[j]);
-            }
-        }
-    }
-}
-
-// matvec_coop_<kind>'s rows against activations xa (A: staged items, or Q8_1 blocks past
-// MV_STAGE_MAX_K). A loop for each, as rows_dot picks a warp_dot_rows for each, not a branch
-// inside one loop: with the branch, nvcc 13.0 added each item's product to acc apart (mul, then
-// add) where matvec_q6_k fuses them (fma), which rounds otherwise. Warp w of block b takes the
-// rows b * MV_COOP_WARPS + w, stepping gridDim.x * MV_COOP_WARPS (matrices 0, 1, 2 one after
-// another: matvec_<kind>'s units of one row). Chunk c holds items 32 c .. 32 c + 31 of the row
-// and lane l takes item 32 c + l, as warp_dot_rows' lane does in its c-th step; K::load finds it
-// at index l of the chunk's copy in buf (a chunk is whole blocks of the kind, and an item's place
-// in its block is the same for l and 32 c + l). next: the first row's first chunk (coop_preload).
-template <class K, class A>
-__device__ __forceinline__ void coop_rows(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                          const u8 * __restrict__ w2, const A * __restrict__ xa,
-                                          float * __restrict__ y0, float * __restrict__ y1,
-                                          float * __restrict__ y2, const MultiMatVecParams & p,
-                                          u64 * __restrict__ buf, CoopChunk<K> & next) {
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int units = p.n_rows0 + p.n_rows1 + p.n_rows2;
-    const int t = blockIdx.y, n_chunks = p.k / K::values_per_item / WARP_SIZE;
-    const int step = gridDim.x * MV_COOP_WARPS;
-    for (int row = blockIdx.x * MV_COOP_WARPS + warp; row < units; row += step) {
-        int u = row;
-        const MatVecUnit m = unit_matrix(u, 1, w0, w1, w2, y0, y1, y2, p);
-        const u8 * w = m.w + u * m.rb;
-        float acc = 0.0f;
-        for (int c = 0; c < n_chunks; ++c) {
-            __syncwarp();           /* every lane is done with the previous chunk's copy */
-#pragma unroll
-            for (int k = 0; k < CoopChunk<K>::loads; ++k)
-                if (lane + WARP_SIZE * k < K::chunk_words) buf[lane + WARP_SIZE * k] = next.w[k];
-            __syncwarp();           /* ... and sees all of this one */
-            if (c + 1 < n_chunks) coop_chunk_load<K>(w, c + 1, next);
-            else if (row + step < units) {          /* the warp's next row's first */
-                int un = row + step;
-                const MatVecUnit mn = unit_matrix(un, 1, w0, w1, w2, y0, y1, y2, p);
-                coop_chunk_load<K>(mn.w + un * mn.rb, 0, next);
-            }
-            const int i = c * WARP_SIZE + lane;
-            typename K::raw r;
-            K::load((const u8 *) buf, lane, r);
-            acc += K::dot_raw(r, i, item_blocks(xa + i));
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) y_row(m, t, u) = acc;
-    }
-}
-
-// MV_COOP_ROWS > 1: coop_rows with rows row0 + j * step (j < MV_COOP_ROWS) at once, each
-// row's chunk c in buf side by side, every row's items, lanes and order as coop_rows'. Apart
-// from coop_rows, not its generalization: this loop at one row compiled to another cubin than
-// coop_rows does, and the default build is to stay the machine code the GPU suite passed on.
-template <class K, class A>
-__device__ __forceinline__ void coop_rows_multi(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                                const u8 * __restrict__ w2, const A * __restrict__ xa,
-                                                float * __restrict__ y0, float * __restrict__ y1,
-                                                float * __restrict__ y2, const MultiMatVecParams & p,
-                                                u64 * __restrict__ buf, CoopNext<K> & next) {
-    constexpr int R = MV_COOP_ROWS;
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int units = p.n_rows0 + p.n_rows1 + p.n_rows2;
-    const int t = blockIdx.y, n_chunks = p.k / K::values_per_item / WARP_SIZE;
-    const int step = gridDim.x * MV_COOP_WARPS;
-    /* rows row0 + j * step (j < R) at once; buf holds their chunks side by side */
-    for (int row0 = blockIdx.x * MV_COOP_WARPS + warp; row0 < units; row0 += R * step) {
-        MatVecUnit m[R];
-        int u[R];
-        float acc[R];
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-            u[j] = row0 + j * step;
-            if (u[j] < units) m[j] = unit_matrix(u[j], 1, w0, w1, w2, y0, y1, y2, p);
-            acc[j] = 0.0f;
-        }
-        for (int c = 0; c < n_chunks; ++c) {
-            __syncwarp();           /* every lane is done with the previous chunks' copies */
-#pragma unroll
-            for (int j = 0; j < R; ++j)
-#pragma unroll
-                for (int k = 0; k < CoopChunk<K>::loads; ++k)
-                    if (row0 + j * step < units && lane + WARP_SIZE * k < K::chunk_words)
-                        buf[j * K::chunk_words + lane + WARP_SIZE * k] = next.r[j].w[k];
-            __syncwarp();           /* ... and sees all of these */
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                if (row0 + j * step >= units) continue;
-                if (c + 1 < n_chunks) coop_chunk_load<K>(m[j].w + u[j] * m[j].rb, c + 1, next.r[j]);
-                else if (row0 + (R + j) * step < units) {       /* the row R steps on: its first */
-                    int un = row0 + (R + j) * step;
-                    const MatVecUnit mn = unit_matrix(un, 1, w0, w1, w2, y0, y1, y2, p);
-                    coop_chunk_load<K>(mn.w + un * mn.rb, 0, next.r[j]);
-                }
-            }
-            const int i = c * WARP_SIZE + lane;
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                if (row0 + j * step >= units) continue;
-                typename K::raw r;
-                K::load((const u8 *) (buf + j * K::chunk_words), lane, r);
-                acc[j] += K::dot_raw(r, i, item_blocks(xa + i));
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-            if (row0 + j * step >= units) continue;
-            acc[j] = warp_sum(acc[j]);
-            if (lane == 0) y_row(m[j], t, u[j]) = acc[j];
-        }
-    }
-}
-
-// matvec_coop_<kind> after PDL_ENTRY: the token's activations staged (every thread of the
-// block, once), then the warp's rows.
-template <class K>
-__device__ __forceinline__ void decode_rows_coop(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                                 const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
-                                                 float * __restrict__ y0, float * __restrict__ y1,
-                                                 float * __restrict__ y2, const MultiMatVecParams & p,
-                                                 CoopNext<K> & next) {
-    const int n_items = p.k / K::values_per_item;
-    if (!MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);
-    const typename K::act * xt = x + (i64) blockIdx.y * n_items;
-    extern __shared__ int4 staged_x[];
-    const void * xs = stage_act<K>(xt, 1, n_items, staged_x);
-    __shared__ u64 coop_buf[MV_COOP_WARPS][MV_COOP_ROWS * K::chunk_words];
-    u64 * buf = coop_buf[threadIdx.x / WARP_SIZE];
-    if constexpr (MV_COOP_ROWS == 1) {
-        if (xs != nullptr) coop_rows<K>(w0, w1, w2, (const typename Staged<K>::act *) xs, y0, y1, y2, p, buf, next.r[0]);
-        else coop_rows<K>(w0, w1, w2, xt, y0, y1, y2, p, buf, next.r[0]);
-    } else {
-        if (xs != nullptr) coop_rows_multi<K>(w0, w1, w2, (const typename Staged<K>::act *) xs, y0, y1, y2, p, buf, next);
-        else coop_rows_multi<K>(w0, w1, w2, xt, y0, y1, y2, p, buf, next);
-    }
-}
-
-// matvec_cols_<kind> and matvec_cols_split_<kind>: a batched step's tokens, rows as decode_rows
-// in units of NR rows (MV_COLS_ROWS; the _many_ kernels MV_COLS_ROWS_MANY).
-template <class K, int SPLIT, int NR>
-__device__ __forceinline__ void decode_cols(const u8 * __restrict__ w0, const u8 * __restrict__ w1,
-                                            const u8 * __restrict__ w2, const typename K::act * __restrict__ x,
-                                            float * __restrict__ y0, float * __restrict__ y1,
-                                            float * __restrict__ y2, const MultiMatVecParams p) {
-    constexpr int UPB = MV_WARPS / SPLIT;      /* units per block: a group of SPLIT warps each */
-    constexpr int N = NR * MV_COLS;
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int g = warp / SPLIT, s = warp % SPLIT;
-    /* Tokens t0 .. t0 + n_cols of a batched step (blockIdx.x), units of NR rows on whole warp */
-    /* groups as in matvec_ (blockIdx.y, grid-stride): one unit per group, the tokens' sums     */
-    /* side by side, each token's items split over the group's warps as matvec_ splits them.    */
-    const int units = (p.n_rows0 + NR - 1) / NR + (p.n_rows1 + NR - 1) / NR + (p.n_rows2 + NR - 1) / NR;
-    const int t0 = blockIdx.x * p.cols, n_cols = min(p.cols, p.n_tokens - t0);
-    const int n_items = p.k / K::values_per_item;
-    extern __shared__ int4 staged_x[];
-    const void * xs = stage_act<K, MV_COLS_STAGE_MAX_K>(x + (i64) t0 * n_items, n_cols, n_items, staged_x);
-    __shared__ float mv_part[SPLIT > 1 ? MV_WARPS : 1][N];
-    for (int ub = blockIdx.y * UPB; ub < units; ub += gridDim.y * UPB) {
-        int u = ub + g;
-        const bool valid = u < units;
-        const MatVecUnit m = unit_matrix(u, NR, w0, w1, w2, y0, y1, y2, p);
-        const int row = u * NR;
-        const u8 * w[NR];
-        _Pragma("unroll")
-        for (int r = 0; r < NR; ++r) w[r] = m.w + min(row + r, m.n - 1) * m.rb;   /* past the end: again */
-        float acc[N];
-        if (valid) cols_dot_rows<K, NR, MV_COLS>(w, x + (i64) t0 * n_items, xs, n_cols, n_items, acc,
-                                                 lane + s * WARP_SIZE, SPLIT * WARP_SIZE);
-        if constexpr (SPLIT > 1) split_sum<N, SPLIT>(acc, mv_part, warp, s, valid);
-        if (valid && s == 0) {
-            _Pragma("unroll")
-            for (int r = 0; r < NR; ++r)
-                _Pragma("unroll")
-                for (int c = 0; c < MV_COLS; ++c)
-                    if (lane == c && c < n_cols && row + r < m.n) y_row(m, t0 + c, row + r) = acc[r * MV_COLS + c];
-        }
-    }
-}
-
-// matvec_glu_ / matvec_glu_wide_: a block's 32 rows of h (one Q8_1 block), WARPS warps x ROWS
-// rows; PAIRED reads gate and up in one loop. Every choice gives the same floats (a row's items,
-// lanes and order do not depend on it): they move time only.
-template <int WARPS, int ROWS>
-__device__ __forceinline__ void glu_prefetch(const u8 * wg, const u8 * wu, const GluMatVecParams & p) {
-    if (MV_PREFETCH && !p.has_ids && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {
-        const int r0 = blockIdx.x * (WARPS * ROWS) + threadIdx.x / WARP_SIZE * ROWS;
-        const long long nb = (long long) max(0, min(ROWS, p.n_rows - r0)) * p.row_bytes;
-        prefetch_l2_span(wg + r0 * p.row_bytes, nb);
-        prefetch_l2_span(wu + r0 * p.row_bytes, nb);
-    }
-}
-
-template <typename K, int WARPS, int ROWS, bool PAIRED>
-__device__ __forceinline__ void glu_rows(const u8 * __restrict__ wg, const u8 * __restrict__ wu,
-                                         const typename K::act * __restrict__ x, const int * __restrict__ ids,
-                                         float * __restrict__ h, block_q8_1 * __restrict__ hq,
-                                         const GluMatVecParams & p, const NormIn * norm = nullptr) {
-    static_assert(WARPS * ROWS == 32, "a gated block is one Q8_1 block (32 rows) of h");
-    __shared__ float hs[WARPS * ROWS];
-    const int slot = blockIdx.y, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int row0 = blockIdx.x * (WARPS * ROWS), row = row0 + warp * ROWS;
-    const int n_items = p.k / K::values_per_item;
-    i64 off = 0;
-    bool valid = true;
-    if (p.has_ids) {
-        const int e = ids[slot];
-        valid = e >= 0 && e < p.n_experts;
-        off = (i64) (valid ? e : 0) * p.expert_bytes;
-    }
-    const typename K::act * xr = x + (i64) (slot / p.n_used) * n_items;
-    extern __shared__ int4 staged_x[];
-    const void * xs = stage_in<K>(xr, n_items, staged_x, norm);
-    float g[ROWS], up[ROWS];
-    if constexpr (PAIRED) {
-        rows_dot2<K, ROWS>(wg + off + row * p.row_bytes, wu + off + row * p.row_bytes, p.row_bytes,
-                           p.n_rows - row, xr, xs, n_items, g, up);
-    } else {
-        rows_dot<K, ROWS>(wg + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, g);
-        rows_dot<K, ROWS>(wu + off + row * p.row_bytes, p.row_bytes, p.n_rows - row, xr, xs, n_items, up);
-    }
-    if (lane == 0) {
-        _Pragma("unroll")
-        for (int r = 0; r < ROWS; ++r)
-            hs[warp * ROWS + r] = valid ? glu_value(p.gelu, g[r], up[r]) : NAN_F32;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const float v = hs[lane];
-        if (row0 + lane < p.n_rows) h[(i64) slot * p.n_rows + row0 + lane] = v;
-        if (p.write_q8) quantize_warp_q8_1(v, hq + (i64) slot * (p.n_rows / QK8_1) + blockIdx.x);
-    }
-}
-
-// matvec_cols_<tag><kind> / matvec_cols_split_<tag><kind>: a batched step's mat-vecs, NR rows a
-// warp (a split group).
-#define DEFINE_MATVEC_COLS(name, K, tag, NR)                                                       \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_cols_##tag##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    prefetch_unit(w0, w1, w2, p, blockIdx.y * MV_WARPS + threadIdx.x / WARP_SIZE, NR);             \
-    PDL_ENTRY();                                                                                   \
-    decode_cols<K, 1, NR>(w0, w1, w2, x, y0, y1, y2, p);                                           \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_cols_split_##tag##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,              \
-    const u8 * __restrict__ w2, const K::act * __restrict__ x, float * __restrict__ y0,            \
-    float * __restrict__ y1, float * __restrict__ y2, const MultiMatVecParams p) {                 \
-    if (threadIdx.x / WARP_SIZE % MV_SPLIT == 0)   /* the first warp of each group */              \
-        prefetch_unit(w0, w1, w2, p, blockIdx.y * (MV_WARPS / MV_SPLIT) + threadIdx.x / WARP_SIZE / MV_SPLIT, \
-                      NR);                                                                         \
-    PDL_ENTRY();                                                                                   \
-    decode_cols<K, MV_SPLIT, NR>(w0, w1, w2, x, y0, y1, y2, p);                                    \
-}
+// The kernels' bodies by family, then the kernels of a weight kind (DEFINE_MATVEC) from them.
+#include "matvec_decode.cuh"
+#include "matvec_cols.cuh"
+#include "matvec_glu.cuh"
 
 #define DEFINE_MATVEC(name, K)                                                                     \
 constexpr int matvec_split_##name##_warps = MvSplitBounds<K>::warps;  /* (the CPU harness) */     \
@@ -1432,7 +634,7 @@ matvec_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 *
     float * __restrict__ y2, const MultiMatVecParams p) {                                          \
     PreloadBuf<K> pb;                                                                              \
     prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, unit_rows<K>()); \
-    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, p, blockIdx.x, pb);                     \
+    decode_preload<K, 1>(w0, w1, w2, p, blockIdx.x, pb);                                           \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, 1>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);                    \
 }                                                                                                  \
@@ -1445,7 +647,7 @@ matvec_split_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, cons
         prefetch_unit(w0, w1, w2, p, blockIdx.x * (MvSplitBounds<K>::warps / MV_SPLIT)              \
                       + threadIdx.x / WARP_SIZE / MV_SPLIT,                                        \
                       unit_rows<K>());                                                             \
-    if (MV_PRELOAD_EARLY) decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);              \
+    decode_preload<K, MV_SPLIT>(w0, w1, w2, p, blockIdx.x, pb);                                    \
     PDL_ENTRY();                                                                                   \
     decode_rows<K, MV_SPLIT>(w0, w1, w2, x, y0, y1, y2, p, blockIdx.x, gridDim.x, pb);             \
 }                                                                                                  \
@@ -1455,7 +657,7 @@ matvec_glu_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu, const 
                   const GluMatVecParams p) {                                                       \
     glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, p);                                                  \
     PDL_ENTRY();                                                                                   \
-    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, x, ids, h, hq, p);                        \
+    glu_rows<K, GLU_WARPS, GLU_ROWS, false>(wg, wu, x, ids, h, hq, p);                        \
 }                                                                                                  \
 extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
 matvec_glu_wide_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
@@ -1471,7 +673,7 @@ extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)             
 matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
                        const K::act * __restrict__ x, float * __restrict__ h,                      \
                        block_q8_1 * __restrict__ hq, const GluMatVecParams p) {                    \
-    if (MV_PREFETCH && 2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {                    \
+    if (2ll * p.n_rows * p.row_bytes <= MV_PREFETCH_MAX_BYTES) {                    \
         const int r0 = blockIdx.y * (GLU_WARPS * GLU_ROWS) + threadIdx.x / WARP_SIZE * GLU_ROWS;   \
         const long long nb = (long long) max(0, min(GLU_ROWS, p.n_rows - r0)) * p.row_bytes;       \
         prefetch_l2_span(wg + r0 * p.row_bytes, nb);                                               \
@@ -1491,15 +693,12 @@ matvec_glu_cols_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,  
     for (int r = 0; r < GLU_ROWS; ++r) {                                                           \
         const int row = row0 + warp * GLU_ROWS + r;                                                \
         float g[MV_COLS], up[MV_COLS];                                                             \
-        if (row < p.n_rows && GLU_COLS_PAIRED) {                                                   \
+        if (row < p.n_rows) {           /* gate and up of the row in one pass over the tokens */   \
             const u8 * w[2] = {wg + row * p.row_bytes, wu + row * p.row_bytes};                    \
             float gu[2 * MV_COLS];                                                                 \
             cols_dot_rows<K, 2, MV_COLS>(w, xr, xs, n_cols, n_items, gu);                          \
             _Pragma("unroll")                                                                      \
             for (int c = 0; c < MV_COLS; ++c) { g[c] = gu[c]; up[c] = gu[MV_COLS + c]; }           \
-        } else if (row < p.n_rows) {                                                               \
-            cols_dot<K, MV_COLS>(wg + row * p.row_bytes, xr, xs, n_cols, n_items, g);              \
-            cols_dot<K, MV_COLS>(wu + row * p.row_bytes, xr, xs, n_cols, n_items, up);             \
         } else {                                                                                   \
             _Pragma("unroll")                                                                      \
             for (int c = 0; c < MV_COLS; ++c) g[c] = up[c] = 0.0f;                                 \
@@ -1579,124 +778,4 @@ matvec_id_##name(const u8 * __restrict__ w, const K::act * __restrict__ x,      
     matvec_rows<K, 1>(w + expert * p.expert_bytes + row * p.row_bytes,                             \
                       x + (i64) x_row * n_items, y + (i64) slot * p.n_rows + row,                  \
                       n_items, 1, 0, 0);                                                           \
-}
-
-// matvec_norm_<kind>, matvec_glu_norm_<kind>, matvec_glu_wide_norm_<kind>: matvec_<kind> and the
-// gated kernels for one token with their activations formed from the residual stream in every
-// block (stage_norm_q8_1). Quantized kinds only: the float kinds read x itself, not Q8_1.
-#define DEFINE_MATVEC_NORM(name, K)                                                                \
-static_assert(K::can_stage, "the *_norm_ kernels stage Q8_1 activations");                         \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const float * __restrict__ a, const float * __restrict__ b, const float * __restrict__ wn,     \
-    float * __restrict__ sum, float * __restrict__ y0, float * __restrict__ y1,                    \
-    float * __restrict__ y2, const NormMatVecParams p) {                                           \
-    /* matvec_<kind> for one token, its activations add_rms_norm's (stage_norm_q8_1) */           \
-    PreloadBuf<K> pb;                                                                              \
-    const MultiMatVecParams q = norm_mv_params(p);                                                 \
-    prefetch_unit(w0, w1, w2, q, blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE, unit_rows<K>()); \
-    if (MV_PRELOAD_EARLY) decode_preload<K, 1>(w0, w1, w2, q, blockIdx.x, pb);                     \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    decode_rows<K, 1>(w0, w1, w2, (const K::act *) a, y0, y1, y2, q, blockIdx.x, gridDim.x, pb, &n); \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(GLU_WARPS * WARP_SIZE)                                \
-matvec_glu_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                     \
-                       const float * __restrict__ a, const float * __restrict__ b,                 \
-                       const float * __restrict__ wn, float * __restrict__ sum,                    \
-                       float * __restrict__ h, block_q8_1 * __restrict__ hq, const NormGluParams p) { \
-    const GluMatVecParams q = norm_glu_params(p);                                                  \
-    glu_prefetch<GLU_WARPS, GLU_ROWS>(wg, wu, q);                                                  \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    glu_rows<K, GLU_WARPS, GLU_ROWS, GLU_PAIRED>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(GLU_WIDE_WARPS * WARP_SIZE)                           \
-matvec_glu_wide_norm_##name(const u8 * __restrict__ wg, const u8 * __restrict__ wu,                \
-                            const float * __restrict__ a, const float * __restrict__ b,            \
-                            const float * __restrict__ wn, float * __restrict__ sum,               \
-                            float * __restrict__ h, block_q8_1 * __restrict__ hq,                  \
-                            const NormGluParams p) {                                               \
-    const GluMatVecParams q = norm_glu_params(p);                                                  \
-    glu_prefetch<GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS>(wg, wu, q);                                  \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {a, b, wn, sum, p.k, p.eps, p.has_residual};                                  \
-    glu_rows<K, GLU_WIDE_WARPS, 32 / GLU_WIDE_WARPS, true>(wg, wu, (const K::act *) a, nullptr, h, hq, q, &n); \
-}
-
-// matvec_mixed_<a>_<b>: a decode step's q, k (kind KA: matrices 0 and 1) and v (kind KB: matrix
-// 2) in one launch, where the recipe gives v another type (Q4_K_M: q, k Q4_K, v Q6_K) and two
-// launches would otherwise be needed. The first ceil(units of 0 and 1 / MV_WARPS) blocks run
-// matvec_<a>'s body over matrices 0 and 1, the rest matvec_<b>'s over matrix 2, each with its
-// own staged activations: every row the very bits of the two launches (one launch boundary
-// fewer a layer; the backend takes it for one token, rows of K < MV_SPLIT_MIN_K).
-#define DEFINE_MATVEC_MIXED(name, KA, KB)                                                          \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_mixed_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const KA::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,              \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    constexpr int ra = unit_rows<KA>();  /* the backend's mixed_blocks */                          \
-    const int blocks_a = ((p.n_rows0 + ra - 1) / ra + (p.n_rows1 + ra - 1) / ra + MV_WARPS - 1) / MV_WARPS; \
-    const bool a = (int) blockIdx.x < blocks_a;                                                    \
-    const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
-    const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
-    MultiMatVecParams q = p;            /* the matrices this block's kind takes, as its launch */  \
-    q.n_rows2 = 0;                                                                                 \
-    if (!a) {                                                                                      \
-        q.n_rows0 = p.n_rows2;                                                                     \
-        q.row_bytes0 = p.row_bytes2;                                                               \
-        q.n_rows1 = 0;                                                                             \
-    }                                                                                              \
-    MixedPreloadBuf<KA, KB> pre;        /* a block takes one kind: one buffer's registers */      \
-    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, \
-                  a ? unit_rows<KA>() : unit_rows<KB>());                                    \
-    if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
-    if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
-    PDL_ENTRY();                                                                                   \
-    if (a) decode_rows<KA, 1>(w0, w1, w1, x, y0, y1, y1, q, bx, gx, pre.a);                        \
-    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) x, y2, y2, y2, q, bx, gx, pre.b);        \
-}                                                                                                  \
-extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP_SIZE)                                 \
-matvec_mixed_norm_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1,                   \
-    const u8 * __restrict__ w2, const float * __restrict__ xa, const float * __restrict__ xb,      \
-    const float * __restrict__ wn, float * __restrict__ sum, float * __restrict__ y0,              \
-    float * __restrict__ y1, float * __restrict__ y2, const NormMatVecParams np) {                 \
-    /* matvec_mixed_<a>_<b>, each block's activations add_rms_norm's (stage_norm_q8_1) */         \
-    const MultiMatVecParams p = norm_mv_params(np);                                                \
-    constexpr int ra = unit_rows<KA>();  /* the backend's mixed_blocks */                          \
-    const int blocks_a = ((p.n_rows0 + ra - 1) / ra + (p.n_rows1 + ra - 1) / ra + MV_WARPS - 1) / MV_WARPS; \
-    const bool a = (int) blockIdx.x < blocks_a;                                                    \
-    const int bx = a ? (int) blockIdx.x : (int) blockIdx.x - blocks_a;                             \
-    const int gx = a ? blocks_a : (int) gridDim.x - blocks_a;                                      \
-    MultiMatVecParams q = p;                                                                       \
-    q.n_rows2 = 0;                                                                                 \
-    if (!a) {                                                                                      \
-        q.n_rows0 = p.n_rows2;                                                                     \
-        q.row_bytes0 = p.row_bytes2;                                                               \
-        q.n_rows1 = 0;                                                                             \
-    }                                                                                              \
-    MixedPreloadBuf<KA, KB> pre;                                                                   \
-    prefetch_unit(a ? w0 : w2, a ? w1 : w2, a ? w1 : w2, q, bx * MV_WARPS + threadIdx.x / WARP_SIZE, \
-                  a ? unit_rows<KA>() : unit_rows<KB>());                                    \
-    if (MV_PRELOAD_EARLY && a) decode_preload<KA, 1>(w0, w1, w1, q, bx, pre.a);                    \
-    if (MV_PRELOAD_EARLY && !a) decode_preload<KB, 1>(w2, w2, w2, q, bx, pre.b);                   \
-    PDL_ENTRY();                                                                                   \
-    const NormIn n = {xa, xb, wn, sum, np.k, np.eps, np.has_residual};                             \
-    if (a) decode_rows<KA, 1>(w0, w1, w1, (const KA::act *) xa, y0, y1, y1, q, bx, gx, pre.a, &n); \
-    else decode_rows<KB, 1>(w2, w2, w2, (const KB::act *) xa, y2, y2, y2, q, bx, gx, pre.b, &n);   \
-}
-
-// matvec_coop_<kind> (MV_COOP_WARPS): matvec_<kind>'s launch and bits for one token, for kinds with
-// K::load / K::dot_raw and K::chunk_words (32 items' bytes in whole blocks, whole 8-byte words)
-// and rows of whole chunks.
-#define DEFINE_MATVEC_COOP(name, K)                                                                \
-extern "C" __global__ void __launch_bounds__(MV_COOP_WARPS * WARP_SIZE)                            \
-matvec_coop_##name(const u8 * __restrict__ w0, const u8 * __restrict__ w1, const u8 * __restrict__ w2, \
-    const K::act * __restrict__ x, float * __restrict__ y0, float * __restrict__ y1,               \
-    float * __restrict__ y2, const MultiMatVecParams p) {                                          \
-    CoopNext<K> next;                                                                              \
-    prefetch_unit(w0, w1, w2, p, blockIdx.x * MV_COOP_WARPS + threadIdx.x / WARP_SIZE, 1);         \
-    if (MV_PRELOAD_EARLY) coop_preload<K>(w0, w1, w2, p, next);                                    \
-    PDL_ENTRY();                                                                                   \
-    decode_rows_coop<K>(w0, w1, w2, x, y0, y1, y2, p, next);                                       \
 }

@@ -15,16 +15,6 @@ DEFINE_MATVEC(q6_k, Q6KKind)
 DEFINE_MATVEC(mxfp4, QuantKind<MXFP4>)
 
 // matvec_q6_k with each chunk of a row read by the warp together (matvec.cuh: MV_COOP_WARPS)
-DEFINE_MATVEC_NORM(q4_0, QuantKind<Q4_0>)
-DEFINE_MATVEC_NORM(q4_1, QuantKind<Q4_1>)
-DEFINE_MATVEC_NORM(q5_0, QuantKind<Q5_0>)
-DEFINE_MATVEC_NORM(q5_1, QuantKind<Q5_1>)
-DEFINE_MATVEC_NORM(q8_0, QuantKind<Q8_0>)
-DEFINE_MATVEC_NORM(q4_k, Q4KPairKind)
-DEFINE_MATVEC_NORM(q5_k, QuantKind<Q5_K>)
-DEFINE_MATVEC_NORM(q6_k, Q6KKind)
-DEFINE_MATVEC_NORM(mxfp4, QuantKind<MXFP4>)
-
 DEFINE_MATVEC_COOP(q6_k, Q6KKind)
 
 // q and k of one type, v of another (llama-quantize's *_M recipes give attn_v more bits)

@@ -4,76 +4,7 @@
 // The weight kinds of matvec_q.cu (kernels: see matvec.cuh).
 #pragma once
 #include "matvec.cuh"
-
-enum WeightType { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
-                  Q6_K = 14, MXFP4 = 39 };
-
-// Moves bit j (j = 0..3) of h to bit 4 of byte j: the fifth bit of four 5-bit quants.
-__device__ __forceinline__ int spread_bits4(u32 h) {
-    return (int) (((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
-}
-
-// Four 4-bit indices (the low nibbles of the bytes of q) looked up in a 16-entry int8 table
-// held in four words: __byte_perm picks from 8 bytes, bit 3 of each index picks the half.
-__device__ __forceinline__ int table16_lookup(int q, const u32 t[4]) {
-    const u32 idx = (u32) q & 0x07070707u;
-    const u32 sel = (idx & 0x7) | ((idx >> 4) & 0x70) | ((idx >> 8) & 0x700) | ((idx >> 12) & 0x7000);
-    const u32 lo = __byte_perm(t[0], t[1], sel);
-    const u32 hi = __byte_perm(t[2], t[3], sel);
-    const u32 upper = (((u32) q >> 3) & 0x01010101u) * 0xFFu;
-    return (int) ((lo & ~upper) | (hi & upper));
-}
-
-// The quants of item ib of a Q4_K / Q5_K row as 8 ints of 4 (dot_item and MMQ read them
-// alike): sub-block s = ib % 8 of super-block ib / 8, 32 quants in the low (s even) or high
-// (s odd) nibbles of qs[32*(s/2) ..], Q5_K's fifth bit is bit s of qh[0..31]; with the
-// sub-block's 6-bit scale and min and the super-block's d and dmin.
-template <int TYPE>
-__device__ __forceinline__ void k45_quants(const u8 * __restrict__ row, const int ib, int q[8],
-                                           int & sc, int & m, float & d, float & dmin) {
-    const int s = ib % 8;
-    const u8 * qs;
-    const u8 * scales;
-    if constexpr (TYPE == Q4_K) {
-        const block_q4_K * b = (const block_q4_K *) row + ib / 8;
-        qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
-    } else {
-        const block_q5_K * b = (const block_q5_K *) row + ib / 8;
-        qs = b->qs; scales = b->scales; d = f16_to_f32(b->d); dmin = f16_to_f32(b->dmin);
-    }
-    scale_min_k4(s, scales, sc, m);
-    const int * q4 = (const int *) (qs + 32 * (s / 2));
-    const int shift = 4 * (s % 2);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int v = (q4[i] >> shift) & 0x0F0F0F0F;
-        if constexpr (TYPE == Q5_K) {
-            const int * qh = (const int *) ((const block_q5_K *) row + ib / 8)->qh;
-            v |= ((qh[i] >> s) & 0x01010101) << 4;
-        }
-        q[i] = v;
-    }
-}
-
-// The quants of item ib of a Q6_K row as 8 ints of 4 signed values (6 bits less 32): quarter
-// r of half h of super-block ib/8, low 4 bits in the nibbles of ql[64h + 32(r%2) ..] (high
-// nibble for r >= 2), high 2 bits at bit 2r of qh[32h ..]. Returns the super-block (its d and
-// its int8 scales, one per 16 quants: scales[8h + 2r], scales[8h + 2r + 1]).
-__device__ __forceinline__ const block_q6_K * q6k_quants(const u8 * __restrict__ row, const int ib,
-                                                         int q[8]) {
-    const block_q6_K * b = (const block_q6_K *) row + ib / 8;
-    const int h = (ib % 8) / 4, r = ib % 4;
-    const u8 * ql = b->ql + 64 * h + 32 * (r % 2);
-    const u8 * qh = b->qh + 32 * h;
-    const int lshift = 4 * (r / 2), hshift = 2 * r;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int vl = (load_i32_a2(ql + 4 * i) >> lshift) & 0x0F0F0F0F;
-        const int vh = ((load_i32_a2(qh + 4 * i) >> hshift) & 0x03030303) << 4;
-        q[i] = (int) __vsubss4(vl | vh, 0x20202020);
-    }
-    return b;
-}
+#include "quant_dot.cuh"
 
 template <int TYPE, class Y>
 __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int ib,
@@ -152,16 +83,6 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
             sumi = __dp4a(q[i], yq[i], sumi);
         }
         return d8 * (d * sc * sumi - dmin * m * act_sum(y));
-    } else if constexpr (TYPE == Q6_K) {
-        int q[8];
-        const block_q6_K * b = q6k_quants(row, ib, q);
-        int sumi[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            sumi[i / 4] = __dp4a(q[i], yq[i], sumi[i / 4]);
-        }
-        const i8 * sc = b->scales + 8 * ((ib % 8) / 4) + 2 * (ib % 4);
-        return f16_to_f32(b->d) * d8 * (sc[0] * sumi[0] + sc[1] * sumi[1]);
     }
 }
 
@@ -172,101 +93,21 @@ __device__ __forceinline__ float dot_item(const u8 * __restrict__ row, const int
 // arithmetic is that of dot_item<Q4_K>.
 struct block_q8_1x2 { block_q8_1 b[2]; };
 
-__device__ __forceinline__ int byte_of(const u32 w0, const u32 w1, const u32 w2, const int k) {
-    const u32 w = k < 4 ? w0 : (k < 8 ? w1 : w2);
-    return (int) ((w >> (8 * (k & 3))) & 0xFF);
-}
-
-#ifndef MV_Q4K_SEL
-// 1: q4k_scale_min takes sub-block s's 6-bit scale and min from the header words by shifts and
-// selects, with no branch; 0: by byte_of and a branch on s < 4. Why: in the decode mat-vecs a
-// lane's s is 2 (ip % 4) + h with ip % 4 = lane % 4, so s < 4 parts every warp in two and both
-// ways are issued (with byte_of's selects of a word by a lane-dependent index); issue 8's Q4_K
-// mat-vec spends its time in lock-step rounds whose compute is on the critical path (perf/NOTES.md,
-// twenty-first session). The same integers: the same bits. Measured on the H200 (2026-12-04,
-// ci/gpu_preload.py, us, 0 / 1, three runs): Q4_K 4096 x 12288 (split) 9.7 / 9.1-9.2, 12288 x 4096
-// 9.3 / 8.7-8.8, 4096 x 4096 4.9 / 4.5, Q6_K unchanged; tg128 Qwen3-0.6B 962 / 980, Qwen3-8B 341 /
-// 349 (greedy tokens the same); mmq.cu's prompt tile (ci/gpu_tune_mmq.py) 734 / 703 us a MoE
-// layer, dense 12288 x 4096 at 512 tokens 419 / 400 us. 1.
-#define MV_Q4K_SEL 1
-#endif
-
-// Sub-block s (0..7) of a Q4_K super-block: its 6-bit scale and min from the 12 scale bytes
-// (w0, w1, w2 little-endian), as llama.cpp's get_scale_min_k4 takes them (the decode mat-vecs and
-// mmq.cu's tile both take it from here).
-__device__ __forceinline__ void q4k_scale_min(const u32 w0, const u32 w1, const u32 w2, const int s, int & sc, int & m) {
-#if MV_Q4K_SEL
-    /* s < 4: bytes s and s + 4 (words w0, w1 at byte s); s >= 4: byte s + 4 (w2 at byte s - 4)
-       for the low bits, the top two bits of bytes s - 4 (w0) and s (w1) for the high ones */
-    const int sh = 8 * (s & 3);
-    const u32 a = w0 >> sh, b = w1 >> sh, c = w2 >> sh;
-    const bool hi = s >= 4;
-    sc = (int) (hi ? ((c & 0xFu) | ((a >> 2) & 0x30u)) : (a & 63u));
-    m = (int) (hi ? (((c >> 4) & 0xFu) | ((b >> 2) & 0x30u)) : (b & 63u));
-#else
-    if (s < 4) {
-        sc = byte_of(w0, w1, w2, s) & 63;
-        m = byte_of(w0, w1, w2, s + 4) & 63;
-    } else {
-        sc = (byte_of(w0, w1, w2, s + 4) & 0xF) | ((byte_of(w0, w1, w2, s - 4) >> 6) << 4);
-        m = (byte_of(w0, w1, w2, s + 4) >> 4) | ((byte_of(w0, w1, w2, s) >> 6) << 4);
-    }
-#endif
-}
-
 // An item's weight bytes as one lane holds them: its 32 bytes of qs (two 16-byte loads) and the
 // super-block's d, dmin and 12 scale bytes. Loaded apart from the arithmetic so that a lane can
 // have several items' loads in flight before it needs the first (MV_PRELOAD); q4k_pair_dot is
 // the two one after the other, so both paths give the same floats.
 struct Q4KPairRaw { int4 q0, q1; u32 dm, w0, w1, w2; };
 
-#ifndef MV_LDG
-// 1: the Q4_K items' 16-byte weight loads as ld.global.nc (__ldg). Without it the preloading
-// mat-vecs' loads inside their loop are generic (LD.E.128 in the SASS, ci/kernel_sass.py:
-// the row pointer reaches them through the kernel's structs, so the compiler cannot tell they
-// are global) where mmq.cu's are LDG.E.128.CONSTANT; issue 8's Q4_K bar kernel is L1/TEX-bound
-// (ncu, 2026-12-03: 69.7 %). The same bytes: the same bits.
-#define MV_LDG 0
-#endif
-
-template <class T>
-__device__ __forceinline__ T mv_weight_load(const T * p) {
-#if MV_LDG && defined(__CUDA_ARCH__)
-    return __ldg(p);
-#else
-    return *p;
-#endif
-}
-
-#ifndef MV_Q4K_HDR_LATE
-// 1: a preloaded Q4_K item holds only its 32 bytes of qs until its arithmetic, and reads the
-// super-block's 16-byte header then (q4k_pair_header, K::late_load); 0: the header is loaded
-// with the quants and held as four more registers an item and row. Why: the header shares its
-// 32-byte sector with the first 16 bytes of qs, which the lane of ip % 4 = 0 loads with its
-// item, so by the time the warp computes the item the header is in L1 (a hit, not another
-// trip to DRAM), and the registers it no longer holds let a lane keep two items a row in
-// flight (MV_PRELOAD=2 at MV_PRELOAD_ROWS=2: 32 registers of quants, where 2 x 2 items with
-// their headers took 48 and lost occupancy; perf/NOTES.md). The same bytes: the same bits.
-// 0 until the GPU times it.
-#define MV_Q4K_HDR_LATE 0
-#endif
-
-// The super-block header of item ip (d, dmin, the 12 scale bytes) into r: its first 16 bytes,
-// one 128-bit load (four 32-bit loads touched the warp's 8 blocks' lines four times over).
-__device__ __forceinline__ void q4k_pair_header(const u8 * __restrict__ row, const int ip, Q4KPairRaw & r) {
-    const int4 h = mv_weight_load((const int4 *) ((const block_q4_K *) row + ip / 4));
-    r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
-}
-
 __device__ __forceinline__ void q4k_pair_load(const u8 * __restrict__ row, const int ip, Q4KPairRaw & r) {
     const block_q4_K * b = (const block_q4_K *) row + ip / 4;
     const int j = ip % 4;
-    r.q0 = mv_weight_load((const int4 *) (b->qs + 32 * j));
-    r.q1 = mv_weight_load((const int4 *) (b->qs + 32 * j) + 1);
-#if !MV_Q4K_HDR_LATE
-    const int4 h = mv_weight_load((const int4 *) b);      /* q4k_pair_header's load */
+    r.q0 = *(const int4 *) (b->qs + 32 * j);
+    r.q1 = *((const int4 *) (b->qs + 32 * j) + 1);
+    /* the super-block's header (d, dmin, the 12 scale bytes): its first 16 bytes, one 128-bit
+       load (four 32-bit loads touched the warp's 8 blocks' lines four times over) */
+    const int4 h = *(const int4 *) b;
     r.dm = (u32) h.x; r.w0 = (u32) h.y; r.w1 = (u32) h.z; r.w2 = (u32) h.w;
-#endif
 }
 
 // out[r] = item ip of rows rs[r] (its raw loads) . y, y: the item's two Q8_1 blocks (either
@@ -313,9 +154,6 @@ template <class Y>
 __device__ __forceinline__ float q4k_pair_dot(const u8 * __restrict__ row, const int ip, const Y * __restrict__ y) {
     Q4KPairRaw r;
     q4k_pair_load(row, ip, r);
-#if MV_Q4K_HDR_LATE
-    q4k_pair_header(row, ip, r);
-#endif
     return q4k_pair_math(r, ip, y);
 }
 
@@ -340,11 +178,6 @@ struct Q4KPairKind {
     static __device__ __forceinline__ float dot_raw(const raw & r, const int ip, const Y * __restrict__ y) {
         return q4k_pair_math(r, ip, y);
     }
-    // MV_Q4K_HDR_LATE: what `load` left for just before the arithmetic (row: the item's row)
-    static constexpr bool has_late_load = MV_Q4K_HDR_LATE;
-    static __device__ __forceinline__ void late_load(const u8 * __restrict__ row, const int ip, raw & r) {
-        q4k_pair_header(row, ip, r);
-    }
     // MV_PRELOAD_ROWS: the item of several rows, its activations read once (kind_dot_rows)
     static constexpr bool has_dot_rows = true;
     template <int R, class Y>
@@ -356,31 +189,7 @@ struct Q4KPairKind {
 template <> struct Preloads<Q4KPairKind> { static constexpr int depth = MV_PRELOAD; };
 __device__ __forceinline__ const block_q8_1 * item_blocks(const block_q8_1x2 * y) { return y->b; }
 
-// ---- Q6_K with aligned loads -----------------------------------------------------------------
-// Q6_K blocks are 210 bytes, so their fields are only 2-byte aligned: eight 32-bit words at a
-// 2-aligned address are read as nine aligned words and funnel-shifted into place (instead of
-// sixteen 16-bit loads).
-// An item's weight bytes as one lane holds them (MV_PRELOAD): the nine aligned words under its
-// 32 bytes of ql and of qh, their shift (ql and qh lie at the same offset mod 4 in a block), the
-// super-block's d and the item's two int8 scales.
-struct Q6KRaw { u32 wl[9], wh[9]; u32 shift; u32 d_sc; };
-
-__device__ __forceinline__ void q6k_load(const u8 * __restrict__ row, const int ib, Q6KRaw & r) {
-    const block_q6_K * b = (const block_q6_K *) row + ib / 8;
-    const int h = (ib % 8) / 4, q = ib % 4;
-    const u8 * ql = b->ql + 64 * h + 32 * (q % 2);
-    const u32 * bl = (const u32 *) ((size_t) ql & ~(size_t) 3);
-    const u32 * bh = (const u32 *) ((size_t) (b->qh + 32 * h) & ~(size_t) 3);
-    r.shift = 8 * ((u32) (size_t) ql & 3);
-#pragma unroll
-    for (int i = 0; i < 9; ++i) {
-        r.wl[i] = bl[i];
-        r.wh[i] = bh[i];
-    }
-    const i8 * sc = b->scales + 8 * h + 2 * q;
-    r.d_sc = (u32) b->d | ((u32) (u8) sc[0] << 16) | ((u32) (u8) sc[1] << 24);
-}
-
+// ---- Q6_K from aligned loads (quant_dot.cuh q6k_load) ---------------------------------------
 // Whether an activation block carries its first half's quant sum (q8s::hsum: staged blocks).
 template <class Y> struct HasHalfSum { static constexpr bool value = false; };
 template <> struct HasHalfSum<q8s> { static constexpr bool value = true; };
@@ -402,9 +211,7 @@ __device__ __forceinline__ float q6k_math(const Q6KRaw & r, const int ib, const 
         if constexpr (HasHalfSum<Y>::value) {
             // the quants unsigned (0..63): sum((v - 32) a) = sum(v a) - 32 sum(a), the same
             // integers without the per-byte subtraction (__vsubss4: several instructions each,
-            // where the output head's mat-vec is bound by issue: ncu 68.6 % of issue slots).
-            // On the H200 (2026-12-03) the Qwen3-0.6B head, 151936 x 1024, went from 57.7 to
-            // 44.4 us, 12288 x 4096 to 65 % of the copy rate, tg128 896 -> 941 tok/s (0.6B)
+            // where the output head's mat-vec is bound by instruction issue)
             sumi[i / 4] = __dp4a(vl | vh, yq[i], sumi[i / 4]);
         } else {
             sumi[i / 4] = __dp4a((int) __vsubss4(vl | vh, 0x20202020), yq[i], sumi[i / 4]);
@@ -450,7 +257,6 @@ struct Q6KKind {
         return q6k_math(r, ib, y);
     }
 };
-template <> struct Preloads<Q6KKind> { static constexpr int depth = MV_PRELOAD_Q6K; };
 static_assert(Q6KKind::chunk_words * 8 == 4 * sizeof(block_q6_K), "a chunk is whole 8-byte words");
 
 template <int TYPE>

@@ -89,29 +89,6 @@ struct AttentionParams {
     int pad0;
 };
 
-// attention.cu's rope_attention: AttentionParams' fields, then RopeStoreParams' rope and norm
-// fields (one token per sequence: T = 1, or a batched decode step's rows, per_row).
-struct RopeAttentionParams {
-    int n_tokens;
-    int n_heads;
-    int n_kv_heads;
-    int head_dim;
-    int head_dim_v;
-    int capacity;
-    int n_slots;
-    int window;
-    float scale;
-    int write_q8;
-    int per_row;
-    int n_rot;
-    float theta_scale;
-    float freq_scale;
-    int neox;
-    int q_norm;
-    int k_norm;
-    float eps;
-};
-
 struct RowParams {
     int n_rows;
     int n_cols;
@@ -131,33 +108,6 @@ struct MultiMatVecParams {
     long long row_bytes0;
     long long row_bytes1;
     long long row_bytes2;
-};
-
-// A decode step's mat-vec launch that forms its own activations from the residual stream
-// (matvec_norm_<kind>, matvec_mixed_norm_<a>_<b>): MultiMatVecParams' matrices for one token,
-// then add_rms_norm's (AddNormParams) over the K-wide row.
-struct NormMatVecParams {
-    int k;                // K: input features = the norm's row
-    int n_rows0;
-    int n_rows1;
-    int n_rows2;
-    long long row_bytes0;
-    long long row_bytes1;
-    long long row_bytes2;
-    float eps;
-    int has_residual;     // 0: the row is a itself (the first layer's norm; sum not written)
-};
-
-// matvec_glu_norm_<kind> / matvec_glu_wide_norm_<kind>: GluMatVecParams' gate and up for one
-// token (no experts), their input formed from the residual stream as NormMatVecParams'.
-struct NormGluParams {
-    int n_rows;
-    int k;
-    long long row_bytes;
-    int gelu;
-    int write_q8;
-    float eps;
-    int has_residual;
 };
 
 // Gate and up mat-vecs with the gated activation fused: h = act(x W_gate^T) * (x W_up^T),
@@ -243,11 +193,6 @@ struct MoeRouteParams {
 };
 
 // Greedy decoding on the device: the argmax becomes the next step's token and position.
-struct ArgmaxAdvanceParams {
-    int n_cols;           // partial results of the row (argmax_partial's blocks)
-    int capacity;         // length of the history buffer
-};
-
 struct AdvanceParams {
     int capacity;         // length of the history buffer
     int pad0;
@@ -310,16 +255,6 @@ struct ExpertScaleParams {
     int n_cols;
     int n_experts;
     int pad0;
-};
-
-// mmq.cu mmq_<type>: a prompt's mat-mul on int8 tensor cores, y [n_tokens, n_rows] = x W^T
-// with x as Q8_1 blocks [n_tokens, k / 32].
-struct MmqParams {
-    int n_rows;           // N: weight rows
-    int k;                // K: a multiple of 32 (256 for K-quants)
-    int n_tokens;         // T
-    int pad0;
-    long long row_bytes;  // bytes of one weight row
 };
 
 // A prompt's expert mat-mul on the MMQ tiles (mmq_id_<type>), planned by moe_plan.

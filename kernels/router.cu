@@ -97,17 +97,3 @@ argmax_final(const float * __restrict__ pv, const int * __restrict__ pi, int * _
     const int i = best_of_partials(pv + (i64) blockIdx.x * p.n_cols, pi + (i64) blockIdx.x * p.n_cols, p.n_cols);
     if (threadIdx.x == 0) ids[blockIdx.x] = i;
 }
-
-// argmax_final of one row (an output head's), then decode_advance's greedy step with its
-// token: one launch where a decode graph had two.
-extern "C" __global__ void __launch_bounds__(WARP_SIZE)
-argmax_final_advance(const float * __restrict__ pv, const int * __restrict__ pi, int * __restrict__ ids,
-                     int * __restrict__ tok, int * __restrict__ pos, int * __restrict__ history,
-                     const ArgmaxAdvanceParams p) {
-    PDL_ENTRY();
-    const int i = best_of_partials(pv, pi, p.n_cols);
-    if (threadIdx.x == 0) {
-        ids[0] = i;
-        greedy_advance(i, tok, pos, history, p.capacity);
-    }
-}

@@ -58,8 +58,8 @@ ssm_conv(const float * __restrict__ x, float * __restrict__ state, const float *
 // gdn_lanes(D) adjacent threads of GDN_PART values each (D = 128: two, so that no thread holds
 // more than 64 floats of state and nothing spills). The rows are independent of one another:
 // spreading a head's D rows over D / GDN_ROWS blocks puts the state's loads on many SMs (one
-// block per head, with a thread per row, took 33 us per decode step of Qwen3.6's 32 heads of
-// 128 on the H200). A block's rows are one contiguous slab of the state, read and written
+// block per head, with a thread per row, left most SMs idle on a decode step of Qwen3.6's 32
+// heads of 128). A block's rows are one contiguous slab of the state, read and written
 // through shared memory in coalesced 16-byte words. The key and query of key head h % Hk
 // (tiled) come through shared memory. Per token, as the numpy twin:
 //   m *= exp(g);  u = m . k;  delta = (v_j - u) * beta;  m += delta * k;  o_j = (m . q) / sqrt(D)

@@ -310,16 +310,6 @@ extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, cons
               [=] { attention(q, k, v, pos, out, out_q, nullptr, nullptr, p); });
     return 0;
 }
-
-// rope_attention: q, k, v before their norms and rope; the caches are updated in place.
-extern "C" int run_rope_attention(const float * q, const float * k, const float * v, const float * qn,
-                                  const float * kn, const int * pos, float * q_out, float * k_out, u16 * kc,
-                                  u16 * vc, float * out, block_q8_1 * out_q, const void * params) {
-    RopeAttentionParams p; memcpy(&p, params, sizeof p);
-    run_heads(p.n_heads, p.n_tokens, p.head_dim + p.n_slots + ATTN_WARPS * p.head_dim_v,
-              [=] { rope_attention(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, out, out_q, nullptr, nullptr, p); });
-    return 0;
-}
 """
 
 
@@ -337,41 +327,7 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
                            .replace("NTHREADS", "ATTN_THREADS").replace("HOST_HALF", HOST_HALF))
     so = compile_host(srcs, "attnrow", "attention.cu")
     so.run_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
-    so.run_rope_attention.argtypes = [ctypes.c_void_p] * 13
     return so
-
-
-def rope_attention(lib, q, k, v, pos, k_cache, v_cache, scale, *, q_norm, k_norm, eps, n_rot, base, neox,
-                   freq_scale=1.0, window=0):
-    """The CPU build of attention.cu's `rope_attention` (T = 1 per sequence): (q_out, k_out, out,
-    Q8_1 blocks or None); k_cache and v_cache (float16) are updated in place as the kernel
-    writes them. Outputs poisoned with NaN before the kernel runs."""
-    from brass.backends.cuda.params import pack
-    T, H, D = q.shape
-    cap, Hkv, _ = k_cache.shape
-    DV = v_cache.shape[2]
-    f32 = lambda a: np.ascontiguousarray(a, np.float32)     # noqa: E731
-    q, k, v = f32(q), f32(k), f32(v)
-    qn = f32(q_norm) if q_norm is not None else q
-    kn = f32(k_norm) if k_norm is not None else k
-    pos = np.ascontiguousarray(pos, np.int32)
-    assert k_cache.dtype == np.float16 and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
-    # the kernel's two scratch heads live in its per-warp V sums (CudaBackend.fuses_rope_attention)
-    assert 2 * D <= 4 * DV, f"rope_attention needs 2 head_dim <= ATTN_WARPS head_dim_v ({D}, {DV})"
-    write_q8 = DV % 32 == 0
-    q_out, k_out = np.full(q.shape, np.nan, np.float32), np.full(k.shape, np.nan, np.float32)
-    out = np.full((T, H * DV), np.nan, np.float32)
-    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
-    theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
-    params = pack("RopeAttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
-                  capacity=cap, n_slots=min(cap, window) if window > 0 else cap, window=max(0, window),
-                  scale=scale, write_q8=int(write_q8), per_row=0, n_rot=n_rot, theta_scale=theta_scale,
-                  freq_scale=freq_scale, neox=int(bool(neox)), q_norm=int(q_norm is not None),
-                  k_norm=int(k_norm is not None), eps=eps)
-    d = lambda a: a.ctypes.data                              # noqa: E731
-    lib.run_rope_attention(d(q), d(k), d(v), d(qn), d(kn), d(pos), d(q_out), d(k_out),
-                           d(k_cache.view(np.uint16)), d(v_cache.view(np.uint16)), d(out), d(out_q), d(params))
-    return q_out, k_out, out, (out_q if write_q8 else None)
 
 
 def attention_rowwise(lib, q, k_cache, v_cache, pos, scale, window=0):

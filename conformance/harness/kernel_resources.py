@@ -5,8 +5,9 @@ prints them for a kernel source.
 Per kernel: registers a thread (the .nv.info REGCOUNT attribute), the static shared memory
 (the .nv.shared.<kernel> section, which on sm_90 holds the 1 KiB the system reserves per
 block), and resident blocks an SM by registers (65,536, allocated 256 a warp), shared memory
-(228 KiB) and threads (2,048), the least of them the occupancy's bound. How MMQ_BANKS's 5
-blocks an SM against the default's 4 were found; the GPU (ncu's Occupancy section) is the check.
+(228 KiB) and threads (2,048), the least of them the occupancy's bound. How the MMQ tile's
+padded layout was found to fit 5 blocks an SM where the one before fit 4; the GPU (ncu's
+Occupancy section) is the check.
 """
 
 from __future__ import annotations

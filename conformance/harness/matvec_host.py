@@ -1,7 +1,7 @@
 """The decode mat-vec kernels (kernels/matvec.cuh through matvec_q.cu) run on the CPU, for
 machines without a GPU (CI, development).
 
-As mmq_host.py, delta_host.py and attn_host.py do for their kernels: the kernel
+As conformance/harness/mmq_host.py, conformance/harness/delta_host.py and conformance/harness/attn_host.py do for their kernels: the kernel
 source itself (with its headers) compiled by g++ against the shim of CUDA device code (every
 CUDA thread of a block a std::thread, __shared__ variables function statics, one block at a
 time, __syncthreads a barrier of the block's threads). The dynamic shared memory the
@@ -36,7 +36,8 @@ from conformance.harness.mmq_host import (HOST_HALF, HOST_RUN_GRID, HOST_WARP_SY
                          host_headers, q8_1_blocks)
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
+HEADERS = ("common.cuh", "matvec.cuh", "matvec_cols.cuh", "matvec_decode.cuh", "matvec_glu.cuh", "matvec_q.cuh",
+           "params.cuh", "quant_dot.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 MAX_THREADS = 1024
 
@@ -56,13 +57,6 @@ static auto arg(R (*)(A...), void * p) { return (std::tuple_element_t<I, std::tu
 
 HOST_RUN_GRID
 
-#define CALL10(fn, P) { P p; memcpy(&p, params, sizeof p);                                         \
-    run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
-        arg<3>(fn, b[3]), arg<4>(fn, b[4]), arg<5>(fn, b[5]), arg<6>(fn, b[6]), arg<7>(fn, b[7]),          \
-        arg<8>(fn, b[8]), arg<9>(fn, b[9]), p); }); return 0; }
-#define CALL8(fn, P) { P p; memcpy(&p, params, sizeof p);                                          \
-    run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
-        arg<3>(fn, b[3]), arg<4>(fn, b[4]), arg<5>(fn, b[5]), arg<6>(fn, b[6]), arg<7>(fn, b[7]), p); }); return 0; }
 #define CALL7(fn, P) { P p; memcpy(&p, params, sizeof p);                                          \
     run_grid(gx, gy, threads, smem, [=] { fn(arg<0>(fn, b[0]), arg<1>(fn, b[1]), arg<2>(fn, b[2]),        \
         arg<3>(fn, b[3]), arg<4>(fn, b[4]), arg<5>(fn, b[5]), arg<6>(fn, b[6]), p); }); return 0; }
@@ -84,9 +78,6 @@ HOST_RUN_GRID
         if (!strcmp(kernel, "matvec_glu_wide")) CALL6(matvec_glu_wide_##N, GluMatVecParams)          \
         if (!strcmp(kernel, "matvec_glu_cols")) CALL5(matvec_glu_cols_##N, GluMatVecParams)          \
         if (!strcmp(kernel, "matvec_moe_down")) CALL6(matvec_moe_down_##N, MoeDownParams)            \
-        if (!strcmp(kernel, "matvec_norm")) CALL10(matvec_norm_##N, NormMatVecParams)                \
-        if (!strcmp(kernel, "matvec_glu_norm")) CALL8(matvec_glu_norm_##N, NormGluParams)            \
-        if (!strcmp(kernel, "matvec_glu_wide_norm")) CALL8(matvec_glu_wide_norm_##N, NormGluParams)  \
         return 2;                                                                                    \
     }
 
@@ -111,18 +102,13 @@ extern "C" int run_kernel(const char * kernel, const char * name, void * const *
         if (!strcmp(name, "q5_k_q6_k")) CALL7(matvec_mixed_q5_k_q6_k, MultiMatVecParams)
         return 2;
     }
-    if (!strcmp(kernel, "matvec_mixed_norm")) {
-        if (!strcmp(name, "q4_k_q6_k")) CALL10(matvec_mixed_norm_q4_k_q6_k, NormMatVecParams)
-        if (!strcmp(name, "q5_k_q6_k")) CALL10(matvec_mixed_norm_q5_k_q6_k, NormMatVecParams)
-        return 2;
-    }
     return 1;
 }
 """
 
 
 def _sources(defines: tuple[str, ...] = ()) -> dict[str, str]:
-    out = host_headers(HEADERS)           # staged_x: host_smem (mmq_host.py host_headers)
+    out = host_headers(HEADERS)           # staged_x: host_smem (conformance/harness/mmq_host.py host_headers)
     out["matvec_host.cu"] = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines) + \
         (KERNEL_DIR / "matvec_q.cu").read_text()
     out["shim.h"] = SHIM
@@ -156,7 +142,7 @@ def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threa
 
 
 def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
-           xb: np.ndarray | None = None, preload_rows: int | None = None) -> list[np.ndarray]:
+           preload_rows: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three weights of one type sharing x [1, K] (the q/k/v launch of
     a decode step), as CudaBackend._matvec launches matvec_<type> for one token. `split`: 1 for
     matvec_<type>, else the MV_SPLIT `lib` was built with, for matvec_split_<type> (default: the
@@ -169,7 +155,7 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     # the split kernel's block: the build's MV_SPLIT_WARPS(_PLAIN) (the backend: its launch bounds)
     threads = lib.mv_split_warps(_TYPE_NAMES[qtype].encode()) * 32 if split > 1 else MV_WARPS * 32
     upb = threads // 32 // split
-    xb = q8_1_blocks(x.reshape(1, K)) if xb is None else xb      # xb: x's blocks as a kernel wrote them
+    xb = q8_1_blocks(x.reshape(1, K))
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
     rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
@@ -215,14 +201,14 @@ def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int
 
 
 def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x: np.ndarray,
-                 xb: np.ndarray | None = None, preload_rows: int | None = None) -> list[np.ndarray]:
+                 preload_rows: int | None = None) -> list[np.ndarray]:
     """[y_a0, (y_a1,) y_b] of matvec_mixed_<a>_<b> for one token x [1, K], as
     CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b
     (`preload_rows`: as for matvec)."""
     from brass.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
     from brass.backends.cuda.params import pack
     K = x.shape[-1]
-    xb = q8_1_blocks(x.reshape(1, K)) if xb is None else xb
+    xb = q8_1_blocks(x.reshape(1, K))
     ra = [np.ascontiguousarray(w, np.uint8) for w in weights_a]
     rb = np.ascontiguousarray(weight_b, np.uint8)
     rows = [ra[0].shape[0], ra[1].shape[0] if len(ra) > 1 else 0, rb.shape[0]]
@@ -235,80 +221,6 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
     res = _run(lib, "matvec_mixed", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, xb] + outs, params,
                (mixed_blocks(rows, qtype_a, qtype_b, preload_rows), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
     return [res[4]] + ([res[5]] if len(ra) > 1 else []) + [res[6]]
-
-
-def _norm_inputs(a: np.ndarray, b: np.ndarray | None, wn: np.ndarray):
-    """The residual stream's row a [1, K], the sublayer output b added to it (None: the first
-    layer's norm) and the norm's weight, as the *_norm_ kernels take them (b and sum: a dummy
-    each without a residual), and the sum's buffer."""
-    a = np.ascontiguousarray(a, np.float32).reshape(1, -1)
-    bb = a if b is None else np.ascontiguousarray(b, np.float32).reshape(1, -1)
-    s = np.full_like(a, np.nan)
-    return a, bb, np.ascontiguousarray(wn, np.float32), s
-
-
-def matvec_norm(lib, qtype, weights: list, a: np.ndarray, b: np.ndarray | None, wn: np.ndarray,
-                eps: float) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(a + b, [rms_norm(a + b, wn) . W_i^T]) of matvec_norm_<type> for one token, as
-    CudaBackend.add_rms_norm_matmul_many launches it: up to three weights of one type (one
-    launch's q, k, v). Without b the sum is a itself and is not written."""
-    from brass.backends.cuda.backend import MV_WARPS, _stage_bytes, matvec_units
-    from brass.backends.cuda.params import pack
-    a, bb, wn, s = _norm_inputs(a, b, wn)
-    K = a.shape[-1]
-    raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
-    rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
-    rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
-    ys = [np.full((1, n), np.nan, np.float32) for n in rows[:len(raws)]]
-    units = matvec_units(qtype, rows)
-    params = pack("NormMatVecParams", k=K, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
-                  row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2], eps=eps, has_residual=int(b is not None))
-    ws = raws + [raws[0]] * (3 - len(raws))
-    outs = ys + [ys[0]] * (3 - len(ys))
-    res = _run(lib, "matvec_norm", qtype, ws + [a, bb, wn, s] + outs, params, (-(-units // MV_WARPS), 1),
-               MV_WARPS * 32, _stage_bytes(qtype, K))
-    return (res[6] if b is not None else a), res[7:7 + len(raws)]
-
-
-def matvec_mixed_norm(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, a: np.ndarray,
-                      b: np.ndarray | None, wn: np.ndarray, eps: float) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(a + b, [y_a0, (y_a1,) y_b]) of matvec_mixed_norm_<a>_<b> for one token."""
-    from brass.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
-    from brass.backends.cuda.params import pack
-    a, bb, wn, s = _norm_inputs(a, b, wn)
-    K = a.shape[-1]
-    ra = [np.ascontiguousarray(w, np.uint8) for w in weights_a]
-    rb = np.ascontiguousarray(weight_b, np.uint8)
-    rows = [ra[0].shape[0], ra[1].shape[0] if len(ra) > 1 else 0, rb.shape[0]]
-    ya = [np.full((1, r.shape[0]), np.nan, np.float32) for r in ra]
-    yb = np.full((1, rb.shape[0]), np.nan, np.float32)
-    a1 = ra[1] if len(ra) > 1 else ra[0]
-    params = pack("NormMatVecParams", k=K, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
-                  row_bytes0=ra[0].shape[1], row_bytes1=a1.shape[1], row_bytes2=rb.shape[1], eps=eps,
-                  has_residual=int(b is not None))
-    outs = [ya[0], ya[1] if len(ya) > 1 else ya[0], yb]
-    res = _run(lib, "matvec_mixed_norm", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, a, bb, wn, s] + outs,
-               params, (mixed_blocks(rows, qtype_a, qtype_b), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
-    return (res[6] if b is not None else a), [res[7]] + ([res[8]] if len(ra) > 1 else []) + [res[9]]
-
-
-def glu_norm(lib, qtype, wg: np.ndarray, wu: np.ndarray, a: np.ndarray, b: np.ndarray | None, wn: np.ndarray,
-             eps: float, gelu: bool = False, wide: bool = False):
-    """(a + b, h [1, N], its Q8_1 blocks) of matvec_glu[_wide]_norm_<type> for one token: the
-    gated FFN of rms_norm(a + b, wn)."""
-    from brass.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
-    from brass.backends.cuda.params import pack
-    a, bb, wn, s = _norm_inputs(a, b, wn)
-    K = a.shape[-1]
-    wg, wu = np.ascontiguousarray(wg, np.uint8), np.ascontiguousarray(wu, np.uint8)
-    N, rb = wg.shape
-    h = np.full((1, N), np.nan, np.float32)
-    hq = np.full((1, N // 32, 36), 0xFF, np.uint8)
-    params = pack("NormGluParams", n_rows=N, k=K, row_bytes=rb, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0),
-                  eps=eps, has_residual=int(b is not None))
-    res = _run(lib, "matvec_glu_wide_norm" if wide else "matvec_glu_norm", qtype, [wg, wu, a, bb, wn, s, h, hq],
-               params, (-(-N // 32), 1), (GLU_WIDE_WARPS if wide else GLU_WARPS) * 32, _stage_bytes(qtype, K))
-    return (res[5] if b is not None else a), res[6], res[7]
 
 
 def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
@@ -345,8 +257,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
 
 
 def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: bool = False, ids=None,
-        n_experts: int = 1, expert_rows: int | None = None, warps: int | None = None, wide: bool = False,
-        xb: np.ndarray | None = None):
+        n_experts: int = 1, expert_rows: int | None = None, warps: int | None = None, wide: bool = False):
     """(h [slots, N], its Q8_1 blocks) of matvec_glu_<type> as CudaBackend._glu_matvec launches
     it: x [T, K] one token per block row, or with ids [T, k] the chosen experts' matrices (wg,
     wu: the [E * N, row_bytes] bytes of the expert tensors; expert_rows = N). wu None: wg is
@@ -358,7 +269,7 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
     warps = GLU_WIDE_WARPS if wide else (warps or GLU_WARPS)
     from brass.backends.cuda.params import pack
     T, K = x.shape
-    xb = q8_1_blocks(x) if xb is None else xb
+    xb = q8_1_blocks(x)
     wg = np.ascontiguousarray(wg, np.uint8)
     rb = wg.shape[1]
     N = expert_rows if ids is not None else wg.shape[0]

@@ -13,7 +13,7 @@ timing, nor FMA contraction; it does check the tiling, the unpacking, the scalin
 edges and the partial K chunks of the real source, against the numpy q8_1 reference.
 
     python3 conformance/harness/mmq_host.py [seed]      # every type on a few shapes; exit 1 on a failure
-conformance/kernels/test_kernels_mmq.py::test_mmq_on_the_cpu uses it (skips without g++).
+conformance/kernels/test_kernels_mmq.py uses it (skips without g++).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-HEADERS = ("common.cuh", "matvec.cuh", "matvec_q.cuh", "params.cuh")
+HEADERS = ("common.cuh", "params.cuh", "quant_dot.cuh")
 NAMES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4")
 
 SHIM = r"""// Host shim: CUDA device code of kernels/ compiled by g++, one std::thread per CUDA thread.
@@ -230,19 +230,6 @@ void host_mma_k16(int (&d)[4], int a0, int a1, int b0) {
     mma(d, 4);
     warp_bar[warp]->arrive_and_wait();
 }
-typedef void (*kernel_t)(const u8 *, const block_q8_1 *, float *, const MmqParams);
-extern "C" int run_mmq(const char * name, const u8 * w, const block_q8_1 * x, float * y,
-                       int n_rows, int k, int n_tokens, long long row_bytes) {
-    kernel_t fn = nullptr;
-    const char * names[] = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4"};
-    kernel_t fns[] = {mmq_q4_0, mmq_q4_1, mmq_q5_0, mmq_q5_1, mmq_q8_0, mmq_q4_k, mmq_q5_k, mmq_q6_k, mmq_mxfp4};
-    for (int i = 0; i < 9; ++i) if (!strcmp(name, names[i])) fn = fns[i];
-    if (!fn) return 1;
-    MmqParams p{}; p.n_rows = n_rows; p.k = k; p.n_tokens = n_tokens; p.row_bytes = row_bytes;
-    run_blocks((n_rows + MMQ_ROWS - 1) / MMQ_ROWS, (n_tokens + MMQ_COLS - 1) / MMQ_COLS,
-               [=] { fn(w, x, y, p); });
-    return 0;
-}
 // moe_plan then mmq_id_<name> (a prompt's expert mat-mul): blocks run one after another, the
 // plan's block first, as the two launches do on the GPU.
 typedef void (*id_kernel_t)(const u8 *, const block_q8_1 *, const int *, float *, const MmqIdParams);
@@ -279,19 +266,18 @@ def host_headers(names) -> dict[str, str]:
     """The kernel headers `names` as g++ can compile them: the half conversions' inline PTX
     replaced by the shim's host functions."""
     out = {}
+    # The mat-vecs stage activations in dynamic shared memory: on the host, the harness's buffer
+    # `host_smem` (every harness including these headers declares it), poisoned before each
+    # block. The shim's static __shared__ cannot be extern.
+    decl, staged = "extern __shared__ int4 staged_x[];", 0
     for h in names:
         s = (KERNEL_DIR / h).read_text()
         s = s.replace('asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));', "f = host_h2f(h);")
         s = s.replace('asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));', "h = host_f2h(f);")
-        if h == "matvec.cuh":
-            # The mat-vecs stage activations in dynamic shared memory: on the host, the
-            # harness's buffer `host_smem` (every harness including this header declares it),
-            # poisoned before each block. The shim's static __shared__ cannot be extern.
-            decl = "extern __shared__ int4 staged_x[];"
-            if s.count(decl) < 5:
-                raise RuntimeError(f"matvec.cuh: expected a {decl!r} in each kernel, found {s.count(decl)}")
-            s = s.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
-        out[h] = s
+        staged += s.count(decl)
+        out[h] = s.replace(decl, "int4 * const staged_x = (int4 *) host_smem;")
+    if "matvec.cuh" in names and staged < 5:
+        raise RuntimeError(f"matvec*.cuh: expected a {decl!r} in each kernel body, found {staged}")
     return out
 
 
@@ -328,9 +314,8 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     # -fno-gnu-unique: the kernels' __shared__ arrays are function statics here, which g++
     # otherwise exports as STB_GNU_UNIQUE symbols that the dynamic linker binds to one object
     # for every library of a process, RTLD_LOCAL or not: a variant's library (MMQ_KB=8) loaded
-    # after another's (MMQ_KB=2) then wrote its tiles into the other's smaller arrays (the GPU
-    # runner's suite saw the MMQ_PACKED variants' results wrong in one run of four; reproduced
-    # here by loading the two in that order)
+    # after another's (MMQ_KB=2) then wrote its tiles into the other's smaller arrays (wrong
+    # results in whichever pytest worker loaded the two in that order)
     flags = ["-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-fno-gnu-unique"]
     key = hashlib.sha256("\0".join([*flags, *(f"{k}\0{v}" for k, v in sorted(srcs.items()))]).encode()).hexdigest()[:16]
     d = Path(tempfile.gettempdir()) / f"brass-{stem}-host-{key}"
@@ -360,8 +345,6 @@ def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     """Compile (or reuse) the CPU build of mmq.cu (with `defines`, "NAME=VALUE" each);
     raises RuntimeError without g++."""
     so = compile_host(_sources(tuple(defines)), "mmq", "mmq.cu")
-    so.run_mmq.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong]
     so.run_mmq_id.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + \
         [ctypes.c_longlong] + [ctypes.c_int] * 3
     return so
@@ -377,9 +360,11 @@ def max_tiles(n_slots: int, n_experts: int, cols: int) -> int:
     return -(-n_slots // cols) + min(n_experts, n_slots)
 
 
-def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_experts: int) -> np.ndarray:
+def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_experts: int,
+           misalign: int = 0) -> np.ndarray:
     """y [T, k, N] = expert ids[t, j] applied to x[t] (x [T, K]) or x[t, j] (x [T, k, K]) by the
-    CPU build of moe_plan + mmq_id_<type>; w_raw: the expert tensor's ggml bytes [E * N, row_bytes]."""
+    CPU build of moe_plan + mmq_id_<type>; w_raw: the expert tensor's ggml bytes [E * N, row_bytes];
+    misalign: x's Q8_1 blocks that many bytes past a 64-byte boundary (q8_1_blocks)."""
     from brass.backends.cuda.backend import _TYPE_NAMES
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
     EN, row_bytes = w_raw.shape
@@ -388,7 +373,7 @@ def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_expe
     S = T * k
     per_slot = x.ndim == 3
     K = x.shape[-1]
-    xb = q8_1_blocks(x.reshape(-1, K))
+    xb = q8_1_blocks(x.reshape(-1, K), misalign)
     mt = max_tiles(S, n_experts, lib.mmq_cols())
     plan = np.full(plan_ints(S, n_experts, mt), -7, np.int32)      # poisoned as well
     # poisoned with a finite value: the NaN rows of out-of-range ids must be the kernel's own
@@ -403,7 +388,7 @@ def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_expe
 def q8_1_blocks(x: np.ndarray, misalign: int = 0) -> np.ndarray:
     """x [T, K] as the quantize_q8_1 kernel writes it: [T, K/32] blocks of 36 bytes, starting
     on a 64-byte boundary, or `misalign` bytes past one (a multiple of 4: the blocks' own
-    alignment; MMQ_X_RAW's 16-byte copies then give way to 32-bit ones)."""
+    alignment; the tile's 16-byte copies of activations then give way to 32-bit ones)."""
     from brass import quants
     qb = quants.quantize_q8_1_cuda(x)
     T, K = x.shape
@@ -417,21 +402,6 @@ def q8_1_blocks(x: np.ndarray, misalign: int = 0) -> np.ndarray:
     return out
 
 
-def mmq(lib, qtype, w_raw: np.ndarray, x: np.ndarray, misalign: int = 0) -> np.ndarray:
-    """y [T, N] = x . W^T by the CPU build of mmq_<type>; w_raw: the weight's ggml bytes [N, row_bytes];
-    misalign: x's Q8_1 blocks that many bytes past a 64-byte boundary (q8_1_blocks)."""
-    from brass.backends.cuda.backend import _TYPE_NAMES
-    w_raw = np.ascontiguousarray(w_raw, np.uint8)
-    N, row_bytes = w_raw.shape
-    T, K = x.shape
-    xb = q8_1_blocks(x, misalign)
-    y = np.full((T, N), np.nan, np.float32)        # poisoned: an unwritten element stays NaN
-    if lib.run_mmq(_TYPE_NAMES[qtype].encode(), w_raw.ctypes.data, xb.ctypes.data, y.ctypes.data,
-                   N, K, T, row_bytes):
-        raise ValueError(f"no mmq kernel for {qtype}")
-    return y
-
-
 def main(argv: list[str]) -> int:
     from brass.gguf import GGMLType, GGUFFile
     from conformance.harness.cases import MATMUL, cuda_reference, nmse, random_weight_file
@@ -440,22 +410,23 @@ def main(argv: list[str]) -> int:
     ref = cuda_reference()
     types = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
              GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.MXFP4)
-    cases = [(t, s) for t in types for s in ((70, 256, 1), (67, 512, 7), (130, 768, 33), (65, 512, 77))]
-    cases += [(t, (45, 288, 40)) for t in types if t not in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)]
+    # (E, N, K, T, k): experts' tiles partly filled, ragged row tiles, partial K chunks (288)
+    cases = [(t, s) for t in types for s in ((4, 70, 256, 20, 2), (3, 67, 512, 50, 2), (8, 130, 768, 33, 4))]
+    cases += [(t, (3, 45, 288, 40, 2)) for t in types if t not in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for qtype, (N, K, T) in cases:
-            gf = GGUFFile(random_weight_file(Path(tmp) / "w.gguf", rng, {"w": (qtype, (N, K))}))
+        for qtype, (E, N, K, T, k) in cases:
+            gf = GGUFFile(random_weight_file(Path(tmp) / "w.gguf", rng, {"w": (qtype, (E, N, K))}))
             x = rng.uniform(-1, 1, (T, K)).astype(np.float32)
-            if T > 3:
-                x[2, 5] = 3247.0         # issue 9's massive activation
-            y = mmq(lib, qtype, gf.tensor_bytes("w").reshape(N, -1), x)
+            x[2, 5] = 3247.0             # issue 9's massive activation
+            ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+            y = mmq_id(lib, qtype, gf.tensor_bytes("w").reshape(E * N, -1), x, ids, E)
             with ref.rows_independent():
-                want = ref.matmul(x, ref.weight(gf, "w"))
+                want = ref.matmul_id(x, ref.weight(gf, "w"), ids)
             e = nmse(y, want)
             ok = e <= MATMUL and not np.isnan(y).any()
             failed += not ok
-            print(f"{qtype.name:6s} N{N} K{K} T{T}: NMSE {e:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+            print(f"{qtype.name:6s} E{E} N{N} K{K} T{T} k{k}: NMSE {e:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     return 1 if failed else 0
 
 

@@ -602,67 +602,6 @@ def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types,
         assert np.array_equal(a, b), f"matrix {i}: matvec_mixed_ differs from its own launch"
 
 
-# (weight types of q, k, v; K; the residual): the mixed launch (Q4_K_M), one type in one launch,
-# a Q6_K v beside Q4_K q and k with the width of the 8B, the first layer's norm (no residual)
-NORM_MATVEC_CASES = {"mixed": ((GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K), 1024, True),
-                     "one-type": ((GGMLType.Q4_K,) * 3, 2048, True),
-                     "mixed-4096": ((GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K), 4096, True),
-                     "q8_0-first": ((GGMLType.Q8_0,) * 3, 576, False),
-                     "v-first": ((GGMLType.Q6_K, GGMLType.Q4_K, GGMLType.Q4_K), 1024, True)}
-
-
-@pytest.mark.parametrize("case", NORM_MATVEC_CASES)
-def test_norm_matvec_gives_the_bits_of_add_rms_norm_then_the_launch(cuda, rng, tmp_path, case, monkeypatch):
-    # BRASS_NORM_MATVEC: add_rms_norm_matmul_many in one decode launch (every block forms the
-    # normed row's Q8_1 blocks, block 0 writes the sum) must leave what add_rms_norm then the
-    # q/k/v launch leave, bit for bit (on the GPU: FMA contraction, the real shuffles and
-    # shared memory), the outputs in the weights' order; and it must be the one launch taken
-    from brass.backends.cuda import backend as cb
-    types, K, residual = NORM_MATVEC_CASES[case]
-    gf = weights(tmp_path, rng, {"q": (types[0], (2048, K)), "k": (types[1], (512, K)), "v": (types[2], (520, K)),
-                                 "norm": (GGMLType.F32, (K,))})
-    w = [cuda.weight(gf, n) for n in "qkv"]
-    a = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32))
-    b = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)) if residual else None
-    launched = record_launches(cuda, monkeypatch)
-    out = {}
-    for fused in (True, False):
-        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
-        launched.clear()
-        s, ys = cuda.add_rms_norm_matmul_many(a, b, cuda.weight(gf, "norm"), 1e-6, w)
-        assert (len(launched) == 1) == fused and any("norm_" in n for n in launched) == fused, launched
-        out[fused] = [cuda.to_numpy(x) for x in [s, *ys]]
-    for name, g, want in zip(["sum", "q", "k", "v"], out[True], out[False]):
-        assert not np.isnan(g).any(), f"{name}: NaN (left unwritten)"
-        assert np.array_equal(g.view(np.uint32), want.view(np.uint32)), f"{name}: the fused launch differs"
-
-
-@pytest.mark.parametrize("qtype, K, N", [(GGMLType.Q4_K, 1024, 3072), (GGMLType.Q4_K, 4096, 12288),
-                                         (GGMLType.Q6_K, 2048, 640), (GGMLType.Q5_0, 896, 4864)], ids=str)
-@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first"])
-def test_norm_glu_gives_the_bits_of_add_rms_norm_then_ffn_glu(cuda, rng, tmp_path, qtype, K, N, residual,
-                                                             monkeypatch):
-    # BRASS_NORM_MATVEC: add_rms_norm_ffn_glu in one launch (the wide kernel for the 0.6B's
-    # 96 blocks, the other for the 8B's 384) against add_rms_norm then ffn_glu: the sum, h and
-    # h's Q8_1 blocks (which the down projection reads) bit for bit
-    from brass.backends.cuda import backend as cb
-    gf = weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K)), "norm": (GGMLType.F32, (K,))})
-    a = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32))
-    b = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)) if residual else None
-    launched = record_launches(cuda, monkeypatch)
-    out = {}
-    for fused in (True, False):
-        monkeypatch.setattr(cb, "NORM_MATVEC", fused)
-        launched.clear()
-        s, h = cuda.add_rms_norm_ffn_glu(a, b, cuda.weight(gf, "norm"), 1e-6, cuda.weight(gf, "g"),
-                                         cuda.weight(gf, "u"))
-        assert (len(launched) == 1) == fused and any("norm_" in n for n in launched) == fused, launched
-        out[fused] = [cuda.to_numpy(x) for x in (s, h, cuda._q8_of(h))]
-    for name, g, want in zip(["sum", "h", "h's Q8_1 blocks"], out[True], out[False]):
-        assert not (g.dtype.kind == "f" and np.isnan(g).any()), f"{name}: NaN (left unwritten)"
-        assert np.array_equal(g, want), f"{name}: the fused launch differs"
-
-
 @pytest.mark.parametrize("K", [1024, 3072, 4096])
 def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeypatch):
     # matvec_coop_q6_k (BRASS_Q6K_COOP, on by default) must give matvec_q6_k's floats bit for
@@ -860,97 +799,25 @@ def test_attention_writes_q8_of_its_output(cuda, rng):
     assert_q8_of(cuda, out, "attention")
 
 
-# (H, H_kv, head_dim, head_dim_v, q/k norms, neox, n_rot, window, cache slots, positions of the
-# rows): Qwen3's heads at GQA 4:1; a partial rotation with a window; 256-dim heads (pass 1 a warp
-# per slot reads the slot just written through 4-byte loads) at 4:1 over 300 slots; MHA at 64
-ROPE_ATTENTION_CASES = {
-    "qwen3": (8, 2, 128, 128, True, True, 128, 0, 48, [30, 0, 44]),
-    "partial-window": (8, 2, 128, 128, False, False, 64, 5, 48, [30, 0, 44]),
-    "d256-long": (4, 1, 256, 256, True, True, 256, 0, 300, [290, 7, 150]),
-    "mha-d64": (4, 4, 64, 64, True, False, 64, 0, 48, [12, 47, 1]),
-}
-
-
-@pytest.mark.parametrize("layout", ["one-sequence", "rows"])
-@pytest.mark.parametrize("case", list(ROPE_ATTENTION_CASES), ids=str)
-def test_rope_attention_gives_the_bits_of_rope_store_then_attention(cuda, rng, tmp_path, layout, case, monkeypatch):
-    # rope_attention (BRASS_ROPE_ATTENTION: a decode step's q/k norms, rope, cache writes and
-    # attention in one kernel) must give what rope_store then attention give on the GPU, bit for
-    # bit: roped q and k, every cache slot, the output and its Q8_1 blocks; one sequence (T = 1)
-    # and a batched step's rows (each its own caches at its own position); and it must be the
-    # one launch taken. With GQA every block of a KV head's group writes that head's slot and
-    # reads it back after a barrier: three fused runs, each on fresh caches, so that an
-    # ordering fault between blocks has more than one chance to show.
-    from brass.backends.cuda import backend as cb
-    H, Hkv, Dh, Dv, qk_norm, neox, n_rot, window, cap, past = ROPE_ATTENTION_CASES[case]
-    past = past[:1] if layout == "one-sequence" else past
-    R = len(past)
-    gf = weights(tmp_path, rng, {"qn": (GGMLType.F32, (Dh,)), "kn": (GGMLType.F32, (Dh,))})
-    q, k = (rng.uniform(-1, 1, (R, n, Dh)).astype(F32) for n in (H, Hkv))
-    v = rng.uniform(-1, 1, (R, Hkv, Dv)).astype(F32)
-    caches0 = [(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16), rng.uniform(-1, 1, (cap, Hkv, Dv)).astype(F16))
-               for _ in range(R)]
-    pos = np.array(past, np.int32)
-    rope = dict(q_norm=cuda.weight(gf, "qn") if qk_norm else None, k_norm=cuda.weight(gf, "kn") if qk_norm else None,
-                eps=1e-6, n_rot=n_rot, base=1e6, neox=neox)
-    launched = record_launches(cuda, monkeypatch)
-
-    def run(fused):
-        monkeypatch.setattr(cb, "ROPE_ATTENTION", fused)
-        layers = [(cuda.asarray(kc), cuda.asarray(vc)) for kc, vc in caches0]
-        args = (cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos))
-        launched.clear()
-        if layout == "one-sequence":
-            qo, ko, out = cuda.rope_attention(*args, *layers[0], 0.09, window, **rope)
-        else:
-            qo, ko, out = cuda.rope_attention_rows(*args, layers, 0.09, window, **rope)
-        assert ("rope_attention" in launched) == fused and (len(launched) == 1) == fused, launched
-        blocks = cuda._q8_of(out)
-        return [cuda.to_numpy(a) for a in (qo, ko, out)] + [cuda.to_numpy(blocks)] + \
-            [cuda.to_numpy(c).view(np.uint16) for pair in layers for c in pair]
-
-    want = run(False)
-    names = ["q", "k", "output", "Q8_1 blocks"] + [f"row {r} {c} cache" for r in range(R) for c in "kv"]
-    for attempt in range(3):
-        got = run(True)
-        for name, a, b in zip(names, got, want):
-            assert not (a.dtype.kind == "f" and np.isnan(a).any()), f"{name}: NaN (left unwritten)"
-            assert np.array_equal(a, b), f"run {attempt}: {name}: rope_attention differs from rope_store then attention"
-    for r, (kc, vc) in enumerate(caches0):      # only each row's own slot was written
-        moved = np.flatnonzero((want[4 + 2 * r] != kc.view(np.uint16)).any(axis=(1, 2)))
-        assert set(moved) <= {past[r]}, f"row {r}: slots {moved} written, only {past[r]} may be"
-
-
 @pytest.mark.parametrize("C", [151936, 5000], ids=["head-two-stage", "one-block"])
 @pytest.mark.parametrize("start", [5, 15], ids=["history-written", "history-full"])
-def test_argmax_advance_gives_argmax_then_decode_advance(cuda, rng, C, start, monkeypatch):
-    # BRASS_ARGMAX_ADVANCE: the greedy advance done by the two-stage argmax's final kernel must
-    # leave what argmax then decode_advance leave (the token, the position, the history, the
-    # ids), the first of two equal maxima chosen, nothing written past the history's end; one
-    # launch fewer where the argmax takes two stages, the same launches otherwise
-    from brass.backends.cuda import backend as cb
+def test_argmax_advance_gives_the_token_position_and_history(cuda, rng, C, start):
+    # the greedy advance on the device (argmax, then decode_advance): the token, the position,
+    # the history and the ids, the first of two equal maxima chosen, nothing written past the
+    # history's end; an output head's row (two-stage argmax) and a row of one block
     cap = 16
     x = rng.uniform(-3, 3, (1, C)).astype(F32)
     best = rng.choice(C, 2, replace=False)
     x[0, best] = 4.0                              # a tie: the lower index wins
-    launched = record_launches(cuda, monkeypatch)
-    got = {}
-    for fused in (True, False):
-        monkeypatch.setattr(cb, "ARGMAX_ADVANCE", fused)
-        tok, pos = cuda.asarray(np.array([-1], np.int32)), cuda.asarray(np.array([start], np.int32))
-        history = cuda.asarray(np.full(cap, -7, np.int32))
-        launched.clear()
-        ids = cuda.argmax_advance(cuda.asarray(x), tok, pos, history)
-        two = C > 8 * cb.ARGMAX_THREADS
-        assert ("argmax_final_advance" in launched) == (fused and two), launched
-        assert len(launched) == (3 if two and not fused else 2), launched
-        got[fused] = [cuda.to_numpy(a).copy() for a in (ids, tok, pos, history)]
+    tok, pos = cuda.asarray(np.array([-1], np.int32)), cuda.asarray(np.array([start], np.int32))
+    history = cuda.asarray(np.full(cap, -7, np.int32))
+    ids = cuda.argmax_advance(cuda.asarray(x), tok, pos, history)
+    got = [cuda.to_numpy(a).copy() for a in (ids, tok, pos, history)]
     want_hist = np.full(cap, -7, np.int32)
     if start + 1 < cap:
         want_hist[start + 1] = best.min()
-    for name, a, b, w in zip(("ids", "tok", "pos", "history"), got[True], got[False],
-                             ([best.min()], [best.min()], [start + 1], want_hist)):
-        assert np.array_equal(a, b), f"{name}: {a} fused, {b} in two launches"
+    for name, a, w in zip(("ids", "tok", "pos", "history"), got,
+                          ([best.min()], [best.min()], [start + 1], want_hist)):
         assert np.array_equal(a, np.asarray(w, np.int32)), f"{name}: {a}, expected {w}"
 
 

@@ -88,13 +88,12 @@ def test_coop_q6_k_equals_matvec_q6_k(lib, rng, tmp_path, K, record_property):
             check(g, ref.matmul(x, ref.weight(gf, name)), MATMUL, record_property, f"matrix {name}")
 
 
-def test_coop_q6_k_other_warps_and_late_preload_give_the_same_bits(lib, rng, tmp_path):
-    # MV_COOP_WARPS (warps a block) moves time only, and with MV_PRELOAD_EARLY 0 the first
-    # chunk is loaded after PDL_ENTRY, not before: a build with 4 warps and the late load must
-    # still give matvec_q6_k's bits (both grids as above)
+def test_coop_q6_k_other_warps_give_the_same_bits(lib, rng, tmp_path):
+    # MV_COOP_WARPS (warps a block) moves time only: a build with 4 warps must still give
+    # matvec_q6_k's bits (both grids as above)
     from conformance.harness import matvec_host
     try:
-        other = matvec_host.build(("MV_COOP_WARPS=4", "MV_PRELOAD_EARLY=0"))
+        other = matvec_host.build(("MV_COOP_WARPS=4",))
     except NoHostCompiler as e:
         pytest.skip(f"no CPU build of matvec_q.cu: {e}")
     qtype, K = GGMLType.Q6_K, 2048
@@ -155,9 +154,9 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
         _two_rows_case(base, two, rng, tmp_path, split)
 
 
-# Switches of kernels/matvec.cuh / matvec_q.cuh that change how the decode mat-vecs stage x or
-# unpack weights but not their arithmetic: every output must keep the default build's bits.
-SAME_BITS_SWITCHES = [
+# Sizes of kernels/matvec.cuh that change how the decode mat-vecs stage x or share a block but
+# not their arithmetic: every output must keep the default build's bits.
+SAME_BITS_SIZES = [
     # stage_q8_1: a thread's Q8_1 blocks all loaded before any is converted
     ("MV_STAGE_BATCH=2",), ("MV_STAGE_BATCH=3",),
     # the same for the split kernels alone (2 is the default: 1 is the form without it)
@@ -167,18 +166,12 @@ SAME_BITS_SWITCHES = [
     ("MV_SPLIT_WARPS=16", "MV_SPLIT_WARPS_PLAIN=16"), ("MV_SPLIT_WARPS=32", "MV_SPLIT_WARPS_PLAIN=32"),
     # ... for the preloaded kinds only (Q6_K and Q4_1 keep 8; Q4_K takes 16 or 32)
     ("MV_SPLIT_WARPS=16", "MV_SPLIT_WARPS_PLAIN=8"), ("MV_SPLIT_WARPS=32", "MV_SPLIT_WARPS_PLAIN=8"),
-    # x's blocks copied raw into shared memory first (cp.async on the GPU, a copy here)
-    ("MV_STAGE_ASYNC=1",), ("MV_STAGE_ASYNC=1", "MV_STAGE_BATCH=2"),
-    # Q4_K's scale and min by byte_of and a branch (the default: by shifts and selects)
-    ("MV_Q4K_SEL=0",),
-    # Q4_K's header read just before the arithmetic, at one and two items a row in flight
-    ("MV_Q4K_HDR_LATE=1",), ("MV_Q4K_HDR_LATE=1", "MV_PRELOAD=2"),
 ]
 
 
-@pytest.mark.parametrize("defines", SAME_BITS_SWITCHES, ids=lambda d: ",".join(d))
+@pytest.mark.parametrize("defines", SAME_BITS_SIZES, ids=lambda d: ",".join(d))
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_1])    # (Q4_1 reads s)
-def test_switches_keep_the_bits(rng, tmp_path, qtype, defines):
+def test_sizes_keep_the_bits(rng, tmp_path, qtype, defines):
     # At K where a block's threads stage one round of blocks, two (12288: 384 of 256 threads)
     # and three with the last part-full (20480), split and not, q/k/v-like launches of two
     # matrices, and x read from global memory (28672, past MV_STAGE_MAX_K).
@@ -252,7 +245,7 @@ def test_batched_mat_vec_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.MXFP4), ids=tname)
 def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype):
     # matvec_glu_cols_<type> (a batched step's gated FFN, gate and up of a row in one pass over
-    # the tokens' activations: GLU_COLS_PAIRED) must give each token the one-token kernel's h
+    # the tokens' activations) must give each token the one-token kernel's h
     # and Q8_1 blocks bit for bit. N = 80 leaves the last block's rows part-filled (past the
     # end they are not written); 11 tokens: two blocks of 8, the second partial.
     from conformance.harness.matvec_host import glu, glu_cols
@@ -268,15 +261,14 @@ def test_batched_gated_ffn_equals_one_token_at_a_time(lib, rng, tmp_path, qtype)
         assert np.array_equal(hq[t], hq1[0]), f"token {t}: batched Q8_1 blocks of h differ from alone"
 
 
-@pytest.mark.parametrize("defines", [("MV_COLS_ROWS=1", "GLU_COLS_PAIRED=0"),
-                                     ("MV_COLS_ROWS=3", "MV_COLS_ROWS_MANY=3")],
-                         ids=["one-row-unpaired", "three-rows"])
+@pytest.mark.parametrize("defines", [("MV_COLS_ROWS=1",), ("MV_COLS_ROWS=3", "MV_COLS_ROWS_MANY=3")],
+                         ids=["one-row", "three-rows"])
 def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, defines):
     # MV_COLS_ROWS (rows a warp of matvec_cols_ takes at once, the tokens' items read once for
-    # all) and GLU_COLS_PAIRED (gate and up in one pass) move time only: other builds must give
-    # the default build's bits. Q4_K (the staged pair items) with 45 and 7 rows (units past a
-    # matrix's end), K = 512 (staged) and 98560 (read from global memory: past the staging
-    # budget MV_COLS_STAGE_MAX_K even for one token), split and not.
+    # all) moves time only: other builds must give the default build's bits. Q4_K (the staged
+    # pair items) with 45 and 7 rows (units past a matrix's end), K = 512 (staged) and 98560
+    # (read from global memory: past the staging budget MV_COLS_STAGE_MAX_K even for one
+    # token), split and not.
     from conformance.harness import matvec_host
     from brass.backends.cuda.backend import MV_SPLIT
     try:
@@ -286,8 +278,7 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
     rows = dict(d.split("=") for d in defines).get("MV_COLS_ROWS")
     qtype = GGMLType.Q4_K
     for K in (512, 98560):
-        gf = _weights(tmp_path, rng, {"a": (qtype, (45, K)), "b": (qtype, (7, K)),
-                                      "g": (qtype, (64, K)), "u": (qtype, (64, K))})
+        gf = _weights(tmp_path, rng, {"a": (qtype, (45, K)), "b": (qtype, (7, K))})
         ws = [_raw(gf, "a", 45), _raw(gf, "b", 7)]
         x = rng.uniform(-1, 1, (5, K)).astype(F32)
         for split in (1, MV_SPLIT) if K > 512 else (1,):     # both builds' split: the default
@@ -300,10 +291,6 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
             for i in range(2):
                 assert np.array_equal(got[i], want[i]), f"K {K}, split {split}, matrix {i}"
                 assert np.array_equal(many[i], want[i]), f"K {K}, split {split}, matrix {i}, the many kernel"
-        want = matvec_host.glu_cols(lib, qtype, _raw(gf, "g", 64), _raw(gf, "u", 64), x)
-        got = matvec_host.glu_cols(other, qtype, _raw(gf, "g", 64), _raw(gf, "u", 64), x)
-        for w, g in zip(want, got):
-            assert np.array_equal(g, w), f"K {K}: the batched gated kernel's bits differ"
 
 
 @pytest.mark.parametrize("qtype, split, K", [(GGMLType.Q4_K, 2, 5120), (GGMLType.Q6_K, 4, 5120),
@@ -390,16 +377,16 @@ def test_gated_ffn_on_the_cpu(lib, rng, tmp_path, qtype, gelu, record_property):
     assert np.array_equal(hq, q8_1_blocks(h)), "the Q8_1 blocks written are not those of h"
 
 
-@pytest.mark.parametrize("variant", [("wide",), ("GLU_PAIRED=1",), ("GLU_WARPS=16", "GLU_ROWS=2"),
-                                     ("GLU_WARPS=32", "GLU_ROWS=1", "GLU_PAIRED=1")], ids="+".join)
+@pytest.mark.parametrize("variant", [("wide",), ("GLU_WARPS=16", "GLU_ROWS=2"), ("GLU_WARPS=32", "GLU_ROWS=1")],
+                         ids="+".join)
 @pytest.mark.parametrize("qtype, K", [(GGMLType.Q4_K, 1024), (GGMLType.Q6_K, 768), (GGMLType.Q8_0, 28672),
                                       (GGMLType.MXFP4, 512)], ids=lambda v: tname(v) if isinstance(v, GGMLType) else str(v))
 def test_gated_ffn_layouts_give_the_same_floats(lib, rng, tmp_path, qtype, K, variant):
-    # The gated kernel's tuning knobs (kernels/matvec.cuh: GLU_PAIRED reads gate and up in one
-    # loop; GLU_WARPS x GLU_ROWS splits a block's 32 rows), and matvec_glu_wide_ (the backend's
-    # kernel for small launches, "wide"), must give matvec_glu_'s h and Q8_1 blocks bit for bit,
-    # dense (staged; K = 28672 unstaged) and over chosen experts, so that they move time only
-    # (and the batched kernel, which keeps 8 x 4, still equals one token at a time)
+    # The gated kernel's sizes (kernels/matvec.cuh: GLU_WARPS x GLU_ROWS splits a block's 32
+    # rows), and matvec_glu_wide_ (the backend's kernel for small launches, "wide": gate and up
+    # in one loop), must give matvec_glu_'s h and Q8_1 blocks bit for bit, dense (staged;
+    # K = 28672 unstaged) and over chosen experts, so that they move time only (and the batched
+    # kernel, which keeps 8 x 4, still equals one token at a time)
     from conformance.harness import matvec_host
     wide = variant == ("wide",)
     try:
@@ -471,99 +458,3 @@ def test_experts_gate_up_in_one_tensor_with_down_scale(lib, rng, tmp_path, qtype
         y = ref.mul_expert_scale(ref.matmul_id(h3, ref.weight(gf, "d"), ids), ref.weight(gf, "s"), ids)
         want = ref.weighted_sum(y, wts)
     check(out, want, MATMUL, record_property, "down")
-
-
-@pytest.fixture(scope="module")
-def norm_lib():
-    from conformance.harness import fused_host
-    try:
-        return fused_host.build()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of fused.cu: {e}")
-
-
-def _residual_case(rng, K):
-    # a residual stream and a sublayer output of different scales (a layer's), a norm weight
-    # around 1; fresh each time
-    a = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.5, 20)).astype(F32)
-    b = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.05, 5)).astype(F32)
-    wn = rng.uniform(0.2, 2.0, K).astype(F32)
-    return a, b, wn
-
-
-# K: 1280 (virtual threads 0..255 take two elements each, the rest one), 3072 (three each),
-# 512 (half of add_rms_norm's 1024 threads idle); with and without the residual (the first
-# layer's norm)
-@pytest.mark.parametrize("K, residual", [(1280, True), (3072, True), (512, False)], ids=str)
-@pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0), ids=tname)
-def test_norm_matvec_equals_add_rms_norm_then_matvec(lib, norm_lib, rng, tmp_path, qtype, K, residual):
-    # matvec_norm_<type>: the residual add, RMS norm and Q8_1 of the row formed in every
-    # block; the sum and every output the very bits of add_rms_norm (fused.cu, 1024 threads)
-    # then matvec_<type> on its Q8_1 blocks
-    from conformance.harness import fused_host
-    from conformance.harness.matvec_host import matvec, matvec_norm
-    specs = {n: (qtype, (r, K)) for n, r in (("q", 64), ("k", 40), ("v", 24))}
-    gf = _weights(tmp_path, rng, specs)
-    raws = [_raw(gf, n, r) for n, (_, (r, _k)) in specs.items()]
-    a, b, wn = _residual_case(rng, K)
-    s_want, y, yq = fused_host.add_rms_norm(norm_lib, a, b if residual else None, wn, 1e-6)
-    s_want = s_want if residual else a          # without a residual the sum is a itself
-    want = matvec(lib, qtype, raws, y, xb=yq)
-    s, got = matvec_norm(lib, qtype, raws, a, b if residual else None, wn, 1e-6)
-    assert np.array_equal(s, s_want), "the residual sum differs from add_rms_norm's"
-    for n, g, w in zip("qkv", got, want):
-        assert not np.isnan(g).any(), f"{n}: rows left unwritten"
-        assert np.array_equal(g, w), f"{n}: differs from add_rms_norm then matvec_{qtype.name.lower()}"
-
-
-@pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q5_K, GGMLType.Q6_K)],
-                         ids=lambda t: "-".join(x.name for x in t))
-@pytest.mark.parametrize("residual", [True, False], ids=["residual", "first"])
-def test_mixed_norm_matvec_equals_add_rms_norm_then_matvec_mixed(lib, norm_lib, rng, tmp_path, types, residual):
-    # matvec_mixed_norm_<a>_<b> (q, k of one type, v of another: Q4_K_M's layers): both kinds'
-    # staged layouts formed from the same normed row
-    from conformance.harness import fused_host
-    from conformance.harness.matvec_host import matvec_mixed, matvec_mixed_norm
-    K = 1280
-    gf = _weights(tmp_path, rng, {"q": (types[0], (72, K)), "k": (types[0], (24, K)), "v": (types[1], (40, K))})
-    ra, rb = [_raw(gf, "q", 72), _raw(gf, "k", 24)], _raw(gf, "v", 40)
-    a, b, wn = _residual_case(rng, K)
-    s_want, y, yq = fused_host.add_rms_norm(norm_lib, a, b if residual else None, wn, 1e-5)
-    s_want = s_want if residual else a
-    want = matvec_mixed(lib, *types, ra, rb, y, xb=yq)
-    s, got = matvec_mixed_norm(lib, *types, ra, rb, a, b if residual else None, wn, 1e-5)
-    assert np.array_equal(s, s_want), "the residual sum differs from add_rms_norm's"
-    for n, g, w in zip("qkv", got, want):
-        assert not np.isnan(g).any(), f"{n}: rows left unwritten"
-        assert np.array_equal(g, w), f"{n}: differs from add_rms_norm then matvec_mixed"
-
-
-@pytest.mark.parametrize("wide", [False, True], ids=["glu", "wide"])
-@pytest.mark.parametrize("qtype, K, gelu", [(GGMLType.Q4_K, 1280, False), (GGMLType.Q6_K, 2048, True),
-                                            (GGMLType.Q8_0, 576, False)], ids=str)
-def test_glu_norm_equals_add_rms_norm_then_glu(lib, norm_lib, rng, tmp_path, qtype, K, gelu, wide):
-    # matvec_glu[_wide]_norm_<type>: the gated FFN of the normed row, h and its Q8_1 blocks
-    from conformance.harness import fused_host
-    from conformance.harness.matvec_host import glu, glu_norm
-    N = 96
-    gf = _weights(tmp_path, rng, {"g": (qtype, (N, K)), "u": (qtype, (N, K))})
-    wg, wu = _raw(gf, "g", N), _raw(gf, "u", N)
-    a, b, wn = _residual_case(rng, K)
-    s_want, y, yq = fused_host.add_rms_norm(norm_lib, a, b, wn, 1e-6)
-    h_want, hq_want = glu(lib, qtype, wg, wu, y, gelu=gelu, wide=wide, xb=yq)
-    s, h, hq = glu_norm(lib, qtype, wg, wu, a, b, wn, 1e-6, gelu=gelu, wide=wide)
-    assert np.array_equal(s, s_want), "the residual sum differs from add_rms_norm's"
-    assert not np.isnan(h).any()
-    assert np.array_equal(h, h_want), "h differs from add_rms_norm then the gated kernel"
-    assert np.array_equal(hq, hq_want), "h's Q8_1 blocks differ"
-
-
-def test_q4k_weight_loads_through_ldg_compile():
-    # MV_LDG=1 (the Q4_K items' 16-byte weight loads as __ldg) builds for sm_90 with NVRTC. On
-    # the host its loads are the default's plain ones (no bits to compare there: the GPU's are
-    # compared by ci/gpu_preload.py); what it changes in the SASS, test_kernel_sass.py checks.
-    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
-    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
-    image = compile_text("matvec_q.cu", (KERNEL_DIR / "matvec_q.cu").read_text(), "sm_90", ("-DMV_LDG=1",),
-                         use_cache=False)
-    assert b"matvec_split_q4_k" in image

@@ -79,8 +79,6 @@ def _kernel_bodies(sources=None):
 # writes them), whose pointer parameters are named w* by convention.
 PRE_PDL_CALLS = {"prefetch_unit", "prefetch_l2_span", "glu_prefetch", "decode_preload", "coop_preload", "min", "max",
                  "if",
-                 # a *_norm_ kernel's parameters as its body takes them: copies of by-value fields
-                 "norm_mv_params", "norm_glu_params",
                  # a kind's rows per unit (constexpr: no memory)
                  "unit_rows"}
 
