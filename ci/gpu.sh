@@ -37,7 +37,8 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   suite [--bg | --wait [T]] [ARGS]  the conformance suite: failures, summary, models table
   kernels [ARGS]                    the CUDA kernel tests, with each case's NMSE
   models                            the real models' CUDA tests against llama.cpp's CUDA goldens
-  mmq                               the MMQ kernels: tests, BRASS_MMQ=1 checks, timing, real models
+  mmq                               the MoE prompt tile's tests, with each case's NMSE
+  compare OLD_TREE [SHAPES]         brass bench of two trees alternated on the same files
   mutations                         bugs planted in the CUDA kernels, each to be caught
   perf [ARGS]                       pytest perf/ --benchmark, its results JSON in $OUT
   bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
@@ -121,34 +122,65 @@ sub_models() {
 }
 
 sub_mmq() {
-    # MMQ (kernels/mmq.cu, BRASS_MMQ=1); --runxfail turns any strict xfail of
-    # test_models.KNOWN_CUDA_DEFECTS into a plain pass or fail: whether MMQ fixes it
+    # the MoE prompt tile (kernels/mmq.cu: moe_plan + mmq_id_<type>) against the decode mat-vec
+    # and the numpy q8_1 reference, with each case's NMSE
     gpu_name
     local rc=0
-    echo "== 1. MMQ kernels against the mat-vec and the numpy q8_1 reference"
     # shellcheck disable=SC2046
-    guarded 100 python3 -m pytest conformance/kernels/test_kernels_mmq.py -q -rfEs $(xdist_workers 4) -p no:cacheprovider \
+    guarded 300 python3 -m pytest conformance/kernels/test_kernels_mmq.py -q -rfEs $(xdist_workers 4) -p no:cacheprovider \
         -o junit_family=xunit1 --junitxml="$out/mmq.xml" > "$out/mmq.log" 2>&1 || rc=1
     grep -E "^(FAILED|ERROR)|NMSE .* exceeds|never written" "$out/mmq.log" | head -30
     tail -2 "$out/mmq.log"
     python3 ci/gpu_summary.py "$out/mmq.xml" --table 2> /dev/null | head -120
-
-    echo "== 2. BRASS_MMQ=1: test_kernels.py mat-muls, test_kernels_model.py"
-    # shellcheck disable=SC2046
-    BRASS_MMQ=1 guarded 180 python3 -m pytest conformance/kernels/test_kernels.py conformance/kernels/test_kernels_model.py \
-        -k "matmul or model" -q -rfEs $(xdist_workers 4) -p no:cacheprovider > "$out/mmq-model.log" 2>&1 || rc=1
-    grep -E "^(FAILED|ERROR)|exceeds" "$out/mmq-model.log" | head -30
-    tail -2 "$out/mmq-model.log"
-
-    echo "== 3. T = 512 on the Qwen3-8B shapes: MMQ against the f16 GEMM"
-    guarded 240 python3 ci/gpu_mmq_bench.py 2>&1 | tee "$out/mmq-bench.log" | grep -v "^WARNING" || rc=1
-
-    echo "== 4. BRASS_MMQ=1: teacher-forced real models (--runxfail), cache $BRASS_CACHE"
-    BRASS_MMQ=1 guarded 300 python3 -m pytest conformance/models/test_models.py -k "teacher_forced and cuda" --runxfail \
-        -q -rfEs -p no:cacheprovider > "$out/mmq-models.log" 2>&1
-    echo "teacher-forced exit $?"
-    grep -E "^(FAILED|ERROR|PASSED|SKIPPED)|passed|failed|skipped|margin" "$out/mmq-models.log" | head -30
     return $rc
+}
+
+sub_compare() {     # OLD_TREE [SHAPES]
+    # brass bench -p 512 -n 128 of two trees on the same shape-true files, the trees alternated
+    # REPS times (one repetition each per round), so that a drift of the card's clocks hits both
+    # alike: the check that a refactor left the speed where it was. OLD_TREE is a checkout of an
+    # earlier commit carried to the runner (an ignored folder named in run's carry); a tree whose
+    # package is still the folder engine/ runs as `python3 -m engine`.
+    local old="$1" shapes="${2:-qwen3-0.6b,qwen3-8b}" reps="${REPS:-3}" name i tree
+    [ -d "$old/engine" ] || { echo "usage: ci/gpu.sh compare OLD_TREE [SHAPES]"; return 2; }
+    old="$(cd "$old" && pwd)"
+    gpu_name
+    mkdir -p "$dir"
+    IFS=, read -ra names <<< "$shapes"
+    for name in "${names[@]}"; do
+        [ -f "$dir/$name.gguf" ] || python3 conformance/harness/shape_models.py "$name" "$dir" || return 1
+        for i in $(seq 1 "$reps"); do
+            for tree in old new; do
+                if [ "$tree" = old ]; then
+                    (cd "$old" && PYTHONPATH="$old${PYTHONPATH:+:$PYTHONPATH}" guarded 590 python3 -m engine bench \
+                        "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r 1 --json) > "$out/compare-$name-old-$i.json" \
+                        2> "$out/compare-$name-old-$i.log" || tail -3 "$out/compare-$name-old-$i.log"
+                else
+                    guarded 590 python3 -m brass bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r 1 --json \
+                        > "$out/compare-$name-new-$i.json" 2> "$out/compare-$name-new-$i.log" \
+                        || tail -3 "$out/compare-$name-new-$i.log"
+                fi
+            done
+        done
+        [ "${DROP:-0}" = 1 ] && rm -f "$dir/$name.gguf"
+    done
+    python3 - "$out" "$shapes" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+out, shapes = Path(sys.argv[1]), sys.argv[2].split(",")
+print("| shape | test | old tok/s | new tok/s | new / old |\n|---|---|---|---|---|")
+for name in shapes:
+    runs = {t: [json.loads(f.read_text()) for f in sorted(out.glob(f"compare-{name}-{t}-*.json")) if f.stat().st_size]
+            for t in ("old", "new")}
+    for test in ("pp512", "tg128"):
+        fig = {t: [r["tokens_per_s"] for run in runs[t] for r in run
+                   if r.get("test") == test] for t in runs}
+        if fig["old"] and fig["new"]:
+            o, n = statistics.mean(fig["old"]), statistics.mean(fig["new"])
+            print(f"| {name} | {test} | {o:,.0f} | {n:,.0f} | {n / o:.3f} |")
+        else:
+            print(f"| {name} | {test} | {fig['old'] or 'none'} | {fig['new'] or 'none'} | |")
+PY
 }
 
 sub_mutations() {
