@@ -37,7 +37,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   suite [--bg | --wait [T]] [ARGS]  the conformance suite: failures, summary, models table
   kernels [ARGS]                    the CUDA kernel tests, with each case's NMSE
   models                            the real models' CUDA tests against llama.cpp's CUDA goldens
-  mmq                               the MMQ kernels: tests, BRASS_MMQ=1 checks, timing, real models
+  mmq                               the MoE int8 tiles (moe_plan, mmq_id): tests, NMSE table
   mutations                         bugs planted in the CUDA kernels, each to be caught
   perf [ARGS]                       pytest perf/ --benchmark, its results JSON in $OUT
   bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
@@ -121,33 +121,17 @@ sub_models() {
 }
 
 sub_mmq() {
-    # MMQ (kernels/mmq.cu, BRASS_MMQ=1); --runxfail turns any strict xfail of
-    # test_models.KNOWN_CUDA_DEFECTS into a plain pass or fail: whether MMQ fixes it
+    # a MoE prompt's int8 tiles (kernels/mmq.cu: moe_plan, mmq_id_<type>) against the decode
+    # mat-vec and the numpy q8_1 reference
     gpu_name
     local rc=0
-    echo "== 1. MMQ kernels against the mat-vec and the numpy q8_1 reference"
+    echo "== mmq_id kernels against the mat-vec and the numpy q8_1 reference"
     # shellcheck disable=SC2046
     guarded 100 python3 -m pytest conformance/test_kernels_mmq.py -q -rfEs $(xdist_workers 4) -p no:cacheprovider \
         -o junit_family=xunit1 --junitxml="$out/mmq.xml" > "$out/mmq.log" 2>&1 || rc=1
     grep -E "^(FAILED|ERROR)|NMSE .* exceeds|never written" "$out/mmq.log" | head -30
     tail -2 "$out/mmq.log"
     python3 ci/gpu_summary.py "$out/mmq.xml" --table 2> /dev/null | head -120
-
-    echo "== 2. BRASS_MMQ=1: test_kernels.py mat-muls, test_kernels_model.py"
-    # shellcheck disable=SC2046
-    BRASS_MMQ=1 guarded 180 python3 -m pytest conformance/test_kernels.py conformance/test_kernels_model.py \
-        -k "matmul or model" -q -rfEs $(xdist_workers 4) -p no:cacheprovider > "$out/mmq-model.log" 2>&1 || rc=1
-    grep -E "^(FAILED|ERROR)|exceeds" "$out/mmq-model.log" | head -30
-    tail -2 "$out/mmq-model.log"
-
-    echo "== 3. T = 512 on the Qwen3-8B shapes: MMQ against the f16 GEMM"
-    guarded 240 python3 ci/gpu_mmq_bench.py 2>&1 | tee "$out/mmq-bench.log" | grep -v "^WARNING" || rc=1
-
-    echo "== 4. BRASS_MMQ=1: teacher-forced real models (--runxfail), cache $BRASS_CACHE"
-    BRASS_MMQ=1 guarded 300 python3 -m pytest conformance/test_models.py -k "teacher_forced and cuda" --runxfail \
-        -q -rfEs -p no:cacheprovider > "$out/mmq-models.log" 2>&1
-    echo "teacher-forced exit $?"
-    grep -E "^(FAILED|ERROR|PASSED|SKIPPED)|passed|failed|skipped|margin" "$out/mmq-models.log" | head -30
     return $rc
 }
 

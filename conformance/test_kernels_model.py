@@ -209,29 +209,6 @@ class Lockstep:
             with self.cuda.activate():                    # on the backend's own stream
                 cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
 
-    def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window=0, **rope):
-        """Where the CUDA backend fuses rope_store and attention into one kernel (a decode
-        step), in two stages as moe_ffn: the kernel's roped q and k against the reference's
-        rope_store (its bound) and its cache writes as rope_store's; then its output against
-        the reference's attention over the kernel's own q and caches (only the sum order may
-        differ: the attention bound). Where it does not fuse (a prompt), the composition, each
-        op checked as every other."""
-        from brass.backends.base import Backend
-        if not self.cuda.fuses_rope_attention(q.shape[0], k_cache.dev, v_cache.dev):
-            return Backend.rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window, **rope)
-        ref_kw = {n: a.ref if isinstance(a, Pair) else a for n, a in rope.items()}
-        dev_kw = {n: self._dev(a) for n, a in rope.items()}
-        got = self.cuda.rope_attention(self._dev(q), self._dev(k), self._dev(v), self._dev(pos), k_cache.dev,
-                                       v_cache.dev, scale, window, **dev_kw)
-        want_q, want_k = self.ref.rope_store(q, k, v, pos, k_cache.ref, v_cache.ref, **ref_kw)
-        self._compare("rope_store", got[0], want_q, what="rope_attention q")
-        self._compare("rope_store", got[1], want_k, what="rope_attention k")
-        own = self.ref.attention(self.cuda.to_numpy(got[0]), self.cuda.to_numpy(k_cache.dev),
-                                 self.cuda.to_numpy(v_cache.dev), pos, scale, window)
-        self._compare("attention", got[2], own, what="rope_attention output (from its own q and caches)")
-        self._check_caches((k_cache, v_cache))
-        return want_q, want_k, self.ref.attention(want_q, k_cache.ref, v_cache.ref, pos, scale, window)
-
     @staticmethod
     def _matmul_terms(x, w):
         """sum over the outputs of sum_k (x_k w_nk)^2: the scale of the terms each output adds.
@@ -262,36 +239,6 @@ class Lockstep:
         for g, w, part in zip(got[1:], routed, ("probs", "ids", "weights")):
             self._compare("moe_gate", g, w, "moe_route", what=f"moe_gate {part}")
         return want
-
-    def _fused_norm_equals_its_parts(self, op, a, b, w, eps, rest, parts):
-        """The CUDA backend's op that forms a launch's activations from the residual stream
-        (kernels/matvec.cuh stage_norm_q8_1: one decode launch) against its own add_rms_norm
-        then the launch on that norm's Q8_1 blocks, bit for bit, from the reference's inputs."""
-        dev = [self._dev(x) if not isinstance(x, list) else [self._dev(y) for y in x] for x in (a, b, w, *rest)]
-        with self.cuda.activate():
-            s1, y1 = getattr(self.cuda, op)(dev[0], dev[1], dev[2], eps, *dev[3:])
-            s2, h = self.cuda.add_rms_norm(dev[0], dev[1], dev[2], eps)
-            y2 = parts(h, *dev[3:])
-        for what, g, want in [("sum", s1, s2)] + [(f"output {i}", g, x) for i, (g, x) in
-                                                   enumerate(zip(y1 if isinstance(y1, list) else [y1],
-                                                                 y2 if isinstance(y2, list) else [y2]))]:
-            got, want = self.cuda.to_numpy(g), self.cuda.to_numpy(want)
-            assert np.array_equal(got, want), f"{self.where}: {op} {what} differs from add_rms_norm then the launch"
-        self.worst[op] = 0.0
-
-    def add_rms_norm_matmul_many(self, a, b, w, eps, ws):
-        # checked whole against the CUDA backend's own two steps, then run as those steps, each
-        # op against the reference as every other op
-        self._fused_norm_equals_its_parts("add_rms_norm_matmul_many", a, b, w, eps, [ws],
-                                          lambda h, ws: self.cuda.matmul_many(h, ws))
-        s, h = self.add_rms_norm(a, b, w, eps)
-        return s, self.matmul_many(h, ws)
-
-    def add_rms_norm_ffn_glu(self, a, b, w, eps, w_gate, w_up, gelu=False):
-        self._fused_norm_equals_its_parts("add_rms_norm_ffn_glu", a, b, w, eps, [w_gate, w_up, gelu],
-                                          lambda h, g, u, ge: self.cuda.ffn_glu(h, g, u, ge))
-        s, h = self.add_rms_norm(a, b, w, eps)
-        return s, self.ffn_glu(h, w_gate, w_up, gelu)
 
     def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
         """As test_kernels.test_moe_ffn_decode, in two stages where the CUDA backend fuses the

@@ -482,7 +482,7 @@ class DecodeStep:
 
         def step():             # reaches neither the step nor the session (see _PrefillGraph)
             logits = m.forward(tok, pos, cache)
-            b.argmax_advance(logits, tok, pos, history)
+            b.decode_advance(b.argmax(logits), tok, pos, history)
             return logits
 
         before = getattr(b, "launches", 0)

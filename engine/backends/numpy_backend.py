@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import quants
 from ..gguf import GGMLType
-from .base import Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
+from .base import Backend, Weight, uses_f16_gemm, uses_mmq_id
 
 F16, F32 = np.float16, np.float32
 _FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
@@ -119,9 +119,7 @@ class NumpyBackend(Backend):
         """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given). `f16`: round both
         operands to float16 (default: as the CUDA backend does for R rows, in q8_1 mode)."""
         if f16 is None:
-            # (a prompt that the CUDA backend sends to MMQ: int8 against Q8_1, as the mat-vec)
-            f16 = (self.act_mode == "q8_1" and not self._rows_independent
-                   and uses_f16_gemm(*x.shape, w.type) and not uses_mmq(*x.shape, w.type))
+            f16 = self.act_mode == "q8_1" and not self._rows_independent and uses_f16_gemm(*x.shape, w.type)
         if f16:
             # The CUDA backend's prompt GEMM: both operands rounded to float16, products
             # (exact in float32) summed in float32.

@@ -34,7 +34,7 @@ from brass.backends.cuda.params import pack
 from ... import quants
 from ...errors import BrassError, UnsupportedError
 from ...gguf import BLOCK_SIZES, GGMLType
-from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
+from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq_id
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
 from . import attention_tiled, blas, pdl
@@ -115,23 +115,6 @@ F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "1") not in ("", "0")
 # H200 (2026-12-01, pp512) the Qwen3-8B shape 7,772 -> 9,386 tok/s, the 30B-A3B (with the
 # other levers) 3,844 -> 4,812; the 0.6B's host-bound figure moved both ways between calls.
 ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "1") not in ("", "0")
-# BRASS_ROPE_ATTENTION=1: a decode step's q/k norms, rope and K/V cache writes done by the
-# attention kernel itself (attention.cu rope_attention) instead of a rope_store launch before
-# it: one launch fewer per attention layer, the same bits (the same device code).
-ROPE_ATTENTION = os.environ.get("BRASS_ROPE_ATTENTION", "0") not in ("", "0")
-# BRASS_ARGMAX_ADVANCE=1: a decode step's greedy advance (next token, position, history) done by
-# the argmax's final kernel (router.cu argmax_final_advance) where an output head's argmax takes
-# two stages: one launch fewer a token, the same integers.
-ARGMAX_ADVANCE = os.environ.get("BRASS_ARGMAX_ADVANCE", "0") not in ("", "0")
-# BRASS_NORM_MATVEC=1: a decode step's norm before the q/k/v launch and before the gate/up launch
-# done by that launch itself (matvec_norm_ / matvec_mixed_norm_ / matvec_glu[_wide]_norm_ in
-# kernels/matvec.cuh: every block adds, norms and quantizes the row, block 0 writes the sum):
-# two launches fewer a dense layer, the same bits (add_rms_norm's sum order followed). Off: on
-# the H200 (2026-12-03, tg128 alternated twice) the Qwen3-0.6B shape went from 896 to 864 tok/s
-# and the 8B from 317 to 231. Every block re-reads the row from L2 and reduces it with 1/4 (the
-# gated kernel's wide blocks 1/2) of the norm kernel's threads, on the critical path after
-# PDL_ENTRY, the 8B's 768 q/k/v blocks all reading the same lines: more than the launch saved.
-NORM_MATVEC = os.environ.get("BRASS_NORM_MATVEC", "0") not in ("", "0")
 # Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
 # CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
 # handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
@@ -219,7 +202,7 @@ def coop_blocks(units: int, n_sms: int, warps: int | None = None, rows: int | No
     per_block = (warps or MV_COOP_WARPS) * (rows or MV_COOP_ROWS)
     return max(1, min(-(-units // per_block), n_sms * COOP_BLOCKS_PER_SM))
 Q8S_BYTES = int(re.search(r"#define STAGED_BYTES_PER_Q8 (\d+)", _MATVEC_H).group(1))
-# mmq_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
+# mmq_id_<type> (kernels/mmq.cu): weight rows and tokens per thread block, threads per block.
 _MMQ_CU = (KERNEL_DIR / "mmq.cu").read_text()
 MMQ_ROWS, MMQ_COLS, MMQ_THREADS, MOE_PLAN_THREADS = (
     int(re.search(rf"#define {n} (\d+)", _MMQ_CU).group(1))
@@ -304,20 +287,15 @@ def launched_kernels() -> list[tuple[str, str]]:
                (src, f"matvec_cols_many_{n}"), (src, f"matvec_cols_split_many_{n}"),
                ("get_rows.cu", f"get_rows_{n}"), ("dequant.cu", f"dequant_f16_{n}")]
     ks += [("matvec_q.cu", f"matvec_mixed_{n}") for n in MIXED_PAIRS.values()]
-    ks += [("matvec_q.cu", f"matvec_mixed_norm_{n}") for n in MIXED_PAIRS.values()]
-    ks += [("matvec_q.cu", f"matvec_{k}norm_{n}") for t, n in _TYPE_NAMES.items() if t not in FLOAT_TYPES
-           for k in ("", "glu_", "glu_wide_")]
     ks += [("matvec_q.cu", "matvec_coop_q6_k")]
     ks += [("norm.cu", "rms_norm"), ("rope.cu", "rope"), ("attention.cu", "kv_store"),
-           ("attention.cu", "attention"), ("attention.cu", "rope_attention")]
+           ("attention.cu", "attention")]
     ks += [("elementwise.cu", k) for k in ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum")]
     ks += [("rope.cu", "rope_ff")] + [("elementwise.cu", k) for k in ("tanh_f32", "softcap", "mul_expert_scale")]
-    ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final",
-                                        "argmax_final_advance")]
+    ks += [("router.cu", k) for k in ("softmax", "topk", "argmax", "argmax_partial", "argmax_final")]
     ks += [("fused.cu", k) for k in ("add_rms_norm", "moe_norms", "rope_store", "moe_route", "decode_advance",
                                        "decode_set")]
     ks += [("dequant.cu", "to_f16"), ("dequant.cu", "gather_rows_f16")]
-    ks += [("mmq.cu", f"mmq_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
     ks += [("mmq.cu", f"mmq_id_{_TYPE_NAMES[t]}") for t in _TYPE_NAMES if int(t) in MMQ_BLOCK]
     ks += [("mmq.cu", "moe_plan")]
     ks += attention_tiled.launched_kernels()
@@ -800,14 +778,9 @@ class CudaBackend(Backend):
                 for i in range(0, len(group), 3):
                     self._matvec(x2, group[i:i + 3], src)
         elif T:
-            xa = None           # Q8_1 blocks of x, quantized once for every MMQ weight
             x16 = None          # x in float16, converted once for every GEMM
             for w, y in zip(ws, ys):
-                if uses_mmq(T, K, w.type) and self.cc >= 80:
-                    if xa is None:
-                        xa = self._activations(x2, w, src)
-                    self._gemm_mmq(x2, w, y, xa)
-                elif uses_f16_gemm(T, K, w.type):
+                if uses_f16_gemm(T, K, w.type):
                     if x16 is None:
                         x16 = self._to_f16(x2)
                     self._gemm_f16(x2, w, y, x16)
@@ -1004,25 +977,6 @@ class CudaBackend(Backend):
         self._f16_copies[id(w)] = (w, copy)
         self.f16_weight_bytes += nbytes
         return copy
-
-    # -- MMQ: a prompt on int8 tensor cores (kernels/mmq.cu; BRASS_MMQ=1, base.uses_mmq) ------
-    def _gemm_mmq(self, x2, w, y, xa=None):
-        """y [T, N] = x [T, K] @ W.T with x as Q8_1 blocks (xa, or quantized here): tiles of
-        MMQ_ROWS weight rows x MMQ_COLS tokens, int8 mma per block of 32, each block's int32
-        product scaled as the decode mat-vec scales it. Any T >= 1 and N; K a multiple of the
-        type's block (MMQ_BLOCK). Needs compute capability 8.0 (int8 m16n8k32 mma)."""
-        T, K = x2.shape
-        N = w.shape[0]
-        blk = MMQ_BLOCK.get(int(w.type))
-        if blk is None or K % blk or len(w.shape) != 2 or w.shape[1] != K:
-            raise BrassError(f"mmq: no kernel for {w.type.name} {w.shape} against K = {K}")
-        if xa is None:
-            xa = self._activations(x2, w)
-        if T and N:
-            self.launch("mmq.cu", f"mmq_{_TYPE_NAMES[w.type]}", (-(-N // MMQ_ROWS), -(-T // MMQ_COLS)),
-                        MMQ_THREADS, w.data, xa, y,
-                        params=pack("MmqParams", n_rows=N, k=K, n_tokens=T, row_bytes=w.row_bytes))
-        return y
 
     def matmul_id(self, x, w, ids):
         x = _f32(x, "matmul_id")
@@ -1582,89 +1536,6 @@ class CudaBackend(Backend):
                 self._remember_q8(y, yq)
         return s, y
 
-    def _norm_row(self, a, b, w):
-        """(a, b) as a *_norm_ launch reads them when the add_rms_norm of one row a (+ b) may be
-        formed by the decode launch after it (BRASS_NORM_MATVEC, a row of Q8_1 blocks short
-        enough to stage, no trace between: the arch asks only then), else None."""
-        if not NORM_MATVEC or not isinstance(a, cupy.ndarray) or a.dtype != F32 or a.ndim not in (1, 2):
-            return None
-        D = a.shape[-1]
-        if a.size != D or D % 32 or D > MV_STAGE_MAX_K or mv_split(D) != 1:
-            return None
-        if w is None or tuple(w.shape) != (D,):
-            return None
-        if b is not None and (not isinstance(b, cupy.ndarray) or b.dtype != F32 or b.shape != a.shape):
-            return None
-        return cupy.ascontiguousarray(a), None if b is None else cupy.ascontiguousarray(b)
-
-    def add_rms_norm_matmul_many(self, a, b, w, eps, ws):
-        row = self._norm_row(a, b, w)
-        D = a.shape[-1]
-        plan = None
-        if row is not None and all(isinstance(x, CudaWeight) and len(x.shape) == 2 and x.shape[-1] == D
-                                   and x.type not in FLOAT_TYPES for x in ws):
-            by_type: dict = {}
-            for x in ws:
-                by_type.setdefault(x.type, []).append(x)
-            pair = self._mixed_pair(1, D, by_type)
-            if pair is not None:
-                plan = ("mixed", by_type[pair[0]], by_type[pair[1]][0])
-            elif len(by_type) == 1 and len(ws) <= 3 and not uses_q6k_coop(ws[0].type, D, [x.row_bytes for x in ws]):
-                plan = ("one", ws, None)
-        if plan is None:
-            return super().add_rms_norm_matmul_many(a, b, w, eps, ws)
-        a2, b2 = (x.reshape(1, D) if x is not None else None for x in row)
-        s = self._out(a2.shape) if b2 is not None else a2
-        kind, group, wb = plan
-        mats = group + ([wb] if wb is not None else [])
-        ys = [self._out((1, x.shape[0]), F32) for x in mats]
-        w0, w1 = group[0], group[1] if len(group) > 1 else group[0]
-        w2 = wb if wb is not None else (group[2] if len(group) > 2 else group[0])
-        rows = [w0.shape[0], group[1].shape[0] if len(group) > 1 else 0,
-                wb.shape[0] if wb is not None else (group[2].shape[0] if len(group) > 2 else 0)]
-        y0, y1 = ys[0], ys[1] if len(group) > 1 else ys[0]
-        y2 = ys[-1] if len(mats) > 2 or wb is not None else ys[0]
-        params = pack("NormMatVecParams", k=D, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
-                      row_bytes0=w0.row_bytes, row_bytes1=w1.row_bytes, row_bytes2=w2.row_bytes, eps=eps,
-                      has_residual=int(b2 is not None))
-        bufs = (w0.data, w1.data, w2.data, a2, a2 if b2 is None else b2, w.dense, s, y0, y1, y2)
-        if kind == "mixed":
-            self.launch("matvec_q.cu", f"matvec_mixed_norm_{MIXED_PAIRS[(w0.type, wb.type)]}",
-                        (mixed_blocks(rows, w0.type, wb.type), 1), MV_WARPS * 32, *bufs, params=params,
-                        smem=_stage_bytes(w0.type, D))
-        else:
-            units = matvec_units(w0.type, rows)
-            self.launch("matvec_q.cu", f"matvec_norm_{_TYPE_NAMES[w0.type]}", (-(-units // MV_WARPS), 1),
-                        MV_WARPS * 32, *bufs, params=params, smem=_stage_bytes(w0.type, D))
-        lead = a.shape[:-1]
-        return s.reshape(a.shape), [ys[mats.index(x)].reshape(*lead, x.shape[0]) for x in ws]
-
-    def add_rms_norm_ffn_glu(self, a, b, w, eps, w_gate, w_up, gelu=False):
-        row = self._norm_row(a, b, w)
-        D = a.shape[-1]
-        if (row is None or not isinstance(w_gate, CudaWeight) or not isinstance(w_up, CudaWeight)
-                or len(w_gate.shape) != 2 or not self._fusable(w_gate, w_up) or w_gate.shape[-1] != D
-                or w_gate.type in FLOAT_TYPES):
-            return super().add_rms_norm_ffn_glu(a, b, w, eps, w_gate, w_up, gelu)
-        a2, b2 = (x.reshape(1, D) if x is not None else None for x in row)
-        s = self._out(a2.shape) if b2 is not None else a2
-        N = w_gate.shape[0]
-        h = self._out((1, N), F32)
-        write_q8 = N % 32 == 0
-        hq = self._out((1, N // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else h
-        blocks = -(-N // 32)
-        wide = blocks < GLU_WIDE_MAX_BLOCKS_PER_SM * self.n_sms      # as _glu_matvec chooses
-        self.launch("matvec_q.cu", f"matvec_glu_{'wide_' if wide else ''}norm_{_TYPE_NAMES[w_gate.type]}",
-                    (blocks, 1), (GLU_WIDE_WARPS if wide else GLU_WARPS) * 32,
-                    w_gate.data, w_up.data, a2, a2 if b2 is None else b2, w.dense, s, h, hq,
-                    params=pack("NormGluParams", n_rows=N, k=D, row_bytes=w_gate.row_bytes, gelu=int(bool(gelu)),
-                                write_q8=int(write_q8), eps=eps, has_residual=int(b2 is not None)),
-                    smem=_stage_bytes(w_gate.type, D))
-        h = h.reshape(*a.shape[:-1], N)
-        if write_q8:
-            self._remember_q8(h, hq)
-        return s.reshape(a.shape), h
-
     def moe_norms(self, x, w, w_router, factor, eps):
         x = _f32(x, "moe_norms")
         D = x.shape[-1]
@@ -1694,7 +1565,7 @@ class CudaBackend(Backend):
 
     @staticmethod
     def _rope_checked(what, q, k, v, pos, k_cache, v_cache, q_norm, k_norm, n_rot, base):
-        """rope_store's (and rope_attention's) inputs checked: (q, k, v, pos, theta_scale)."""
+        """rope_store's inputs checked: (q, k, v, pos, theta_scale)."""
         q, k, v = _f32(q, f"{what} q"), _f32(k, f"{what} k"), _f32(v, f"{what} v")
         pos = _i32(pos, f"{what} pos")
         if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or pos.shape != (q.shape[0],):
@@ -1741,72 +1612,6 @@ class CudaBackend(Backend):
                                     eps=eps, capacity=capacity, write_k=1, per_row=int(rows is not None)),
                         smem=4 * Dh)
         return q_out, k_out
-
-    def rope_attention_rows(self, q, k, v, pos, layers, scale, window=0, **rope):
-        if len(layers) == 1:
-            return self.rope_attention(q, k, v, pos, *layers[0], scale, window, **rope)
-        if not (ROW_KERNELS and ROPE_ATTENTION):
-            return super().rope_attention_rows(q, k, v, pos, layers, scale, window, **rope)
-        if q.shape[0] != len(layers):
-            raise BrassError(f"rope_attention_rows: {q.shape[0]} rows for {len(layers)} caches")
-        return self.rope_attention(q, k, v, pos, *layers[0], scale, window, row_caches=layers, **rope)
-
-    @staticmethod
-    def fuses_rope_attention(n_tokens: int, k_cache, v_cache, row_caches=None) -> bool:
-        """Whether rope_attention takes its one-kernel path for these tokens and caches. Rows
-        that share a cache (a bucket graph's pad rows: ids 0 at position 0 in one pad cache)
-        write the same bits to it, as with rope_store."""
-        if k_cache.ndim != 3 or v_cache.ndim != 3:
-            return False                # the two-kernel path says what is wrong
-        Dh, Dv = k_cache.shape[2], v_cache.shape[2]
-        # the kernel's two scratch heads live in the per-warp sums (ATTN_WARPS * Dv floats)
-        return (ROPE_ATTENTION and (n_tokens == 1 or row_caches is not None) and ATTN_WARPS * Dv >= 2 * Dh
-                and Dh % 2 == 0 and Dv % 2 == 0)
-
-    def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale, window=0, *, q_norm, k_norm, eps,
-                       n_rot, base, neox, freq_scale=1.0, row_caches=None):
-        """rope_store then attention as one kernel (rope_attention, attention.cu) where each
-        token is its own sequence's only one (a decode step, or a batched step's rows); the two
-        kernels otherwise (a prompt's tokens read each other's cache slots), or with
-        BRASS_ROPE_ATTENTION=0."""
-        rope = dict(q_norm=q_norm, k_norm=k_norm, eps=eps, n_rot=n_rot, base=base, neox=neox,
-                    freq_scale=freq_scale)
-        if not self.fuses_rope_attention(q.shape[0], k_cache, v_cache, row_caches):
-            q, k = self.rope_store(q, k, v, pos, k_cache, v_cache, row_caches=row_caches, **rope)
-            return q, k, self.attention(q, k_cache, v_cache, pos, scale, window, row_caches=row_caches)
-        Dh, Dv = k_cache.shape[2], v_cache.shape[2]
-        q, k, v, pos, theta_scale = self._rope_checked("rope_attention", q, k, v, pos, k_cache, v_cache,
-                                                       q_norm, k_norm, n_rot, base)
-        T, H, _ = q.shape
-        Hkv = k.shape[1]
-        cap = k_cache.shape[0]
-        if v_cache.shape[:2] != (cap, Hkv) or H % Hkv:
-            raise BrassError(f"rope_attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
-        q_out, k_out = self._out(q.shape), self._out(k.shape)
-        out = self._out((T, H * Dv), F32)
-        write_q8 = Dv % 32 == 0
-        out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
-        if row_caches is None:
-            self._no_direct_cache("rope_attention")
-        rows = self._row_pointers(row_caches, "rope_attention") if row_caches is not None else None
-        if rows is not None:
-            *rows, cap = rows
-        n_slots = min(cap, window) if window > 0 else cap
-        if T:
-            k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
-            self.launch("attention.cu", "rope_attention", (H, T), ATTN_THREADS,
-                        q, k, v, q if q_norm is None else q_norm.dense, k if k_norm is None else k_norm.dense,
-                        pos, q_out, k_out, k_cache, v_cache, out, out_q, k_rows, v_rows,
-                        params=pack("RopeAttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
-                                    head_dim_v=Dv, capacity=cap, n_slots=n_slots, window=max(0, window),
-                                    scale=scale, write_q8=int(write_q8), per_row=int(rows is not None),
-                                    n_rot=n_rot, theta_scale=theta_scale, freq_scale=freq_scale,
-                                    neox=int(bool(neox)), q_norm=int(q_norm is not None),
-                                    k_norm=int(k_norm is not None), eps=eps),
-                        smem=4 * (Dh + n_slots + ATTN_WARPS * Dv))
-            if write_q8:
-                self._remember_q8(out, out_q)
-        return q_out, k_out, out
 
     def _glu_matvec(self, x, w_gate, w_up, gelu, ids=None, what="ffn_glu"):
         """matvec_glu: h = act(x W_gate^T) * (x W_up^T) [rows, N] and its Q8_1 blocks. With ids
@@ -1938,18 +1743,6 @@ class CudaBackend(Backend):
                     params=pack("RowParams", n_rows=R, n_cols=C, k=1))
         return pv, pi, parts
 
-    def argmax_advance(self, logits, tok, pos, history):
-        """decode_advance(argmax(logits)): an output head's row (two-stage argmax) takes one
-        launch fewer, its final pick and the advance in one (BRASS_ARGMAX_ADVANCE)."""
-        x, C, R = self._rows(logits, "argmax")
-        if not (ARGMAX_ADVANCE and R == 1 and C > 8 * ARGMAX_THREADS):
-            return super().argmax_advance(logits, tok, pos, history)
-        pv, pi, parts = self._argmax_partials(x, C, R)
-        ids = self._out(x.shape[:-1], np.int32)
-        self.launch("router.cu", "argmax_final_advance", 1, 32, pv, pi, ids, tok, pos, history,
-                    params=pack("ArgmaxAdvanceParams", n_cols=parts, capacity=history.shape[0]))
-        return ids
-
     def decode_advance(self, next_ids, tok, pos, history):
         """Greedy step on the device: tok = next_ids[0], pos += 1, history[pos] = tok."""
         self.launch("fused.cu", "decode_advance", 1, 32, next_ids, tok, pos, history,
@@ -2076,8 +1869,8 @@ for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_m
               "embed", "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
               "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
-              "argmax_advance", "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
+              "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
               "gated_delta_net_chunked",
-              "rope_store_rows", "rope_attention", "rope_attention_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale", "moe_norms"):
+              "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale", "moe_norms"):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
