@@ -129,7 +129,7 @@ def test_matmul(cuda, ref, rng, tmp_path, qtype, shape, record_property):
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16), ids=tname)
 def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
     """A prompt's GEMM reading a float16 copy of the weight kept since the first prompt
-    (BRASS_F16_WEIGHTS; an F16 weight's own bytes, always) gives the product the per-call
+    (the f16_weights option; an F16 weight's own bytes, always) gives the product the per-call
     dequantization gives, bit for bit (the same float16 values, the same single GEMM: N * K
     fits the scratch; a weight over GEMM_SCRATCH_BYTES goes in chunks without a copy and in
     one GEMM with it, which cuBLAS may sum in another order), on the first prompt and the
@@ -165,11 +165,11 @@ def test_out_of_memory_frees_the_f16_copies_then_says_so(rng, tmp_path):
     x = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
     want = b.to_numpy(b.matmul(x, w))
     assert b.f16_weight_bytes == 2 * N * K
-    b.own_cublas = True
+    b.options.own_cublas = True
     with pytest.raises(CudaError, match=r"^out of GPU memory: \d+ MiB do not fit"):
         b.zeros((1 << 40,), np.uint8)                  # a tebibyte
     assert b.f16_weight_bytes == 2 * N * K, "prompt graphs may read the copies: they must stay"
-    b.own_cublas = False
+    b.options.own_cublas = False
     with pytest.raises(CudaError, match="a smaller context"):
         b.zeros((1 << 40,), np.uint8)
     assert b.f16_weight_bytes == 0 and not b._f16_copies
@@ -180,13 +180,12 @@ def test_out_of_memory_frees_the_f16_copies_then_says_so(rng, tmp_path):
 
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.F16), ids=tname)
 def test_prompt_gemm_on_own_cublas_handle_is_captured(ref, rng, tmp_path, qtype, record_property):
-    """With its own cuBLAS handle (OWN_CUBLAS, for prompt graphs: CuPy refuses cuBLAS calls
+    """With its own cuBLAS handle (the own_cublas option, for prompt graphs: CuPy refuses cuBLAS calls
     during a capture) a prompt's GEMM is the product (the mat-mul bound against the
     reference), and a captured one replays, on new inputs, what the eager GEMM gives, bit for
     bit (the same handle, workspace and call)."""
     from brass.backends.cuda import CudaBackend
-    b = CudaBackend(poison_outputs=True)
-    b.own_cublas = True
+    b = CudaBackend(poison_outputs=True, own_cublas=True)
     N, K, T = 768, 1024, 64
     gf = weights(tmp_path, rng, {"w": (qtype, (N, K))})
     w = b.weight(gf, "w")
@@ -216,16 +215,16 @@ def test_matmul_id(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
     check(got, ref.matmul_id(x, ref.weight(gf, "w"), ids), MATMUL, record_property)
 
 
-@pytest.mark.parametrize("moe_mmq", [True, False], ids=["default", "BRASS_MOE_MMQ=0"])
+@pytest.mark.parametrize("moe_mmq", [True, False], ids=["default", "moe_mmq-off"])
 @pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.Q8_0), ids=tname)
 def test_matmul_id_prompt_gemm(cuda, ref, rng, tmp_path, qtype, per_slot, moe_mmq, monkeypatch, record_property):
     # A prompt's expert mat-muls (T >= GEMM_MIN_TOKENS): on int8 tiles planned on the device
-    # (the default) or padded per-expert float16 batches on tensor cores (BRASS_MOE_MMQ=0, and
-    # the reference rounds as each does); the experts' loads are uneven (expert 0 takes many
-    # rows, some experts none).
-    from brass.backends import base
-    monkeypatch.setattr(base, "MOE_MMQ", moe_mmq)
+    # (the default) or padded per-expert float16 batches on tensor cores (the moe_mmq option
+    # off, and the reference rounds as each does); the experts' loads are uneven (expert 0 takes
+    # many rows, some experts none).
+    monkeypatch.setattr(cuda.options, "moe_mmq", moe_mmq)
+    monkeypatch.setattr(ref, "moe_mmq", moe_mmq)
     E, N, K, T, k = 8, 96, 512, 40, 3
     gf = weights(tmp_path, rng, {"w": (qtype, (E, N, K))})
     ids = np.stack([rng.choice(E - 2, k, replace=False) for _ in range(T)]).astype(np.int32)
@@ -311,7 +310,7 @@ def test_graph_with_pdl_waits_for_each_kernel(rng):
     between two kernels would serialise them and hide a missing wait."""
     from brass.backends.cuda import CudaBackend
     cuda = CudaBackend()
-    if cuda.cc >= 90 and os.environ.get("BRASS_PDL", "1") not in ("", "0"):
+    if cuda.cc >= 90:
         assert cuda.pdl, "the H100/H200 class launches graph kernels with PDL"
     shape = (4, 1 << 18)
     X = cuda.asarray(rng.uniform(-1, 1, shape).astype(F32))
@@ -495,7 +494,7 @@ def test_debug_mode_names_the_failing_kernel():
         from brass.backends.cuda.errors import CudaError
         from brass.backends.cuda.params import pack
         b = CudaBackend()
-        assert b.debug
+        assert b.options.debug
         x = cupy.ones(1 << 20, np.float32)
         bad = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0x10, 4, None), 0)
         try:
@@ -665,16 +664,15 @@ def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
                          ids=lambda t: f"{tname(t[0])}+{tname(t[1])}")
 @pytest.mark.parametrize("K", [1024, 4096])
 def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types, K, monkeypatch):
-    # BRASS_MIXED_MATVEC: q and k of one type, v of another, in one launch (matvec_mixed_) must
-    # give what the two launches give, bit for bit; and it must be the launch taken
-    from brass.backends.cuda import backend as cb
+    # the mixed_matvec option: q and k of one type, v of another, in one launch (matvec_mixed_)
+    # must give what the two launches give, bit for bit; and it must be the launch taken
     ta, tb = types
     gf = weights(tmp_path, rng, {"q": (ta, (2048, K)), "k": (ta, (512, K)), "v": (tb, (520, K))})
     w = [cuda.weight(gf, n) for n in "qkv"]
     x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
     out, launched = {}, record_launches(cuda, monkeypatch)
     for mixed in (True, False):
-        monkeypatch.setattr(cb, "MIXED_MATVEC", mixed)
+        monkeypatch.setattr(cuda.options, "mixed_matvec", mixed)
         launched.clear()
         out[mixed] = [cuda.to_numpy(y) for y in cuda.matmul_many(x, w)]
         assert any(n.startswith("matvec_mixed_") for n in launched) == mixed, launched
@@ -746,19 +744,18 @@ def test_norm_glu_gives_the_bits_of_add_rms_norm_then_ffn_glu(cuda, rng, tmp_pat
 
 @pytest.mark.parametrize("K", [1024, 3072, 4096])
 def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeypatch):
-    # matvec_coop_q6_k (BRASS_Q6K_COOP, on by default) must give matvec_q6_k's floats bit for
+    # matvec_coop_q6_k (the q6k_coop option, on by default) must give matvec_q6_k's floats bit for
     # bit on the GPU too (the CPU harness cannot see FMA contraction or the real shared memory):
     # three matrices in one launch, the first with more rows than the grid has warps (each warp
     # then takes several rows, the next row's first chunk loaded during the row before); and it
     # must be the launch taken
-    from brass.backends.cuda import backend as cb
     rows = {"a": 20000 if K == 1024 else 4000, "b": 300, "c": 37}
     gf = weights(tmp_path, rng, {n: (GGMLType.Q6_K, (r, K)) for n, r in rows.items()})
     w = [cuda.weight(gf, n) for n in rows]
     x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
     out, launched = {}, record_launches(cuda, monkeypatch)
     for coop in (True, False):
-        monkeypatch.setattr(cb, "Q6K_COOP", coop)
+        monkeypatch.setattr(cuda.options, "q6k_coop", coop)
         launched.clear()
         out[coop] = [cuda.to_numpy(y) for y in cuda.matmul_many(x, w)]
         assert ("matvec_coop_q6_k" in launched) == coop, launched
@@ -909,7 +906,7 @@ def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
 
 @pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q5_0), (GGMLType.Q8_0, GGMLType.Q6_K)], ids=str)
 def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, monkeypatch, record_property):
-    """Gemma 4's experts (BRASS_GEMMA4_FUSED_MOE): gate and up in one [E, 2F, D] tensor, GELU,
+    """Gemma 4's experts (its fused_experts option): gate and up in one [E, 2F, D] tensor, GELU,
     a factor per expert on the down projection's output. As test_moe_ffn_decode, in two
     stages: the kernel's h against the reference's, the output against Backend.moe_ffn's
     composition on the reference from the kernel's own h; and the fused op really ran."""

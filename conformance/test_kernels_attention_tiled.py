@@ -375,14 +375,13 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
 
 
 @needs_cuda
-@pytest.mark.parametrize("on", [False, True], ids=["BRASS_ATTN_TILED=0", "default"])
+@pytest.mark.parametrize("on", [False, True], ids=["attn_tiled-off", "default"])
 def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
     """CudaBackend.attention sends a prompt (T >= 2, one cache) to the tiled kernel when
-    BRASS_ATTN_TILED is on and to attention.cu otherwise; a decode token (T = 1) always to
+    its attn_tiled option is on and to attention.cu otherwise; a decode token (T = 1) always to
     attention.cu. Either way the result is the reference's, and the Q8_1 blocks it wrote
     are remembered for the output projection."""
-    from brass.backends.cuda import backend as cb
-    monkeypatch.setattr(cb, "ATTN_TILED", on)
+    monkeypatch.setattr(cuda.options, "attn_tiled", on)
     launched = []
     real = cuda.launch
     monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])

@@ -67,12 +67,12 @@ def test_chunked_kernel(cuda, rng, T, Hk, Hv, D, decay, record_property):
 
 
 @needs_cuda
-@pytest.mark.parametrize("on", [False, True], ids=["default", "BRASS_DELTA_CHUNKED"])
-def test_switch_routes_prompts(cuda, rng, monkeypatch, on):
-    # With the switch on, a prompt of at least DELTA_CHUNKED_MIN_TOKENS tokens goes to the
-    # chunked kernel and a decode step (T = 1) stays sequential; off, nothing reaches it.
+@pytest.mark.parametrize("on", [False, True], ids=["delta_chunked-off", "default"])
+def test_option_routes_prompts(cuda, rng, monkeypatch, on):
+    # With the delta_chunked option on, a prompt of at least DELTA_CHUNKED_MIN_TOKENS tokens goes
+    # to the chunked kernel and a decode step (T = 1) stays sequential; off, nothing reaches it.
     from brass.backends.cuda import backend as cb
-    monkeypatch.setattr(cb, "DELTA_CHUNKED", on)
+    monkeypatch.setattr(cuda.options, "delta_chunked", on)
     launched = record_launches(cuda, monkeypatch)
     for T in (1, cb.DELTA_CHUNKED_MIN_TOKENS):
         q, k, v, g, beta, state = random_case(rng, T, 2, 4, 32)

@@ -15,15 +15,11 @@ chunk of 8 blocks is partial (288 = 8 + 1 blocks).
 
 Without a GPU the kernel tests skip; what runs everywhere: mmq.cu's own source compiled for
 the CPU with g++ (ci/mmq_host.py: the mma fragments emulated as the PTX ISA lays them out)
-against the numpy reference, and the switch's routing in the numpy reference. CI also
+against the numpy reference, and the moe_mmq option's routing in the numpy reference. CI also
 compiles mmq.cu with NVRTC (test_nvrtc_compile.py).
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -104,33 +100,6 @@ def test_mmq_extreme_activation(cuda, ref, rng, tmp_path, record_property):
     check(got, want, MMQ_SUM_ORDER, record_property, "mmq vs mat-vec")
 
 
-@needs_cuda
-@pytest.mark.parametrize("mmq", [False, True], ids=["default", "BRASS_MMQ"])
-def test_matmul_many_routes_to_mmq(cuda, ref, rng, tmp_path, monkeypatch, mmq, record_property):
-    # matmul_many's prompt branch: with the switch on, quantized weights go to mmq_<type> (x
-    # quantized once for all of them), a float weight stays on the float16 GEMM; off, nothing
-    # reaches mmq. The numpy reference follows the same switch (base.uses_mmq).
-    monkeypatch.setattr(base, "MMQ", mmq)
-    T, K = 40, 512
-    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {
-        "a": (GGMLType.Q4_K, (96, K)), "b": (GGMLType.Q6_K, (64, K)), "c": (GGMLType.F16, (32, K))}))
-    x = rng.uniform(-1, 1, (T, K)).astype(F32)
-    launched = record_launches(cuda, monkeypatch)
-    ws = [cuda.weight(gf, n) for n in "abc"]
-    got = [cuda.to_numpy(y) for y in cuda.matmul_many(cuda.asarray(x), ws)]
-    mmq_launches = [n for n in launched if n.startswith("mmq_")]
-    if mmq:
-        assert mmq_launches == ["mmq_q4_k", "mmq_q6_k"], launched
-        assert launched.count("quantize_q8_1") == 1, launched
-    else:
-        assert not mmq_launches, launched
-    # the F16 weight: the float16 GEMM either way, on its own bytes (no dequant copy)
-    assert "dequant_f16_f16" not in launched and "to_f16" in launched and "mmq_f16" not in launched, launched
-    for n, g in zip("abc", got):
-        want = ref.matmul(x, ref.weight(gf, n))
-        check(g, want, MATMUL, record_property, f"matmul_many {n}")
-
-
 @pytest.mark.parametrize("qtype", MMQ_TYPES, ids=tname)
 def test_mmq_on_the_cpu(rng, tmp_path, qtype, record_property):
     # The kernel source on the CPU (ci/mmq_host.py), against the reference: two row tiles and
@@ -149,38 +118,6 @@ def test_mmq_on_the_cpu(rng, tmp_path, qtype, record_property):
     with ref.rows_independent():
         want = ref.matmul(x, ref.weight(gf, "w"))
     check(got, want, MATMUL, record_property, "mmq (CPU build) vs numpy q8_1")
-
-
-def test_reference_follows_the_switch(rng, tmp_path, monkeypatch):
-    # No GPU needed: with the switch on, the numpy q8_1 reference multiplies a prompt against
-    # a quantized weight as it does a single row (Q8_1 activations, no float16 rounding), and
-    # the expert mat-muls keep the float16 GEMM's rounding (mul_mat_id is not sent to MMQ).
-    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {
-        "w": (GGMLType.Q4_K, (48, 512)), "f": (GGMLType.F16, (16, 512))}))
-    x = rng.uniform(-1, 1, (40, 512)).astype(F32)
-    ref = cuda_reference()
-    w, f = ref.weight(gf, "w"), ref.weight(gf, "f")
-    with ref.rows_independent():
-        q8_rows, f_rows = ref.matmul(x, w), ref.matmul(x, f)
-    monkeypatch.setattr(base, "MMQ", False)
-    f16_prompt = ref.matmul(x, w)
-    assert nmse(f16_prompt, q8_rows) > 1e-7          # the float16 GEMM's rounding is visible
-    monkeypatch.setattr(base, "MMQ", True)
-    assert base.uses_mmq(40, 512, GGMLType.Q4_K) and not base.uses_mmq(31, 512, GGMLType.Q4_K)
-    assert not base.uses_mmq(40, 512, GGMLType.F16) and not base.uses_mmq(40, 288, GGMLType.Q4_K)
-    assert base.uses_mmq(40, 288, GGMLType.Q8_0)
-    assert nmse(ref.matmul(x, w), q8_rows) <= MATMUL
-    assert nmse(ref.matmul(x, f), f_rows) > 1e-9      # float weights keep the float16 GEMM
-
-
-def test_switch_is_read_from_the_environment():
-    code = "from brass.backends import base; print(base.MMQ)"
-    for env, want in (("1", "True"), ("0", "False"), (None, "False")):
-        e = {k: v for k, v in os.environ.items() if k != "BRASS_MMQ"}
-        if env is not None:
-            e["BRASS_MMQ"] = env
-        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == want, (env, out.stdout, out.stderr)
 
 
 # -- a prompt's expert mat-muls on the same tiles (mmq_id_<type>, BRASS_MOE_MMQ) ------------------
@@ -365,9 +302,9 @@ def test_cpu_builds_of_variants_do_not_share_their_tiles(rng, tmp_path):
 @needs_cuda
 @pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
 def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property):
-    # The same through the backend's matmul_id with the switch on (the reference follows it:
-    # base.uses_mmq_id), and against the decode kernels (matvec_id: the same integer sums).
-    monkeypatch.setattr(base, "MOE_MMQ", True)
+    # The same through the backend's matmul_id with its moe_mmq option on (the reference's own
+    # moe_mmq follows it), and against the decode kernels (matvec_id: the same integer sums).
+    assert cuda.options.moe_mmq and ref.moe_mmq
     gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
     w = cuda.weight(gf, "w")
     X, I = cuda.asarray(x), cuda.asarray(ids)
@@ -381,18 +318,28 @@ def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_prop
     assert np.isnan(got[bad]).all(), "an out-of-range expert id must give NaN rows"
     assert not (got == 1234.5).any(), "elements left unwritten"
     monkeypatch.undo()
-    monkeypatch.setattr(base, "MOE_MMQ", True)
     check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
     with cuda.rows_independent():
         dec = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), w, cuda.asarray(np.where(bad, 0, ids))))
     check(got[~bad], dec[~bad], MMQ_SUM_ORDER, record_property, "mmq_id vs matvec_id")
 
 
-def test_moe_mmq_switch_routes_the_reference(monkeypatch):
-    # Under BRASS_MOE_MMQ a prompt's expert mat-mul is rounded as the mat-vec in the q8_1
-    # reference (no float16 GEMM); the decode rows and F32 experts are not affected.
-    monkeypatch.setattr(base, "MOE_MMQ", False)
-    assert not base.uses_mmq_id(64, 512, GGMLType.Q4_K)
-    monkeypatch.setattr(base, "MOE_MMQ", True)
+def test_moe_mmq_option_routes_the_reference(rng, tmp_path):
+    # uses_mmq_id: a prompt (GEMM_MIN_TOKENS tokens or more) against experts of a type with an
+    # mmq kernel, K a multiple of its block. With its moe_mmq option on (the default, as the
+    # CUDA backend's), the q8_1 reference rounds such an expert mat-mul as the mat-vec (Q8_1
+    # activations, no float16 rounding); off, as the float16 GEMM.
     assert base.uses_mmq_id(64, 512, GGMLType.Q4_K) and not base.uses_mmq_id(31, 512, GGMLType.Q4_K)
     assert not base.uses_mmq_id(64, 512, GGMLType.F16) and not base.uses_mmq_id(64, 288, GGMLType.Q6_K)
+    E, N, K, T, k = 4, 48, 512, 40, 2
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {"w": (GGMLType.Q4_K, (E, N, K))}))
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    ref = cuda_reference()
+    w = ref.weight(gf, "w")
+    with ref.rows_independent():
+        q8_rows = ref.matmul_id(x, w, ids)
+    assert ref.moe_mmq
+    assert nmse(ref.matmul_id(x, w, ids), q8_rows) <= MATMUL
+    ref.moe_mmq = False
+    assert nmse(ref.matmul_id(x, w, ids), q8_rows) > 1e-7      # the float16 GEMM's rounding

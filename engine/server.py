@@ -283,7 +283,7 @@ def cmd_serve(args):
         raise BrassError(f"brass serve needs FastAPI and uvicorn ({e}): pip install -e .") from None
     model = Model(args.model, backend=args.backend, n_ctx=args.ctx)
     app = App(model, model_id_for(args.model, model.path), args.api_key, args.parallel, args.max_waiting)
-    if graphs_enabled(model.backend):       # what BatchScheduler.warm_up has work for
+    if graphs_enabled(model):       # what BatchScheduler.warm_up has work for
         print("brass: loading kernels and capturing decode graphs before the first request",
               file=sys.stderr, flush=True)
         print(f"brass: ready in {app.scheduler.warm_up():.1f} s", file=sys.stderr, flush=True)

@@ -11,7 +11,6 @@ Conventions (see docs/design.md):
 from __future__ import annotations
 
 import contextlib
-import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -40,9 +39,6 @@ def uses_f16_gemm(n_rows: int, k: int, wtype) -> bool:
 MMQ_BLOCK = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 39: 32, 12: 256, 13: 256, 14: 256}
 
 
-MOE_MMQ = os.environ.get("BRASS_MOE_MMQ", "1") not in ("", "0")
-
-
 def uses_mmq_id(n_tokens: int, k: int, wtype) -> bool:
     """Whether a prompt's expert mat-mul of `n_tokens` tokens, `k` features, against experts of
     GGML type `wtype` can go to the int8 tiles (kernels/mmq.cu mmq_id_<type>): a prompt and a
@@ -51,7 +47,7 @@ def uses_mmq_id(n_tokens: int, k: int, wtype) -> bool:
     mat-vec, planned on the device, where the float16 GEMMs' per-layer routing plan is read
     on the host (a MoE prompt then spends most of its wall time waiting for it)."""
     blk = MMQ_BLOCK.get(int(wtype))
-    return MOE_MMQ and blk is not None and n_tokens >= GEMM_MIN_TOKENS and k % blk == 0
+    return blk is not None and n_tokens >= GEMM_MIN_TOKENS and k % blk == 0
 
 
 class Weight(ABC):
@@ -212,6 +208,10 @@ class Backend(ABC):
         return q, k
 
     # -- a batch of sequences, one token row each (batched decode) ----------------------------
+    # Whether a batched step's kernels reach each row's KV cache through device tables of the
+    # rows' cache addresses (bucket graphs need that: engine/batch.py BucketStep).
+    row_tables = False
+
     # Set inside rows_independent(); a backend whose multi-row kernels sum in another order
     # than its single-row ones reads it and takes the single-row ones for the rows.
     _rows_independent = False

@@ -80,10 +80,14 @@ class NumpyWeight(Weight):
 class NumpyBackend(Backend):
     name = "numpy"
 
-    def __init__(self, act_mode: str = "cpu"):
+    def __init__(self, act_mode: str = "cpu", moe_mmq: bool = True):
         if act_mode not in ("cpu", "q8_1"):
             raise ValueError(f"act_mode must be 'cpu' or 'q8_1', not {act_mode!r}")
         self.act_mode = act_mode
+        # q8_1 mode: a prompt's expert mat-muls rounded as the CUDA backend with the same
+        # option computes them (on: its int8 tiles, the mat-vec's rounding; off: its float16
+        # GEMMs)
+        self.moe_mmq = bool(moe_mmq)
         # rows_independent (base): BLAS sums a gemm's rows in another order than a gemv's,
         # so the rows are multiplied one by one, as alone (_mm's by_row).
 
@@ -143,10 +147,10 @@ class NumpyBackend(Backend):
         T, k = ids.shape
         x = np.ascontiguousarray(x, F32)
         out = np.empty((T, k, w.shape[1]), F32)
-        # The CUDA backend multiplies a prompt's experts as GEMMs (rows of T tokens), or, under
-        # BRASS_MOE_MMQ, on int8 tiles against Q8_1 (as the mat-vec).
-        f16 = (self.act_mode == "q8_1" and not self._rows_independent
-               and uses_f16_gemm(T, x.shape[-1], w.type) and not uses_mmq_id(T, x.shape[-1], w.type))
+        # The CUDA backend multiplies a prompt's experts on int8 tiles against Q8_1 (as the
+        # mat-vec), or with moe_mmq off as GEMMs (rows of T tokens).
+        f16 = (self.act_mode == "q8_1" and not self._rows_independent and uses_f16_gemm(T, x.shape[-1], w.type)
+               and not (self.moe_mmq and uses_mmq_id(T, x.shape[-1], w.type)))
         for e in np.unique(ids):
             tt, jj = np.nonzero(ids == e)
             out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e), f16=f16)

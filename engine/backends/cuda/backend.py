@@ -1,7 +1,7 @@
 """The CUDA backend: the op surface of engine/backends/base.py on one GPU, with CuPy arrays
 and the NVRTC kernels under kernels/.
 
-- Device: the most capable visible GPU, or BRASS_DEVICE / `device=` (device.py).
+- Device: the most capable visible GPU, or `device=` / the BRASS_DEVICE setting (device.py).
 - Kernels: compiled on first use for this GPU's architecture, cached on disk (compiler.py).
   Every launch has one shape: buffers first, then one by-value parameter struct
   (kernels/params.cuh).
@@ -12,14 +12,14 @@ and the NVRTC kernels under kernels/.
 - Weights: streamed tensor by tensor from the file through a fixed pinned staging buffer,
   so the host never holds more than that buffer of weight data, and stay on the device in
   their quantized form.
-- Debug (BRASS_CUDA_DEBUG=1): kernels compiled with line info, and the stream checked after
-  every launch, so a failing kernel is named where it fails.
+- Options (options.py): the choices between two code paths the backend keeps, each at the
+  default the GPU suite runs; `debug` compiles kernels with line info and checks the stream
+  after every launch, so that a failing kernel is named where it fails.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import re
 import traceback
 from collections import OrderedDict, deque
@@ -31,12 +31,13 @@ from cupy_backends.cuda.api.driver import CUDADriverError
 
 from brass.backends.cuda.params import pack
 
-from ... import quants
+from ... import flags, quants
 from ...errors import BrassError, UnsupportedError
 from ...gguf import BLOCK_SIZES, GGMLType
 from ..base import MMQ_BLOCK, Backend, Weight, uses_f16_gemm, uses_mmq_id
 from .compiler import KERNEL_DIR, compile_source, target_for
 from .device import choose_device
+from .options import CudaOptions
 from . import attention_tiled, blas, pdl
 from .errors import CudaError
 
@@ -72,14 +73,12 @@ def gdn_threads(d: int) -> int:
     return GDN_ROWS * max(1, d // GDN_PART)
 # gated_delta_net_chunked_<D> (kernels/delta_chunked.cu): a prompt's delta rule in chunks of
 # GDN_CHUNK tokens, a block of GDN_CHUNK_THREADS threads per (value head, GDN_COLS state
-# columns). Prompts of at least DELTA_CHUNKED_MIN_TOKENS tokens go there (on the H200 at
-# T = 512, Qwen3.6's 16/32 heads of 128: 486 us against 886 us for the sequential kernel, NMSE
-# 1.8e-13 between them); BRASS_DELTA_CHUNKED=0 keeps the sequential kernel, as llama.cpp runs
-# it. The threshold is one chunk: below it the chunked kernel has no state steps to save.
+# columns). Prompts of at least DELTA_CHUNKED_MIN_TOKENS tokens go there (the delta_chunked
+# option; off: the sequential kernel, as llama.cpp runs it). The threshold is one chunk: below
+# it the chunked kernel has no state steps to save.
 _DELTA_CU = (KERNEL_DIR / "delta_chunked.cu").read_text()
 GDN_CHUNK, GDN_CHUNK_THREADS, GDN_COLS = (int(re.search(rf"#define {n} (\d+)", _DELTA_CU).group(1))
                                           for n in ("GDN_CHUNK", "GDN_CHUNK_THREADS", "GDN_COLS"))
-DELTA_CHUNKED = os.environ.get("BRASS_DELTA_CHUNKED", "1") not in ("", "0")
 DELTA_CHUNKED_MIN_TOKENS = GDN_CHUNK
 
 
@@ -88,38 +87,9 @@ def gdn_chunked_smem(d: int) -> int:
     C = GDN_CHUNK
     return 4 * (2 * C * (d + 1) + d * (GDN_COLS + 1) + 2 * C * (C + 1) + C * GDN_COLS
                 + 3 * C + GDN_CHUNK_THREADS)
-# Batched decode steps write and read each row's KV cache through device arrays of the rows'
-# cache addresses (one launch per layer); BRASS_ROW_KERNELS=0 loops over the rows instead.
-ROW_KERNELS = os.environ.get("BRASS_ROW_KERNELS", "1") != "0"
-# A decode step's q, k (one type) and v (another: Q4_K_M gives attn_v Q6_K) in one launch,
-# matvec_mixed_<a>_<b> (kernels/matvec.cuh: the same bits as the two launches), one launch
-# boundary fewer a layer; BRASS_MIXED_MATVEC=0 turns it off. On since the H200 timed it (tg128
-# alternated twice, 2026-12-02): the Qwen3-0.6B shape 878.7 / 880.2 against 848.0 / 841.7 tok/s,
-# the 8B 319.4 / 318.4 against 301.1 / 300.2 (small decodes are bound by their launches).
-MIXED_MATVEC = os.environ.get("BRASS_MIXED_MATVEC", "1") not in ("", "0")
+# matvec_mixed_<a>_<b> (kernels/matvec.cuh, the mixed_matvec option): a decode step's q, k (type
+# a) and v (type b: Q4_K_M gives attn_v Q6_K) in one launch, the same bits as two launches
 MIXED_PAIRS = {(GGMLType.Q4_K, GGMLType.Q6_K): "q4_k_q6_k", (GGMLType.Q5_K, GGMLType.Q6_K): "q5_k_q6_k"}
-PDL = os.environ.get("BRASS_PDL", "1") not in ("", "0")
-# Prompt GEMMs against quantized weights dequantize each weight to float16 every time (on the
-# H200, dequant_f16_q4_k took ~106 us a call: ~26 ms of device time per Qwen3-8B prompt, and
-# 7 launches per layer of host time on small models). BRASS_F16_WEIGHTS=1 keeps the float16
-# copy of each dense weight after its first prompt instead, while the copies fit a budget
-# (BRASS_F16_WEIGHTS_GB, else half the device memory free when the first copy is made); the
-# GEMM then reads the same float16 values, so results do not change. On unless
-# BRASS_F16_WEIGHTS=0: on the H200 (2026-12-01, same call, pp512) the Qwen3-8B shape went from
-# 7,772 to 12,499 tok/s, the 0.6B from 20,775 to 26,176.
-F16_WEIGHTS = os.environ.get("BRASS_F16_WEIGHTS", "1") not in ("", "0")
-# BRASS_ATTN_TILED=1: a prompt's attention (T >= 2, one sequence) in tiles on tensor cores
-# (kernels/attention_tiled.cu), where attention.cu takes a block per (head, query) with the
-# query's whole row of logits in shared memory (8.4 ms of a 13 ms Qwen3-0.6B prompt of 512
-# tokens on the H200, and no context beyond ~57k slots). On unless BRASS_ATTN_TILED=0: on the
-# H200 (2026-12-01, pp512) the Qwen3-8B shape 7,772 -> 9,386 tok/s, the 30B-A3B (with the
-# other levers) 3,844 -> 4,812; the 0.6B's host-bound figure moved both ways between calls.
-ATTN_TILED = os.environ.get("BRASS_ATTN_TILED", "1") not in ("", "0")
-# Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py) capture the prompt's cuBLAS GEMMs, which
-# CuPy's binding refuses during a capture: with them on, the backend calls cuBLAS through a
-# handle of its own (blas.py), for eager prompts too (the same handle and workspace, so a
-# replayed prompt computes what an eager one does).
-OWN_CUBLAS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
 SMALL_FLOAT_ROWS = 1024              # float decode mat-vecs of at most this many rows: block per row
 FUSED_NORM_THREADS = 1024
 ROPE_STORE_THREADS = 128
@@ -167,18 +137,13 @@ GLU_WIDE_WARPS = int(re.search(r"#define GLU_WIDE_WARPS (\d+)", _MATVEC_H).group
 GLU_WIDE_MAX_BLOCKS_PER_SM = int(re.search(r"#define GLU_WIDE_MAX_BLOCKS_PER_SM (\d+)", _MATVEC_H).group(1))
 # matvec_coop_q6_k (kernels/matvec.cuh, MV_COOP_WARPS): a one-token Q6_K mat-vec whose warps read
 # each chunk of 32 items of a row together into shared memory (coalesced) before each lane takes
-# its item, where matvec_q6_k's lanes read their own items' words (~7 cache lines a warp-wide
-# load: bound by L1); the same bits. Rows of whole chunks only (K a multiple of 1024: row bytes a
-# multiple of 8); BRASS_Q6K_COOP=0 (read at import) keeps matvec_q6_k. Measured on the H200
-# (2026-12-03, one call, tg128 alternated): Qwen3-0.6B (its 151936 x 1024 head) 890.6 / 890.4
-# -> 901.6 / 901.5 tok/s, Qwen3-8B 315.4 -> 317.1; the 151936 x 4096 head alone 200 -> 186 us;
-# every output of ci/gpu_coop_check.py's five shapes and 64 greedy tokens of both models equal.
-Q6K_COOP = os.environ.get("BRASS_Q6K_COOP", "1") not in ("", "0")
+# its item, where matvec_q6_k's lanes read their own items' words (bound by L1); the same bits.
+# Rows of whole chunks only (K a multiple of 1024: row bytes a multiple of 8); the q6k_coop
+# option (off: matvec_q6_k).
 MV_COOP_WARPS = int(re.search(r"#define MV_COOP_WARPS (\d+)", _MATVEC_H).group(1))
 MV_COOP_ROWS = int(re.search(r"#define MV_COOP_ROWS (\d+)", _MATVEC_H).group(1))    # rows a warp at once
 # ... its blocks at most per SM (the warps step over the rest of the rows): 8 blocks of
-# MV_COOP_WARPS = 8 warps, as many warps as an H200 SM holds; 4 gave the 151936 x 4096 head
-# 194 us against 186 (eager launches, one call: the smaller shapes were host-bound there)
+# MV_COOP_WARPS = 8 warps, as many warps as an H200 SM holds (4 were slower on an output head)
 COOP_BLOCKS_PER_SM = 8
 
 
@@ -190,9 +155,9 @@ def mv_split(k: int) -> int:
 
 def uses_q6k_coop(wtype, k: int, row_bytes: list[int]) -> bool:
     """Whether a one-token mat-vec of `wtype` over rows of k values (matrices of `row_bytes`)
-    takes matvec_coop_q6_k: BRASS_Q6K_COOP on, Q6_K, a warp per row (not split) and rows of
-    whole 8-byte words (its chunks)."""
-    return Q6K_COOP and wtype == GGMLType.Q6_K and mv_split(k) == 1 and all(rb % 8 == 0 for rb in row_bytes)
+    can take matvec_coop_q6_k (where the q6k_coop option is on): Q6_K, a warp per row (not
+    split) and rows of whole 8-byte words (its chunks)."""
+    return wtype == GGMLType.Q6_K and mv_split(k) == 1 and all(rb % 8 == 0 for rb in row_bytes)
 
 
 def coop_blocks(units: int, n_sms: int, warps: int | None = None, rows: int | None = None) -> int:
@@ -428,8 +393,11 @@ def _grid_1d(n: int, threads: int, cap: int = 65535 * 8) -> int:
 class CudaBackend(Backend):
     name = "cuda"
 
-    def __init__(self, device: int | str | None = None, debug: bool | None = None,
-                 poison_outputs: bool = False, f16_weights: bool | None = None):
+    def __init__(self, device: int | str | None = None, *, poison_outputs: bool = False, **options):
+        """`device`: an index (default: the BRASS_DEVICE setting, else the most capable GPU);
+        `options`: fields of CudaOptions (options.py), each at its default unless given."""
+        flags.check()
+        self.options = CudaOptions(**options)
         self.device_id = choose_device(device)
         self.device = cupy.cuda.Device(self.device_id)
         self.device.use()
@@ -438,10 +406,9 @@ class CudaBackend(Backend):
         self.n_sms = int(props["multiProcessorCount"])
         self.cc = int(props["major"]) * 10 + int(props["minor"])
         self.smem_optin_limit = int(props.get("sharedMemPerBlockOptin", _DEFAULT_SMEM))
-        self.debug = os.environ.get("BRASS_CUDA_DEBUG", "") not in ("", "0") if debug is None else debug
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
-        self.kernels = _Kernels(self.cc, self.debug)
+        self.kernels = _Kernels(self.cc, self.options.debug)
         # Tests fill every output with NaN (ints with -1) before the kernel runs, so that an
         # element a kernel fails to write cannot pass for a stale right answer.
         self.poison_outputs = poison_outputs
@@ -455,9 +422,8 @@ class CudaBackend(Backend):
         self.launches = 0           # kernels launched (or captured) so far, by launch()
         self._gemm_scratch = None
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
-        self.own_cublas = OWN_CUBLAS
-        self._own_blas = None       # blas.Handle, made on first use when own_cublas
-        self._id_plan = None        # (ids array, experts, device plan) of mmq_id (BRASS_MOE_MMQ)
+        self._own_blas = None       # blas.Handle, made on first use (options.own_cublas)
+        self._id_plan = None        # (ids array, experts, device plan) of mmq_id (options.moe_mmq)
         self._row_tables: dict = {}  # cache addresses of batched steps' rows (_row_pointers)
         self._graph_refs: list | None = None   # arrays a graph being captured reads (capture)
         # While a bucket graph of batched steps is captured (engine/batch.py BucketStep): a
@@ -465,13 +431,11 @@ class CudaBackend(Backend):
         # rows' cache addresses from (rewritten before each replay), and the capacity that
         # bounds every row's cache.
         self.row_tables_override = None
-        self.row_kernels = ROW_KERNELS
         # Kernels captured into graphs are launched with programmatic dependent launch where the
-        # GPU has it (sm_90+); BRASS_PDL=0 captures plain launches, to compare.
-        self.pdl = PDL and pdl.available(self.cc)
-        # Float16 copies of dense weights for the prompt GEMMs (F16_WEIGHTS): {id(weight):
-        # (weight, copy)}, their bytes, and the budget (fixed at the first copy).
-        self.f16_weights = F16_WEIGHTS if f16_weights is None else bool(f16_weights)
+        # GPU has it (sm_90+) and the pdl option is on.
+        self.pdl = self.options.pdl and pdl.available(self.cc)
+        # Float16 copies of dense weights for the prompt GEMMs (options.f16_weights):
+        # {id(weight): (weight, copy)}, their bytes, and the budget (fixed at the first copy).
         self._f16_copies: dict = {}
         self.f16_weight_bytes = 0
         self._f16_budget = None
@@ -481,6 +445,10 @@ class CudaBackend(Backend):
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
+
+    @property
+    def row_tables(self) -> bool:
+        return self.options.row_kernels
 
     def _out(self, shape, dtype=F32):
         """A new output array (poisoned when poison_outputs is set)."""
@@ -515,7 +483,7 @@ class CudaBackend(Backend):
                 fn(grid, (int(block),), (*buffers, params), shared_mem=int(smem), stream=self.stream)
             except (cupy.cuda.runtime.CUDARuntimeError, CUDADriverError) as e:
                 raise CudaError(f"kernel {name} (kernels/{source}) did not launch: {e}") from None
-        if self.debug:
+        if self.options.debug:
             try:
                 self.stream.synchronize()
             except (cupy.cuda.runtime.CUDARuntimeError, CUDADriverError) as e:
@@ -616,7 +584,7 @@ class CudaBackend(Backend):
 
     def _allocate(self, make, shape, dtype):
         """make(shape, dtype) on this device; when it does not fit, the float16 weight copies
-        (a cache of the prompt GEMMs, F16_WEIGHTS) make room, and no more are made; when it
+        (a cache of the prompt GEMMs, options.f16_weights) make room, and no more are made; when it
         still does not fit, one line says so."""
         with self.activate():
             try:
@@ -635,9 +603,9 @@ class CudaBackend(Backend):
 
     def drop_f16_weights(self) -> bool:
         """Free the float16 weight copies and make no more (prompts then dequantize per call,
-        with the same results). Not while prompt graphs may hold them (OWN_CUBLAS: a captured
-        GEMM reads its copy at every replay). Whether anything was freed."""
-        if not self._f16_copies or self.own_cublas:
+        with the same results). Not while prompt graphs may hold them (options.own_cublas: a
+        captured GEMM reads its copy at every replay). Whether anything was freed."""
+        if not self._f16_copies or self.options.own_cublas:
             return False
         self._f16_copies.clear()
         self.f16_weight_bytes = 0
@@ -770,7 +738,7 @@ class CudaBackend(Backend):
                     self._matmul_tiles(x2, w, y, src)
                 else:
                     by_type.setdefault(w.type, []).append((w, y))
-            pair = self._mixed_pair(T, K, by_type)
+            pair = self._mixed_pair(T, K, by_type) if self.options.mixed_matvec else None
             if pair is not None:
                 self._matvec_mixed(x2, by_type[pair[0]], by_type[pair[1]], src)
                 by_type = {}
@@ -793,7 +761,7 @@ class CudaBackend(Backend):
         """(type of matrices 0 and 1, type of matrix 2) when one matvec_mixed_ launch takes the
         decode groups `by_type` (one token, two types of a MIXED_PAIRS pair, at most two
         matrices of the first and one of the second, rows not split), else None."""
-        if not MIXED_MATVEC or T != 1 or len(by_type) != 2 or mv_split(K) != 1:
+        if T != 1 or len(by_type) != 2 or mv_split(K) != 1:
             return None
         a, b = by_type
         for ta, tb in ((a, b), (b, a)):
@@ -833,7 +801,8 @@ class CudaBackend(Backend):
                           n_rows2=rows[2], cols=1, row_bytes0=ws[0].row_bytes, row_bytes1=ws[1].row_bytes,
                           row_bytes2=ws[2].row_bytes)
             # matvec_coop_q6_k reads its chunks as 8-byte words: the buffers too must be 8-aligned
-            if uses_q6k_coop(w0.type, K, [w.row_bytes for w in ws]) and all(w.data.data.ptr % 8 == 0 for w in ws):
+            if self.options.q6k_coop and uses_q6k_coop(w0.type, K, [w.row_bytes for w in ws]) \
+                    and all(w.data.data.ptr % 8 == 0 for w in ws):
                 self.launch(src_file, "matvec_coop_q6_k", (coop_blocks(sum(rows), self.n_sms), T), MV_COOP_WARPS * 32,
                             ws[0].data, ws[1].data, ws[2].data, xa, *outs, params=params,
                             smem=_stage_bytes(w0.type, K))
@@ -914,8 +883,8 @@ class CudaBackend(Backend):
 
     def _blas(self):
         """The cuBLAS calls of this backend's stream: CuPy's binding, or a handle of our own
-        with its own workspace (OWN_CUBLAS: calls that a stream capture may record)."""
-        if self._own_blas is None and self.own_cublas:
+        with its own workspace (options.own_cublas: calls that a stream capture may record)."""
+        if self._own_blas is None and self.options.own_cublas:
             if self._graph_refs is not None:
                 # its workspace would come from the capture's memory: an eager prompt makes it
                 raise CudaError("the cuBLAS handle is made by an eager prompt, not inside a capture")
@@ -936,12 +905,12 @@ class CudaBackend(Backend):
     def _weight_f16(self, w):
         """The float16 matrix [N, K] of the 2-D weight w for the prompt GEMM without dequantizing:
         an F16 weight's own bytes; for other types the copy kept since the first prompt, made
-        while the copies fit their budget (F16_WEIGHTS); else None (dequantize per call)."""
+        while the copies fit their budget (options.f16_weights); else None (dequantize per call)."""
         if len(w.shape) != 2:
             return None
         if w.type == GGMLType.F16:      # already float16, row-major [N, K]: no copy needed
             return w.data
-        if not self.f16_weights:
+        if not self.options.f16_weights:
             return None
         entry = self._f16_copies.get(id(w))
         if entry is not None:
@@ -951,13 +920,7 @@ class CudaBackend(Backend):
         N, K = w.shape
         nbytes = 2 * N * K
         if self._f16_budget is None:
-            env = os.environ.get("BRASS_F16_WEIGHTS_GB")
-            try:
-                gib = float(env) if env else None
-            except ValueError:
-                gib = float("nan")
-            if gib is not None and not (gib >= 0 and np.isfinite(gib)):
-                raise BrassError(f"BRASS_F16_WEIGHTS_GB must be a finite number of GiB >= 0, got {env!r}")
+            gib = self.options.f16_weights_gb
             if gib is not None:
                 self._f16_budget = int(gib * 2**30)
             else:
@@ -990,7 +953,7 @@ class CudaBackend(Backend):
         if x.shape[:-1] != ((T, k) if per_slot else (T,)):
             raise BrassError(f"matmul_id: x of shape {x.shape} does not match ids of shape {ids.shape}")
         y = self._out((T, k, N), F32)
-        mmq = T and k and not self._rows_independent and uses_mmq_id(T, K, w.type)
+        mmq = T and k and not self._rows_independent and self.options.moe_mmq and uses_mmq_id(T, K, w.type)
         # (under the switch without int8 mma, sm < 8.0: the mat-vec kernels, which round as
         # the reference then expects, not the float16 GEMM)
         if mmq and self.cc >= 80 and -(-T * k // MMQ_COLS) + min(E, T * k) < 65535 and E <= MOE_PLAN_MAX_E:
@@ -1007,7 +970,7 @@ class CudaBackend(Backend):
         return y
 
     def _matmul_id_mmq(self, x, w, ids, per_slot, y):
-        """A prompt's expert mat-muls on int8 tiles (BRASS_MOE_MMQ): moe_plan sorts the (token,
+        """A prompt's expert mat-muls on int8 tiles (options.moe_mmq): moe_plan sorts the (token,
         slot) pairs by expert on the device (kept while the same ids come back: gate, up and
         down of one layer), then one mmq_id launch covers every expert's tiles. No host
         synchronisation."""
@@ -1226,7 +1189,7 @@ class CudaBackend(Backend):
 
     def gated_delta_net(self, q, k, v, g, beta, state):
         q, k, v, g, beta, (T, Hv, Hk, D) = self._gdn_args(q, k, v, g, beta, state)
-        if DELTA_CHUNKED and T >= DELTA_CHUNKED_MIN_TOKENS \
+        if self.options.delta_chunked and T >= DELTA_CHUNKED_MIN_TOKENS \
                 and gdn_chunked_smem(D) <= self.smem_optin_limit:
             return self._gated_delta_net_chunked(q, k, v, g, beta, state, T, Hv, Hk, D)
         out = self._out((T, Hv, D))
@@ -1255,7 +1218,7 @@ class CudaBackend(Backend):
         self._state(state, (Hv, D, D), "gated_delta_net")
         return q, k, v, g, beta, (T, Hv, Hk, D)
 
-    # -- gated delta-net prompt in chunks (kernels/delta_chunked.cu, on unless BRASS_DELTA_CHUNKED=0) --------
+    # -- gated delta-net prompt in chunks (kernels/delta_chunked.cu, options.delta_chunked) ----------
     def gated_delta_net_chunked(self, q, k, v, g, beta, state):
         """gated_delta_net by the chunked kernel whatever the switch and T say (the tests
         call it directly): the same checks, contract and state update."""
@@ -1370,7 +1333,7 @@ class CudaBackend(Backend):
     def attention_rows(self, q, layers, pos, scale, window=0):
         if len(layers) == 1:
             return self.attention(q, *layers[0], pos, scale, window)
-        if not ROW_KERNELS:
+        if not self.options.row_kernels:
             return super().attention_rows(q, layers, pos, scale, window)
         k0, v0 = layers[0]
         if q.shape[0] != len(layers):
@@ -1396,7 +1359,7 @@ class CudaBackend(Backend):
         out_q = self._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
         if row_caches is None:
             self._no_direct_cache("attention")
-            if ATTN_TILED and T >= 2 and attention_tiled.attention_tiled(
+            if self.options.attn_tiled and T >= 2 and attention_tiled.attention_tiled(
                     self, q, k_cache, v_cache, pos, scale, window, out, out_q, write_q8):
                 if write_q8:
                     self._remember_q8(out, out_q)
@@ -1557,7 +1520,7 @@ class CudaBackend(Backend):
     def rope_store_rows(self, q, k, v, pos, layers, **kw):
         if len(layers) == 1:
             return self.rope_store(q, k, v, pos, *layers[0], **kw)
-        if not ROW_KERNELS:
+        if not self.options.row_kernels:
             return super().rope_store_rows(q, k, v, pos, layers, **kw)
         if q.shape[0] != len(layers):
             raise BrassError(f"rope_store_rows: {q.shape[0]} rows for {len(layers)} caches")
