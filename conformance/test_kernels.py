@@ -558,7 +558,8 @@ def q8_blocks(cuda, blocks, rows):
 
 def assert_q8_of(cuda, x, what):
     """The Q8_1 blocks the producer kernel wrote beside x equal quantize_q8_1(x), bit for bit."""
-    blocks = cuda._q8_of(x)
+    from brass.backends.cuda import quantize
+    blocks = quantize.blocks_of(cuda, x)
     assert blocks is not None, f"{what}: no Q8_1 blocks were written beside the output"
     xs = cuda.to_numpy(x).reshape(-1, x.shape[-1])
     d, s, qs = q8_blocks(cuda, blocks, xs.shape[0])
@@ -777,13 +778,14 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     import re
 
     from brass.backends.cuda import CudaBackend
-    from brass.backends.cuda import backend as cb
-    header = int(re.search(r"#define MV_SPLIT_WARPS (\d+)", cb._MATVEC_H).group(1))
-    plain = re.search(r"#define MV_SPLIT_WARPS_PLAIN (\w+)", cb._MATVEC_H).group(1)
+    from brass.backends.cuda.common import TYPE_NAMES
+    from brass.backends.cuda.compiler import define, source_text
+    header = define("matvec.cuh", "MV_SPLIT_WARPS")
+    plain = re.search(r"#define MV_SPLIT_WARPS_PLAIN (\w+)", source_text("matvec.cuh")).group(1)
     plain = header if plain == "MV_SPLIT_WARPS" else int(plain)
     preloaded = qtype == GGMLType.Q4_K      # (MV_PRELOAD: the kinds MV_SPLIT_WARPS_PLAIN leaves out)
     K = 12288
-    kernel = f"matvec_split_{cb._TYPE_NAMES[qtype]}"
+    kernel = f"matvec_split_{TYPE_NAMES[qtype]}"
     gf = weights(tmp_path, rng, {"a": (qtype, (300, K)), "b": (qtype, (37, K))})
     x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
     builds = {(): header if preloaded else plain, ("-DMV_SPLIT_WARPS=8", "-DMV_SPLIT_WARPS_PLAIN=8"): 8,
@@ -811,7 +813,7 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
     # blocks and matvec_glu_ (8 x 4) the rest (backend: GLU_WIDE_MAX_BLOCKS_PER_SM); the test
     # models' launches are all small, so each kernel is forced here in turn: the same h and Q8_1
     # blocks, dense and over chosen experts, or which one a matrix takes would move numbers
-    from brass.backends.cuda import backend as cb
+    from brass.backends.cuda import matvec as mv
     E, N, K, k = 8, 736, 1024, 4
     gf = weights(tmp_path, rng, {"g": (qtype, (E, N, K)), "u": (qtype, (E, N, K)),
                                  "g2": (qtype, (N, K)), "u2": (qtype, (N, K))})
@@ -820,9 +822,9 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
     ids = cuda.asarray(rng.choice(E, (1, k), replace=False).astype(np.int32))
     out = {}
     for wide, limit in (("wide", 1 << 20), ("8x4", 0)):
-        monkeypatch.setattr(cb, "GLU_WIDE_MAX_BLOCKS_PER_SM", limit)
-        h, hq = cuda._glu_matvec(x, w["g2"], w["u2"], False)
-        he, hqe = cuda._glu_matvec(x, w["g"], w["u"], False, ids=ids, what="moe_ffn")
+        monkeypatch.setattr(mv, "GLU_WIDE_MAX_BLOCKS_PER_SM", limit)
+        h, hq = mv.glu_matvec(cuda, x, w["g2"], w["u2"], False)
+        he, hqe = mv.glu_matvec(cuda, x, w["g"], w["u"], False, ids=ids, what="moe_ffn")
         out[wide] = [cuda.to_numpy(a) for a in (h, he) + tuple(q for q in (hq, hqe) if q is not None)]
     for what, a, b in zip(("dense h", "experts' h", "dense Q8_1", "experts' Q8_1"), out["wide"], out["8x4"]):
         if a.dtype == F32:
@@ -842,6 +844,7 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
 def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T):
     if qtype == GGMLType.MXFP4 and K != 1024:
         pytest.skip("one K is enough for MXFP4 (its kernel shares the skeleton)")
+    from brass.backends.cuda import quantize
     # float matrices of at most SMALL_FLOAT_ROWS rows take another kernel: "a" is larger
     shapes = {"a": (qtype, (1100, K)), "b": (qtype, (513, K)), "c": (qtype, (96, K)),
               "g": (qtype, (96, K)), "u": (qtype, (96, K))}
@@ -852,7 +855,7 @@ def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T)
     with cuda.rows_independent():
         many = [cuda.to_numpy(y) for y in cuda.matmul_many(X, [w["a"], w["b"], w["c"]])]
         h = cuda.ffn_glu(X, w["g"], w["u"])
-    hb = cuda._q8_of(h)
+    hb = quantize.blocks_of(cuda, h)
     h = cuda.to_numpy(h)
     for t in range(T):
         xt = cuda.asarray(x[t:t + 1])
@@ -863,7 +866,7 @@ def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T)
         ht = cuda.ffn_glu(xt, w["g"], w["u"])
         assert np.array_equal(h[t:t + 1], cuda.to_numpy(ht)), f"token {t}: batched glu differs from alone"
         if hb is not None:
-            assert np.array_equal(cuda.to_numpy(hb)[t], cuda.to_numpy(cuda._q8_of(ht))[0]), \
+            assert np.array_equal(cuda.to_numpy(hb)[t], cuda.to_numpy(quantize.blocks_of(cuda, ht))[0]), \
                 f"token {t}: batched glu's Q8_1 blocks differ from alone"
 
 
@@ -881,6 +884,7 @@ def test_moe_route(cuda, ref, rng, E, k, norm, scale, record_property):
 @pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.MXFP4, GGMLType.MXFP4),
                                    (GGMLType.Q8_0, GGMLType.Q5_0)], ids=str)
 def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
+    from brass.backends.cuda import matvec
     E, N, D, k = 16, 256, 512, 4
     gu, dn = types
     gf = weights(tmp_path, rng, {"g": (gu, (E, N, D)), "u": (gu, (E, N, D)), "d": (dn, (E, D, N))})
@@ -896,7 +900,7 @@ def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
     # the end-to-end bound of 1e-8, Q8_0/Q5_0). So: (1) the kernel's h against the reference's
     # h (mat-vecs and SiLU: no re-quantization yet); (2) the output against the reference's
     # down projection of the kernel's own h (the same Q8_1 blocks on both sides: only sum order).
-    h, _ = cuda._glu_matvec(cuda.asarray(x), cw[0], cw[1], False, ids=cuda.asarray(ids), what="moe_ffn")
+    h, _ = matvec.glu_matvec(cuda, cuda.asarray(x), cw[0], cw[1], False, ids=cuda.asarray(ids), what="moe_ffn")
     h = cuda.to_numpy(h).reshape(1, k, N)
     want_h = ref.swiglu(ref.matmul_id(x, rw[0], ids), ref.matmul_id(x, rw[1], ids))
     check(h, want_h, OP_BOUNDS["ffn_glu"], record_property, "h")
@@ -910,6 +914,7 @@ def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, m
     a factor per expert on the down projection's output. As test_moe_ffn_decode, in two
     stages: the kernel's h against the reference's, the output against Backend.moe_ffn's
     composition on the reference from the kernel's own h; and the fused op really ran."""
+    from brass.backends.cuda import matvec
     E, F, D, k = 16, 256, 512, 4
     gu, dn = types
     gf = weights(tmp_path, rng, {"gu": (gu, (E, 2 * F, D)), "d": (dn, (E, D, F)), "s": (GGMLType.F32, (E,))})
@@ -922,7 +927,7 @@ def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, m
     got = cuda.moe_ffn(cuda.asarray(x), cw["gu"], None, cw["d"], cuda.asarray(ids), cuda.asarray(wts),
                        gelu=True, down_scale=cw["s"])
     assert any(n.startswith("matvec_moe_down_") for n in launched), launched
-    h, _ = cuda._glu_matvec(cuda.asarray(x), cw["gu"], None, True, ids=cuda.asarray(ids), what="moe_ffn")
+    h, _ = matvec.glu_matvec(cuda, cuda.asarray(x), cw["gu"], None, True, ids=cuda.asarray(ids), what="moe_ffn")
     h = cuda.to_numpy(h).reshape(1, k, F)
     gate_up = ref.matmul_id(x, rw["gu"], ids)
     check(h, ref.geglu(gate_up[..., :F], gate_up[..., F:]), OP_BOUNDS["ffn_glu_gelu"], record_property, "h")

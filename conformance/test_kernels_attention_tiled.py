@@ -258,7 +258,7 @@ def _old_launch(cuda, dq, dk, dv, dp, scale, window, out):
     """attention.cu's `attention` launched directly on device arrays (as CudaBackend.attention
     launched it for every T before the tiled kernel): whatever the backend now routes prompts
     to, this is the kernel the tiled one replaces."""
-    from brass.backends.cuda.backend import ATTN_THREADS, ATTN_WARPS
+    from brass.backends.cuda.attention import ATTN_THREADS, ATTN_WARPS
     from brass.backends.cuda.params import pack
     T, H, D = dq.shape
     cap, Hkv, _ = dk.shape
@@ -395,4 +395,5 @@ def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
         assert nmse(cuda.to_numpy(out), want.reshape(T, -1)) <= ATTENTION
         tiled = [n for n in launched if n.startswith("attention_tiled")]
         assert bool(tiled) == (on and T >= 2), launched
-        assert cuda._q8_of(out) is not None, "the output's Q8_1 blocks were not remembered"
+        from brass.backends.cuda import quantize
+        assert quantize.blocks_of(cuda, out) is not None, "the output's Q8_1 blocks were not remembered"

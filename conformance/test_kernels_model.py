@@ -262,7 +262,8 @@ class Lockstep:
         want = ref.moe_ffn(x, w_gate.ref, w_up.ref if w_up is not None else None, w_down.ref, ids, weights,
                            gelu, down_scale.ref if down_scale is not None else None)
         got = self.cuda.moe_ffn(*dev[:6], gelu=gelu, down_scale=dev[6])
-        h, _ = self.cuda._glu_matvec(dev[0], dev[1], dev[2], gelu, ids=dev[4], what="moe_ffn")
+        from brass.backends.cuda import matvec
+        h, _ = matvec.glu_matvec(self.cuda, dev[0], dev[1], dev[2], gelu, ids=dev[4], what="moe_ffn")
         h = self.cuda.to_numpy(h).reshape(*ids.shape, -1)
         F = h.shape[-1]
         if w_up is None:

@@ -308,7 +308,6 @@ def test_cuda_start_graph_equals_eager(name, rng):
     """On the GPU: sessions reading a length from position 0 through the model's graph
     (StartStep: its own cache, copied into theirs) get the eager read's logits bit for bit,
     and greedy decoding after it the same tokens."""
-    from brass.backends import base
     from brass.sampling import SamplingParams
     m = _on(load_synthetic(name, "cuda"))
     V = m.config.n_vocab
