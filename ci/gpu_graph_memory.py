@@ -157,8 +157,8 @@ def main(argv=None) -> int:
     V = m.config.n_vocab
     top = max(64, min(args.long_max, m.n_ctx - 64))
     long_lengths = [rng.randint(64, top) for _ in range(args.long_lengths)]
-    on = model_mod.PROMPT_GRAPHS and model_mod.graphs_enabled(m.backend)
-    budget = model_mod.prompt_graphs_budget() if on else 0
+    on = m.prompt_graphs and model_mod.graphs_enabled(m)
+    budget = m.graph_ledger.budget if on else 0
     print(f"{Path(args.model).name} on {m.backend.name}: parallel {args.parallel}, {args.clients} clients, "
           f"soak prompts of {sorted({len(i) for i in soak_ids})} tokens, long ones ({args.long_share:.0%}) of "
           f"{sorted(long_lengths)}; prompt graphs {'on' if on else 'off'}, budget {budget / MB:.0f} MB, at most "

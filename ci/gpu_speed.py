@@ -113,6 +113,7 @@ def read_floor(b, nbytes: int, reps=20) -> float:
 def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
     """(microseconds per call, GB/s of weight bytes) of the decode mat-vec alone; with_output:
     and the output of one call (numpy), for comparing builds."""
+    from brass.backends.cuda import quantize
     rng = np.random.default_rng(0)
     gf = GGUFFile(random_weight_file(tmp / f"w-{qtype.name}-{N}-{K}.gguf", rng, {"w": (qtype, (N, K))}))
     w = b.weight(gf, "w")
@@ -122,7 +123,7 @@ def matvec_speed(b, tmp: Path, qtype, N, K, reps=20, with_output=False):
     with b.activate():
         x = b.asarray(rng.uniform(-1, 1, (1, K)).astype(np.float32))
         if qtype not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-            b._remember_q8(x, b.quantize_q8_1(x))        # time the mat-vec, not the quantization
+            quantize.remember(b, x, b.quantize_q8_1(x))        # time the mat-vec, not the quantization
         y = b.to_numpy(b.matmul(x, w))
         b.synchronize()
         us = graph_us(b, lambda: [b.matmul(x, ws[i % copies]) for i in range(reps)], reps)

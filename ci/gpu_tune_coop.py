@@ -37,6 +37,7 @@ def main() -> int:
     from tabulate import tabulate
 
     import brass.backends.cuda.backend as cb
+    from brass.backends.cuda import matvec as mv, quantize
     from ci.gpu_speed import copy_bandwidth, graph_us, read_floor
     from brass.gguf import BLOCK_SIZES, GGMLType, GGUFFile
     from brass.backends.cuda.compiler import compile_text
@@ -61,7 +62,7 @@ def main() -> int:
         for v in VARIANTS:
             # the backend's own launch (its grid rule, shared memory and, inside the captured
             # graph, the PDL attribute), with this variant's macros compiled in
-            cb.MV_COOP_WARPS, cb.COOP_BLOCKS_PER_SM, cb.MV_COOP_ROWS = v["warps"], v["per_sm"], v["rows"]
+            mv.MV_COOP_WARPS, mv.COOP_BLOCKS_PER_SM, mv.MV_COOP_ROWS = v["warps"], v["per_sm"], v["rows"]
             opts = (f"-DMV_COOP_WARPS={v['warps']}", f"-DMV_COOP_ROWS={v['rows']}")
             if v is not VARIANTS[0]:
                 opts += tuple(os.environ.get("EXTRA_OPTS", "").split())
@@ -74,14 +75,14 @@ def main() -> int:
             b.kernels._threads.clear()
             b.kernels._modules["matvec_q.cu"] = mod
             with b.activate():
-                b._remember_q8(x, b.quantize_q8_1(x))
+                quantize.remember(b, x, b.quantize_q8_1(x))
                 got = b.to_numpy(b.matmul(x, ws[0]))
                 b.synchronize()
                 fn = b.kernels.get("matvec_q.cu", "matvec_coop_q6_k")
                 regs = driver.funcGetAttribute(4, fn.ptr)          # CU_FUNC_ATTRIBUTE_NUM_REGS
                 try:
                     resident = driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                        fn.ptr, 32 * v["warps"], cb._stage_bytes(GGMLType.Q6_K, K))
+                        fn.ptr, 32 * v["warps"], mv.stage_bytes(GGMLType.Q6_K, K))
                 except Exception:                                   # noqa: BLE001 (older CuPy)
                     resident = -1
                 us = graph_us(b, lambda: [b.matmul(x, ws[i % copies]) for i in range(20)], 20)

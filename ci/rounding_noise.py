@@ -7,11 +7,11 @@ margin exceeds 0.25.
 
 Why: two forwards that differ by an ulp before a Q8_1 rounding (llama.cpp's CUDA backend and
 Brass's, whose reductions run in other orders) round some activations to other integers; this
-measures what that alone does, the floor under any "argmax equal at margin >= x" rule. With
-BRASS_MMQ=1 a prompt's mat-muls round their activations too (llama.cpp's MMQ arithmetic); with
-the default float16 GEMM only the mat-vec rows (prompts under 32 tokens, decode) do. CPU only.
+measures what that alone does, the floor under any "argmax equal at margin >= x" rule. A
+prompt's dense mat-muls go to the float16 GEMM, so only the mat-vec rows (prompts under 32
+tokens, decode) round their activations to Q8_1. CPU only.
 
-    BRASS_MMQ=1 python3 ci/rounding_noise.py smollm2-135m [--seed 0]
+    python3 ci/rounding_noise.py smollm2-135m [--seed 0]
 """
 
 from __future__ import annotations

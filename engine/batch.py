@@ -22,7 +22,6 @@ once costs no capture).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import OrderedDict
 
@@ -47,24 +46,13 @@ def supports_batched_decode(model) -> bool:
 
 # Captured compositions kept at once (each holds its sessions' caches and its own buffers).
 GRAPHS_KEPT = 4
-# Bucket graphs (BucketStep): a step of n sequences replays the graph of the next power of two
-# rows, whatever the sequences (their cache addresses are data), so requests joining and
-# leaving cost no capture. On by default since the H200 run of 2026-12-01 (suite green with
-# them; 16 served clients 577 -> 667 tok/s beside llama-server); BRASS_BATCH_BUCKETS=0 keeps the
-# composition graphs only.
-BUCKETS = os.environ.get("BRASS_BATCH_BUCKETS", "1") not in ("", "0")
-# Greedy rows of a lasting composition run one step ahead on the device (greedy_steps), so the
-# GPU does not wait while the host hands out a step's tokens; BRASS_BATCH_AHEAD=0 reads each
-# step back before issuing the next (for comparison).
-AHEAD = os.environ.get("BRASS_BATCH_AHEAD", "1") not in ("", "0")
-# What a scheduler does with the step run ahead when the batch changes (a request leaves or
-# joins): 1 reads its tokens for the rows that stay (FINISH_RUN), 0 drops the step (each
-# session goes back one position and the step is computed again in the next run); its tokens
-# are the same either way (conformance/server/test_serving.py). Measured on the H200 (2026-12-03,
-# ci/gpu_serving.sh, Qwen3-8B shape, 16 streaming clients x 6 requests of 128 tokens, one call):
-# 1,018 / 1,013 tok/s kept against 970 / 942 dropped (~90 runs ended either way); at 4 clients
-# 481 / 466 against 476 / 454.
-KEEP_AHEAD = os.environ.get("BRASS_BATCH_KEEP_AHEAD", "1") not in ("", "0")
+# Bucket graphs (BucketStep, BatchDecoder's buckets option, on): a step of n sequences replays
+# the graph of the next power of two rows, whatever the sequences (their cache addresses are
+# data), so requests joining and leaving cost no capture; off: the composition graphs only.
+# Greedy rows of a lasting composition run one step ahead on the device (greedy_steps, the
+# ahead option, on), so the GPU does not wait while the host hands out a step's tokens; off:
+# each step is read back before the next is issued (for comparison).
+
 # Sent into a greedy run (run_ahead's generator): yield the step run ahead, then end.
 FINISH_RUN = object()
 
@@ -115,21 +103,23 @@ class BatchDecoder:
     the next position of `sessions[r]`, each session advanced by one. `step_argmax` also gives
     each row's greedy token (a device array [B]), computed on the device."""
 
-    def __init__(self, model, graphs: bool | None = None, buckets: bool | None = None):
+    def __init__(self, model, graphs: bool | None = None, buckets: bool = True, ahead: bool = True):
+        """`graphs`: compositions (and buckets) replayed as captured graphs (None: as the
+        model's sessions do, graphs_enabled); `buckets`, `ahead`: see above."""
         if not supports_batched_decode(model):
             raise UnsupportedError(f"{model.gguf.architecture} does not decode sequences in "
                                    f"batches yet")
         from .model import graphs_enabled
         self.model = model
-        self.graphs = graphs_enabled(model.backend) if graphs is None else graphs
+        self.graphs = graphs_enabled(model) if graphs is None else graphs
         # Bucket graphs need a backend that reads the rows' cache addresses from tables (CUDA,
         # with its row kernels on) and an architecture that reaches its caches only through
         # those (BUCKET_GRAPHS: not gemma4, which writes each row's cache itself; not the
         # hybrids, whose recurrent state the forward addresses per sequence). While a bucket
         # graph is captured, the CUDA backend refuses a cache written or read directly.
-        self.buckets = (self.graphs and (BUCKETS if buckets is None else buckets)
-                        and getattr(model.backend, "row_kernels", False)
+        self.buckets = (self.graphs and buckets and model.backend.row_tables
                         and getattr(model.arch, "BUCKET_GRAPHS", False))
+        self.ahead = ahead
         self._bucket_steps: dict[tuple[int, int], BucketStep] = {}   # (rows, capacity)
         self._pad = None                # a one-slot cache for a bucket's unused rows
         self._steps: OrderedDict[tuple, BatchStep] = OrderedDict()
@@ -181,7 +171,7 @@ class BatchDecoder:
         """Whether `greedy_steps` takes these sessions: bucket graphs on, caches without
         recurrent state, and the bucket's graph already captured (the first step of a bucket
         goes through step_argmax, which captures it)."""
-        return (AHEAD and self.buckets and self._bucketable(sessions)
+        return (self.ahead and self.buckets and self._bucketable(sessions)
                 and self._bucket_key(sessions) in self._bucket_steps)
 
     def greedy_steps(self, sessions: list, tokens: list[int]):

@@ -63,7 +63,7 @@ def cmd_serve(args):
     from .server import App
     model = load_model(args)
     app = App(model, catalog.model_name(args.model, model.path), api_key, args.parallel, args.max_waiting)
-    if graphs_enabled(model.backend):       # what BatchScheduler.warm_up has work for
+    if graphs_enabled(model):       # what BatchScheduler.warm_up has work for
         print("brass: loading kernels and capturing decode graphs before the first request",
               file=sys.stderr, flush=True)
         print(f"brass: ready in {app.scheduler.warm_up():.1f} s", file=sys.stderr, flush=True)

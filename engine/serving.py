@@ -41,7 +41,6 @@ from collections import deque
 
 import numpy as np
 
-from . import batch as batch_mod
 from .batch import FINISH_RUN, BatchDecoder, supports_batched_decode
 from .errors import BrassError
 from .sampling import Sampler, SamplingParams, generation_length
@@ -157,7 +156,7 @@ class BatchScheduler:
     QueueFull = QueueFull
 
     def __init__(self, model, parallel: int = 4, max_waiting: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK, start: bool = True):
+                 prefill_chunk: int = PREFILL_CHUNK, start: bool = True, keep_ahead: bool = True):
         if parallel < 1:
             raise BrassError(f"parallel must be at least 1, not {parallel}")
         self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
@@ -182,10 +181,13 @@ class BatchScheduler:
         # Greedy batched steps run one ahead on the device (BatchDecoder.greedy_steps) while
         # the same requests decode together: (their ids, the generator, the requests).
         self._ahead: tuple | None = None
-        # With BRASS_BATCH_KEEP_AHEAD, a run ended by a change of the batch leaves the tokens
-        # of its step run ahead here, (requests, tokens), for the requests that stay.
+        # A run ended by a change of the batch (a request leaves or joins) keeps its step run
+        # ahead for the rows that stay (keep_ahead, on: more tokens a second under a changing
+        # load), its tokens left here, (requests, tokens); off, the step is dropped (each session
+        # goes back one position and the step is computed again in the next run). The tokens
+        # are the same either way.
         self._carry: tuple | None = None
-        self.keep_ahead = batch_mod.KEEP_AHEAD
+        self.keep_ahead = keep_ahead
         # greedy runs ended by a change of the batch, their step run ahead kept or dropped
         self.runs_ended = {"kept": 0, "dropped": 0}
         self._stop = False
@@ -506,7 +508,7 @@ class BatchScheduler:
         nothing to capture, e.g. on numpy)."""
         from .model import graphs_enabled
         m = self.model
-        if not graphs_enabled(m.backend):
+        if not graphs_enabled(m):
             return 0.0
         t0 = time.perf_counter()
         n = max(1, min(prompt_tokens, m.n_ctx - decode_tokens - 1))

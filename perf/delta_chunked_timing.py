@@ -22,11 +22,9 @@ def main(argv: list[str]) -> int:
     import cupy
     from conformance.harness.delta_host import random_case
     from brass.backends.cuda import CudaBackend
-    from brass.backends.cuda import backend as cb
     from conformance.harness.cases import nmse
     T, Hk, Hv, D, reps = (int(a) for a in (argv + ["512", "16", "32", "128", "50"][len(argv):]))
-    cb.DELTA_CHUNKED = False                 # gated_delta_net: the sequential kernel whatever the env says
-    cuda = CudaBackend()
+    cuda = CudaBackend(delta_chunked=False)  # gated_delta_net: the sequential kernel
     q, k, v, g, beta, state = random_case(np.random.default_rng(0), T, Hk, Hv, D, 0.5)
     args = [cuda.asarray(a) for a in (q, k, v, g, beta)]
     state0 = cuda.asarray(state)

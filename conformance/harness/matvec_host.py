@@ -130,10 +130,10 @@ def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
 
 def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threads: int, smem: int):
     """qtype: a weight type, or the name a kernel is instantiated under (matvec_mixed_'s pairs)."""
-    from brass.backends.cuda.backend import _TYPE_NAMES
+    from brass.backends.cuda.common import TYPE_NAMES
     arrs = [np.ascontiguousarray(a) for a in buffers]
     ptrs = (ctypes.c_void_p * len(arrs))(*[a.ctypes.data for a in arrs])
-    name = qtype if isinstance(qtype, str) else _TYPE_NAMES[qtype]
+    name = qtype if isinstance(qtype, str) else TYPE_NAMES[qtype]
     rc = lib.run_kernel(kernel.encode(), name.encode(), ptrs, params.ctypes.data,
                         int(grid[0]), int(grid[1]), int(threads), int(smem))
     if rc:
@@ -144,16 +144,17 @@ def _run(lib, kernel: str, qtype, buffers: list, params: np.ndarray, grid, threa
 def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
            preload_rows: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three weights of one type sharing x [1, K] (the q/k/v launch of
-    a decode step), as CudaBackend._matvec launches matvec_<type> for one token. `split`: 1 for
+    a decode step), as matvec.matvec launches matvec_<type> for one token. `split`: 1 for
     matvec_<type>, else the MV_SPLIT `lib` was built with, for matvec_split_<type> (default: the
     backend's choice for K, with the default MV_SPLIT); `preload_rows`: the MV_PRELOAD_ROWS `lib`
     was built with (default: the header's)."""
-    from brass.backends.cuda.backend import _TYPE_NAMES, MV_WARPS, _stage_bytes, matvec_units, mv_split
+    from brass.backends.cuda.common import TYPE_NAMES
+    from brass.backends.cuda.matvec import MV_WARPS, stage_bytes, matvec_units, mv_split
     from brass.backends.cuda.params import pack
     K = x.shape[-1]
     split = mv_split(K) if split is None else split
     # the split kernel's block: the build's MV_SPLIT_WARPS(_PLAIN) (the backend: its launch bounds)
-    threads = lib.mv_split_warps(_TYPE_NAMES[qtype].encode()) * 32 if split > 1 else MV_WARPS * 32
+    threads = lib.mv_split_warps(TYPE_NAMES[qtype].encode()) * 32 if split > 1 else MV_WARPS * 32
     upb = threads // 32 // split
     xb = q8_1_blocks(x.reshape(1, K))
     raws = [np.ascontiguousarray(w, np.uint8) for w in weights]
@@ -166,18 +167,18 @@ def matvec(lib, qtype, weights: list, x: np.ndarray, split: int | None = None,
     ws = raws + [raws[0]] * (3 - len(raws))
     outs = ys + [ys[0]] * (3 - len(ys))
     res = _run(lib, "matvec_split" if split > 1 else "matvec", qtype, ws + [xb] + outs, params, (-(-units // upb), 1),
-               threads, _stage_bytes(qtype, K))
+               threads, stage_bytes(qtype, K))
     return res[4:4 + len(raws)]
 
 
 def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int | None = None,
                 warps: int | None = None, rows_at_once: int | None = None) -> list[np.ndarray]:
     """y_i = x . W_i^T for up to three Q6_K weights sharing x [1, K] (K a multiple of 1024) by
-    matvec_coop_q6_k, as CudaBackend._matvec launches it for one token on a GPU of `n_sms` SMs
+    matvec_coop_q6_k, as matvec.matvec launches it for one token on a GPU of `n_sms` SMs
     (the H200's 132 by default); `blocks`: another grid (fewer blocks: each warp takes several
     rows); `warps`, `rows_at_once`: the MV_COOP_WARPS and MV_COOP_ROWS `lib` was built with
     (default: the header's)."""
-    from brass.backends.cuda.backend import MV_COOP_WARPS, _stage_bytes, coop_blocks
+    from brass.backends.cuda.matvec import MV_COOP_WARPS, stage_bytes, coop_blocks
     from brass.gguf import GGMLType
     from brass.backends.cuda.params import pack
     K = x.shape[-1]
@@ -196,16 +197,16 @@ def matvec_coop(lib, weights: list, x: np.ndarray, n_sms: int = 132, blocks: int
         blocks = coop_blocks(sum(rows), n_sms, warps, rows_at_once)
     warps = warps or MV_COOP_WARPS
     res = _run(lib, "matvec_coop", GGMLType.Q6_K, ws + [xb] + outs, params, (blocks, 1), warps * 32,
-               _stage_bytes(GGMLType.Q6_K, K))
+               stage_bytes(GGMLType.Q6_K, K))
     return res[4:4 + len(raws)]
 
 
 def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x: np.ndarray,
                  preload_rows: int | None = None) -> list[np.ndarray]:
     """[y_a0, (y_a1,) y_b] of matvec_mixed_<a>_<b> for one token x [1, K], as
-    CudaBackend._matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b
+    matvec.matvec_mixed launches it: one or two matrices of qtype_a, one of qtype_b
     (`preload_rows`: as for matvec)."""
-    from brass.backends.cuda.backend import MIXED_PAIRS, MV_WARPS, _stage_bytes, mixed_blocks
+    from brass.backends.cuda.matvec import MIXED_PAIRS, MV_WARPS, stage_bytes, mixed_blocks
     from brass.backends.cuda.params import pack
     K = x.shape[-1]
     xb = q8_1_blocks(x.reshape(1, K))
@@ -219,7 +220,7 @@ def matvec_mixed(lib, qtype_a, qtype_b, weights_a: list, weight_b: np.ndarray, x
                   cols=1, row_bytes0=ra[0].shape[1], row_bytes1=a1.shape[1], row_bytes2=rb.shape[1])
     outs = [ya[0], ya[1] if len(ya) > 1 else ya[0], yb]
     res = _run(lib, "matvec_mixed", MIXED_PAIRS[(qtype_a, qtype_b)], [ra[0], a1, rb, xb] + outs, params,
-               (mixed_blocks(rows, qtype_a, qtype_b, preload_rows), 1), MV_WARPS * 32, _stage_bytes(qtype_a, K))
+               (mixed_blocks(rows, qtype_a, qtype_b, preload_rows), 1), MV_WARPS * 32, stage_bytes(qtype_a, K))
     return [res[4]] + ([res[5]] if len(ra) > 1 else []) + [res[6]]
 
 
@@ -231,8 +232,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
     picks them: two groups of tokens or more); `iters`: rounds of rows a block takes (default
     the header's MV_COLS_ROW_ITERS, as the backend launches it); `unit_rows`: the rows a warp of
     the kernel takes as `lib` was built (default the header's MV_COLS_ROWS / _MANY)."""
-    from brass.backends.cuda.backend import (MV_COLS_ROWS_MANY, MV_WARPS, _cols_per_block, cols_row_blocks,
-                                              mv_split)
+    from brass.backends.cuda.matvec import MV_COLS_ROWS_MANY, MV_WARPS, cols_per_block, cols_row_blocks, mv_split
     from brass.backends.cuda.params import pack
     T, K = x.shape
     split = mv_split(K) if split is None else split
@@ -241,7 +241,7 @@ def matvec_cols(lib, qtype, weights: list, x: np.ndarray, split: int | None = No
     rows = [r.shape[0] for r in raws] + [0] * (3 - len(raws))
     rbs = [r.shape[1] for r in raws] + [raws[0].shape[1]] * (3 - len(raws))
     ys = [np.full((T, n), np.nan, np.float32) for n in rows[:len(raws)]]
-    cols, smem = _cols_per_block(qtype, T, K)
+    cols, smem = cols_per_block(qtype, T, K)
     params = pack("MultiMatVecParams", k=K, n_tokens=T, n_rows0=rows[0], n_rows1=rows[1], n_rows2=rows[2],
                   cols=cols, row_bytes0=rbs[0], row_bytes1=rbs[1], row_bytes2=rbs[2])
     ws = raws + [raws[0]] * (3 - len(raws))
@@ -265,7 +265,7 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
     its up rows), passed as the backend passes it (up = the same bytes N rows on). `warps`: the
     GLU_WARPS `lib` was built with (default: the header's); `wide`: matvec_glu_wide_<type>, the
     backend's kernel for launches of few blocks (GLU_WIDE_WARPS warps)."""
-    from brass.backends.cuda.backend import GLU_WARPS, GLU_WIDE_WARPS, _stage_bytes
+    from brass.backends.cuda.matvec import GLU_WARPS, GLU_WIDE_WARPS, stage_bytes
     warps = GLU_WIDE_WARPS if wide else (warps or GLU_WARPS)
     from brass.backends.cuda.params import pack
     T, K = x.shape
@@ -284,15 +284,15 @@ def glu(lib, qtype, wg: np.ndarray, wu: np.ndarray | None, x: np.ndarray, gelu: 
                   expert_bytes=(2 if fused else 1) * N * rb if ids is not None else 0, has_ids=int(ids is not None),
                   n_experts=n_experts if ids is not None else 1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
     res = _run(lib, "matvec_glu_wide" if wide else "matvec_glu", qtype, [wg, wu, xb, idsa, h, hq], params,
-               (-(-N // 32), slots), warps * 32, _stage_bytes(qtype, K))      # 32 rows a block
+               (-(-N // 32), slots), warps * 32, stage_bytes(qtype, K))      # 32 rows a block
     return res[4], res[5]
 
 
 def glu_cols(lib, qtype, wg: np.ndarray, wu: np.ndarray, x: np.ndarray, gelu: bool = False):
     """(h [T, N], its Q8_1 blocks) of matvec_glu_cols_<type> (a batched step's gated FFN: blocks
-    of `cols` tokens, each token's h as the one-token kernel's), as CudaBackend._glu_matvec
+    of `cols` tokens, each token's h as the one-token kernel's), as matvec.glu_matvec
     launches it for T > 1 tokens without experts."""
-    from brass.backends.cuda.backend import GLU_ROWS, GLU_WARPS, _cols_per_block
+    from brass.backends.cuda.matvec import GLU_ROWS, GLU_WARPS, cols_per_block
     from brass.backends.cuda.params import pack
     T, K = x.shape
     xb = q8_1_blocks(x)
@@ -300,7 +300,7 @@ def glu_cols(lib, qtype, wg: np.ndarray, wu: np.ndarray, x: np.ndarray, gelu: bo
     N, rb = wg.shape
     h = np.full((T, N), np.nan, np.float32)
     hq = np.full((T, N // 32, 36), 0xFF, np.uint8)
-    cols, smem = _cols_per_block(qtype, T, K)
+    cols, smem = cols_per_block(qtype, T, K)
     params = pack("GluMatVecParams", n_rows=N, k=K, n_tokens=T, cols=cols, n_used=1, row_bytes=rb,
                   expert_bytes=0, has_ids=0, n_experts=1, gelu=int(bool(gelu)), write_q8=int(N % 32 == 0))
     res = _run(lib, "matvec_glu_cols", qtype, [wg, wu, xb, h, hq], params,
@@ -313,7 +313,7 @@ def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np
     """out [T, D] = sum_j wts[t, j] * (h[t, j] . W_down[ids[t, j]]^T) by matvec_moe_down_<type>,
     with h [T, k, N] as Q8_1 blocks (as the gated kernel writes them); wd: [E * D, row_bytes];
     scales [E]: each expert's output times scales[e] before its weight."""
-    from brass.backends.cuda.backend import DOWN_ROWS, DOWN_WARPS, _stage_bytes
+    from brass.backends.cuda.matvec import DOWN_ROWS, DOWN_WARPS, stage_bytes
     from brass.backends.cuda.params import pack
     T, k, N = h.shape
     wd = np.ascontiguousarray(wd, np.uint8)
@@ -326,7 +326,7 @@ def moe_down(lib, qtype, wd: np.ndarray, h: np.ndarray, ids: np.ndarray, wts: np
     sc = np.ascontiguousarray(scales if scales is not None else np.full(1, np.nan), np.float32)
     res = _run(lib, "matvec_moe_down", qtype, [wd, hb, np.ascontiguousarray(ids, np.int32),
                                                  np.ascontiguousarray(wts, np.float32), sc, out], params,
-               (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, _stage_bytes(qtype, k * N))
+               (-(-D // DOWN_ROWS), T), DOWN_WARPS * 32, stage_bytes(qtype, k * N))
     return res[5]
 
 

@@ -74,7 +74,7 @@ def test_matmul(cuda, ref, rng, tmp_path, qtype, shape, record_property):
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16), ids=tname)
 def test_prompt_gemm_with_kept_f16_weights(rng, tmp_path, qtype):
     """A prompt's GEMM reading a float16 copy of the weight kept since the first prompt
-    (BRASS_F16_WEIGHTS; an F16 weight's own bytes, always) gives the product the per-call
+    (the f16_weights option; an F16 weight's own bytes, always) gives the product the per-call
     dequantization gives, bit for bit (the same float16 values, the same single GEMM: N * K
     fits the scratch; a weight over GEMM_SCRATCH_BYTES goes in chunks without a copy and in
     one GEMM with it, which cuBLAS may sum in another order), on the first prompt and the
@@ -110,11 +110,11 @@ def test_out_of_memory_frees_the_f16_copies_then_says_so(rng, tmp_path):
     x = b.asarray(rng.uniform(-1, 1, (T, K)).astype(F32))
     want = b.to_numpy(b.matmul(x, w))
     assert b.f16_weight_bytes == 2 * N * K
-    b.own_cublas = True
+    b.options.own_cublas = True
     with pytest.raises(CudaError, match=r"^out of GPU memory: \d+ MiB do not fit"):
         b.zeros((1 << 40,), np.uint8)                  # a tebibyte
     assert b.f16_weight_bytes == 2 * N * K, "prompt graphs may read the copies: they must stay"
-    b.own_cublas = False
+    b.options.own_cublas = False
     with pytest.raises(CudaError, match="a smaller context"):
         b.zeros((1 << 40,), np.uint8)
     assert b.f16_weight_bytes == 0 and not b._f16_copies
@@ -125,13 +125,12 @@ def test_out_of_memory_frees_the_f16_copies_then_says_so(rng, tmp_path):
 
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.F16), ids=tname)
 def test_prompt_gemm_on_own_cublas_handle_is_captured(ref, rng, tmp_path, qtype, record_property):
-    """With its own cuBLAS handle (OWN_CUBLAS, for prompt graphs: CuPy refuses cuBLAS calls
+    """With its own cuBLAS handle (the own_cublas option, for prompt graphs: CuPy refuses cuBLAS calls
     during a capture) a prompt's GEMM is the product (the mat-mul bound against the
     reference), and a captured one replays, on new inputs, what the eager GEMM gives, bit for
     bit (the same handle, workspace and call)."""
     from brass.backends.cuda import CudaBackend
-    b = CudaBackend(poison_outputs=True)
-    b.own_cublas = True
+    b = CudaBackend(poison_outputs=True, own_cublas=True)
     N, K, T = 768, 1024, 64
     gf = weights(tmp_path, rng, {"w": (qtype, (N, K))})
     w = b.weight(gf, "w")
@@ -161,16 +160,16 @@ def test_matmul_id(cuda, ref, rng, tmp_path, qtype, per_slot, record_property):
     check(got, ref.matmul_id(x, ref.weight(gf, "w"), ids), MATMUL, record_property)
 
 
-@pytest.mark.parametrize("moe_mmq", [True, False], ids=["default", "BRASS_MOE_MMQ=0"])
+@pytest.mark.parametrize("moe_mmq", [True, False], ids=["default", "moe_mmq-off"])
 @pytest.mark.parametrize("per_slot", [False, True], ids=["shared-x", "x-per-slot"])
 @pytest.mark.parametrize("qtype", (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.Q8_0), ids=tname)
 def test_matmul_id_prompt_gemm(cuda, ref, rng, tmp_path, qtype, per_slot, moe_mmq, monkeypatch, record_property):
     # A prompt's expert mat-muls (T >= GEMM_MIN_TOKENS): on int8 tiles planned on the device
-    # (the default) or padded per-expert float16 batches on tensor cores (BRASS_MOE_MMQ=0, and
-    # the reference rounds as each does); the experts' loads are uneven (expert 0 takes many
-    # rows, some experts none).
-    from brass.backends import base
-    monkeypatch.setattr(base, "MOE_MMQ", moe_mmq)
+    # (the default) or padded per-expert float16 batches on tensor cores (the moe_mmq option
+    # off, and the reference rounds as each does); the experts' loads are uneven (expert 0 takes
+    # many rows, some experts none).
+    monkeypatch.setattr(cuda.options, "moe_mmq", moe_mmq)
+    monkeypatch.setattr(ref, "moe_mmq", moe_mmq)
     E, N, K, T, k = 8, 96, 512, 40, 3
     gf = weights(tmp_path, rng, {"w": (qtype, (E, N, K))})
     ids = np.stack([rng.choice(E - 2, k, replace=False) for _ in range(T)]).astype(np.int32)
@@ -256,7 +255,7 @@ def test_graph_with_pdl_waits_for_each_kernel(rng):
     between two kernels would serialise them and hide a missing wait."""
     from brass.backends.cuda import CudaBackend
     cuda = CudaBackend()
-    if cuda.cc >= 90 and os.environ.get("BRASS_PDL", "1") not in ("", "0"):
+    if cuda.cc >= 90:
         assert cuda.pdl, "the H100/H200 class launches graph kernels with PDL"
     shape = (4, 1 << 18)
     X = cuda.asarray(rng.uniform(-1, 1, shape).astype(F32))
@@ -414,7 +413,7 @@ def test_debug_mode_names_the_failing_kernel():
         from brass.backends.cuda.errors import CudaError
         from brass.backends.cuda.params import pack
         b = CudaBackend()
-        assert b.debug
+        assert b.options.debug
         x = cupy.ones(1 << 20, np.float32)
         bad = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0x10, 4, None), 0)
         try:
@@ -478,7 +477,8 @@ def q8_blocks(cuda, blocks, rows):
 
 def assert_q8_of(cuda, x, what):
     """The Q8_1 blocks the producer kernel wrote beside x equal quantize_q8_1(x), bit for bit."""
-    blocks = cuda._q8_of(x)
+    from brass.backends.cuda import quantize
+    blocks = quantize.blocks_of(cuda, x)
     assert blocks is not None, f"{what}: no Q8_1 blocks were written beside the output"
     xs = cuda.to_numpy(x).reshape(-1, x.shape[-1])
     d, s, qs = q8_blocks(cuda, blocks, xs.shape[0])
@@ -584,16 +584,15 @@ def test_ffn_glu_decode(cuda, ref, rng, tmp_path, qtype, gelu, record_property):
                          ids=lambda t: f"{tname(t[0])}+{tname(t[1])}")
 @pytest.mark.parametrize("K", [1024, 4096])
 def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types, K, monkeypatch):
-    # BRASS_MIXED_MATVEC: q and k of one type, v of another, in one launch (matvec_mixed_) must
-    # give what the two launches give, bit for bit; and it must be the launch taken
-    from brass.backends.cuda import backend as cb
+    # the mixed_matvec option: q and k of one type, v of another, in one launch (matvec_mixed_)
+    # must give what the two launches give, bit for bit; and it must be the launch taken
     ta, tb = types
     gf = weights(tmp_path, rng, {"q": (ta, (2048, K)), "k": (ta, (512, K)), "v": (tb, (520, K))})
     w = [cuda.weight(gf, n) for n in "qkv"]
     x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
     out, launched = {}, record_launches(cuda, monkeypatch)
     for mixed in (True, False):
-        monkeypatch.setattr(cb, "MIXED_MATVEC", mixed)
+        monkeypatch.setattr(cuda.options, "mixed_matvec", mixed)
         launched.clear()
         out[mixed] = [cuda.to_numpy(y) for y in cuda.matmul_many(x, w)]
         assert any(n.startswith("matvec_mixed_") for n in launched) == mixed, launched
@@ -604,19 +603,18 @@ def test_mixed_matvec_gives_the_bits_of_two_launches(cuda, rng, tmp_path, types,
 
 @pytest.mark.parametrize("K", [1024, 3072, 4096])
 def test_coop_q6_k_gives_the_bits_of_matvec_q6_k(cuda, rng, tmp_path, K, monkeypatch):
-    # matvec_coop_q6_k (BRASS_Q6K_COOP, on by default) must give matvec_q6_k's floats bit for
+    # matvec_coop_q6_k (the q6k_coop option, on by default) must give matvec_q6_k's floats bit for
     # bit on the GPU too (the CPU harness cannot see FMA contraction or the real shared memory):
     # three matrices in one launch, the first with more rows than the grid has warps (each warp
     # then takes several rows, the next row's first chunk loaded during the row before); and it
     # must be the launch taken
-    from brass.backends.cuda import backend as cb
     rows = {"a": 20000 if K == 1024 else 4000, "b": 300, "c": 37}
     gf = weights(tmp_path, rng, {n: (GGMLType.Q6_K, (r, K)) for n, r in rows.items()})
     w = [cuda.weight(gf, n) for n in rows]
     x = cuda.asarray((rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32))
     out, launched = {}, record_launches(cuda, monkeypatch)
     for coop in (True, False):
-        monkeypatch.setattr(cb, "Q6K_COOP", coop)
+        monkeypatch.setattr(cuda.options, "q6k_coop", coop)
         launched.clear()
         out[coop] = [cuda.to_numpy(y) for y in cuda.matmul_many(x, w)]
         assert ("matvec_coop_q6_k" in launched) == coop, launched
@@ -638,13 +636,14 @@ def test_split_matvec_is_launched_as_its_build_asks(rng, tmp_path, qtype, monkey
     import re
 
     from brass.backends.cuda import CudaBackend
-    from brass.backends.cuda import backend as cb
-    header = int(re.search(r"#define MV_SPLIT_WARPS (\d+)", cb._MATVEC_H).group(1))
-    plain = re.search(r"#define MV_SPLIT_WARPS_PLAIN (\w+)", cb._MATVEC_H).group(1)
+    from brass.backends.cuda.common import TYPE_NAMES
+    from brass.backends.cuda.compiler import define, source_text
+    header = define("matvec.cuh", "MV_SPLIT_WARPS")
+    plain = re.search(r"#define MV_SPLIT_WARPS_PLAIN (\w+)", source_text("matvec.cuh")).group(1)
     plain = header if plain == "MV_SPLIT_WARPS" else int(plain)
     preloaded = qtype == GGMLType.Q4_K      # (MV_PRELOAD: the kinds MV_SPLIT_WARPS_PLAIN leaves out)
     K = 12288
-    kernel = f"matvec_split_{cb._TYPE_NAMES[qtype]}"
+    kernel = f"matvec_split_{TYPE_NAMES[qtype]}"
     gf = weights(tmp_path, rng, {"a": (qtype, (300, K)), "b": (qtype, (37, K))})
     x = (rng.uniform(-1, 1, (1, K)) * rng.uniform(0.1, 10)).astype(F32)
     builds = {(): header if preloaded else plain, ("-DMV_SPLIT_WARPS=8", "-DMV_SPLIT_WARPS_PLAIN=8"): 8,
@@ -672,7 +671,7 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
     # blocks and matvec_glu_ (8 x 4) the rest (backend: GLU_WIDE_MAX_BLOCKS_PER_SM); the test
     # models' launches are all small, so each kernel is forced here in turn: the same h and Q8_1
     # blocks, dense and over chosen experts, or which one a matrix takes would move numbers
-    from brass.backends.cuda import backend as cb
+    from brass.backends.cuda import matvec as mv
     E, N, K, k = 8, 736, 1024, 4
     gf = weights(tmp_path, rng, {"g": (qtype, (E, N, K)), "u": (qtype, (E, N, K)),
                                  "g2": (qtype, (N, K)), "u2": (qtype, (N, K))})
@@ -681,9 +680,9 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
     ids = cuda.asarray(rng.choice(E, (1, k), replace=False).astype(np.int32))
     out = {}
     for wide, limit in (("wide", 1 << 20), ("8x4", 0)):
-        monkeypatch.setattr(cb, "GLU_WIDE_MAX_BLOCKS_PER_SM", limit)
-        h, hq = cuda._glu_matvec(x, w["g2"], w["u2"], False)
-        he, hqe = cuda._glu_matvec(x, w["g"], w["u"], False, ids=ids, what="moe_ffn")
+        monkeypatch.setattr(mv, "GLU_WIDE_MAX_BLOCKS_PER_SM", limit)
+        h, hq = mv.glu_matvec(cuda, x, w["g2"], w["u2"], False)
+        he, hqe = mv.glu_matvec(cuda, x, w["g"], w["u"], False, ids=ids, what="moe_ffn")
         out[wide] = [cuda.to_numpy(a) for a in (h, he) + tuple(q for q in (hq, hqe) if q is not None)]
     for what, a, b in zip(("dense h", "experts' h", "dense Q8_1", "experts' Q8_1"), out["wide"], out["8x4"]):
         if a.dtype == F32:
@@ -703,6 +702,7 @@ def test_gated_kernels_wide_and_not_give_the_same_bits(cuda, rng, tmp_path, qtyp
 def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T):
     if qtype == GGMLType.MXFP4 and K != 1024:
         pytest.skip("one K is enough for MXFP4 (its kernel shares the skeleton)")
+    from brass.backends.cuda import quantize
     # float matrices of at most SMALL_FLOAT_ROWS rows take another kernel: "a" is larger
     shapes = {"a": (qtype, (1100, K)), "b": (qtype, (513, K)), "c": (qtype, (96, K)),
               "g": (qtype, (96, K)), "u": (qtype, (96, K))}
@@ -713,7 +713,7 @@ def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T)
     with cuda.rows_independent():
         many = [cuda.to_numpy(y) for y in cuda.matmul_many(X, [w["a"], w["b"], w["c"]])]
         h = cuda.ffn_glu(X, w["g"], w["u"])
-    hb = cuda._q8_of(h)
+    hb = quantize.blocks_of(cuda, h)
     h = cuda.to_numpy(h)
     for t in range(T):
         xt = cuda.asarray(x[t:t + 1])
@@ -724,7 +724,7 @@ def test_batched_mat_vecs_equal_one_token_each(cuda, rng, tmp_path, qtype, K, T)
         ht = cuda.ffn_glu(xt, w["g"], w["u"])
         assert np.array_equal(h[t:t + 1], cuda.to_numpy(ht)), f"token {t}: batched glu differs from alone"
         if hb is not None:
-            assert np.array_equal(cuda.to_numpy(hb)[t], cuda.to_numpy(cuda._q8_of(ht))[0]), \
+            assert np.array_equal(cuda.to_numpy(hb)[t], cuda.to_numpy(quantize.blocks_of(cuda, ht))[0]), \
                 f"token {t}: batched glu's Q8_1 blocks differ from alone"
 
 
@@ -742,6 +742,7 @@ def test_moe_route(cuda, ref, rng, E, k, norm, scale, record_property):
 @pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.MXFP4, GGMLType.MXFP4),
                                    (GGMLType.Q8_0, GGMLType.Q5_0)], ids=str)
 def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
+    from brass.backends.cuda import matvec
     E, N, D, k = 16, 256, 512, 4
     gu, dn = types
     gf = weights(tmp_path, rng, {"g": (gu, (E, N, D)), "u": (gu, (E, N, D)), "d": (dn, (E, D, N))})
@@ -757,7 +758,7 @@ def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
     # the end-to-end bound of 1e-8, Q8_0/Q5_0). So: (1) the kernel's h against the reference's
     # h (mat-vecs and SiLU: no re-quantization yet); (2) the output against the reference's
     # down projection of the kernel's own h (the same Q8_1 blocks on both sides: only sum order).
-    h, _ = cuda._glu_matvec(cuda.asarray(x), cw[0], cw[1], False, ids=cuda.asarray(ids), what="moe_ffn")
+    h, _ = matvec.glu_matvec(cuda, cuda.asarray(x), cw[0], cw[1], False, ids=cuda.asarray(ids), what="moe_ffn")
     h = cuda.to_numpy(h).reshape(1, k, N)
     want_h = ref.swiglu(ref.matmul_id(x, rw[0], ids), ref.matmul_id(x, rw[1], ids))
     check(h, want_h, OP_BOUNDS["ffn_glu"], record_property, "h")
@@ -767,10 +768,11 @@ def test_moe_ffn_decode(cuda, ref, rng, tmp_path, types, record_property):
 
 @pytest.mark.parametrize("types", [(GGMLType.Q4_K, GGMLType.Q5_0), (GGMLType.Q8_0, GGMLType.Q6_K)], ids=str)
 def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, monkeypatch, record_property):
-    """Gemma 4's experts (BRASS_GEMMA4_FUSED_MOE): gate and up in one [E, 2F, D] tensor, GELU,
+    """Gemma 4's experts (its fused_experts option): gate and up in one [E, 2F, D] tensor, GELU,
     a factor per expert on the down projection's output. As test_moe_ffn_decode, in two
     stages: the kernel's h against the reference's, the output against Backend.moe_ffn's
     composition on the reference from the kernel's own h; and the fused op really ran."""
+    from brass.backends.cuda import matvec
     E, F, D, k = 16, 256, 512, 4
     gu, dn = types
     gf = weights(tmp_path, rng, {"gu": (gu, (E, 2 * F, D)), "d": (dn, (E, D, F)), "s": (GGMLType.F32, (E,))})
@@ -783,7 +785,7 @@ def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, m
     got = cuda.moe_ffn(cuda.asarray(x), cw["gu"], None, cw["d"], cuda.asarray(ids), cuda.asarray(wts),
                        gelu=True, down_scale=cw["s"])
     assert any(n.startswith("matvec_moe_down_") for n in launched), launched
-    h, _ = cuda._glu_matvec(cuda.asarray(x), cw["gu"], None, True, ids=cuda.asarray(ids), what="moe_ffn")
+    h, _ = matvec.glu_matvec(cuda, cuda.asarray(x), cw["gu"], None, True, ids=cuda.asarray(ids), what="moe_ffn")
     h = cuda.to_numpy(h).reshape(1, k, F)
     gate_up = ref.matmul_id(x, rw["gu"], ids)
     check(h, ref.geglu(gate_up[..., :F], gate_up[..., F:]), OP_BOUNDS["ffn_glu_gelu"], record_property, "h")

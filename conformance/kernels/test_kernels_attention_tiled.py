@@ -258,7 +258,7 @@ def _old_launch(cuda, dq, dk, dv, dp, scale, window, out):
     """attention.cu's `attention` launched directly on device arrays (as CudaBackend.attention
     launched it for every T before the tiled kernel): whatever the backend now routes prompts
     to, this is the kernel the tiled one replaces."""
-    from brass.backends.cuda.backend import ATTN_THREADS, ATTN_WARPS
+    from brass.backends.cuda.attention import ATTN_THREADS, ATTN_WARPS
     from brass.backends.cuda.params import pack
     T, H, D = dq.shape
     cap, Hkv, _ = dk.shape
@@ -375,14 +375,13 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
 
 
 @needs_cuda
-@pytest.mark.parametrize("on", [False, True], ids=["BRASS_ATTN_TILED=0", "default"])
+@pytest.mark.parametrize("on", [False, True], ids=["attn_tiled-off", "default"])
 def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
     """CudaBackend.attention sends a prompt (T >= 2, one cache) to the tiled kernel when
-    BRASS_ATTN_TILED is on and to attention.cu otherwise; a decode token (T = 1) always to
+    its attn_tiled option is on and to attention.cu otherwise; a decode token (T = 1) always to
     attention.cu. Either way the result is the reference's, and the Q8_1 blocks it wrote
     are remembered for the output projection."""
-    from brass.backends.cuda import backend as cb
-    monkeypatch.setattr(cb, "ATTN_TILED", on)
+    monkeypatch.setattr(cuda.options, "attn_tiled", on)
     launched = []
     real = cuda.launch
     monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
@@ -396,4 +395,5 @@ def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
         assert nmse(cuda.to_numpy(out), want.reshape(T, -1)) <= ATTENTION
         tiled = [n for n in launched if n.startswith("attention_tiled")]
         assert bool(tiled) == (on and T >= 2), launched
-        assert cuda._q8_of(out) is not None, "the output's Q8_1 blocks were not remembered"
+        from brass.backends.cuda import quantize
+        assert quantize.blocks_of(cuda, out) is not None, "the output's Q8_1 blocks were not remembered"

@@ -45,7 +45,7 @@ def random_case(rng, T, Hk, Hv, D, g_hi=2.0):
 
 
 def _fits(cuda, D):
-    from brass.backends.cuda.backend import gdn_chunked_smem
+    from brass.backends.cuda.ssm import gdn_chunked_smem
     if gdn_chunked_smem(D) > cuda.smem_optin_limit:
         pytest.skip(f"D = {D} needs {gdn_chunked_smem(D)} bytes of shared memory per block; this "
                     f"GPU allows {cuda.smem_optin_limit} (the switch keeps the sequential kernel)")
@@ -67,14 +67,14 @@ def test_chunked_kernel(cuda, rng, T, Hk, Hv, D, decay, record_property):
 
 
 @needs_cuda
-@pytest.mark.parametrize("on", [False, True], ids=["default", "BRASS_DELTA_CHUNKED"])
-def test_switch_routes_prompts(cuda, rng, monkeypatch, on):
-    # With the switch on, a prompt of at least DELTA_CHUNKED_MIN_TOKENS tokens goes to the
-    # chunked kernel and a decode step (T = 1) stays sequential; off, nothing reaches it.
-    from brass.backends.cuda import backend as cb
-    monkeypatch.setattr(cb, "DELTA_CHUNKED", on)
+@pytest.mark.parametrize("on", [False, True], ids=["delta_chunked-off", "default"])
+def test_option_routes_prompts(cuda, rng, monkeypatch, on):
+    # With the delta_chunked option on, a prompt of at least DELTA_CHUNKED_MIN_TOKENS tokens goes
+    # to the chunked kernel and a decode step (T = 1) stays sequential; off, nothing reaches it.
+    from brass.backends.cuda import ssm
+    monkeypatch.setattr(cuda.options, "delta_chunked", on)
     launched = record_launches(cuda, monkeypatch)
-    for T in (1, cb.DELTA_CHUNKED_MIN_TOKENS):
+    for T in (1, ssm.DELTA_CHUNKED_MIN_TOKENS):
         q, k, v, g, beta, state = random_case(rng, T, 2, 4, 32)
         cuda.gated_delta_net(*(cuda.asarray(a) for a in (q, k, v, g, beta)), cuda.asarray(state))
     want = ["gated_delta_net_32", "gated_delta_net_chunked_32" if on else "gated_delta_net_32"]
@@ -124,7 +124,7 @@ def test_decode_kernel_block_matches_the_backend():
     # The threads per block the backend launches (gdn_threads) are the kernel's own.
     pytest.importorskip("cupy")
     from conformance.harness import delta_host
-    from brass.backends.cuda.backend import GDN_HEAD_DIMS, gdn_threads
+    from brass.backends.cuda.ssm import GDN_HEAD_DIMS, gdn_threads
     try:
         lib = delta_host.build_sequential()
     except NoHostCompiler as e:
@@ -136,7 +136,7 @@ def test_shared_memory_size_matches_the_kernel():
     # (GDN_CHUNK_SMEM_FLOATS), read from the CPU build of the source.
     pytest.importorskip("cupy")
     from conformance.harness import delta_host
-    from brass.backends.cuda.backend import GDN_HEAD_DIMS, gdn_chunked_smem
+    from brass.backends.cuda.ssm import GDN_HEAD_DIMS, gdn_chunked_smem
     try:
         lib = delta_host.build()
     except NoHostCompiler as e:

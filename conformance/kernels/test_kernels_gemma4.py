@@ -162,7 +162,7 @@ GEMMA4_ATTENTION_CASES = [
     (1, 700, 16, 8, 256, 512, 1.0),       # sliding-window layer, decode past the window
     (12, 40, 16, 8, 256, 16, 1.0),        # sliding-window layer, prefill
     # 10,000 slots of logits + 512 + 4 x 512 floats = 50 KiB of shared memory: past the 48 KiB
-    # default, so the kernel must be opted in (CudaBackend._Kernels.allow_smem)
+    # default, so the kernel must be opted in (compiler.Kernels.allow_smem)
     (1, 10000, 4, 1, 512, 0, 1.0),
 ]
 

@@ -270,7 +270,7 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
     # (read from global memory: past the staging budget MV_COLS_STAGE_MAX_K even for one
     # token), split and not.
     from conformance.harness import matvec_host
-    from brass.backends.cuda.backend import MV_SPLIT
+    from brass.backends.cuda.matvec import MV_SPLIT
     try:
         other = matvec_host.build(defines)
     except NoHostCompiler as e:

@@ -1,5 +1,5 @@
 """A MoE prompt's expert mat-muls on int8 tensor cores (kernels/mmq.cu: moe_plan then
-mmq_id_<type>, BRASS_MOE_MMQ) against the decode mat-vec kernels and against the numpy q8_1
+mmq_id_<type>, the moe_mmq option) against the decode mat-vec kernels and against the numpy q8_1
 reference.
 
 mmq_id_<type> forms, per block of 32, the same integer dot products of the same quants as the
@@ -175,9 +175,9 @@ def test_cpu_builds_of_sizes_do_not_share_their_tiles(rng, tmp_path):
 @needs_cuda
 @pytest.mark.parametrize("qtype,shape", MMQ_ID_CASES, ids=lambda v: tname(v) if isinstance(v, GGMLType) else "E%d-N%d-K%d-T%d-k%d-%s" % v)
 def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_property):
-    # The same through the backend's matmul_id with the switch on (the reference follows it:
-    # base.uses_mmq_id), and against the decode kernels (matvec_id: the same integer sums).
-    monkeypatch.setattr(base, "MOE_MMQ", True)
+    # The same through the backend's matmul_id with its moe_mmq option on (the reference's own
+    # moe_mmq follows it), and against the decode kernels (matvec_id: the same integer sums).
+    assert cuda.options.moe_mmq and ref.moe_mmq
     gf, x, ids = _id_case(tmp_path, rng, qtype, shape)
     w = cuda.weight(gf, "w")
     X, I = cuda.asarray(x), cuda.asarray(ids)
@@ -191,18 +191,28 @@ def test_mmq_id(cuda, ref, rng, tmp_path, qtype, shape, monkeypatch, record_prop
     assert np.isnan(got[bad]).all(), "an out-of-range expert id must give NaN rows"
     assert not (got == 1234.5).any(), "elements left unwritten"
     monkeypatch.undo()
-    monkeypatch.setattr(base, "MOE_MMQ", True)
     check(got[~bad], want[~bad], MATMUL, record_property, "mmq_id vs numpy q8_1")
     with cuda.rows_independent():
         dec = cuda.to_numpy(cuda.matmul_id(cuda.asarray(x), w, cuda.asarray(np.where(bad, 0, ids))))
     check(got[~bad], dec[~bad], MMQ_SUM_ORDER, record_property, "mmq_id vs matvec_id")
 
 
-def test_moe_mmq_switch_routes_the_reference(monkeypatch):
-    # Under BRASS_MOE_MMQ a prompt's expert mat-mul is rounded as the mat-vec in the q8_1
-    # reference (no float16 GEMM); the decode rows and F32 experts are not affected.
-    monkeypatch.setattr(base, "MOE_MMQ", False)
-    assert not base.uses_mmq_id(64, 512, GGMLType.Q4_K)
-    monkeypatch.setattr(base, "MOE_MMQ", True)
+def test_moe_mmq_option_routes_the_reference(rng, tmp_path):
+    # uses_mmq_id: a prompt (GEMM_MIN_TOKENS tokens or more) against experts of a type with an
+    # mmq kernel, K a multiple of its block. With its moe_mmq option on (the default, as the
+    # CUDA backend's), the q8_1 reference rounds such an expert mat-mul as the mat-vec (Q8_1
+    # activations, no float16 rounding); off, as the float16 GEMM.
     assert base.uses_mmq_id(64, 512, GGMLType.Q4_K) and not base.uses_mmq_id(31, 512, GGMLType.Q4_K)
     assert not base.uses_mmq_id(64, 512, GGMLType.F16) and not base.uses_mmq_id(64, 288, GGMLType.Q6_K)
+    E, N, K, T, k = 4, 48, 512, 40, 2
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {"w": (GGMLType.Q4_K, (E, N, K))}))
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int32)
+    x = rng.uniform(-1, 1, (T, K)).astype(F32)
+    ref = cuda_reference()
+    w = ref.weight(gf, "w")
+    with ref.rows_independent():
+        q8_rows = ref.matmul_id(x, w, ids)
+    assert ref.moe_mmq
+    assert nmse(ref.matmul_id(x, w, ids), q8_rows) <= MATMUL
+    ref.moe_mmq = False
+    assert nmse(ref.matmul_id(x, w, ids), q8_rows) > 1e-7      # the float16 GEMM's rounding

@@ -148,35 +148,31 @@ extern "C" __global__ void fine(const u8 * w0, const float * x, const P p) {
     assert "reads x" in bad[0] and "calls warm" in bad[1] and "[" in bad[2] and "calls warm" in bad[3], bad
 
 
-def test_which_mat_vecs_take_the_coop_q6_k_kernel(monkeypatch):
-    # uses_q6k_coop: BRASS_Q6K_COOP on, Q6_K, rows not split, every matrix's rows whole 8-byte
-    # words (K a multiple of 1024: 4 super-blocks of 210 bytes); coop_blocks: a block per
-    # MV_COOP_WARPS rows, at most COOP_BLOCKS_PER_SM an SM
-    from brass.backends.cuda import backend as cb
+def test_which_mat_vecs_take_the_coop_q6_k_kernel():
+    # uses_q6k_coop (where the q6k_coop option is on): Q6_K, rows not split, every matrix's rows
+    # whole 8-byte words (K a multiple of 1024: 4 super-blocks of 210 bytes); coop_blocks: a
+    # block per MV_COOP_WARPS rows, at most COOP_BLOCKS_PER_SM an SM
+    from brass.backends.cuda import matvec as mv
     from brass.gguf import GGMLType as T
     rb = lambda k: k // 256 * 210          # noqa: E731 (a Q6_K row's bytes)
-    monkeypatch.setattr(cb, "Q6K_COOP", True)
     for k in (1024, 2048, 3072, 4096):
-        assert cb.uses_q6k_coop(T.Q6_K, k, [rb(k)] * 3)
-    assert not cb.uses_q6k_coop(T.Q6_K, 1280, [rb(1280)] * 3)           # 1050 bytes
-    assert not cb.uses_q6k_coop(T.Q6_K, 1024, [rb(1024), rb(1024), 1050])
-    assert not cb.uses_q6k_coop(T.Q4_K, 1024, [576] * 3)
-    assert not cb.uses_q6k_coop(T.Q6_K, cb.MV_SPLIT_MIN_K, [rb(cb.MV_SPLIT_MIN_K)] * 3)   # split rows
-    monkeypatch.setattr(cb, "Q6K_COOP", False)
-    assert not cb.uses_q6k_coop(T.Q6_K, 1024, [rb(1024)] * 3)
-    assert cb.coop_blocks(37, 132) == -(-37 // (cb.MV_COOP_WARPS * cb.MV_COOP_ROWS))
-    assert cb.coop_blocks(151936, 132) == 132 * cb.COOP_BLOCKS_PER_SM
+        assert mv.uses_q6k_coop(T.Q6_K, k, [rb(k)] * 3)
+    assert not mv.uses_q6k_coop(T.Q6_K, 1280, [rb(1280)] * 3)           # 1050 bytes
+    assert not mv.uses_q6k_coop(T.Q6_K, 1024, [rb(1024), rb(1024), 1050])
+    assert not mv.uses_q6k_coop(T.Q4_K, 1024, [576] * 3)
+    assert not mv.uses_q6k_coop(T.Q6_K, mv.MV_SPLIT_MIN_K, [rb(mv.MV_SPLIT_MIN_K)] * 3)   # split rows
+    assert mv.coop_blocks(37, 132) == -(-37 // (mv.MV_COOP_WARPS * mv.MV_COOP_ROWS))
+    assert mv.coop_blocks(151936, 132) == 132 * mv.COOP_BLOCKS_PER_SM
 
 
-def test_which_decode_groups_take_the_mixed_launch(monkeypatch):
-    # CudaBackend._mixed_pair: one token, two types of a MIXED_PAIRS pair (either order), at
-    # most two matrices of the first and exactly one of the second, rows not split; else the
-    # launches of one type each (and never with BRASS_MIXED_MATVEC off)
-    from brass.backends.cuda import backend as cb
+def test_which_decode_groups_take_the_mixed_launch():
+    # matvec.mixed_pair (where the mixed_matvec option is on): one token, two types of a
+    # MIXED_PAIRS pair (either order), at most two matrices of the first and exactly one of the
+    # second, rows not split; else the launches of one type each
+    from brass.backends.cuda import matvec as mv
     from brass.gguf import GGMLType as T
-    pick = cb.CudaBackend._mixed_pair
+    pick = mv.mixed_pair
     q4, q6, q5, q8 = T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0
-    monkeypatch.setattr(cb, "MIXED_MATVEC", True)
     assert pick(1, 1024, {q4: [1, 2], q6: [3]}) == (q4, q6)
     assert pick(1, 1024, {q6: [3], q4: [1, 2]}) == (q4, q6)            # either order of the groups
     assert pick(1, 1024, {q5: [1], q6: [3]}) == (q5, q6)
@@ -186,6 +182,4 @@ def test_which_decode_groups_take_the_mixed_launch(monkeypatch):
     assert pick(1, 1024, {q4: [1, 2]}) is None                           # one type: one launch anyway
     assert pick(1, 1024, {q4: [1], q6: [2], q8: [3]}) is None
     assert pick(2, 1024, {q4: [1, 2], q6: [3]}) is None                  # a batched step
-    assert pick(1, cb.MV_SPLIT_MIN_K, {q4: [1, 2], q6: [3]}) is None     # split rows
-    monkeypatch.setattr(cb, "MIXED_MATVEC", False)
-    assert pick(1, 1024, {q4: [1, 2], q6: [3]}) is None
+    assert pick(1, mv.MV_SPLIT_MIN_K, {q4: [1, 2], q6: [3]}) is None     # split rows

@@ -185,7 +185,6 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     Same logits bit for bit, and the same caches afterwards."""
     if model.backend.name != "cuda":
         pytest.skip("the row kernels are the CUDA backend's (numpy runs the loop)")
-    from brass.backends.cuda import backend as cuda_backend
     from brass.batch import BatchDecoder
     b = model.backend
     V = model.config.n_vocab
@@ -193,7 +192,7 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     follow = [int(t) for t in rng.integers(0, V, 3)]
     results = []
     for row_kernels in (False, True):
-        monkeypatch.setattr(cuda_backend, "ROW_KERNELS", row_kernels)
+        monkeypatch.setattr(b.options, "row_kernels", row_kernels)
         sessions = [model.new_session(32) for _ in prompts]
         for s, p in zip(sessions, prompts):
             s.prefill(p)

@@ -403,19 +403,19 @@ def test_generate_cli_on_numpy(name):
     assert n >= 4 and doc["tokens"][:n] == p.generated_ids[:n]
 
 
-def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
-    """BRASS_GEMMA4_FUSED_MOE sends the routed experts through Backend.moe_ffn (gate and up of
+def test_fused_experts_option_changes_no_number(moe, rng, monkeypatch):
+    """The fused_experts option (on by default) sends the routed experts through Backend.moe_ffn (gate and up of
     ffn_gate_up_exps in one tensor, GELU, ffn_down_exps.scale): on the numpy backend that is the
     same composition, so the logits are bit for bit those without it (the CUDA backend's fused
     kernels are checked against it in test_kernels.py and test_kernels_matvec_cpu.py)."""
-    from brass.arch import gemma4
     assert "blk.0.ffn_gate_up_exps.weight" in moe.gguf.tensors and "blk.0.ffn_down_exps.scale" in moe.gguf.tensors
     ids = [int(t) for t in rng.integers(0, moe.config.n_vocab, 24)]
-    monkeypatch.setattr(gemma4, "FUSED_EXPERTS", False)     # the composition (on by default)
+    assert moe.config.fused_experts
+    monkeypatch.setattr(moe.config, "fused_experts", False)     # the composition
     want = moe.score(ids)
     calls = []
     real = moe.backend.moe_ffn
-    monkeypatch.setattr(gemma4, "FUSED_EXPERTS", True)
+    monkeypatch.setattr(moe.config, "fused_experts", True)
     monkeypatch.setattr(moe.backend, "moe_ffn", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
     got = moe.score(ids)
     assert calls and all(kw["gelu"] and kw["down_scale"] is not None for kw in calls), calls[:1]
@@ -423,8 +423,8 @@ def test_fused_experts_switch_changes_no_number(moe, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
-def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch):
-    """BRASS_GEMMA4_FUSED_OPS sends a sliding-window layer's q/k norms, rope and cache writes
+def test_fused_ops_option_changes_no_number(which, dense, moe, rng, monkeypatch):
+    """The fused_ops option (on by default) sends a sliding-window layer's q/k norms, rope and cache writes
     through Backend.rope_store, every layer's residual add after attention with the FFN's
     input norm through Backend.add_rms_norm, the layer's last residual add and
     layer_output_scale with the next layer's input norm (or the output norm) through
@@ -433,8 +433,8 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
     a prefill and the decode steps after it are bit for bit those without it (the CUDA kernels
     are held to the compositions' bounds by test_kernels_model.py's lockstep); only the SWA
     layers take rope_store (the full ones keep rope_ff)."""
-    from brass.arch import gemma4
     m = dense if which == "dense" else moe
+    assert m.config.fused_ops
     ids = [int(t) for t in rng.integers(0, m.config.n_vocab, 12)]
 
     def run():
@@ -444,11 +444,11 @@ def test_fused_ops_switch_changes_no_number(which, dense, moe, rng, monkeypatch)
             out.append(s.prefill([t]))
         return out
 
-    monkeypatch.setattr(gemma4, "FUSED_OPS", False)
+    monkeypatch.setattr(m.config, "fused_ops", False)
     want = run()
     calls, norms, moe_norms = [], [], []
     real, real_norm, real_moe = m.backend.rope_store, m.backend.add_rms_norm, m.backend.moe_norms
-    monkeypatch.setattr(gemma4, "FUSED_OPS", True)
+    monkeypatch.setattr(m.config, "fused_ops", True)
     monkeypatch.setattr(m.backend, "rope_store", lambda *a, **kw: (calls.append(kw), real(*a, **kw))[1])
     monkeypatch.setattr(m.backend, "add_rms_norm",
                         lambda *a, **kw: (norms.append(kw.get("scale") is not None), real_norm(*a, **kw))[1])

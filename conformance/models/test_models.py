@@ -126,7 +126,7 @@ def settled_positions(name: str, k: int) -> np.ndarray:
 # 18.9 to 0.9 away, other rows and layers leave it 18.5-18.9 away. So it is no defect of Brass's
 # arithmetic but a position where the reference is not settled (settled_positions: llama.cpp's
 # own backends 22.3 apart there, 12 times the margin). Following llama.cpp's MMQ arithmetic in
-# full (BRASS_MMQ=1) lands position 1 in the CUDA regime but puts the rest of the logits further
+# full (a dense int8 prompt path, since removed) lands position 1 in the CUDA regime but puts the rest of the logits further
 # from llama.cpp's (perf/NOTES.md, fifteenth session: rounding Q8_1 twice, on two forwards an ulp
 # apart, adds two noises where the float16 GEMM adds one).
 KNOWN_CUDA_DEFECTS: dict[tuple[str, str], str] = {}

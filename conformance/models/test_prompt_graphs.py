@@ -1,4 +1,4 @@
-"""Prompt graphs (BRASS_PROMPT_GRAPHS, engine/model.py PromptStep): a session's prompt of a
+"""Prompt graphs (the model's prompt_graphs option, engine/model.py PromptStep): a session's prompt of a
 length it has read before replays a captured graph, and gives what reading it eagerly gives.
 
 On the CPU the session logic runs on the numpy backend with CUDA's graph interface
@@ -9,8 +9,9 @@ model's, least recently used out first), and that a graph evicted, or its sessio
 freed at once (nothing else holds it: no cycle waits for the garbage collector); a capture that
 fails turning prompt graphs off for the session without losing the prompt. On the GPU the same against real graphs, bit for bit
 against the eager path (the same kernels on the same inputs), on every synthetic model:
-dense ones capture, mixture-of-experts ones plan their routing on the host unless
-BRASS_MOE_MMQ (the capture then fails and their prompts stay eager, still right).
+dense ones capture, mixture-of-experts ones plan their routing on the host unless the
+backend's moe_mmq option is on (else the capture fails and their prompts stay eager, still
+right).
 """
 
 from __future__ import annotations
@@ -30,27 +31,33 @@ DENSE = ["synth-llama", "synth-qwen3", "synth-gemma3", "synth-qwen35"]
 ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma4moe"]
 
 
-@pytest.fixture
-def prompt_graphs(monkeypatch):
-    from brass import model
-    monkeypatch.setattr(model, "PROMPT_GRAPHS", True)
-    monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", True)
-    try:
-        from brass.backends.cuda import backend
-    except ImportError:                 # no CuPy: the numpy cases run without it
-        return
-    monkeypatch.setattr(backend, "OWN_CUBLAS", True)
+MiB = 1 << 20
+
+
+def _on(m, **options):
+    """`m` with decode and prompt graphs on, shared ones too, whatever the environment says
+    (its options; on CUDA the backend's own cuBLAS handle with them), then `options` set."""
+    m.graphs = m.prompt_graphs = m.shared_prompt_graphs = True
+    if hasattr(m.backend, "options"):
+        m.backend.options.own_cublas = True
+    for k, v in options.items():
+        setattr(m, k, v)
+    return m
 
 
 def _prompts(rng, V, n, count):
     return [[int(t) for t in rng.integers(0, V, n)] for _ in range(count)]
 
 
-def _faked(name):
-    """(a model on the numpy backend with CUDA's graph interface faked, the same model plain
-    numpy: the eager reference)."""
+def _faked(name, budget_mb: float | None = None, **options):
+    """(a model on the numpy backend with CUDA's graph interface faked, prompt graphs on (then
+    `options`, and a budget of `budget_mb` if given), the same model plain numpy: the eager
+    reference)."""
     m = load_synthetic(name, "numpy")
     m.backend = ReplayingNumpy()
+    _on(m, **options)
+    if budget_mb is not None:
+        m.graph_ledger.budget = int(budget_mb * MiB)
     return m, load_synthetic(name, "numpy")
 
 
@@ -70,7 +77,7 @@ def _refuse_captures(m, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
-def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch):
+def test_second_prompt_of_a_length_replays(name, rng, monkeypatch):
     m, ref = _faked(name)
     captures = _count_captures(m, monkeypatch)
     s, r = m.new_session(64), ref.new_session(64)
@@ -92,7 +99,7 @@ def test_second_prompt_of_a_length_replays(name, rng, prompt_graphs, monkeypatch
 
 
 @pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
-def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_graphs, monkeypatch):
+def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, monkeypatch):
     # a server's pooled sessions (each its own cache) read a length from position 0 a few times
     # each: the model captures it once (StartStep, over a cache of its own) and every session
     # that has not read the length itself replays it, its keys, values and recurrent state
@@ -131,12 +138,12 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, prompt_gra
     assert (9, 128) in m._start_steps and len(captures) == 3
 
 
-def test_a_large_cache_is_not_shared(rng, prompt_graphs, monkeypatch):
+def test_a_large_cache_is_not_shared(rng, monkeypatch):
     # a StartStep holds a cache of its sessions' size: for a cache over half the graphs' budget
     # the session reads eagerly and then captures its own graph, as without sharing
     from brass.kv_cache import KVCache
     m, ref = _faked("synth-qwen3")
-    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", str(KVCache.nbytes_for(m.config, 64) / 2 ** 20 * 1.5))
+    m.graph_ledger.budget = int(KVCache.nbytes_for(m.config, 64) * 1.5)
     V = m.config.n_vocab
     ids = _prompts(rng, V, 9, 4)
     r = ref.new_session(64)
@@ -152,12 +159,10 @@ def test_a_large_cache_is_not_shared(rng, prompt_graphs, monkeypatch):
     assert list(m._start_steps) == [(9, 16)]
 
 
-def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs, monkeypatch):
-    # BRASS_SHARED_PROMPT_GRAPHS=0: a second session (a server's pooled one, with its own
-    # cache) captures its first prompt of a length the model read before, and replays the next
-    from brass import model
-    monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
-    m, ref = _faked("synth-qwen3")
+def test_without_shared_graphs_each_session_captures_its_own(rng, monkeypatch):
+    # shared_prompt_graphs off: a second session (a server's pooled one, with its own cache)
+    # captures its first prompt of a length the model read before, and replays the next
+    m, ref = _faked("synth-qwen3", shared_prompt_graphs=False)
     first, r = m.new_session(64), ref.new_session(64)
     V = m.config.n_vocab
     ids = _prompts(rng, V, 9, 3)
@@ -171,7 +176,7 @@ def test_without_shared_graphs_each_session_captures_its_own(rng, prompt_graphs,
     assert not m._start_steps
 
 
-def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, prompt_graphs, monkeypatch):
+def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, monkeypatch):
     # the model's capture fails (a MoE prompt planned on the host): it says why, the session's
     # prompt is read eagerly and right, and later sessions try their own graphs as before
     m, ref = _faked("synth-qwen3")
@@ -184,7 +189,7 @@ def test_a_failed_start_capture_leaves_the_sessions_to_themselves(rng, prompt_gr
     assert m.start_graphs_error and "capturing" in m.start_graphs_error and not m._start_steps
 
 
-def test_what_is_never_captured(rng, prompt_graphs):
+def test_what_is_never_captured(rng):
     # all logits (teacher forcing), a trace, a single token: eager, whatever the length's history
     m, _ = _faked("synth-qwen3")
     s = m.new_session(64)
@@ -199,7 +204,7 @@ def test_what_is_never_captured(rng, prompt_graphs):
     assert not s._prompt_steps
 
 
-def test_graphs_kept_are_bounded(rng, prompt_graphs):
+def test_graphs_kept_are_bounded(rng):
     from brass.model import PROMPT_GRAPHS_KEPT
     m, _ = _faked("synth-llama")
     s = m.new_session(128)
@@ -211,13 +216,12 @@ def test_graphs_kept_are_bounded(rng, prompt_graphs):
     assert list(s._prompt_steps) == lengths[-PROMPT_GRAPHS_KEPT:], "the most recently used are kept"
 
 
-def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
-    # the model's graphs hold at most BRASS_PROMPT_GRAPHS_MB together: the oldest make room;
-    # one over the whole budget is dropped once captured and its length read eagerly after
-    m, ref = _faked("synth-llama")
+def test_graphs_memory_is_bounded(rng, monkeypatch):
+    # the model's graphs hold at most their budget (prompt_graphs_mb) together: the oldest make
+    # room; one over the whole budget is dropped once captured and its length read eagerly after
+    m, ref = _faked("synth-llama", budget_mb=5)
     m.backend.graph_bytes = 3 << 20
     captures = _count_captures(m, monkeypatch)
-    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "5")
     s, r = m.new_session(64), ref.new_session(64)
     V = m.config.n_vocab
 
@@ -230,20 +234,30 @@ def test_graphs_memory_is_bounded(rng, prompt_graphs, monkeypatch):
         read(n)
     assert list(s._prompt_steps) == [6], "two graphs of 3 MiB kept within 5 MiB"
     assert len(captures) == 2
-    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "2")
+    m.graph_ledger.budget = 2 * MiB
     for _ in range(3):
         read(7)
     assert 7 not in s._prompt_steps and len(captures) == 3, "a graph over the budget is captured once"
     assert s.prompt_graphs, "an oversized graph does not turn prompt graphs off"
     read(6)                                 # the kept one still replays
     assert len(captures) == 3
-    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "lots")
+
+
+def test_a_bad_budget_is_refused_when_the_model_is_built(monkeypatch):
     from brass.errors import BrassError
-    with pytest.raises(BrassError, match="BRASS_PROMPT_GRAPHS_MB must be a finite number"):
-        read(8), read(8)
+    from brass.flags import ConfigError
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "lots")
+    with pytest.raises(ConfigError, match="BRASS_PROMPT_GRAPHS_MB must be a finite number"):
+        load_synthetic("synth-llama", "numpy")
+    monkeypatch.delenv("BRASS_PROMPT_GRAPHS_MB")
+    import brass
+    from conformance.harness.goldens import GOLDEN_DIR
+    with pytest.raises(BrassError, match="prompt_graphs_mb must be a finite number"):
+        brass.load(str(GOLDEN_DIR / "models" / "synth-llama.gguf"), backend="numpy", quiet=True,
+                   prompt_graphs_mb=float("inf"))
 
 
-def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypatch):
+def test_a_failed_capture_reads_the_prompt_eagerly(rng, monkeypatch):
     m, ref = _faked("synth-qwen3")
     _refuse_captures(m, monkeypatch)
     s, r = m.new_session(64), ref.new_session(64)
@@ -252,43 +266,50 @@ def test_a_failed_capture_reads_the_prompt_eagerly(rng, prompt_graphs, monkeypat
     assert not s.prompt_graphs and not s._prompt_steps
 
 
-def _printed_under(var: str, code: str, cases):
-    """Run `code` in a fresh interpreter with `var` unset or set to each case's value (switches
-    are read at import) and check what it prints: cases are (value or None, expected line)."""
-    import os
-    import subprocess
-    import sys
-    for env, want in cases:
-        e = {k: v for k, v in os.environ.items() if k != var}
-        if env is not None:
-            e[var] = env
-        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == want, (var, env, out.stdout)
-
-
-def test_shared_graphs_on_by_default():
-    # on since the whole GPU suite passed with it (2026-12-02); BRASS_SHARED_PROMPT_GRAPHS=0
-    # turns it off
-    _printed_under("BRASS_SHARED_PROMPT_GRAPHS", "from brass import model; print(model.SHARED_PROMPT_GRAPHS)",
-                   ((None, "True"), ("1", "True"), ("0", "False")))
-
-
 def test_on_by_default(monkeypatch):
-    # on since the whole GPU suite passed with it (2026-12-01); BRASS_PROMPT_GRAPHS=0 turns it
-    # off, read at import, and the backend's own cuBLAS handle follows it
-    code = ("from brass import model; from brass.backends.cuda import backend; "
-            "print(model.PROMPT_GRAPHS and backend.OWN_CUBLAS, model.PROMPT_GRAPHS or backend.OWN_CUBLAS)")
-    _printed_under("BRASS_PROMPT_GRAPHS", code, ((None, "True True"), ("1", "True True"), ("0", "False False")))
+    # decode graphs, prompt graphs, shared ones, 512 MiB for them: what the suite and the
+    # benchmarks run; the settings turn the first three off and set the budget when the model
+    # is built (the environment is read then, never at import), and options given override them
+    for var in ("BRASS_GRAPH", "BRASS_PROMPT_GRAPHS", "BRASS_PROMPT_GRAPHS_MB"):
+        monkeypatch.delenv(var, raising=False)
+    m = load_synthetic("synth-qwen3", "numpy")
+    assert m.graphs and m.prompt_graphs and m.shared_prompt_graphs and m.graph_ledger.budget == 512 * MiB
+    monkeypatch.setenv("BRASS_GRAPH", "0")
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS", "off")
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "64")
+    m = load_synthetic("synth-qwen3", "numpy")
+    assert not m.graphs and not m.prompt_graphs and m.graph_ledger.budget == 64 * MiB
+    import brass
+    m = brass.load(str(m.path), backend="numpy", quiet=True, graphs=True, prompt_graphs=True, prompt_graphs_mb=1)
+    assert m.graphs and m.prompt_graphs and m.graph_ledger.budget == MiB
+
+
+def test_a_cuda_model_gives_its_backend_the_prompt_graphs_setting(monkeypatch):
+    # prompt graphs capture cuBLAS calls, which CuPy's binding refuses during a capture: a CUDA
+    # model with them on asks its backend for a cuBLAS handle of its own (own_cublas), one
+    # without them does not (unless given)
+    from brass import model as model_mod
+    from brass.backends.numpy_backend import NumpyBackend
+    from conformance.harness.goldens import GOLDEN_DIR
+    asked = []
+    monkeypatch.setattr(model_mod, "_backend_for", lambda arch, requested: requested)
+    monkeypatch.setattr(model_mod, "get_backend", lambda name, **o: (asked.append((name, o)), NumpyBackend())[1])
+    path = str(GOLDEN_DIR / "models" / "synth-qwen3.gguf")
+    for on in (True, False):
+        model_mod.Model(path, backend="cuda", quiet=True, prompt_graphs=on)
+    model_mod.Model(path, backend="cuda", quiet=True, prompt_graphs=False, own_cublas=True)
+    model_mod.Model(path, backend="numpy", quiet=True, prompt_graphs=True)
+    assert asked == [("cuda", {"own_cublas": True}), ("cuda", {"own_cublas": False}),
+                     ("cuda", {"own_cublas": True}), ("numpy", {})]
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_cuda_start_graph_equals_eager(name, rng, prompt_graphs):
+def test_cuda_start_graph_equals_eager(name, rng):
     """On the GPU: sessions reading a length from position 0 through the model's graph
     (StartStep: its own cache, copied into theirs) get the eager read's logits bit for bit,
     and greedy decoding after it the same tokens."""
-    from brass.backends import base
     from brass.sampling import SamplingParams
-    m = load_synthetic(name, "cuda")
+    m = _on(load_synthetic(name, "cuda"))
     V = m.config.n_vocab
     greedy = SamplingParams(temperature=0.0)
     for n in (9, 40):
@@ -307,17 +328,17 @@ def test_cuda_start_graph_equals_eager(name, rng, prompt_graphs):
             b = list(m.generate([first], 8, greedy, stop_at_eog=False, session=e))
             assert a == b, f"{name} T={n} session {i}: decoding after the shared graph parts from eager"
         moe = m.config.n_expert > 0
-        assert ((n, 128) in m._start_steps) == (not moe or base.MOE_MMQ), \
+        assert ((n, 128) in m._start_steps) == (not moe or m.backend.options.moe_mmq), \
             (name, list(m._start_steps), m.start_graphs_error)
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
+def test_cuda_prompt_graph_equals_eager(name, rng):
     """On the GPU: the replayed prefill's logits equal the eager prefill's bit for bit, for a
     short prompt (mat-mul tiles) and one long enough for the tensor-core GEMMs, continuing a
     cache; greedy decoding after it then gives the same tokens."""
     from brass.sampling import SamplingParams
-    m = load_synthetic(name, "cuda")
+    m = _on(load_synthetic(name, "cuda"))
     V = m.config.n_vocab
     for n in (9, 40):
         s = m.new_session(128)
@@ -331,8 +352,7 @@ def test_cuda_prompt_graph_equals_eager(name, rng, prompt_graphs):
             assert np.array_equal(got, want), f"{name} T={n} prompt {i}: graph logits differ " \
                                               f"(max |diff| {np.abs(got - want).max():.3g})"
         moe = m.config.n_expert > 0
-        from brass.backends import base
-        assert s.prompt_graphs == (not moe or base.MOE_MMQ) and bool(s._prompt_steps) == s.prompt_graphs, \
+        assert s.prompt_graphs == (not moe or m.backend.options.moe_mmq) and bool(s._prompt_steps) == s.prompt_graphs, \
             (name, s.prompt_graphs, list(s._prompt_steps), s.prompt_graphs_error)
         # the memory each graph holds is counted (the session's budget reads it)
         assert all(st.nbytes > 0 for st in s._prompt_steps.values()), name
@@ -391,9 +411,8 @@ def test_one_ledger_for_every_session_and_the_model(monkeypatch):
     # the budget and the count are the model's: every session's graphs and the model's
     # StartSteps together, the least recently used out first whichever shelf it is on
     from brass import model
-    MiB = 1 << 20
-    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "10")
     m = load_synthetic("synth-qwen3", "numpy")
+    m.graph_ledger.budget = 10 * MiB
     a, b = m.new_session(64), m.new_session(64)
     A, B, S = a._prompt_shelf, b._prompt_shelf, m._start_shelf
     _keep(A, 5, 3 * MiB)
@@ -416,13 +435,10 @@ def test_one_ledger_for_every_session_and_the_model(monkeypatch):
     assert list(m.graph_ledger.steps) == [(S, (9, 64))]
 
 
-def test_sessions_graphs_together_stay_within_the_budget(rng, prompt_graphs, monkeypatch):
-    # four sessions each capture their own graph of a length (without shared graphs, as
-    # BRASS_SHARED_PROMPT_GRAPHS=0 or a prompt read in chunks): room for two of them in all
-    from brass import model
-    monkeypatch.setattr(model, "SHARED_PROMPT_GRAPHS", False)
-    monkeypatch.setenv("BRASS_PROMPT_GRAPHS_MB", "7")
-    m, ref = _faked("synth-qwen3")
+def test_sessions_graphs_together_stay_within_the_budget(rng, monkeypatch):
+    # four sessions each capture their own graph of a length (without shared graphs, as with
+    # shared_prompt_graphs off or a prompt read in chunks): room for two of them in all
+    m, ref = _faked("synth-qwen3", budget_mb=7, shared_prompt_graphs=False)
     m.backend.graph_bytes = 3 << 20
     captures = _count_captures(m, monkeypatch)
     r = ref.new_session(64)
@@ -442,7 +458,7 @@ def _read(s, rng, n):
     s.prefill(_prompts(rng, s.model.config.n_vocab, n, 1)[0])
 
 
-def test_an_evicted_graph_is_freed_at_once(rng, prompt_graphs, monkeypatch):
+def test_an_evicted_graph_is_freed_at_once(rng, monkeypatch):
     # the ledger holds the only reference to a graph it keeps (the captured function reaches
     # neither the step nor the session, whatever a backend keeps of it): evicted, the step and
     # its graph (on the GPU: its memory) are freed then and there, without the garbage collector
@@ -465,7 +481,7 @@ def test_an_evicted_graph_is_freed_at_once(rng, prompt_graphs, monkeypatch):
         assert all(w() is None for w in gone), "an evicted StartStep outlived its eviction"
 
 
-def test_a_dropped_session_frees_its_graphs(rng, prompt_graphs):
+def test_a_dropped_session_frees_its_graphs(rng):
     # a server's pool drops idle sessions: their graphs (and the session, its decode graph
     # included) go with them at once, not when the ledger evicts them or the collector runs
     m, _ = _faked("synth-qwen3")
@@ -480,7 +496,7 @@ def test_a_dropped_session_frees_its_graphs(rng, prompt_graphs):
         assert not m.graph_ledger.steps
 
 
-def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, monkeypatch):
+def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, monkeypatch):
     """On the GPU: prompt graphs captured and evicted again and again (one kept at a time, a
     new length each) leave the device's memory where it was. Issue 11: each graph's memory
     pool, dropped with the graph, kept its free blocks for good (CuPy's arenas hold them by
@@ -491,7 +507,7 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, prompt_graphs, m
     from conformance.harness.soak_measures import gpu_mb
     from brass import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
-    m = load_synthetic("synth-qwen3", "cuda")
+    m = _on(load_synthetic("synth-qwen3", "cuda"))
     s = m.new_session(512)
     pool = cupy.get_default_memory_pool()
 
@@ -555,6 +571,8 @@ def test_graph_memory_script_runs():
             m = real(*args, **kw)
             m.backend = ReplayingNumpy()
             m.backend.graph_bytes = 1 << 20
+            # decode and prompt graphs on, whatever the environment says (as _on above)
+            m.graphs = m.prompt_graphs = m.shared_prompt_graphs = True
             return m
         model.Model = faked
         sys.argv = ["ci/gpu_graph_memory.py", *sys.argv[1:]]

@@ -97,8 +97,8 @@ def test_batched_requests_equal_alone(model, rng):
 def test_greedy_runs_ending_keep_or_drop_their_step_ahead(rng, keep, backend):
     """A greedy batch runs one step ahead of the host (BatchDecoder.greedy_steps on CUDA's
     bucket graphs); when a request leaves or joins, the run ends and its step run ahead is
-    dropped (BRASS_BATCH_KEEP_AHEAD=0: the sessions go back one position) or read for the rows
-    that stay (=1). Either way every request gets its tokens alone. On CUDA through the real
+    dropped (the scheduler's keep_ahead off: the sessions go back one position) or read for the
+    rows that stay (on, the default). Either way every request gets its tokens alone. On CUDA through the real
     greedy_steps; on numpy (no bucket graphs) a decoder runs the same run_ahead protocol with
     each step computed at its launch. Requests of different lengths, more than run at once, so
     that runs end by leaves and by joins, mid-batch."""

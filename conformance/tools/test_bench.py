@@ -52,10 +52,10 @@ def test_bench_times_replayed_prompts_with_prompt_graphs(monkeypatch):
     """With prompt graphs every timed prefill replays: the capture is part of the warm-up,
     as the kernels' loading is (llama-bench warms up the same way)."""
     from conformance.harness.fakes import ReplayingNumpy
-    from brass import bench, model as model_mod
-    monkeypatch.setattr(model_mod, "PROMPT_GRAPHS", True)
+    from brass import bench
     m = goldens.load_synthetic("synth-qwen3", "numpy")
     m.backend = ReplayingNumpy()
+    m.graphs = m.prompt_graphs = True
     events = []
     real_capture, real_timed = m.backend.capture, bench._timed
     monkeypatch.setattr(m.backend, "capture", lambda fn, **kw: (events.append("capture"), real_capture(fn, **kw))[1])
@@ -65,8 +65,10 @@ def test_bench_times_replayed_prompts_with_prompt_graphs(monkeypatch):
     assert r.test == "pp8" and len(r.samples) == 3
     assert r.prompt_graph is True, "the result says its reads were replays"
     assert "replayed a prompt graph" in bench.table([r])
-    monkeypatch.setattr(model_mod, "PROMPT_GRAPHS", False)
-    (r,) = bench.bench(goldens.load_synthetic("synth-qwen3", "numpy"), n_prompt=8, n_gen=0, reps=1)
+    m = goldens.load_synthetic("synth-qwen3", "numpy")
+    m.backend = ReplayingNumpy()
+    m.prompt_graphs = False
+    (r,) = bench.bench(m, n_prompt=8, n_gen=0, reps=1)
     assert r.prompt_graph is False and "replayed" not in bench.table([r])
 
 

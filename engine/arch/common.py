@@ -79,22 +79,10 @@ def attend(f: Forward, il: int, q, scale: float, window: int = 0):
     return f.b.attention(q, *layers, f.pos, scale, window)
 
 
-def rope_attend(f: Forward, il: int, q, k, v, rope: dict, scale: float, window: int = 0):
-    """rope_store then attend (one kernel on the GPU in a decode step). Returns (q, k, out)."""
-    layers = kv_layers(f, il)
-    if isinstance(layers, list):
-        return f.b.rope_attention_rows(q, k, v, f.pos, layers, scale, window, **rope)
-    return f.b.rope_attention(q, k, v, f.pos, *layers, scale, window, **rope)
-
-
 def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float | None = None,
-              kq_scale: float | None = None, rope_base: float | None = None, window: int = 0,
-              norm: tuple | None = None):
+              kq_scale: float | None = None, rope_base: float | None = None, window: int = 0):
     """Self-attention of the normed input `x [T, D]` → `[T, D]` (before the residual add).
-    Optional biases (qwen2) are used when the file has them. `norm` = (pending, weight): x is
-    the residual stream before the layer's input norm instead, the residual add, the norm and
-    the projections are one op (add_rms_norm_matmul_many: on the GPU one decode launch), and
-    the result is `(x + pending, out)`."""
+    Optional biases (qwen2) are used when the file has them."""
     b, cfg, w = f.b, f.cfg, f.w
     p = f"blk.{il}."
     T = x.shape[0]
@@ -105,11 +93,7 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
 
     # One op for the three projections: on the GPU one launch per weight type, one
     # quantization of x.
-    ws = [w(p + f"attn_{kind}.weight") for kind in "qkv"]
-    if norm is None:
-        ys = b.matmul_many(x, ws)
-    else:
-        x, ys = b.add_rms_norm_matmul_many(x, norm[0], norm[1], cfg.norm_eps, ws)
+    ys = b.matmul_many(x, [w(p + f"attn_{kind}.weight") for kind in "qkv"])
     q, k, v = (with_bias(kind, y) for kind, y in zip("qkv", ys))
     q = q.reshape(T, cfg.n_head, cfg.head_dim)
     k = k.reshape(T, cfg.n_head_kv, cfg.head_dim)
@@ -121,11 +105,8 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
                 freq_scale=cfg.rope_freq_scale)
     if kq_scale is None:
         kq_scale = 1.0 / math.sqrt(cfg.head_dim)
-    if q_scale is None:
-        q, k, out = rope_attend(f, il, q, k, v, rope, kq_scale, window)
-    else:       # the query scaled between rope and attention: two steps
-        q, k = rope_store(f, il, q, k, v, rope)
-        out = attend(f, il, b.scale(q, q_scale), kq_scale, window)
+    q, k = rope_store(f, il, q, k, v, rope)
+    out = attend(f, il, q if q_scale is None else b.scale(q, q_scale), kq_scale, window)
     f.cb(q, "Qcur", il)
     f.cb(k, "Kcur", il)
     f.cb(v, "Vcur", il)
@@ -135,24 +116,16 @@ def attention(f: Forward, il: int, x, *, qk_norm: bool = False, q_scale: float |
     if bias is not None:
         out = b.add(out, bias)
     # llama.cpp names this node attn_out-N only in `llama`; we use the name everywhere.
-    out = f.cb(out, "attn_out", il)
-    return out if norm is None else (x, out)
+    return f.cb(out, "attn_out", il)
 
 
-def ffn(f: Forward, il: int, x, gelu: bool = False, norm: tuple | None = None):
-    """Gated FFN: down(act(gate(x)) * up(x)). `norm` = (pending, weight): x is the residual
-    stream before the FFN's norm, which goes with gate/up (add_rms_norm_ffn_glu), and the
-    result is `(x + pending, out)`."""
+def ffn(f: Forward, il: int, x, gelu: bool = False):
+    """Gated FFN: down(act(gate(x)) * up(x))."""
     b, w = f.b, f.w
     p = f"blk.{il}."
-    gate, up = w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")
-    if norm is None:
-        h = b.ffn_glu(x, gate, up, gelu)
-    else:
-        x, h = b.add_rms_norm_ffn_glu(x, norm[0], norm[1], f.cfg.norm_eps, gate, up, gelu)
+    h = b.ffn_glu(x, w(p + "ffn_gate.weight"), w(p + "ffn_up.weight"), gelu)
     f.cb(h, "ffn_geglu" if gelu else "ffn_swiglu", il)
-    out = b.matmul(h, w(p + "ffn_down.weight"))
-    return out if norm is None else (x, out)
+    return b.matmul(h, w(p + "ffn_down.weight"))
 
 
 def moe(f: Forward, il: int, x):
@@ -189,27 +162,15 @@ def pre_norm_decoder(f: Forward, ids, out_rows, *, qk_norm: bool = False):
     b, cfg, w = f.b, f.cfg, f.w
     x = b.embed(w("token_embd.weight"), ids)
     pending = None
-    # Without taps the norms' outputs are wanted by nobody but the launch after each: the
-    # norm then goes with it (add_rms_norm_matmul_many, add_rms_norm_ffn_glu; the same
-    # numbers, and on the GPU two decode launches fewer a dense layer).
-    with_norm = f.trace is None
     for il in range(cfg.n_layer):
-        attn_norm = w(f"blk.{il}.attn_norm.weight")
-        if with_norm:
-            x, h = attention(f, il, x, qk_norm=qk_norm, norm=(pending, attn_norm))
-        else:
-            x, h = b.add_rms_norm(x, pending, attn_norm, cfg.norm_eps)
-            if il > 0:
-                f.cb(x, "l_out", il - 1)
-            f.cb(h, "attn_norm", il)
-            h = attention(f, il, h, qk_norm=qk_norm)
+        x, h = b.add_rms_norm(x, pending, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps)
+        if il > 0:
+            f.cb(x, "l_out", il - 1)
+        f.cb(h, "attn_norm", il)
+        h = attention(f, il, h, qk_norm=qk_norm)
         if il == cfg.n_layer - 1 and out_rows is not None:
             h, x = b.take_rows(h, out_rows), b.take_rows(x, out_rows)
-        ffn_norm = w(f"blk.{il}.ffn_norm.weight")
-        if with_norm and not cfg.n_expert:
-            x, pending = ffn(f, il, x, norm=(h, ffn_norm))
-            continue
-        x, h = b.add_rms_norm(x, h, ffn_norm, cfg.norm_eps)
+        x, h = b.add_rms_norm(x, h, w(f"blk.{il}.ffn_norm.weight"), cfg.norm_eps)
         f.cb(x, "ffn_inp", il)
         f.cb(h, "ffn_norm", il)
         pending = moe(f, il, h) if cfg.n_expert else f.cb(ffn(f, il, h), "ffn_out", il)

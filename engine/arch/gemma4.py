@@ -35,8 +35,6 @@ _GEMMA4_ROLES); the residual after attention, llama.cpp's attn_out-N, is attn_re
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..errors import GGUFError, UnsupportedError
@@ -46,29 +44,23 @@ from . import common
 BATCHED_DECODE = True
 
 FINAL_LOGIT_SOFTCAP = 30.0      # llama.cpp's default when the key is absent (llama-hparams.h)
-# BRASS_GEMMA4_FUSED_MOE (on unless 0; tg128 of the 26B-A4B shape on the H200, 2026-12-01:
-# 179 -> 206 tok/s in one call): the routed experts through the fused
-# moe_ffn op (gate and up of ffn_gate_up_exps, GELU, the per-expert down scale) instead of
-# their composition of mat-muls by id; the same numbers on the numpy backend, which runs the
-# composition either way. The composition's intermediate nodes (ffn_moe_geglu,
-# ffn_moe_down_scaled) are then not traced.
-FUSED_EXPERTS = os.environ.get("BRASS_GEMMA4_FUSED_MOE", "1") not in ("", "0")
-# BRASS_GEMMA4_FUSED_OPS (on; 0 turns it off): the fused ops the other architectures use,
-# where Gemma 4's composition allows them: a sliding-window layer's q/k norms, rope and cache
-# writes as one rope_store (one kernel on the GPU instead of six: q norm, k norm, two ropes, two
-# cache writes; ~125 a token on the 26B-A4B's 25 SWA layers), the residual add after attention
-# with the FFN's input norm as one add_rms_norm (which also writes the Q8_1 blocks the FFN's
-# mat-vecs read: two kernels fewer per layer), a MoE layer's sum of its dense and routed
-# branches with post_ffw_norm as another (one fewer), the layer's last residual add and
-# layer_output_scale with the next layer's input norm (or the output norm) as add_rms_norm with
-# a scale (three fewer: add, mul, the q/k/v mat-vecs' quantize), and a MoE layer's two norms of
-# its residual, the experts' and the router's, as moe_norms (four fewer). On the H200
-# (2026-12-02, tg128 alternated in one call) the Gemma-4-26B-A4B shape went 213.8 -> 230.4
-# tok/s, and the whole GPU suite passed with it on. The same numbers on the numpy backend,
-# whose fused ops are those compositions. Full layers keep rope_ff (their frequency factors);
-# the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches them) are then
-# not traced on SWA layers.
-FUSED_OPS = os.environ.get("BRASS_GEMMA4_FUSED_OPS", "1") not in ("", "0")
+# Two options of a Gemma 4 model, on its config (configure sets them on; a test or a program
+# sets `model.config.fused_ops = False` before the forwards it should change). Neither moves a
+# number on the numpy backend, whose fused ops are the compositions they replace.
+# - fused_experts: the routed experts through the fused moe_ffn op (gate and up of
+#   ffn_gate_up_exps, GELU, the per-expert down scale; two kernels on the GPU for a decode
+#   step) instead of their composition of mat-muls by id. The composition's intermediate nodes
+#   (ffn_moe_geglu, ffn_moe_down_scaled) are then not traced.
+# - fused_ops: the fused ops the other architectures use, where Gemma 4's composition allows
+#   them: a sliding-window layer's q/k norms, rope and cache writes as one rope_store (one
+#   kernel on the GPU instead of six), the residual add after attention with the FFN's input
+#   norm as one add_rms_norm (which also writes the Q8_1 blocks the FFN's mat-vecs read), a
+#   MoE layer's sum of its dense and routed branches with post_ffw_norm as another, the
+#   layer's last residual add and layer_output_scale with the next layer's input norm (or the
+#   output norm) as add_rms_norm with a scale, and a MoE layer's two norms of its residual, the
+#   experts' and the router's, as moe_norms. Full layers keep rope_ff (their frequency
+#   factors); the q/k norms' own nodes (Qcur_normed, Kcur_normed: no llama.cpp node matches
+#   them) are then not traced on SWA layers.
 
 
 def configure(cfg, gf):
@@ -107,6 +99,8 @@ def configure(cfg, gf):
     cfg.expert_weights_scale = 1.0
     if f"{a}.final_logit_softcapping" not in gf.metadata:
         cfg.final_logit_softcap = FINAL_LOGIT_SOFTCAP
+    cfg.fused_ops = True
+    cfg.fused_experts = True
     return cfg
 
 
@@ -124,7 +118,7 @@ def attention(f: common.Forward, il: int, x):
     q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
     n_rot = cfg.layer_n_rot(il)
     window = cfg.layer_window(il)
-    if cfg.is_swa(il) and FUSED_OPS:
+    if cfg.is_swa(il) and cfg.fused_ops:
         # q/k norms, rope (llama.cpp: rope_freq_base_train_swa, freq_scale 1 on SWA layers) and
         # the cache writes as the one op the other architectures use (one kernel on the GPU
         # instead of six; the same composition on the numpy backend)
@@ -164,7 +158,7 @@ def experts(f: common.Forward, il: int, x):
     p = f"blk.{il}."
     # router input: rms(x) (no weight) · 1/sqrtf(n_embd) · ffn_gate_inp.scale
     factor = float(np.float32(1) / np.sqrt(np.float32(cfg.n_embd)))
-    if FUSED_OPS:
+    if cfg.fused_ops:
         # the experts' norm and the router's as one op (one kernel on the GPU instead of four,
         # and the experts' Q8_1 blocks written beside it: the quantize kernel goes too)
         h, r = b.moe_norms(x, w(p + "pre_ffw_norm_2.weight"), w(p + "ffn_gate_inp.scale"), factor, cfg.norm_eps)
@@ -179,7 +173,7 @@ def experts(f: common.Forward, il: int, x):
     f.cb(probs, "ffn_moe_probs", il)
     f.cb(ids, "ffn_moe_topk", il)
     f.cb(weights, "ffn_moe_weights_norm", il)
-    if FUSED_EXPERTS:
+    if cfg.fused_experts:
         # the same composition as one op (Backend.moe_ffn), which the CUDA backend runs for a
         # decode step as two kernels (the chosen experts' gate/up with GELU, their down with the
         # per-expert scale and the weighted sum) instead of six
@@ -226,7 +220,7 @@ def ffn(f: common.Forward, il: int, x, h=None):
     dense = common.ffn(f, il, h, gelu=True)
     dense = f.cb(b.rms_norm(dense, w(p + "post_ffw_norm_1.weight"), cfg.norm_eps), "ffn_mlp", il)
     routed = experts(f, il, x)
-    if FUSED_OPS:
+    if cfg.fused_ops:
         # the two branches' sum and post_ffw_norm in one op (add_rms_norm: dense + routed, as add)
         out, normed = b.add_rms_norm(dense, routed, post, cfg.norm_eps)
     else:
@@ -240,7 +234,7 @@ def forward(f: common.Forward, ids, out_rows=None):
     b, cfg, w = f.b, f.cfg, f.w
     x = b.embed(w("token_embd.weight"), ids)
     x = f.cb(b.scale(x, float(np.sqrt(np.float32(cfg.n_embd)))), "inp_scaled")   # sqrtf
-    pending = None      # FUSED_OPS: (FFN output, residual, layer_output_scale) of the layer before
+    pending = None      # fused_ops: (FFN output, residual, layer_output_scale) of the layer before
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         if pending is None:
@@ -254,7 +248,7 @@ def forward(f: common.Forward, ids, out_rows=None):
         h = attention(f, il, h)
         h = f.cb(b.rms_norm(h, w(p + "post_attention_norm.weight"), cfg.norm_eps),
                  "attn_post_norm", il)
-        if FUSED_OPS:
+        if cfg.fused_ops:
             # the residual add and the FFN's input norm in one op (add_rms_norm: h + x, as add)
             x, hn = b.add_rms_norm(h, x, w(p + "ffn_norm.weight"), cfg.norm_eps)
         else:
@@ -262,7 +256,7 @@ def forward(f: common.Forward, ids, out_rows=None):
         x = f.cb(x, "attn_residual", il)
         out = ffn(f, il, x, hn)
         scale = w.opt(p + "layer_output_scale.weight")
-        if FUSED_OPS:
+        if cfg.fused_ops:
             pending = (out, x, scale)           # added (and scaled) by the next norm
             continue
         x = b.add(out, x)

@@ -6,7 +6,7 @@ from . import common
 
 # Decodes several sequences in one step (every layer goes through common.attention).
 BATCHED_DECODE = True
-# Its caches are reached only through common.rope_store / common.attend / common.rope_attend:
+# Its caches are reached only through common.rope_store and common.attend:
 # bucket graphs apply.
 BUCKET_GRAPHS = True
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
+from .. import flags
 from ..errors import BrassError
 
 BACKENDS = ("numpy", "cuda")
@@ -19,13 +18,18 @@ def cuda_available() -> bool:
 
 
 def default_backend() -> str:
-    return os.environ.get("BRASS_BACKEND") or ("cuda" if cuda_available() else "numpy")
+    return flags.get("BRASS_BACKEND") or ("cuda" if cuda_available() else "numpy")
 
 
 def get_backend(name: str | None = None, **options):
+    """The backend `name` (default_backend() when None) with its options (keyword arguments of
+    NumpyBackend or CudaBackend). The settings of the environment are checked once as it is
+    built: a bad value raises, an unknown BRASS_* variable is warned about (engine/flags.py;
+    CudaBackend checks them itself)."""
     name = name or default_backend()
     if name == "numpy":
         from .numpy_backend import NumpyBackend
+        flags.check()
         return NumpyBackend(**options)
     if name == "cuda":
         if not cuda_available():

@@ -11,7 +11,6 @@ Conventions (see docs/design.md):
 from __future__ import annotations
 
 import contextlib
-import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -30,46 +29,25 @@ GEMM_MIN_TOKENS = 32
 def uses_f16_gemm(n_rows: int, k: int, wtype) -> bool:
     """Whether the CUDA backend multiplies `[n_rows, k]` activations by a weight of GGML type
     `wtype` on tensor cores in float16 (k a multiple of 8: the GEMM's alignment; float32
-    weights keep their precision on the mat-mul kernels). The expert mat-muls (mul_mat_id)
-    always go by this; a dense mat-mul goes to MMQ instead where uses_mmq says so."""
+    weights keep their precision on the mat-mul kernels). The expert mat-muls (mul_mat_id) go
+    to the int8 tiles instead where uses_mmq_id says so."""
     return n_rows >= GEMM_MIN_TOKENS and k % 8 == 0 and int(wtype) != 0   # 0: GGML F32
 
 
-# BRASS_MMQ=1 (read at import; off by default: validated on the H200 but slower there than the
-# float16 GEMM, 1.4-2.2x at 512 tokens of the Qwen3-8B shapes): a prompt's dense
-# mat-muls against quantized weights go to int8 tensor cores against Q8_1 activations
-# (kernels/mmq.cu, llama.cpp's MMQ) instead of the float16 GEMM: per block of 32 the same
-# integer dot products and scaling as the decode mat-vec, so the numpy q8_1 reference then
-# computes them as it computes the mat-vec (no float16 rounding).
-MMQ = os.environ.get("BRASS_MMQ", "0") == "1"
-# GGML type ids with an mmq_<type> kernel -> values per block (K must be a multiple):
+# GGML type ids with an mmq_id_<type> kernel -> values per block (K must be a multiple):
 # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 (32), Q4_K, Q5_K, Q6_K (256-value super-blocks).
 MMQ_BLOCK = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 39: 32, 12: 256, 13: 256, 14: 256}
 
 
-def uses_mmq(n_rows: int, k: int, wtype) -> bool:
-    """Whether a dense mat-mul of `[n_rows, k]` activations by a weight of GGML type `wtype`
-    goes to the MMQ kernels (BRASS_MMQ=1, a prompt, a type with an mmq kernel)."""
-    blk = MMQ_BLOCK.get(int(wtype))
-    return MMQ and blk is not None and n_rows >= GEMM_MIN_TOKENS and k % blk == 0
-
-
-# BRASS_MOE_MMQ (read at import; on unless 0): a prompt's expert mat-muls
-# (mul_mat_id) go to the same int8 tiles (kernels/mmq.cu mmq_id_<type>), planned on the device
-# (moe_plan: the (token, slot) pairs sorted by expert without a host synchronisation), instead
-# of the float16 GEMMs, whose per-layer routing plan is read on the host: on the H200 the
-# Qwen3-30B-A3B shape's prompt spent ~5 ms of wall time per MoE layer against ~1 ms of GPU time.
-# The numpy q8_1 reference then computes those mat-muls as mat-vecs, as for BRASS_MMQ. Measured
-# on the H200 (2026-12-01, same call): the 30B-A3B shape's pp512 3,786 tok/s against 1,321
-# (that figure noisy: ± 408) with the GEMMs, 4,858 beside llama.cpp's 7,253 with the other levers.
-MOE_MMQ = os.environ.get("BRASS_MOE_MMQ", "1") not in ("", "0")
-
-
 def uses_mmq_id(n_tokens: int, k: int, wtype) -> bool:
     """Whether a prompt's expert mat-mul of `n_tokens` tokens, `k` features, against experts of
-    GGML type `wtype` goes to mmq_id (BRASS_MOE_MMQ=1, a prompt, a type with an mmq kernel)."""
+    GGML type `wtype` can go to the int8 tiles (kernels/mmq.cu mmq_id_<type>): a prompt and a
+    type with an mmq kernel. A backend takes them where its moe_mmq option is on (the
+    default): per block of 32 the same integer dot products and scaling as the decode
+    mat-vec, planned on the device, where the float16 GEMMs' per-layer routing plan is read
+    on the host (a MoE prompt then spends most of its wall time waiting for it)."""
     blk = MMQ_BLOCK.get(int(wtype))
-    return MOE_MMQ and blk is not None and n_tokens >= GEMM_MIN_TOKENS and k % blk == 0
+    return blk is not None and n_tokens >= GEMM_MIN_TOKENS and k % blk == 0
 
 
 class Weight(ABC):
@@ -203,19 +181,6 @@ class Backend(ABC):
             s = self.mul(s, scale)
         return s, self.rms_norm(s, w, eps)
 
-    def add_rms_norm_matmul_many(self, a, b, w: Weight, eps: float, ws: list):
-        """add_rms_norm then matmul_many of the normed rows: `(a + b, [matmul(h, W) for W in
-        ws])` with h = rms_norm(a + b, w) (`b` None: the sum is a). h itself is not returned:
-        a backend may never form it (one decode launch that norms the row in each block)."""
-        s, h = self.add_rms_norm(a, b, w, eps)
-        return s, self.matmul_many(h, ws)
-
-    def add_rms_norm_ffn_glu(self, a, b, w: Weight, eps: float, w_gate: Weight, w_up: Weight,
-                             gelu: bool = False):
-        """add_rms_norm then ffn_glu of the normed rows: `(a + b, ffn_glu(h, w_gate, w_up))`."""
-        s, h = self.add_rms_norm(a, b, w, eps)
-        return s, self.ffn_glu(h, w_gate, w_up, gelu)
-
     def moe_norms(self, x, w: Weight, w_router: Weight, factor: float, eps: float):
         """Gemma 4's two norms of a MoE layer's residual `x`: the routed experts' input
         `rms_norm(x, w)` and the router's `rms_norm(x) * factor * w_router` (a weightless norm,
@@ -242,22 +207,11 @@ class Backend(ABC):
         self.kv_store(v_cache, v, pos)
         return q, k
 
-    def argmax_advance(self, logits, tok, pos, history):
-        """A decode step's greedy advance on the device (a graph-capable backend's
-        decode_advance) with the argmax of logits' last row: tok = it, pos += 1, history[pos] =
-        it. Returns the argmax ids."""
-        ids = self.argmax(logits)
-        self.decode_advance(ids, tok, pos, history)
-        return ids
-
-    def rope_attention(self, q, k, v, pos, k_cache, v_cache, scale: float, window: int = 0, **rope):
-        """rope_store then attention over the cache it wrote (one kernel on the GPU where each
-        token is its sequence's only one). Returns the roped `(q, k)` and the attention output
-        `[T, H * Dv]`."""
-        q, k = self.rope_store(q, k, v, pos, k_cache, v_cache, **rope)
-        return q, k, self.attention(q, k_cache, v_cache, pos, scale, window)
-
     # -- a batch of sequences, one token row each (batched decode) ----------------------------
+    # Whether a batched step's kernels reach each row's KV cache through device tables of the
+    # rows' cache addresses (bucket graphs need that: engine/batch.py BucketStep).
+    row_tables = False
+
     # Set inside rows_independent(); a backend whose multi-row kernels sum in another order
     # than its single-row ones reads it and takes the single-row ones for the rows.
     _rows_independent = False
@@ -297,12 +251,6 @@ class Backend(ABC):
                 out = self.empty((len(layers), o.shape[-1]))
             out[r:r + 1] = o
         return out
-
-    def rope_attention_rows(self, q, k, v, pos, layers: list, scale: float, window: int = 0, **rope):
-        """rope_attention for rows of different sequences, each with its cache pair
-        `layers[r]`: rope_store_rows then attention_rows."""
-        q, k = self.rope_store_rows(q, k, v, pos, layers, **rope)
-        return q, k, self.attention_rows(q, layers, pos, scale, window)
 
     def ffn_glu(self, x, w_gate: Weight, w_up: Weight, gelu: bool = False):
         """`act(x @ W_gate.T) * (x @ W_up.T)`, act SiLU (SwiGLU) or GELU (GeGLU)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import quants
 from ..gguf import GGMLType
-from .base import Backend, Weight, uses_f16_gemm, uses_mmq, uses_mmq_id
+from .base import Backend, Weight, uses_f16_gemm, uses_mmq_id
 
 F16, F32 = np.float16, np.float32
 _FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
@@ -80,10 +80,14 @@ class NumpyWeight(Weight):
 class NumpyBackend(Backend):
     name = "numpy"
 
-    def __init__(self, act_mode: str = "cpu"):
+    def __init__(self, act_mode: str = "cpu", moe_mmq: bool = True):
         if act_mode not in ("cpu", "q8_1"):
             raise ValueError(f"act_mode must be 'cpu' or 'q8_1', not {act_mode!r}")
         self.act_mode = act_mode
+        # q8_1 mode: a prompt's expert mat-muls rounded as the CUDA backend with the same
+        # option computes them (on: its int8 tiles, the mat-vec's rounding; off: its float16
+        # GEMMs)
+        self.moe_mmq = bool(moe_mmq)
         # rows_independent (base): BLAS sums a gemm's rows in another order than a gemv's,
         # so the rows are multiplied one by one, as alone (_mm's by_row).
 
@@ -119,9 +123,7 @@ class NumpyBackend(Backend):
         """`x [R, K] @ W.T` (W = expert `expert` of a 3-D tensor if given). `f16`: round both
         operands to float16 (default: as the CUDA backend does for R rows, in q8_1 mode)."""
         if f16 is None:
-            # (a prompt that the CUDA backend sends to MMQ: int8 against Q8_1, as the mat-vec)
-            f16 = (self.act_mode == "q8_1" and not self._rows_independent
-                   and uses_f16_gemm(*x.shape, w.type) and not uses_mmq(*x.shape, w.type))
+            f16 = self.act_mode == "q8_1" and not self._rows_independent and uses_f16_gemm(*x.shape, w.type)
         if f16:
             # The CUDA backend's prompt GEMM: both operands rounded to float16, products
             # (exact in float32) summed in float32.
@@ -145,10 +147,10 @@ class NumpyBackend(Backend):
         T, k = ids.shape
         x = np.ascontiguousarray(x, F32)
         out = np.empty((T, k, w.shape[1]), F32)
-        # The CUDA backend multiplies a prompt's experts as GEMMs (rows of T tokens), or, under
-        # BRASS_MOE_MMQ, on int8 tiles against Q8_1 (as the mat-vec).
-        f16 = (self.act_mode == "q8_1" and not self._rows_independent
-               and uses_f16_gemm(T, x.shape[-1], w.type) and not uses_mmq_id(T, x.shape[-1], w.type))
+        # The CUDA backend multiplies a prompt's experts on int8 tiles against Q8_1 (as the
+        # mat-vec), or with moe_mmq off as GEMMs (rows of T tokens).
+        f16 = (self.act_mode == "q8_1" and not self._rows_independent and uses_f16_gemm(T, x.shape[-1], w.type)
+               and not (self.moe_mmq and uses_mmq_id(T, x.shape[-1], w.type)))
         for e in np.unique(ids):
             tt, jj = np.nonzero(ids == e)
             out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e), f16=f16)

@@ -18,21 +18,19 @@ import re
 
 import numpy as np
 
-from brass.backends.cuda.params import pack
-
 from ...errors import BrassError
-from .compiler import KERNEL_DIR
+from .common import F16, F32, Q8_1_BLOCK_BYTES
+from .compiler import define, source_text
+from .params import pack
 
 SOURCE = "attention_tiled.cu"
-_CU = (KERNEL_DIR / SOURCE).read_text()
-THREADS, BQ = (int(re.search(rf"#define {n} (\d+)", _CU).group(1)) for n in ("ATTN_TILED_THREADS", "ATTN_TILED_BQ"))
+THREADS, BQ = define(SOURCE, "ATTN_TILED_THREADS"), define(SOURCE, "ATTN_TILED_BQ")
 # (D, DV) of every attention_tiled_<D>_<DV> the source instantiates
-HEAD_DIMS = tuple((int(d), int(dv)) for d, dv in re.findall(r"^ATTN_TILED_KERNEL\(\w+, (\d+), (\d+)\)", _CU, re.M))
+HEAD_DIMS = tuple((int(d), int(dv)) for d, dv in
+                  re.findall(r"^ATTN_TILED_KERNEL\(\w+, (\d+), (\d+)\)", source_text(SOURCE), re.M))
 MIN_TOKENS = 2                          # one token is a decode step: attention.cu
-Q8_1_BLOCK_BYTES = 36
 # row_lo, row_hi [BQ] ints and row_sum [2][THREADS] doubles (ptxas: 2560 bytes at 128 threads)
 STATIC_SMEM = 2 * 4 * BQ + 2 * 8 * THREADS
-F16, F32 = np.float16, np.float32
 
 
 def tile_slots(d: int, dv: int) -> int:

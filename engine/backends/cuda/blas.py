@@ -1,4 +1,5 @@
-"""cuBLAS's two GEMMs the prompt path uses, called through ctypes on a handle of our own.
+"""cuBLAS's two GEMMs the prompt path uses, called through ctypes on a handle of our own (or,
+with the own_cublas option off, through CuPy's binding on CuPy's handle).
 
 CuPy refuses any cuBLAS call while a stream is being captured ("calling cuBLAS API during stream
 capture is currently unsupported"), so a prompt, whose mat-muls run on tensor cores through
@@ -86,3 +87,32 @@ class Handle:
 
     def gemmStridedBatchedEx(self, *args):
         _check(self.lib.cublasGemmStridedBatchedEx(self.ptr, *args), "cublasGemmStridedBatchedEx")
+
+
+@functools.lru_cache(maxsize=None)
+def cupy_binding():
+    """CuPy's cuBLAS binding, loaded on first use: its constants (CUBLAS_OP_T, ...) for every
+    call, and its calls where the backend has no handle of its own."""
+    try:
+        from cupy_backends.cuda.libs import cublas
+        cublas.CUBLAS_OP_T        # the library itself loads on first attribute access
+        return cublas
+    except ImportError as e:
+        raise CudaError(f"cuBLAS could not be loaded ({e}); install the cuda extra "
+                        f"(pip install -e '.[cuda]', which brings nvidia-cublas) or a CUDA toolkit") from None
+
+
+class CupyHandle:
+    """CuPy's shared cuBLAS handle of the current device, set to a stream."""
+
+    def __init__(self, stream_ptr: int):
+        import cupy
+        self.cublas = cupy_binding()
+        self.handle = cupy.cuda.device.get_cublas_handle()
+        self.cublas.setStream(self.handle, stream_ptr)
+
+    def gemmEx(self, *args):
+        self.cublas.gemmEx(self.handle, *args)
+
+    def gemmStridedBatchedEx(self, *args):
+        self.cublas.gemmStridedBatchedEx(self.handle, *args)

@@ -19,11 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from ...catalog import cache_dir
+from ...errors import UnsupportedError
 from .errors import KernelCompileError
 
 # The CUDA sources ship as the package data of brass.kernels (the repository's kernels/ folder).
 KERNEL_DIR = Path(str(resources.files("brass.kernels")))
 BASE_OPTIONS = ("-std=c++17",)
+DEFAULT_SMEM = 48 << 10     # shared memory a kernel may use without opting in
 
 
 def _nvrtc():
@@ -34,6 +36,22 @@ def _nvrtc():
 @lru_cache(maxsize=None)
 def nvrtc_version() -> tuple[int, int]:
     return tuple(_nvrtc().getVersion())
+
+
+@lru_cache(maxsize=None)
+def source_text(name: str) -> str:
+    """The text of kernels/<name> (a .cu source or a .cuh header)."""
+    return (KERNEL_DIR / name).read_text()
+
+
+def define(source: str, name: str) -> int:
+    """The integer of `#define <name> <integer>` in kernels/<source> (its first such line): the
+    sizes a launch depends on are read from the source, so that the launch matches what the
+    kernel was built with."""
+    m = re.search(rf"#define {name} (\d+)", source_text(source))
+    if m is None:
+        raise KernelCompileError(f"kernels/{source} has no `#define {name} <integer>`")
+    return int(m.group(1))
 
 
 def kernel_sources() -> list[str]:
@@ -144,3 +162,59 @@ def describe_compile_log(name: str, source: str, log: str, target: str) -> str:
     if not found:
         return f"{head}:\n{log.strip()}"
     return head + ":\n" + "\n".join(found)
+
+
+class Kernels:
+    """A backend's kernel functions by (source, name), compiled (compile_source) and loaded on
+    first use, and what the driver says of them (their block size, their shared memory)."""
+
+    def __init__(self, cc: int, debug: bool):
+        self.target = target_for(cc)
+        self.options = ("-lineinfo",) if debug else ()
+        self._modules: dict = {}        # source -> cupy.cuda.function.Module
+        self._functions: dict = {}      # (source, name) -> cupy.cuda.function.Function
+        self._smem_optin: dict[tuple[str, str], int] = {}
+        self._threads: dict[tuple[str, str], int] = {}
+
+    def get(self, source: str, name: str):
+        key = (source, name)
+        fn = self._functions.get(key)
+        if fn is None:
+            module = self._modules.get(source)
+            if module is None:
+                import cupy
+                module = cupy.cuda.function.Module()
+                module.load(compile_source(source, self.target, self.options))
+                self._modules[source] = module
+            fn = self._functions[key] = module.get_function(name)
+        return fn
+
+    def block_threads(self, source: str, name: str) -> int:
+        """The threads a block of the kernel was built for: its __launch_bounds__ (the most it
+        can be launched with). matvec_split_<type> is launched with these, so that a build with
+        another MV_SPLIT_WARPS (kernels/matvec.cuh) is launched as it expects."""
+        key = (source, name)
+        n = self._threads.get(key)
+        if n is None:
+            from cupy_backends.cuda.api import driver
+            CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+            n = self._threads[key] = int(driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                                                                 self.get(source, name).ptr))
+        return n
+
+    def allow_smem(self, source: str, name: str, nbytes: int, limit: int):
+        """Opt the kernel in to `nbytes` of dynamic shared memory when that and its static
+        shared memory exceed the 48 KiB every kernel may use."""
+        key = (source, name)
+        if self._smem_optin.get(key, 0) >= nbytes:
+            return
+        from cupy_backends.cuda.api import driver
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 1, 8
+        static = driver.funcGetAttribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.get(source, name).ptr)
+        if nbytes + static > limit:
+            raise UnsupportedError(f"kernel {name} would need {nbytes + static} bytes of shared memory; "
+                                   f"this GPU allows {limit}")
+        if nbytes + static > DEFAULT_SMEM:
+            driver.funcSetAttribute(self.get(source, name).ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    nbytes)
+        self._smem_optin[key] = nbytes

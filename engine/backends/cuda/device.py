@@ -4,8 +4,7 @@ one by index."""
 
 from __future__ import annotations
 
-import os
-
+from ... import flags
 from .errors import CudaError
 
 
@@ -42,5 +41,5 @@ def visible_capabilities() -> list[tuple[int, int]]:
 def choose_device(requested: int | str | None = None) -> int:
     """The device index: `requested`, else $BRASS_DEVICE, else the most capable device."""
     if requested is None:
-        requested = os.environ.get("BRASS_DEVICE")
+        requested = flags.get("BRASS_DEVICE")
     return pick_device(visible_capabilities(), requested)

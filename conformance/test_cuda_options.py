@@ -1,0 +1,103 @@
+"""The CUDA backend's options (engine/backends/cuda/options.py) on the CPU: each one turned off
+takes its path away from what a model launches, through the fake CuPy of
+conformance/launch_recording.py (kernels do not run: which kernels are launched, with which
+grids and parameters, is what is checked). What each path computes is checked on the GPU
+(test_kernels*.py); that the defaults launch what was recorded, by test_launch_sequence.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import fake_cupy, launch_recording as lr
+
+N_CTX = 128
+
+
+def _launches(model: str, batch: bool = False, **options) -> list[dict]:
+    """The kernel launches of a 7-token prompt and two greedy tokens (the first step eager, the
+    second from the decode graph), then a 70-token prompt read twice in a new session (eagerly,
+    then the model's start graph), on synthetic model `model` with the backend's `options`;
+    with `batch`, a batched step of two sequences after that."""
+    import brass
+    from brass.batch import BatchDecoder
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec):
+        m = brass.load(str(lr.MODELS_DIR / f"{model}.gguf"), backend="cuda", quiet=True, **options)
+        V = m.config.n_vocab
+        rec.on = True
+        list(m.generate([(3 + 37 * i) % V for i in range(7)], max_tokens=2, stop_at_eog=False,
+                        session=m.new_session(N_CTX)))
+        prompt = [(5 + 11 * i) % V for i in range(70)]
+        for _ in range(2):
+            m.new_session(N_CTX).prefill(prompt, device_logits=True)
+        if batch:
+            sessions = [m.new_session(N_CTX) for _ in range(2)]
+            for s, n in zip(sessions, (5, 9)):
+                s.prefill(prompt[:n])
+            BatchDecoder(m, graphs=False).step(sessions, [1, 2])
+        rec.on = False
+        assert m.backend.options.__dict__.items() >= options.items()
+    return [e for e in rec.events if e["op"] == "launch"]
+
+
+def _kernels(launches) -> set[str]:
+    return {e["kernel"].split(":")[1] for e in launches}
+
+
+def _taken(launches, prefix: str) -> int:
+    return sum(e["kernel"].split(":")[1].startswith(prefix) for e in launches)
+
+
+@pytest.mark.parametrize("model, option, prefix", [
+    ("synth-qwen3", "attn_tiled", "attention_tiled_"),
+    ("synth-qwen35", "delta_chunked", "gated_delta_net_chunked_"),
+    ("synth-qwen3moe", "moe_mmq", "mmq_id_"),
+    ("synth-gemma4", "mixed_matvec", "matvec_mixed_"),
+])
+def test_an_option_off_takes_its_kernel_away(model, option, prefix):
+    on, off = _launches(model), _launches(model, **{option: False})
+    assert _taken(on, prefix), f"{model} takes no {prefix}* launch by default: the check would prove nothing"
+    assert not _taken(off, prefix), f"{option}=False: {model} still launches {prefix}*"
+
+
+def test_moe_mmq_off_plans_on_the_host():
+    off = _kernels(_launches("synth-qwen3moe", moe_mmq=False))
+    assert "moe_plan" not in off and "gather_rows_f16" in off, sorted(off)
+
+
+def test_pdl_off_launches_plain_graph_kernels():
+    on, off = _launches("synth-qwen3"), _launches("synth-qwen3", pdl=False)
+    assert any(e["pdl"] for e in on) and not any(e["pdl"] for e in off)
+    # the same kernels either way, with the same grids and parameters
+    strip = [{k: v for k, v in e.items() if k != "pdl"} for e in on]
+    assert strip == [{k: v for k, v in e.items() if k != "pdl"} for e in off]
+
+
+def test_f16_weights_off_dequantizes_every_prompt():
+    on, off = _launches("synth-qwen3"), _launches("synth-qwen3", f16_weights=False)
+    # kept copies: each weight dequantized once (its first prompt); off: at every prompt read
+    assert 0 < _taken(on, "dequant_f16_") < _taken(off, "dequant_f16_")
+
+
+def test_row_kernels_off_loops_over_the_rows():
+    def per_row(launches):
+        return [e for e in launches if e["kernel"].endswith((":rope_store", ":attention"))
+                and e["params"].get("per_row")]
+    on, off = _launches("synth-qwen3", batch=True), _launches("synth-qwen3", batch=True, row_kernels=False)
+    assert per_row(on) and not per_row(off)
+
+
+def test_the_settings_give_the_defaults_and_options_override_them(monkeypatch):
+    from brass.backends.cuda.options import CudaOptions
+    for var in ("BRASS_CUDA_DEBUG", "BRASS_F16_WEIGHTS", "BRASS_F16_WEIGHTS_GB", "BRASS_PROMPT_GRAPHS"):
+        monkeypatch.delenv(var, raising=False)
+    o = CudaOptions()
+    assert (o.debug, o.f16_weights, o.f16_weights_gb, o.own_cublas) == (False, True, None, True)
+    monkeypatch.setenv("BRASS_F16_WEIGHTS", "0")
+    monkeypatch.setenv("BRASS_F16_WEIGHTS_GB", "1.5")
+    monkeypatch.setenv("BRASS_PROMPT_GRAPHS", "no")
+    o = CudaOptions()
+    assert (o.f16_weights, o.f16_weights_gb, o.own_cublas) == (False, 1.5, False)
+    assert CudaOptions(f16_weights=True, own_cublas=True).f16_weights is True
+    with pytest.raises(TypeError):
+        CudaOptions(norm_matvec=True)               # a switch that was removed is no option
