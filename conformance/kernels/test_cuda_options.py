@@ -1,6 +1,6 @@
 """The CUDA backend's options (engine/backends/cuda/options.py) on the CPU: each one turned off
 takes its path away from what a model launches, through the fake CuPy of
-conformance/launch_recording.py (kernels do not run: which kernels are launched, with which
+conformance/harness/launch_recording.py (kernels do not run: which kernels are launched, with which
 grids and parameters, is what is checked). What each path computes is checked on the GPU
 (test_kernels*.py); that the defaults launch what was recorded, by test_launch_sequence.py."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import fake_cupy, launch_recording as lr
+from conformance.harness import fake_cupy, launch_recording as lr
 
 N_CTX = 128
 

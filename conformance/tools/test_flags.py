@@ -13,7 +13,7 @@ import pytest
 from brass import flags
 from brass.flags import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
 # a variable's name: BRASS_ and words, whole (the prefix BRASS_TEST_ alone is no name)
 NAME = re.compile(r"\bBRASS_[A-Z0-9]+(?:_[A-Z0-9]+)*\b")
