@@ -4,7 +4,7 @@ The application is engine/server.py's App; HTTP is engine/http_api.py. With --ap
 $BRASS_API_KEY) every request must carry `Authorization: Bearer KEY`, except GET /health and
 GET /v1/models (open, as in llama-server: load balancers probe one, clients list the model with
 the other) and what a browser fetches by navigating: the chat page /, its /web/ files,
-/favicon.ico, /docs and /openapi.json. conformance/test_server_auth.py holds the table.
+/favicon.ico, /docs and /openapi.json. conformance/server/test_server_auth.py holds the table.
 
 Logprobs, as OpenAI defines them (engine/logprobs.py): /v1/completions takes `logprobs` 0-20
 (OpenAI's legacy form: tokens, token_logprobs, top_logprobs, text_offset), `echo` (the prompt's

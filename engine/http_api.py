@@ -2,7 +2,7 @@
 
 Who needs the API key (with --api-key): every route but those a browser or a load balancer
 reaches without one, the page and its files, /favicon.ico, /docs and /openapi.json, and
-/health and /v1/models (open in llama-server too). conformance/test_server_auth.py holds the
+/health and /v1/models (open in llama-server too). conformance/server/test_server_auth.py holds the
 table of every route and checks it against this app's own route list.
 
 The event loop only moves bytes. Parsing, validation and tokenizing a request run on a worker
