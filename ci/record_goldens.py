@@ -17,7 +17,6 @@ import gzip
 import hashlib
 import io
 import json
-import re
 import sys
 import tempfile
 import time

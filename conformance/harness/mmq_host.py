@@ -365,7 +365,7 @@ def mmq_id(lib, qtype, w_raw: np.ndarray, x: np.ndarray, ids: np.ndarray, n_expe
     """y [T, k, N] = expert ids[t, j] applied to x[t] (x [T, K]) or x[t, j] (x [T, k, K]) by the
     CPU build of moe_plan + mmq_id_<type>; w_raw: the expert tensor's ggml bytes [E * N, row_bytes];
     misalign: x's Q8_1 blocks that many bytes past a 64-byte boundary (q8_1_blocks)."""
-    from brass.backends.cuda.common import TYPE_NAMES as _TYPE_NAMES
+    from brass.backends.cuda.common import TYPE_NAMES
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
     EN, row_bytes = w_raw.shape
     N = EN // n_experts

@@ -24,7 +24,7 @@ import pytest
 from brass.backends import base, cuda_available
 from brass.gguf import GGMLType, GGUFFile
 from conformance.harness.kernel_checks import check, record_launches, tname
-from conformance.harness.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, random_weight_file
+from conformance.harness.cases import MATMUL, MMQ_SUM_ORDER, cuda_reference, nmse, random_weight_file
 from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(

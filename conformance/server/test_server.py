@@ -31,7 +31,6 @@ from brass.sampling import SamplingParams  # noqa: E402
 from brass.server import StopScanner  # noqa: E402
 from conformance.harness.server_harness import (API_KEY, CHAT, COMPLETIONS, MODEL, N_CTX, SYSTEM, chat_ids,  # noqa: E402
                                         cut_at_stop, expected, read_sse, serve_synth, words)
-from conformance.harness.server_harness import model, openai_client, server  # noqa: E402,F401 (fixtures)
 
 
 # --------------------------------------------------------------------------------------------

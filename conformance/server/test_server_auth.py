@@ -18,7 +18,6 @@ import pytest
 
 pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .)")
 from conformance.harness.server_harness import CHAT, COMPLETIONS, MODEL, ASGIClient, StubForward  # noqa: E402
-from conformance.harness.server_harness import model  # noqa: E402,F401 (fixture)
 
 KEY = "auth-test-key"
 

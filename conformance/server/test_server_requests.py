@@ -20,7 +20,6 @@ pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve 
                                       "on the GPU runner: the wheels in .whl/, listed in ci/gpu.sh)")
 from conformance.harness.server_harness import (API_KEY, CHAT, COMPLETIONS, MODEL, big_prompt, expected,  # noqa: E402
                                         read_sse, words)
-from conformance.harness.server_harness import model, openai_client, server  # noqa: E402,F401 (fixtures)
 
 
 BAD_REQUESTS = {
