@@ -197,9 +197,9 @@ def test_eog_ends_the_stream_and_is_not_printed(real_model_path):
     assert r.returncode == 0 and eog_text not in r.stdout
     assert out["text"] in r.stdout and "tok/s" in r.stderr
     # The Python API ends the stream there too: the end-of-generation token is the last one.
-    import brass
-    m = brass.load(model, backend="numpy", quiet=True)
-    assert list(m.generate(p.prompt_ids, 32, brass.SamplingParams(temperature=0))) == p.generated_ids
+    import brass as api         # (a plain `import brass` made the CLI helper brass() a local)
+    m = api.load(model, backend="numpy", quiet=True)
+    assert list(m.generate(p.prompt_ids, 32, api.SamplingParams(temperature=0))) == p.generated_ids
 
 
 def goldens_tokenizer_piece(model, token_id: int) -> str:
