@@ -315,9 +315,8 @@ def server(real_model_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def model(real_model_path):
-    from brass.model import Model
-    return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
+def model(shared_model):
+    return shared_model(MODEL, "numpy", n_ctx=N_CTX)     # one for the session (conftest.py)
 
 
 @pytest.fixture(scope="session")

@@ -432,6 +432,35 @@ def write(name: str, out: Path, layers: int | None = None, seed: int = 0, vocab:
     return path
 
 
+class ShapeFiles:
+    """Shape-true files written into `folder` and deleted together: `with ShapeFiles(folder)
+    as write: path = write(name, sub=None, **shrink)` (write()'s arguments; `sub`, a folder
+    under `folder` for a second copy). Every file written is gone when the block ends, however
+    it ends: a test's files (0.4 GB for a one-layer qwen3-0.6b) do not outlive it, whatever
+    pytest keeps of its folder (conformance/conftest.py's shape_model fixture)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.written: list[Path] = []
+
+    def __call__(self, name: str, sub: str | None = None, **shrink) -> Path:
+        out = self.folder / sub if sub else self.folder
+        path = out / f"{name}.gguf"
+        self.written += [path, path.with_name(path.name + ".part")]
+        return write(name, out, **shrink)
+
+    def close(self):
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        self.written.clear()
+
+    def __enter__(self) -> "ShapeFiles":
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shape", choices=[*SHAPES, "all"])

@@ -12,12 +12,14 @@ spread (tolerances.SPREAD_ARGMAX_FACTOR; ci/cuda_spread.py prints it).
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from tabulate import tabulate
 
-from conformance.harness import goldens, tolerances
 from conformance.harness.llama_spread import common_prefix, llama_spread, spread_rule
+from conformance.harness import goldens, tolerances
 from brass import arch as arch_registry
 from brass.backends import cuda_available
 from brass.llamacpp import brass_tap
@@ -26,7 +28,7 @@ from brass.model import Model
 MODELS = [m.name for m in goldens.models()]
 NEEDS_GPU = pytest.mark.skipif(not cuda_available(), reason="CUDA backend: no GPU on this machine")
 # The CUDA backend's arithmetic on any machine: the numpy backend in q8_1 mode, the oracle every
-# CUDA kernel is held to (kernels/cases.py), held to llama.cpp's CUDA goldens by the CUDA
+# CUDA kernel is held to (conformance/harness/cases.py), held to llama.cpp's CUDA goldens by the CUDA
 # backend's own rules (activations, teacher-forced, greedy). Where the GPU runner is scarce it is
 # the part of that gate CI can run: on the real models it reproduced the H200's disagreements
 # position for position (smollm2-135m long prompt, position 1: top-1 |Δ| 18.844 here, 18.839 on
@@ -48,12 +50,17 @@ def backend_under_test(name: str, backend: str, loaded) -> tuple[str, str, Model
 
 @pytest.fixture(scope="module")
 def loaded(real_model_path):
-    """Models are loaded once per (model, backend) for the whole module."""
+    """The model of a case, loaded once: the cases' tests run case by case (their parameters
+    are module-scoped), so only the current case's model is kept; the one before is let go
+    when the next loads (a numpy model keeps its weights as float32: qwen2.5-coder-0.5b's are
+    2 GB, and holding every case's model to the module's end took the process to 8 GB)."""
     cache: dict = {}
 
     def get(name: str, backend: str) -> Model:
         key = (name, backend)
         if key not in cache:
+            cache.clear()
+            gc.collect()
             gm = goldens.model(name)
             path = real_model_path(name) if gm.kind == "real" else gm.path()
             cache[key] = (Model(path, backend="numpy", act_mode="q8_1", quiet=True) if backend == ORACLE
@@ -61,6 +68,7 @@ def loaded(real_model_path):
         return cache[key]
     yield get
     cache.clear()
+    gc.collect()
 
 
 def skip_unless_supported(name: str, backend: str):
@@ -126,7 +134,7 @@ def settled_positions(name: str, k: int) -> np.ndarray:
 # 18.9 to 0.9 away, other rows and layers leave it 18.5-18.9 away. So it is no defect of Brass's
 # arithmetic but a position where the reference is not settled (settled_positions: llama.cpp's
 # own backends 22.3 apart there, 12 times the margin). Following llama.cpp's MMQ arithmetic in
-# full (a dense int8 prompt path, since removed) lands position 1 in the CUDA regime but puts the rest of the logits further
+# full (BRASS_MMQ=1) lands position 1 in the CUDA regime but puts the rest of the logits further
 # from llama.cpp's (perf/NOTES.md, fifteenth session: rounding Q8_1 twice, on two forwards an ulp
 # apart, adds two noises where the float16 GEMM adds one).
 KNOWN_CUDA_DEFECTS: dict[tuple[str, str], str] = {}
@@ -149,7 +157,7 @@ def _tap_name(node) -> str:
     return brass_tap(node.name, node.role, node.layer)
 
 
-@pytest.mark.parametrize("name,backend", CASES)
+@pytest.mark.parametrize("name,backend", CASES, scope="module")      # grouped by case: see loaded
 def test_activations(name, backend, loaded, record_property):
     gm = goldens.model(name)
     label = backend
@@ -203,7 +211,7 @@ def test_activations(name, backend, loaded, record_property):
     assert not failures, f"{name} on {label} vs llama.cpp {ref_set}: " + "; ".join(failures[:8])
 
 
-@pytest.mark.parametrize("name,backend", CASES)
+@pytest.mark.parametrize("name,backend", CASES, scope="module")      # grouped by case: see loaded
 def test_teacher_forced(name, backend, loaded, request, record_property):
     gm = goldens.model(name)
     label = backend
@@ -283,7 +291,7 @@ def test_teacher_forced(name, backend, loaded, request, record_property):
     assert not failures, f"{name} on {label}: " + "; ".join(failures[:8])
 
 
-@pytest.mark.parametrize("name,backend", CASES)
+@pytest.mark.parametrize("name,backend", CASES, scope="module")      # grouped by case: see loaded
 def test_greedy_stream(name, backend, loaded, request):
     gm = goldens.model(name)
     label = backend
@@ -303,13 +311,16 @@ def test_greedy_stream(name, backend, loaded, request):
     shared = llama_spread(name).shared_tokens if ref_set == "cuda" else None
     compared = 0
     for k, p in enumerate(goldens.prompts(name, ref_set)):
-        ours = list(m.generate(p.prompt_ids, max_tokens=len(p.generated_ids)))
         step_margin = p.step_top_logits[:, 0] - p.step_top_logits[:, 1]
         tf_margin = p.tf_margin[len(p.prompt_ids) - 1:]
         n = len(p.generated_ids) if shared is None else shared[k]
-        for i in range(n):
-            if step_margin[i] < eps or tf_margin[i] < eps:
-                break
+        # compared up to the first near-tie (past it llama.cpp's own token is a coin toss)
+        clear = next((i for i in range(n) if step_margin[i] < eps or tf_margin[i] < eps), n)
+        # generated only as far as compared (a greedy token does not depend on how many follow
+        # it; the rest took the numpy backend minutes per model), and at least one: every
+        # prompt's prefill and first pick run
+        ours = list(m.generate(p.prompt_ids, max_tokens=max(clear, 1)))
+        for i in range(clear):
             assert i < len(ours) and ours[i] == p.generated_ids[i], (
                 f"{name} on {label}, prompt {p.name}: token {i} is "
                 f"{ours[i] if i < len(ours) else 'missing'}, llama.cpp's {p.generated_ids[i]} "

@@ -196,19 +196,21 @@ def test_web_page_is_served(server):
         assert status == 200, asset
 
 
-def test_chatml_fallback_ends_replies_at_its_end_marker(real_model_path):
+def test_chatml_fallback_ends_replies_at_its_end_marker(shared_model):
     """Gemma 3 270M has no template; ChatML's `<|im_end|>` is plain text to it, so the server
     ends a chat reply where the model writes it (the server's own queue, without HTTP)."""
-    from brass.model import Model
     from brass.server import App
-    gemma = Model(real_model_path("gemma3-270m"), backend="numpy", n_ctx=N_CTX, quiet=True)
+    gemma = shared_model("gemma3-270m", "numpy", n_ctx=N_CTX)
     app = App(gemma, "gemma3-270m", None, parallel=1, max_waiting=1)
     messages = [{"role": "user", "content": "Hello"}]
     job, _ = app.prepare({"messages": messages, "max_tokens": 8, "temperature": 0}, chat=True)
-    app.scheduler.submit(job)
-    events = [job.events.get(timeout=300)]
-    while events[-1][0] == "delta":
-        events.append(job.events.get(timeout=300))
+    try:
+        app.scheduler.submit(job)
+        events = [job.events.get(timeout=300)]
+        while events[-1][0] == "delta":
+            events.append(job.events.get(timeout=300))
+    finally:
+        app.scheduler.close()   # its thread holds the model (1 GB of float32)
     assert events[-1][0] == "done", events
     full, _, _ = expected(gemma, chat_ids(gemma, messages), 8)
     want = cut_at_stop(full, ["<|im_end|>"])
@@ -279,6 +281,7 @@ def test_full_queue_gets_503_and_leavers_free_their_places(model, rng):
     finally:
         for j in (running, waiting, later):
             j.cancelled.set()
+        scheduler.close()       # its thread holds the model
 
 
 def test_short_request_is_not_held_up_by_a_long_one(model, rng):

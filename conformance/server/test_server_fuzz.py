@@ -168,9 +168,8 @@ def asked_stream(data: bytes) -> bool:
 
 
 @pytest.fixture(scope="module")
-def model(real_model_path):
-    from brass.model import Model
-    return Model(real_model_path(MODEL), backend="numpy", n_ctx=256, quiet=True)
+def model(shared_model):
+    return shared_model(MODEL, "numpy", n_ctx=256)      # one for the session (conftest.py)
 
 
 def test_fuzz_request_bodies_in_process(model, capfd):

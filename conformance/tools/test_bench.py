@@ -5,6 +5,7 @@ read, and the side-by-side table."""
 
 from __future__ import annotations
 
+import filecmp
 import json
 import subprocess
 import sys
@@ -89,26 +90,27 @@ def test_bench_bad_input_is_one_line(args, msg):
 
 # (shape, shrink): one layer (qwen3) or one period's worth of a hybrid's layer kinds (two
 # layers: a delta-net / sliding-window layer and a full-attention one), the real vocabulary
-# where it is cheap, 4096 tokens and 8 experts where the real ones would take gigabytes of
-# numpy dequantization. The dense Qwen3.5-9B / Gemma-4-31B shapes share these code paths at
+# where it is cheap (qwen3-0.6b: the 151,936-token tokenizer, triples and all), 4096 tokens and
+# 8 or 16 experts where the real ones would take gigabytes of numpy dequantization (the
+# 30B-A3B's 128 experts and its head: 3.6 GB of float32 for one layer; 16 experts keep the
+# top-8 routing a choice). The dense Qwen3.5-9B / Gemma-4-31B shapes share these code paths at
 # FFN widths the test cannot shrink (2-4 GB of float32), so they are checked by hand
 # (perf/NOTES.md).
 SHAPE_CASES = [
     ("qwen3-0.6b", dict(layers=1)),
-    ("qwen3-30b-a3b", dict(layers=1)),
+    ("qwen3-30b-a3b", dict(layers=1, vocab=4096, experts=16)),
     ("qwen3.6-35b-a3b", dict(layers=2, vocab=4096, experts=8)),
     ("gemma-4-26b-a4b", dict(layers=2, vocab=4096, experts=8)),
 ]
 
 
 @pytest.mark.parametrize("shape,shrink", SHAPE_CASES, ids=[c[0] for c in SHAPE_CASES])
-def test_shape_model_loads_and_runs(shape, shrink, tmp_path):
+def test_shape_model_loads_and_runs(shape, shrink, shape_model):
     """A shape-true file (shrunk) has the real hyper-parameters and vocabulary, a tokenizer
     that round-trips text, and runs (random weights: noise, but every tensor is read)."""
-    sys.path.insert(0, str(ROOT))
     from conformance.harness import shape_models
     import brass
-    path = shape_models.write(shape, tmp_path, **shrink)
+    path = shape_model(shape, **shrink)
     m = brass.load(str(path), backend="numpy", quiet=True)
     c = shape_models.shape_config(shape, **shrink)
     cfg = m.config
@@ -128,9 +130,27 @@ def test_shape_model_loads_and_runs(shape, shrink, tmp_path):
     ids = m.tokenizer.encode(text, add_special=False, parse_special=False)
     assert m.tokenizer.decode(ids) == text
     assert len(list(m.generate(ids, max_tokens=2, stop_at_eog=False))) == 2
-    # Seeded: the same file twice.
-    again = shape_models.write(shape, tmp_path / "again", **shrink)
-    assert again.read_bytes() == path.read_bytes()
+    del m           # its float32 weights go before the second file is written
+    # Seeded: the same file twice (compared a block at a time: not two files' worth of memory).
+    again = shape_model(shape, "again", **shrink)
+    assert filecmp.cmp(again, path, shallow=False)
+
+
+def test_shape_model_files_are_deleted(tmp_path):
+    """The shape_model fixture's files go at the test's end, passed or failed (pytest keeps a
+    failed test's folder, and the last runs' folders: a one-layer qwen3-0.6b is 0.4 GB)."""
+    sys.path.insert(0, str(ROOT))
+    from conformance.harness.shape_models import ShapeFiles
+    with ShapeFiles(tmp_path) as write:
+        a = write("qwen3-0.6b", layers=1, vocab=1024)
+        b = write("qwen3-0.6b", "again", layers=1, vocab=1024)
+        assert a.stat().st_size > 1 << 20 and b.parent == tmp_path / "again"
+    assert not a.exists() and not b.exists()
+    with pytest.raises(AssertionError), ShapeFiles(tmp_path) as write:
+        c = write("qwen3-0.6b", layers=1, vocab=1024)
+        raise AssertionError("a failing test")
+    assert not c.exists()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
 def test_shape_recipes():

@@ -27,9 +27,8 @@ WORDS = "sea ship storm harbor light wind stone river bread garden winter candle
 
 
 @pytest.fixture(scope="module")
-def model(real_model_path):
-    from brass.model import Model
-    return Model(real_model_path(MODEL), backend="numpy", n_ctx=N_CTX, quiet=True)
+def model(shared_model):
+    return shared_model(MODEL, "numpy", n_ctx=N_CTX)     # the one test_server*.py use too
 
 
 def greedy_reply(model, messages, max_tokens) -> str:
@@ -171,11 +170,10 @@ def test_terminal_chat_ctrl_c_stops_a_reply_without_exiting(real_model_path):
         term.kill()
 
 
-def test_chatml_fallback_stops_at_its_end_marker(real_model_path):
+def test_chatml_fallback_stops_at_its_end_marker(shared_model):
     """Gemma 3 270M has no template: ChatML's `<|im_end|>` is plain text to it, so a reply ends
     where the model writes it, as the engine's own greedy tokens show."""
-    from brass.model import Model
-    gemma = Model(real_model_path("gemma3-270m"), backend="numpy", n_ctx=N_CTX, quiet=True)
+    gemma = shared_model("gemma3-270m", "numpy", n_ctx=N_CTX)
     conv = Conversation(gemma, SamplingParams(temperature=0.0), max_tokens=8)
     assert conv.template.is_fallback
     reply = "".join(conv.reply("Hello"))

@@ -1,0 +1,132 @@
+"""Peak memory of a command's whole process tree.
+
+    python ci/peak_memory.py [--interval 0.5] [--json PATH] -- COMMAND [ARGS...]
+
+Runs COMMAND and, every INTERVAL seconds, sums the resident set size (VmRSS in
+/proc/<pid>/status) of the command and every process descended from it: pytest workers,
+`brass serve` subprocesses, anything a test starts. A process that re-parents itself away
+(a daemon that double-forks) is kept as long as it was seen once as a descendant. Prints the
+peak sum, the sample it happened at and the largest processes at that moment, then exits with
+the command's status.
+
+Where the command runs in a cgroup (v2) of its own, memory.peak is the exact figure; on a
+shared machine the cgroup holds other people's processes too, so this sampled sum is the one
+the issue's bar ("<= 6 GB for the whole process tree") is measured with. Sampling can miss a
+spike shorter than the interval; RSS counts shared pages (the page cache of an mmap'd model)
+once per process that maps them, so the sum errs high, never low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # comm may hold spaces and parentheses: the fields after the last ')' are fixed
+        fields = stat[stat.rindex(")") + 2:].split()
+        kids.setdefault(int(fields[1]), []).append(int(name))
+    return kids
+
+
+def _rss_kib(pid: int) -> tuple[int, str] | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            text = f.read()
+    except OSError:
+        return None
+    rss, name = 0, "?"
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+        elif line.startswith("Name:"):
+            name = line.split(None, 1)[1].strip() if len(line.split()) > 1 else "?"
+    return rss, name
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError:
+        return "?"
+
+
+def tree(root: int, known: set[int]) -> set[int]:
+    kids = _children()
+    seen, stack = set(), [root, *known]
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        stack.extend(kids.get(pid, ()))
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between samples (0.5)")
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        ap.error("no command given")
+
+    proc = subprocess.Popen(cmd)
+    known: set[int] = set()
+    peak_kib, peak_t, peak_top, samples = 0, 0.0, [], 0
+    t0 = time.monotonic()
+    while True:
+        done = proc.poll() is not None
+        pids = tree(proc.pid, known) if not done else known
+        known |= pids
+        total, top = 0, []
+        for pid in pids:
+            got = _rss_kib(pid)
+            if got is None:
+                continue
+            total += got[0]
+            top.append((got[0], pid, got[1]))
+        samples += 1
+        if total > peak_kib:
+            peak_kib, peak_t = total, time.monotonic() - t0
+            top.sort(reverse=True)
+            peak_top = [(kib, pid, name, _cmdline(pid)) for kib, pid, name in top[:5]]
+        # forget pids that have exited so a recycled pid is not counted
+        known = {pid for pid in known if os.path.exists(f"/proc/{pid}")}
+        if done:
+            break
+        time.sleep(args.interval)
+    rc = proc.returncode
+    wall = time.monotonic() - t0
+    print(f"peak_memory: peak RSS of the process tree {peak_kib / 1024**2:.2f} GiB "
+          f"({peak_kib} KiB) at {peak_t:.0f} s of {wall:.0f} s, {samples} samples, rc={rc}",
+          file=sys.stderr)
+    for kib, pid, name, cmdline in peak_top:
+        print(f"peak_memory:   {kib / 1024**2:6.2f} GiB  pid {pid} {name}: {cmdline}", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"peak_kib": peak_kib, "peak_at_s": round(peak_t, 1), "wall_s": round(wall, 1),
+                       "samples": samples, "rc": rc,
+                       "top": [{"kib": k, "pid": p, "name": n, "cmdline": c} for k, p, n, c in peak_top]},
+                      f, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
