@@ -96,7 +96,7 @@ class _Pool:
         for conn, p in self.idle:
             conn.send(None)
             p.join()
-        for conn, (p, _, _) in self.busy.items():
+        for _conn, (p, _, _) in self.busy.items():
             p.kill()
             p.join()
 
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
                 while pool.idle and next_case < a.n:
                     pool.send(next_case)
                     next_case += 1
-                for case, kind, detail in pool.results(a.limit):
+                for _case, kind, detail in pool.results(a.limit):
                     counts[kind] += 1
                     if kind == "brass":
                         messages[_shape(detail)] += 1

@@ -22,7 +22,7 @@ def decode(path, n=20):
     m = brass.load(path, backend="cuda", quiet=True)
     s = m.new_session(256)
     s.prefill([1, 2, 3, 4])
-    for t in s.greedy(5, 4):          # eager first step, capture, warm replays
+    for _t in s.greedy(5, 4):          # eager first step, capture, warm replays
         pass
     m.backend.synchronize()
     print("kernels per token:", s._step.kernels, flush=True)
@@ -56,7 +56,7 @@ def batch(path, n=20, rows=16):
         _, best = dec.step_argmax(sessions, tokens)
         tokens = [int(t) for t in m.backend.to_numpy(best)]
     run = dec.greedy_steps(sessions, tokens)
-    for _, got in zip(range(n), run):
+    for _, _got in zip(range(n), run):
         pass
     run.close()
     m.backend.synchronize()

@@ -72,8 +72,8 @@ def main() -> int:
     ids = np.stack([rng.choice(E, K_USED, replace=False) for _ in range(T)]).astype(np.int32)
     data = {}
     with cuda.activate():
-        I = cp.asarray(ids)
-        for what, qtype, name, N, K in CASES:
+        I = cp.asarray(ids)  # noqa: E741 (the name the kernel and the math use)
+        for what, qtype, _name, N, K in CASES:
             w = cp.asarray(random_blocks(qtype, E * N, K, rng).reshape(-1))
             x = cp.asarray(rng.uniform(-1, 1, (T if what == "gate" else T * K_USED, K)).astype(np.float32))
             data[what] = (w, cuda.quantize_q8_1(x), w.size // (E * N))
@@ -101,7 +101,7 @@ def main() -> int:
             plan = cp.empty(2 * E + 2 * S + 1 + 2 * max_tiles, np.int32)
             mod.get_function("moe_plan")((1,), (plan_threads,), (I, plan, pack("MoePlanParams", n_slots=S, n_experts=E,
                                                                                 max_tiles=max_tiles)))
-            for what, qtype, name, N, K in CASES:
+            for what, _qtype, name, N, K in CASES:
                 w, xa, row_bytes = data[what]
                 fn = mod.get_function(f"mmq_id_{name}")
                 y = cp.full((S, N), np.nan, np.float32)

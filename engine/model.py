@@ -239,7 +239,7 @@ class Model:
             yield tok
             if stop_at_eog and self.tokenizer.is_eog(tok):
                 return
-            for tok in s.greedy(tok, max_tokens - 1):
+            for tok in s.greedy(tok, max_tokens - 1):  # noqa: B020 (tok goes on from the last token yielded)
                 yield tok
                 if stop_at_eog and self.tokenizer.is_eog(tok):
                     return

@@ -361,7 +361,7 @@ class BatchScheduler:
                 return
             for r, tok in zip(ready, rows):
                 if r in self._running:    # (a failed read of the step ahead fails the rest)
-                    self._guard(r, lambda r: self._accept(r, int(tok)), r)
+                    self._guard(r, lambda r: self._accept(r, int(tok)), r)  # noqa: B023 (the function runs at once, inside this iteration)
             self._take_carry()      # a row that finished ended the run: the rest's next tokens
             return
         try:
@@ -375,9 +375,9 @@ class BatchScheduler:
             return
         for r, row in zip(ready, rows):
             if greedy:
-                self._guard(r, lambda r: self._accept(r, int(row)), r)
+                self._guard(r, lambda r: self._accept(r, int(row)), r)  # noqa: B023 (the function runs at once, inside this iteration)
             else:
-                self._guard(r, lambda r: self._accept(r, _pick_logged(row, r)), r)
+                self._guard(r, lambda r: self._accept(r, _pick_logged(row, r)), r)  # noqa: B023 (the function runs at once, inside this iteration)
 
     def _decode_alone(self, r: _Running):
         """The next token(s) of a request decoding by itself. Greedy on a graph backend, it runs
@@ -451,7 +451,7 @@ class BatchScheduler:
         self.batch_rows += sum(r in self._running for r in rows)
         for r, tok in zip(rows, tokens):
             if r in self._running and r.next is not None:
-                self._guard(r, lambda r: self._accept(r, int(tok)), r)
+                self._guard(r, lambda r: self._accept(r, int(tok)), r)  # noqa: B023 (the function runs at once, inside this iteration)
 
     def _stop_solo(self, r: _Running):
         """Close a request's greedy stream: its session stays at the last token it yielded

@@ -72,7 +72,7 @@ def test_rope_angles_follow_ggml_recurrence():
     cos, _ = rope_cos_sin(np.array([3000], np.int32), 64, 1e6)
     theta = np.float32(3000)
     scale = np.float32(np.power(np.float32(1e6), np.float32(-2 / 64)))
-    for i in range(5):
+    for _i in range(5):
         theta = np.float32(theta * scale)
     assert cos[0, 5] == np.cos(theta)
 

@@ -108,7 +108,7 @@ class Terminal:
                 try:
                     self.output += os.read(self.fd, 65536)
                 except OSError:  # the child closed the terminal
-                    raise AssertionError(f"brass chat exited; output:\n{self.output.decode(errors='replace')}")
+                    raise AssertionError(f"brass chat exited; output:\n{self.output.decode(errors='replace')}") from None
 
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout

@@ -164,7 +164,7 @@ class Backend(ABC):
     def argmax(self, x):
         """Row-wise argmax, int32 `[T]` on the device (first maximum on ties)."""
 
-    def synchronize(self):
+    def synchronize(self):  # noqa: B027 (a no-op unless the backend queues work)
         """Wait for queued work (no-op on synchronous backends)."""
 
     # -- fused ops ----------------------------------------------------------------------------

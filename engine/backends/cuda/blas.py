@@ -95,7 +95,7 @@ def cupy_binding():
     call, and its calls where the backend has no handle of its own."""
     try:
         from cupy_backends.cuda.libs import cublas
-        cublas.CUBLAS_OP_T        # the library itself loads on first attribute access
+        cublas.CUBLAS_OP_T  # noqa: B018 (the library itself loads on first attribute access)
         return cublas
     except ImportError as e:
         raise CudaError(f"cuBLAS could not be loaded ({e}); install the cuda extra "
