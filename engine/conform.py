@@ -409,7 +409,10 @@ def check_teacher_forced(client, pool, model_id, name, key_of, spread) -> tuple[
             gaps.checked += 1
             err = max((abs((top[texts[0]] - top[k]) - (golden[0][1] - v))
                        for k, (_, v) in zip(texts[1:], golden[1:GAP_K]) if k in top), default=0.0)
-            worst = max(worst, err)
+            if err > worst:
+                worst = err
+                gaps.note = (f"worst at prompt {p['name']} position {j}: server top-5 {_fmt_top(top)}, "
+                             f"llama.cpp top-5 {_fmt_top({keyed(t): v for t, v in golden[:5]})}")
             if err <= bound:
                 gaps.agreed += 1
             else:
