@@ -94,6 +94,14 @@ class Proxy:
                 top = reply["choices"][0]["logprobs"]["top_logprobs"][entry]
                 (a, va), (b, vb) = sorted(top.items(), key=lambda kv: -kv[1])[:2]
                 top[a], top[b] = vb, va        # the top-1 and top-2 tokens trade logprobs
+        elif mode == "sharpen" and path == "/v1/completions" and request.get("echo"):
+            lp = reply["choices"][0]["logprobs"]       # logprobs of logits twice as far apart
+            lp["top_logprobs"] = [None if t is None else {k: 2 * v for k, v in t.items()}
+                                  for t in lp["top_logprobs"]]
+        elif mode == "second-best" and path == "/v1/completions" and not request.get("echo"):
+            lp = reply["choices"][0]["logprobs"]       # each stream's first token: the runner-up
+            best, second = sorted(lp["top_logprobs"][0].items(), key=lambda kv: -kv[1])[:2]
+            lp["tokens"][0] = second[0]
         elif mode == "drop-first-token" and path == "/tokenize" and request.get("add_special"):
             reply["tokens"] = reply["tokens"][1:]
         elif mode == "no-generation-prompt" and path == "/v1/chat/completions":
@@ -205,6 +213,23 @@ def test_swapped_echo_logprob_fails_teacher_forced(proxy):
     assert t.returncode == 1 and "FAILED: smollm2-135m: teacher-forced argmax" in t.stdout
 
 
+def test_logprobs_twice_as_far_apart_fail_the_gaps(proxy):
+    """Echo logprobs scaled by 2 (the logits' gaps doubled, their order kept): the argmax check
+    cannot see it, the top-k gaps check must."""
+    r, report = graded(proxy, "sharpen")
+    assert r.returncode == 1 and report["failed"] == ["smollm2-135m: top-k gaps"]
+    assert statuses(report)["teacher-forced argmax"] == "pass"
+
+
+def test_runner_up_token_fails_greedy(proxy):
+    """A stream whose first token is the runner-up (a greedy defect): the greedy check fails on
+    the first prompt whose first step has a clear llama.cpp margin, with both top-5s."""
+    r, report = graded(proxy, "second-best")
+    assert r.returncode == 1 and report["failed"] == ["smollm2-135m: greedy"]
+    div = next(c for c in report["models"][0]["checks"] if c["name"] == "greedy")["divergence"]
+    assert " token 0: server " in div and "server top-5" in div and "llama.cpp top-5" in div
+
+
 def test_tokenize_losing_its_first_token_fails_tokenize(proxy):
     """/tokenize that drops the first token when add_special is asked (a lost BOS on a model with
     one; SmolLM2 adds none, so here the first text token goes): the tokenize check fails."""
@@ -279,3 +304,11 @@ def test_usage_errors(args, message):
     r = subprocess.run([sys.executable, "-m", "brass", "conform", "http://127.0.0.1:9", *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_the_grader_is_a_pure_client():
+    """engine/conform.py reaches no server code and no web framework: it grades any server."""
+    code = ("import sys, brass.conform; bad = [m for m in sys.modules if m in ('brass.server', "
+            "'brass.http_api', 'brass.model', 'fastapi', 'uvicorn', 'httpx')]; print(bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
