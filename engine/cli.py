@@ -567,7 +567,8 @@ def build_parser():
                               "  llama-server -m MODEL.gguf --port 8081\n"
                               "  brass conform http://127.0.0.1:8081 --models smollm2-135m\n\n"
                               "exit status: 0 every check holds, 1 a check fails (named) or the server's "
-                              "file is\nanother, 2 usage errors and a server unreachable or timing out.")
+                              "file is\nanother, 2 usage errors and a server that cannot be graded (unreachable, timing\n"
+                              "out, answering 5xx), with one line on stderr.")
     p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8080")
     from .conform import DEFAULT_MODELS
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAME[,NAME]",

@@ -25,8 +25,13 @@ the field: a 404 or 400):
 
 Token identity: a reply that carries ids (llama-server's `logprobs.content[].id`) is compared by
 id; one that carries only token text (OpenAI's legacy completions form, Brass's) by text, the
-goldens' ids turned into text through the server's /detokenize (ids whose texts coincide, e.g.
-partial UTF-8 pieces, compare equal: the comparison is as fine as the text the server gives).
+goldens' ids turned into text through the server's /detokenize of each id alone (ids whose texts
+coincide, e.g. partial UTF-8 pieces, compare equal: the comparison is as fine as the text the
+server gives; a server whose /detokenize of one token differs from the token's text in its
+logprobs, e.g. one that strips a SentencePiece leading space there, shows as disagreements).
+
+Exit status (engine/cli.py): 0 every check holds, 1 a check fails or the server's file is another,
+2 usage errors and a server that cannot be graded (unreachable, timing out, answering 5xx).
 """
 
 from __future__ import annotations
@@ -429,13 +434,11 @@ def check_teacher_forced(client, pool, model_id, name, key_of, spread) -> tuple[
 
 def check_tokenize(client, pool, name) -> Check:
     c = Check("tokenize", bound="exact ids")
-    entry = _manifest_entry(name)
     cases = [(p["text"], p["prompt_ids"]) for p in golden_prompts(name)]
     tok = next((t for t in _golden("manifest.json")["tokenizers"] if name in t.get("models", [])), None)
     if tok is not None:
         cases += [(x["text"], x["ids"]) for x in _golden(tok["file"])["cases"]
                   if x["add_special"] and x["parse_special"]]
-    del entry
 
     def run(case):
         return client.request("POST", "/tokenize", {"content": case[0], "add_special": True,
