@@ -110,6 +110,8 @@ class Proxy:
             return (404 if path == "/tokenize" else 400), {"error": {"message": "not supported"}}
         elif mode == "other-file" and path == "/v1/models":
             reply["data"][0]["meta"] = {"n_vocab": 151936}      # llama-server's form: another model
+        elif mode == "other-id" and path == "/v1/models":
+            reply["data"][0]["id"] = "gemma3-270m"              # Brass's form: another catalog model
         return status, reply
 
 
@@ -265,6 +267,19 @@ def test_another_file_is_refused(proxy):
     r, report = graded(proxy, "other-file")
     assert r.returncode == 1 and report["failed"] == ["smollm2-135m: refused"]
     assert "151936 tokens" in report["models"][0]["refused"]
+
+
+def test_another_catalog_model_is_refused(proxy):
+    """A server whose one model id is another catalog name (brass serve gemma3-270m): refused,
+    not graded."""
+    proxy.mode = "other-id"
+    try:
+        r = conform(proxy.url)
+    finally:
+        proxy.mode = None
+    assert r.returncode == 1
+    assert "REFUSED: the server serves gemma3-270m, not smollm2-135m" in r.stdout
+    assert r.stdout.rstrip().endswith("FAILED: smollm2-135m: refused")
 
 
 def test_unreachable_server_is_one_line_and_exit_2():
