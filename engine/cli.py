@@ -11,6 +11,7 @@
     brass chat [MODEL]                   interactive chat in the terminal (chat.py)
     brass bench MODEL [-p 512] [-n 128]  prompt and generation tok/s, as llama-bench reports them
     brass diff MODEL                     node-by-node comparison with llama.cpp
+    brass conform URL                    grade any OpenAI-compatible server by the goldens (conform.py)
 
 MODEL is a GGUF path or a catalog name; errors print one line and exit with status 2 (Ctrl-C:
 130). The engine checks the generation parameters (engine/sampling.py); this module only
@@ -420,6 +421,17 @@ def cmd_diff(args):
     return 0
 
 
+def cmd_conform(args):
+    from . import conform
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise BrassError("--models names no model")
+    report = conform.conform(args.url, models, api_key=args.api_key, timeout=args.timeout,
+                             concurrency=args.concurrency)
+    print(json.dumps(report.as_dict()) if args.json else report.table())
+    return 0 if report.passed else 1
+
+
 # --------------------------------------------------------------------------------------------
 # The catalog and the cache
 
@@ -459,7 +471,7 @@ def build_parser():
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"brass {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                            help="run, generate, tokenize, score, bench, diff, models, serve, chat")
+                            help="run, generate, tokenize, score, bench, diff, conform, models, serve, chat")
 
     p = sub.add_parser("run", help="stream a completion to the terminal",
                        description="Continue a text with a model. With one argument, it is the model "
@@ -540,6 +552,32 @@ def build_parser():
                         f"teacher-forced) (default: {diff_mod.DEFAULT_N_GEN})")
     p.add_argument("--json", action="store_true", help="print the report as JSON (default: a table)")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("conform", help="grade an OpenAI-compatible server against llama.cpp's goldens",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run the goldens' prompts through the server at URL and grade it by "
+                                   "the conformance suite's rules: greedy streams up to llama.cpp's first "
+                                   "thin margin, teacher-forced argmax (echo + logprobs) where llama.cpp's "
+                                   "margin is clear, top-k logprob gaps against llama.cpp's own CPU-vs-CUDA "
+                                   "spread, /tokenize, and the chat template's prompt_tokens. A check the "
+                                   "server lacks a route or field for (404/400) is skipped and named. The "
+                                   "server must load the catalog model's file (its sha256 is printed); one "
+                                   "that reports another is refused. Needs the goldens of a source checkout.",
+                       epilog="example, against llama-server:\n"
+                              "  llama-server -m MODEL.gguf --port 8081\n"
+                              "  brass conform http://127.0.0.1:8081 --models smollm2-135m\n\n"
+                              "exit status: 0 every check holds, 1 a check fails (named) or the server's "
+                              "file is\nanother, 2 usage errors and a server that cannot be graded (unreachable, timing\n"
+                              "out, answering 5xx), with one line on stderr.")
+    p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8080")
+    from .conform import DEFAULT_MODELS
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAME[,NAME]",
+                   help=f"catalog models to grade (default: {','.join(DEFAULT_MODELS)})")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default: 300)")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default: 4)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (default: a table per model)")
+    p.set_defaults(func=cmd_conform)
 
     p = sub.add_parser("models", help="the model catalog and the cache",
                        description="The catalog's models, which of them are cached and their size on "
