@@ -135,7 +135,7 @@ class Metrics:
              [(f'{{phase="{k}"}}', round(v, 6)) for k, v in getattr(scheduler, "seconds", {}).items()]),
             ("brass_batch_runs_ended_total", "counter",
              "Greedy batched runs (a step queued ahead of the host) ended by a change of the batch, "
-             "their step ahead kept for the rows that stay or dropped (BRASS_BATCH_KEEP_AHEAD).",
+             "their step ahead kept for the rows that stay or dropped (the scheduler's keep_ahead option).",
              [(f'{{step="{k}"}}', v) for k, v in getattr(scheduler, "runs_ended", {}).items()]),
             ("brass_tokens_per_second", "gauge",
              f"Tokens generated per second over the last {self.generated.window} s.",
