@@ -27,7 +27,7 @@ from brass.errors import BrassError
 from brass.chat_template import ChatTemplate
 from brass.sampling import Sampler, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m"
 N_CTX = 256
 API_KEY = "brass-test-key"
