@@ -390,6 +390,29 @@ def quantize_q8_k(x) -> Q8_KBlocks:
     return Q8_KBlocks(d, q.reshape(*lead, -1), bsums.reshape(*lead, -1))
 
 
+def round_to_f16(a) -> np.ndarray:
+    """float32 values rounded to float16 and back (`a.astype(float16).astype(float32)`), bit
+    for bit, ~3x faster: the numpy backend rounds whole weight matrices this way on every
+    prompt GEMM of the CUDA backend's arithmetic (q8_1 mode), where astype's conversion was
+    the largest cost. In float16's normal range (2^-14 <= |x| < 65520) rounding to nearest
+    even is the float32 bits rounded at bit 13; float16's subnormals, overflow to inf and NaN
+    (rare: weights and activations are neither) go through astype."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32)
+    r = u >> np.uint32(13)
+    r &= np.uint32(1)
+    r += np.uint32(0xFFF)
+    r += u                                  # no carry out: |x| < 65520 stays below 2^31
+    r &= np.uint32(0xFFFFE000)
+    out = r.view(np.float32)
+    mag = np.abs(a)
+    rare = np.flatnonzero((mag < np.float32(2.0 ** -14)) | ~(mag < np.float32(65520.0)))
+    if rare.size:
+        with np.errstate(over="ignore"):
+            out.flat[rare] = a.flat[rare].astype(np.float16).astype(np.float32)
+    return out
+
+
 def _roundf(r: np.ndarray) -> np.ndarray:
     """C's roundf (ties away from zero). floor(|r| + 0.5) would be wrong: 0.49999997 + 0.5
     rounds up to 1 in float32. The fraction r - trunc(r) is exact, so compare it instead."""

@@ -629,3 +629,23 @@ def test_quantize_q8_1_cuda_matches_llama_kernel(fast_math, rng):
     diff = np.abs(ours.qs.astype(np.int32) - their_q)
     assert diff.max() <= 1, f"fast-math quants off by {diff.max()}"
     assert np.count_nonzero(diff) <= 1e-4 * x.size + 2, f"{np.count_nonzero(diff)} quants differ"
+
+
+def test_round_to_f16_is_astypes_rounding_bit_for_bit(rng):
+    """quants.round_to_f16 (the numpy backend's fast float16 rounding) against numpy's own
+    conversion: every float16 value and the float32 values around it (ties, one ulp either side,
+    the edges of the subnormal and overflow ranges), then random bit patterns and weight-like
+    values. Bits compared; NaN only against NaN."""
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    hb = h.view(np.uint32)
+    near = [h]
+    for d in (1, 2, 0xFFF, 0x1000, 0x1001, 0x1FFF, 0x2000):
+        near += [(hb + np.uint32(d)).view(np.float32), (hb - np.uint32(d)).view(np.float32)]
+    x = np.concatenate(near + [rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                               (rng.standard_normal(1 << 20) * 0.05).astype(np.float32)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    got = quants.round_to_f16(x.reshape(-1, 64)).reshape(-1)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    bad = np.flatnonzero(~same)[:5]
+    assert same.all(), f"{(~same).sum()} values differ, e.g. {x[bad]} -> {got[bad]}, numpy {want[bad]}"

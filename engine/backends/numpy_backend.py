@@ -128,7 +128,7 @@ class NumpyBackend(Backend):
             # The CUDA backend's prompt GEMM: both operands rounded to float16, products
             # (exact in float32) summed in float32.
             dense = w.dense() if expert is None else w.dense()[expert]
-            return _mm(x.astype(F16).astype(F32), dense.astype(F16).astype(F32), self._rows_independent)
+            return _mm(quants.round_to_f16(x), quants.round_to_f16(dense), self._rows_independent)
         if w.type in _AFFINE_Q8_1[self.act_mode]:
             qb = quants.quantize_q8_1(x) if self.act_mode == "cpu" else quants.quantize_q8_1_cuda(x)
             xq = qb.qs.astype(F32) * np.repeat(qb.d.astype(F32), 32, axis=-1)
