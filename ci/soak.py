@@ -112,13 +112,13 @@ def still_open(socks: list[socket.socket]) -> int:
     return n
 
 
-async def client(api, model, deadline, disconnect, rng, stats):
+async def client(api, model, deadline, disconnect, rng, stats, max_tokens):
     while time.monotonic() < deadline:
         drop_after = rng.randint(1, 8) if rng.random() < disconnect else None
         try:
             stream = await api.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": rng.choice(PROMPTS)}],
-                max_tokens=rng.randint(4, 48), temperature=0, stream=True)
+                max_tokens=rng.randint(4, max_tokens), temperature=0, stream=True)
             chunks, finish = 0, None
             async for chunk in stream:
                 chunks += 1
@@ -138,7 +138,7 @@ async def client(api, model, deadline, disconnect, rng, stats):
             stats["errors"][err] = stats["errors"].get(err, 0) + 1
 
 
-async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmup):
+async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmup, max_tokens=48):
     from openai import AsyncOpenAI
     api = AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=300, max_retries=0)
     model = (await api.models.list()).data[0].id
@@ -161,7 +161,7 @@ async def soak(base, clients, seconds, disconnect, seed, pid, gpu, sample, warmu
             await asyncio.sleep(sample)
 
     await asyncio.gather(sampler(), *(client(api, model, deadline, disconnect,
-                                             random.Random(rng.random()), stats)
+                                             random.Random(rng.random()), stats, max_tokens)
                                       for _ in range(clients)))
     await take_sample()
     await api.close()
@@ -194,6 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--disconnect", type=float, default=0.3, help="share of requests dropped mid-stream")
     ap.add_argument("--idle", type=int, default=1000, help="idle connections held open")
+    ap.add_argument("--max-tokens", type=int, default=48,
+                    help="each request asks for a random max_tokens from 4 to this")
     ap.add_argument("--health-limit", type=float, default=1.0)
     ap.add_argument("--pid", type=int, default=None, help="server process, for its resident memory")
     ap.add_argument("--gpu", action="store_true", help="also sample GPU memory (nvidia-smi)")
@@ -206,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.max_tokens < 4:
+        ap.error("--max-tokens must be at least 4")
     base = args.url.rstrip("/")
     host, port = base.split("//", 1)[1].split("/")[0].rsplit(":", 1)
     if health_seconds(base, 10) is None:
@@ -224,7 +228,7 @@ def main(argv=None) -> int:
         health = health_seconds(base, args.health_limit * 5)
         idle_open = still_open(idle)
         out = asyncio.run(soak(base, args.clients, args.seconds, args.disconnect, args.seed,
-                               args.pid, args.gpu, args.sample, args.warmup))
+                               args.pid, args.gpu, args.sample, args.warmup, args.max_tokens))
         out.update(idle_open_at_end=still_open(idle))
     finally:
         for s in idle:
