@@ -203,3 +203,36 @@ def test_side_by_side_table(tmp_path):
     assert mean[1:7] == ["1,000", "800", "0.80", "100", "125", "1.25"]
     # issue 8's bars are best of the repetitions: each engine's fastest run (the mean without samples)
     assert best[1:7] == ["1,010", "909", "0.90", "100", "125", "1.25"]
+
+
+def test_shape_qwen36_27b(shape_model):
+    """Qwen3.6-27B, the dense qwen35 with 48 value heads a delta-net layer (Qwen3.5-9B's 32):
+    llama-quantize's Q4_K_M types tensor by tensor, the full file's size (nothing written at
+    full size), and a two-layer file (a delta-net layer, then a full-attention one) whose
+    metadata the engine reads back as the real hyper-parameters. No forward: its FFN in
+    float32 is 1 GB a layer (the loads-and-runs cases above cover the qwen35 code paths)."""
+    sys.path.insert(0, str(ROOT))
+    from conformance.harness import shape_models as sm
+    from brass.gguf import GGMLType as T
+    import brass
+    specs = sm.tensor_specs(sm.shape_config("qwen3.6-27b"))
+    types = {n: t for n, (t, _) in specs.items()}
+    assert len(specs) == 851 and round(sum(sm._nbytes(t, s) for t, s in specs.values()) / 2**30, 1) == 15.4
+    assert specs["blk.0.attn_qkv.weight"] == (T.Q6_K, ((2 * 16 + 48) * 128, 5120))   # use_more_bits: first
+    assert specs["blk.0.attn_gate.weight"] == (T.Q4_K, (48 * 128, 5120))
+    assert specs["blk.0.ssm_out.weight"] == (T.Q4_K, (5120, 48 * 128))
+    assert specs["blk.0.ssm_a"] == (T.F32, (48,)) and specs["blk.0.ssm_conv1d.weight"] == (T.F32, (10240, 4))
+    assert specs["blk.3.attn_q.weight"] == (T.Q4_K, (2 * 24 * 256, 5120))          # q and its output gate
+    assert specs["blk.3.attn_k.weight"] == (T.Q4_K, (4 * 256, 5120)) and specs["blk.3.attn_output.weight"][1] == (5120, 6144)
+    assert types["blk.3.attn_v.weight"] == T.Q6_K and types["blk.11.attn_v.weight"] == T.Q4_K
+    assert specs["blk.0.ffn_down.weight"] == (T.Q6_K, (5120, 17408)) and types["blk.8.ffn_down.weight"] == T.Q4_K
+    assert types["blk.63.ffn_down.weight"] == T.Q6_K                                # last eighth
+    assert specs["output.weight"] == (T.Q6_K, (248320, 5120)) and types["token_embd.weight"] == T.Q4_K
+    path = shape_model("qwen3.6-27b", layers=2, vocab=4096)
+    m = brass.load(str(path), backend="numpy", quiet=True)
+    cfg = m.config
+    assert (cfg.arch, cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot) == \
+        ("qwen35", 5120, 17408, 24, 4, 256, 64)
+    assert (cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state, cfg.ssm_d_conv) == (16, 48, 128, 4)
+    assert cfg.recurrent_layers == [True, False] and cfg.n_vocab == 4096
+    assert sm.is_real(path, "qwen3.6-27b") is False
