@@ -15,6 +15,8 @@
 # t: seconds since brass_env. left N: the seconds until t = N (a call's limit is 600).
 # guarded N CMD...: CMD under `timeout` until t = N, or a line saying it was skipped (GNU timeout
 #   takes 0 as no limit and refuses a negative one).
+# mem_peak FILE: the peak of nvidia-smi's used memory over the compute processes, in MiB,
+#   written to FILE until the sampler is killed (ci/gpu.sh side-by-side: one engine at a time).
 # shape NAME: the shape-true file $dir/NAME.gguf (conformance/harness/shape_models.py), written if missing.
 # run_suite [PYTEST ARGS]: the conformance suite, its junit XML, summary line and models table
 #   in $out. suite_report DIR: a finished suite's failures and summary line.
@@ -65,6 +67,16 @@ guarded() {
 shape() {
     mkdir -p "$dir"
     [ -f "$dir/$1.gguf" ] || python3 conformance/harness/shape_models.py "$1" "$dir" > /dev/null
+}
+
+mem_peak() {     # FILE: the peak of the compute processes' used memory (MiB, nvidia-smi), every 0.2 s until killed
+    local peak=0 v
+    while :; do
+        v=$(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2> /dev/null \
+            | awk '{ s += $1 } END { print s + 0 }')
+        if [ "${v:-0}" -gt "$peak" ]; then peak=$v; echo "$peak" > "$1"; fi
+        sleep 0.2
+    done
 }
 
 gpu_name() {

@@ -189,20 +189,43 @@ def test_shape_recipes():
 
 
 def test_side_by_side_table(tmp_path):
-    (tmp_path / "llama-m.json").write_text(json.dumps([
-        {"n_prompt": 512, "n_gen": 0, "avg_ts": 1000.0, "samples_ts": [990.0, 1010.0]},
-        {"n_prompt": 0, "n_gen": 128, "avg_ts": 100.0}]))
-    (tmp_path / "brass-m.json").write_text(json.dumps([
-        {"test": "pp512", "tokens_per_s": 800.0, "samples": [700.0, 909.0]},
-        {"test": "tg128", "tokens_per_s": 125.0, "kernels_per_token": 9}]))
+    """ci/gpu.sh side-by-side's tables from the files its runs leave: each of issue 48's bars a
+    row (mean against mean, best against best), the lengths run against llama.cpp's pp512, the
+    depth rows from the depth runs, both engines' sampled memory and what Brass holds, and the
+    decode rate in GB/s of the weights a token reads."""
+    def write(stem, obj):
+        (tmp_path / f"{stem}-m.json").write_text(json.dumps(obj))
+    write("llama", [{"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 1000.0, "samples_ts": [990.0, 1010.0]},
+                    {"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 100.0}])
+    write("llama-depth", [{"n_prompt": 512, "n_gen": 0, "n_depth": 16384, "avg_ts": 500.0},
+                          {"n_prompt": 0, "n_gen": 128, "n_depth": 16384, "avg_ts": 50.0}])
+    held = {"weights": 3 << 20, "f16_weights": 2 << 20, "kv_cache": 1 << 20, "graphs": 5 << 20}
+    write("brass", [{"test": "pp512", "tokens_per_s": 2500.0, "samples": [2400.0, 2600.0], "depth": 0,
+                     "prompt_graph": True},
+                    {"test": "tg128", "tokens_per_s": 150.0, "kernels_per_token": 9, "depth": 0, "memory": held}])
+    write("brass-lengths", [{"test": "pp480-544", "tokens_per_s": 1400.0, "depth": 0}])
+    write("brass-depth", [{"test": "pp512 @ d16384", "tokens_per_s": 800.0, "depth": 16384},
+                          {"test": "tg128 @ d16384", "tokens_per_s": 80.0, "depth": 16384}])
+    for stem, mib in (("llama", 700), ("brass", 900), ("llama-depth", 1700)):
+        (tmp_path / f"mem-{stem}-m.txt").write_text(f"{mib}\n")
+    (tmp_path / "bytes-m.txt").write_text("2000000000\n")
     r = subprocess.run([sys.executable, "ci/side_by_side_table.py", str(tmp_path), "m"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    mean, best = [[c.strip() for c in ln.strip("|").split("|")] for ln in r.stdout.splitlines()
-                  if ln.startswith("| m ")]
-    assert mean[1:7] == ["1,000", "800", "0.80", "100", "125", "1.25"]
-    # issue 8's bars are best of the repetitions: each engine's fastest run (the mean without samples)
-    assert best[1:7] == ["1,010", "909", "0.90", "100", "125", "1.25"]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in r.stdout.splitlines() if ln.startswith("| m ")]
+    speed = {row[1]: row[2:] for row in rows if row[-1].startswith(">=")}
+    assert speed == {
+        "tg128": ["100", "150", "1.50", "1.50", ">= 2.0x: not met"],
+        "pp512 (replay)": ["1,000", "2,500", "2.50", "2.57", ">= 2.0x: met"],
+        "pp480-544 vs llama.cpp pp512": ["1,000", "1,400", "1.40", "1.39", ">= 1.5x: not met"],
+        "tg128 @ d16384": ["50", "80", "1.60", "1.60", ">= 1.5x: met"],
+        "pp512 @ d16384": ["500", "800", "1.60", "1.60", ">= 1.5x: met"],
+    }, r.stdout
+    memory = next(row for row in rows if row[1] == "700")
+    assert memory[2:] == ["900", "-", "1,700", "-", "3 / 2 / 1 / 5"], r.stdout
+    # 2 GB a token: 100 and 150 tokens a second read 200 and 300 GB/s (no GPU here: no share)
+    decode = next(row for row in rows if row[1] == "2.00 GB")
+    assert decode[2:] == ["200 GB/s", "300 GB/s", "9"], r.stdout
 
 
 def test_shape_qwen36_27b(shape_model):
