@@ -213,3 +213,22 @@ def test_check_args_before_the_model():
     GPU): the same checks as bench()."""
     with pytest.raises(BrassError, match="repeats 4"):
         bench.check_args(8, 0, 2, lengths="4,4")
+
+
+def test_eager_prompt_host_counts():
+    """perf/eager_prompt_host.py (an eager prompt's host side through the fake CuPy, for
+    perf/NOTES.md): a dense qwen3 layer's calls, the same at 64 tokens as at 512 (the prompt
+    GEMMs start at 32), and a time for the engine's share."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "perf/eager_prompt_host.py", "--layers", "1,2", "--tokens", "64",
+                        "--reps", "2"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {ln.split(None, 1)[1]: float(ln.split()[0]) for ln in r.stdout.splitlines()
+            if ln.startswith("    ") and ln.split()[0].replace(".", "").isdigit()}
+    assert rows == {"cublasGemmEx": 7.0, "kernel dequant.cu:to_f16": 4.0, "kernel fused.cu:add_rms_norm": 2.0,
+                    "kernel fused.cu:rope_store": 1.0, "kernel attention_tiled.cu:attention_tiled_128_128": 1.0,
+                    "kernel elementwise.cu:swiglu": 1.0}, r.stdout
+    assert "16.0 launches and GEMMs" in r.stdout and "us a launch or GEMM" in r.stdout
