@@ -232,3 +232,27 @@ def test_eager_prompt_host_counts():
                     "kernel fused.cu:rope_store": 1.0, "kernel attention_tiled.cu:attention_tiled_128_128": 1.0,
                     "kernel elementwise.cu:swiglu": 1.0}, r.stdout
     assert "16.0 launches and GEMMs" in r.stdout and "us a launch or GEMM" in r.stdout
+
+
+def test_memory_on_the_cuda_backend_through_the_fake():
+    """The CUDA backend's figures (through the fake CuPy, on the CPU): the weights' device bytes
+    (matrices as their file bytes, 1-D tensors as float32), the f16 copies the prompt GEMMs
+    made, the captured prompt graph and then the decode graph, the cache, and the driver's used
+    memory."""
+    from conformance.harness import fake_cupy, launch_recording
+    import brass
+    rec = fake_cupy.Recorder()
+    with launch_recording.fake_cuda(rec):
+        m = brass.load(str(goldens.model("synth-qwen3").path()), backend="cuda", quiet=True)
+        pp, tg = bench.bench(m, n_prompt=48, n_gen=4, reps=2)
+        f16, left = m.backend.f16_weight_bytes, sum(m.graph_bytes().values())
+    expect = sum(t.nbytes if len(t.shape) > 1 else 4 * int(np.prod(t.shape)) for t in m.gguf.tensors.values())
+    assert pp.memory["weights"] == tg.memory["weights"] == expect
+    assert pp.memory["f16_weights"] == f16 > 0                      # 48 rows: the GEMM path
+    # the prompt graph the timed reads replayed; the bench's session gone, the ledger holds none
+    assert pp.memory["graphs"] > 0 and pp.prompt_graph is True and left == 0
+    assert tg.memory["graphs"] > pp.memory["graphs"] and tg.kernels_per_token > 0   # + the decode graph
+    assert pp.memory["kv_cache"] == KVCache.nbytes_for(m.config, 48)
+    free = fake_cupy.FREE_BYTES
+    assert pp.memory["device_used"] == fake_cupy.DEVICE_PROPERTIES["totalGlobalMem"] - free
+    assert "memory held on the device after tg4" in bench.table([pp, tg])
