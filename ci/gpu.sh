@@ -287,7 +287,7 @@ sub_side_by_side() {     # [SHAPES]
                 # stderr to $out/STEM.log, the device memory's peak (MiB) to $out/mem-STEM.txt
         local stem=$1 pid rc; shift
         if [ "$dry" = 1 ]; then echo "$* > $out/$stem.json"; return 0; fi
-        echo 0 > "$out/mem-$stem.txt"
+        echo "0 apps" > "$out/mem-$stem.txt"
         mem_peak "$out/mem-$stem.txt" & pid=$!
         guarded 595 "$@" > "$out/$stem.json" 2> "$out/$stem.log"; rc=$?
         kill "$pid" 2> /dev/null; wait "$pid" 2> /dev/null

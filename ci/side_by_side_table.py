@@ -9,7 +9,8 @@ RESULTS_DIR holds, for each shape NAME (missing files leave their cells "-"):
   llama-NAME.json, llama-depth-NAME.json      llama-bench -o json, from an empty context / -d D
   brass-NAME.json, brass-lengths-NAME.json, brass-depth-NAME.json   brass bench --json: pp512
       (replayed) and tg128; pp --lengths; pp512 and tg128 at --depth D
-  mem-STEM.txt    the peak of nvidia-smi's used memory (MiB) while the run STEM went
+  mem-STEM.txt    the peak of nvidia-smi's used memory while the run STEM went: "MiB apps" (the
+                  compute processes'), or "MiB card" (the card's, where they were not visible)
   bytes-NAME.txt  the weight bytes a decode step reads (kept when the file was deleted)
   gpu.txt         the card (nvidia-smi's name, compute capability, driver)
 """
@@ -59,11 +60,22 @@ def load(path: Path):
 
 
 def number(path: Path) -> int | None:
+    """The integer a file starts with (None: no file, or none in it)."""
     try:
-        text = path.read_text().strip()
-        return int(text) if text else None
+        text = path.read_text().split()
+        return int(text[0]) if text else None
     except (OSError, ValueError):
         return None
+
+
+def memory(path: Path) -> str:
+    """A mem-STEM.txt sample, "PEAK apps" or "PEAK card" (the card's used memory where the
+    processes were not visible), as the table shows it."""
+    try:
+        peak, src = path.read_text().split()[:2]
+        return f"{int(peak):,}" + (" (card)" if src == "card" else "")
+    except (OSError, ValueError):
+        return "-"
 
 
 def llama_tests(results) -> dict:
@@ -121,7 +133,7 @@ def rows_for(out: Path, name: str):
         met = "-" if ratio is None else ("met" if ratio >= bar else "not met")
         speed.append([name, test, _fmt(lt), _fmt(bt), _fmt(ratio, ".2f"),
                       _fmt(bb / lb if lb and bb else None, ".2f"), f">= {bar:.1f}x: {met}"])
-    mem = [name] + [_fmt(number(out / f"mem-{stem}-{name}.txt")) for stem in
+    mem = [name] + [memory(out / f"mem-{stem}-{name}.txt") for stem in
                     ("llama", "brass", "brass-lengths", "llama-depth", "brass-depth")]
     held = (brass["brass"].get("tg") or brass["brass"].get("pp") or {}).get("memory")
     mem.append(" / ".join(_mib(held.get(k)) for k in ("weights", "f16_weights", "kv_cache", "graphs"))

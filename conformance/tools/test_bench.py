@@ -206,7 +206,7 @@ def test_side_by_side_table(tmp_path):
     write("brass-lengths", [{"test": "pp480-544", "tokens_per_s": 1400.0, "depth": 0}])
     write("brass-depth", [{"test": "pp512 @ d16384", "tokens_per_s": 800.0, "depth": 16384},
                           {"test": "tg128 @ d16384", "tokens_per_s": 80.0, "depth": 16384}])
-    for stem, mib in (("llama", 700), ("brass", 900), ("llama-depth", 1700)):
+    for stem, mib in (("llama", "700 apps"), ("brass", "900 apps"), ("llama-depth", "1700 card")):
         (tmp_path / f"mem-{stem}-m.txt").write_text(f"{mib}\n")
     (tmp_path / "bytes-m.txt").write_text("2000000000\n")
     r = subprocess.run([sys.executable, "ci/side_by_side_table.py", str(tmp_path), "m"], cwd=ROOT,
@@ -222,7 +222,7 @@ def test_side_by_side_table(tmp_path):
         "pp512 @ d16384": ["500", "800", "1.60", "1.60", ">= 1.5x: met"],
     }, r.stdout
     memory = next(row for row in rows if row[1] == "700")
-    assert memory[2:] == ["900", "-", "1,700", "-", "3 / 2 / 1 / 5"], r.stdout
+    assert memory[2:] == ["900", "-", "1,700 (card)", "-", "3 / 2 / 1 / 5"], r.stdout
     # 2 GB a token: 100 and 150 tokens a second read 200 and 300 GB/s (no GPU here: no share)
     decode = next(row for row in rows if row[1] == "2.00 GB")
     assert decode[2:] == ["200 GB/s", "300 GB/s", "9"], r.stdout

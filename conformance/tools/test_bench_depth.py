@@ -256,3 +256,31 @@ def test_memory_on_the_cuda_backend_through_the_fake():
     free = fake_cupy.FREE_BYTES
     assert pp.memory["device_used"] == fake_cupy.DEVICE_PROPERTIES["totalGlobalMem"] - free
     assert "memory held on the device after tg4" in bench.table([pp, tg])
+
+
+@pytest.mark.parametrize("apps,card,want", [("300\n200\n", "9999", "500 apps"), ("", "1234", "1234 card")])
+def test_mem_peak_samples_nvidia_smi(tmp_path, apps, card, want):
+    """ci/gpu_lib.sh mem_peak (ci/gpu.sh side-by-side's memory column) against a stand-in
+    nvidia-smi: the compute processes' used memory summed, or the card's where the container
+    sees no process."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncase \"$1\" in --query-compute-apps*) printf '{apps}' ;; *) echo {card} ;; esac\n")
+    smi.chmod(0o755)
+    out = tmp_path / "mem.txt"
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    p = subprocess.Popen(["bash", "-c", f". ci/gpu_lib.sh; mem_peak {out}"], cwd=root, env=env,
+                         start_new_session=True)
+    try:
+        for _ in range(100):            # the first sample comes within 0.2 s; 10 s at most
+            if out.exists() and out.read_text().strip():
+                break
+            time.sleep(0.1)
+    finally:
+        os.killpg(p.pid, 15)
+        p.wait(timeout=10)
+    assert out.read_text().split() == want.split()
