@@ -42,7 +42,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   mutations                         bugs planted in the CUDA kernels, each to be caught
   perf [ARGS]                       pytest perf/ --benchmark, its results JSON in $OUT
   bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
-  side-by-side [SHAPES]             llama-bench and brass bench on the same files, one table
+  side-by-side [SHAPES]             issue 48's bars: llama-bench and brass bench, same files, memory
   serving                           llama-server and brass serve under one load test, one table
   soak start | result | memory      brass serve under ci/soak.py, across calls
   profile [SHAPE | prompts ...]     time per kernel (CUPTI) and ncu on the decode mat-vecs
@@ -262,20 +262,54 @@ sub_bar() {     # [--stalls]
 }
 
 sub_side_by_side() {     # [SHAPES]
-    # llama-bench -p 512 -n 128 -fa 1 -ngl 99 -r REPS, then brass bench with the same lengths and
-    # repetitions, then one table (ci/side_by_side_table.py): both engines' pp512 and tg128, the
-    # ratios, Brass's share of the decode bandwidth ceiling. SHAPES are names of
-    # conformance/harness/shape_models.py. DROP=1 deletes each file once both engines have read it (its decode bytes
-    # per token are kept for the table): the runner's disk does not hold every shape at once.
-    # RECIPE=mxfp4-moe writes the MoE shapes with MXFP4 experts (a file of another recipe is
-    # rewritten).
-    local shapes="${1:-qwen3-0.6b,qwen3-8b,qwen3-30b-a3b}" reps="${REPS:-3}" recipe="${RECIPE:-q4_k_m}" bench="" name
-    llama_env
-    if need_llama "${LLAMA_WAIT:-300}"; then bench="$bin/llama-bench"; else echo "no llama-bench: brass alone"; fi
+    # Issue 48's bars, both engines on the same file in one call, REPS (3) repetitions, then one
+    # table (ci/side_by_side_table.py). llama-bench -fa 1 -ngl 99 (b11434, `ci/gpu.sh llama`):
+    # pp512 and tg128 from an empty context, then again at -d DEPTH. brass bench: pp512 (its
+    # timed reads replay the prompt graph, as llama-bench's one length allows) and tg128; pp with
+    # --lengths LENGTHS (each repetition a length not read before: no replay), compared with
+    # llama.cpp's pp512; pp512 and tg128 at --depth DEPTH. Each engine's device memory is the
+    # peak of nvidia-smi's used_memory sampled while it runs; Brass's JSON adds what it holds.
+    # The decode rows: bytes a token (the weights one step reads) over the time, as a share of
+    # the copy rate measured after the runs.
+    # SHAPES are names of conformance/harness/shape_models.py, one a call for the large ones
+    # (the file is written first: ~15 GB take minutes). DEPTH (16384) runs for the shapes in
+    # DEPTH_SHAPES (the bars': qwen3-8b,qwen3.6-35b-a3b; "all"; DEPTH=0: none). DROP=1 deletes
+    # each file once both engines have read it (its bytes a token are kept for the table): the
+    # runner's disk does not hold every shape at once. RECIPE=mxfp4-moe writes the MoE shapes
+    # with MXFP4 experts (a file of another recipe is rewritten). DRY=1 prints the commands
+    # instead of running them (no GPU, no llama.cpp, no file written): `bash ci/gpu.sh
+    # side-by-side qwen3-8b` with DRY=1 checks the script anywhere.
+    local shapes="${1:-qwen3-0.6b,qwen3-8b,qwen3-30b-a3b}" reps="${REPS:-3}" recipe="${RECIPE:-q4_k_m}"
+    local depth="${DEPTH:-16384}" deep="${DEPTH_SHAPES:-qwen3-8b,qwen3.6-35b-a3b}" lengths="${LENGTHS:-random:480-544}"
+    local bench="" name d brass_bench dry="${DRY:-0}"
+    brass_bench=(python3 -m brass bench --backend cuda -r "$reps" --json)
+    sbs_run() {     # STEM CMD...: CMD under the call's limit, stdout to $out/STEM.json, its
+                # stderr to $out/STEM.log, the device memory's peak (MiB) to $out/mem-STEM.txt
+        local stem=$1 pid rc; shift
+        if [ "$dry" = 1 ]; then echo "$* > $out/$stem.json"; return 0; fi
+        echo "0 apps" > "$out/mem-$stem.txt"
+        mem_peak "$out/mem-$stem.txt" & pid=$!
+        guarded 595 "$@" > "$out/$stem.json" 2> "$out/$stem.log"; rc=$?
+        kill "$pid" 2> /dev/null; wait "$pid" 2> /dev/null
+        [ "$rc" = 0 ] || tail -5 "$out/$stem.log"
+        return 0
+    }
+    if [ "$dry" = 1 ]; then
+        bench="${LLAMA_BENCH:-llama-bench}"
+    else
+        llama_env
+        if need_llama "${LLAMA_WAIT:-300}"; then bench="$bin/llama-bench"; else echo "no llama-bench: brass alone"; fi
+        gpu_name | tee "$out/gpu.txt"
+    fi
     mkdir -p "$dir"
     IFS=, read -ra names <<< "$shapes"
     for name in "${names[@]}"; do
-        [ -f "$dir/$name.gguf" ] && python3 - "$dir/$name.gguf" "$name" "$recipe" <<'PY' || rm -f "$dir/$name.gguf"
+        python3 -c 'import sys; from conformance.harness.shape_models import SHAPES; sys.exit(sys.argv[1] not in SHAPES)' "$name" \
+            || { echo "$name: not a shape of conformance/harness/shape_models.py"; return 2; }
+        d=0
+        [[ ",$deep," == *",$name,"* || "$deep" = all ]] && d=$depth
+        if [ "$dry" != 1 ]; then
+            [ -f "$dir/$name.gguf" ] && python3 - "$dir/$name.gguf" "$name" "$recipe" <<'PY' || rm -f "$dir/$name.gguf"
 import sys
 from pathlib import Path
 from brass.gguf import GGUFFile
@@ -286,21 +320,28 @@ path, name, recipe = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 mx = GGUFFile(path).get("general.file_type") == 38
 sys.exit(0 if is_real(path, name) and mx == (recipe == "mxfp4-moe") else 1)
 PY
-        if [ ! -f "$dir/$name.gguf" ]; then
-            local start=$SECONDS
-            python3 conformance/harness/shape_models.py "$name" "$dir" --recipe "$recipe" || return 1
-            echo "$name: written in $((SECONDS - start)) s"
+            if [ ! -f "$dir/$name.gguf" ]; then
+                local start=$SECONDS
+                python3 conformance/harness/shape_models.py "$name" "$dir" --recipe "$recipe" || return 1
+                echo "$name: written in $((SECONDS - start)) s"
+            fi
         fi
+        local f="$dir/$name.gguf"
         if [ -n "$bench" ]; then
-            guarded 595 "$bench" -m "$dir/$name.gguf" -p 512 -n 128 -fa 1 -ngl 99 -r "$reps" -o json \
-                > "$out/llama-$name.json" 2> "$out/llama-$name.log" || tail -5 "$out/llama-$name.log"
+            sbs_run "llama-$name" "$bench" -m "$f" -p 512 -n 128 -fa 1 -ngl 99 -r "$reps" -o json
         fi
-        guarded 595 python3 -m brass bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r "$reps" --json \
-            > "$out/brass-$name.json" 2> "$out/brass-$name.log" || tail -5 "$out/brass-$name.log"
+        sbs_run "brass-$name" "${brass_bench[@]}" "$f" -p 512 -n 128
+        sbs_run "brass-lengths-$name" "${brass_bench[@]}" "$f" -p 512 -n 0 --lengths "$lengths" --seed "${SEED:-0}"
+        if [ "$d" -gt 0 ]; then
+            [ -n "$bench" ] && sbs_run "llama-depth-$name" "$bench" -m "$f" -p 512 -n 128 -d "$d" -fa 1 -ngl 99 -r "$reps" -o json
+            sbs_run "brass-depth-$name" "${brass_bench[@]}" "$f" -p 512 -n 128 --depth "$d"
+        fi
+        [ "$dry" = 1 ] && continue
         python3 -c 'import sys; from pathlib import Path; from ci.side_by_side_table import bytes_per_token; print(bytes_per_token(Path(sys.argv[1])))' \
-            "$dir/$name.gguf" > "$out/bytes-$name.txt"
-        [ "${DROP:-0}" = 1 ] && rm -f "$dir/$name.gguf"
+            "$f" > "$out/bytes-$name.txt"
+        [ "${DROP:-0}" = 1 ] && rm -f "$f"
     done
+    [ "$dry" = 1 ] && return 0
     python3 ci/side_by_side_table.py "$out" "$shapes" | tee "$out/side-by-side.md"
 }
 

@@ -15,6 +15,9 @@
 # t: seconds since brass_env. left N: the seconds until t = N (a call's limit is 600).
 # guarded N CMD...: CMD under `timeout` until t = N, or a line saying it was skipped (GNU timeout
 #   takes 0 as no limit and refuses a negative one).
+# mem_peak FILE: the peak of nvidia-smi's used memory over the compute processes, in MiB (the
+#   card's where the processes are not visible, marked so), written to FILE until the sampler
+#   is killed (ci/gpu.sh side-by-side: one engine at a time).
 # shape NAME: the shape-true file $dir/NAME.gguf (conformance/harness/shape_models.py), written if missing.
 # run_suite [PYTEST ARGS]: the conformance suite, its junit XML, summary line and models table
 #   in $out. suite_report DIR: a finished suite's failures and summary line.
@@ -65,6 +68,22 @@ guarded() {
 shape() {
     mkdir -p "$dir"
     [ -f "$dir/$1.gguf" ] || python3 conformance/harness/shape_models.py "$1" "$dir" > /dev/null
+}
+
+mem_peak() {     # FILE: the peak of the compute processes' used memory (MiB, nvidia-smi), every 0.2 s until killed
+    # A container that does not see the processes gets no line from --query-compute-apps: the
+    # card's used memory stands in (one engine runs at a time), marked "card" in FILE.
+    local peak=0 v apps src
+    while :; do
+        apps=$(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2> /dev/null)
+        if [ -n "$apps" ]; then
+            v=$(awk '{ s += $1 } END { print s + 0 }' <<< "$apps"); src=apps
+        else
+            v=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2> /dev/null | head -1); src=card
+        fi
+        if [ "${v:-0}" -gt "$peak" ] 2> /dev/null; then peak=$v; echo "$peak $src" > "$1"; fi
+        sleep 0.2
+    done
 }
 
 gpu_name() {

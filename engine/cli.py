@@ -390,17 +390,13 @@ def cmd_score(args):
 def cmd_bench(args):
     import dataclasses
 
-    from .bench import bench, table
-    if args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
-        raise BrassError("bench: give a positive prompt (-p) and/or generation (-n) length")
-    if args.reps < 1:
-        raise BrassError("bench: repetitions (-r) must be >= 1")
-    if args.parallel < 1:
-        raise BrassError("bench: parallel sequences (--parallel) must be >= 1")
+    from .bench import bench, check_args, table
+    # before the model loads: a bad argument costs no upload
+    check_args(args.n_prompt, args.n_gen, args.reps, args.parallel, args.lengths, args.depth, args.seed)
     m = load_model(args)
     progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
     results = bench(m, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps, progress=progress,
-                    parallel=args.parallel)
+                    parallel=args.parallel, lengths=args.lengths, depth=args.depth, seed=args.seed)
     # the name the user gave (catalog name or file name), not the file's internal general.name
     name = catalog.model_name(args.model, m.path)
     results = [dataclasses.replace(r, model=name) for r in results]
@@ -522,8 +518,10 @@ def build_parser():
 
     p = sub.add_parser("bench", help="prompt (pp) and generation (tg) speed in tokens per second",
                        description="Prefill of -p random tokens and greedy generation of -n tokens, "
-                                   "each from an empty context, after one untimed run; mean ± stddev "
-                                   "over -r repetitions (as llama-bench reports them).")
+                                   "each from an empty context (--depth: after D tokens), after one "
+                                   "untimed run; mean ± stddev over -r repetitions (as llama-bench "
+                                   "reports them), and the memory the run holds (weights, f16 weight "
+                                   "copies, KV cache, graphs).")
     add_model_args(p)
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip; default: 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip; default: 128)")
@@ -531,6 +529,14 @@ def build_parser():
     p.add_argument("--parallel", type=int, default=1, metavar="P",
                    help="generate with P sequences in batched steps, as the server does "
                         "(test tgNxP: all sequences' tokens per second; default: 1)")
+    p.add_argument("--lengths", default=None, metavar="L1,L2,... | random:A-B",
+                   help="each timed prompt a length not read before in the process (no prompt graph "
+                        "replays): one length a repetition, or -r lengths drawn from A..B with --seed; "
+                        "the warm-up reads -p tokens (default: every prompt -p tokens)")
+    p.add_argument("--depth", type=int, default=0, metavar="D",
+                   help="read or generate after D random tokens already in the cache, filled untimed "
+                        "before each repetition (llama-bench -d; default: 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random tokens and lengths (default: 0)")
     p.add_argument("--json", action="store_true", help="print the results as a JSON array (default: a table)")
     p.set_defaults(func=cmd_bench)
 

@@ -72,6 +72,10 @@ SHAPES = {
     "qwen3.5-9b": dict(arch="qwen35", n_layer=32, hidden=4096, ffn=12288, n_head=16, n_kv_head=4,
                        head_dim=256, vocab=248320, rope_base=1e7, tied=False,
                        ssm_conv=4, ssm_state=128, ssm_group=16, ssm_heads=32, period=4),
+    # the dense 27B: 48 value heads a delta-net layer (16 key heads, tiled over them)
+    "qwen3.6-27b": dict(arch="qwen35", n_layer=64, hidden=5120, ffn=17408, n_head=24, n_kv_head=4,
+                        head_dim=256, vocab=248320, rope_base=1e7, tied=False,
+                        ssm_conv=4, ssm_state=128, ssm_group=16, ssm_heads=48, period=4),
     # Gemma 4: five sliding-window layers (window 1024, head 256, rope base 1e4) to one full
     # layer (head 512, proportional rope over a quarter of it, base 1e6, values = the raw keys:
     # no attn_v, attention_k_eq_v); KV heads per layer kind; layer output scalars; tied vocab.

@@ -35,6 +35,11 @@ class Weights:
     def __contains__(self, name: str) -> bool:
         return name in self.gf.tensors
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the backend holds for the weights prepared so far (each Weight's nbytes)."""
+        return sum(getattr(w, "nbytes", 0) for w in list(self._cache.values()))
+
     def output(self):
         """The LM head; tied to the token embedding when the file has no output.weight."""
         return self.opt("output.weight") or self("token_embd.weight")

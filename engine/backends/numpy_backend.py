@@ -42,6 +42,13 @@ class NumpyWeight(Weight):
         self._dense = None
 
     @property
+    def nbytes(self) -> int:
+        """Host bytes held for it: the float32 arrays dequantized so far (the raw bytes are the
+        file's memory map, not held)."""
+        held = [self._dense] + list(getattr(self, "_affine", None) or ())
+        return sum(a.nbytes for a in held if a is not None)
+
+    @property
     def raw(self) -> np.ndarray:
         return self._gf.tensor_bytes(self.name)
 

@@ -263,6 +263,13 @@ class CudaBackend(Backend):
                             f"{free / 2**20:.0f} MiB free of {total / 2**30:.1f} GiB on {self.device_name} "
                             f"(a smaller context, --ctx, or fewer parallel sequences need less)") from None
 
+    def device_memory_used(self) -> int:
+        """The device's used memory as the driver reports it (every process's, the CUDA
+        context's, the pools' cached blocks): what nvidia-smi shows for the whole card."""
+        with self.device:
+            free, total = cupy.cuda.runtime.memGetInfo()
+        return int(total - free)
+
     def drop_f16_weights(self) -> bool:
         return mmq.drop_f16_weights(self)
 
