@@ -291,3 +291,36 @@ def test_bad_requests_are_one_line_errors():
                               (3, "layer", "--split layer over 3 ranks needs at least 3 layers")):
         with pytest.raises(BrassError, match=msg):
             TPModel(path, world, split)
+
+
+# -- the command line -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [("--tp", 2), ("--tp", 2, "--split", "layer")])
+def test_cli_generates_llama_cpp_tokens_under_tp(flags):
+    """`brass generate MODEL ... --tp 2` (and the layer split): llama.cpp's greedy tokens up to
+    the first near-tie, as on one rank."""
+    from conformance.harness.cli import brass
+    import json
+    name = "synth-tp-qwen3moe"
+    p = goldens.prompts(name)[0]
+    r = brass("generate", goldens.model(name).path(), "--prompt", p.text, "--max-tokens", 12,
+              "--temperature", 0, "--backend", "numpy", "--json", *flags)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_tokens"] == p.prompt_ids and out["tokens"] == p.generated_ids[:12]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--tp", 3), "brass: error: --tp 3 does not divide the model: layer 0's query head count is 8, not a multiple of 3"),
+    (("--backend", "cuda", "--tp", 2), None),
+])
+def test_cli_bad_tp_is_one_line_error(args, message):
+    from conformance.harness.cli import brass
+    from brass.distributed.tp import gpu_count
+    if message is None:         # the GPU count this machine has, in the engine's words
+        n = gpu_count()
+        message = (f"brass: error: --tp 2 needs 2 GPUs; this process sees {n}" if n < 2 else
+                   "brass: error: --tp 2 on the cuda backend needs the multi-process NCCL workers")
+    r = brass("generate", goldens.model("synth-tp-qwen3").path(), "--prompt", "x", *args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().startswith(message) and "\n" not in r.stderr.strip(), r.stderr
