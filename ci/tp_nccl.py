@@ -33,7 +33,6 @@ GRAPH_CALLS = 32
 
 def worker(rank: int, world: int, uid, sizes, iters: int, q):
     import cupy as cp
-    import numpy as np
     from brass.distributed.nccl import NcclCommunicator
     try:
         cp.cuda.Device(rank).use()
