@@ -22,6 +22,7 @@ sums (exact for top-2, reordered beyond); the LM head's collectives are exact.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
@@ -183,6 +184,13 @@ class Rank:
         self.arch = arch_registry.get(self.gguf.architecture)
         cfg = self.arch.configure(read_config(self.gguf, self.gguf.architecture), self.gguf)
         self.config = plan.config if plan is not None else cfg
+        if stage is not None:
+            # the KV cache holds the stage's layers only: the others get no KV heads (zero-size
+            # arrays); the forward never reaches them
+            cfg = copy.copy(cfg)
+            lo, hi = stage.layers
+            cfg.n_head_kv_arr = [cfg.layer_n_head_kv(il) if lo <= il < hi else 0 for il in range(cfg.n_layer)]
+            self.config = cfg
         self.backend = TPBackend(comm, plan)
         self.weights = Weights(self.backend, self.gguf)
         head = None
