@@ -217,6 +217,56 @@ def test_shapes_that_do_not_divide_are_refused_in_one_line(name, world, message)
     gf.close()
 
 
+def _shape_file(name: str):
+    """A GGUF's tensor directory and a config of a shape-true model (shape_models.py), for the
+    plan alone (no file is written)."""
+    from types import SimpleNamespace
+    from conformance.harness import shape_models
+    c = shape_models.SHAPES[name]
+    specs = (shape_models.hybrid_specs(c) if c["arch"].startswith("qwen35") else shape_models.tensor_specs(c))
+    gf = SimpleNamespace(tensors={n: TensorInfo(n, tuple(reversed(s)), t, 0, 0) for n, (t, s) in specs.items()})
+    rec = [bool(c.get("period")) and (il + 1) % c["period"] != 0 for il in range(c["n_layer"])]
+    cfg = SimpleNamespace(n_layer=c["n_layer"], n_head=c["n_head"], n_head_kv=c["n_kv_head"], n_head_kv_arr=[],
+                          ssm_n_group=c.get("ssm_group", 0), ssm_dt_rank=c.get("ssm_heads", 0),
+                          ssm_d_state=c.get("ssm_state", 0), ssm_d_inner=0,
+                          is_recurrent=lambda il: rec[il], layer_n_head_kv=lambda il: c["n_kv_head"])
+    return gf, cfg
+
+
+def test_a_shared_expert_that_does_not_cut_goes_whole_to_rank_0():
+    """Qwen3.6-35B-A3B at TP = 4: its shared expert (512 wide, down in Q6_K) would be cut at
+    column 128 inside a 256-value block; rank 0 holds all of it, the others none."""
+    gf, cfg = _shape_file("qwen3.6-35b-a3b")
+    plans = [tensor_parallel(gf, cfg, 4, r) for r in range(4)]
+    for n in ("ffn_gate_shexp", "ffn_up_shexp"):
+        assert [p.cut(f"blk.0.{n}.weight").rows for p in plans] == [[(0, 512)], [], [], []]
+    assert [p.cut("blk.0.ffn_down_shexp.weight").cols for p in plans] == [[(0, 512)], [], [], []]
+    assert all(p.cut("blk.0.ffn_down_shexp.weight").reduce for p in plans)
+    # where it cuts (TP = 2: 256), it is cut like any FFN
+    assert tensor_parallel(gf, cfg, 2, 1).cut("blk.0.ffn_gate_shexp.weight").rows == [(256, 512)]
+    with pytest.raises(ShardError, match="ffn_down.weight"):        # a dense FFN is never moved
+        gf, cfg = _shape_file("gemma-4-26b-a4b")
+        tensor_parallel(gf, cfg, 4, 0)
+
+
+def test_a_rank_holding_none_of_the_shared_expert_adds_zeros():
+    """synth-qwen35moe at TP = 2 with its shared expert forced whole onto rank 0 (as a shape that
+    does not cut gets it): the same logits as one rank, within the TP bound."""
+    from brass.distributed.shard import Cut
+    name = "synth-qwen35moe"
+    m = TPModel(goldens.model(name).path(), 2)
+    for rank in m.ranks:                # weights are read on first use: the plan can change here
+        for il in range(m.config.n_layer):
+            whole = [(0, 64)] if rank.comm.rank == 0 else []
+            for n in ("ffn_gate_shexp", "ffn_up_shexp"):
+                rank.plan.cuts[f"blk.{il}.{n}.weight"] = Cut(rows=whole)
+            rank.plan.cuts[f"blk.{il}.ffn_down_shexp.weight"] = Cut(cols=whole, reduce=True)
+    p = goldens.prompts(name)[0]
+    got, ref = m.score(p.tf_ids), single(name).score(p.tf_ids)
+    assert m.ranks[1].weights("blk.0.ffn_up_shexp.weight").shape == (0, 256)
+    assert nmse(got, ref) <= TP_NMSE and not len(_disagreements(got, ref, TP_MARGIN)[0])
+
+
 # -- whole models -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", TP_NAMES)

@@ -17,7 +17,8 @@ rank's own config (its head counts), with a one-line error where the shapes do n
   ssm_out is cut by the value heads' columns, all-reduced. The recurrent state follows the
   config (value heads).
 - Dense FFN: gate/up by output rows, down by input columns (all-reduced); the same for the
-  shared expert of qwen35moe.
+  shared expert of qwen35moe, or, where its width does not cut on its blocks, the whole of it on
+  rank 0 (the others hold none and add zeros).
 - MoE: expert parallel. Each rank holds E / TP whole experts (a range of the 3-D tensors'
   first axis: no block is ever cut); the router is replicated, every rank routes every token,
   computes its own experts' share and the shares are all-reduced.
@@ -148,7 +149,7 @@ def tensor_parallel(gf, cfg, world: int, rank: int) -> Plan:
     def put(name, cut):
         if name in names:
             if cut.cols:
-                _check_cols(gf, name, cut.cols, world)
+                _check_cols(gf, name, cut.cols, world)     # (a rank holding none: no cut)
             cuts[name] = cut
 
     V = rows_of("token_embd.weight")
@@ -191,14 +192,26 @@ def tensor_parallel(gf, cfg, world: int, rank: int) -> Plan:
             o_cols = gf.tensors[p + "attn_output.weight"].shape[0] // H
             put(p + "attn_output.weight", Cut(cols=[(q0 * o_cols, q1 * o_cols)], reduce=True))
             kv_arr.append(k1 - k0)
-        for up, down in (("ffn_gate", "ffn_down"), ("ffn_up", None),
-                         ("ffn_gate_shexp", "ffn_down_shexp"), ("ffn_up_shexp", None)):
-            if p + up + ".weight" in names:
-                F = rows_of(p + up + ".weight")
-                f0, f1 = _even(F, world, rank, f"{where}'s {up} width")
-                put(p + up + ".weight", Cut(rows=[(f0, f1)]))
-                if down is not None:
-                    put(p + down + ".weight", Cut(cols=[(f0, f1)], reduce=True))
+        for gate, up, down in (("ffn_gate", "ffn_up", "ffn_down"),
+                               ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")):
+            if p + gate + ".weight" not in names:
+                continue
+            F = rows_of(p + gate + ".weight")
+            try:
+                f0, f1 = _even(F, world, rank, f"{where}'s {gate} width")
+                runs = [(f0, f1)]
+                _check_cols(gf, p + down + ".weight", runs, world)
+            except ShardError:
+                if not gate.endswith("_shexp"):
+                    raise
+                # a shared expert too narrow to cut on its blocks (Qwen3.6-35B-A3B's, 512 wide,
+                # at TP = 4) is computed whole by rank 0; the others hold none of it and add
+                # zeros to the FFN's all-reduce (every rank's boundaries fail alike: they are
+                # multiples of the first)
+                runs = [(0, F)] if rank == 0 else []
+            put(p + gate + ".weight", Cut(rows=runs))
+            put(p + up + ".weight", Cut(rows=runs))
+            put(p + down + ".weight", Cut(cols=runs, reduce=True))
         for n in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
                   "ffn_gate_up_exps.weight", "ffn_down_exps.scale"):
             if p + n in names:

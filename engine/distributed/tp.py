@@ -51,6 +51,8 @@ DEFAULT_CTX = 4096      # model.DEFAULT_CTX (not imported: model.py imports this
 
 
 def _runs_bytes(a: np.ndarray, runs, axis: int) -> np.ndarray:
+    if not runs:                        # a rank holding none of the tensor
+        return a[:0] if axis == 0 else a[:, :0]
     parts = [a[x:y] if axis == 0 else a[:, x:y] for x, y in runs]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
@@ -75,10 +77,10 @@ def shard_bytes(gf, name: str, cut: Cut) -> tuple[np.ndarray, tuple[int, ...]]:
         K, N = shape
         rows = mm.reshape(N, K // blk * bpb)
         raw = rows
-        if cut.rows:
+        if cut.rows is not None:
             raw = _runs_bytes(raw, cut.rows, 0)
             shape[1] = sum(b - a for a, b in cut.rows)
-        if cut.cols:
+        if cut.cols is not None:
             raw = _runs_bytes(raw, [(a // blk * bpb, b // blk * bpb) for a, b in cut.cols], 1)
             shape[0] = sum(b - a for a, b in cut.cols)
     return np.ascontiguousarray(raw).reshape(-1), tuple(shape)
@@ -115,7 +117,10 @@ class TPBackend(NumpyBackend):
         return NumpyWeight(gf, name) if cut is None else ShardWeight(gf, name, cut)
 
     def matmul(self, x, w):
-        y = super().matmul(x, w)
+        if 0 in w.shape:                # a rank holding none of the weight (shard.py)
+            y = np.zeros((np.shape(x)[0], w.shape[0]), F32)
+        else:
+            y = super().matmul(x, w)
         return self.comm.all_reduce(y) if getattr(w, "reduce", False) else y
 
     def embed(self, table, ids):
