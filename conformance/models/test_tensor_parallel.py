@@ -25,6 +25,7 @@ Bounds and their reasons:
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -378,3 +379,24 @@ def test_cli_bad_tp_is_one_line_error(args, message):
     r = brass("generate", goldens.model("synth-tp-qwen3").path(), "--prompt", "x", *args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().startswith(message) and "\n" not in r.stderr.strip(), r.stderr
+
+
+@pytest.mark.timeout(60)        # a rank left waiting would hang for comm.TIMEOUT_S (600 s)
+def test_a_failing_rank_fails_the_step_and_the_next_step_runs():
+    """A rank that raises mid-step (here: in its forward, after rank 0 entered a collective)
+    ends the step with an error naming it, never a hang; the group is then ready again."""
+    name = "synth-tp-qwen3"
+    m = TPModel(goldens.model(name).path(), 2)
+    p = goldens.prompts(name)[0]
+    broken = m.ranks[1]
+    forward = broken.forward
+
+    def fail(*a, **k):
+        raise RuntimeError("injected failure")
+    broken.forward = fail
+    t0 = time.perf_counter()
+    with pytest.raises(BrassError, match="rank 1: RuntimeError: injected failure"):
+        m.score(p.tf_ids)
+    assert time.perf_counter() - t0 < 10, "the other rank waited for the failed one"
+    broken.forward = forward
+    assert np.array_equal(m.score(p.tf_ids).argmax(-1), reference_logits(name, 0).argmax(-1))

@@ -314,11 +314,12 @@ class TPModel:
                 except BaseException as e:
                     errors.append(e)
         if errors:
+            why = self.group.aborted            # "rank R: Type: message" of the first to fail
             self.group.reset()
             first = next((e for e in errors if not isinstance(e, CommAborted)), errors[0])
             if isinstance(first, BrassError):
                 raise first
-            raise BrassError(f"a rank failed: {self.group.aborted or ''}{type(first).__name__}: {first}") from first
+            raise BrassError(f"a rank failed: {why or f'{type(first).__name__}: {first}'}") from first
         return results
 
     def new_session(self, n_ctx: int | None = None) -> "TPSession":
