@@ -49,6 +49,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   tune matvec | mmq | coop | variants V   kernel variants against the defaults, bits compared
   llama start | status | wait [T]   llama.cpp built on the runner in the background
   stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
+  tp nccl [RANKS] | bars [SHAPES]   several GPUs (issue 49): NCCL checked and timed; TP=2 bars
   env CMD...                        CMD with brass from this tree, offline, the carried wheels
   help                              this list (each subcommand's comment in ci/gpu.sh says more)
 EOF
@@ -716,6 +717,49 @@ PY
     *)
         echo "usage: ci/gpu.sh stage split | slim | back | llama-src | recorder-src | receive"; return 2
         ;;
+    esac
+}
+
+sub_tp() {     # nccl [RANKS] | bars [SHAPES]
+    # Issue 49 (docs/multi-gpu.md), on a kind of several GPUs (nvidia-h100-x2 or larger; `nccl 1`
+    # on a one-GPU kind checks only that CuPy's NCCL loads and a one-rank group works).
+    # nccl: ci/tp_nccl.py, Brass's NCCL communicator on one process per GPU, the unique id from
+    # rank 0: collectives checked, all-reduce timed per size, eager and replayed from a graph.
+    # bars: per shape (shape_models.py names; default the issue's four), brass bench on one GPU
+    # and with --tp 2 (and --split layer), then llama-bench -sm layer and -sm row -ts 1/1 on the
+    # same file; a run that fails leaves its one-line error in the log (the CUDA workers of
+    # --tp are not built yet: each --tp line says so until they are).
+    local what="${1:-nccl}"
+    [ $# -gt 0 ] && shift
+    case "$what" in
+    nccl)
+        gpu_name
+        guarded 300 python3 ci/tp_nccl.py ${1:+--ranks "$1"} | tee "$out/tp_nccl.txt"
+        ;;
+    bars)
+        local shapes="${1:-qwen3-8b,qwen3.6-27b,qwen3-30b-a3b,qwen3.6-35b-a3b}" bench="" name mode
+        llama_env
+        if need_llama "${LLAMA_WAIT:-300}"; then bench="$bin/llama-bench"; else echo "no llama-bench: brass alone"; fi
+        mkdir -p "$dir"
+        IFS=, read -ra names <<< "$shapes"
+        for name in "${names[@]}"; do
+            [ -f "$dir/$name.gguf" ] || python3 conformance/harness/shape_models.py "$name" "$dir" \
+                || { echo "$name: not written (a shape_models.py name?)"; continue; }
+            for mode in "" "--tp 2" "--tp 2 --split layer"; do
+                guarded 595 python3 -m brass bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r 3 --json $mode \
+                    > "$out/brass-$name${mode// /}.json" 2> "$out/brass-$name${mode// /}.log" \
+                    || { echo "$name brass bench $mode:"; tail -1 "$out/brass-$name${mode// /}.log"; }
+            done
+            if [ -n "$bench" ]; then
+                for mode in layer row; do
+                    guarded 595 "$bench" -m "$dir/$name.gguf" -p 512 -n 128 -fa 1 -ngl 99 -r 3 -sm "$mode" -ts 1/1 -o json \
+                        > "$out/llama-$name-$mode.json" 2> "$out/llama-$name-$mode.log" || tail -5 "$out/llama-$name-$mode.log"
+                done
+            fi
+            [ "${DROP:-0}" = 1 ] && rm -f "$dir/$name.gguf"
+        done
+        ;;
+    *) echo "usage: ci/gpu.sh tp nccl [RANKS] | bars [SHAPES]"; return 2 ;;
     esac
 }
 

@@ -372,7 +372,9 @@ def decode_vs_batch(prompts: list[dict]) -> float:
 
 
 def build_manifest(out: Path) -> dict:
-    models = []
+    # the tensor-parallel shapes (synth_models.TP_MODELS) are listed apart: their own test
+    # checks them (conformance/models/test_tensor_parallel.py), not every per-model test
+    models, tp_models = [], []
     for name in list(REAL_MODELS) + list(synth_models.MODELS):
         if not (out / "prompts" / f"{name}.json").is_file():
             log(f"manifest: no goldens for {name} yet (left out)")
@@ -407,7 +409,7 @@ def build_manifest(out: Path) -> dict:
                                 "dtypes": dtypes,
                                 "float32_nodes": sorted(k for k, n in acts["nodes"].items()
                                                         if n["dtype"] == "float32")}
-        models.append(entry)
+        (tp_models if synth_models.MODELS.get(name, {}).get("tp") else models).append(entry)
     tokenizers = []
     for f in sorted((out / "tokenizer").glob("*.json")):
         doc = json.loads(f.read_text(encoding="utf-8"))
@@ -445,6 +447,7 @@ def build_manifest(out: Path) -> dict:
         "command": "BRASS_CACHE=<cache> python ci/record_goldens.py",
         "check_command": "python ci/record_goldens.py --check",
         "models": models,
+        "tp_models": tp_models,
         "tokenizers": tokenizers,
         "weight_types": sorted({t for m in models for t in m["types"]}),
         "files": files,

@@ -79,6 +79,11 @@ def add_model_args(p, model_optional=False):
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help=f"context size in tokens, prompt and reply together, at most the model's "
                         f"trained context (default: {DEFAULT_CTX}, or the trained context if smaller)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="run the model over N ranks: GPUs (cuda), threads (numpy) (default: 1)")
+    p.add_argument("--split", choices=["tensor", "layer"], default="tensor",
+                   help="how --tp splits the model: tensor parallel, or contiguous layers per rank "
+                        "(default: tensor)")
 
 
 def add_sampling_args(p):
@@ -126,6 +131,13 @@ def load_model(args):
             raise BrassError(f"--ctx {args.ctx} is beyond the context "
                              f"{catalog.model_name(args.model, Path(model))} was trained for "
                              f"({trained} tokens); give at most {trained}")
+    tp, split = getattr(args, "tp", 1), getattr(args, "split", "tensor")
+    if tp != 1 or split != "tensor":
+        from . import flags
+        from .backends import default_backend
+        from .distributed.tp import TPModel, check_request
+        check_request(tp, split, args.backend or flags.get("BRASS_BACKEND") or default_backend())
+        return TPModel(model, tp, split, n_ctx=args.ctx, quiet=_quiet())
     return Model(model, backend=args.backend, n_ctx=args.ctx, quiet=_quiet())
 
 

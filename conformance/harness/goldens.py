@@ -102,7 +102,7 @@ class GoldenModel:
 
 
 def _entry(name: str, reference: str = "cpu") -> dict:
-    for m in manifest(reference)["models"]:
+    for m in manifest(reference)["models"] + manifest(reference).get("tp_models", []):
         if m["name"] == name:
             return m
     known = ", ".join(m["name"] for m in manifest(reference)["models"])
@@ -120,7 +120,14 @@ def models(kind: str | None = None) -> list[GoldenModel]:
 
 def model(name: str) -> GoldenModel:
     _entry(name)
-    return next(m for m in models() if m.name == name)
+    return next(m for m in models() + tp_models() if m.name == name)
+
+
+def tp_models() -> list[GoldenModel]:
+    """The tensor-parallel shapes (manifest `tp_models`: synth_models.TP_MODELS), which
+    models() leaves out: conformance/models/test_tensor_parallel.py checks them."""
+    fields = GoldenModel.__dataclass_fields__
+    return [GoldenModel(**{k: m[k] for k in fields}) for m in manifest().get("tp_models", [])]
 
 
 @dataclass(frozen=True)

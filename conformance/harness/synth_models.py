@@ -493,6 +493,100 @@ MODELS = {
 }
 
 
+# Tensor-parallel shapes (issue 49, engine/distributed/): >= 4 KV heads and rows of two
+# super-blocks (hidden 512), so that TP = 2 and 4 cut heads, value heads, FFN rows and experts
+# evenly. What a rank cuts by input columns (attn_output, ffn_down, ssm_out, the experts' down)
+# is 256 values or fewer wide (128 per rank at TP = 2, 64 at TP = 4): those tensors take
+# 32-value block types, which a TP = 4 cut never splits; the k-quants sit on the tensors cut by
+# output rows. Two layers each and head size 32 keep them small (golden/ carries them all);
+# `tp` marks them: their goldens are listed apart in the manifest (tp_models) and checked by
+# conformance/models/test_tensor_parallel.py, not by every per-model test.
+_TP = dict(hidden=512, n_layer=2, n_head=8, n_kv_head=4, head_dim=32, ffn=256, rms_eps=1e-6)
+_G4TP_SWA = [True, False]
+TP_MODELS = {
+    "synth-tp-qwen3": dict(
+        arch="qwen3", tokenizer="synth-bpe-llama3", seed=4911, tp=True,
+        description="qwen3 TP-shaped: hidden 512, 2 layers, 8 query / 4 KV heads of 32, FFN 256",
+        # output_norm gains ~2: logits of std ~6 (with std ~3, 4 of 5 prompts met a top-1/top-2
+        # margin below 0.6 within their first two greedy tokens); seed: of 4901-4921 the one
+        # with the most greedy tokens before such a margin
+        dims=dict(_TP, rope_base=1000000.0, norm_gain={"output_norm": 2.0}),
+        globals=["token_embd", "output_norm", "output"],
+        layer=_DENSE_LAYER + ["attn_q_norm", "attn_k_norm"], extra={},
+        types=[(r"^token_embd\.", "Q4_K"), (r"^output\.", "Q6_K"),
+               (r"blk\.0\.attn_q\.", "Q4_K"), (r"blk\.1\.attn_q\.", "Q5_K"),
+               (r"blk\.0\.attn_k\.", "Q6_K"), (r"blk\.1\.attn_k\.", "Q8_0"),
+               (r"blk\.0\.attn_v\.", "Q5_K"), (r"blk\.1\.attn_v\.", "Q4_K"),
+               (r"blk\.0\.attn_output\.", "Q4_0"), (r"blk\.1\.attn_output\.", "Q5_1"),
+               (r"blk\.0\.ffn_gate\.", "Q5_K"), (r"blk\.1\.ffn_gate\.", "Q4_K"),
+               (r"blk\.0\.ffn_up\.", "Q4_K"), (r"blk\.1\.ffn_up\.", "Q6_K"),
+               (r"blk\.0\.ffn_down\.", "Q8_0"), (r"blk\.1\.ffn_down\.", "Q5_0")],
+    ),
+    "synth-tp-qwen3moe": dict(
+        arch="qwen3moe", tokenizer="synth-bpe-default", seed=4902, tp=True,
+        description="qwen3moe TP-shaped: hidden 512, 2 layers, 8 query / 4 KV heads of 32, "
+                    "4 experts of 64 top-2 (one or two experts a rank), tied embeddings",
+        dims=dict(_TP, n_expert=4, n_expert_used=2, expert_ffn=64, rope_base=1000000.0,
+                  embd_std=0.2),
+        globals=["token_embd", "output_norm"],
+        layer=["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
+               "attn_k_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+               "ffn_down_exps"],
+        extra={"add_expert_count": 4, "add_expert_used_count": 2,
+               "add_expert_feed_forward_length": 64, "add_expert_weights_norm": True},
+        types=[(r"^token_embd\.", "Q5_K"), (r"^output\.", "Q8_0"),
+               (r"\.attn_q\.", "Q4_K"), (r"\.attn_k\.", "Q5_K"), (r"\.attn_v\.", "Q6_K"),
+               (r"blk\.0\.attn_output\.", "Q8_0"), (r"blk\.1\.attn_output\.", "Q4_1"),
+               (r"\.ffn_gate_exps\.", "Q4_K"), (r"\.ffn_up_exps\.", "Q5_K"),
+               (r"blk\.0\.ffn_down_exps\.", "MXFP4"), (r"blk\.1\.ffn_down_exps\.", "Q8_0")],
+    ),
+    "synth-tp-qwen35": dict(
+        arch="qwen35", tokenizer="synth-bpe-llama3", seed=4903, tp=True,
+        description="qwen35 TP-shaped: hidden 512, gated delta-net layer 0 (4 key / 8 value "
+                    "heads of 32, tiled), gated attention layer 1 (8 query / 4 KV heads of 32, "
+                    "full_attention_interval 2), FFN 256, tied embeddings",
+        dims=dict(_TP, rope_base=10000000.0, embd_std=0.2,
+                  ssm_conv=4, ssm_state=32, ssm_group=4, ssm_heads=8),
+        globals=["token_embd", "output_norm"],
+        layer=_qwen35_layer(["ffn_gate", "ffn_up", "ffn_down"], interval=2),
+        extra={"add_rope_dimension_count": 16, "add_rope_dimension_sections": [3, 3, 2, 0],
+               "add_ssm_conv_kernel": 4, "add_ssm_state_size": 32, "add_ssm_group_count": 4,
+               "add_ssm_time_step_rank": 8, "add_ssm_inner_size": 256,
+               "add_full_attention_interval": 2},
+        types=[(r"^token_embd\.", "Q5_K"),
+               (r"\.attn_qkv\.", "Q4_K"), (r"\.attn_gate\.", "Q5_K"),
+               (r"\.ssm_(alpha|beta)\.", "Q8_0"), (r"\.ssm_out\.", "Q5_0"),
+               (r"\.attn_q\.", "Q6_K"), (r"\.attn_k\.", "Q4_K"), (r"\.attn_v\.", "Q5_K"),
+               (r"\.attn_output\.", "Q8_0"),
+               (r"\.ffn_gate\.", "Q4_K"), (r"\.ffn_up\.", "Q5_K"),
+               (r"blk\.0\.ffn_down\.", "Q4_0"), (r"blk\.1\.ffn_down\.", "Q8_0")],
+    ),
+    "synth-tp-gemma4": dict(
+        arch="gemma4", tokenizer="synth-spm", seed=4904, tp=True,
+        description="gemma4 TP-shaped: hidden 512, sliding-window layer 0 (window 5, 4 KV heads "
+                    "of 32) and full layer 1 (4 KV heads of 64, no attn_v: values = raw keys, "
+                    "proportional rope), 8 query heads, FFN 256, tied embeddings, softcap 30",
+        dims=dict(_TP, head_dim=64, n_kv_head=[4, 4], ffn=[256, 256], rope_base=1000000.0, embd_std=0.05,
+                  rope_pairs=8,
+                  norm_gain={"post_attention_norm": 2.4, "post_ffw_norm": 2.4, "output_norm": 3.0,
+                             "attn_q_norm": 0.5, "attn_k_norm": 0.5}),
+        layer_dims=_gemma4_dims(_G4TP_SWA, dict(head_dim=32, n_kv_head=4, ffn=256),
+                                dict(head_dim=64, n_kv_head=4, ffn=256)),
+        globals=["token_embd", "output_norm", "rope_freqs"],
+        layer=_gemma4_layer(["ffn_gate", "ffn_up", "ffn_down"], no_v=(1,)),
+        extra={"add_sliding_window": 5, "add_sliding_window_pattern": _G4TP_SWA,
+               "add_key_length_swa": 32, "add_value_length_swa": 32,
+               "add_rope_dimension_count": 64, "add_rope_dimension_count_swa": 32,
+               "add_embedding_length_per_layer_input": 0},
+        types=[(r"^token_embd\.", "Q6_K"),
+               (r"\.attn_q\.", "Q4_K"), (r"\.attn_k\.", "Q5_K"), (r"\.attn_v\.", "Q6_K"),
+               (r"blk\.0\.attn_output\.", "Q4_1"), (r"blk\.1\.attn_output\.", "Q5_0"),
+               (r"\.ffn_gate\.", "Q5_K"), (r"\.ffn_up\.", "Q4_K"),
+               (r"blk\.0\.ffn_down\.", "Q8_0"), (r"blk\.1\.ffn_down\.", "Q5_1")],
+    ),
+}
+MODELS.update(TP_MODELS)
+
 def _layer_tensors(cfg: dict, il: int) -> list[str]:
     layer = cfg["layer"]
     return layer(il) if callable(layer) else layer

@@ -41,9 +41,11 @@ TOP_K = 16
 MIN_STRINGS = 150
 # bytes (the brief allows 40 MB): every GPU run carries the repository in 64 MiB, beside the
 # wheels (~7 MB) the runner lacks. 25 MB until the two gemma4 synthetic models (issue 12)
-# brought golden/ to ~27 MB; 32 MB leaves room for one more architecture's pair. (Calls that
-# stage a real model's parts carry a slim checkout instead: ci/gpu.sh stage.)
-SIZE_BUDGET = 32_000_000
+# brought golden/ to ~27 MB; 32 MB leaves room for one more architecture's pair. The four
+# tensor-parallel shapes (issue 49, hidden 512, ~2.3 MB each with their goldens) brought it to
+# ~37 MB: 40 MB, the brief's limit, with the checkout (~43 MB) and the wheels within a run's
+# 64 MiB. (Calls that stage a real model's parts carry a slim checkout instead: ci/gpu.sh stage.)
+SIZE_BUDGET = 40_000_000
 
 MODELS = [m.name for m in goldens.models()]
 TOKENIZERS = [t["name"] for t in goldens.tokenizers()]

@@ -49,6 +49,11 @@ class Forward:
     """Everything one forward pass needs. `trace(name, array)` receives activations under
     llama.cpp's node names (`attn_norm-3`, `l_out-3`, `result_norm`, ...)."""
 
+    # A layer split (engine/distributed/tp.py Stage): this rank runs only the layers of its
+    # stage, takes the residual stream from the stage before and hands it to the next; None:
+    # every layer here.
+    stage = None
+
     def __init__(self, backend, cfg: ModelConfig, weights: Weights, cache, pos,
                  trace: Callable | None = None):
         self.b, self.cfg, self.w, self.cache, self.pos = backend, cfg, weights, cache, pos
@@ -58,6 +63,31 @@ class Forward:
         if self.trace is not None:
             self.trace(f"{name}-{il}" if il >= 0 else name, x)
         return x
+
+
+def layers(f: Forward) -> range:
+    """The layers this forward runs: all, or its stage's under a layer split."""
+    return range(f.cfg.n_layer) if f.stage is None else range(*f.stage.layers)
+
+
+def embeds(f: Forward) -> bool:
+    """Whether this forward starts from the token embedding (not a later stage's)."""
+    return f.stage is None or f.stage.first
+
+
+def stage_in(f: Forward, carry: tuple) -> tuple:
+    """The residual stream entering this forward's first layer: `carry` (the embedding's), or
+    under a layer split past the first stage the arrays the stage before handed on."""
+    return carry if embeds(f) else f.stage.recv()
+
+
+def stage_out(f: Forward, carry: tuple) -> bool:
+    """Hand the residual stream to the next stage; False on the last (it goes on to the
+    output)."""
+    if f.stage is None or f.stage.last:
+        return False
+    f.stage.send(carry)
+    return True
 
 
 def kv_layers(f: Forward, il: int):
@@ -165,9 +195,9 @@ def pre_norm_decoder(f: Forward, ids, out_rows, *, qk_norm: bool = False):
     Each residual add is done together with the norm that follows it (add_rms_norm), so a
     sublayer's output is carried to the next norm as `pending`."""
     b, cfg, w = f.b, f.cfg, f.w
-    x = b.embed(w("token_embd.weight"), ids)
-    pending = None
-    for il in range(cfg.n_layer):
+    x = b.embed(w("token_embd.weight"), ids) if embeds(f) else None
+    x, pending = stage_in(f, (x, None))
+    for il in layers(f):
         x, h = b.add_rms_norm(x, pending, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps)
         if il > 0:
             f.cb(x, "l_out", il - 1)
@@ -179,4 +209,6 @@ def pre_norm_decoder(f: Forward, ids, out_rows, *, qk_norm: bool = False):
         f.cb(x, "ffn_inp", il)
         f.cb(h, "ffn_norm", il)
         pending = moe(f, il, h) if cfg.n_expert else f.cb(ffn(f, il, h), "ffn_out", il)
+    if stage_out(f, (x, pending)):
+        return None
     return output(f, x, pending)

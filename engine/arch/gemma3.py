@@ -41,10 +41,13 @@ def configure(cfg, gf):
 
 def forward(f: common.Forward, ids, out_rows=None):
     b, cfg, w = f.b, f.cfg, f.w
-    x = b.embed(w("token_embd.weight"), ids)
-    x = f.cb(b.scale(x, math.sqrt(cfg.n_embd)), "inp_scaled")
-    pending = None          # the previous layer's FFN output, added with the next norm
-    for il in range(cfg.n_layer):
+    x = None
+    if common.embeds(f):
+        x = b.embed(w("token_embd.weight"), ids)
+        x = f.cb(b.scale(x, math.sqrt(cfg.n_embd)), "inp_scaled")
+    # pending: the previous layer's FFN output, added with the next norm
+    x, pending = common.stage_in(f, (x, None))
+    for il in common.layers(f):
         window = cfg.layer_window(il)
         rope_base = cfg.rope_base_swa if window else cfg.rope_base
         x, h = b.add_rms_norm(x, pending, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps)
@@ -63,4 +66,6 @@ def forward(f: common.Forward, ids, out_rows=None):
         h = f.cb(common.ffn(f, il, h, gelu=True), "ffn_out", il)
         pending = f.cb(b.rms_norm(h, w(f"blk.{il}.post_ffw_norm.weight"), cfg.norm_eps),
                        "ffn_post_norm", il)
+    if common.stage_out(f, (x, pending)):
+        return None
     return common.output(f, x, pending)

@@ -232,10 +232,19 @@ def ffn(f: common.Forward, il: int, x, h=None):
 
 def forward(f: common.Forward, ids, out_rows=None):
     b, cfg, w = f.b, f.cfg, f.w
-    x = b.embed(w("token_embd.weight"), ids)
-    x = f.cb(b.scale(x, float(np.sqrt(np.float32(cfg.n_embd)))), "inp_scaled")   # sqrtf
-    pending = None      # fused_ops: (FFN output, residual, layer_output_scale) of the layer before
-    for il in range(cfg.n_layer):
+    x = pending = None  # fused_ops: (FFN output, residual, layer_output_scale) of the layer before
+    if common.embeds(f):
+        x = b.embed(w("token_embd.weight"), ids)
+        x = f.cb(b.scale(x, float(np.sqrt(np.float32(cfg.n_embd)))), "inp_scaled")   # sqrtf
+    else:
+        # a later stage of a layer split: the stage before handed on the residual stream (and,
+        # fused, its last FFN output, scaled here by that layer's output scale)
+        il = common.layers(f)[0] - 1
+        carry = common.stage_in(f, ())
+        x = carry[0]
+        if len(carry) == 2:
+            pending = (carry[1], x, w.opt(f"blk.{il}.layer_output_scale.weight"))
+    for il in common.layers(f):
         p = f"blk.{il}."
         if pending is None:
             h = b.rms_norm(x, w(p + "attn_norm.weight"), cfg.norm_eps)
@@ -263,6 +272,8 @@ def forward(f: common.Forward, ids, out_rows=None):
         if scale is not None:
             x = b.mul(x, scale)
         f.cb(x, "l_out", il)
+    if common.stage_out(f, (x,) if pending is None else (pending[1], pending[0])):
+        return None
     if pending is None:
         if out_rows is not None:
             x = b.take_rows(x, out_rows)

@@ -173,9 +173,9 @@ def hybrid_decoder(f: common.Forward, ids, out_rows, ffn=dense_ffn):
     tokens (a delta-net's state needs them); `out_rows` selects rows before the final norm,
     as llama.cpp's result_norm does. Residual adds are done with the norm that follows."""
     b, cfg, w = f.b, f.cfg, f.w
-    x = b.embed(w("token_embd.weight"), ids)
-    pending = None
-    for il in range(cfg.n_layer):
+    x = b.embed(w("token_embd.weight"), ids) if common.embeds(f) else None
+    x, pending = common.stage_in(f, (x, None))
+    for il in common.layers(f):
         x, h = b.add_rms_norm(x, pending, w(f"blk.{il}.attn_norm.weight"), cfg.norm_eps)
         if il > 0:
             f.cb(x, "l_out", il - 1)
@@ -186,6 +186,8 @@ def hybrid_decoder(f: common.Forward, ids, out_rows, ffn=dense_ffn):
         f.cb(x, "attn_residual", il)
         f.cb(h, "attn_post_norm", il)
         pending = f.cb(ffn(f, il, h), "ffn_out", il)
+    if common.stage_out(f, (x, pending)):
+        return None
     if out_rows is not None:
         x, pending = b.take_rows(x, out_rows), b.take_rows(pending, out_rows)
     return common.output(f, x, pending)

@@ -1,0 +1,142 @@
+"""The communicator: what the ranks of one model exchange, and nothing else.
+
+`Communicator` is the interface both implementations give: `rank`, `world_size`,
+`all_reduce(x)` (a sum), `all_gather(x, axis)` (the ranks' arrays concatenated in rank order),
+`send(x, dst)` / `recv(src)` (the layer split's hidden state) and `barrier()`.
+
+`ThreadGroup(n)` makes the CPU one: numpy ranks in threads of one process. Its all-reduce
+adds the ranks' arrays in rank order (rank 0's, plus rank 1's, ...) in float32, the same
+order on every rank, so every rank holds the same bits and a run gives the same bits every
+time; it is what the conformance suite runs TP=2 and TP=4 with. A rank whose step raises
+`abort()`s the group: the other ranks' collectives raise CommAborted instead of waiting for
+it forever. The NCCL one (nccl.py) has the same interface over device arrays.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..errors import BrassError
+
+# A collective that waits longer than this for the other ranks gives up: a rank that hangs
+# (not one that raised: that aborts the group at once) takes the step down instead of the
+# process. Generous: a numpy rank's layer can take seconds on a large model.
+TIMEOUT_S = 600.0
+
+
+class CommAborted(BrassError):
+    """Another rank of the group failed: this rank's collective was abandoned."""
+
+
+class Communicator(ABC):
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def all_reduce(self, x):
+        """The sum of every rank's `x` (same shape on every rank), on every rank."""
+
+    @abstractmethod
+    def all_gather(self, x, axis: int = -1):
+        """Every rank's `x` concatenated along `axis` in rank order, on every rank (the
+        arrays may differ in size along `axis` only)."""
+
+    @abstractmethod
+    def send(self, x, dst: int):
+        """Hand `x` to rank `dst` (its matching recv)."""
+
+    @abstractmethod
+    def recv(self, src: int):
+        """The array rank `src` sent this rank, in the order it sent them."""
+
+    @abstractmethod
+    def barrier(self):
+        """Return once every rank has called it."""
+
+
+class ThreadGroup:
+    """The shared state of `n` CPU ranks in threads; `comm(r)` is rank r's communicator."""
+
+    def __init__(self, n: int, timeout: float = TIMEOUT_S):
+        if n < 1:
+            raise BrassError(f"a group needs at least one rank, got {n}")
+        self.n = n
+        self.timeout = timeout
+        self._barrier = threading.Barrier(n, timeout=timeout)
+        self._slots: list = [None] * n
+        self._queues = {(s, d): queue.Queue() for s in range(n) for d in range(n) if s != d}
+        self.aborted: str | None = None
+        self._comms = [ThreadCommunicator(self, r) for r in range(n)]
+
+    def comm(self, rank: int) -> "ThreadCommunicator":
+        return self._comms[rank]
+
+    def abort(self, why: str):
+        """A rank failed: every rank waiting in a collective raises CommAborted."""
+        if self.aborted is None:
+            self.aborted = why
+        self._barrier.abort()
+        for q in self._queues.values():
+            q.put(None)                 # wakes a recv; None is never a sent array
+
+    def reset(self):
+        """Make the group usable again after an abort (between steps, no rank inside)."""
+        self.aborted = None
+        self._barrier.reset()
+        self._slots = [None] * self.n
+        for q in self._queues.values():
+            while not q.empty():
+                q.get_nowait()
+
+    def _wait(self):
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError:
+            raise CommAborted(f"another rank failed: {self.aborted or 'a collective timed out'}") from None
+
+
+class ThreadCommunicator(Communicator):
+    def __init__(self, group: ThreadGroup, rank: int):
+        self.group, self.rank, self.world_size = group, rank, group.n
+
+    def _exchange(self, x) -> list:
+        """Every rank's array, in rank order (each rank reads them; none is written until every
+        rank has read: the second wait)."""
+        g = self.group
+        if g.n == 1:
+            return [x]
+        g._slots[self.rank] = x
+        g._wait()
+        got = list(g._slots)
+        g._wait()
+        return got
+
+    def all_reduce(self, x):
+        parts = self._exchange(np.asarray(x, np.float32))
+        out = parts[0].copy()
+        for p in parts[1:]:             # rank order, on every rank: the same bits everywhere
+            out += p
+        return out
+
+    def all_gather(self, x, axis: int = -1):
+        return np.concatenate(self._exchange(np.asarray(x)), axis=axis)
+
+    def send(self, x, dst: int):
+        self.group._queues[(self.rank, dst)].put(np.array(x, copy=True))
+
+    def recv(self, src: int):
+        try:
+            x = self.group._queues[(src, self.rank)].get(timeout=self.group.timeout)
+        except queue.Empty:
+            raise CommAborted(f"rank {self.rank}: nothing from rank {src} in "
+                              f"{self.group.timeout:.0f} s") from None
+        if x is None:
+            raise CommAborted(f"another rank failed: {self.group.aborted}")
+        return x
+
+    def barrier(self):
+        self.group._wait()

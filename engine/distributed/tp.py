@@ -1,0 +1,461 @@
+"""One model over several ranks on the numpy backend: tensor parallelism (`split="tensor"`,
+the plan of shard.py) or a layer split (`split="layer"`: contiguous layers per rank, the
+residual stream handed on by send/recv), the ranks in threads of this process over the CPU
+communicator (comm.ThreadGroup). `TPModel` gives what the CLI and the server use of a Model
+(generate, sessions, score, tokenizer, config); its sessions (`TPSession`) run every step on
+all ranks at once.
+
+Each rank opens the GGUF itself (its own memory map) and reads only its slices of it: a
+ShardWeight holds the bytes of its rows, columns or experts, cut on block boundaries, and is
+dequantized on first use like any numpy weight. Under a layer split a rank prepares only the
+weights its layers use (weights are prepared on first use).
+
+The numbers: a column-parallel mat-mul gives each output element exactly as one rank would
+(the same dot product over the same activation, quantized in the same blocks); a row-parallel
+one gives partial sums over block-aligned slices of the input, summed by the all-reduce in
+rank order: the same terms, added in another order (float32 rounding: ~1e-7 relative per
+sum, carried through the layers). The embedding's all-reduce adds zeros (exact); expert
+parallelism adds each token's expert outputs in choice order on each rank, then the ranks'
+sums (exact for top-2, reordered beyond); the LM head's collectives are exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import numpy as np
+
+from .. import arch as arch_registry
+from ..arch.common import Forward, Weights
+from ..backends.base import uses_f16_gemm, uses_mmq_id
+from ..backends.numpy_backend import NumpyBackend, NumpyWeight
+from ..catalog import resolve
+from ..config import read_config
+from ..errors import BrassError, UnsupportedError
+from ..gguf import BLOCK_SIZES, GGUFFile, TensorInfo
+from ..kv_cache import KVCache
+from ..sampling import Sampler, SamplingParams, generation_length
+from ..tokenizer import Tokenizer
+from ..validate import check_model
+from . import vocab
+from .comm import CommAborted, ThreadGroup
+from .shard import Cut, layer_stages, tensor_parallel
+
+F32 = np.float32
+SPLITS = ("tensor", "layer")
+DEFAULT_CTX = 4096      # model.DEFAULT_CTX (not imported: model.py imports this module's users)
+
+
+def _runs_bytes(a: np.ndarray, runs, axis: int) -> np.ndarray:
+    if not runs:                        # a rank holding none of the tensor
+        return a[:0] if axis == 0 else a[:, :0]
+    parts = [a[x:y] if axis == 0 else a[:, x:y] for x, y in runs]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+
+
+def shard_bytes(gf, name: str, cut: Cut) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(the rank's bytes of tensor `name`, its ggml shape): rows, columns (on block
+    boundaries: shard.py checked them) or experts, read from the file's memory map (a row or
+    expert range is a view of it; columns are copied, only the rank's)."""
+    t = gf.tensors[name]
+    blk, bpb = BLOCK_SIZES[t.type]
+    mm = gf.tensor_bytes(name)
+    shape = list(t.shape)
+    if len(shape) == 1:
+        runs = [cut.experts] if cut.experts else cut.rows
+        raw = _runs_bytes(mm.reshape(shape[0] // blk, bpb), [(a // blk, b // blk) for a, b in runs], 0)
+        shape[0] = sum(b - a for a, b in runs)
+    elif len(shape) == 3:
+        e0, e1 = cut.experts
+        raw = mm.reshape(shape[2], -1)[e0:e1]
+        shape[2] = e1 - e0
+    else:
+        K, N = shape
+        rows = mm.reshape(N, K // blk * bpb)
+        raw = rows
+        if cut.rows is not None:
+            raw = _runs_bytes(raw, cut.rows, 0)
+            shape[1] = sum(b - a for a, b in cut.rows)
+        if cut.cols is not None:
+            raw = _runs_bytes(raw, [(a // blk * bpb, b // blk * bpb) for a, b in cut.cols], 1)
+            shape[0] = sum(b - a for a, b in cut.cols)
+    return np.ascontiguousarray(raw).reshape(-1), tuple(shape)
+
+
+class ShardWeight(NumpyWeight):
+    """A rank's part of a GGUF tensor (its Cut), read from the memory map on first use."""
+
+    def __init__(self, gf, name: str, cut: Cut):
+        info = gf.tensors[name]
+        self.name, self.type, self.cut = name, info.type, cut
+        self.reduce, self.vocab, self.experts = cut.reduce, cut.vocab, cut.experts
+        self._gf, self._raw, self._dense = gf, None, None
+        self._raw, shape = shard_bytes(gf, name, cut)
+        self._info = TensorInfo(name, shape, info.type, info.offset, self._raw.nbytes)
+        self.shape = tuple(reversed(shape))
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self._raw
+
+
+class TPBackend(NumpyBackend):
+    """The numpy backend of one rank: its weights are the plan's shards; a row-parallel
+    mat-mul, the vocabulary-parallel embedding and the expert-parallel MoE end in an
+    all-reduce over the rank's communicator."""
+
+    def __init__(self, comm, plan=None, **options):
+        super().__init__(**options)
+        self.comm, self.plan = comm, plan
+
+    def weight(self, gf, name):
+        cut = self.plan.cut(name) if self.plan is not None else None
+        return NumpyWeight(gf, name) if cut is None else ShardWeight(gf, name, cut)
+
+    def matmul(self, x, w):
+        if 0 in w.shape:                # a rank holding none of the weight (shard.py)
+            y = np.zeros((np.shape(x)[0], w.shape[0]), F32)
+        else:
+            y = super().matmul(x, w)
+        return self.comm.all_reduce(y) if getattr(w, "reduce", False) else y
+
+    def embed(self, table, ids):
+        v = getattr(table, "vocab", None)
+        if v is None:
+            return super().embed(table, ids)
+        ids = np.asarray(ids, np.int64)
+        mine = (ids >= v[0]) & (ids < v[1])
+        out = np.zeros((len(ids), table.shape[-1]), F32)
+        if mine.any():
+            out[mine] = table.rows(ids[mine] - v[0]).astype(F32, copy=False)
+        return self.comm.all_reduce(out)        # one non-zero term per row: exact
+
+    def matmul_id(self, x, w, ids):
+        ids = np.asarray(ids)
+        if not (ids < 0).any():
+            return super().matmul_id(x, w, ids)
+        # choices of experts another rank holds (-1): zero rows, nothing computed
+        T, k = ids.shape
+        x = np.ascontiguousarray(x, F32)
+        out = np.zeros((T, k, w.shape[1]), F32)
+        f16 = (self.act_mode == "q8_1" and not self._rows_independent and uses_f16_gemm(T, x.shape[-1], w.type)
+               and not (self.moe_mmq and uses_mmq_id(T, x.shape[-1], w.type)))
+        for e in np.unique(ids):
+            if e < 0:
+                continue
+            tt, jj = np.nonzero(ids == e)
+            out[tt, jj] = self._linear(x[tt, jj] if x.ndim == 3 else x[tt], w, int(e), f16=f16)
+        return out
+
+    def moe_ffn(self, x, w_gate, w_up, w_down, ids, weights, gelu=False, down_scale=None):
+        e = getattr(w_gate, "experts", None)
+        if e is None:
+            return super().moe_ffn(x, w_gate, w_up, w_down, ids, weights, gelu, down_scale)
+        ids = np.asarray(ids)
+        mine = (ids >= e[0]) & (ids < e[1])
+        local = np.where(mine, ids - e[0], -1).astype(np.int32)
+        y = super().moe_ffn(x, w_gate, w_up, w_down, local, np.where(mine, weights, F32(0)).astype(F32),
+                            gelu, down_scale)
+        return self.comm.all_reduce(y)
+
+
+class Stage:
+    """A rank's place in a layer split: its layers, and the hand-over of the residual stream."""
+
+    def __init__(self, comm, layers: tuple[int, int]):
+        self.comm, self.layers = comm, layers
+        self.first, self.last = comm.rank == 0, comm.rank == comm.world_size - 1
+
+    def send(self, carry: tuple):
+        self.comm.send(np.array([len(carry)], np.int32), self.comm.rank + 1)
+        for a in carry:
+            self.comm.send(a, self.comm.rank + 1)
+
+    def recv(self) -> tuple:
+        n = int(self.comm.recv(self.comm.rank - 1)[0])
+        return tuple(self.comm.recv(self.comm.rank - 1) for _ in range(n))
+
+
+class Rank:
+    """One rank: its own GGUF memory map, config (its heads), backend, weights, stage."""
+
+    def __init__(self, path, comm, plan=None, stage: Stage | None = None):
+        self.comm, self.plan, self.stage = comm, plan, stage
+        self.gguf = GGUFFile(path)
+        self.arch = arch_registry.get(self.gguf.architecture)
+        cfg = self.arch.configure(read_config(self.gguf, self.gguf.architecture), self.gguf)
+        self.config = plan.config if plan is not None else cfg
+        if stage is not None:
+            # the KV cache holds the stage's layers only: the others get no KV heads (zero-size
+            # arrays); the forward never reaches them
+            cfg = copy.copy(cfg)
+            lo, hi = stage.layers
+            cfg.n_head_kv_arr = [cfg.layer_n_head_kv(il) if lo <= il < hi else 0 for il in range(cfg.n_layer)]
+            self.config = cfg
+        self.backend = TPBackend(comm, plan)
+        self.weights = Weights(self.backend, self.gguf)
+        head = None
+        if plan is not None:
+            head = plan.cut("output.weight") or plan.cut("token_embd.weight")
+        self.vocab0 = head.vocab[0] if head is not None else 0
+
+    def forward(self, ids, pos, cache, out_rows=None):
+        f = Forward(self.backend, self.config, self.weights, cache, pos)
+        f.stage = self.stage
+        return self.arch.forward(f, ids, out_rows)
+
+
+class _BlasThreads:
+    """OpenBLAS's thread count (numpy's bundled library, found among the loaded ones), set to one
+    while the ranks run: the ranks are the parallelism, and OpenBLAS's own threads on top of them
+    oversubscribe the cores (measured on 2 cores: 5 prompts of synth-tp-qwen3 at TP = 4 in 4.6 s
+    with OpenBLAS's threads, 0.22 s without). Its results do not depend on the count (a thread
+    takes whole output elements: the exact tests of test_tensor_parallel.py compare a TP step
+    against the model run with OpenBLAS's threads). No-op where the library is not found."""
+
+    def __init__(self):
+        self._set = self._get = None
+        try:
+            import ctypes
+            with open("/proc/self/maps") as f:
+                paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln}
+            for path in sorted(paths):
+                lib = ctypes.CDLL(path)
+                for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""),
+                                       ("openblas", "64_"), ("openblas", "")):
+                    if hasattr(lib, f"{prefix}_set_num_threads{suffix}"):
+                        self._set = getattr(lib, f"{prefix}_set_num_threads{suffix}")
+                        self._get = getattr(lib, f"{prefix}_get_num_threads{suffix}")
+                        return
+        except OSError:
+            pass
+
+    def __enter__(self):
+        self._before = self._get() if self._get else None
+        if self._set:
+            self._set(1)
+
+    def __exit__(self, *exc):
+        if self._set and self._before:
+            self._set(self._before)
+
+
+class _Arch:
+    """What the server reads of a TPModel's architecture: no batched decode (each session
+    steps alone, every rank at once)."""
+    BATCHED_DECODE = False
+    BUCKET_GRAPHS = False
+
+
+class TPModel:
+    """A model over `world` ranks in threads (numpy backend): `split` "tensor" (tensor
+    parallel) or "layer" (contiguous layers per rank)."""
+
+    def __init__(self, model, world: int, split: str = "tensor", n_ctx: int | None = None,
+                 quiet: bool = False):
+        if split not in SPLITS:
+            raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if world < 1:
+            raise BrassError(f"--tp must be at least 1, got {world}")
+        self.path = resolve(model, quiet=quiet)
+        self.gguf = GGUFFile(self.path)
+        name = self.gguf.architecture
+        self.config = arch_registry.get(name).configure(read_config(self.gguf, name), self.gguf)
+        check_model(self.gguf, self.config)
+        self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        self.world, self.split = world, split
+        self.group = ThreadGroup(world)
+        comms = [self.group.comm(r) for r in range(world)]
+        if split == "tensor":
+            # every rank's plan first: a shape that does not divide is refused before any load
+            plans = [tensor_parallel(self.gguf, self.config, world, r) for r in range(world)]
+            self.ranks = [Rank(self.path, comms[r], plan=plans[r]) for r in range(world)]
+        else:
+            stages = layer_stages(self.config.n_layer, world)
+            self.ranks = [Rank(self.path, comms[r], stage=Stage(comms[r], stages[r])) for r in range(world)]
+        self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
+        self.backend = self.ranks[0].backend
+        self.arch = _Arch()
+        self.graphs = self.prompt_graphs = False
+        self._pool = ThreadPoolExecutor(world, thread_name_prefix="brass-rank")
+        self._blas = _BlasThreads() if world > 1 else None
+
+    @property
+    def name(self) -> str:
+        return self.gguf.get("general.name") or self.path.stem
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.gguf.get("tokenizer.chat_template")
+
+    def graph_bytes(self) -> dict[str, int]:
+        return {"prompt": 0, "start": 0}
+
+    def run(self, fn) -> list:
+        """`fn(rank)` on every rank at once (each in its thread); their results in rank order.
+        A rank that raises aborts the others' collectives; its error is raised here (a
+        BrassError names the rank), and the group is made ready for the next step."""
+        def guarded(rank):
+            try:
+                return fn(rank)
+            except BaseException as e:
+                self.group.abort(f"rank {rank.comm.rank}: {type(e).__name__}: {e}")
+                raise
+        results, errors = [], []
+        with self._blas or contextlib.nullcontext():
+            futures = [self._pool.submit(guarded, r) for r in self.ranks]
+            for fut in futures:
+                try:
+                    results.append(fut.result())
+                except BaseException as e:
+                    errors.append(e)
+        if errors:
+            why = self.group.aborted            # "rank R: Type: message" of the first to fail
+            self.group.reset()
+            first = next((e for e in errors if not isinstance(e, CommAborted)), errors[0])
+            if isinstance(first, BrassError):
+                raise first
+            raise BrassError(f"a rank failed: {why or f'{type(first).__name__}: {first}'}") from first
+        return results
+
+    def new_session(self, n_ctx: int | None = None) -> "TPSession":
+        return TPSession(self, n_ctx or self.n_ctx)
+
+    def score(self, ids: list[int], trace=None) -> np.ndarray:
+        if trace is not None:
+            raise UnsupportedError("activation traces are not taken under --tp")
+        return self.new_session(max(len(ids), 1)).prefill(ids, all_logits=True)
+
+    def check_generation(self, prompt_ids, max_tokens, n_ctx=None):
+        generation_length(max_tokens, len(prompt_ids), n_ctx or self.n_ctx)
+
+    def generate(self, prompt_ids: list[int], max_tokens: int = 32,
+                 sampling: SamplingParams | None = None, stop_at_eog: bool = True,
+                 session: "TPSession | None" = None) -> Iterator[int]:
+        s = session or self.new_session()
+        self.check_generation(prompt_ids, max_tokens, s.n_ctx)
+        return self._generate(prompt_ids, max_tokens, sampling or SamplingParams(temperature=0.0),
+                              stop_at_eog, s)
+
+    def _generate(self, prompt_ids, max_tokens, sampling, stop_at_eog, s):
+        sampler = Sampler(sampling)
+        history = list(prompt_ids)
+        greedy = sampling.greedy and sampling.repetition_penalty == 1.0
+        if greedy:
+            # the argmax from each rank's own logits and one small all-gather (vocab.argmax)
+            tok = s.step(prompt_ids, "argmax")
+            for i in range(max_tokens):
+                if i:
+                    tok = s.step([tok], "argmax")
+                yield tok
+                if stop_at_eog and self.tokenizer.is_eog(tok):
+                    return
+            return
+        logits = s.prefill(prompt_ids)
+        for i in range(max_tokens):
+            if i:
+                logits = s.decode(tok)
+            tok = s.pick(logits, sampler, history)
+            yield tok
+            history.append(tok)
+            if stop_at_eog and self.tokenizer.is_eog(tok):
+                return
+
+    def close(self):
+        self._pool.shutdown(wait=False)
+
+
+class TPSession:
+    """One sequence over every rank: each rank's own cache (its KV heads, its value heads'
+    recurrent state; under a layer split, the layers of its stage are the ones it writes)."""
+
+    def __init__(self, model: TPModel, n_ctx: int):
+        self.model, self.n_ctx = model, n_ctx
+        self.caches = [KVCache(r.backend, r.config, n_ctx) for r in model.ranks]
+        self.cache = self.caches[0]
+        self.n_past = 0
+        self.graphs = self.prompt_graphs = False
+        self.prompt_graphs_error = None
+        self._step = None
+        self._prompt_steps: dict = {}
+
+    def reset(self):
+        self.n_past = 0
+        for c in self.caches:
+            c.reset()
+
+    def step(self, ids, want: str = "logits"):
+        """Run `ids` at the next positions on every rank. `want`: "argmax" (the last row's
+        greedy token, an int), "logits" (the last row's logits `[1, V]`) or "all" (every
+        row's `[T, V]`)."""
+        m = self.model
+        ids = np.asarray(ids, dtype=np.int32)
+        if ids.size and (ids.min() < 0 or ids.max() >= m.config.n_vocab):
+            raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
+        if self.n_past + len(ids) > self.n_ctx:
+            raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
+        pos = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)
+        rows = None if want == "all" else np.array([len(ids) - 1], np.int32)
+        layer = m.split == "layer"
+
+        def run(rank):
+            logits = rank.forward(ids, pos, self.caches[rank.comm.rank], rows)
+            if layer:           # the last stage holds the whole vocabulary
+                if logits is None:
+                    return None
+                return int(np.argmax(logits[-1])) if want == "argmax" else np.asarray(logits, F32)
+            if want == "argmax":
+                return int(vocab.argmax(rank.comm, logits, rank.vocab0)[-1])
+            return vocab.gather(rank.comm, logits)
+
+        out = m.run(run)
+        self.n_past += len(ids)
+        return out[-1] if layer else out[0]
+
+    def prefill(self, ids, all_logits: bool = False, device_logits: bool = False, trace=None):
+        if trace is not None:
+            raise UnsupportedError("activation traces are not taken under --tp")
+        return self.step(ids, "all" if all_logits else "logits")
+
+    def decode(self, token: int):
+        return self.step([token], "logits")
+
+    def greedy(self, token: int, n: int) -> Iterator[int]:
+        for _ in range(n):
+            token = self.step([token], "argmax")
+            yield token
+
+    def pick(self, logits, sampler: Sampler, history: list[int]) -> int:
+        p = sampler.p
+        if p.greedy and p.repetition_penalty == 1.0:
+            return int(np.argmax(np.asarray(logits)[-1]))
+        return sampler(np.asarray(logits)[-1], history)
+
+
+def gpu_count() -> int:
+    """CUDA devices this process sees (CUDA_VISIBLE_DEVICES respected); 0 without CuPy."""
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def check_request(world: int, split: str, backend: str | None):
+    """One-line errors for a --tp / --split the machine or backend cannot run."""
+    if world < 1:
+        raise BrassError(f"--tp must be at least 1, got {world}")
+    if split not in SPLITS:
+        raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if backend == "cuda":
+        n = gpu_count()
+        if world > n:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+            raise BrassError(f"--tp {world} needs {world} GPUs; this process sees {n}{seen}")
+        raise UnsupportedError(f"--tp {world} on the cuda backend needs the multi-process NCCL "
+                               f"workers (docs/multi-gpu.md), not built yet; use --backend numpy")
