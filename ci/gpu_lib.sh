@@ -90,8 +90,9 @@ gpu_name() {
     nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
 }
 
-xdist_workers() {     # "-n N" where pytest-xdist is installed, else nothing
-    python3 -c "import xdist" 2> /dev/null && echo "-n $1"
+xdist_workers() {     # "-n N --dist load" where pytest-xdist is installed, else nothing (a test a
+                      # worker at a time: the runner has memory for every worker's models)
+    python3 -c "import xdist" 2> /dev/null && echo "-n $1 --dist load"
 }
 
 run_suite() {

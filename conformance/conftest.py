@@ -8,6 +8,10 @@ What else lives here, for a suite that fits a 2-core, 24 GB machine without a GP
   shared by every module that asks for it and let go, least recently used first, when the
   loaded models' weights pass MODEL_SHELF_BYTES (the numpy backend keeps every weight it
   dequantizes as float32: 0.6 GB for smollm2-135m, 2 GB for qwen2.5-coder-0.5b);
+- pytest-xdist (the README's command runs `-n auto`): workers as the cores and the memory
+  allow, tests grouped so that a file runs on one worker and the tests of the largest models
+  never overlap (GROUPS), each worker's BLAS on its share of the cores, one shelved model
+  per worker;
 - the skips, one line per reason with a count, after the run (addopts has -rfExX: failures,
   errors and xfails are listed by pytest as before; skipped tests are not, one by one);
 - a check that the run left little in the temporary folder (TEMP_LEFT_BYTES);
@@ -120,8 +124,10 @@ class ModelShelf:
 
 
 @pytest.fixture(scope="session")
-def model_shelf():
-    shelf = ModelShelf()
+def model_shelf(request):
+    # An xdist worker keeps one model at a time: the other worker holds its own, and the two
+    # (with the servers their tests start) must stay under the suite's memory bar.
+    shelf = ModelShelf(0 if hasattr(request.config, "workerinput") else MODEL_SHELF_BYTES)
     yield shelf
     shelf.clear()
 
@@ -155,6 +161,87 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"random seed: {seed} (rerun with BRASS_TEST_SEED={seed})")
     return np.random.default_rng(seed)
+
+
+# -- pytest-xdist: how many workers, and which tests share one ------------------------------
+
+# What one worker may hold at its peak: its own loaded models (the numpy backend's float32
+# weights, 2 GB for qwen2.5-coder-0.5b) plus the `brass` processes its tests start.
+WORKER_BYTES = 3 << 30
+# Tests that share one worker, one after another (xdist_group), beyond a file's own tests:
+GROUPS = {
+    # those that load qwen2.5-coder-0.5b on numpy (2-3 GB a process, in the worker or in a
+    # `brass` process it starts), or a server of every catalog model: two never overlap (the
+    # memory bar of issue 44: 6 GB for the whole process tree on 2 workers)
+    "big-models": ("models/test_models.py::", "tools/test_cli.py::test_eog_ends_the_stream",
+                   "tools/test_conform.py::"),
+    # the sm_90 cubins that the machine-code test compiles into the on-disk cache are those
+    # the compile test asks for: in turn, each source compiles once
+    "sm90-cubins": ("kernels/test_kernel_machine_code.py::", "kernels/test_nvrtc_compile.py::"),
+}
+
+
+def _memory_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return None
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, as many as the free memory holds at WORKER_BYTES each."""
+    cores, avail = _cores(), _memory_available()
+    return max(1, min(cores, avail // WORKER_BYTES if avail else cores))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Under xdist, distribute by group (`--dist loadgroup`) unless told otherwise: a test file
+    goes to one worker whole, so its module-scoped servers and models start once."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "loadgroup"
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def pytest_configure(config):
+    """Under xdist, each worker's BLAS gets its share of the cores (set before the workers start
+    and import numpy, and inherited by the `brass` processes their tests start): OpenBLAS
+    starts a thread per core in every process, and two workers' threads spinning on two cores
+    slow both. A value set by the user wins."""
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1 and not hasattr(config, "workerinput"):
+        share = str(max(1, _cores() // workers))
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, share)
+
+
+def pytest_configure_node(node):
+    """Tell each worker how the controller distributes: a worker parses only the command line,
+    and the choice above is not on it."""
+    node.workerinput["brass_dist"] = node.config.option.dist
+
+
+@pytest.hookimpl(tryfirst=True)        # before xdist's worker reads the groups
+def pytest_collection_modifyitems(config, items):
+    if getattr(config, "workerinput", {}).get("brass_dist") == "loadgroup":
+        config.option.loadgroup = True      # what xdist's worker reads to name the groups
+    if not getattr(config.option, "loadgroup", False):
+        return
+    root = Path(__file__).parent
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        rel = Path(item.path).relative_to(root).as_posix() if Path(item.path).is_relative_to(root) else item.nodeid
+        test = f"{rel}::{item.name}"
+        group = next((g for g, tests in GROUPS.items() if test.startswith(tests)), rel)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # -- memory log (BRASS_TEST_MEMLOG) -------------------------------------------------------------

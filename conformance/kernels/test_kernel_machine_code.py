@@ -99,9 +99,11 @@ def build_hashes(sources: list[str], use_cache: bool = True) -> dict[str, dict[s
     from brass.backends.cuda.compiler import KERNEL_DIR
     order = sorted(sources, key=lambda s: -(KERNEL_DIR / s).stat().st_size)
     workers = max(1, min(4, os.cpu_count() or 1, len(order)))
-    # forked (a spawned worker spends seconds importing): the workers call NVRTC alone, never
-    # the driver, so a CUDA context the parent may hold (the GPU runner's suite) is not touched
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    # From a fork server, not forked from this process: a test worker may hold loaded models
+    # (gigabytes), which forked children would map again (the suite's memory is measured as the
+    # sum of its processes' resident sets). The workers call NVRTC alone, never the driver.
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
         results = dict(zip(order, ex.map(_hashes_of, order, [use_cache] * len(order))))
     return {s: results[s] for s in sorted(sources)}

@@ -15,7 +15,7 @@ def _commands(text: str) -> list[str]:
 def test_ci_runs_the_readme_test_command():
     readme = _commands((ROOT / "README.md").read_text())
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    test_cmd = "python3 -m pytest conformance/ -q"
+    test_cmd = "python3 -m pytest conformance/ -q -n auto"
     assert test_cmd in readme, "README lost its test command"
     assert test_cmd in [line.strip() for line in ci], ".ci/run does not run the README's test command"
 
