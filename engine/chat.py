@@ -1,8 +1,13 @@
 """`brass chat [MODEL]`: a conversation in the terminal.
 
 Replies stream as they are generated. The whole conversation goes through the model's chat
-template every turn and is prefilled afresh (a KV cache kept across turns would have to match
-the re-rendered template token for token; a fresh prefill is simple and always right).
+template every turn; the session (its KV cache) is kept between turns, and a turn reads only
+the tokens after the longest common prefix of its prompt and what the session holds (the last
+prompt and the reply generated from it): usually the new message and the template's tokens
+around it. Where the re-rendered reply tokenizes differently from the tokens generated, the
+session goes back to where they part (a KV cache's slots beyond are rewritten). A hybrid
+model's recurrent state cannot go back: it resumes from the state kept after the last prompt
+was read, or starts over when the prompts part before that.
 Commands: /reset starts over, /exit (or Ctrl-D) leaves, /help. Ctrl-C stops a reply and keeps
 what was said so far in the conversation; Ctrl-C at the prompt clears the line.
 """
@@ -29,9 +34,36 @@ class Conversation:
         self.template = ChatTemplate.from_gguf(model.gguf, model.tokenizer)
         self.messages: list[dict] = []
         self.reply_tokens = 0
+        self.read_tokens = 0            # prompt tokens the last turn read (the rest were kept)
+        self.session = model.new_session()
+        self._held: list[int] = []      # the tokens whose keys and values the session holds
+        self._snapshot = None           # hybrid: (prompt tokens, recurrent state after them)
 
     def reset(self):
         self.messages = []
+        self.session.reset()
+        self._held, self._snapshot = [], None
+
+    def _resume(self, ids: list[int]) -> int:
+        """Bring the session to the longest prefix of `ids` it can keep (at most all but the
+        last token: its logits give the reply's first token); returns its length."""
+        s = self.session
+        held = self._held[:s.n_past]
+        n = 0
+        for a, b in zip(held, ids[:len(ids) - 1]):
+            if a != b:
+                break
+            n += 1
+        if s.cache.recurrent is not None and n < s.n_past:
+            snap = self._snapshot
+            s.reset()
+            n = 0
+            if snap is not None and len(snap[0]) < len(ids) and ids[:len(snap[0])] == snap[0]:
+                with self.model.backend.activate():
+                    s.cache.recurrent.copy_from(snap[1])
+                n = len(snap[0])
+        s.n_past = n
+        return n
 
     def reply(self, text: str) -> Iterator[str]:
         """Stream the assistant's answer to `text`; the answer (however far it got when the
@@ -49,9 +81,16 @@ class Conversation:
         parts = []
         decoder = tok.stream_decoder()
         stops = StopScanner(self.template.stop_strings)
-        gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling)
+        kept = self._resume(ids)
+        self.read_tokens = len(ids) - kept
+        generated: list[int] = []
+        gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling,
+                                  session=self.session, cached=kept)
         try:
             for token in gen:
+                if not generated:
+                    self._keep_prompt(ids)
+                generated.append(token)
                 self.reply_tokens += 1
                 if tok.is_eog(token):
                     break
@@ -65,7 +104,20 @@ class Conversation:
             yield parts[-1]
         finally:
             gen.close()
+            # the session holds the first n_past of these (a reply's last token is not read)
+            self._held = ids + generated
             self.messages.append({"role": "assistant", "content": "".join(parts)})
+
+    def _keep_prompt(self, ids: list[int]):
+        """After the prompt's read: a hybrid's recurrent state there, to resume from."""
+        rs = self.session.cache.recurrent
+        if rs is None:
+            return
+        from .kv_cache import RecurrentState
+        with self.model.backend.activate():
+            snap = RecurrentState(self.model.backend, self.model.config)
+            snap.copy_from(rs)
+        self._snapshot = (list(ids), snap)
 
 
 def run(conv: Conversation):
