@@ -6,8 +6,8 @@ the tokens after the longest common prefix of its prompt and what the session ho
 prompt and the reply generated from it): usually the new message and the template's tokens
 around it. Where the re-rendered reply tokenizes differently from the tokens generated, the
 session goes back to where they part (a KV cache's slots beyond are rewritten). A hybrid
-model's recurrent state cannot go back: it resumes from the state kept after the last prompt
-was read, or starts over when the prompts part before that.
+model's recurrent state cannot go back: it resumes from the state kept near the end of the last
+prompt (SNAPSHOT_BACK), or starts over when the prompts part before that.
 Commands: /reset starts over, /exit (or Ctrl-D) leaves, /help. Ctrl-C stops a reply and keeps
 what was said so far in the conversation; Ctrl-C at the prompt clears the line.
 """
@@ -23,6 +23,9 @@ from .chat_template import ChatTemplate
 from .errors import BrassError
 from .scheduler import StopScanner
 
+# Tokens before a prompt's end where a hybrid model's recurrent state is kept for the next turn
+# (Conversation.reply): more than the template's tokens that follow a message's text.
+SNAPSHOT_BACK = 8
 HELP = "/reset starts a new conversation, /exit leaves (or Ctrl-D); Ctrl-C stops a reply"
 
 
@@ -34,7 +37,10 @@ class Conversation:
         self.template = ChatTemplate.from_gguf(model.gguf, model.tokenizer)
         self.messages: list[dict] = []
         self.reply_tokens = 0
-        self.read_tokens = 0            # prompt tokens the last turn read (the rest were kept)
+        self.reply_ids: list[int] = []  # the last reply's tokens
+        self.prompt_ids: list[int] = []
+        self.prompt_tokens = 0          # the last turn's prompt
+        self.read_tokens = 0            # of which it read (the rest were kept)
         self.session = model.new_session()
         self._held: list[int] = []      # the tokens whose keys and values the session holds
         self._snapshot = None           # hybrid: (prompt tokens, recurrent state after them)
@@ -82,14 +88,21 @@ class Conversation:
         decoder = tok.stream_decoder()
         stops = StopScanner(self.template.stop_strings)
         kept = self._resume(ids)
-        self.read_tokens = len(ids) - kept
+        self.prompt_ids, self.prompt_tokens, self.read_tokens = ids, len(ids), len(ids) - kept
+        if self.session.cache.recurrent is not None and kept < len(ids) - SNAPSHOT_BACK:
+            # a hybrid's state is kept SNAPSHOT_BACK tokens before the prompt's end: the next
+            # turn's prompt renders this one again, but where the template's last tokens
+            # meet the reply's text they may tokenize otherwise
+            at = len(ids) - SNAPSHOT_BACK
+            self.session.prefill(ids[kept:at])
+            self._keep_prompt(ids[:at])
+            kept = at
         generated: list[int] = []
+        self.reply_ids = generated
         gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling,
                                   session=self.session, cached=kept)
         try:
             for token in gen:
-                if not generated:
-                    self._keep_prompt(ids)
                 generated.append(token)
                 self.reply_tokens += 1
                 if tok.is_eog(token):
@@ -109,10 +122,8 @@ class Conversation:
             self.messages.append({"role": "assistant", "content": "".join(parts)})
 
     def _keep_prompt(self, ids: list[int]):
-        """After the prompt's read: a hybrid's recurrent state there, to resume from."""
+        """A hybrid's recurrent state after reading `ids`, to resume from."""
         rs = self.session.cache.recurrent
-        if rs is None:
-            return
         from .kv_cache import RecurrentState
         with self.model.backend.activate():
             snap = RecurrentState(self.model.backend, self.model.config)

@@ -1,6 +1,6 @@
 """Per-sequence caches on the backend's device.
 
-`KVCache`: per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values
+`KVCache` (contiguous; the CUDA backend's): per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values
 (H_kv and Dh of that layer: gemma4's sliding-window and full layers differ); the slot of a
 token is its position.
 
@@ -11,6 +11,11 @@ per value head `[Hv, D, D]`, both float32 as llama.cpp keeps them (its `cache_r_
 back to position 0 (`reset`) zeroes it, and there is no going back to any other position.
 Every array has a leading sequence axis, so a batched decode can hold one state per sequence in
 the same arrays; a session uses sequence 0.
+
+`BlockPool` and `PagedKVCache` (the numpy backend's, and a server's shared pool): keys and values
+in blocks of BLOCK_TOKENS positions, a block table per sequence, reference counts, and cached
+prompt blocks found by the chain hash of their tokens (docs/design.md, "The paged KV cache";
+engine/prefix_cache.py uses them for prefix caching).
 """
 
 import hashlib

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from brass.errors import BrassError
+from brass.serving import Request
 
 from conformance.harness.goldens import load_synthetic
 
@@ -50,22 +51,17 @@ def _ids(model, rng, n):
     return [int(t) for t in rng.integers(0, model.config.n_vocab, n)]
 
 
-class Logged:
+class Logged(Request):
     """A greedy request that keeps the log-softmax rows its tokens were picked from."""
 
-    def __new__(cls, prompt, max_tokens):
-        from brass.serving import Request
+    logprobs = 0
 
-        class _Req(Request):
-            logprobs = 0
+    def __init__(self, prompt, max_tokens):
+        super().__init__(prompt, max_tokens)
+        self.rows = []
 
-            def __init__(self, *a):
-                super().__init__(*a)
-                self.rows = []
-
-            def on_logprobs(self, row):
-                self.rows.append(np.array(row))
-        return _Req(prompt, max_tokens)
+    def on_logprobs(self, row):
+        self.rows.append(np.array(row))
 
 
 def serve_each(sched, reqs):
@@ -126,30 +122,30 @@ def test_paged_cache_reads_as_contiguous(models, name, rng):
 
 @pytest.mark.parametrize("name", ALL)
 def test_cached_read_equals_the_same_pieces_uncached(models, name, rng):
-    """Request b shares request a's first 40 tokens: it reads only from position 32 (two
-    cached blocks; a hybrid resumes from the state snapshot a's read kept there), and its
-    tokens and logits equal, bit for bit, a session reading a's pieces, then b's rest."""
+    """Request b starts with request a's 48 tokens: it reads only from position 48 (a's three
+    blocks cached), a hybrid from 32 (where a's read kept a state snapshot: its third block is
+    cached too, but without a state after it), and its tokens and logits equal, bit for bit,
+    those of a session reading a's pieces, then b's rest."""
     m = models(name)
-    a_ids = _ids(m, rng, 40)
+    a_ids = _ids(m, rng, 48)
     b_ids = a_ids + _ids(m, rng, 10)
     sched = scheduler(m, prefix_cache=True)
     try:
         a, b = serve_each(sched, [Logged(a_ids, 4), Logged(b_ids, 5)])
     finally:
         sched.close()
-    assert (a.cached_tokens, b.cached_tokens) == (0, 32), name
     hybrid = sched.kv.hybrid
-    # a's read: one piece, or (hybrid) stopped at its last block boundary for the snapshot
+    assert (a.cached_tokens, b.cached_tokens) == (0, 32 if hybrid else 48), name
+    # a's read: one piece, or (hybrid) stopped at its last block boundary for the snapshot;
+    # b's from where it resumed, a hybrid's stopped at 48 for its own snapshot
     a_pieces = [(0, a_ids[:32]), (32, a_ids[32:])] if hybrid else [(0, a_ids)]
-    want_a, rows_a = reference(m, a_pieces, 4)
-    assert a.tokens == want_a and all(np.array_equal(x, y) for x, y in zip(a.rows, rows_a)), name
-    # b's read: from 32 on, a hybrid's stopped at 48 for its own snapshot
     b_pieces = ([(0, a_ids[:32]), (32, b_ids[32:48]), (48, b_ids[48:])] if hybrid
-                else [(0, a_ids), (32, b_ids[32:])])
-    want_b, rows_b = reference(m, b_pieces, 5)
-    assert b.tokens == want_b, f"{name}: {b.tokens} served, {want_b} by the same pieces"
-    for i, (x, y) in enumerate(zip(b.rows, rows_b)):
-        assert np.array_equal(x, y), f"{name} token {i}: max |diff| {np.abs(x - y).max():.3g}"
+                else [(0, a_ids), (48, b_ids[48:])])
+    for r, pieces in ((a, a_pieces), (b, b_pieces)):
+        want, rows = reference(m, pieces, r.max_tokens)
+        assert r.tokens == want, f"{name}: {r.tokens} served, {want} by the same pieces"
+        for i, (x, y) in enumerate(zip(r.rows, rows)):
+            assert np.array_equal(x, y), f"{name} token {i}: max |diff| {np.abs(x - y).max():.3g}"
     counts = sched.kv.counts()
     assert counts["used"] == 0 and counts["cached"] + counts["free"] == sched.kv.pool.n_blocks
     assert (sched.kv.pool.ref >= 0).all()
@@ -159,7 +155,6 @@ def test_cached_read_equals_the_same_pieces_uncached(models, name, rng):
 def test_cached_read_close_to_whole_read(models, name, rng):
     """The same second request with prefix caching off reads its prompt whole: its first
     token's logits and the cached read's are within the bound of a prompt in pieces."""
-    from brass.logprobs import log_softmax  # noqa: F401 (rows are log-softmax: logits less a constant)
     m = models(name)
     a_ids = _ids(m, rng, 40)
     b_ids = a_ids[:36] + _ids(m, rng, 12)
@@ -273,3 +268,60 @@ def test_usage_reports_cached_tokens_and_metrics_the_blocks(models, rng):
     assert blocks["used"] == 0 and sum(blocks.values()) == app.scheduler.kv.pool.n_blocks
     assert blocks["cached"] > 0
     assert samples["brass_prompt_tokens_cached_total"] == 2 * cached + (n - 1) // 16 * 16
+
+
+WORDS = "sea ship storm harbor light wind stone river bread garden winter candle".split()
+GREEDY_TURNS = 6
+
+
+def test_chat_turn_reads_only_the_new_tokens(models):
+    """`brass chat` keeps its session: from the second turn on, a turn reads no more than what
+    its prompt adds to the last one (the reply as rendered and the new message), where a
+    session reset every turn reads the whole conversation; the replies are the same. The
+    inputs are fixed: a kept session reads the conversation in other pieces than a fresh one
+    (the bound of test_cached_read_close_to_whole_read), and these give equal replies."""
+    from brass.chat import Conversation
+    from brass.sampling import SamplingParams
+    m = models("synth-llama")
+    greedy = SamplingParams(temperature=0.0)
+    kept, fresh = Conversation(m, greedy, 4), Conversation(m, greedy, 4)
+    words = np.random.default_rng(0)
+    before = 0
+    for turn in range(GREEDY_TURNS):
+        text = " ".join(words.choice(WORDS, size=4))
+        fresh.session.reset()
+        fresh._held = []
+        assert "".join(kept.reply(text)) == "".join(fresh.reply(text)), f"turn {turn + 1}"
+        assert fresh.read_tokens == fresh.prompt_tokens == kept.prompt_tokens
+        if turn:
+            assert kept.read_tokens <= kept.prompt_tokens - before, f"turn {turn + 1}"
+        before = kept.prompt_tokens
+    assert kept.read_tokens * 3 < kept.prompt_tokens, (kept.read_tokens, kept.prompt_tokens)
+
+
+def test_chat_hybrid_resumes_from_its_state_snapshot(models):
+    """A hybrid's second turn resumes from the recurrent state kept SNAPSHOT_BACK tokens before
+    the first prompt's end, and its reply is, token for token and from the same logits, that
+    of a session reading the same pieces: the first prompt up to there, then the second's
+    rest (up to its own snapshot, then the end)."""
+    from brass.chat import SNAPSHOT_BACK, Conversation
+    from brass.sampling import SamplingParams
+    m = models("synth-qwen35")
+    conv = Conversation(m, SamplingParams(temperature=0.0), 6)
+    words = np.random.default_rng(1)
+    "".join(conv.reply(" ".join(words.choice(WORDS, size=6))))
+    first = conv.prompt_ids
+    "".join(conv.reply(" ".join(words.choice(WORDS, size=6))))
+    second = conv.prompt_ids
+    a, b = len(first) - SNAPSHOT_BACK, len(second) - SNAPSHOT_BACK
+    assert second[:a] == first[:a] and conv.read_tokens == len(second) - a, \
+        "the second turn did not resume from the first's snapshot"
+    s = m.new_session(256)
+    s.prefill(first[:a])
+    s.prefill(second[a:b])
+    logits = s.prefill(second[b:])
+    want = []
+    for _ in conv.reply_ids:
+        want.append(int(np.argmax(logits[-1])))
+        logits = m.backend.to_numpy(s.decode(want[-1]))
+    assert conv.reply_ids == want
