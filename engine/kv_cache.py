@@ -19,7 +19,7 @@ engine/prefix_cache.py uses them for prefix caching).
 """
 
 import hashlib
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 import numpy as np
 
@@ -144,7 +144,9 @@ class BlockPool:
         self.v = [backend.zeros((n_blocks, block, cfg.layer_n_head_kv(il), cfg.layer_head_dim_v(il)),
                                 np.float16) if has else None for il, has in enumerate(kv)]
         self.ref = np.zeros(n_blocks, np.int64)
-        self._free: deque[int] = deque(range(n_blocks))
+        # free blocks, the last released taken first: a pool sized for many sequences touches
+        # (and, on the host, commits the memory of) only as many blocks as were in use at once
+        self._free: list[int] = list(range(n_blocks - 1, -1, -1))
         self._cached: OrderedDict[int, None] = OrderedDict()     # ref 0, hashed; oldest first
         self._key_of: dict[int, bytes] = {}
         self._by_key: dict[bytes, int] = {}
@@ -171,7 +173,7 @@ class BlockPool:
         out = []
         for _ in range(n):
             if self._free:
-                b = self._free.popleft()
+                b = self._free.pop()
             else:
                 b, _ = self._cached.popitem(last=False)
                 self._forget(b)

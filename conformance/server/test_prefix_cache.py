@@ -325,3 +325,49 @@ def test_chat_hybrid_resumes_from_its_state_snapshot(models):
         want.append(int(np.argmax(logits[-1])))
         logits = m.backend.to_numpy(s.decode(want[-1]))
     assert conv.reply_ids == want
+
+
+def test_a_request_larger_than_the_pool_gets_503_with_retry_after(models, rng):
+    """Over HTTP a request that needs more blocks than the pool holds is refused at once as a
+    busy server's is: 503 with Retry-After (it never starts, so it never fails halfway)."""
+    pytest.importorskip("fastapi", reason="the server needs FastAPI")
+    from brass import http_api
+    from brass.server import App
+    from conformance.harness.server_harness import ASGIClient
+    m = models("synth-llama")
+    app = App(m, "synth", None, parallel=1, max_waiting=4, kv_blocks=2)
+    try:
+        body = json.dumps({"prompt": _ids(m, rng, 30), "max_tokens": 8}).encode()
+        status, headers, out = ASGIClient(http_api.create_app(app)).request(
+            "POST", "/v1/completions", body, {"content-type": "application/json"})
+    finally:
+        app.scheduler.close()
+    assert status == 503 and "retry-after" in headers, (status, out)
+    assert b"block pool holds 32" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-blocks", "0"], "--kv-blocks must be at least 1, not 0"),
+    (["--no-prefix-cache", "--kv-blocks", "-4"], "--kv-blocks must be at least 1, not -4")])
+def test_serve_options_are_checked_in_one_line(args, message):
+    import subprocess
+    import sys
+    from conformance.harness.server_harness import ROOT
+    synth = ROOT / "golden" / "models" / "synth-llama.gguf"
+    r = subprocess.run([sys.executable, "-m", "brass", "serve", str(synth), "--backend", "numpy",
+                        *args], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 2 and r.stderr.strip() == f"brass: error: {message}", r.stderr
+
+
+def test_the_pool_and_prefix_caching_follow_their_variables(models, monkeypatch):
+    """BRASS_KV_BLOCKS sizes the pool (unset: --parallel times the context's blocks) and
+    BRASS_PREFIX_CACHE=0 turns sharing off, read when the scheduler is built."""
+    m = models("synth-qwen3")
+    monkeypatch.delenv("BRASS_KV_BLOCKS", raising=False)
+    monkeypatch.delenv("BRASS_PREFIX_CACHE", raising=False)
+    sched = scheduler(m, parallel=3, start=False)
+    assert (sched.kv.pool.n_blocks, sched.kv.enabled) == (3 * m.n_ctx // 16, True)
+    monkeypatch.setenv("BRASS_KV_BLOCKS", "5")
+    monkeypatch.setenv("BRASS_PREFIX_CACHE", "0")
+    sched = scheduler(m, parallel=3, start=False)
+    assert (sched.kv.pool.n_blocks, sched.kv.enabled) == (5, False)
