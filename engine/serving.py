@@ -19,6 +19,12 @@ on the GPU, its captured decode graph) is reset and serves the next request whos
 so a request costs neither a cache allocation nor a capture. `warm_up()` loads every kernel and
 captures the decode graphs before the first request, which would otherwise wait for them.
 
+On a paged backend (numpy) the sessions' caches are block tables into one BlockPool
+(engine/prefix_cache.py): a request admitted gets every block it may need at once, sharing the
+cached blocks of its prompt's longest cached prefix, and reads only the rest of its prompt
+(`cached_tokens`); one the pool has no room for yet waits, first in line, and one larger than
+the whole pool is refused at submit (PoolTooSmall, a QueueFull: the server's 503).
+
 The scheduler knows nothing of HTTP: a Request is told its tokens through `on_token(token) ->
 bool` (True: it is finished) and a failure through `on_error(exc)`, and `on_end()` once the
 scheduler has let go of it; it reads `cancelled` (a threading.Event) to leave early.
