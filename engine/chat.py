@@ -60,7 +60,7 @@ class Conversation:
             if a != b:
                 break
             n += 1
-        if s.cache.recurrent is not None and n < s.n_past:
+        if s.cache.recurrent is not None and (n < s.n_past or s.n_past == 0):
             snap = self._snapshot
             s.reset()
             n = 0
@@ -87,21 +87,22 @@ class Conversation:
         parts = []
         decoder = tok.stream_decoder()
         stops = StopScanner(self.template.stop_strings)
-        kept = self._resume(ids)
-        self.prompt_ids, self.prompt_tokens, self.read_tokens = ids, len(ids), len(ids) - kept
-        if self.session.cache.recurrent is not None and kept < len(ids) - SNAPSHOT_BACK:
-            # a hybrid's state is kept SNAPSHOT_BACK tokens before the prompt's end: the next
-            # turn's prompt renders this one again, but where the template's last tokens
-            # meet the reply's text they may tokenize otherwise
-            at = len(ids) - SNAPSHOT_BACK
-            self.session.prefill(ids[kept:at])
-            self._keep_prompt(ids[:at])
-            kept = at
         generated: list[int] = []
         self.reply_ids = generated
-        gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling,
-                                  session=self.session, cached=kept)
+        gen = None
         try:
+            kept = self._resume(ids)
+            self.prompt_ids, self.prompt_tokens, self.read_tokens = ids, len(ids), len(ids) - kept
+            if self.session.cache.recurrent is not None and kept < len(ids) - SNAPSHOT_BACK:
+                # a hybrid's state is kept SNAPSHOT_BACK tokens before the prompt's end: the
+                # next turn's prompt renders this one again, but where the template's last
+                # tokens meet the reply's text they may tokenize otherwise
+                at = len(ids) - SNAPSHOT_BACK
+                self.session.prefill(ids[kept:at])
+                self._keep_prompt(ids[:at])
+                kept = at
+            gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling,
+                                      session=self.session, cached=kept)
             for token in gen:
                 generated.append(token)
                 self.reply_tokens += 1
@@ -115,10 +116,20 @@ class Conversation:
             piece, hit = stops.feed(decoder.flush())
             parts.append(piece if hit else piece + stops.flush())
             yield parts[-1]
+        except BaseException as e:
+            # Ctrl-C (or an error) inside a step may leave a recurrent state advanced part of
+            # the way: the next turn starts from the snapshot, or over. (A caller closing the
+            # reply stops it between tokens: GeneratorExit leaves the session consistent.)
+            if not isinstance(e, GeneratorExit) and self.session.cache.recurrent is not None:
+                self.session.reset()
+                generated.clear()
+                ids = []
+            raise
         finally:
-            gen.close()
+            if gen is not None:
+                gen.close()
             # the session holds the first n_past of these (a reply's last token is not read)
-            self._held = ids + generated
+            self._held = ids + list(generated)
             self.messages.append({"role": "assistant", "content": "".join(parts)})
 
     def _keep_prompt(self, ids: list[int]):
