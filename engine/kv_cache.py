@@ -245,12 +245,23 @@ def block_key(prev: bytes, tokens) -> bytes:
     return hashlib.blake2b(prev + np.asarray(tokens, "<i4").tobytes(), digest_size=16).digest()
 
 
+class BlockTable:
+    """A sequence's block ids in position order, and its n_ctx: what its PagedKVCache and the
+    cache's layers share (the layers hold this, not the cache: no reference cycle, so a cache
+    is freed as soon as it is dropped)."""
+
+    __slots__ = ("table", "n_ctx")
+
+    def __init__(self, n_ctx: int):
+        self.table, self.n_ctx = np.zeros(0, np.int64), n_ctx
+
+
 class PagedLayer:
     """One layer's keys (or values) of a sequence in a block pool: the pool's array for the
     layer and the sequence's block table (read when an op runs, so a captured step follows a
     table that changes)."""
 
-    def __init__(self, pool_array, cache: "PagedKVCache"):
+    def __init__(self, pool_array, cache: BlockTable):
         self.pool, self.cache = pool_array, cache
 
     @property
@@ -299,14 +310,26 @@ class PagedKVCache:
     shared pool (a server's) holds the blocks `assign` gives it until `release`."""
 
     def __init__(self, pool: BlockPool, n_ctx: int):
-        self.pool, self.n_ctx = pool, n_ctx
-        self.table = np.zeros(0, np.int64)
+        self.pool = pool
+        self._t = BlockTable(n_ctx)
         self.keys: list[bytes] = []     # chain keys of the prompt's full blocks (prefix_cache)
         cfg = pool.cfg
         self.recurrent = (RecurrentState(pool.backend, cfg)
                           if any(cfg.is_recurrent(il) for il in range(cfg.n_layer)) else None)
-        self._layers = [(PagedLayer(k, self), PagedLayer(v, self)) if k is not None else (None, None)
-                        for k, v in zip(pool.k, pool.v)]
+        self._layers = [(PagedLayer(k, self._t), PagedLayer(v, self._t)) if k is not None
+                        else (None, None) for k, v in zip(pool.k, pool.v)]
+
+    @property
+    def table(self) -> np.ndarray:
+        return self._t.table
+
+    @table.setter
+    def table(self, value):
+        self._t.table = value
+
+    @property
+    def n_ctx(self) -> int:
+        return self._t.n_ctx
 
     @classmethod
     def private(cls, backend, cfg, n_ctx: int) -> "PagedKVCache":

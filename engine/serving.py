@@ -39,6 +39,7 @@ logprobs, the log-softmax of Model.score over the prompt, the very pass `brass s
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -186,8 +187,7 @@ class BatchScheduler:
         # A paged backend's sequences share one block pool (engine/prefix_cache.py); the
         # others keep a contiguous cache per pooled session.
         self.kv: PrefixCache | None = None
-        from .model import Model
-        if isinstance(model, Model) and getattr(model.backend, "paged_kv", False):
+        if _paged(model):
             from . import flags
             n = flags.get("BRASS_KV_BLOCKS") if kv_blocks is None else kv_blocks
             n = default_blocks(parallel, model.n_ctx) if n is None else int(n)
@@ -606,6 +606,17 @@ class BatchScheduler:
         if self.batch is not None:
             self.batch.prepare_buckets(self.parallel, s.n_ctx)
         return time.perf_counter() - t0
+
+
+def _paged(model) -> bool:
+    """Whether the model's sessions can share a block pool: a paged backend, and sessions
+    that take one (a test's stand-in for a model may make its own kind)."""
+    if not getattr(getattr(model, "backend", None), "paged_kv", False):
+        return False
+    try:
+        return "pool" in inspect.signature(model.new_session).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _pick_logged(row: np.ndarray, r: _Running) -> int:
