@@ -14,6 +14,7 @@ what was said so far in the conversation; Ctrl-C at the prompt clears the line.
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 import time
@@ -42,6 +43,8 @@ class Conversation:
         self.prompt_tokens = 0          # the last turn's prompt
         self.read_tokens = 0            # of which it read (the rest were kept)
         self.session = model.new_session()
+        # a model whose generate cannot resume a session (--tp) reads every turn afresh
+        self.keeps = "cached" in inspect.signature(model.generate).parameters
         self._held: list[int] = []      # the tokens whose keys and values the session holds
         self._snapshot = None           # hybrid: (prompt tokens, recurrent state after them)
 
@@ -54,6 +57,9 @@ class Conversation:
         """Bring the session to the longest prefix of `ids` it can keep (at most all but the
         last token: its logits give the reply's first token); returns its length."""
         s = self.session
+        if not self.keeps:
+            s.reset()
+            return 0
         held = self._held[:s.n_past]
         n = 0
         for a, b in zip(held, ids[:len(ids) - 1]):
@@ -93,7 +99,8 @@ class Conversation:
         try:
             kept = self._resume(ids)
             self.prompt_ids, self.prompt_tokens, self.read_tokens = ids, len(ids), len(ids) - kept
-            if self.session.cache.recurrent is not None and kept < len(ids) - SNAPSHOT_BACK:
+            if self.keeps and self.session.cache.recurrent is not None \
+                    and kept < len(ids) - SNAPSHOT_BACK:
                 # a hybrid's state is kept SNAPSHOT_BACK tokens before the prompt's end: the
                 # next turn's prompt renders this one again, but where the template's last
                 # tokens meet the reply's text they may tokenize otherwise
@@ -102,7 +109,7 @@ class Conversation:
                 self._keep_prompt(ids[:at])
                 kept = at
             gen = self.model.generate(ids, min(self.max_tokens, room), self.sampling,
-                                      session=self.session, cached=kept)
+                                      session=self.session, **({"cached": kept} if self.keeps else {}))
             for token in gen:
                 generated.append(token)
                 self.reply_tokens += 1
