@@ -50,6 +50,8 @@ def cmd_serve(args):
         raise BrassError("--parallel must be >= 1")
     if args.max_waiting < 1:
         raise BrassError("--max-waiting must be >= 1")
+    if args.kv_blocks is not None and args.kv_blocks < 1:
+        raise BrassError(f"--kv-blocks must be at least 1, not {args.kv_blocks}")
     if not 0 <= args.port <= 65535:
         raise BrassError(f"--port {args.port} is not a port number (0-65535; 0 picks a free one)")
     if args.api_key == "":
@@ -62,7 +64,8 @@ def cmd_serve(args):
     from .model import graphs_enabled
     from .server import App
     model = load_model(args)
-    app = App(model, catalog.model_name(args.model, model.path), api_key, args.parallel, args.max_waiting)
+    app = App(model, catalog.model_name(args.model, model.path), api_key, args.parallel, args.max_waiting,
+              kv_blocks=args.kv_blocks, prefix_cache=False if args.no_prefix_cache else None)
     if graphs_enabled(model):       # what BatchScheduler.warm_up has work for
         print("brass: loading kernels and capturing decode graphs before the first request",
               file=sys.stderr, flush=True)
@@ -116,4 +119,11 @@ def add_cli(sub):
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests queued beyond --parallel before new ones get 503 with Retry-After "
                         "(default: 64)")
+    p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="numpy backend: KV blocks of 16 tokens shared by all sequences; a request "
+                        "waits until its blocks are free (default: BRASS_KV_BLOCKS, else --parallel "
+                        "times the context's blocks)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="read every prompt whole instead of reusing the cached KV blocks of its "
+                        "longest prefix read before (default: BRASS_PREFIX_CACHE, on)")
     p.set_defaults(func=cmd_serve)

@@ -359,6 +359,8 @@ def create_app(brass: App):
                 events.job.cancelled.set()
                 live.discard(events)
         usage = {k: sum(u[k] for _, u in got) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        usage["prompt_tokens_details"] = {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"]
+                                                               for _, u in got)}
         return JSON({**head, "choices": [c for c, _ in got], "usage": usage}, headers=headers)
 
     async def reply(events: JobEvents, head: dict, chat: bool, headers: dict, job, req) -> Response:

@@ -18,7 +18,7 @@ from .catalog import resolve
 from .config import read_config
 from .errors import BrassError, UnsupportedError
 from .gguf import GGUFFile
-from .kv_cache import KVCache
+from .kv_cache import BlockPool, KVCache, PagedKVCache
 from .sampling import Sampler, SamplingParams, generation_length
 from .tokenizer import Tokenizer
 from .validate import check_model
@@ -181,8 +181,30 @@ class Model:
     def chat_template(self) -> str | None:
         return self.gguf.get("tokenizer.chat_template")
 
-    def new_session(self, n_ctx: int | None = None) -> "Session":
-        return Session(self, n_ctx or self.n_ctx)
+    def new_session(self, n_ctx: int | None = None, pool=None) -> "Session":
+        """A session of n_ctx positions (default: the model's). `pool`: a BlockPool it takes
+        blocks from per sequence (a server's; paged backends only), else a cache of its own."""
+        return Session(self, n_ctx or self.n_ctx, pool)
+
+    def new_cache(self, n_ctx: int, pool=None):
+        """A sequence's cache: on a backend with paged_kv a PagedKVCache (over `pool`, holding
+        no blocks until given some, or over a pool of its own holding all of its n_ctx
+        positions), else a contiguous KVCache."""
+        b = self.backend
+        with b.activate():
+            if getattr(b, "paged_kv", False):
+                return PagedKVCache(pool, n_ctx) if pool is not None else \
+                    PagedKVCache.private(b, self.config, n_ctx)
+            if pool is not None:
+                raise BrassError(f"the {b.name} backend keeps contiguous KV caches: no block pool")
+            return KVCache(b, self.config, n_ctx)
+
+    def new_block_pool(self, n_blocks: int):
+        """A BlockPool of n_blocks for this model's sequences (paged backends only)."""
+        if not getattr(self.backend, "paged_kv", False):
+            raise BrassError(f"the {self.backend.name} backend keeps contiguous KV caches: no block pool")
+        with self.backend.activate():
+            return BlockPool(self.backend, self.config, n_blocks)
 
     @property
     def _start_steps(self) -> dict:
@@ -220,20 +242,24 @@ class Model:
 
     def generate(self, prompt_ids: list[int], max_tokens: int = 32,
                  sampling: SamplingParams | None = None, stop_at_eog: bool = True,
-                 session: "Session | None" = None) -> Iterator[int]:
+                 session: "Session | None" = None, cached: int = 0) -> Iterator[int]:
         """Yield generated token ids one by one (greedy when sampling.temperature == 0). With
         stop_at_eog, generation ends after yielding an end-of-generation token (callers that
-        print text leave its text out, as llama.cpp does). Bad arguments raise here, before
-        any token."""
+        print text leave its text out, as llama.cpp does). `cached`: the session already holds
+        the first `cached` prompt tokens (its n_past), which are not read again. Bad arguments
+        raise here, before any token."""
         s = session or self.new_session()
         self.check_generation(prompt_ids, max_tokens, s.cache.n_ctx)
+        if not 0 <= cached < len(prompt_ids) or (cached and s.n_past != cached):
+            raise BrassError(f"cached must be the session's {s.n_past} positions and less than "
+                             f"the prompt's {len(prompt_ids)} tokens, not {cached}")
         return self._generate(prompt_ids, max_tokens, sampling or SamplingParams(temperature=0.0),
-                              stop_at_eog, s)
+                              stop_at_eog, s, cached)
 
-    def _generate(self, prompt_ids, max_tokens, sampling, stop_at_eog, s) -> Iterator[int]:
+    def _generate(self, prompt_ids, max_tokens, sampling, stop_at_eog, s, cached=0) -> Iterator[int]:
         sampler = Sampler(sampling)
         history = list(prompt_ids)
-        logits = s.prefill(prompt_ids, device_logits=True)
+        logits = s.prefill(prompt_ids[cached:], device_logits=True)
         tok = s.pick(logits, sampler, history)
         if max_tokens > 1 and sampling.greedy and sampling.repetition_penalty == 1.0 and s.graphs:
             # The whole greedy loop on the device: the argmax feeds the next step there.
@@ -262,10 +288,10 @@ class Session:
 
     model: Model
     n_ctx: int
+    pool: object = None             # a BlockPool the cache takes its blocks from (a server's)
 
     def __post_init__(self):
-        with self.model.backend.activate():
-            self.cache = KVCache(self.model.backend, self.model.config, self.n_ctx)
+        self.cache = self.model.new_cache(self.n_ctx, self.pool)
         self.n_past = 0
         self.graphs = graphs_enabled(self.model)
         self._step: DecodeStep | None = None
@@ -544,8 +570,7 @@ class StartStep(_PrefillGraph):
     the prompt writes. It holds its cache and its peak working set (own memory pool)."""
 
     def __init__(self, model: Model, n: int, n_ctx: int):
-        with model.backend.activate():
-            self.cache = KVCache(model.backend, model.config, n_ctx)
+        self.cache = model.new_cache(n_ctx)
         super().__init__(model, n, self.cache)
         self.nbytes += self.cache.nbytes
 

@@ -87,6 +87,7 @@ class Job:
         self.cancelled = threading.Event()
         self.finished = threading.Event()
         self.completion_tokens = 0
+        self.cached_tokens = 0          # set by the scheduler: prompt tokens found cached
         self._decoder = tokenizer.stream_decoder()
         self._on_tokens = on_tokens     # counts tokens for /metrics
         self._done = False
@@ -175,7 +176,8 @@ class Job:
         self._emit("", last=True)       # entries whose text a stop string cut
         n_prompt = len(self.prompt_ids)
         usage = {"prompt_tokens": n_prompt, "completion_tokens": self.completion_tokens,
-                 "total_tokens": n_prompt + self.completion_tokens}
+                 "total_tokens": n_prompt + self.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
         self._done = True
         self._last = ("done", reason, usage)
         return True

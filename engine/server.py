@@ -109,6 +109,7 @@ class Metrics:
     def prometheus(self, scheduler, parallel: int, max_waiting: int, graph_bytes: dict | None = None) -> str:
         """The Prometheus text format (version 0.0.4); graph_bytes: Model.graph_bytes()."""
         running, waiting = scheduler.counts()
+        kv = scheduler.kv_counts() if hasattr(scheduler, "kv_counts") else None
         with self._lock:
             responses, cancelled = dict(self.responses), self.cancelled
             prompt, generated = self.prompt_tokens, self.generated_tokens
@@ -140,6 +141,13 @@ class Metrics:
             ("brass_tokens_per_second", "gauge",
              f"Tokens generated per second over the last {self.generated.window} s.",
              [("", round(self.generated.rate(), 3))]),
+            ("brass_kv_blocks", "gauge",
+             "KV blocks of the shared pool (16 tokens each; numpy backend): held by sequences, "
+             "cached (a prompt prefix kept for reuse, evicted least recently used), free.",
+             [(f'{{state="{k}"}}', v) for k, v in (kv or {}).items()]),
+            ("brass_prompt_tokens_cached_total", "counter",
+             "Prompt tokens not read because their KV blocks were cached (prefix caching).",
+             [("", getattr(getattr(scheduler, "kv", None), "cached_tokens", 0))]),
             # the soak of 2026-12-02 saw a server's GPU memory grow with prompt graphs on
             ("brass_prompt_graph_bytes", "gauge",
              "Device bytes held by captured prompt graphs: sessions' own and the model's shared ones.",
@@ -158,13 +166,14 @@ class Metrics:
 
 class App:
     def __init__(self, model, model_id: str, api_key: str | None, parallel: int, max_waiting: int,
-                 scheduler=None):
+                 scheduler=None, **scheduler_options):
         from .chat_template import ChatTemplate
         self.model, self.model_id, self.api_key = model, model_id, api_key
         self.parallel, self.max_waiting = parallel, max_waiting
         self.template = ChatTemplate.from_gguf(model.gguf, model.tokenizer)
         # Any worker with engine/scheduler.py's interface will do (tests pass their own).
-        self.scheduler = scheduler or Scheduler(model, parallel, max_waiting)
+        # scheduler_options: BatchScheduler's (kv_blocks, prefix_cache)
+        self.scheduler = scheduler or Scheduler(model, parallel, max_waiting, **scheduler_options)
         self.metrics = Metrics()
         self.created = int(time.time())
         self._warned: set[str] = set()      # field names already logged as ignored

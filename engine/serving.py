@@ -19,6 +19,12 @@ on the GPU, its captured decode graph) is reset and serves the next request whos
 so a request costs neither a cache allocation nor a capture. `warm_up()` loads every kernel and
 captures the decode graphs before the first request, which would otherwise wait for them.
 
+On a paged backend (numpy) the sessions' caches are block tables into one BlockPool
+(engine/prefix_cache.py): a request admitted gets every block it may need at once, sharing the
+cached blocks of its prompt's longest cached prefix, and reads only the rest of its prompt
+(`cached_tokens`); one the pool has no room for yet waits, first in line, and one larger than
+the whole pool is refused at submit (PoolTooSmall, a QueueFull: the server's 503).
+
 The scheduler knows nothing of HTTP: a Request is told its tokens through `on_token(token) ->
 bool` (True: it is finished) and a failure through `on_error(exc)`, and `on_end()` once the
 scheduler has let go of it; it reads `cancelled` (a threading.Event) to leave early.
@@ -33,6 +39,7 @@ logprobs, the log-softmax of Model.score over the prompt, the very pass `brass s
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -43,6 +50,8 @@ import numpy as np
 
 from .batch import FINISH_RUN, BatchDecoder, supports_batched_decode
 from .errors import BrassError
+from .kv_cache import BLOCK_TOKENS, PoolExhausted
+from .prefix_cache import PrefixCache, default_blocks
 from .sampling import Sampler, SamplingParams, generation_length
 
 PREFILL_CHUNK = 256
@@ -62,8 +71,9 @@ class SessionPool:
     sessions exist at once, taken or idle (idle ones are dropped, oldest first, to make room),
     so the pool holds no more memory than `limit` running requests do."""
 
-    def __init__(self, model, limit: int):
+    def __init__(self, model, limit: int, new_session=None):
         self.model, self.limit = model, limit
+        self._new_session = new_session or model.new_session
         self._idle: list = []             # oldest first
         self.taken = 0
         self.created = self.reused = 0
@@ -81,7 +91,7 @@ class SessionPool:
         else:
             while self._idle and self.taken + len(self._idle) >= self.limit:
                 self._idle.pop(0)
-            s = self.model.new_session(self.size_for(n))
+            s = self._new_session(self.size_for(n))
             self.created += 1
         self.taken += 1
         return s
@@ -105,6 +115,7 @@ class Request:
         self.finished = threading.Event()
         self.tokens: list[int] = []
         self.error: BaseException | None = None
+        self.cached_tokens = 0          # prompt tokens found in the prefix cache (not read)
 
     # logprobs (see the module's docstring): None is off
     logprobs: int | None = None
@@ -138,7 +149,9 @@ class _Running:
         self.session = session
         self.sampler = Sampler(req.sampling)
         self.history = list(req.prompt_ids)
-        self.read = 0                   # prompt tokens prefilled so far
+        self.read = 0                   # prompt tokens prefilled so far (or found cached)
+        self.start = 0                  # the position the prompt read started at
+        self.snap = 0                   # where a hybrid's read stops for a state snapshot
         self.next: int | None = None    # the token to feed at the next step
         self.generated = 0
         self.solo = None                # Session.greedy generator while it decodes alone
@@ -146,6 +159,11 @@ class _Running:
 
 class QueueFull(BrassError):
     """The scheduler's queue holds `max_waiting` requests already."""
+
+
+class PoolTooSmall(QueueFull):
+    """A request needs more KV blocks than the whole pool holds (the server answers as to a
+    full queue: 503 with Retry-After)."""
 
 
 class BatchScheduler:
@@ -156,13 +174,30 @@ class BatchScheduler:
     QueueFull = QueueFull
 
     def __init__(self, model, parallel: int = 4, max_waiting: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK, start: bool = True, keep_ahead: bool = True):
+                 prefill_chunk: int = PREFILL_CHUNK, start: bool = True, keep_ahead: bool = True,
+                 kv_blocks: int | None = None, prefix_cache: bool | None = None):
+        """`kv_blocks`: the block pool's size on a paged backend (None: BRASS_KV_BLOCKS, unset:
+        prefix_cache.default_blocks); `prefix_cache`: share cached prompt prefixes between
+        requests (None: BRASS_PREFIX_CACHE)."""
         if parallel < 1:
             raise BrassError(f"parallel must be at least 1, not {parallel}")
         self.model, self.parallel, self.max_waiting = model, parallel, max_waiting
         self.prefill_chunk = max(1, prefill_chunk)
         self.batch = BatchDecoder(model) if parallel > 1 and supports_batched_decode(model) else None
-        self.sessions = SessionPool(model, parallel)
+        # A paged backend's sequences share one block pool (engine/prefix_cache.py); the
+        # others keep a contiguous cache per pooled session.
+        self.kv: PrefixCache | None = None
+        if _paged(model):
+            from . import flags
+            n = flags.get("BRASS_KV_BLOCKS") if kv_blocks is None else kv_blocks
+            n = default_blocks(parallel, model.n_ctx) if n is None else int(n)
+            on = flags.get("BRASS_PREFIX_CACHE") if prefix_cache is None else bool(prefix_cache)
+            self.kv = PrefixCache(model.new_block_pool(n), enabled=on,
+                                  snapshots_kept=max(16, 4 * parallel))
+            pool = self.kv.pool
+            self.sessions = SessionPool(model, parallel, lambda n: model.new_session(n, pool=pool))
+        else:
+            self.sessions = SessionPool(model, parallel)
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[_Running] = []
@@ -197,6 +232,10 @@ class BatchScheduler:
 
     # -- the API --------------------------------------------------------------------------------
     def submit(self, req: Request):
+        if self.kv is not None and not self.kv.fits(len(req.prompt_ids) + req.max_tokens):
+            raise PoolTooSmall(f"the request needs {len(req.prompt_ids) + req.max_tokens} KV "
+                               f"positions; the server's block pool holds "
+                               f"{self.kv.pool.n_blocks * BLOCK_TOKENS} (--kv-blocks)")
         with self._cv:
             self._waiting = deque(r for r in self._waiting if not r.cancelled.is_set())
             if len(self._waiting) >= self.max_waiting:
@@ -228,9 +267,13 @@ class BatchScheduler:
                     req = self._waiting.popleft()
                     if not req.cancelled.is_set():
                         admitted.append(req)
-            for req in admitted:            # a session that cannot be made fails its request only
+            for i, req in enumerate(admitted):  # a session that cannot be made fails its request only
                 try:
-                    r = _Running(req, self.sessions.take(len(req.prompt_ids) + req.max_tokens))
+                    r = self._admit(req)
+                    if r is None:       # no room in the block pool yet: it waits, first in line
+                        with self._cv:
+                            self._waiting.extendleft(reversed(admitted[i:]))
+                        break
                 except Exception as e:
                     if not isinstance(e, BrassError):
                         traceback.print_exc(file=sys.stderr)
@@ -244,6 +287,30 @@ class BatchScheduler:
                 self.run_once()
             except Exception:       # a fault of ours outside any one request: keep serving
                 traceback.print_exc(file=sys.stderr)
+
+    def _admit(self, req: Request) -> "_Running | None":
+        """The request's place: a pooled session and, on a paged backend, its blocks (its
+        cached prefix shared); None when the pool has no room for it now."""
+        n = len(req.prompt_ids) + req.max_tokens
+        s = self.sessions.take(n)
+        r = _Running(req, s)
+        if self.kv is not None:
+            try:
+                cached = self.kv.begin(s, req.prompt_ids, n)
+            except PoolExhausted:
+                self.sessions.give(s)
+                return None
+            except BaseException:
+                self.sessions.give(s)
+                raise
+            req.cached_tokens = r.read = r.start = cached
+            r.snap = self.kv.snapshot_at(req.prompt_ids)
+        return r
+
+    def kv_counts(self) -> dict[str, int] | None:
+        """The block pool's {"used", "cached", "free"} blocks (None: no pool, a contiguous
+        backend). Read from another thread: a snapshot that may be one change old."""
+        return self.kv.counts() if self.kv is not None else None
 
     def run_once(self):
         """One iteration: drop cancelled requests, prompt chunks (one chunk's worth of
@@ -264,7 +331,7 @@ class BatchScheduler:
         self._enter("prefill")
         try:
             for r in reading:
-                n = min(self.prefill_chunk, len(r.req.prompt_ids) - r.read)
+                n = self._chunk_end(r) - r.read
                 if n > budget and budget < self.prefill_chunk:
                     break
                 budget -= n
@@ -288,18 +355,28 @@ class BatchScheduler:
         self._phase = phase
 
     def _prefill_chunk(self, r: _Running):
-        if r.read == 0 and r.req.echo:
+        if r.read == r.start and r.req.echo:
             from .logprobs import log_softmax
             r.req.on_prompt_logprobs(None if r.req.logprobs is None
                                      else log_softmax(self.model.score(r.req.prompt_ids)))
             if r.req.max_tokens == 0:
                 self._end(r)
                 return
-        ids = r.req.prompt_ids[r.read:r.read + self.prefill_chunk]
+        ids = r.req.prompt_ids[r.read:self._chunk_end(r)]
         logits = r.session.prefill(ids, device_logits=True)
         r.read += len(ids)
+        if self.kv is not None:
+            self.kv.publish(r.session, r.req.prompt_ids, r.read)
+            if r.read == r.snap:
+                self.kv.take_snapshot(r.session, r.req.prompt_ids, r.read)
         if r.read == len(r.req.prompt_ids):
             self._pick_logged(r, logits)
+
+    def _chunk_end(self, r: _Running) -> int:
+        """Where the next prompt chunk of r ends: one chunk on, the prompt's end, or a
+        hybrid's snapshot position (prefix_cache.snapshot_at) when it lies between."""
+        end = min(r.read + self.prefill_chunk, len(r.req.prompt_ids))
+        return r.snap if r.read < r.snap < end else end
 
     def _pick_logged(self, r: _Running, logits):
         """Pick the next token from device logits; a request that wants logprobs is told them
@@ -493,6 +570,8 @@ class BatchScheduler:
                 self._running.remove(r)
                 if not self._running:
                     self.batch_size = 0     # idle: the gauge must not wait for the next loop
+            if self.kv is not None:
+                self.kv.end(r.session)
             self.sessions.give(r.session)
         self._tick()        # the work that ended it counted before its reply ends
         r.req.finished.set()
@@ -513,16 +592,31 @@ class BatchScheduler:
         t0 = time.perf_counter()
         n = max(1, min(prompt_tokens, m.n_ctx - decode_tokens - 1))
         s = self.sessions.take(n + decode_tokens + 1)
+        ids = [(7 + 13 * i) % m.config.n_vocab for i in range(n)]
+        if self.kv is not None:         # (not published: the pool starts empty of prefixes)
+            self.kv.begin(s, [], n + decode_tokens + 1)
         try:
-            ids = [(7 + 13 * i) % m.config.n_vocab for i in range(n)]
             first = s.pick(s.prefill(ids, device_logits=True), Sampler(SamplingParams(temperature=0.0)), ids)
             for _ in s.greedy(first, decode_tokens):
                 pass
         finally:
+            if self.kv is not None:
+                self.kv.end(s)
             self.sessions.give(s)
         if self.batch is not None:
             self.batch.prepare_buckets(self.parallel, s.n_ctx)
         return time.perf_counter() - t0
+
+
+def _paged(model) -> bool:
+    """Whether the model's sessions can share a block pool: a paged backend, and sessions
+    that take one (a test's stand-in for a model may make its own kind)."""
+    if not getattr(getattr(model, "backend", None), "paged_kv", False):
+        return False
+    try:
+        return "pool" in inspect.signature(model.new_session).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _pick_logged(row: np.ndarray, r: _Running) -> int:

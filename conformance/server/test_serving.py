@@ -33,13 +33,23 @@ def alone(model, req):
 
 def alone_chunked(model, req, chunk):
     """The request alone, its prompt read in chunks of `chunk` tokens as the scheduler reads it
-    (a prompt in pieces is not bit-identical to one pass: the GEMMs have other row counts)."""
+    (a prompt in pieces is not bit-identical to one pass: the GEMMs have other row counts).
+    With prefix caching (on by default, numpy) a hybrid's read also stops at the last block
+    boundary before its last token, to keep its recurrent state there (prefix_cache.snapshot_at)."""
+    from brass.kv_cache import BLOCK_TOKENS
     from brass.sampling import Sampler
     s = model.new_session(len(req.prompt_ids) + req.max_tokens)
     s.graphs = False
     sampler, history = Sampler(req.sampling), list(req.prompt_ids)
-    for i in range(0, len(req.prompt_ids), chunk):
-        logits = s.prefill(req.prompt_ids[i:i + chunk], device_logits=True)
+    n = len(req.prompt_ids)
+    hybrid = model.backend.paged_kv and s.cache.recurrent is not None
+    snap = (n - 1) // BLOCK_TOKENS * BLOCK_TOKENS if hybrid else 0
+    i = 0
+    while i < n:
+        end = min(i + chunk, n)
+        end = snap if i < snap < end else end
+        logits = s.prefill(req.prompt_ids[i:end], device_logits=True)
+        i = end
     out = []
     for i in range(req.max_tokens):
         tok = s.pick(logits, sampler, history)

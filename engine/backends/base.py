@@ -207,6 +207,11 @@ class Backend(ABC):
         self.kv_store(v_cache, v, pos)
         return q, k
 
+    # Whether kv_store and attention take a sequence's layer in a block pool (engine/kv_cache.py
+    # PagedLayer) as well as a contiguous cache: sessions are then paged (Model.new_cache), and
+    # a server shares one pool among its sequences, with prefix caching.
+    paged_kv = False
+
     # -- a batch of sequences, one token row each (batched decode) ----------------------------
     # Whether a batched step's kernels reach each row's KV cache through device tables of the
     # rows' cache addresses (bucket graphs need that: engine/batch.py BucketStep).

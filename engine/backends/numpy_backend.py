@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import quants
 from ..gguf import GGMLType
+from ..kv_cache import PagedLayer
 from .base import Backend, Weight, uses_f16_gemm, uses_mmq_id
 
 F16, F32 = np.float16, np.float32
@@ -205,8 +206,19 @@ class NumpyBackend(Backend):
             y[..., 1:n_rot:2] = x0 * sin + x1 * cos
         return y
 
+    # A cache is a contiguous `[n_ctx, H_kv, Dh]` array or a sequence's layer in a block pool
+    # (engine/kv_cache.py PagedLayer): slots are written through the block table, and read back
+    # gathered into the contiguous `[S, H_kv, Dh]` the attention below computes on, the same
+    # values in the same order, so a paged cache gives the bits of a contiguous one.
+    paged_kv = True
+
     def kv_store(self, cache, x, pos):
-        cache[np.asarray(pos)] = np.asarray(x).astype(F16)
+        x = np.asarray(x).astype(F16)
+        if isinstance(cache, PagedLayer):
+            blocks, off = cache.slots(pos)
+            cache.pool[blocks, off] = x
+        else:
+            cache[np.asarray(pos)] = x
 
     def attention(self, q, k_cache, v_cache, pos, scale, window=0):
         q = np.asarray(q, F32)
@@ -215,7 +227,7 @@ class NumpyBackend(Backend):
         Hkv = k_cache.shape[1]
         g = H // Hkv
         S = int(pos.max()) + 1
-        k = k_cache[:S].astype(F32)            # [S, Hkv, Dh]
+        k = k_cache[:S].astype(F32)            # [S, Hkv, Dh] (a paged layer: gathered)
         v = v_cache[:S].astype(F32)            # [S, Hkv, Dv]
         # K·Q with Q rounded to F16 (ggml converts src1 to the F16 cache's vec_dot_type).
         q16 = q.astype(F16).astype(F32).reshape(T, Hkv, g, Dh)
