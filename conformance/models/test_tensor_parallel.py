@@ -366,7 +366,8 @@ def test_cli_generates_llama_cpp_tokens_under_tp(flags):
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--tp", 3), "brass: error: --tp 3 does not divide the model: layer 0's query head count is 8, not a multiple of 3"),
+    (("--backend", "numpy", "--tp", 3),
+     "brass: error: --tp 3 does not divide the model: layer 0's query head count is 8, not a multiple of 3"),
     (("--backend", "cuda", "--tp", 2), None),
 ])
 def test_cli_bad_tp_is_one_line_error(args, message):

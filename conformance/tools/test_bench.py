@@ -209,6 +209,7 @@ def test_side_by_side_table(tmp_path):
     for stem, mib in (("llama", "700 apps"), ("brass", "900 apps"), ("llama-depth", "1700 card")):
         (tmp_path / f"mem-{stem}-m.txt").write_text(f"{mib}\n")
     (tmp_path / "bytes-m.txt").write_text("2000000000\n")
+    (tmp_path / "copy-gbs.txt").write_text("3000\n")      # the card's copy rate, as given to the table
     r = subprocess.run([sys.executable, "ci/side_by_side_table.py", str(tmp_path), "m"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -223,9 +224,9 @@ def test_side_by_side_table(tmp_path):
     }, r.stdout
     memory = next(row for row in rows if row[1] == "700")
     assert memory[2:] == ["900", "-", "1,700 (card)", "-", "3 / 2 / 1 / 5"], r.stdout
-    # 2 GB a token: 100 and 150 tokens a second read 200 and 300 GB/s (no GPU here: no share)
+    # 2 GB a token: 100 and 150 tokens a second read 200 and 300 GB/s, 7 % and 10 % of 3,000
     decode = next(row for row in rows if row[1] == "2.00 GB")
-    assert decode[2:] == ["200 GB/s", "300 GB/s", "9"], r.stdout
+    assert decode[2:] == ["200 GB/s (7 %)", "300 GB/s (10 %)", "9"], r.stdout
 
 
 def test_shape_qwen36_27b(shape_model):

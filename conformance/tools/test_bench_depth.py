@@ -15,7 +15,7 @@ from conformance.harness.cli import brass
 from conformance.harness.fakes import ReplayingNumpy
 from brass import bench
 from brass.errors import BrassError
-from brass.kv_cache import KVCache
+from brass.kv_cache import BLOCK_TOKENS, KVCache, blocks_for
 from brass.model import Session
 
 GRAPH_BYTES = 1000      # what each fake graph says it holds
@@ -132,8 +132,9 @@ def test_depth_fills_untimed_then_times_the_test(monkeypatch, name):
     # the decode step's
     assert m.prompt_lengths_read == {6} and pp.prompt_graph is True
     assert (pp.memory["graphs"], tg.memory["graphs"]) == (GRAPH_BYTES, 2 * GRAPH_BYTES)
-    # the cache holds depth + the test
-    assert pp.memory["kv_cache"] == tg.memory["kv_cache"] == KVCache(m.backend, m.config, 20 + max(6, 3 + 1)).nbytes
+    # the cache holds depth + the test, in whole blocks of the paged cache (numpy's)
+    slots = blocks_for(20 + max(6, 3 + 1)) * BLOCK_TOKENS
+    assert pp.memory["kv_cache"] == tg.memory["kv_cache"] == KVCache(m.backend, m.config, slots).nbytes
 
 
 def test_memory_counts_what_the_run_holds():
@@ -158,7 +159,9 @@ def test_memory_counts_what_the_run_holds():
         held.add(name)
     assert "token_embd.weight" not in held and "output.weight" in held
     assert expect > 0 and mem["weights"] == expect
-    assert mem["kv_cache"] == KVCache.nbytes_for(m.config, max(8, 2 + 1)) == 8 * 1024   # 2 layers x K, V x 2 heads x 64 x f16
+    # one block of the paged cache (numpy's) holds the run's max(8, 2 + 1) positions: 16 x 2
+    # layers x K, V x 2 heads x 64 x f16
+    assert mem["kv_cache"] == KVCache.nbytes_for(m.config, BLOCK_TOKENS) == 16 * 1024
     assert mem["f16_weights"] == 12345 and mem["graphs"] == 2 * GRAPH_BYTES
     assert mem["total"] == mem["weights"] + mem["kv_cache"] + 12345 + 2 * GRAPH_BYTES
     assert mem["device_used"] is None
