@@ -112,6 +112,14 @@ def f32(x) -> float:
     return float(str(np.float32(x)))
 
 
+def lse(logits: np.ndarray) -> np.ndarray:
+    """Each row's log-sum-exp, computed in float64 from the float32 logits (max-shifted, so no
+    exp overflows), stored as float32: a logprob is a logit minus its row's lse."""
+    x = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+    m = x.max(axis=1)
+    return (m + np.log(np.exp(x - m[:, None]).sum(axis=1))).astype(np.float32)
+
+
 def topk(logits: np.ndarray, k: int = TOP_K) -> list[list]:
     """[[id, logit], ...] by descending logit, ties → lower id (deterministic)."""
     cut = np.partition(logits, -k)[-k]
@@ -240,12 +248,13 @@ def record_tokenizer_corpus(tok_name: str, model_file: Path, model_name: str, ou
 def generate(m: llamacpp.Model, ids: list[int]) -> dict:
     """Greedy decoding step by step (prompt in one batch, then one token per decode), then a
     teacher-forced pass over prompt + generated ids in one batch with logits everywhere."""
-    gen, steps, stop = [], [], "length"
+    gen, steps, step_lse, stop = [], [], [], "length"
     with m.context() as ctx:
         logits = ctx.decode(ids, all_logits=False)[0]
         while True:
             tok = int(np.argmax(logits))           # ties → lowest id
             steps.append(topk(logits))
+            step_lse.append(f32(lse(logits)[0]))
             gen.append(tok)
             if m.is_eog(tok):
                 stop = "eog"
@@ -260,10 +269,12 @@ def generate(m: llamacpp.Model, ids: list[int]) -> dict:
         "generated_ids": gen,
         "stop": stop,
         "generated_topk": steps,
+        "generated_lse": step_lse,
         "teacher_forced": {
             "argmax": [int(i) for i in np.argmax(full, axis=1)],
             "margin": [f32(x) for x in top2[:, 0] - top2[:, 1]],
             "topk": [topk(row) for row in full],
+            "lse": [f32(x) for x in lse(full)],
         },
     }
 

@@ -173,11 +173,7 @@ def _chat_top_logprobs(v, handler, info: ValidationInfo):
 
 
 def _echo(v, handler, info: ValidationInfo):
-    e = _typed("a boolean").func(v, handler, info)
-    if e and info.data.get("stream"):
-        raise FieldError("echo", "is not supported with 'stream': true by Brass",
-                         code="unsupported_parameter")
-    return e
+    return _typed("a boolean").func(v, handler, info)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,7 +376,8 @@ class CompletionRequest(_Request):
                           "text_offset).")
     echo: Annotated[StrictBool | None, WrapValidator(_echo)] = Field(
         None, description="true: the reply's text and logprobs begin with the prompt's (the first "
-                          "token's logprob null); max_tokens may then be 0. Not with stream.")
+                          "token's logprob null); max_tokens may then be 0. Streamed: the prompt's text and "
+                          "logprobs are the first chunk.")
     top_logprobs: Annotated[int | None, _unsupported(0, hint="; use logprobs")] = Field(
         None, description="Only 0; use logprobs.")
 

@@ -434,8 +434,9 @@ def cmd_conform(args):
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise BrassError("--models names no model")
+    checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     report = conform.conform(args.url, models, api_key=args.api_key, timeout=args.timeout,
-                             concurrency=args.concurrency)
+                             concurrency=args.concurrency, checks=checks)
     print(json.dumps(report.as_dict()) if args.json else report.table())
     return 0 if report.passed else 1
 
@@ -577,8 +578,10 @@ def build_parser():
                                    "the conformance suite's rules: greedy streams up to llama.cpp's first "
                                    "thin margin, teacher-forced argmax (echo + logprobs) where llama.cpp's "
                                    "margin is clear, top-k logprob gaps against llama.cpp's own CPU-vs-CUDA "
-                                   "spread, /tokenize, and the chat template's prompt_tokens. A check the "
-                                   "server lacks a route or field for (404/400) is skipped and named. The "
+                                   "spread, the top-1 logprob against the goldens' log-sum-exp, /tokenize "
+                                   "(or llama-cpp-python's /extras/tokenize), and the chat template's "
+                                   "prompt_tokens. A check the server lacks a route or field for "
+                                   "(400/404/422) is skipped and named. The "
                                    "server must load the catalog model's file (its sha256 is printed); one "
                                    "that reports another is refused. Needs the goldens of a source checkout.",
                        epilog="example, against llama-server:\n"
@@ -588,9 +591,11 @@ def build_parser():
                               "file is\nanother, 2 usage errors and a server that cannot be graded (unreachable, timing\n"
                               "out, answering 5xx), with one line on stderr.")
     p.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8080")
-    from .conform import DEFAULT_MODELS
+    from .conform import CHECK_GROUPS, DEFAULT_MODELS
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), metavar="NAME[,NAME]",
                    help=f"catalog models to grade (default: {','.join(DEFAULT_MODELS)})")
+    p.add_argument("--checks", default=",".join(CHECK_GROUPS), metavar="GROUP[,GROUP]",
+                   help=f"the checks to run (default: all: {','.join(CHECK_GROUPS)})")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default: 300)")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (default: 4)")

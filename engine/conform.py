@@ -17,8 +17,12 @@ the field: a 404 or 400):
   per position: the gaps are what the shift leaves), bounded by SPREAD_FACTOR times the worst
   gap difference between llama.cpp's own CPU and CUDA backends on the positions where those
   two settle (golden/cuda/; test_models.settled_positions);
-- tokenize: /tokenize (llama-server's form) of every golden prompt and of every tokenizer-golden
-  string with add_special and parse_special on, as llama.cpp's completion tokenizes;
+- top-1 logprob: at those positions, the server's logprob of llama.cpp's top-1 token against
+  llama.cpp's logit minus the position's log-sum-exp (the goldens' `lse`), within the gaps'
+  bound (the reason is at check_teacher_forced): what a per-position shift hides from the gaps;
+- tokenize: /tokenize (llama-server's form; llama-cpp-python's /extras/tokenize where that is
+  missing) of every golden prompt and of every tokenizer-golden string with add_special and
+  parse_special on, as llama.cpp's completion tokenizes;
 - chat template: `usage.prompt_tokens` of a chat request against the length of llama.cpp's
   rendering of the model's template (golden/chat_templates/), for the cases that add the
   generation prompt.
@@ -29,6 +33,12 @@ goldens' ids turned into text through the server's /detokenize of each id alone 
 coincide, e.g. partial UTF-8 pieces, compare equal: the comparison is as fine as the text the
 server gives; a server whose /detokenize of one token differs from the token's text in its
 logprobs, e.g. one that strips a SentencePiece leading space there, shows as disagreements).
+
+Prompts go as token ids; to a server that refuses them (llama-cpp-python's takes strings only)
+as the golden text, and for the teacher-forced pass the text of the generated ids appended (its
+/detokenize): the echo's tokens show whether the server's tokens are the golden ids, and a prompt
+whose echo holds other tokens is left out and named. An echo that leaves out the first token
+(BOS; llama-cpp-python's does) is aligned by its tokens. `--checks` limits a run to some groups.
 
 Exit status (engine/cli.py): 0 every check holds, 1 a check fails or the server's file is another,
 2 usage errors and a server that cannot be graded (unreachable, timing out, answering 5xx).
@@ -73,10 +83,20 @@ class ConformError(BrassError):
 
 
 class Unsupported(Exception):
-    """The server answered 404 or 400: it lacks the route or the field."""
+    """The server answered 400, 404, 405, 422 or 501: it lacks the route or the field."""
 
     def __init__(self, what: str, status: int, message: str):
         super().__init__(f"{what}: HTTP {status} {message}".strip())
+        self.status = status
+
+
+class ServerError(ConformError):
+    """The server answered 5xx: it failed on a request it took. A check that probes a form the
+    server may not take (token-id prompts, one token's text) reads it as a refusal."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,6 +110,7 @@ class Client:
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConformError(f"not an http(s) URL: {url!r} (e.g. http://127.0.0.1:8080)")
         self.url, self.api_key, self.timeout = url, api_key, timeout
+        self.routes: dict[str, bool] = {}      # route → whether the server has it, once known
 
     def request(self, method: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode("utf-8")
@@ -105,11 +126,16 @@ class Client:
             try:
                 text = json.loads(text)["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                text = text.strip()[:200]
-            if e.code in (400, 404, 405, 501):
+                pass
+            # one line: a server may put a traceback in its error (llama-cpp-python does)
+            text = " ".join(str(text).split("\n", 1)[0].split())
+            text = text if len(text) <= 160 else text[:157] + "..."
+            if e.code in (400, 404, 405, 422, 501):
                 raise Unsupported(f"{method} {path}", e.code, text) from None
             if e.code in (401, 403):
                 raise ConformError(f"{self.url}{path}: HTTP {e.code} {text} (give --api-key)") from None
+            if e.code >= 500:
+                raise ServerError(f"{self.url}{path}: HTTP {e.code} {text}", e.code) from None
             raise ConformError(f"{self.url}{path}: HTTP {e.code} {text}") from None
         except TimeoutError:
             raise ConformError(f"{self.url}{path}: no answer within {self.timeout:g} s (--timeout)") from None
@@ -290,8 +316,53 @@ def reply_entries(choice: dict) -> tuple[list[Entry], bool]:
     return [Entry(t, v, dict(top or {})) for t, v, top in zip(tokens, lps, tops)], False
 
 
+# The forms of tokenization routes: llama-server's, vLLM's and Brass's /tokenize and /detokenize
+# first, then llama-cpp-python's /extras/tokenize (which tokenizes as add_special and
+# parse_special do: BOS added, special tokens parsed) and /extras/detokenize.
+TOKENIZE_ROUTES = (
+    ("/tokenize", lambda text: {"content": text, "add_special": True, "parse_special": True}),
+    ("/extras/tokenize", lambda text: {"input": text}),
+)
+DETOKENIZE_ROUTES = (("/detokenize", "content"), ("/extras/detokenize", "text"))
+
+
+def _first_route(client: Client, routes, call):
+    """call(route) on the first route the server has (remembered per client), raising the first
+    route's Unsupported where it has none."""
+    first = None
+    for route in routes:
+        if client.routes.get(route[0]) is False:
+            continue
+        try:
+            out = call(route)
+        except Unsupported as e:
+            if e.status in (404, 405):     # no such route: the next form, from now on
+                client.routes[route[0]] = False
+            first = first or e
+            continue
+        client.routes[route[0]] = True
+        return out
+    raise first or Unsupported(routes[0][0], 404, "")
+
+
+def tokenize(client: Client, text: str) -> list[int]:
+    def call(route):
+        r = client.request("POST", route[0], route[1](text))
+        return [t["id"] if isinstance(t, dict) else t for t in r.get("tokens", [])]
+    return _first_route(client, TOKENIZE_ROUTES, call)
+
+
+def detokenize(client: Client, ids: list[int]) -> str:
+    def call(route):
+        r = client.request("POST", route[0], {"tokens": list(ids)})
+        return r.get(route[1], r.get("content", r.get("prompt")))
+    return _first_route(client, DETOKENIZE_ROUTES, call)
+
+
 class Texts:
-    """Golden ids as the server's token texts, through its /detokenize (cached)."""
+    """Golden ids as the server's token texts, through its /detokenize (cached). An id the server
+    fails to detokenize alone (llama-cpp-python answers 500 for a partial UTF-8 piece) gets a
+    text no reply can hold: a position that needs it disagrees."""
 
     def __init__(self, client: Client, pool: ThreadPoolExecutor):
         self.client, self.pool, self.cache = client, pool, {}
@@ -300,8 +371,10 @@ class Texts:
         todo = sorted({int(i) for i in ids} - set(self.cache))
 
         def one(i):
-            r = self.client.request("POST", "/detokenize", {"tokens": [i]})
-            return i, r.get("content", r.get("prompt"))
+            try:
+                return i, detokenize(self.client, [i])
+            except ServerError:
+                return i, f"\x00(id {i}: the server cannot detokenize it alone)"
         for i, text in self.pool.map(one, todo):
             self.cache[i] = text
 
@@ -318,14 +391,42 @@ def _fmt_top(top: dict, limit: int = 5) -> str:
 # The checks
 
 
-def check_greedy(client, pool, model_id, name, key_of) -> Check:
-    c = Check("greedy", bound=f"up to margin < {STREAM_EPS}")
+# Sent with every completion: llama.cpp's repeat penalty off. llama-cpp-python's server applies
+# its default 1.1 even at temperature 0 unless told, and a penalized stream is not greedy; servers
+# without the field ignore it (Brass, vLLM) or default it to 1.0 already (llama-server).
+NO_PENALTY = {"repeat_penalty": 1.0}
+
+
+@dataclass
+class PromptForm:
+    """How the golden prompts reach the server: as token ids where it takes them, else as text
+    (llama-cpp-python's server takes strings only), whose tokenization the tokenize check
+    grades and the echo shows."""
+    ids: bool = True
+    note: str = ""
+
+
+def probe_prompt_form(client: Client, model_id: str, name: str) -> PromptForm:
+    p = golden_prompts(name)[0]
+    body = {"model": model_id, "prompt": p["prompt_ids"], "max_tokens": 1, "temperature": 0, **NO_PENALTY}
+    try:
+        client.request("POST", "/v1/completions", body)
+        return PromptForm()
+    except (Unsupported, ServerError) as e:
+        refused = e
+    client.request("POST", "/v1/completions", dict(body, prompt=p["text"]))
+    return PromptForm(False, f"the server takes no token-id prompts ({refused}): prompts sent as text")
+
+
+def check_greedy(client, pool, model_id, name, key_of, form: PromptForm) -> Check:
+    c = Check("greedy", bound=f"up to margin < {STREAM_EPS}", note=form.note)
     prompts = golden_prompts(name)
 
     def run(p):
         return client.request("POST", "/v1/completions", {
-            "model": model_id, "prompt": p["prompt_ids"], "max_tokens": len(p["generated_ids"]),
-            "temperature": 0, "logprobs": GAP_K, "stream": False})
+            "model": model_id, "prompt": p["prompt_ids"] if form.ids else p["text"],
+            "max_tokens": len(p["generated_ids"]), "temperature": 0, "logprobs": GAP_K, "stream": False,
+            **NO_PENALTY})
     try:
         replies = list(pool.map(run, prompts))
     except Unsupported as e:
@@ -361,53 +462,101 @@ def check_greedy(client, pool, model_id, name, key_of) -> Check:
     return c
 
 
-def check_teacher_forced(client, pool, model_id, name, key_of, spread) -> tuple[Check, Check]:
-    arg = Check("teacher-forced argmax", bound=f"margin > {ARGMAX_EPS}")
+def echo_shift(entries: list[Entry], want: list, keyed) -> int | None:
+    """Where token k of `want` sits in an echo: at entry k + 0, or at entry k - 1 where the server
+    leaves the first token (BOS) out of its echo (llama-cpp-python does); chosen by which
+    alignment matches more of the echo's tokens, None where neither matches most of them."""
+    best, shift = 0, None
+    for s in (0, 1):
+        n = len(want) - s
+        if len(entries) < n:
+            continue
+        hits = sum(entries[k].token == keyed(want[k + s]) for k in range(n))
+        if hits > best and 2 * hits > n:
+            best, shift = hits, s
+    return shift
+
+
+def _best(top: dict):
+    return max(top.items(), key=lambda kv: kv[1])[0] if top else None
+
+
+def check_teacher_forced(client, pool, model_id, name, key_of, spread, form: PromptForm) -> tuple[Check, ...]:
+    arg = Check("teacher-forced argmax", bound=f"margin > {ARGMAX_EPS}", note=form.note)
     bound = None if spread is None else SPREAD_FACTOR * spread
     gaps = Check("top-k gaps", bound="no CUDA set: not judged" if bound is None else
                  f"<= {bound:.3f} ({SPREAD_FACTOR:g}x llama.cpp CPU-vs-CUDA {spread:.3f})")
+    # The top-1 token's logprob against llama.cpp's logit minus the position's log-sum-exp
+    # (golden `lse`). It is -log(sum_i exp(-gap_i)): its error is sum_i p_i * (gap_i's error),
+    # at most the largest gap error, so the gaps' bound holds it too (the tail beyond the top-5
+    # that bound was measured on weighs only its probability). A shift the gaps cannot see
+    # (logprobs not normalized, or over a part of the vocabulary) shows here.
     prompts = golden_prompts(name)
+    has_lse = all("lse" in p["teacher_forced"] for p in prompts)
+    absolute = Check("top-1 logprob", bound="no CUDA set: not judged" if bound is None else
+                     "goldens without lse: not judged" if not has_lse else f"<= {bound:.3f} (the gaps' bound)")
 
     def run(p):
+        ids = p["prompt_ids"] + p["generated_ids"]
+        prompt = ids if form.ids else p["text"] + detokenize(client, p["generated_ids"])
+        # max_tokens 1, as lm-eval asks: llama-cpp-python reads 0 as "up to the context's end"
         return client.request("POST", "/v1/completions", {
-            "model": model_id, "prompt": p["prompt_ids"] + p["generated_ids"], "max_tokens": 0,
-            "echo": True, "logprobs": GAP_K, "temperature": 0})
+            "model": model_id, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": GAP_K,
+            "temperature": 0, **NO_PENALTY})
     try:
         replies = list(pool.map(run, prompts))
     except Unsupported as e:
-        for c in (arg, gaps):
+        for c in (arg, gaps, absolute):
             c.status, c.note = "skipped", f"server lacks prompt logprobs ({e})"
-        return arg, gaps
-    total = 0
-    worst = 0.0
+        return arg, gaps, absolute
+    total, worst, late, late_checked, unaligned = 0, 0.0, 0, 0, []
+    worst_abs = 0.0
     for p, r in zip(prompts, replies):
         entries, by_id = reply_entries(r["choices"][0])
         ids = p["prompt_ids"] + p["generated_ids"]
-        if len(entries) < len(ids) or not any(e.top for e in entries[1:]):
-            for c in (arg, gaps):
+        if len(entries) < len(ids) - 1 or not any(e.top for e in entries[1:]):
+            for c in (arg, gaps, absolute):
                 c.status, c.note = "skipped", (f"no prompt logprobs in the reply to echo ({len(entries)} "
                                                f"entries for {len(ids)} tokens)")
-            return arg, gaps
+            return arg, gaps, absolute
         keyed = key_of(by_id)
+        s = echo_shift(entries, ids, keyed)
+        if s is None:
+            unaligned.append(p["name"])     # the echo holds other tokens than the golden ids
+            continue
         tf = p["teacher_forced"]
-        # entry j + 1 holds the distribution that predicted token j + 1: golden row j
+        # the entry of token j + 1 holds the distribution that predicted it: golden row j
         for j in range(len(ids) - 1):
             total += 1
             margin = tf["margin"][j]
-            if margin <= ARGMAX_EPS:
+            e = j + 1 - s
+            if margin <= ARGMAX_EPS or e < 0 or not entries[e].top:
                 continue
-            top = entries[j + 1].top
+            top = entries[e].top
             golden = tf["topk"][j]
             arg.checked += 1
-            ours_best = max(top.items(), key=lambda kv: kv[1])[0] if top else None
-            if ours_best == keyed(golden[0][0]):
+            if _best(top) == keyed(golden[0][0]):
                 arg.agreed += 1
             else:
-                arg.fail(f"prompt {p['name']} position {j}: server {ours_best!r}, llama.cpp "
+                arg.fail(f"prompt {p['name']} position {j}: server {_best(top)!r}, llama.cpp "
                          f"{keyed(golden[0][0])!r} (margin {margin:.3f}); server top-5 {_fmt_top(top)}, "
                          f"llama.cpp top-5 {_fmt_top({keyed(t): v for t, v in golden[:5]})}")
+            if j + 1 < len(ids) - 1 and tf["margin"][j + 1] > ARGMAX_EPS:
+                late_checked += 1       # does this entry hold the next position's distribution?
+                late += _best(top) == keyed(tf["topk"][j + 1][0][0])
             if bound is None:
                 continue
+            if has_lse and keyed(golden[0][0]) in top:
+                absolute.checked += 1
+                want = golden[0][1] - tf["lse"][j]
+                err = abs(top[keyed(golden[0][0])] - want)
+                if err > worst_abs:
+                    worst_abs = err
+                if err <= bound:
+                    absolute.agreed += 1
+                else:
+                    absolute.fail(f"prompt {p['name']} position {j}: server {top[keyed(golden[0][0])]:.3f}, "
+                                  f"llama.cpp {want:.3f} for {keyed(golden[0][0])!r}")
             texts = [keyed(t) for t, _ in golden[:GAP_K]]
             if len(set(texts)) < len(texts) or texts[0] not in top:
                 continue        # two ids of one text, or the top-1 is not the server's: argmax says so
@@ -425,11 +574,23 @@ def check_teacher_forced(client, pool, model_id, name, key_of, spread) -> tuple[
                           f"llama.cpp top-5 {_fmt_top({keyed(t): v for t, v in golden[:5]})}")
     arg.worst_gap = None
     gaps.worst_gap = worst if gaps.checked else None
+    absolute.worst_gap = worst_abs if absolute.checked else None
     if bound is None:
         gaps.status = "skipped"
+    if bound is None or not has_lse:
+        absolute.status = "skipped"
+    if unaligned:
+        for c in (arg, gaps, absolute):
+            c.note = "; ".join(x for x in (c.note, "prompts whose echo holds other tokens than llama.cpp's "
+                                           f"ids, not graded: {', '.join(unaligned)}") if x)
+    if arg.status == "fail" and late_checked and late >= 0.9 * late_checked > arg.agreed:
+        arg.note = "; ".join(x for x in (arg.note, (
+            f"{late} of {late_checked} entries hold the distribution that follows their token, one "
+            "position late (the defect of llama-cpp-python's echo on models without BOS: "
+            "abetlen/llama-cpp-python#1983)")) if x)
     if total and arg.checked / total < MIN_COVERAGE:
         arg.fail(f"only {arg.checked}/{total} positions have a clear margin: the check would be vacuous")
-    return arg, gaps
+    return arg, gaps, absolute
 
 
 def check_tokenize(client, pool, name) -> Check:
@@ -440,16 +601,15 @@ def check_tokenize(client, pool, name) -> Check:
         cases += [(x["text"], x["ids"]) for x in _golden(tok["file"])["cases"]
                   if x["add_special"] and x["parse_special"]]
 
-    def run(case):
-        return client.request("POST", "/tokenize", {"content": case[0], "add_special": True,
-                                                    "parse_special": True})
     try:
-        replies = list(pool.map(run, cases))
+        tokenize(client, cases[0][0])       # which route, once, before the pool asks them all
+        replies = list(pool.map(lambda case: tokenize(client, case[0]), cases))
     except Unsupported as e:
         c.status, c.note = "skipped", f"server lacks it ({e})"
         return c
-    for (text, want), r in zip(cases, replies):
-        got = [t["id"] if isinstance(t, dict) else t for t in r.get("tokens", [])]
+    if client.routes.get("/tokenize") is not True:
+        c.note = "through llama-cpp-python's /extras/tokenize (BOS added, special tokens parsed)"
+    for (text, want), got in zip(cases, replies):
         c.checked += 1
         if got == want:
             c.agreed += 1
@@ -531,7 +691,16 @@ def served_identity(client: Client, name: str) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def grade_model(client: Client, pool: ThreadPoolExecutor, name: str) -> ModelReport:
+# --checks: the groups of checks a run may be limited to (each group needs one kind of request)
+CHECK_GROUPS = {
+    "greedy": ("greedy",),
+    "teacher-forced": ("teacher-forced argmax", "top-k gaps", "top-1 logprob"),
+    "tokenize": ("tokenize",),
+    "chat-template": ("chat template",),
+}
+
+
+def grade_model(client: Client, pool: ThreadPoolExecutor, name: str, checks=tuple(CHECK_GROUPS)) -> ModelReport:
     if name not in catalog.CATALOG:
         raise ConformError(f"unknown catalog model {name!r}; known: {', '.join(catalog.CATALOG)}")
     m = catalog.CATALOG[name]
@@ -548,7 +717,7 @@ def grade_model(client: Client, pool: ThreadPoolExecutor, name: str) -> ModelRep
         if state["texts_ok"] is None:
             ids = set()
             for p in golden_prompts(name):
-                ids.update(p["generated_ids"])
+                ids.update(p["prompt_ids"] + p["generated_ids"])
                 ids.update(t for row in p["generated_topk"] for t, _ in row[:GAP_K])
                 ids.update(t for row in p["teacher_forced"]["topk"] for t, _ in row[:GAP_K])
             try:
@@ -560,12 +729,26 @@ def grade_model(client: Client, pool: ThreadPoolExecutor, name: str) -> ModelRep
             raise Unsupported("token texts", 0, f"replies carry no ids and {state['texts_ok']}")
         return lambda i: texts[i]
 
-    report.checks.append(_guard(lambda: check_greedy(client, pool, model_id, name, key_of), "greedy"))
-    tf = _guard(lambda: check_teacher_forced(client, pool, model_id, name, key_of, gap_spread(name)),
-                "teacher-forced argmax", "top-k gaps")
-    report.checks += list(tf) if isinstance(tf, tuple) else [tf]
-    report.checks.append(_guard(lambda: check_tokenize(client, pool, name), "tokenize"))
-    report.checks.append(_guard(lambda: check_chat_template(client, pool, model_id, name), "chat template"))
+    form = None
+    if "greedy" in checks or "teacher-forced" in checks:
+        try:
+            form = probe_prompt_form(client, model_id, name)
+        except Unsupported as e:
+            form = e
+    if isinstance(form, Unsupported):
+        report.checks += [Check(n, status="skipped", note=f"server lacks it ({form})")
+                          for g in ("greedy", "teacher-forced") if g in checks for n in CHECK_GROUPS[g]]
+    elif form is not None:
+        if "greedy" in checks:
+            report.checks.append(_guard(lambda: check_greedy(client, pool, model_id, name, key_of, form), "greedy"))
+        if "teacher-forced" in checks:
+            tf = _guard(lambda: check_teacher_forced(client, pool, model_id, name, key_of, gap_spread(name), form),
+                        *CHECK_GROUPS["teacher-forced"])
+            report.checks += list(tf) if isinstance(tf, tuple) else [tf]
+    if "tokenize" in checks:
+        report.checks.append(_guard(lambda: check_tokenize(client, pool, name), "tokenize"))
+    if "chat-template" in checks:
+        report.checks.append(_guard(lambda: check_chat_template(client, pool, model_id, name), "chat template"))
     if all(c.status == "skipped" for c in report.checks):
         report.checks.append(Check("any check", status="fail", divergence="the server supports none of "
                                    "the checks: nothing was graded"))
@@ -583,7 +766,10 @@ def _guard(fn, *names):
 
 
 def conform(url: str, models=DEFAULT_MODELS, api_key: str | None = None, timeout: float = 120.0,
-            concurrency: int = 4) -> Report:
+            concurrency: int = 4, checks=tuple(CHECK_GROUPS)) -> Report:
+    unknown = [c for c in checks if c not in CHECK_GROUPS]
+    if unknown or not checks:
+        raise ConformError(f"--checks takes {', '.join(CHECK_GROUPS)}, not {', '.join(unknown) or 'nothing'}")
     if concurrency < 1:
         raise ConformError(f"--concurrency must be at least 1, not {concurrency}")
     if not (timeout > 0 and math.isfinite(timeout)):
@@ -595,4 +781,4 @@ def conform(url: str, models=DEFAULT_MODELS, api_key: str | None = None, timeout
                                                                    f"; known: {', '.join(catalog.CATALOG)}"))
     client = Client(url, api_key, timeout)
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return Report(client.url, [grade_model(client, pool, n) for n in models])
+        return Report(client.url, [grade_model(client, pool, n, tuple(checks)) for n in models])

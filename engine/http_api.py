@@ -271,6 +271,10 @@ def create_app(brass: App):
             return Response(status_code=499)
         return JSON(await anyio.to_thread.run_sync(brass.tokenize, body))
 
+    @api.get("/tokenizer_info", dependencies=keyed, summary="The tokenizer's special tokens (vLLM's route)")
+    async def tokenizer_info():
+        return JSON(brass.tokenizer_info())
+
     @api.post("/detokenize", dependencies=keyed, openapi_extra=body_schema("DetokenizeRequest"),
               summary="Token ids to text")
     async def detokenize(request: Request):
@@ -311,7 +315,9 @@ def create_app(brass: App):
                 "created": int(time.time()), "model": brass.model_id}
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(events, stream(events, head, chat, usage, job), on_left=brass.metrics.client_left,
+            echoed = echo_text(job, req, 0)
+            return EventStream(events, stream(events, head, chat, usage, job, echoed),
+                               on_left=brass.metrics.client_left,
                                on_end=live.discard, headers=headers)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         gone.add_done_callback(lambda t: t.cancelled() or events.client_gone())
@@ -382,10 +388,7 @@ def create_app(brass: App):
                 _, reason, usage = event
         text = "".join(parts)
         tok = brass.model.tokenizer
-        echoed = ""
-        if job.echo:
-            p = req.prompts()[index]
-            echoed = p if isinstance(p, str) else tok.decode(p)
+        echoed = echo_text(job, req, index)
         choice = ({"index": index, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": index, "text": echoed + text})
         logprobs = None
@@ -400,7 +403,16 @@ def create_app(brass: App):
         choice.update(logprobs=logprobs, finish_reason=reason)
         return choice, usage
 
-    async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool, job):
+    def echo_text(job, req, index: int) -> str:
+        """The prompt's text an echo begins with ('' without echo)."""
+        if not job.echo:
+            return ""
+        p = req.prompts()[index]
+        return p if isinstance(p, str) else brass.model.tokenizer.decode(p)
+
+    async def stream(events: JobEvents, head: dict, chat: bool, include_usage: bool, job, echoed: str = ""):
+        """Server-sent events; with echo, the prompt's text (and its logprobs, when asked, once
+        the prompt has been read: the "prompt" event) is the first chunk."""
         if chat:
             head = {**head, "object": "chat.completion.chunk"}
         tok = brass.model.tokenizer
@@ -423,9 +435,15 @@ def create_app(brass: App):
 
         if chat:
             yield sse(chunk("", None, role=True))
+        if echoed and job.logprobs is None:
+            yield sse(chunk(echoed, None))
+            offset = len(echoed)
         try:
             async for event in events:
-                if event[0] == "delta":
+                if event[0] == "prompt":
+                    yield sse(chunk(echoed, None, entries=event[1]))
+                    offset = len(echoed)
+                elif event[0] == "delta":
                     yield sse(chunk(event[1], None, entries=event[2] if len(event) > 2 else None))
                     offset += sum(len(logprob_forms.token_text(tok, e["token"])) for e in
                                   (event[2] if len(event) > 2 else ()))

@@ -310,6 +310,17 @@ class App:
             out.update(count=len(ids), max_model_len=self.model.n_ctx)
         return out
 
+    def tokenizer_info(self) -> dict:
+        """GET /tokenizer_info, as vLLM serves it: what lm-eval's remote tokenizer reads (it asks
+        for it before /tokenize, and takes the special tokens' ids from their texts)."""
+        tok = self.model.tokenizer
+
+        def text(i):
+            return None if i is None or i < 0 else tok.token_to_piece(i).decode("utf-8", errors="replace")
+        eos = tok.eos_id if tok.eos_id is not None and tok.eos_id >= 0 else tok.eot_id
+        return {"tokenizer_class": "brass", "eos_token": text(eos), "bos_token": text(tok.bos_id),
+                "pad_token": None, "add_bos_token": bool(tok.add_bos), "model_max_length": self.model.n_ctx}
+
     def detokenize(self, body: bytes | dict) -> dict:
         """POST /detokenize: {"content": text} (and vLLM's name of it, `prompt`)."""
         from .api_models import DetokenizeRequest, validate

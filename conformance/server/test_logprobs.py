@@ -252,6 +252,46 @@ def test_completion_logprobs_streamed(live, synth_model):
     assert joined == out["choices"][0]["logprobs"]
 
 
+@pytest.mark.parametrize("logprobs", [2, None])
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_echo_streamed_is_the_reply_in_chunks(live, max_tokens, logprobs):
+    """echo streamed: the first chunk is the prompt's text (and its logprobs, the first null),
+    the rest the generated tokens'; joined, the chunks are the reply sent whole."""
+    from conformance.harness.server_harness import read_sse
+    body = {"prompt": IDS, "echo": True, "max_tokens": max_tokens, "temperature": 0}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    status, whole = post(live, "/v1/completions", body)
+    assert status == 200, whole
+    status, raw = post(live, "/v1/completions", {**body, "stream": True})
+    assert status == 200, raw
+    choices = [ch for e in read_sse(raw) if e != "[DONE]" for ch in e["choices"]]
+    want = whole["choices"][0]
+    assert "".join(ch["text"] for ch in choices) == want["text"]
+    assert choices[-1]["finish_reason"] == want["finish_reason"]
+    if logprobs is None:
+        assert all(ch["logprobs"] is None for ch in choices) and want["logprobs"] is None
+        return
+    first = choices[0]["logprobs"]
+    assert len(first["tokens"]) == len(IDS) and first["top_logprobs"][0] is None
+    lps = [ch["logprobs"] for ch in choices if ch["logprobs"]]
+    joined = {k: [v for lp in lps for v in lp[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert joined == want["logprobs"]
+
+
+def test_tokenizer_info_as_vllm(live, synth_model):
+    """GET /tokenizer_info, which lm-eval's remote tokenizer asks for first: the special tokens'
+    texts, each of which /tokenize (special text parsed) turns back into its id."""
+    import urllib.request
+    with urllib.request.urlopen(live.url + "/tokenizer_info", timeout=60) as r:
+        info = json.loads(r.read())
+    tok = synth_model.tokenizer
+    assert info["eos_token"] == tok.token_to_piece(tok.eos_id).decode()
+    assert info["bos_token"] == tok.token_to_piece(tok.bos_id).decode()
+    status, out = post(live, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert status == 200 and out["tokens"] == [tok.eos_id], out
+
+
 def test_batched_rows_carry_their_own_logprobs(live, synth_model):
     """Two requests decoded together (parallel 2): each gets what it gets alone."""
     from concurrent.futures import ThreadPoolExecutor
@@ -268,7 +308,6 @@ BAD = {
     "completions_logprobs_negative": ("/v1/completions", {"prompt": "hi", "logprobs": -1}, "logprobs"),
     "completions_logprobs_string": ("/v1/completions", {"prompt": "hi", "logprobs": "5"}, "logprobs"),
     "completions_echo_string": ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
-    "completions_echo_stream": ("/v1/completions", {"prompt": "hi", "echo": True, "stream": True}, "echo"),
     "completions_top_logprobs": ("/v1/completions", {"prompt": "hi", "top_logprobs": 2}, "top_logprobs"),
     "completions_max_tokens_0_no_echo": ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     "chat_top_logprobs_21": ("/v1/chat/completions", {"messages": CHAT_MSGS, "logprobs": True,

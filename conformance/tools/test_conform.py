@@ -12,117 +12,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from conformance.harness import goldens
+from conformance.harness.planted import Proxy
 
 pytest.importorskip("fastapi", reason="FastAPI is not installed, so brass serve cannot run (pip install -e .)")
 
 MODEL = "smollm2-135m"
-# smollm2's generation prompt, "<|im_start|>assistant\n": 4 tokens (golden/chat_templates/)
-GENERATION_PROMPT_TOKENS = 4
-
-
-class Proxy:
-    """An HTTP proxy to `upstream` that caches replies by (method, path, body) and lets a test
-    rewrite them: `mode` names the defect planted (None: relay as is)."""
-
-    def __init__(self, upstream: str):
-        self.upstream, self.mode = upstream, None
-        self.cache: dict = {}
-        self.lock = threading.Lock()
-        self.swap_at: tuple[list, int] | None = None    # (prompt ids, echo entry) for "swap"
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                proxy.handle(self, "GET", None)
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                proxy.handle(self, "POST", body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def fetch(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
-        key = (method, path, body)
-        with self.lock:
-            if key in self.cache:
-                return self.cache[key]
-        req = urllib.request.Request(self.upstream + path, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=1800) as r:
-                got = (r.status, r.read())
-        except urllib.error.HTTPError as e:
-            got = (e.code, e.read())
-        with self.lock:
-            self.cache[key] = got
-        return got
-
-    def handle(self, h, method: str, body: bytes | None):
-        request = json.loads(body) if body else {}
-        status, data = self.fetch(method, h.path, body)
-        if status == 200:
-            status, data = self.plant(h.path, request, status, json.loads(data))
-            data = json.dumps(data).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
-
-    def plant(self, path: str, request: dict, status: int, reply: dict):
-        mode = self.mode
-        if mode == "swap" and path == "/v1/completions" and request.get("echo"):
-            ids, entry = self.swap_at
-            if request["prompt"] == ids:
-                top = reply["choices"][0]["logprobs"]["top_logprobs"][entry]
-                (a, va), (b, vb) = sorted(top.items(), key=lambda kv: -kv[1])[:2]
-                top[a], top[b] = vb, va        # the top-1 and top-2 tokens trade logprobs
-        elif mode == "sharpen" and path == "/v1/completions" and request.get("echo"):
-            lp = reply["choices"][0]["logprobs"]       # logprobs of logits twice as far apart
-            lp["top_logprobs"] = [None if t is None else {k: 2 * v for k, v in t.items()}
-                                  for t in lp["top_logprobs"]]
-        elif mode == "second-best" and path == "/v1/completions" and not request.get("echo"):
-            lp = reply["choices"][0]["logprobs"]       # each stream's first token: the runner-up
-            best, second = sorted(lp["top_logprobs"][0].items(), key=lambda kv: -kv[1])[:2]
-            lp["tokens"][0] = second[0]
-        elif mode == "drop-first-token" and path == "/tokenize" and request.get("add_special"):
-            reply["tokens"] = reply["tokens"][1:]
-        elif mode == "no-generation-prompt" and path == "/v1/chat/completions":
-            reply["usage"]["prompt_tokens"] -= GENERATION_PROMPT_TOKENS
-        elif mode == "lacks" and (path == "/tokenize" or request.get("echo")):
-            return (404 if path == "/tokenize" else 400), {"error": {"message": "not supported"}}
-        elif mode == "other-file" and path == "/v1/models":
-            reply["data"][0]["meta"] = {"n_vocab": 151936}      # llama-server's form: another model
-        elif mode == "other-id" and path == "/v1/models":
-            reply["data"][0]["id"] = "gemma3-270m"              # Brass's form: another catalog model
-        return status, reply
 
 
 @pytest.fixture(scope="module")
 def proxy(real_model_path):
+    from brass.chat_template import ChatTemplate
     from brass.model import Model
     from brass.server import App
     from conformance.harness.server_harness import ThreadedServer
     model = Model(real_model_path(MODEL), backend="numpy", n_ctx=512, quiet=True)
     srv = ThreadedServer(App(model, MODEL, None, parallel=2, max_waiting=64))
-    p = Proxy(srv.url)
+    p = Proxy(srv.url, template=ChatTemplate.from_gguf(model.gguf, model.tokenizer))
     yield p
     p.close()
     srv.stop()
@@ -148,7 +57,7 @@ def statuses(report: dict) -> dict:
     return {c["name"]: c["status"] for c in report["models"][0]["checks"]}
 
 
-ALL = ("greedy", "teacher-forced argmax", "top-k gaps", "tokenize", "chat template")
+ALL = ("greedy", "teacher-forced argmax", "top-k gaps", "top-1 logprob", "tokenize", "chat template")
 
 
 def test_brass_serve_conforms(proxy):
@@ -172,6 +81,7 @@ def test_brass_serve_conforms(proxy):
     clear = sum(int((p.tf_margin[:-1] > 0.75).sum()) for p in prompts)
     assert checks["teacher-forced argmax"]["checked"] == clear > 100
     assert checks["top-k gaps"]["checked"] > 0.9 * clear
+    assert checks["top-1 logprob"]["checked"] > 0.9 * clear
     assert checks["tokenize"]["checked"] == len(prompts) + 242
     assert checks["chat template"]["checked"] >= 5
     for c in checks.values():
@@ -223,6 +133,16 @@ def test_logprobs_twice_as_far_apart_fail_the_gaps(proxy):
     assert statuses(report)["teacher-forced argmax"] == "pass"
 
 
+def test_unnormalized_logprobs_fail_the_top1_logprob(proxy):
+    """Echo logprobs raised by 10 (a normalization left out: gaps and order kept): neither the
+    argmax nor the gaps can see it; the top-1 logprob against llama.cpp's logit minus the
+    golden log-sum-exp must, naming the position and both values."""
+    r, report = graded(proxy, "unnormalized")
+    assert r.returncode == 1 and report["failed"] == ["smollm2-135m: top-1 logprob"]
+    div = next(c for c in report["models"][0]["checks"] if c["name"] == "top-1 logprob")["divergence"]
+    assert div.startswith("prompt plain position ") and ", llama.cpp -" in div
+
+
 def test_runner_up_token_fails_greedy(proxy):
     """A stream whose first token is the runner-up (a greedy defect): the greedy check fails on
     the first prompt whose first step has a clear llama.cpp margin, with both top-5s."""
@@ -256,7 +176,7 @@ def test_missing_features_are_skipped_and_named(proxy):
     assert r.returncode == 0, r.stdout
     s = statuses(report)
     assert s == {"greedy": "pass", "teacher-forced argmax": "skipped", "top-k gaps": "skipped",
-                 "tokenize": "skipped", "chat template": "pass"}
+                 "top-1 logprob": "skipped", "tokenize": "skipped", "chat template": "pass"}
     notes = {c["name"]: c["note"] for c in report["models"][0]["checks"]}
     assert "HTTP 404" in notes["tokenize"] and "HTTP 400" in notes["teacher-forced argmax"]
 
@@ -327,3 +247,32 @@ def test_the_grader_is_a_pure_client():
             "'brass.http_api', 'brass.model', 'fastapi', 'uvicorn', 'httpx')]; print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_dropped_bos_fails_tokenize(shared_model):
+    """A server that never adds BOS, on gemma3-270m (its prompts start with BOS; SmolLM2 adds
+    none): /tokenize loses the leading BOS and the tokenize check fails, naming the text and
+    both engines' ids. Only the tokenize check runs here (--checks): the full grading of this
+    planted server, whose token-id prompts also reach the model without BOS, is ci/grade_engines.py's."""
+    from brass.server import App
+    from conformance.harness.server_harness import ThreadedServer
+    name = "gemma3-270m"
+    model = shared_model(name, "numpy", n_ctx=64)
+    srv = ThreadedServer(App(model, name, None, parallel=1, max_waiting=64))
+    proxy = Proxy(srv.url, bos=model.tokenizer.bos_id)
+    try:
+        honest = subprocess.run([sys.executable, "-m", "brass", "conform", proxy.url, "--models", name,
+                                 "--checks", "tokenize", "--json"], capture_output=True, text=True, timeout=600)
+        proxy.mode = "drop-bos"
+        r = subprocess.run([sys.executable, "-m", "brass", "conform", proxy.url, "--models", name,
+                            "--checks", "tokenize", "--json"], capture_output=True, text=True, timeout=600)
+    finally:
+        proxy.close()
+        srv.stop()
+    assert honest.returncode == 0, honest.stdout + honest.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["failed"] == [f"{name}: tokenize"]
+    check = report["models"][0]["checks"][0]
+    assert check["agreed"] == 0 and check["checked"] > 200      # every case adds BOS: every one lost it
+    assert "llama.cpp [2, " in check["divergence"]

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Grading step of .ci/run, after the README's test command: brass conform against brass serve
+# and llama.cpp's server (llama-cpp-python's) on the catalog models, and the planted wrong
+# servers failing by name (ci/grade_engines.py); then lm-eval against both servers
+# (conformance/tools/test_lm_eval.py) where its extra installs and the step's time allows.
+# The step's budget: 15 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUDGET=900
+start=$(date +%s)
+
+timeout 780 python3 ci/grade_engines.py
+
+if ! python3 -m pip install -q -e '.[eval]'; then
+    echo "warning: lm-eval did not install; its test (conformance/tools/test_lm_eval.py) is not run"
+    exit 0
+fi
+left=$(( BUDGET - ($(date +%s) - start) ))
+if [ "$left" -lt 240 ]; then
+    echo "lm-eval: not run, ${left} s of the step's ${BUDGET} s left (it needs about 4 minutes)"
+    exit 0
+fi
+timeout "$left" python3 -m pytest conformance/tools/test_lm_eval.py -q -p no:cacheprovider
