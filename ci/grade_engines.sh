@@ -20,4 +20,4 @@ if [ "$left" -lt 240 ]; then
     echo "lm-eval: not run, ${left} s of the step's ${BUDGET} s left (it needs about 4 minutes)"
     exit 0
 fi
-timeout "$left" python3 -m pytest conformance/tools/test_lm_eval.py -q -p no:cacheprovider
+BRASS_TEST_LM_EVAL=1 timeout "$left" python3 -m pytest conformance/tools/test_lm_eval.py -q -p no:cacheprovider

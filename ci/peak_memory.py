@@ -3,7 +3,8 @@
     python ci/peak_memory.py [--interval 0.5] [--json PATH] -- COMMAND [ARGS...]
 
 Runs COMMAND and, every INTERVAL seconds, sums the resident set size (VmRSS in
-/proc/<pid>/status) of the command and every process descended from it: pytest workers,
+/proc/<pid>/status) and the proportional set size (Pss in /proc/<pid>/smaps_rollup) of the
+command and every process descended from it: pytest workers,
 `brass serve` subprocesses, anything a test starts. A process that re-parents itself away
 (a daemon that double-forks) is kept as long as it was seen once as a descendant. Prints the
 peak sum, the sample it happened at and the largest processes at that moment, then exits with
@@ -12,8 +13,10 @@ the command's status.
 Where the command runs in a cgroup (v2) of its own, memory.peak is the exact figure; on a
 shared machine the cgroup holds other people's processes too, so this sampled sum is the one
 the issue's bar ("<= 6 GB for the whole process tree") is measured with. Sampling can miss a
-spike shorter than the interval; RSS counts shared pages (the page cache of an mmap'd model)
-once per process that maps them, so the sum errs high, never low.
+spike shorter than the interval. RSS counts shared pages (the page cache of an mmap'd model, a
+forked child's pages still shared with its parent: pty.fork, fork-then-exec) once per process
+that maps them, so its sum errs high; PSS divides each shared page among its sharers, so its
+sum is the memory the tree holds.
 """
 
 from __future__ import annotations
@@ -57,6 +60,20 @@ def _rss_kib(pid: int) -> tuple[int, str] | None:
     return rss, name
 
 
+def _pss_kib(pid: int) -> int | None:
+    """The process's proportional set size: each resident page divided by the number of processes
+    that map it. A forked child's pages, still shared with its parent, and a model file mapped
+    by two processes, count once in a sum of PSS, where a sum of RSS counts them in each."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -90,19 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(cmd)
     known: set[int] = set()
     peak_kib, peak_t, peak_top, samples = 0, 0.0, [], 0
+    peak_pss, peak_pss_t = 0, 0.0
     t0 = time.monotonic()
     while True:
         done = proc.poll() is not None
         pids = tree(proc.pid, known) if not done else known
         known |= pids
-        total, top = 0, []
+        total, pss, top = 0, 0, []
         for pid in pids:
             got = _rss_kib(pid)
             if got is None:
                 continue
             total += got[0]
+            pss += _pss_kib(pid) or 0
             top.append((got[0], pid, got[1]))
         samples += 1
+        if pss > peak_pss:
+            peak_pss, peak_pss_t = pss, time.monotonic() - t0
         if total > peak_kib:
             peak_kib, peak_t = total, time.monotonic() - t0
             top.sort(reverse=True)
@@ -119,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     for kib, pid, name, cmdline in peak_top:
         print(f"peak_memory:   {kib / 1024**2:6.2f} GiB  pid {pid} {name}: {cmdline}", file=sys.stderr)
+    print(f"peak_memory: peak PSS of the process tree {peak_pss / 1024**2:.2f} GiB ({peak_pss} KiB) "
+          f"at {peak_pss_t:.0f} s (pages shared between processes counted once)", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peak_kib": peak_kib, "peak_at_s": round(peak_t, 1), "wall_s": round(wall, 1),
-                       "samples": samples, "rc": rc,
+                       "samples": samples, "rc": rc, "peak_pss_kib": peak_pss,
+                       "peak_pss_at_s": round(peak_pss_t, 1),
                        "top": [{"kib": k, "pid": p, "name": n, "cmdline": c} for k, p, n, c in peak_top]},
                       f, indent=1)
     return rc

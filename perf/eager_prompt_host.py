@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import statistics
 import sys
 import tempfile
 import time
