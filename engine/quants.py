@@ -390,6 +390,11 @@ def quantize_q8_k(x) -> Q8_KBlocks:
     return Q8_KBlocks(d, q.reshape(*lead, -1), bsums.reshape(*lead, -1))
 
 
+# Elements round_to_f16 works on at a time: its temporaries (the bits, |x|, the masks) stay a few
+# tens of MB beside the result, where a whole LM head at once (151,936 x 896) made 1.3 GB of them.
+_F16_CHUNK = 1 << 22
+
+
 def round_to_f16(a) -> np.ndarray:
     """float32 values rounded to float16 and back (`a.astype(float16).astype(float32)`), bit
     for bit, ~3x faster: the numpy backend rounds whole weight matrices this way on every
@@ -398,18 +403,22 @@ def round_to_f16(a) -> np.ndarray:
     even is the float32 bits rounded at bit 13; float16's subnormals, overflow to inf and NaN
     (rare: weights and activations are neither) go through astype."""
     a = np.ascontiguousarray(a, dtype=np.float32)
-    u = a.view(np.uint32)
-    r = u >> np.uint32(13)
-    r &= np.uint32(1)
-    r += np.uint32(0xFFF)
-    r += u                                  # no carry out: |x| < 65520 stays below 2^31
-    r &= np.uint32(0xFFFFE000)
-    out = r.view(np.float32)
-    mag = np.abs(a)
-    rare = np.flatnonzero((mag < np.float32(2.0 ** -14)) | ~(mag < np.float32(65520.0)))
-    if rare.size:
-        with np.errstate(over="ignore"):
-            out.flat[rare] = a.flat[rare].astype(np.float16).astype(np.float32)
+    out = np.empty_like(a)
+    flat_in, flat_out = a.reshape(-1), out.reshape(-1)
+    for i in range(0, flat_in.size, _F16_CHUNK):
+        x = flat_in[i:i + _F16_CHUNK]
+        u = x.view(np.uint32)
+        r = flat_out[i:i + _F16_CHUNK].view(np.uint32)
+        np.right_shift(u, np.uint32(13), out=r)
+        r &= np.uint32(1)
+        r += np.uint32(0xFFF)
+        r += u                              # no carry out: |x| < 65520 stays below 2^31
+        r &= np.uint32(0xFFFFE000)
+        mag = np.abs(x)
+        rare = np.flatnonzero((mag < np.float32(2.0 ** -14)) | ~(mag < np.float32(65520.0)))
+        if rare.size:
+            with np.errstate(over="ignore"):
+                flat_out[i + rare] = x[rare].astype(np.float16).astype(np.float32)
     return out
 
 

@@ -631,7 +631,8 @@ def test_quantize_q8_1_cuda_matches_llama_kernel(fast_math, rng):
     assert np.count_nonzero(diff) <= 1e-4 * x.size + 2, f"{np.count_nonzero(diff)} quants differ"
 
 
-def test_round_to_f16_is_astypes_rounding_bit_for_bit(rng):
+@pytest.mark.parametrize("chunk", [None, 4099])      # the default, and many chunks with a ragged end
+def test_round_to_f16_is_astypes_rounding_bit_for_bit(rng, monkeypatch, chunk):
     """quants.round_to_f16 (the numpy backend's fast float16 rounding) against numpy's own
     conversion: every float16 value and the float32 values around it (ties, one ulp either side,
     the edges of the subnormal and overflow ranges), then random bit patterns and weight-like
@@ -645,6 +646,8 @@ def test_round_to_f16_is_astypes_rounding_bit_for_bit(rng):
                                (rng.standard_normal(1 << 20) * 0.05).astype(np.float32)])
     with np.errstate(over="ignore", invalid="ignore"):
         want = x.astype(np.float16).astype(np.float32)
+    if chunk is not None:
+        monkeypatch.setattr(quants, "_F16_CHUNK", chunk)
     got = quants.round_to_f16(x.reshape(-1, 64)).reshape(-1)
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     bad = np.flatnonzero(~same)[:5]

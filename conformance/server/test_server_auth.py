@@ -41,6 +41,7 @@ ROUTES = {
     ("POST", "/v1/completions"): (True, 200),
     ("POST", "/tokenize"): (True, 200),
     ("POST", "/detokenize"): (True, 200),
+    ("GET", "/tokenizer_info"): (True, 200),
 }
 
 BODIES = {CHAT: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
