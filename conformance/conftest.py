@@ -16,13 +16,15 @@ What else lives here, for a suite that fits a 2-core, 24 GB machine without a GP
   errors and xfails are listed by pytest as before; skipped tests are not, one by one);
 - a check that the run left little in the temporary folder (TEMP_LEFT_BYTES);
 - BRASS_TEST_MEMLOG=FILE: a line per test with the process's resident and peak memory after
-  it (which test raised the peak; ci/peak_memory.py measures the whole process tree).
+  it, the xdist worker and a monotonic clock (which test raised the peak, and what ran beside
+  it; ci/peak_memory.py measures the whole process tree).
 """
 
 import gc
 import os
 import re
 import secrets
+import time
 from collections import Counter, OrderedDict
 from pathlib import Path
 
@@ -268,7 +270,8 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         rss, hwm = _status_kib("VmRSS", "VmHWM")
         with open(path, "a") as f:
-            f.write(f"{rss >> 10}\t{hwm >> 10}\t{'+' if hwm > before else ' '}\t{item.nodeid}\n")
+            f.write(f"{rss >> 10}\t{hwm >> 10}\t{'+' if hwm > before else ' '}\t{item.nodeid}\t"
+                    f"{os.environ.get('PYTEST_XDIST_WORKER', '')}\t{time.monotonic():.0f}\n")
 
 
 # -- the run's summary: skips by reason, what the temporary folder keeps -------------------------
