@@ -125,11 +125,16 @@ class ModelShelf:
         gc.collect()
 
 
+_SHELVES: list = []
+
+
 @pytest.fixture(scope="session")
 def model_shelf(request):
-    # An xdist worker keeps one model at a time: the other worker holds its own, and the two
-    # (with the servers their tests start) must stay under the suite's memory bar.
+    # An xdist worker keeps one model at a time, and none between files (pytest_runtest_teardown):
+    # the other worker holds its own, and the two (with the servers their tests start) must stay
+    # under the suite's memory bar.
     shelf = ModelShelf(0 if hasattr(request.config, "workerinput") else MODEL_SHELF_BYTES)
+    _SHELVES.append(shelf)
     yield shelf
     shelf.clear()
 
@@ -244,6 +249,15 @@ def pytest_collection_modifyitems(config, items):
         test = f"{rel}::{item.name}"
         group = next((g for g, tests in GROUPS.items() if test.startswith(tests)), rel)
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """An xdist worker lets go of its shelved models when it moves on to another file: the files
+    it runs next seldom load the same model (each worker gets whole files, in no set order)."""
+    if hasattr(item.config, "workerinput") and (nextitem is None or nextitem.path != item.path):
+        for shelf in _SHELVES:
+            if shelf.models:
+                shelf.clear()
 
 
 # -- memory log (BRASS_TEST_MEMLOG) -------------------------------------------------------------
