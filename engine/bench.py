@@ -17,10 +17,14 @@ them.
 
 Two choices change what a test reads:
 - lengths (`--lengths`): each timed prompt has a length the process has not read before (a
-  comma list, one a repetition, or `random:A-B` drawn with the seed), so no read replays a
-  prompt graph: what a server's first prompt of a new length costs. The warm-up reads N (-p)
-  tokens, a length the timed ones leave out. The test is named after the lengths
-  (pp480-544) and its tokens per second are each repetition's length over its time.
+  comma list, one a repetition, or `random:A-B` drawn with the seed): what a server's first
+  prompt of a new length costs. The warm-up reads N (-p) tokens, a length the timed ones
+  leave out; with prompt graphs on, it then reads, twice, one other length of each length
+  class (engine/model.py prompt_class) the timed lengths fall in, as a server has after a few
+  prompts of the class: each timed read then replays its class's graph, padded to it (where
+  a class has no length besides the timed ones, its first timed read is eager). With prompt
+  graphs off (BRASS_PROMPT_GRAPHS=0) every read is eager. The test is named after the
+  lengths (pp480-544) and its tokens per second are each repetition's length over its time.
 - depth D (`--depth`, llama-bench's -d): every repetition, the warm-up's too, starts from D
   random tokens already in the cache, read untimed just before the timed part (in prompts of
   DEPTH_CHUNK tokens, read eagerly: they capture no graph and mark no length as read); the
@@ -172,12 +176,17 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
     """pp`n_prompt` and tg`n_gen` of `model` (either may be 0 to skip it); with parallel > 1,
     the generation test is `parallel` sequences decoded in batched steps; `lengths` (a
     --lengths spec) and `depth`: see the module's docstring."""
+    from .model import prompt_class
     fresh = check_args(n_prompt, n_gen, reps, parallel, lengths, depth, seed)
     longest = max([n_prompt] + (fresh[1] if fresh else []))
     n_ctx = depth + max(longest, n_gen + 1)
     if n_ctx > model.config.n_ctx_train:
         what = f" ({depth} of depth and {n_ctx - depth} of the test)" if depth else ""
         raise BrassError(f"bench: {n_ctx} tokens{what} exceed the model's context of {model.config.n_ctx_train}")
+    if longest >= 2:
+        # room for the padding rows of the longest prompt's class graph (a prompt whose class
+        # does not fit after the depth is read eagerly)
+        n_ctx = min(model.config.n_ctx_train, max(n_ctx, depth + prompt_class(longest)))
     rng = np.random.default_rng(seed)
     b = model.backend
     s = model.new_session(n_ctx)
@@ -261,6 +270,10 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
             prepare(n_prompt)()                              # warm-up, untimed
             if kind == "pp" and not fresh and s.prompt_graphs:
                 prepare(n_prompt)()                          # and the prompt graph's capture
+            if kind == "pp" and fresh and s.prompt_graphs:
+                for n in class_warmups(timed, n_prompt):     # each class read eagerly, then captured
+                    prepare(n)()
+                    prepare(n)()
             secs = []
             for r, n in enumerate(timed):
                 secs.append(_timed(b, prepare(n)))
@@ -273,10 +286,30 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
             n_tokens=round(statistics.fmean(timed)), reps=reps, tokens_per_s=statistics.fmean(tps),
             stddev=statistics.stdev(tps) if len(tps) > 1 else 0.0, samples=tps,
             kernels_per_token=s._step.kernels if kind == "tg" and parallel == 1 and s._step else None,
-            prompt_graph=bool(s.prompt_graphs and any(n in s._prompt_steps for n in timed)) if pp else None,
+            prompt_graph=bool(s.prompt_graphs and all(n >= 2 and prompt_class(n) in s._prompt_steps
+                                                      for n in timed)) if pp else None,
             depth=depth, lengths=list(timed) if pp else None,
             memory=held_memory(model, [s] + sessions, dec)))
     return results
+
+
+def class_warmups(timed: list[int], n_prompt: int) -> list[int]:
+    """For each length class of the `timed` lengths (first seen first), the longest length of
+    the class that is neither timed nor the warm-up's `n_prompt` (whose class is read already);
+    a class without one is left out."""
+    from .model import prompt_class
+    out, seen = [], set()
+    for n in timed:
+        if n < 2 or prompt_class(n) in seen:
+            continue
+        c = prompt_class(n)
+        seen.add(c)
+        m = c
+        while m >= 2 and prompt_class(m) == c and (m in timed or m == n_prompt):
+            m -= 1
+        if m >= 2 and prompt_class(m) == c:
+            out.append(m)
+    return out
 
 
 def _gib(n: int | None) -> str:
@@ -293,8 +326,8 @@ def table(results: list[BenchResult]) -> str:
     out = tabulate(rows, headers=["model", "size", "backend", "test", "t/s", "memory"], tablefmt="github",
                    disable_numparse=True)
     if any(r.prompt_graph for r in results):
-        out += ("\npp: every timed read replayed a prompt graph captured in the warm-up "
-                "(BRASS_PROMPT_GRAPHS=0 reads prompts eagerly)")
+        out += ("\npp: every timed read replayed a prompt graph of its length class captured in the "
+                "warm-up (BRASS_PROMPT_GRAPHS=0 reads prompts eagerly)")
     for r in results:
         if r.lengths and len(set(r.lengths)) > 1:
             out += f"\n{r.test}: each repetition a length not read before: {', '.join(map(str, r.lengths))}"

@@ -29,9 +29,12 @@ DEFAULT_CTX = 4096
 # generation) wastes at most two chunks of steps.
 GREEDY_CHUNK = 8
 # Prompt graphs (the model's prompt_graphs option; default: the BRASS_PROMPT_GRAPHS setting, on):
-# a prompt of a length the model has read before is captured (PromptStep) by the session
-# reading it and replayed the next times, instead of a few hundred launches of Python: a small
-# model's prompt on the GPU is bound by them (~50 us of host time a launch).
+# a prompt of a length class (prompt_class) the model has read before is captured (PromptStep)
+# by the session reading it and replayed the next times, instead of a few hundred launches of
+# Python: a small model's prompt on the GPU is bound by them (~50 us of host time a launch).
+# A graph reads the last length of its class; a shorter prompt of the class is padded to it,
+# and how many rows are real is a device word rewritten before each replay (_PrefillGraph), so
+# that a prompt of a length never read before replays too.
 # A prompt that starts a sequence (position 0: a new request, a reset session) is not the
 # session's to capture: the model keeps those (StartStep, in the same ledger; the
 # shared_prompt_graphs option, on), each over a cache of its own, and a replay's keys, values
@@ -53,6 +56,32 @@ GREEDY_CHUNK = 8
 # 8B, besides its working set). A new graph is captured before older ones make room: for that
 # moment the graphs hold one more.
 PROMPT_GRAPHS_KEPT = 32
+
+
+def prompt_class(n: int) -> int:
+    """The rows of the prompt graph that reads a prompt of n >= 2 tokens: the last length of
+    n's class. The classes are half-open ranges of lengths: [2, 4), [4, 8), [8, 16), then
+    steps of 16 up to 128, then eight a doubling (a step of 2^(k-3) between 2^k and 2^(k+1)).
+    Why these:
+    - a padded prompt computes at most an eighth more rows than it has above 128 tokens (at
+      most 15 more below: there a prompt is bound by its launches, not its rows), where a
+      fixed step of 64 would waste half of a prompt of 65 and fix nothing for long ones;
+    - few classes: 48 up to 4,096 tokens, 72 up to 32,768, so the graphs a server keeps
+      (PROMPT_GRAPHS_KEPT) cover the lengths it sees after a few prompts of each class;
+    - every length at which the CUDA backend picks another kernel for a prompt of T rows
+      starts a class (T >= 2 the tiled attention, GEMM_MIN_TOKENS = 32 the float16 GEMMs and
+      the MoE int8 tiles, DELTA_CHUNKED_MIN_TOKENS = 64 the chunked delta rule), so a prompt
+      and its class's graph run the same kernels, and the graph gives what an eager read does
+      (tests: conformance/models/test_prompt_classes.py)."""
+    if n < 2:
+        raise ValueError(f"a prompt graph reads at least 2 tokens, not {n}")
+    if n < 16:
+        step = 1 << (n.bit_length() - 1)
+    elif n < 128:
+        step = 16
+    else:
+        step = 1 << (n.bit_length() - 4)
+    return (n // step + 1) * step - 1
 
 
 class GraphLedger:
@@ -158,10 +187,10 @@ class Model:
         self.backend = get_backend(backend, **backend_options)
         self.weights = Weights(self.backend, self.gguf)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
-        # prompt lengths some session read eagerly (their kernels loaded): another session's
-        # first prompt of such a length is captured at once (prompt_graphs), which is what a
-        # server's pooled sessions, each with its own cache, need to replay at all
-        self.prompt_lengths_read: set[int] = set()
+        # prompt classes (prompt_class) some session read eagerly (their kernels loaded):
+        # another session's first prompt of such a class is captured at once (prompt_graphs),
+        # which is what a server's pooled sessions, each with its own cache, need to replay
+        self.prompt_classes_read: set[int] = set()
         # every prompt graph of the model and its sessions, under one budget (PROMPT_GRAPHS_KEPT)
         self.graph_ledger = GraphLedger(int(mb * 2**20))
         # sequences' first prompts, captured once for every session (StartStep): keyed by
@@ -208,7 +237,7 @@ class Model:
 
     @property
     def _start_steps(self) -> dict:
-        """{(length, n_ctx): StartStep} kept, least recently used first (a copy)."""
+        """{(class, n_ctx): StartStep} kept, least recently used first (a copy)."""
         return self._start_shelf.steps
 
     def graph_bytes(self) -> dict[str, int]:
@@ -222,10 +251,12 @@ class Model:
             out["start" if shelf is self._start_shelf else "prompt"] += st.nbytes
         return out
 
-    def forward(self, ids, pos, cache: KVCache, out_rows=None, trace: Callable | None = None):
+    def forward(self, ids, pos, cache: KVCache, out_rows=None, trace: Callable | None = None,
+                n_real=None):
         """Logits (backend array) for tokens `ids` at positions `pos`; `out_rows` selects the
-        rows whose logits are wanted (None: all)."""
-        f = Forward(self.backend, self.config, self.weights, cache, pos, trace)
+        rows whose logits are wanted (None: all); `n_real`: a one-element int32 backend array,
+        the rows that are the prompt's when it is padded to its class (Forward.n_real)."""
+        f = Forward(self.backend, self.config, self.weights, cache, pos, trace, n_real)
         with self.backend.activate():
             return self.arch.forward(f, ids, out_rows)
 
@@ -295,23 +326,23 @@ class Session:
         self.n_past = 0
         self.graphs = graphs_enabled(self.model)
         self._step: DecodeStep | None = None
-        # prompt graphs (the model's prompt_graphs): its PromptSteps by length, in the model's ledger (the
-        # lengths read eagerly once are the model's), dropped from it when the session goes;
+        # prompt graphs (the model's prompt_graphs): its PromptSteps by class, in the model's ledger (the
+        # classes read eagerly once are the model's), dropped from it when the session goes;
         # prompt_graphs False once a capture failed (the forward synchronised with the host: a
         # MoE prompt whose routing is planned there)
         self._prompt_shelf = GraphShelf(self.model.graph_ledger)
         weakref.finalize(self, self.model.graph_ledger.drop, self._prompt_shelf).atexit = False
-        # lengths this session read eagerly from position 0: it captures its own graph of
-        # them next (a session reading one length again and again, as a bench or a loop does,
-        # replays without StartStep's copies); a length it has not read itself goes to the
-        # model's StartStep (a server's pooled sessions, each reading a length a few times)
+        # classes this session read eagerly from position 0: it captures its own graph of
+        # them next (a session reading one class again and again, as a bench or a loop does,
+        # replays without StartStep's copies); a class it has not read itself goes to the
+        # model's StartStep (a server's pooled sessions, each reading a class a few times)
         self._read_here: set[int] = set()
         self.prompt_graphs = self.model.prompt_graphs and self.graphs
         self.prompt_graphs_error: str | None = None     # why a capture failed, if one did
 
     @property
     def _prompt_steps(self) -> dict:
-        """{length: PromptStep} of this session kept, least recently used first (a copy)."""
+        """{class: PromptStep} of this session kept, least recently used first (a copy)."""
         return self._prompt_shelf.steps
 
     def reset(self):
@@ -329,16 +360,19 @@ class Session:
             raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
-        if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2:
-            n = len(ids)
+        # a prompt graph's padding rows go to the cache slots after the prompt's (rewritten
+        # when decoding reaches them): they must be in the cache
+        if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2 \
+                and self.n_past + prompt_class(len(ids)) <= self.n_ctx:
+            n = prompt_class(len(ids))
             if m.shared_prompt_graphs and self.n_past == 0 and n not in self._prompt_shelf \
                     and n not in self._read_here and m.start_graphs_error is None:
-                # a length this session has not read itself: the model's graph, if any
+                # a class this session has not read itself: the model's graph, if any
                 st = self._start_step(n)
                 if st is not None:
                     with b.activate():
                         logits = st.run(ids, self.cache)
-                        self.n_past = n
+                        self.n_past = len(ids)
                         return logits if device_logits else b.to_numpy(logits)
                 st = None
                 if self.prompt_graphs:
@@ -358,12 +392,12 @@ class Session:
             return logits if device_logits else b.to_numpy(logits)
 
     def _prompt_step(self, n: int) -> "PromptStep | None":
-        """The captured prefill of n tokens: None the first time a length comes to the model
-        (read eagerly, loading its kernels), captured the next time, in this session or
-        another; a failed capture turns prompt graphs off
+        """The captured prefill of class n (prompt_class): None the first time the class comes
+        to the model (the prompt read eagerly, loading the kernels its class runs), captured
+        the next time, in this session or another; a failed capture turns prompt graphs off
         for this session (its prompts are then read eagerly, as before)."""
-        if n not in self._prompt_shelf and n not in self.model.prompt_lengths_read:
-            self.model.prompt_lengths_read.add(n)
+        if n not in self._prompt_shelf and n not in self.model.prompt_classes_read:
+            self.model.prompt_classes_read.add(n)
             return None
         def failed(e):
             self.prompt_graphs = False
@@ -372,8 +406,8 @@ class Session:
         return self._prompt_shelf.get(n, lambda: PromptStep(self, n), failed)
 
     def _start_step(self, n: int) -> "StartStep | None":
-        """The model's captured prefill of n tokens from position 0 for caches of this
-        session's size: None the first time the model reads the length (eagerly, here), captured
+        """The model's captured prefill of class n from position 0 for caches of this
+        session's size: None the first time the model reads the class (eagerly, here), captured
         the next time, by whichever session; None too for a session whose cache would take more
         than half the graphs' budget (a StartStep holds a cache of that size: the session
         captures its own graph instead). A failed capture is the model's (start_graphs_error):
@@ -381,8 +415,8 @@ class Session:
         m = self.model
         key = (n, self.n_ctx)
         if key not in m._start_shelf:
-            if n not in m.prompt_lengths_read:
-                m.prompt_lengths_read.add(n)    # read eagerly by the caller: its kernels load
+            if n not in m.prompt_classes_read:
+                m.prompt_classes_read.add(n)    # read eagerly by the caller: its kernels load
                 return None
             if KVCache.nbytes_for(m.config, self.n_ctx) > m.graph_ledger.budget // 2:
                 return None
@@ -519,55 +553,68 @@ class DecodeStep:
 
 
 class _PrefillGraph:
-    """A prefill of n tokens over `cache`, captured as a graph: the token ids and positions
-    come from one device array [2, n] (uploaded before each replay), then every layer and the
-    last row's logits (the graph's own array: the next replay rewrites it). Its intermediate
-    arrays share the graph's own memory pool (Backend.capture reuse_freed): it holds the
-    prompt's peak working set."""
+    """A prefill of up to n tokens over `cache`, captured as a graph of n rows (n: a length
+    class, prompt_class): the token ids, positions, the count of real rows and the row whose
+    logits are wanted come from one device array (uploaded before each replay), then every
+    layer and that row's logits (the graph's own array: the next replay rewrites it). A prompt
+    shorter than n is padded with token 0 at the positions after its own: attention is causal,
+    so no real row sees a padding row; their keys and values go to cache slots after the
+    prompt's, rewritten when decoding reaches them; the recurrent layers leave the padding
+    rows out of their states (Forward.n_real); everything else is computed row by row. Its
+    intermediate arrays share the graph's own memory pool (Backend.capture reuse_freed): it
+    holds the peak working set of n rows."""
 
     def __init__(self, model: Model, n: int, cache):
         b = model.backend
         self.n = n
         with b.activate():
-            self.inp = b.zeros((2, n), np.int32)
-            self._host = b.pinned_empty(2 * n, np.int32).reshape(2, n)
-            self._out_rows = b.asarray(np.array([n - 1], np.int32))
+            # [ids (n) | positions (n) | real rows | the row of the logits]
+            self.inp = b.zeros((2 * n + 2,), np.int32)
+            self._host = b.pinned_empty(2 * n + 2, np.int32)
         self._uploaded = lambda: None
         self.backend = b
         # The captured function reaches only what the graph reads, not this step: a backend may
         # keep it (a replay re-running it, as the CPU tests' fake does), and a reference back
         # would make a cycle that only the garbage collector frees, the graph's memory with it.
-        inp, rows = self.inp, self._out_rows
-        self.graph = b.capture(lambda: model.forward(inp[0], inp[1], cache, rows), reuse_freed=True)
+        inp = self.inp
+        ids, pos, real, rows = inp[:n], inp[n:2 * n], inp[2 * n:2 * n + 1], inp[2 * n + 1:]
+        self.graph = b.capture(lambda: model.forward(ids, pos, cache, rows, n_real=real), reuse_freed=True)
         self.nbytes = getattr(self.graph, "nbytes", 0)     # the device memory it holds
 
     def _replay(self, ids: np.ndarray, start: int):
+        k, n = len(ids), self.n
+        if not 1 <= k <= n:
+            raise BrassError(f"a prompt graph of {n} rows cannot read {k} tokens")
         self._uploaded()            # the last copy has read the pinned buffer
-        self._host[0] = ids
-        self._host[1] = np.arange(start, start + self.n, dtype=np.int32)
-        self._uploaded = self.backend.upload_async(self.inp, self._host)
+        h = self._host
+        h[:k] = ids
+        h[k:n] = 0                  # padding: any token id; its rows are left out (above)
+        h[n:2 * n] = np.arange(start, start + n, dtype=np.int32)
+        h[2 * n], h[2 * n + 1] = k, k - 1
+        self._uploaded = self.backend.upload_async(self.inp, h)
         self.graph.replay()
         return self.graph.result
 
 
 class PromptStep(_PrefillGraph):
-    """A session's prefill of n tokens, over the session's cache, from any position."""
+    """A session's prefill of a prompt of class n, over the session's cache, from any position
+    (start + n <= the cache's slots: the padding rows write there too)."""
 
     def __init__(self, session: Session, n: int):
         super().__init__(session.model, n, session.cache)
 
     def run(self, ids: np.ndarray, start: int):
-        """Logits after the tokens `ids` (n of them) at positions start .. start + n - 1."""
+        """Logits after the tokens `ids` (of class n) at positions start .. start + len(ids) - 1."""
         return self._replay(ids, start)
 
 
 class StartStep(_PrefillGraph):
-    """A prefill of n tokens from position 0 over a cache of its own (`cache`, n_ctx slots like
-    the sessions' it serves), for every session of the model: `run` zeroes the cache's
-    recurrent state, replays, and copies the n slots of keys and values (and the recurrent
-    state) into the session's cache. The same bits as the session reading the prompt itself:
-    the same kernels on the same inputs, and attention from position 0 reads only the slots
-    the prompt writes. It holds its cache and its peak working set (own memory pool)."""
+    """A prefill of a prompt of class n from position 0 over a cache of its own (`cache`, n_ctx
+    slots like the sessions' it serves), for every session of the model: `run` zeroes the
+    cache's recurrent state, replays, and copies the prompt's slots of keys and values (and the
+    recurrent state) into the session's cache. The same bits as the session reading the prompt
+    itself: the same kernels on the same inputs, and attention from position 0 reads only the
+    slots the prompt writes. It holds its cache and its peak working set (own memory pool)."""
 
     def __init__(self, model: Model, n: int, n_ctx: int):
         self.cache = model.new_cache(n_ctx)
@@ -575,11 +622,11 @@ class StartStep(_PrefillGraph):
         self.nbytes += self.cache.nbytes
 
     def run(self, ids: np.ndarray, cache: KVCache):
-        """Logits after the tokens `ids` at positions 0 .. n - 1 of `cache` (written there).
-        The logits are a copy: the next session's replay rewrites the graph's own."""
+        """Logits after the tokens `ids` at positions 0 .. len(ids) - 1 of `cache` (written
+        there). The logits are a copy: the next session's replay rewrites the graph's own."""
         self.cache.reset()
         self._replay(ids, 0)
-        cache.copy_prefix(self.cache, self.n)
+        cache.copy_prefix(self.cache, len(ids))
         return self.graph.result.copy()
 
 

@@ -19,6 +19,11 @@
 // work). Sums are float32 in another order than the sequential kernel (FMAs allowed): the
 // tests hold it to DELTA_CHUNKED (kernels/cases.py), derived from the numpy twin in float32.
 //
+// Only the first *n_real of the n_tokens rows are the prompt's (a prompt graph of a length
+// class pads the rest, engine/model.py ClassStep; an eager read passes INT_MAX): the chunks
+// run over those rows exactly as over a prompt of that length, and the padding rows' outputs
+// are zero.
+//
 // GDN_CHUNK = 64, as llama.cpp's chunked graph (delta-net-base.cpp) and the numpy twin: the
 // solve is C sequential rows, the state steps T / C, and the C x C products grow as C^2; 64
 // keeps the solve's serial part (64 rows) short beside the chunk's matrix work while cutting
@@ -41,7 +46,8 @@ template <int D>
 __device__ __forceinline__ void gated_delta_net_chunked(const float * __restrict__ q, const float * __restrict__ k,
                                                         const float * __restrict__ v, const float * __restrict__ g,
                                                         const float * __restrict__ beta, float * __restrict__ state,
-                                                        float * __restrict__ out, const GatedDeltaNetParams p) {
+                                                        float * __restrict__ out, const int * __restrict__ n_real,
+                                                        const GatedDeltaNetParams p) {
     constexpr int C = GDN_CHUNK, NT = GDN_CHUNK_THREADS, DC = GDN_COLS;
     constexpr int KP = D + 1, CP = C + 1, SP = DC + 1, PARTS = NT / DC;
     static_assert(C == 64 && DC == 32 && NT == 256 && D % 16 == 0, "the register tiles assume these");
@@ -58,7 +64,7 @@ __device__ __forceinline__ void gated_delta_net_chunked(const float * __restrict
     float * red = Ws + C;               // [NT]     partial sums of the solve
 
     const int tid = threadIdx.x, h = blockIdx.x, c0 = blockIdx.y * DC;
-    const int T = p.n_tokens, Hv = p.n_v_heads, Hk = p.n_k_heads, hk = h % Hk;
+    const int T = min(p.n_tokens, *n_real), Hv = p.n_v_heads, Hk = p.n_k_heads, hk = h % Hk;
     const float scale = 1.0f / sqrtf((float) D);
 
     for (int e = tid; e < D * DC; e += NT) {            // row c0 + c of the state holds S[:, c0 + c]
@@ -232,6 +238,8 @@ __device__ __forceinline__ void gated_delta_net_chunked(const float * __restrict
         const int c = e / D, i = e % D;
         state[((i64) h * D + c0 + c) * D + i] = Ss[i * SP + c];
     }
+    for (int e = tid; e < (p.n_tokens - T) * DC; e += NT)     // the padding rows' outputs
+        out[((i64) (T + e / DC) * Hv + h) * D + c0 + e % DC] = 0.0f;
 }
 
 #define DEFINE_GDN_CHUNKED(D)                                                                          \
@@ -239,9 +247,10 @@ extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS)                 
 gated_delta_net_chunked_##D(const float * __restrict__ q, const float * __restrict__ k,                \
                             const float * __restrict__ v, const float * __restrict__ g,                \
                             const float * __restrict__ beta, float * __restrict__ state,               \
-                            float * __restrict__ out, const GatedDeltaNetParams p) {                   \
+                            float * __restrict__ out, const int * __restrict__ n_real,                 \
+                            const GatedDeltaNetParams p) {                                             \
     PDL_ENTRY();                                                                                       \
-    gated_delta_net_chunked<D>(q, k, v, g, beta, state, out, p);                                       \
+    gated_delta_net_chunked<D>(q, k, v, g, beta, state, out, n_real, p);                               \
 }
 DEFINE_GDN_CHUNKED(32)
 DEFINE_GDN_CHUNKED(64)

@@ -6,6 +6,12 @@
 //   unary            y = sigmoid / softplus / silu (x)
 //   ssm_conv         y[t, c] = sum_i X[t + i, c] w[c, i], X = [state (K-1 rows); x]; state <- last K-1 rows of X
 //   gated_delta_net_<D>  the delta rule over the tokens in order, a block per (value head, 32 rows)
+//
+// A prompt graph of a length class (engine/model.py ClassStep) reads n_tokens rows of which
+// only the first *n_real are the prompt's (the rest pad it to its class): the carried state
+// (conv window, delta-rule matrix) is the state after exactly those real rows, as an eager
+// read of them leaves it. *n_real is device memory, rewritten before each replay; an eager
+// read passes a word holding INT_MAX (every row real).
 #include "common.cuh"
 #include "params.cuh"
 
@@ -32,11 +38,12 @@ unary(const float * __restrict__ x, float * __restrict__ y, const UnaryParams p)
 // A thread per channel. Row j of X is state row j (j < K-1) or x row j - (K-1).
 extern "C" __global__ void __launch_bounds__(SSM_CONV_THREADS)
 ssm_conv(const float * __restrict__ x, float * __restrict__ state, const float * __restrict__ w,
-         float * __restrict__ y, const SsmConvParams p) {
+         float * __restrict__ y, const int * __restrict__ n_real, const SsmConvParams p) {
     PDL_ENTRY();
     const int c = blockIdx.x * SSM_CONV_THREADS + threadIdx.x;
     if (c >= p.n_channels) return;
     const int C = p.n_channels, K = p.kernel, K1 = K - 1;
+    const int T = min(p.n_tokens, *n_real);     // the real rows; y is computed for every row
     const float * wc = w + (i64) c * K;
 #define X_ROW(j) ((j) < K1 ? state[(i64) (j) * C + c] : x[(i64) ((j) - K1) * C + c])
     for (int t = 0; t < p.n_tokens; ++t) {
@@ -44,10 +51,10 @@ ssm_conv(const float * __restrict__ x, float * __restrict__ state, const float *
         for (int i = 1; i < K; ++i) acc = __fadd_rn(acc, __fmul_rn(X_ROW(t + i), wc[i]));
         y[(i64) t * C + c] = acc;
     }
-    // The new window: rows T .. T+K-2 of X, in increasing j: row T + j > j of the old state
-    // is read before it is overwritten.
+    // The new window: rows T .. T+K-2 of X (the last K-1 real rows), in increasing j: row
+    // T + j >= j of the old state is read before it is overwritten.
     for (int j = 0; j < K1; ++j) {
-        const float v = X_ROW(p.n_tokens + j);
+        const float v = X_ROW(T + j);
         state[(i64) j * C + c] = v;
     }
 #undef X_ROW
@@ -87,7 +94,8 @@ template <int D>
 __device__ __forceinline__ void gated_delta_net(const float * __restrict__ q, const float * __restrict__ k,
                                                 const float * __restrict__ v, const float * __restrict__ g,
                                                 const float * __restrict__ beta, float * __restrict__ state,
-                                                float * __restrict__ out, const GatedDeltaNetParams p) {
+                                                float * __restrict__ out, const int * __restrict__ n_real,
+                                                const GatedDeltaNetParams p) {
     constexpr int P = gdn_lanes(D), N = D / P;      // threads per row, state values per thread
     // Slab layout: row r at r * LD, its part c at c * (N + 4): 16-byte aligned, and the eight
     // lanes of a 128-bit shared-memory wavefront fall on distinct banks both when a warp
@@ -115,7 +123,8 @@ __device__ __forceinline__ void gated_delta_net(const float * __restrict__ q, co
         m[i] = w.x; m[i + 1] = w.y; m[i + 2] = w.z; m[i + 3] = w.w;
     }
     const float scale = __fdiv_rn(1.0f, sqrtf((float) D));
-    for (int t = 0; t < p.n_tokens; ++t) {
+    const int T = min(p.n_tokens, *n_real);     // the rows that update the state
+    for (int t = 0; t < T; ++t) {
         __syncthreads();                    // the previous token's ks / qs are read
         for (int d = tid; d < D; d += GDN_ROWS * P) {
             ks[d] = k[((i64) t * Hk + hk) * D + d];
@@ -136,6 +145,9 @@ __device__ __forceinline__ void gated_delta_net(const float * __restrict__ q, co
         for (int s = 1; s < P; s <<= 1) o = __fadd_rn(o, __shfl_xor_sync(0xffffffffu, o, s));
         if (c == 0) out[((i64) t * Hv + h) * D + j] = __fmul_rn(o, scale);
     }
+    // The padding rows' outputs: zero (finite: they flow on through the padding rows' layers)
+    for (int t = T; t < p.n_tokens; ++t)
+        if (c == 0) out[((i64) t * Hv + h) * D + j] = 0.0f;
     // Each thread writes back only the part it read: no barrier needed before.
 #pragma unroll
     for (int i = 0; i < N; i += 4) *(float4 *) (mine + i) = make_float4(m[i], m[i + 1], m[i + 2], m[i + 3]);
@@ -151,9 +163,9 @@ __device__ __forceinline__ void gated_delta_net(const float * __restrict__ q, co
 extern "C" __global__ void __launch_bounds__(GDN_ROWS * gdn_lanes(D))                                   \
 gated_delta_net_##D(const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v, \
                     const float * __restrict__ g, const float * __restrict__ beta, float * __restrict__ state, \
-                    float * __restrict__ out, const GatedDeltaNetParams p) {                           \
+                    float * __restrict__ out, const int * __restrict__ n_real, const GatedDeltaNetParams p) { \
     PDL_ENTRY();                                                                                       \
-    gated_delta_net<D>(q, k, v, g, beta, state, out, p);                                               \
+    gated_delta_net<D>(q, k, v, g, beta, state, out, n_real, p);                                       \
 }
 DEFINE_GDN(32)
 DEFINE_GDN(64)

@@ -1,5 +1,8 @@
 """Prompt graphs (the model's prompt_graphs option, engine/model.py PromptStep): a session's prompt of a
-length it has read before replays a captured graph, and gives what reading it eagerly gives.
+length class (prompt_class) it has read before replays the class's captured graph, padded to
+it, and gives what reading it eagerly gives. Graphs are keyed by class; lengths here that are
+the last of their class (3, 7, 15, 47, ...) are read unpadded, others padded
+(test_prompt_classes.py tests the padding itself).
 
 On the CPU the session logic runs on the numpy backend with CUDA's graph interface
 (conformance/harness/fakes.py: a replay re-runs the captured forward): which prefill is eager, which
@@ -26,6 +29,7 @@ import pytest
 
 from conformance.harness.fakes import ReplayingNumpy
 from conformance.harness.goldens import load_synthetic
+from brass.model import prompt_class
 
 DENSE = ["synth-llama", "synth-qwen3", "synth-gemma3", "synth-qwen35"]
 ALL = DENSE + ["synth-qwen3moe", "synth-qwen35moe", "synth-gemma4", "synth-gemma4moe"]
@@ -58,7 +62,13 @@ def _faked(name, budget_mb: float | None = None, **options):
     _on(m, **options)
     if budget_mb is not None:
         m.graph_ledger.budget = int(budget_mb * MiB)
-    return m, load_synthetic(name, "numpy")
+    ref = load_synthetic(name, "numpy")
+    # A graph reads a prompt padded to its class: more rows than the eager read. numpy's BLAS
+    # gemm sums a row in an order that depends on the number of rows, so on both sides every
+    # row is computed as alone (rows_independent: gemv per row), which isolates what these
+    # tests check, the padding and the session logic, from BLAS's blocking.
+    m.backend._rows_independent = ref.backend._rows_independent = True
+    return m, ref
 
 
 def _count_captures(m, monkeypatch) -> list:
@@ -91,7 +101,7 @@ def test_second_prompt_of_a_length_replays(name, rng, monkeypatch):
         want = r.prefill(ids)
         assert np.array_equal(got, want), f"prompt {i}: replayed logits differ from eager ones"
         assert s.n_past == r.n_past
-        assert (9 in s._prompt_steps) == (i >= 1), f"prompt {i}: captured {list(s._prompt_steps)}"
+        assert (prompt_class(9) in s._prompt_steps) == (i >= 1), f"prompt {i}: captured {list(s._prompt_steps)}"
     assert captures == [{"reuse_freed": True}], "one capture of the length, with its own memory pool"
     # then decoding goes on from the right position with the right cache
     tok = int(np.argmax(want[-1]))
@@ -120,7 +130,7 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, monkeypatc
         # the cache holds the prompt: decoding on gives what it gives after an eager read
         for tok in (int(t) for t in rng.integers(0, V, 3)):
             assert np.array_equal(s.prefill([tok]), r.prefill([tok])), f"session {i}: decoding after the prompt"
-    assert len(captures) == 1 and list(m._start_steps) == [(9, 64)], (captures, list(m._start_steps))
+    assert len(captures) == 1 and list(m._start_steps) == [(prompt_class(9), 64)], (captures, list(m._start_steps))
     assert not any(s._prompt_steps for s in others), "they replayed the model's graph, not their own"
     # again after a reset: the model's graph again (their second request), no new capture
     others[0].reset(), r.reset()
@@ -130,12 +140,12 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, monkeypatc
     for k in (4, 5):
         first.reset(), r.reset()
         assert np.array_equal(first.prefill(ids[k]), r.prefill(ids[k]))
-    assert len(captures) == 2 and 9 in first._prompt_steps
+    assert len(captures) == 2 and prompt_class(9) in first._prompt_steps
     # a session of another size does not take a graph over a cache of 64 slots
     big = m.new_session(128)
     r.reset()
     assert np.array_equal(big.prefill(ids[1]), r.prefill(ids[1]))
-    assert (9, 128) in m._start_steps and len(captures) == 3
+    assert (prompt_class(9), 128) in m._start_steps and len(captures) == 3
 
 
 def test_a_large_cache_is_not_shared(rng, monkeypatch):
@@ -152,11 +162,11 @@ def test_a_large_cache_is_not_shared(rng, monkeypatch):
     for i in (1, 2, 3):
         s.reset(), r.reset()
         assert np.array_equal(s.prefill(ids[i]), r.prefill(ids[i])), f"prompt {i}"
-    assert not m._start_steps and 9 in s._prompt_steps
+    assert not m._start_steps and prompt_class(9) in s._prompt_steps
     small = m.new_session(16)                   # a cache of 16 slots is shared
     r.reset()
     assert np.array_equal(small.prefill(ids[1]), r.prefill(ids[1]))
-    assert list(m._start_steps) == [(9, 16)]
+    assert list(m._start_steps) == [(prompt_class(9), 16)]
 
 
 def test_without_shared_graphs_each_session_captures_its_own(rng, monkeypatch):
@@ -172,7 +182,7 @@ def test_without_shared_graphs_each_session_captures_its_own(rng, monkeypatch):
     for i in (1, 2):
         second.reset(), r.reset()
         assert np.array_equal(second.prefill(ids[i]), r.prefill(ids[i])), f"prompt {i}"
-        assert 9 in second._prompt_steps, f"prompt {i} of the second session was read eagerly"
+        assert prompt_class(9) in second._prompt_steps, f"prompt {i} of the second session was read eagerly"
     assert not m._start_steps
 
 
@@ -204,16 +214,20 @@ def test_what_is_never_captured(rng):
     assert not s._prompt_steps
 
 
-def test_graphs_kept_are_bounded(rng):
-    from brass.model import PROMPT_GRAPHS_KEPT
+def test_graphs_kept_are_bounded(rng, monkeypatch):
+    # a kept count of 4 (PROMPT_GRAPHS_KEPT's role, small enough that six classes exceed it on
+    # a synthetic model's short context): lengths of six classes, each read twice
+    from brass import model
+    monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 4)
     m, _ = _faked("synth-llama")
     s = m.new_session(128)
-    lengths = list(range(2, 2 + PROMPT_GRAPHS_KEPT + 2))
+    lengths = [2, 5, 9, 20, 40, 60]
+    assert len({prompt_class(n) for n in lengths}) == 6
     for n in lengths + lengths:
         s.reset()
         s.prefill(_prompts(rng, m.config.n_vocab, n, 1)[0])
-    assert len(s._prompt_steps) == PROMPT_GRAPHS_KEPT
-    assert list(s._prompt_steps) == lengths[-PROMPT_GRAPHS_KEPT:], "the most recently used are kept"
+    assert len(s._prompt_steps) == 4
+    assert list(s._prompt_steps) == [prompt_class(n) for n in lengths[-4:]], "the most recently used are kept"
 
 
 def test_graphs_memory_is_bounded(rng, monkeypatch):
@@ -230,16 +244,16 @@ def test_graphs_memory_is_bounded(rng, monkeypatch):
         ids = _prompts(rng, V, n, 1)[0]
         assert np.array_equal(s.prefill(ids), r.prefill(ids))
 
-    for n in (5, 5, 6, 6):
+    for n in (5, 5, 9, 9):                  # two classes (7 and 15)
         read(n)
-    assert list(s._prompt_steps) == [6], "two graphs of 3 MiB kept within 5 MiB"
+    assert list(s._prompt_steps) == [15], "two graphs of 3 MiB kept within 5 MiB"
     assert len(captures) == 2
     m.graph_ledger.budget = 2 * MiB
     for _ in range(3):
-        read(7)
-    assert 7 not in s._prompt_steps and len(captures) == 3, "a graph over the budget is captured once"
+        read(20)
+    assert 31 not in s._prompt_steps and len(captures) == 3, "a graph over the budget is captured once"
     assert s.prompt_graphs, "an oversized graph does not turn prompt graphs off"
-    read(6)                                 # the kept one still replays
+    read(9)                                 # the kept one still replays
     assert len(captures) == 3
 
 
@@ -328,7 +342,7 @@ def test_cuda_start_graph_equals_eager(name, rng):
             b = list(m.generate([first], 8, greedy, stop_at_eog=False, session=e))
             assert a == b, f"{name} T={n} session {i}: decoding after the shared graph parts from eager"
         moe = m.config.n_expert > 0
-        assert ((n, 128) in m._start_steps) == (not moe or m.backend.options.moe_mmq), \
+        assert ((prompt_class(n), 128) in m._start_steps) == (not moe or m.backend.options.moe_mmq), \
             (name, list(m._start_steps), m.start_graphs_error)
 
 
@@ -467,17 +481,17 @@ def test_an_evicted_graph_is_freed_at_once(rng, monkeypatch):
     m, _ = _faked("synth-qwen3")
     s, other = m.new_session(64), m.new_session(64)
     with _without_gc():
-        _read(s, rng, 5), _read(s, rng, 5)      # eager (the model's first), then s's own graph
-        st = s._prompt_steps[5]
+        _read(s, rng, 7), _read(s, rng, 7)      # eager (the model's first), then s's own graph
+        st = s._prompt_steps[7]
         gone = [weakref.ref(st), weakref.ref(st.graph)]
         del st
-        _read(other, rng, 5)                    # the model's graph of 5 evicts s's
-        assert list(m._start_steps) == [(5, 64)] and not s._prompt_steps
+        _read(other, rng, 7)                    # the model's graph of 7 evicts s's
+        assert list(m._start_steps) == [(7, 64)] and not s._prompt_steps
         assert all(w() is None for w in gone), "an evicted PromptStep outlived its eviction"
-        st = m._start_steps[(5, 64)]
+        st = m._start_steps[(7, 64)]
         gone = [weakref.ref(st), weakref.ref(st.graph), weakref.ref(st.cache)]
         del st
-        _read(s, rng, 5)                        # s's own again
+        _read(s, rng, 7)                        # s's own again
         assert all(w() is None for w in gone), "an evicted StartStep outlived its eviction"
 
 
@@ -487,10 +501,10 @@ def test_a_dropped_session_frees_its_graphs(rng):
     m, _ = _faked("synth-qwen3")
     s = m.new_session(64)
     with _without_gc():
-        _read(s, rng, 5), _read(s, rng, 5)
+        _read(s, rng, 7), _read(s, rng, 7)
         list(m.generate([1, 2], 3, session=s))  # a decode graph too (greedy, on the device)
-        assert s._step is not None and 5 in s._prompt_steps
-        gone = [weakref.ref(s), weakref.ref(s._prompt_steps[5]), weakref.ref(s._step)]
+        assert s._step is not None and 7 in s._prompt_steps
+        gone = [weakref.ref(s), weakref.ref(s._prompt_steps[7]), weakref.ref(s._step)]
         del s
         assert all(w() is None for w in gone), "a dropped session or its graphs outlived it"
         assert not m.graph_ledger.steps
@@ -508,7 +522,7 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, monkeypatch):
     from brass import model
     monkeypatch.setattr(model, "PROMPT_GRAPHS_KEPT", 1)
     m = _on(load_synthetic("synth-qwen3", "cuda"))
-    s = m.new_session(512)
+    s = m.new_session(1024)
     pool = cupy.get_default_memory_pool()
 
     def used():
@@ -531,20 +545,21 @@ def test_cuda_evicted_prompt_graphs_give_their_memory_back(rng, monkeypatch):
     # cuBLAS choose its own for the shape, which holds device memory for good (on the H200, 48
     # new lengths: +12 to 16 MiB the first time, 0 when the same lengths came again; reads
     # alone +4 MiB), and is not what is measured here.
-    lengths = range(300, 396, 2)
-    for n in (*lengths, 398):
+    # (lengths that are the last of their class: read unpadded, each its own graph)
+    lengths = sorted({prompt_class(n) for n in range(16, 512)})   # 23 classes, 31 .. 511
+    for n in (*lengths, 575):
         capture(n)
-    before = used()                             # a graph of 398 held
+    before = used()                             # a graph of 575 held
     held = []
     for n in lengths:                           # each captured again, evicting the one before
         g = capture(n)
         held.append(g.nbytes)
         assert g.nbytes > 0 and g.escaped == 0, (n, g.nbytes, g.escaped)
         del g
-    capture(398)                                # the same graph held as at the baseline
+    capture(575)                                # the same graph held as at the baseline
     grown = used() - before
     # The device hands out memory in 2 MiB pages (the same loop moved it by -2 MiB once): one
-    # page. Before the fix every evicted graph kept its working set (here 48 x ~4.9 MiB).
+    # page. Before the fix every evicted graph kept its working set (then 48 graphs of ~4.9 MiB).
     assert grown <= 2 << 20, f"{len(held)} graphs of ~{max(held) / 2**20:.1f} MiB captured and evicted: " \
                              f"the device's memory grew {grown / 2**20:.1f} MiB"
 

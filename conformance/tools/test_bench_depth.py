@@ -1,6 +1,6 @@
 """`brass bench --lengths`, `--depth` and the memory it reports, on the numpy backend with the
-synthetic models: prompts of lengths not read before (no prompt graph replays, none is
-captured), each repetition started after D tokens already in the cache (filled untimed), and
+synthetic models: prompts of lengths not read before (each replaying the graph of its length
+class, captured in the warm-up from other lengths of the class), each repetition started after D tokens already in the cache (filled untimed), and
 the bytes the run holds (weights, f16 copies, KV cache, graphs)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conformance.harness.fakes import ReplayingNumpy
 from brass import bench
 from brass.errors import BrassError
 from brass.kv_cache import BLOCK_TOKENS, KVCache, blocks_for
-from brass.model import Session
+from brass.model import Session, prompt_class
 
 GRAPH_BYTES = 1000      # what each fake graph says it holds
 
@@ -61,32 +61,52 @@ def _record(monkeypatch, m):
 
 
 def test_lengths_read_each_length_once(monkeypatch):
-    """--lengths: the warm-up reads -p tokens, then each timed repetition a length the model
-    has not read before (not in its ledger of lengths read, no graph of it): every read eager,
-    no graph captured, the tokens per second each length over its time."""
+    """--lengths: the warm-up reads -p tokens, then twice one other length of each length class
+    the timed lengths fall in (eager, then captured); each timed repetition reads a length
+    nothing read before and replays its class's graph: no capture while timed, the tokens per
+    second each length over its time."""
     m = _graph_model()
     events = _record(monkeypatch, m)
-    seen = []
-    real = Session.prefill
-
-    def prefill(self, ids, *a, **kw):
-        seen.append((len(ids), len(ids) in self.model.prompt_lengths_read))
-        return real(self, ids, *a, **kw)
-    monkeypatch.setattr(Session, "prefill", prefill)
     (r,) = bench.bench(m, n_prompt=16, n_gen=0, reps=4, lengths="random:10-20", seed=3)
     reads = [e for e in events if e[0] == "prefill"]
-    assert [e[3] for e in reads] == [False, True, True, True, True], events   # one warm-up only
-    assert reads[0][2] == 16 and not any(e == ("capture",) for e in events), events
-    timed = [e[2] for e in reads[1:]]
+    timed = [e[2] for e in reads if e[3]]
+    warm = [e[2] for e in reads if not e[3]]
     assert timed == r.lengths and len(set(timed)) == 4 and 16 not in timed
     assert all(10 <= n <= 20 for n in timed)
-    assert [was_read for _, was_read in seen] == [False] * 5, "a timed length was read before"
-    assert r.test == "pp10-20" and r.prompt_graph is False and r.reps == 4 and len(r.samples) == 4
+    assert not set(warm) & set(timed), "a timed length was read before"
+    classes = sorted({prompt_class(n) for n in timed})
+    # the warm-up: 16 once, then for each class its longest length neither timed nor 16, twice
+    extra = bench.class_warmups(timed, 16)
+    assert sorted(prompt_class(n) for n in extra) == classes and warm == [16] + [n for n in extra for _ in (0, 1)]
+    captured = [i for i, e in enumerate(events) if e == ("capture",)]
+    first_timed = next(i for i, e in enumerate(events) if e[0] == "prefill" and e[3])
+    assert len(captured) == len(classes) and max(captured) < first_timed, events
+    assert r.test == "pp10-20" and r.prompt_graph is True and r.reps == 4 and len(r.samples) == 4
     assert r.n_tokens == round(np.mean(timed))
-    assert r.memory["graphs"] == 0, "a length read once captures no graph"
+    assert r.memory["graphs"] == len(classes) * GRAPH_BYTES
     # seeded: the same lengths again, other ones for another seed
     assert bench.prompt_lengths("random:10-20", 16, 4, seed=3)[1] == timed
     assert bench.prompt_lengths("random:10-200", 16, 4, seed=4)[1] != bench.prompt_lengths("random:10-200", 16, 4, seed=3)[1]
+
+
+def test_lengths_without_prompt_graphs_read_eagerly(monkeypatch):
+    """BRASS_PROMPT_GRAPHS=0 (the "before" of a class graph): the warm-up reads -p tokens
+    once, every timed read is eager, nothing is captured."""
+    m = _graph_model()
+    m.prompt_graphs = False
+    events = _record(monkeypatch, m)
+    (r,) = bench.bench(m, n_prompt=16, n_gen=0, reps=3, lengths="random:10-20", seed=3)
+    assert [e[2] for e in events if e[0] == "prefill" and not e[3]] == [16]
+    assert ("capture",) not in events and r.prompt_graph is False and r.memory["graphs"] == 0
+
+
+def test_class_warmups_leave_the_timed_lengths_out():
+    # the last length of a class unless timed or the warm-up's, then the one below it; a class
+    # whose every length is timed is left out ([2, 4): 2 and 3)
+    assert bench.class_warmups([500, 530, 490], 512) == [511, 575]
+    assert bench.class_warmups([511, 500], 16) == [510]
+    assert bench.class_warmups([2, 3, 9], 16) == [15]
+    assert all(prompt_class(n) in {prompt_class(t) for t in (500, 530)} for n in bench.class_warmups([500, 530], 512))
 
 
 def test_replayed_prompt_reads_one_length(monkeypatch):
@@ -104,7 +124,7 @@ def test_lengths_list_in_order(monkeypatch):
     events = _record(monkeypatch, m)
     (r,) = bench.bench(m, n_prompt=16, n_gen=0, reps=3, lengths="9,21,13")
     assert [e[2] for e in events if e[0] == "prefill" and e[3]] == [9, 21, 13] == r.lengths
-    assert r.test == "pp9-21" and r.prompt_graph is False
+    assert r.test == "pp9-21" and r.prompt_graph is True      # each class captured in the warm-up
 
 
 @pytest.mark.parametrize("name", ["synth-qwen3", "synth-qwen35"])
@@ -130,10 +150,10 @@ def test_depth_fills_untimed_then_times_the_test(monkeypatch, name):
     assert [e for e in tg_events if e[0] == "prefill" and e[2] != 1] == 3 * fill
     # the fill captures nothing and marks no length read: the one graph is the prompt's, then
     # the decode step's
-    assert m.prompt_lengths_read == {6} and pp.prompt_graph is True
+    assert m.prompt_classes_read == {prompt_class(6)} and pp.prompt_graph is True
     assert (pp.memory["graphs"], tg.memory["graphs"]) == (GRAPH_BYTES, 2 * GRAPH_BYTES)
     # the cache holds depth + the test, in whole blocks of the paged cache (numpy's)
-    slots = blocks_for(20 + max(6, 3 + 1)) * BLOCK_TOKENS
+    slots = blocks_for(20 + max(prompt_class(6), 3 + 1)) * BLOCK_TOKENS
     assert pp.memory["kv_cache"] == tg.memory["kv_cache"] == KVCache(m.backend, m.config, slots).nbytes
 
 
@@ -255,7 +275,7 @@ def test_memory_on_the_cuda_backend_through_the_fake():
     # the prompt graph the timed reads replayed; the bench's session gone, the ledger holds none
     assert pp.memory["graphs"] > 0 and pp.prompt_graph is True and left == 0
     assert tg.memory["graphs"] > pp.memory["graphs"] and tg.kernels_per_token > 0   # + the decode graph
-    assert pp.memory["kv_cache"] == KVCache.nbytes_for(m.config, 48)
+    assert pp.memory["kv_cache"] == KVCache.nbytes_for(m.config, prompt_class(48))   # the class's padding too
     free = fake_cupy.FREE_BYTES
     assert pp.memory["device_used"] == fake_cupy.DEVICE_PROPERTIES["totalGlobalMem"] - free
     assert "memory held on the device after tg4" in bench.table([pp, tg])

@@ -55,9 +55,14 @@ class Forward:
     stage = None
 
     def __init__(self, backend, cfg: ModelConfig, weights: Weights, cache, pos,
-                 trace: Callable | None = None):
+                 trace: Callable | None = None, n_real=None):
         self.b, self.cfg, self.w, self.cache, self.pos = backend, cfg, weights, cache, pos
         self.trace = trace
+        # A prompt padded to its length class (engine/model.py ClassStep): a one-element int32
+        # backend array, how many of the rows are the prompt's; the rest follow them at later
+        # positions, so attention's causal mask keeps them from every real row, and the
+        # recurrent layers must not let them into their states (qwen35 delta_net). None: all.
+        self.n_real = n_real
 
     def cb(self, x, name: str, il: int = -1):
         if self.trace is not None:

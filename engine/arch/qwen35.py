@@ -137,8 +137,10 @@ def delta_net(f: common.Forward, il: int, x):
     batch = getattr(f.cache, "sequences", None)
     seqs = [] if batch is None else [(slice(r, r + 1), c) for r, c in enumerate(batch)]
     w_conv = w(p + "ssm_conv1d.weight")
+    # a prompt graph of a length class: only the first n_real rows update the states
+    real = {} if f.n_real is None else {"n_real": f.n_real}
     if batch is None:
-        c = b.ssm_conv(qkv, f.cache.recurrent.layer(il)[0], w_conv)
+        c = b.ssm_conv(qkv, f.cache.recurrent.layer(il)[0], w_conv, **real)
     else:
         c = b.empty(qkv.shape)
         for rows, cache in seqs:
@@ -149,7 +151,7 @@ def delta_net(f: common.Forward, il: int, x):
     k = f.cb(b.l2_norm(a[:, kd:2 * kd].reshape(T, Hk, D), cfg.norm_eps), "k_conv_predelta", il)
     v = a[:, 2 * kd:].reshape(T, Hv, D)
     if batch is None:
-        o = b.gated_delta_net(q, k, v, g, beta, f.cache.recurrent.layer(il)[1])
+        o = b.gated_delta_net(q, k, v, g, beta, f.cache.recurrent.layer(il)[1], **real)
     else:
         o = None
         for rows, cache in seqs:

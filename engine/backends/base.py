@@ -324,20 +324,24 @@ class Backend(ABC):
         """`x / (1 + exp(-x))` elementwise (ggml_silu)."""
         self._lacks("silu")
 
-    def ssm_conv(self, x, conv_state, w: Weight):
+    def ssm_conv(self, x, conv_state, w: Weight, n_real=None):
         """Causal depthwise conv1d over time with a carried state (ggml_ssm_conv after the
         concat of llama.cpp's build_conv_state). `x [T, C]`, `conv_state [K-1, C]` (the last K-1
         inputs, oldest first), `w` numpy `(C, K)`: returns `c[t, ch] = sum_i X[t+i, ch] w[ch, i]`
         with `X = concat(conv_state, x)` (the sum in float32, i in order), and writes the last
-        K-1 rows of X into conv_state."""
+        K-1 rows of X into conv_state. `n_real` (a one-element int32 array of the backend, or
+        None: T): only the first n_real rows are the prompt's (a prompt graph of a length class
+        pads the rest): the state written is the window after row n_real - 1."""
         self._lacks("ssm_conv")
 
-    def gated_delta_net(self, q, k, v, g, beta, state):
+    def gated_delta_net(self, q, k, v, g, beta, state, n_real=None):
         """The gated delta rule over T tokens in order (ggml_gated_delta_net): `q, k [T, Hk, D]`
         (L2-normed), `v [T, Hv, D]`, `g, beta [T, Hv]`, `state [Hv, D, D]` float32 holding S
         transposed as llama.cpp stores it (`state[h, j, i] = S_h[i, j]`), updated in place.
         Value head h reads key/query head `h % Hk` (tiled, not grouped). Per token and head:
-        S ← exp(g) S;  δ = β (v − Sᵀk);  S ← S + k ⊗ δ;  o = (Sᵀq) / sqrt(D). Returns o `[T, Hv, D]`."""
+        S ← exp(g) S;  δ = β (v − Sᵀk);  S ← S + k ⊗ δ;  o = (Sᵀq) / sqrt(D). Returns o `[T, Hv, D]`.
+        `n_real` (as ssm_conv's): only the first n_real tokens update the state; the outputs of
+        the rows after them are zero."""
         self._lacks("gated_delta_net")
 
     def l2_norm(self, x, eps: float):

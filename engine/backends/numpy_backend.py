@@ -287,7 +287,7 @@ class NumpyBackend(Backend):
         with np.errstate(over="ignore"):
             return x / (F32(1) + np.exp(-x))
 
-    def ssm_conv(self, x, conv_state, w):
+    def ssm_conv(self, x, conv_state, w, n_real=None):
         x = np.asarray(x, F32)
         K1 = conv_state.shape[0]
         X = np.concatenate([conv_state, x], axis=0)             # [K-1+T, C]
@@ -296,19 +296,21 @@ class NumpyBackend(Backend):
         out = X[0:T] * wd[:, 0]
         for i in range(1, K1 + 1):                              # float32 sum, taps in order
             out = out + X[i:i + T] * wd[:, i]
-        conv_state[...] = X[T:]
+        n = _real_rows(n_real, T)
+        conv_state[...] = X[n:n + K1]
         return out
 
-    def gated_delta_net(self, q, k, v, g, beta, state):
+    def gated_delta_net(self, q, k, v, g, beta, state, n_real=None):
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
         T, Hv, D = v.shape
+        n = _real_rows(n_real, T)
         head = np.arange(Hv) % q.shape[1]                       # tiled: value head h → h mod Hk
         decay = np.exp(np.asarray(g, F32))                      # [T, Hv]
         beta = np.asarray(beta, F32)
         scale = F32(1) / np.sqrt(F32(D))
-        out = np.empty((T, Hv, D), F32)
+        out = np.zeros((T, Hv, D), F32)                         # padding rows (t >= n): zero
         M = state                                               # M[h, j, i] = S_h[i, j]
-        for t in range(T):
+        for t in range(n):
             kt, qt = k[t, head], q[t, head]                     # [Hv, D]
             M *= decay[t, :, None, None]
             u = np.einsum("hji,hi->hj", M, kt)                  # Sᵀk
@@ -373,3 +375,8 @@ def gelu_f16_table(x: np.ndarray) -> np.ndarray:
     y = _GELU_TABLE[x.astype(F16).view(np.uint16)]
     y = np.where(x >= 10, x, y)
     return np.where(x <= -10, F32(0), y).astype(F32)
+
+
+def _real_rows(n_real, T: int) -> int:
+    """The rows of T that are the prompt's (Backend.ssm_conv's n_real; None: all of them)."""
+    return T if n_real is None else max(0, min(T, int(np.asarray(n_real).reshape(-1)[0])))

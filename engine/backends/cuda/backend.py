@@ -106,6 +106,8 @@ class CudaBackend(Backend):
         self._inflight = deque()
         with self.device:
             self._no_experts = cupy.zeros(1, np.int32)     # dequant's expert list when unused
+            # the delta-net kernels' count of real rows when every row is (ssm.py real_rows)
+            self._all_rows = cupy.full(1, np.iinfo(np.int32).max, np.int32)
         self._gemm_scalars = (np.ones(1, F32), np.zeros(1, F32))   # alpha, beta (host pointers)
 
     @property
@@ -495,16 +497,16 @@ class CudaBackend(Backend):
     def silu(self, x):
         return ssm.unary(self, x, "silu")
 
-    def ssm_conv(self, x, conv_state, w):
-        return ssm.ssm_conv(self, x, conv_state, w)
+    def ssm_conv(self, x, conv_state, w, n_real=None):
+        return ssm.ssm_conv(self, x, conv_state, w, n_real)
 
-    def gated_delta_net(self, q, k, v, g, beta, state):
-        return ssm.gated_delta_net(self, q, k, v, g, beta, state)
+    def gated_delta_net(self, q, k, v, g, beta, state, n_real=None):
+        return ssm.gated_delta_net(self, q, k, v, g, beta, state, n_real)
 
-    def gated_delta_net_chunked(self, q, k, v, g, beta, state):
+    def gated_delta_net_chunked(self, q, k, v, g, beta, state, n_real=None):
         """gated_delta_net by the chunked kernel whatever the option and T say (the tests call
         it directly)."""
-        return ssm.gated_delta_net_chunked(self, q, k, v, g, beta, state)
+        return ssm.gated_delta_net_chunked(self, q, k, v, g, beta, state, n_real)
 
     # -- gemma4 -------------------------------------------------------------------------------
     def rope_ff(self, x, pos, n_rot, base, neox, freq_factors, freq_scale=1.0):

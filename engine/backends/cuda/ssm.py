@@ -1,7 +1,11 @@
 """The gated delta-net layers of the hybrid models (qwen35, qwen35moe): the elementwise
 functions and the causal conv1d of kernels/ssm.cu, and the delta rule itself, token by token
 (ssm.cu gated_delta_net_<D>, as llama.cpp runs it) or, for a prompt of a chunk or more with
-the delta_chunked option, in chunks (kernels/delta_chunked.cu)."""
+the delta_chunked option, in chunks (kernels/delta_chunked.cu).
+
+`n_real`: a device int32 word holding how many of the T rows are the prompt's (a prompt graph
+of a length class pads the rest, engine/model.py); the carried states are then those after
+exactly those rows. None: every row (the kernels read the backend's word of INT_MAX)."""
 
 from __future__ import annotations
 
@@ -66,7 +70,16 @@ def state(a, shape: tuple, what: str):
     return a
 
 
-def ssm_conv(b, x, conv_state, w):
+def real_rows(b, n_real):
+    """The device word the kernels read the real row count from (module docstring)."""
+    if n_real is None:
+        return b._all_rows
+    if not (isinstance(n_real, cupy.ndarray) and n_real.dtype == cupy.int32 and n_real.size == 1):
+        raise BrassError(f"n_real must be one device int32, got {getattr(n_real, 'shape', type(n_real).__name__)}")
+    return n_real
+
+
+def ssm_conv(b, x, conv_state, w, n_real=None):
     x = f32(x, "ssm_conv")
     if x.ndim != 2 or not isinstance(w, CudaWeight) or w.type != GGMLType.F32 or len(w.shape) != 2:
         raise BrassError(f"ssm_conv: expected x [T, C] and an F32 weight (C, K), got x "
@@ -79,7 +92,7 @@ def ssm_conv(b, x, conv_state, w):
     y = b._out((T, C))
     if T and C:
         b.launch("ssm.cu", "ssm_conv", -(-C // SSM_CONV_THREADS), SSM_CONV_THREADS, x, conv_state, w.data, y,
-                 params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
+                 real_rows(b, n_real), params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
     return y
 
 
@@ -103,31 +116,31 @@ def gdn_args(q, k, v, g, beta, st):
     return q, k, v, g, beta, (T, Hv, Hk, D)
 
 
-def gated_delta_net(b, q, k, v, g, beta, st):
+def gated_delta_net(b, q, k, v, g, beta, st, n_real=None):
     """The delta rule over T tokens: in chunks for a prompt of a chunk or more (the
     delta_chunked option, and the chunked kernel's shared memory fits), else token by token."""
     q, k, v, g, beta, (T, Hv, Hk, D) = gdn_args(q, k, v, g, beta, st)
     if b.options.delta_chunked and T >= DELTA_CHUNKED_MIN_TOKENS and gdn_chunked_smem(D) <= b.smem_optin_limit:
-        return _chunked(b, q, k, v, g, beta, st, T, Hv, Hk, D)
+        return _chunked(b, q, k, v, g, beta, st, T, Hv, Hk, D, n_real)
     out = b._out((T, Hv, D))
     if T:
         b.launch("ssm.cu", f"gated_delta_net_{D}", (Hv, D // GDN_ROWS), gdn_threads(D), q, k, v, g, beta, st, out,
-                 params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk, head_dim=D))
+                 real_rows(b, n_real), params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk, head_dim=D))
     return out
 
 
-def gated_delta_net_chunked(b, q, k, v, g, beta, st):
+def gated_delta_net_chunked(b, q, k, v, g, beta, st, n_real=None):
     """gated_delta_net by the chunked kernel whatever the option and T say (the tests call it
     directly): the same checks, contract and state update."""
     q, k, v, g, beta, (T, Hv, Hk, D) = gdn_args(q, k, v, g, beta, st)
-    return _chunked(b, q, k, v, g, beta, st, T, Hv, Hk, D)
+    return _chunked(b, q, k, v, g, beta, st, T, Hv, Hk, D, n_real)
 
 
-def _chunked(b, q, k, v, g, beta, st, T, Hv, Hk, D):
+def _chunked(b, q, k, v, g, beta, st, T, Hv, Hk, D, n_real=None):
     out = b._out((T, Hv, D))
     if T:
         b.launch("delta_chunked.cu", f"gated_delta_net_chunked_{D}", (Hv, D // GDN_COLS), GDN_CHUNK_THREADS,
-                 q, k, v, g, beta, st, out,
+                 q, k, v, g, beta, st, out, real_rows(b, n_real),
                  params=pack("GatedDeltaNetParams", n_tokens=T, n_v_heads=Hv, n_k_heads=Hk, head_dim=D),
                  smem=gdn_chunked_smem(D))
     return out
