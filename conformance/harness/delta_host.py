@@ -43,9 +43,10 @@ unsigned short host_f2h(float) { abort(); }
 float host_shfl_xor(float, int) { abort(); }
 double host_shfl_xor_d(double, int) { abort(); }
 typedef void (*kernel_t)(const float *, const float *, const float *, const float *, const float *,
-                         float *, float *, const GatedDeltaNetParams);
+                         float *, float *, const int *, const GatedDeltaNetParams);
 extern "C" int run_gdn_chunked(int D, const float * q, const float * k, const float * v, const float * g,
-                               const float * beta, float * state, float * out, int T, int Hv, int Hk) {
+                               const float * beta, float * state, float * out, int T, int Hv, int Hk,
+                               int n_real) {
     kernel_t fn = D == 32 ? gated_delta_net_chunked_32 : D == 64 ? gated_delta_net_chunked_64
                 : D == 128 ? gated_delta_net_chunked_128 : nullptr;
     if (!fn) return 1;
@@ -62,7 +63,7 @@ extern "C" int run_gdn_chunked(int D, const float * q, const float * k, const fl
             blockIdx = {bx, by, 0};
             std::vector<std::thread> th;
             for (unsigned i = 0; i < GDN_CHUNK_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(q, k, v, g, beta, state, out, p); });
+                th.emplace_back([=, &n_real] { threadIdx = {i, 0, 0}; fn(q, k, v, g, beta, state, out, &n_real, p); });
             for (auto & t : th) t.join();
         }
     return 0;
@@ -88,20 +89,24 @@ def _sources() -> dict[str, str]:
 def build() -> ctypes.CDLL:
     """Compile (or reuse) the CPU build of delta_chunked.cu; raises RuntimeError without g++."""
     so = compile_host(_sources(), "delta", "delta_chunked.cu")
-    so.run_gdn_chunked.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3
+    so.run_gdn_chunked.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 4
     so.gdn_chunked_smem_floats.argtypes = [ctypes.c_int]
     return so
 
 
-def gated_delta_net_chunked(lib, q, k, v, g, beta, state):
-    """The CPU build of gated_delta_net_chunked_<D>: the op's contract (state updated in place),
-    the output poisoned with NaN before the kernel runs."""
+# the count of real rows when every row is (the backend's word of INT_MAX)
+ALL_ROWS = 2**31 - 1
+
+
+def gated_delta_net_chunked(lib, q, k, v, g, beta, state, n_real=ALL_ROWS):
+    """The CPU build of gated_delta_net_chunked_<D>: the op's contract (state updated in place;
+    only the first n_real rows update it), the output poisoned with NaN before the kernel runs."""
     q, k, v, g, beta = (np.ascontiguousarray(a, np.float32) for a in (q, k, v, g, beta))
     assert state.dtype == np.float32 and state.flags.c_contiguous
     T, Hv, D = v.shape
     out = np.full((T, Hv, D), np.nan, np.float32)
     if lib.run_gdn_chunked(D, q.ctypes.data, k.ctypes.data, v.ctypes.data, g.ctypes.data,
-                           beta.ctypes.data, state.ctypes.data, out.ctypes.data, T, Hv, q.shape[1]):
+                           beta.ctypes.data, state.ctypes.data, out.ctypes.data, T, Hv, q.shape[1], n_real):
         raise ValueError(f"no chunked kernel for head dim {D}")
     return out
 
@@ -129,9 +134,9 @@ float host_shfl_xor(float v, int o) {
     return r;
 }
 typedef void (*kernel_t)(const float *, const float *, const float *, const float *, const float *,
-                         float *, float *, const GatedDeltaNetParams);
+                         float *, float *, const int *, const GatedDeltaNetParams);
 extern "C" int run_gdn(int D, const float * q, const float * k, const float * v, const float * g,
-                       const float * beta, float * state, float * out, int T, int Hv, int Hk) {
+                       const float * beta, float * state, float * out, int T, int Hv, int Hk, int n_real) {
     kernel_t fn = D == 32 ? gated_delta_net_32 : D == 64 ? gated_delta_net_64
                 : D == 128 ? gated_delta_net_128 : nullptr;
     if (!fn) return 1;
@@ -145,12 +150,24 @@ extern "C" int run_gdn(int D, const float * q, const float * k, const float * v,
             blockIdx = {bx, by, 0};
             std::vector<std::thread> th;
             for (unsigned i = 0; i < threads; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; fn(q, k, v, g, beta, state, out, p); });
+                th.emplace_back([=, &n_real] { threadIdx = {i, 0, 0}; fn(q, k, v, g, beta, state, out, &n_real, p); });
             for (auto & t : th) t.join();
         }
     return 0;
 }
 extern "C" int gdn_threads(int D) { return GDN_ROWS * gdn_lanes(D); }
+extern "C" void run_ssm_conv(const float * x, float * state, const float * w, float * y, int T, int C, int K,
+                             int n_real) {
+    SsmConvParams p{}; p.n_tokens = T; p.n_channels = C; p.kernel = K;
+    // a thread per channel, no barrier: the threads of a block run one after another
+    gridDim = {(unsigned) ((C + SSM_CONV_THREADS - 1) / SSM_CONV_THREADS), 1, 1};
+    blockDim = {SSM_CONV_THREADS, 1, 1};
+    for (unsigned bx = 0; bx < gridDim.x; ++bx)
+        for (unsigned i = 0; i < SSM_CONV_THREADS; ++i) {
+            blockIdx = {bx, 0, 0}; threadIdx = {i, 0, 0};
+            ssm_conv(x, state, w, y, &n_real, p);
+        }
+}
 """
 
 
@@ -161,22 +178,35 @@ def build_sequential() -> ctypes.CDLL:
     srcs["shim.h"] = SHIM
     srcs["harness.cpp"] = SEQ_HARNESS
     so = compile_host(srcs, "gdn", "ssm.cu")
-    so.run_gdn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3
+    so.run_gdn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 4
     so.gdn_threads.argtypes = [ctypes.c_int]
+    so.run_ssm_conv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     return so
 
 
-def gated_delta_net(lib, q, k, v, g, beta, state):
-    """The CPU build of gated_delta_net_<D> (the decode kernel): state updated in place, the
-    output poisoned with NaN before the kernel runs."""
+def gated_delta_net(lib, q, k, v, g, beta, state, n_real=ALL_ROWS):
+    """The CPU build of gated_delta_net_<D> (the decode kernel): state updated in place (by the
+    first n_real rows), the output poisoned with NaN before the kernel runs."""
     q, k, v, g, beta = (np.ascontiguousarray(a, np.float32) for a in (q, k, v, g, beta))
     assert state.dtype == np.float32 and state.flags.c_contiguous
     T, Hv, D = v.shape
     out = np.full((T, Hv, D), np.nan, np.float32)
     if lib.run_gdn(D, q.ctypes.data, k.ctypes.data, v.ctypes.data, g.ctypes.data,
-                   beta.ctypes.data, state.ctypes.data, out.ctypes.data, T, Hv, q.shape[1]):
+                   beta.ctypes.data, state.ctypes.data, out.ctypes.data, T, Hv, q.shape[1], n_real):
         raise ValueError(f"no kernel for head dim {D}")
     return out
+
+
+def ssm_conv(lib, x, state, w, n_real=ALL_ROWS):
+    """The CPU build of ssm.cu's ssm_conv (built by build_sequential): x [T, C], state [K-1, C]
+    updated in place (the window after the first n_real rows), w [C, K]; the output poisoned
+    with NaN before the kernel runs."""
+    x, w = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32)
+    assert state.dtype == np.float32 and state.flags.c_contiguous
+    T, C = x.shape
+    y = np.full((T, C), np.nan, np.float32)
+    lib.run_ssm_conv(x.ctypes.data, state.ctypes.data, w.ctypes.data, y.ctypes.data, T, C, w.shape[1], n_real)
+    return y
 
 
 def random_case(rng, T, Hk, Hv, D, g_hi=2.0):
