@@ -66,7 +66,7 @@ def prompt_class(n: int) -> int:
     - a padded prompt computes at most an eighth more rows than it has above 128 tokens (at
       most 15 more below: there a prompt is bound by its launches, not its rows), where a
       fixed step of 64 would waste half of a prompt of 65 and fix nothing for long ones;
-    - few classes: 48 up to 4,096 tokens, 72 up to 32,768, so the graphs a server keeps
+    - few classes: 51 up to 4,096 tokens, 75 up to 32,768, so the graphs a server keeps
       (PROMPT_GRAPHS_KEPT) cover the lengths it sees after a few prompts of each class;
     - every length at which the CUDA backend picks another kernel for a prompt of T rows
       starts a class (T >= 2 the tiled attention, GEMM_MIN_TOKENS = 32 the float16 GEMMs and

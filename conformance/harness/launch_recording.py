@@ -18,12 +18,14 @@ that changes what runs is set.
 The scenario, per synthetic model of golden/models (in one model, in this order):
 
 1. decode: `generate` of 3 greedy tokens after a 7-token prompt in a new session (the prompt
-   read eagerly, the length's first; the first step eager then captured as the decode graph;
+   read eagerly, its length class's first; the first step eager then captured as the decode graph;
    the next a replay of it);
 2. prompt: a 70-token prompt (tiles of 64 queries / delta-net chunks of 64 and a tail, and
    the prompt GEMMs, which start at 32 tokens) read three times: in a new session A (eagerly,
-   the length's first read), in a new session B (the model's start graph, captured and run),
-   and in A again after a reset (A's own prompt graph, captured and run).
+   its length class's first read), in a new session B (the model's start graph of the class,
+   79 rows, captured and run), and in A again after a reset (A's own prompt graph, captured
+   and run); the graphs read the 70 tokens and 9 rows of padding (engine/model.py
+   prompt_class).
 
 Buffers appear as `label[@byte offset]:dtype[shape]`: weights as `w:<tensor name>`, the
 sessions' caches as `s<session>.k<layer>` / `.v` / `.conv` / `.ssm`, pinned host buffers as
@@ -205,7 +207,7 @@ def record_model(name: str) -> list[dict]:
         a, b = m.new_session(N_CTX), m.new_session(N_CTX)
         _name_cache(rec, a, "s1")
         _name_cache(rec, b, "s2")
-        rec.event(op="phase", name=f"prompt: {PROMPT} tokens in session s1 (the length's first read)")
+        rec.event(op="phase", name=f"prompt: {PROMPT} tokens in session s1 (its class's first read: eager)")
         a.prefill(ids, device_logits=True)
         rec.event(op="phase", name=f"prompt: {PROMPT} tokens in session s2 (the model's start graph)")
         b.prefill(ids, device_logits=True)
