@@ -361,9 +361,9 @@ class Session:
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         # a prompt graph's padding rows go to the cache slots after the prompt's (rewritten
-        # when decoding reaches them): they must be in the cache
+        # when decoding reaches them): they must be slots the cache holds
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2 \
-                and self.n_past + prompt_class(len(ids)) <= self.n_ctx:
+                and self.n_past + prompt_class(len(ids)) <= _slots_held(self.cache):
             n = prompt_class(len(ids))
             if m.shared_prompt_graphs and self.n_past == 0 and n not in self._prompt_shelf \
                     and n not in self._read_here and m.start_graphs_error is None:
@@ -628,6 +628,16 @@ class StartStep(_PrefillGraph):
         self._replay(ids, 0)
         cache.copy_prefix(self.cache, len(ids))
         return self.graph.result.copy()
+
+
+def _slots_held(cache) -> int:
+    """The positions `cache` can be written at: a contiguous cache's n_ctx; a paged one's, only
+    those its block table holds (over a server's shared pool, a position past them is in no
+    block of the sequence: a prompt graph's padding must not go there)."""
+    table = getattr(cache, "table", None)
+    if table is None:
+        return cache.n_ctx
+    return min(cache.n_ctx, len(table) * cache.pool.block)
 
 
 def _backend_for(arch_name: str, requested: str | None) -> str | None:

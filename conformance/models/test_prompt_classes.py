@@ -212,3 +212,29 @@ def test_cuda_padded_replay_leaves_the_states_of_the_real_rows(name, rng):
     for il in s.cache.recurrent.layers:
         for a, b in zip(s.cache.recurrent.layer(il), e.cache.recurrent.layer(il)):
             assert np.array_equal(m.backend.to_numpy(a), m.backend.to_numpy(b)), f"{name} layer {il}"
+
+
+def test_a_class_past_a_shared_pools_blocks_is_read_eagerly(rng):
+    # a server's session over a shared block pool holds only the blocks it was given: padding
+    # past them would land in no block of its own, so such a prompt is read eagerly
+    from brass.kv_cache import BLOCK_TOKENS
+    m, ref = _faked("synth-qwen3")
+    pool = m.new_block_pool(8)
+    s = m.new_session(128, pool)
+    s.cache.assign(pool.allocate(2))            # 2 blocks: 2 * BLOCK_TOKENS positions
+    r = ref.new_session(128)
+    V = m.config.n_vocab
+    n_fit = 2 * BLOCK_TOKENS - 10               # class 31 (from 16 up) fits 32 slots from 0
+    assert prompt_class(n_fit) <= 2 * BLOCK_TOKENS < 9 + prompt_class(n_fit)
+    for _ in range(3):
+        s.reset(), r.reset()
+        ids = _ids(rng, V, n_fit)
+        assert np.array_equal(s.prefill(ids), r.prefill(ids))
+    assert prompt_class(n_fit) in s._prompt_steps or prompt_class(n_fit) in [k[0] for k in m._start_steps]
+    captured = len(m.graph_ledger.steps)
+    for _ in range(3):                          # after 9 tokens the class runs past the blocks
+        s.reset(), r.reset()
+        for n in (9, n_fit):
+            ids = _ids(rng, V, n)
+            assert np.array_equal(s.prefill(ids), r.prefill(ids))
+    assert len(m.graph_ledger.steps) == captured + 1, "only the 9-token prompt's class was captured"
