@@ -49,3 +49,22 @@ class _Replay:
 
     def replay(self):
         self.result = self.fn()
+
+
+def rows_alone(backend):
+    """`backend` (numpy) computing every row of a prompt as it would be alone: its mat-muls row
+    by row (rows_independent: gemv per row) and its attention a query at a time over the keys
+    up to that query's position. numpy's BLAS sums a row in an order that depends on how many
+    rows (and keys) a product has; a prompt graph pads a prompt to its length class, so its
+    real rows are products of more rows than an eager read's. The CPU tests of the padding
+    compare through this on both sides (the CUDA kernels' own row independence is tested on
+    the GPU)."""
+    backend._rows_independent = True
+    whole = backend.attention
+
+    def attention(q, k_cache, v_cache, pos, scale, window=0):
+        pos = np.asarray(pos)
+        rows = [whole(q[t:t + 1], k_cache, v_cache, pos[t:t + 1], scale, window) for t in range(len(pos))]
+        return np.concatenate(rows) if rows else whole(q, k_cache, v_cache, pos, scale, window)
+    backend.attention = attention
+    return backend

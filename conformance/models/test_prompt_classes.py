@@ -23,7 +23,7 @@ from brass.backends import cuda_available
 from brass.backends.base import GEMM_MIN_TOKENS
 from brass.model import prompt_class
 from conformance.harness.cases import nmse
-from conformance.harness.fakes import ReplayingNumpy
+from conformance.harness.fakes import ReplayingNumpy, rows_alone
 from conformance.harness.goldens import load_synthetic
 
 ALL = ["synth-llama", "synth-qwen3", "synth-gemma3", "synth-qwen35", "synth-qwen3moe",
@@ -72,8 +72,9 @@ def _faked(name):
     m.backend = ReplayingNumpy()
     m.graphs = m.prompt_graphs = m.shared_prompt_graphs = True
     ref = load_synthetic(name, "numpy")
-    # every row as alone on both sides (module docstring)
-    m.backend._rows_independent = ref.backend._rows_independent = True
+    # a graph reads a prompt padded to its class: every row as alone on both sides
+    # (fakes.rows_alone says why)
+    rows_alone(m.backend), rows_alone(ref.backend)
     return m, ref
 
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from conformance.harness.fakes import ReplayingNumpy
+from conformance.harness.fakes import ReplayingNumpy, rows_alone
 from conformance.harness.goldens import load_synthetic
 from brass.model import prompt_class
 
@@ -63,11 +63,9 @@ def _faked(name, budget_mb: float | None = None, **options):
     if budget_mb is not None:
         m.graph_ledger.budget = int(budget_mb * MiB)
     ref = load_synthetic(name, "numpy")
-    # A graph reads a prompt padded to its class: more rows than the eager read. numpy's BLAS
-    # gemm sums a row in an order that depends on the number of rows, so on both sides every
-    # row is computed as alone (rows_independent: gemv per row), which isolates what these
-    # tests check, the padding and the session logic, from BLAS's blocking.
-    m.backend._rows_independent = ref.backend._rows_independent = True
+    # a graph reads a prompt padded to its class: every row as alone on both sides
+    # (fakes.rows_alone says why)
+    rows_alone(m.backend), rows_alone(ref.backend)
     return m, ref
 
 
