@@ -43,6 +43,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   perf [ARGS]                       pytest perf/ --benchmark, its results JSON in $OUT
   bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
   side-by-side [SHAPES]             issue 48's bars: llama-bench and brass bench, same files, memory
+  lengths [SHAPES]                  prompts of new lengths: class graphs' GPU tests, eager vs class pp
   serving                           llama-server and brass serve under one load test, one table
   soak start | result | memory      brass serve under ci/soak.py, across calls
   profile [SHAPE | prompts ...]     time per kernel (CUPTI) and ncu on the decode mat-vecs
@@ -267,7 +268,8 @@ sub_side_by_side() {     # [SHAPES]
     # table (ci/side_by_side_table.py). llama-bench -fa 1 -ngl 99 (b11434, `ci/gpu.sh llama`):
     # pp512 and tg128 from an empty context, then again at -d DEPTH. brass bench: pp512 (its
     # timed reads replay the prompt graph, as llama-bench's one length allows) and tg128; pp with
-    # --lengths LENGTHS (each repetition a length not read before: no replay), compared with
+    # --lengths LENGTHS (each repetition a length not read before, replaying the graph of its
+    # length class, captured in the warm-up from other lengths), compared with
     # llama.cpp's pp512; pp512 and tg128 at --depth DEPTH. Each engine's device memory is the
     # peak of nvidia-smi's used_memory sampled while it runs; Brass's JSON adds what it holds.
     # The decode rows: bytes a token (the weights one step reads) over the time, as a share of
@@ -761,6 +763,64 @@ sub_tp() {     # nccl [RANKS] | bars [SHAPES]
         ;;
     *) echo "usage: ci/gpu.sh tp nccl [RANKS] | bars [SHAPES]"; return 2 ;;
     esac
+}
+
+sub_lengths() {     # [SHAPES]
+    # Issue 48's prompts of any length, in one call: the GPU tests of the length-class prompt
+    # graphs (conformance/models/test_prompt_classes.py, the CUDA cases of test_prompt_graphs.py,
+    # the masked delta-net kernels: test_kernels_tail_mask.py, and the delta-net kernel
+    # families' tests), then per shape brass bench's pp: pp512 replayed (-p 512), lengths not
+    # read before (--lengths LENGTHS, default random:480-544, --seed SEED) read eagerly
+    # (BRASS_PROMPT_GRAPHS=0: what every new length cost before) and through their class's
+    # graph (the default), REPS (3) repetitions each; one table (ci/lengths_table.py).
+    # SHAPES: names of conformance/harness/shape_models.py (default qwen3-0.6b and the hybrid
+    # qwen3.5-9b); HYBRID_LAYERS (8; 0: all 32) writes the qwen35 shapes with that many layers
+    # (two of them full attention, the rest gated delta-nets), so that the file is written within
+    # the call. LLAMA=1 adds llama-bench's pp512 (-fa 1) on the same files: llama.cpp must be
+    # built on the runner (`ci/gpu.sh llama start`, ~4.5 min, between calls of a warm runner).
+    local shapes="${1:-qwen3-0.6b,qwen3.5-9b}" reps="${REPS:-3}" lengths="${LENGTHS:-random:480-544}"
+    local layers="${HYBRID_LAYERS:-8}" name f stem stems="" bench=""
+    gpu_name | tee "$out/gpu.txt"
+    local pg=conformance/models/test_prompt_graphs.py kt=conformance/kernels/test_kernels.py
+    guarded 240 python3 -m pytest conformance/models/test_prompt_classes.py conformance/kernels/test_kernels_tail_mask.py \
+        conformance/kernels/test_kernels_delta_chunked.py "$pg::test_cuda_start_graph_equals_eager" \
+        "$pg::test_cuda_prompt_graph_equals_eager" "$pg::test_cuda_evicted_prompt_graphs_give_their_memory_back" \
+        "$kt::test_ssm_conv_and_its_state" "$kt::test_gated_delta_net" "$kt::test_delta_net_ops_refuse_bad_state" \
+        -q -rfEs -p no:cacheprovider -o junit_family=xunit1 --junitxml="$out/lengths-tests.xml" 2>&1 | tail -25
+    if [ "${LLAMA:-0}" = 1 ]; then
+        llama_env
+        if need_llama "${LLAMA_WAIT:-300}"; then bench="$bin/llama-bench"; else echo "no llama-bench: brass alone"; fi
+    fi
+    mkdir -p "$dir"
+    IFS=, read -ra names <<< "$shapes"
+    for name in "${names[@]}"; do
+        python3 -c 'import sys; from conformance.harness.shape_models import SHAPES; sys.exit(sys.argv[1] not in SHAPES)' "$name" \
+            || { echo "$name: not a shape of conformance/harness/shape_models.py"; return 2; }
+        stem=$name
+        local extra=()
+        if [[ "$name" == qwen3.5-* || "$name" == qwen3.6-27b ]] && [ "$layers" -gt 0 ]; then
+            stem="$name-l$layers"; extra=(--layers "$layers")
+        fi
+        f="$dir/$stem.gguf"
+        if [ ! -f "$f" ]; then
+            local start=$SECONDS
+            guarded 560 python3 conformance/harness/shape_models.py "$name" "$f" "${extra[@]}" > /dev/null || return 1
+            echo "$stem: written in $((SECONDS - start)) s"
+        fi
+        stems="${stems:+$stems,}$stem"
+        local b=(python3 -m brass bench "$f" --backend cuda -p 512 -n 0 -r "$reps" --json)
+        guarded 590 "${b[@]}" > "$out/lengths-replay-$stem.json" 2> "$out/lengths-replay-$stem.log" \
+            || tail -3 "$out/lengths-replay-$stem.log"
+        BRASS_PROMPT_GRAPHS=0 guarded 590 "${b[@]}" --lengths "$lengths" --seed "${SEED:-0}" \
+            > "$out/lengths-eager-$stem.json" 2> "$out/lengths-eager-$stem.log" || tail -3 "$out/lengths-eager-$stem.log"
+        guarded 590 "${b[@]}" --lengths "$lengths" --seed "${SEED:-0}" \
+            > "$out/lengths-class-$stem.json" 2> "$out/lengths-class-$stem.log" || tail -3 "$out/lengths-class-$stem.log"
+        if [ -n "$bench" ]; then
+            guarded 590 "$bench" -m "$f" -p 512 -n 0 -fa 1 -ngl 99 -r "$reps" -o json \
+                > "$out/lengths-llama-$stem.json" 2> "$out/lengths-llama-$stem.log" || tail -3 "$out/lengths-llama-$stem.log"
+        fi
+    done
+    python3 ci/lengths_table.py "$out" "$stems" | tee "$out/lengths.md"
 }
 
 sub_env() {     # CMD...
