@@ -71,8 +71,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "CUDA: replay decode steps as captured CUDA graphs (0: launch every kernel eagerly, "
              "prompts too)."),
     Variable("BRASS_PROMPT_GRAPHS", "bool", True,
-             "CUDA: capture a prompt of a length the model has read before and replay it the next "
-             "times (with `BRASS_GRAPH`); prompts then call cuBLAS through a handle of Brass's own."),
+             "CUDA: capture a prompt of a length class the model has read before and replay it, "
+             "padded, for every prompt of the class (with `BRASS_GRAPH`); prompts then call cuBLAS "
+             "through a handle of Brass's own."),
     Variable("BRASS_PROMPT_GRAPHS_MB", "float", 512.0,
              "CUDA: device memory (MiB) that a model's captured prompt graphs may hold together "
              "(512 MiB; the least recently used make room)."),
