@@ -379,11 +379,18 @@ class Session:
                     self._read_here.add(n)      # read eagerly here: captured here next time
             else:
                 st = self._prompt_step(n)
-            if st is not None:
-                with b.activate():
+            with b.activate():
+                if st is not None:
                     logits = st.run(ids, self.n_past)
-                    self.n_past += len(ids)
-                    return logits if device_logits else b.to_numpy(logits)
+                else:
+                    # no graph (the class's first read, or one over the budget): read eagerly,
+                    # padded as its graph reads it, so that the kernels its capture will record
+                    # are the ones loaded, and every read of a class computes the same rows
+                    h = padded_rows(ids, self.n_past, n)
+                    logits = m.forward(b.asarray(h[:n]), b.asarray(h[n:2 * n]), self.cache,
+                                       b.asarray(h[2 * n + 1:]), n_real=b.asarray(h[2 * n:2 * n + 1]))
+                self.n_past += len(ids)
+                return logits if device_logits else b.to_numpy(logits)
         pos = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)
         with b.activate():
             out_rows = None if all_logits else b.asarray(np.array([len(ids) - 1], np.int32))
@@ -582,18 +589,26 @@ class _PrefillGraph:
         self.nbytes = getattr(self.graph, "nbytes", 0)     # the device memory it holds
 
     def _replay(self, ids: np.ndarray, start: int):
-        k, n = len(ids), self.n
-        if not 1 <= k <= n:
-            raise BrassError(f"a prompt graph of {n} rows cannot read {k} tokens")
         self._uploaded()            # the last copy has read the pinned buffer
-        h = self._host
-        h[:k] = ids
-        h[k:n] = 0                  # padding: any token id; its rows are left out (above)
-        h[n:2 * n] = np.arange(start, start + n, dtype=np.int32)
-        h[2 * n], h[2 * n + 1] = k, k - 1
-        self._uploaded = self.backend.upload_async(self.inp, h)
+        padded_rows(ids, start, self.n, self._host)
+        self._uploaded = self.backend.upload_async(self.inp, self._host)
         self.graph.replay()
         return self.graph.result
+
+
+def padded_rows(ids, start: int, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A prompt graph's input for the tokens `ids` at positions start.. (k <= n of them) in a
+    graph of n rows: [ids, then token 0 (any id: the padding rows are left out, see
+    _PrefillGraph) | positions start .. start + n - 1 | k | k - 1, the row of the logits]."""
+    k = len(ids)
+    if not 1 <= k <= n:
+        raise BrassError(f"a prompt graph of {n} rows cannot read {k} tokens")
+    h = np.empty(2 * n + 2, np.int32) if out is None else out
+    h[:k] = ids
+    h[k:n] = 0
+    h[n:2 * n] = np.arange(start, start + n, dtype=np.int32)
+    h[2 * n], h[2 * n + 1] = k, k - 1
+    return h
 
 
 class PromptStep(_PrefillGraph):

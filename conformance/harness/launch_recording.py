@@ -23,8 +23,8 @@ The scenario, per synthetic model of golden/models (in one model, in this order)
 2. prompt: a 70-token prompt (tiles of 64 queries / delta-net chunks of 64 and a tail, and
    the prompt GEMMs, which start at 32 tokens) read three times: in a new session A (eagerly,
    its length class's first read), in a new session B (the model's start graph of the class,
-   79 rows, captured and run), and in A again after a reset (A's own prompt graph, captured
-   and run); the graphs read the 70 tokens and 9 rows of padding (engine/model.py
+   captured and run), and in A again after a reset (A's own prompt graph, captured and run);
+   each read is of the class's 79 rows, the 70 tokens and 9 of padding (engine/model.py
    prompt_class).
 
 Buffers appear as `label[@byte offset]:dtype[shape]`: weights as `w:<tensor name>`, the
@@ -207,7 +207,7 @@ def record_model(name: str) -> list[dict]:
         a, b = m.new_session(N_CTX), m.new_session(N_CTX)
         _name_cache(rec, a, "s1")
         _name_cache(rec, b, "s2")
-        rec.event(op="phase", name=f"prompt: {PROMPT} tokens in session s1 (its class's first read: eager)")
+        rec.event(op="phase", name=f"prompt: {PROMPT} tokens in session s1 (its class's first read: eager, padded)")
         a.prefill(ids, device_logits=True)
         rec.event(op="phase", name=f"prompt: {PROMPT} tokens in session s2 (the model's start graph)")
         b.prefill(ids, device_logits=True)

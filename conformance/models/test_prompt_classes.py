@@ -10,7 +10,8 @@ its own, the real count a device word. What must hold:
   faked (conformance/harness/fakes.py), every row computed as alone on both sides (numpy's
   BLAS gemm sums a row in an order that depends on the row count), on every synthetic model
   (dense, MoE, the hybrids' delta-nets, gemma4's sliding window), then decoding on from the
-  cache; on the GPU against the eager CUDA read (bounds below);
+  cache; on the GPU against the eager CUDA read (bounds below), and bit for bit against the
+  class's own eager read (padded as the graph reads it: a class's first read);
 - a class whose padding would run past the cache is read eagerly.
 """
 
@@ -191,6 +192,31 @@ def test_cuda_class_graph_equals_eager(name, rng):
             a = list(m.generate([first], 8, greedy, stop_at_eog=False, session=s))
             b = list(m.generate([first], 8, greedy, stop_at_eog=False, session=e))
             assert a == b, f"{name} class {c}: decoding after a padded replay parts from eager"
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ALL)
+def test_cuda_class_graph_equals_the_padded_eager_read(name, rng):
+    # every length: a replay of the class's graph gives what the class's eager read gives (the
+    # first read of a class, or a class whose graph is over the budget), bit for bit: the same
+    # kernels on the same padded rows, cuBLAS included
+    def model(budget):
+        m = load_synthetic(name, "cuda")
+        m.graphs = m.prompt_graphs = m.shared_prompt_graphs = True
+        m.backend.options.own_cublas = True
+        m.graph_ledger.budget = budget
+        return m
+    m, p = model(512 << 20), model(0)               # p: each graph dropped, its classes eager
+    V = m.config.n_vocab
+    for lengths in CLASS_READS:
+        s, e = m.new_session(256), p.new_session(256)
+        for n in lengths:
+            s.reset(), e.reset()
+            ids = _ids(rng, V, n)
+            got = m.backend.to_numpy(s.prefill(ids, device_logits=True)).copy()
+            want = p.backend.to_numpy(e.prefill(ids, device_logits=True))
+            assert np.array_equal(got, want), f"{name} prompt of {n}: max |diff| {np.abs(got - want).max():.3g}"
+        assert prompt_class(lengths[0]) in s._prompt_steps and not e._prompt_steps
 
 
 @needs_cuda
