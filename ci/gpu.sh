@@ -774,15 +774,16 @@ sub_lengths() {     # [SHAPES]
     # (BRASS_PROMPT_GRAPHS=0: what every new length cost before) and through their class's
     # graph (the default), REPS (3) repetitions each; one table (ci/lengths_table.py).
     # SHAPES: names of conformance/harness/shape_models.py (default qwen3-0.6b and the hybrid
-    # qwen3.5-9b); HYBRID_LAYERS (8; 0: all 32) writes the qwen35 shapes with that many layers
-    # (two of them full attention, the rest gated delta-nets), so that the file is written within
-    # the call. LLAMA=1 adds llama-bench's pp512 (-fa 1) on the same files: llama.cpp must be
-    # built on the runner (`ci/gpu.sh llama start`, ~4.5 min, between calls of a warm runner).
+    # qwen3.5-9b, the whole shape); HYBRID_LAYERS=N
+    # writes the qwen35 shapes with N layers instead (a quarter of them full attention, the
+    # rest gated delta-nets), should a call run short. The tests stop at t = 280 s. LLAMA=1 adds
+    # llama-bench's pp512 (-fa 1) on the same files: llama.cpp must be built on the runner
+    # (`ci/gpu.sh llama start`, ~4.5 min, between calls of a warm runner).
     local shapes="${1:-qwen3-0.6b,qwen3.5-9b}" reps="${REPS:-3}" lengths="${LENGTHS:-random:480-544}"
-    local layers="${HYBRID_LAYERS:-8}" name f stem stems="" bench=""
+    local layers="${HYBRID_LAYERS:-0}" name f stem stems="" bench=""
     gpu_name | tee "$out/gpu.txt"
     local pg=conformance/models/test_prompt_graphs.py kt=conformance/kernels/test_kernels.py
-    guarded 240 python3 -m pytest conformance/models/test_prompt_classes.py conformance/kernels/test_kernels_tail_mask.py \
+    guarded 280 python3 -m pytest conformance/models/test_prompt_classes.py conformance/kernels/test_kernels_tail_mask.py \
         conformance/kernels/test_kernels_delta_chunked.py "$pg::test_cuda_start_graph_equals_eager" \
         "$pg::test_cuda_prompt_graph_equals_eager" "$pg::test_cuda_evicted_prompt_graphs_give_their_memory_back" \
         "$kt::test_ssm_conv_and_its_state" "$kt::test_gated_delta_net" "$kt::test_delta_net_ops_refuse_bad_state" \
