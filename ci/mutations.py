@@ -151,6 +151,28 @@ MUTATIONS = {
         ["conformance/kernels/test_kernels_delta_chunked.py::test_chunked_kernel_on_the_cpu"],
         "CUDA delta net (chunked prompt, delta_chunked.cu): value heads in the grouped order",
     ),
+    # a prompt graph's padding rows (engine/model.py prompt_class) left in the recurrent states
+    "cuda_delta_chunked_tail_unmasked": (
+        "kernels/delta_chunked.cu",
+        "const int T = min(p.n_tokens, *n_real), Hv",
+        "const int T = p.n_tokens, Hv",
+        ["conformance/kernels/test_kernels_tail_mask.py::test_chunked_kernel_masks_the_tail_on_the_cpu"],
+        "CUDA delta net (chunked prompt): the padding rows of a class graph update the state",
+    ),
+    "cuda_conv_window_past_the_prompt": (
+        "kernels/ssm.cu",
+        "const float v = X_ROW(T + j);",
+        "const float v = X_ROW(p.n_tokens + j);",
+        ["conformance/kernels/test_kernels_tail_mask.py::test_conv_masks_the_tail_on_the_cpu"],
+        "CUDA conv1d: the carried window taken after the padding rows, not the prompt's last",
+    ),
+    "delta_net_tail_unmasked": (
+        "engine/arch/qwen35.py",
+        'real = {} if f.n_real is None else {"n_real": f.n_real}',
+        "real = {}",
+        ["conformance/models/test_prompt_classes.py::test_padded_replays_equal_eager_reads[synth-qwen35]"],
+        "qwen35: a padded prompt's delta-net layers not told the real row count",
+    ),
 }
 
 
