@@ -543,8 +543,9 @@ def build_parser():
                    help="generate with P sequences in batched steps, as the server does "
                         "(test tgNxP: all sequences' tokens per second; default: 1)")
     p.add_argument("--lengths", default=None, metavar="L1,L2,... | random:A-B",
-                   help="each timed prompt a length not read before in the process (no prompt graph "
-                        "replays): one length a repetition, or -r lengths drawn from A..B with --seed; "
+                   help="each timed prompt a length not read before in the process (with prompt graphs "
+                        "it replays its length class's graph, captured in the warm-up from other "
+                        "lengths): one length a repetition, or -r lengths drawn from A..B with --seed; "
                         "the warm-up reads -p tokens (default: every prompt -p tokens)")
     p.add_argument("--depth", type=int, default=0, metavar="D",
                    help="read or generate after D random tokens already in the cache, filled untimed "
