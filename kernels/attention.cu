@@ -1,7 +1,8 @@
-// KV cache write and causal GQA softmax attention over an F16 cache, for one query (decode)
-// or a block of queries (prefill). Everything about the sequence comes from pos[] on the
-// device: query t sees cache slots s with s <= pos[t] (and pos[t] - s < window when a window
-// is set); head h reads KV head h / (H / H_kv).
+// KV cache write and causal GQA softmax attention over an F16 paged cache, for one query
+// (decode) or a block of queries (prefill). Everything about the sequence comes from pos[] and
+// its block table on the device: query t sees positions s with s <= pos[t] (and pos[t] - s <
+// window when a window is set), position s at pool row kv_row(table, s) (common.cuh); head h
+// reads KV head h / (H / H_kv).
 //
 // The rounding is the non-flash path of ggml with an F16 cache, as the goldens were recorded:
 // Q is rounded to F16 for K.Q, logits are scaled in float32, the softmax is normalised and
@@ -27,26 +28,27 @@
 #define ATTN_SLOT_LANES_MAX_DIM 128
 #endif
 
-// cache[pos[t], :] = f16(x[t, :]) for rows of H_kv * Dh values.
+// pool[kv_row(table, pos[t]), :] = f16(x[t, :]) for rows of H_kv * Dh values.
 extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
-kv_store(const float * __restrict__ x, const int * __restrict__ pos, u16 * __restrict__ cache,
-         const KvStoreParams p) {
+kv_store(const float * __restrict__ x, const int * __restrict__ pos, const int * __restrict__ table,
+         u16 * __restrict__ pool, const KvStoreParams p) {
     PDL_ENTRY();
     const int t = blockIdx.y;
     const int i = blockIdx.x * KV_STORE_THREADS + threadIdx.x;
     const int slot = pos[t];
     if (i >= p.row_elems || slot < 0 || slot >= p.capacity) return;
-    cache[(i64) slot * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
+    pool[kv_row(table, slot) * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 
 // One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
 // blocks (the input of the output projection), quantized here so that no separate kernel has
 // to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
-// per_row: token t reads the caches at k_rows[t] / v_rows[t] (each row its own sequence, all
-// of capacity >= its position; capacity is the largest) instead of k_cache / v_cache.
+// k_cache / v_cache: the layer's pools; table: the sequence's block table, or with per_row
+// (a batched decode step, each row its own sequence in the same pools, all of capacity >= its
+// position; capacity is the largest) the rows' tables, token t's at table + t * table_stride.
 __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cache, const u16 * v_cache,
-                                             const int * pos, float * out, block_q8_1 * out_q,
-                                             const u64 * k_rows, const u64 * v_rows, const AttentionParams & p) {
+                                             const int * pos, const int * table, float * out,
+                                             block_q8_1 * out_q, const AttentionParams & p) {
     extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
@@ -56,10 +58,7 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
 
     const int h = blockIdx.x, t = blockIdx.y;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    if (p.per_row) {                          // a batched decode step: token t's own sequence
-        k_cache = (const u16 *) k_rows[t];
-        v_cache = (const u16 *) v_rows[t];
-    }
+    if (p.per_row) table += (i64) t * p.table_stride;  // a batched decode step: token t's sequence
     const int h_kv = h / (p.n_heads / p.n_kv_heads);
     const int hi = min(pos[t], p.capacity - 1);
     const int lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;
@@ -82,7 +81,7 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
         // A thread per slot: 8 halves of its K row per 16-byte load, each pair of dims added as
         // in the warp-per-slot loop (q0 k0 + q1 k1), the pairs in dim order.
         for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
-            const uint4 * kr = (const uint4 *) (k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim);
+            const uint4 * kr = (const uint4 *) (k_cache + kv_row(table, lo + j) * k_row + (i64) h_kv * p.head_dim);
             float dot = 0.0f;
             for (int c = 0; c < p.head_dim / 8; ++c) {
                 const uint4 kk = kr[c];
@@ -104,7 +103,7 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
 #pragma unroll
         for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
             const int j = min(j0 + u * ATTN_WARPS, n - 1);      // past n: slot n-1 again, unused
-            const u32 * kr = (const u32 *) (k_cache + (lo + j) * k_row + (i64) h_kv * p.head_dim);
+            const u32 * kr = (const u32 *) (k_cache + kv_row(table, lo + j) * k_row + (i64) h_kv * p.head_dim);
             dot[u] = 0.0f;
             for (int c = lane; c < n_pairs; c += WARP_SIZE) {
                 const u32 kk = kr[c];
@@ -148,13 +147,13 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
     // Pass 3: V.softmax. Warp w takes slots w, w + ATTN_WARPS, ...; each lane two adjacent
     // dims per step; then the warps' sums are added in warp order.
     const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
-    const u16 * vbase = v_cache + lo * v_row + (i64) h_kv * p.head_dim_v;
+    const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
     const int nv_pairs = p.head_dim_v / 2;
     float * my = part + warp * p.head_dim_v;
     for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
         float a0 = 0.0f, a1 = 0.0f;
         for (int j = warp; j < n; j += ATTN_WARPS) {
-            const u32 vv = ((const u32 *) (vbase + j * v_row))[c];
+            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
             const float pj = prob[j];
             a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
             a1 += pj * f16_to_f32((u16) (vv >> 16));
@@ -176,8 +175,8 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const u16 * __restrict__ v_cache,
-          const int * __restrict__ pos, float * __restrict__ out, block_q8_1 * __restrict__ out_q,
-          const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows, const AttentionParams p) {
+          const int * __restrict__ pos, const int * __restrict__ table, float * __restrict__ out,
+          block_q8_1 * __restrict__ out_q, const AttentionParams p) {
     PDL_ENTRY();
-    attend_block(q, k_cache, v_cache, pos, out, out_q, k_rows, v_rows, p);
+    attend_block(q, k_cache, v_cache, pos, table, out, out_q, p);
 }

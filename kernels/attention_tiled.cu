@@ -3,9 +3,11 @@
 // where they matter, but without its row of logits in shared memory (no limit from the context
 // length) and with K.Q and P.V as f16 `mma.sync.m16n8k16` with float32 accumulation.
 //
-// The function (as attention.cu and the numpy reference): query t of head h sees cache slots
+// The function (as attention.cu and the numpy reference): query t of head h sees positions
 // s with s <= pos[t], pos[t] - s < window when window > 0, and s <= capacity - 1; head h reads
-// KV head h / (H / H_kv). Q is rounded to F16 before K.Q (the products of two halves are exact
+// KV head h / (H / H_kv). The caches are paged (common.cuh): position s is row kv_row(table, s)
+// of the layer's pool, so a tile's rows come from as many blocks as it spans (a row's address
+// is looked up in the block table as its copy is issued). Q is rounded to F16 before K.Q (the products of two halves are exact
 // in float32; the tensor core adds them in float32 in its own order, as the old kernel adds in
 // its own); logit = dot * scale in float32; the softmax is normalised BEFORE its rounding to
 // F16: p = f16(exp(l - m) / sum); out = sum_s p_s v_s in float32.
@@ -130,22 +132,21 @@ __device__ __forceinline__ int attn_swz8(const int r, const int c8, const int c)
     return r * W + (c8 << 3) + ((c ^ (r & 7)) << 3);
 }
 
-// Rows s0 .. s0 + BK - 1 of one KV head (row s at src + s * stride, W halves) into a swizzled
-// tile; rows past `hi` (the last slot the block can see) are zeros, never read from the cache.
-// Thread i copies chunk i % C of rows i / C, i / C + NT / C, ... (the source pointer advanced
-// by addition, so that no per-row address is kept across tiles).
+// Positions s0 .. s0 + BK - 1 of one KV head (position s at src + kv_row(table, s) * stride,
+// W halves) into a swizzled tile; rows past `hi` (the last slot the block can see) are zeros,
+// never read from the pool (nor their block table entries). Thread i copies chunk i % C of
+// rows i / C, i / C + NT / C, ...
 template <int W, int BK>
-__device__ __forceinline__ void attn_load_tile(u16 * dst, const u16 * src, const i64 stride, const int s0,
-                                               const int hi) {
+__device__ __forceinline__ void attn_load_tile(u16 * dst, const u16 * src, const int * table, const i64 stride,
+                                               const int s0, const int hi) {
     constexpr int C = W / 8, RP = ATTN_TILED_THREADS / C;
     static_assert(ATTN_TILED_THREADS % C == 0 && BK % RP == 0, "whole rows per pass");
     const int r0 = threadIdx.x / C, ch = threadIdx.x % C;
-    const u16 * sp = src + (s0 + r0) * stride + ch * 8;
 #pragma unroll
-    for (int i = 0; i < BK / RP; ++i, sp += RP * stride) {
+    for (int i = 0; i < BK / RP; ++i) {
         const int r = r0 + i * RP;
         u16 * d = dst + attn_swz<W>(r, ch);
-        if (s0 + r <= hi) attn_cp_async16(attn_smem_u32(d), sp);
+        if (s0 + r <= hi) attn_cp_async16(attn_smem_u32(d), src + kv_row(table, s0 + r) * stride + ch * 8);
         else *(int4 *) d = make_int4(0, 0, 0, 0);
     }
 }
@@ -195,8 +196,8 @@ __device__ __forceinline__ void attn_pv(float (&o)[DV / 8][4], const u32 (&pk)[B
 template <int D, int DV>
 __device__ __forceinline__ void attention_tiled_body(const float * __restrict__ q, const u16 * __restrict__ k_cache,
                                                      const u16 * __restrict__ v_cache, const int * __restrict__ pos,
-                                                     float * __restrict__ out, block_q8_1 * __restrict__ out_q,
-                                                     const AttentionTiledParams & p) {
+                                                     const int * __restrict__ table, float * __restrict__ out,
+                                                     block_q8_1 * __restrict__ out_q, const AttentionTiledParams & p) {
     constexpr int BQ = ATTN_TILED_BQ, BK = ATTN_TILED_BK(D, DV), NT = ATTN_TILED_THREADS;
     constexpr int KC = D / 8;                  // 16-byte chunks of a Q / K row
     constexpr int SN = BK / 8, ON = DV / 8;    // n8 tiles of the logits, of the output
@@ -272,11 +273,11 @@ __device__ __forceinline__ void attention_tiled_body(const float * __restrict__ 
     // ---- pass 1: each row's max and sum of exp(l - max) ----------------------------------
     float m0 = NEG_INF, m1 = NEG_INF;
     double l0 = 0.0, l1 = 0.0;
-    if (n_tiles > 0) attn_load_tile<D, BK>(ks, kb, k_stride, lo_b, hi_b);
+    if (n_tiles > 0) attn_load_tile<D, BK>(ks, kb, table, k_stride, lo_b, hi_b);
     attn_cp_async_commit();
     for (int it = 0; it < n_tiles; ++it) {
         if (it + 1 < n_tiles)
-            attn_load_tile<D, BK>(ks + ((it + 1) & 1) * BK * D, kb, k_stride, lo_b + (it + 1) * BK, hi_b);
+            attn_load_tile<D, BK>(ks + ((it + 1) & 1) * BK * D, kb, table, k_stride, lo_b + (it + 1) * BK, hi_b);
         attn_cp_async_commit();
         attn_cp_async_wait<1>();
         __syncthreads();
@@ -337,15 +338,15 @@ __device__ __forceinline__ void attention_tiled_body(const float * __restrict__ 
 #pragma unroll
     for (int n = 0; n < ON; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     if (n_tiles > 0) {
-        attn_load_tile<D, BK>(ks, kb, k_stride, lo_b, hi_b);
-        attn_load_tile<DV, BK>(vs, vb, v_stride, lo_b, hi_b);
+        attn_load_tile<D, BK>(ks, kb, table, k_stride, lo_b, hi_b);
+        attn_load_tile<DV, BK>(vs, vb, table, v_stride, lo_b, hi_b);
     }
     attn_cp_async_commit();
     for (int it = 0; it < n_tiles; ++it) {
         if (it + 1 < n_tiles) {
             const int nb = (it + 1) & 1, ns = lo_b + (it + 1) * BK;
-            attn_load_tile<D, BK>(ks + nb * BK * D, kb, k_stride, ns, hi_b);
-            attn_load_tile<DV, BK>(vs + nb * BK * DV, vb, v_stride, ns, hi_b);
+            attn_load_tile<D, BK>(ks + nb * BK * D, kb, table, k_stride, ns, hi_b);
+            attn_load_tile<DV, BK>(vs + nb * BK * DV, vb, table, v_stride, ns, hi_b);
         }
         attn_cp_async_commit();
         attn_cp_async_wait<1>();
@@ -401,10 +402,10 @@ __device__ __forceinline__ void attention_tiled_body(const float * __restrict__ 
 extern "C" __global__ void __launch_bounds__(ATTN_TILED_THREADS, 1)                                     \
 attention_tiled_##NAME(const float * __restrict__ q, const u16 * __restrict__ k_cache,                 \
                        const u16 * __restrict__ v_cache, const int * __restrict__ pos,                 \
-                       float * __restrict__ out, block_q8_1 * __restrict__ out_q,                      \
-                       const AttentionTiledParams p) {                                                 \
+                       const int * __restrict__ table, float * __restrict__ out,                       \
+                       block_q8_1 * __restrict__ out_q, const AttentionTiledParams p) {                \
     PDL_ENTRY();                                                                                       \
-    attention_tiled_body<D, DV>(q, k_cache, v_cache, pos, out, out_q, p);                              \
+    attention_tiled_body<D, DV>(q, k_cache, v_cache, pos, table, out, out_q, p);                       \
 }
 
 ATTN_TILED_KERNEL(64_64, 64, 64)

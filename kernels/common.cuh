@@ -14,6 +14,19 @@ typedef unsigned long long u64;
 #define WARP_SIZE 32
 #define QK8_1 32
 
+// The paged KV cache (engine/kv_cache.py BLOCK_TOKENS): a layer's keys (or values) live in a
+// pool of blocks of KV_BLOCK slots, [n_blocks][KV_BLOCK][H_kv][D] halves, and a sequence's
+// position s is slot s % KV_BLOCK of block table[s / KV_BLOCK] (its block table, int32).
+// Every kernel that writes or reads a cache goes through kv_row; a sequence with a pool of
+// its own (a session's private cache) is addressed the same way.
+#define KV_BLOCK 16
+
+// The pool row (in units of H_kv * D halves) of position s (s >= 0) of the sequence whose
+// block table is `table`.
+__device__ __forceinline__ i64 kv_row(const int * table, const int s) {
+    return (i64) table[(unsigned) s / KV_BLOCK] * KV_BLOCK + (unsigned) s % KV_BLOCK;
+}
+
 // Programmatic dependent launch (Hopper and later). Inside a decode graph the backend launches
 // kernels with the programmatic-serialization attribute: a kernel may then start while the one
 // before it is still running, so the launch and the block scheduling of kernel n+1 hide behind

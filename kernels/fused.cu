@@ -77,30 +77,28 @@ moe_norms(const float * __restrict__ x, const float * __restrict__ w, const floa
 
 // Blocks [0, H) of a token take its query heads, [H, H + H_kv) its key heads and
 // [H + H_kv, H + 2 H_kv) its value heads. q (and k) heads: optional RMS norm over the head
-// (double sum of squares, as rms_norm), then rope; q goes to q_out, k to the F16 cache at
-// slot pos[t] (and to k_out when write_k); v heads go to their cache as they are. per_row:
-// token t's caches are at k_rows[t] / v_rows[t] (a batched decode step).
+// (double sum of squares, as rms_norm), then rope; q goes to q_out, k to the F16 pool at
+// kv_row(table, pos[t]) (and to k_out when write_k); v heads go to theirs as they are.
+// per_row: token t's sequence has block table row t (table + t * table_stride; a batched
+// decode step, every row's sequence in the same pools).
 extern "C" __global__ void __launch_bounds__(ROPE_STORE_THREADS)
 rope_store(const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
            const float * __restrict__ qn, const float * __restrict__ kn, const int * __restrict__ pos,
            float * __restrict__ q_out, float * __restrict__ k_out, u16 * __restrict__ k_cache,
-           u16 * __restrict__ v_cache, const u64 * __restrict__ k_rows, const u64 * __restrict__ v_rows,
-           const RopeStoreParams p) {
+           u16 * __restrict__ v_cache, const int * __restrict__ table, const RopeStoreParams p) {
     PDL_ENTRY();
     extern __shared__ float row[];          // [head_dim]: the head after its norm
     __shared__ double partial[ROPE_STORE_THREADS / WARP_SIZE];
     const int t = blockIdx.y, hb = blockIdx.x;
-    if (p.per_row) {                        // a batched decode step: token t's own sequence
-        k_cache = (u16 *) k_rows[t];
-        v_cache = (u16 *) v_rows[t];
-    }
+    if (p.per_row) table += (i64) t * p.table_stride;   // a batched decode step: token t's sequence
     const int slot = pos[t];
     const bool slot_ok = slot >= 0 && slot < p.capacity;
+    const i64 pool_row = slot_ok ? kv_row(table, slot) : 0;
     if (hb >= p.n_heads + p.n_kv_heads) {
         const int h = hb - p.n_heads - p.n_kv_heads;
         const float * src = v + ((i64) t * p.n_kv_heads + h) * p.head_dim_v;
         if (slot_ok) {
-            u16 * dst = v_cache + ((i64) slot * p.n_kv_heads + h) * p.head_dim_v;
+            u16 * dst = v_cache + (pool_row * p.n_kv_heads + h) * p.head_dim_v;
             for (int d = threadIdx.x; d < p.head_dim_v; d += ROPE_STORE_THREADS) dst[d] = f32_to_f16(src[d]);
         }
         return;
@@ -111,7 +109,7 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
     const float * src = (is_q ? q : k) + ((i64) t * n_h + h) * p.head_dim;
     float * out = is_q ? q_out + ((i64) t * n_h + h) * p.head_dim
                        : (p.write_k ? k_out + ((i64) t * n_h + h) * p.head_dim : nullptr);
-    u16 * cache = (!is_q && slot_ok) ? k_cache + ((i64) slot * p.n_kv_heads + h) * p.head_dim : nullptr;
+    u16 * cache = (!is_q && slot_ok) ? k_cache + (pool_row * p.n_kv_heads + h) * p.head_dim : nullptr;
     norm_rope_head<ROPE_STORE_THREADS>(src, is_q ? qn : kn, is_q ? p.q_norm : p.k_norm, p.head_dim, p.n_rot,
                                        p.neox, p.theta_scale, p.freq_scale, p.eps, slot, row, partial, out, cache);
 }

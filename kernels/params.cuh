@@ -70,7 +70,8 @@ struct RopeParams {
 struct KvStoreParams {
     int n_tokens;
     int row_elems;        // H_kv * Dh values per cache slot
-    int capacity;         // cache slots; positions outside [0, capacity) are not written
+    int capacity;         // the sequence's slots (its table's blocks times KV_BLOCK at most);
+                          // positions outside [0, capacity) are not written
     int pad0;
 };
 
@@ -80,13 +81,13 @@ struct AttentionParams {
     int n_kv_heads;
     int head_dim;         // of queries and keys
     int head_dim_v;
-    int capacity;         // cache slots
+    int capacity;         // a sequence's slots (the largest of the rows' with per_row)
     int n_slots;          // logits kept in shared memory: capacity, or the window if smaller
     int window;           // 0: none; else key s is visible when pos - s < window
     float scale;
     int write_q8;         // also write the output as Q8_1 blocks (head_dim_v a multiple of 32)
-    int per_row;          // token t reads the caches at k_rows[t] / v_rows[t] (batched decode)
-    int pad0;
+    int per_row;          // token t reads its own sequence: block table row t (batched decode)
+    int table_stride;     // entries per block table row (per_row)
 };
 
 struct RowParams {
@@ -175,10 +176,10 @@ struct RopeStoreParams {
     int q_norm;           // apply the q / k head norms (weights qn, kn)
     int k_norm;
     float eps;
-    int capacity;         // cache slots; positions outside [0, capacity) are not written
+    int capacity;         // a sequence's slots; positions outside [0, capacity) are not written
     int write_k;          // also write the roped keys as float32 (for the trace)
-    int per_row;          // token t writes the caches at k_rows[t] / v_rows[t] (batched decode)
-    int pad0;
+    int per_row;          // token t writes its own sequence: block table row t (batched decode)
+    int table_stride;     // entries per block table row (per_row)
 };
 
 // MoE router: softmax over the experts, top-k, the chosen weights optionally renormalised
@@ -286,7 +287,7 @@ struct AttentionTiledParams {
     int n_tokens;
     int n_heads;
     int n_kv_heads;       // n_heads is a multiple of it
-    int capacity;         // cache slots; slots past capacity - 1 are never read
+    int capacity;         // the sequence's slots; slots past capacity - 1 are never read
     int window;           // 0: none; else slot s is visible to query t when pos[t] - s < window
     float scale;
     int write_q8;         // also write the output as Q8_1 blocks

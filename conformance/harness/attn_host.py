@@ -32,6 +32,11 @@ barrier of the call in between, so one barrier per call suffices. Half <-> float
 are host functions, round to nearest even with subnormals (checked against numpy by
 conformance/kernels/test_kernels_attention_tiled.py).
 
+The caches are paged as on the GPU (common.cuh kv_row): the callers pass a sequence's
+contiguous keys and values, and `paged` scatters them into pools of KV_BLOCK-slot blocks under
+a random permutation (blocks out of order, spare blocks and the last block's tail NaN), so a
+kernel that reads a slot through the wrong block, or a block it was not given, reads NaN.
+
 What this cannot check: that the hardware uses those layouts (the PTX ISA says so), timing,
 bank conflicts, the asynchrony of cp.async (a missing wait passes here), FMA contraction, the
 GPU's shared memory limits. It does check the tiling, the swizzled addressing, the tile and
@@ -154,8 +159,8 @@ void host_mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b
     }
 }
 
-typedef void (*kernel_t)(const float *, const u16 *, const u16 *, const int *, float *, block_q8_1 *,
-                         const AttentionTiledParams);
+typedef void (*kernel_t)(const float *, const u16 *, const u16 *, const int *, const int *, float *,
+                         block_q8_1 *, const AttentionTiledParams);
 struct Entry { int d, dv; kernel_t fn; int smem; };
 static const Entry entries[] = { ENTRIES };
 
@@ -170,7 +175,7 @@ extern "C" int attn_smem_bytes(int D, int DV) {
 }
 
 extern "C" int run_attn(int D, int DV, const float * q, const u16 * k, const u16 * v, const int * pos,
-                        float * out, block_q8_1 * out_q, int T, int H, int Hkv, int cap, int window,
+                        const int * table, float * out, block_q8_1 * out_q, int T, int H, int Hkv, int cap, int window,
                         float scale, int write_q8) {
     const Entry * e = find(D, DV);
     if (!e) return 1;
@@ -190,7 +195,7 @@ extern "C" int run_attn(int D, int DV, const float * q, const u16 * k, const u16
             blockIdx = {bx, by, 0};
             std::vector<std::thread> th;
             for (unsigned i = 0; i < ATTN_TILED_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; e->fn(q, k, v, pos, out, out_q, p); });
+                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; e->fn(q, k, v, pos, table, out, out_q, p); });
             for (auto & t : th) t.join();
         }
     for (int i = 0; i < ATTN_TILED_THREADS / 32; ++i) delete warp_bar[i];
@@ -228,7 +233,7 @@ def build(kernel_text: str | None = None) -> ctypes.CDLL:
     """Compile (or reuse) the CPU build of attention_tiled.cu (or of `kernel_text`, a modified
     copy of it); raises RuntimeError without g++."""
     so = compile_host(_sources(kernel_text), "attn", SOURCE)
-    so.run_attn.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + \
+    so.run_attn.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 5 + \
                            [ctypes.c_float, ctypes.c_int]
     so.attn_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
     so.f32_to_f16_array.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong]
@@ -245,23 +250,54 @@ def _aligned(a: np.ndarray, dtype) -> np.ndarray:
     return out
 
 
-def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=True):
-    """The CPU build of attention_tiled_<D>_<DV>: (out [T, H * DV] float32, Q8_1 blocks
-    [T, H * DV / 32, 36] uint8 or None), both poisoned (NaN, 0xFF) before the kernel runs.
-    v_cache may be k_cache itself (Gemma 4): then one buffer is passed for both."""
+KV_BLOCK = 16               # slots per KV block (common.cuh KV_BLOCK, engine/kv_cache.py BLOCK_TOKENS)
+
+
+def paged(rng, seqs, spare: int = 3):
+    """The paged layout of sequences' caches: `seqs` a list, one per sequence, of its
+    contiguous caches ([cap_i, H_kv, D] each; a sequence's caches share its block table) ->
+    (tables int32 [n_seq, stride], pools [n_blocks, KV_BLOCK, H_kv, D] one per cache kind).
+    Blocks are handed out under a random permutation of the pool (out of order, not
+    adjacent), `spare` blocks are never handed out, and those, the tail of each sequence's
+    last block and the table entries past a sequence's blocks (pointing at a spare block) are
+    NaN to the kernel: a read through a wrong index shows in its output."""
+    nbs = [-(-s[0].shape[0] // KV_BLOCK) for s in seqs]
+    n = sum(nbs) + spare
+    order = rng.permutation(n).astype(np.int32)
+    stride = max(nbs)
+    tables = np.full((len(seqs), stride), order[-1], np.int32)      # a spare block
+    pools = [np.full((n, KV_BLOCK, *c.shape[1:]), np.nan, c.dtype) for c in seqs[0]]
+    at = 0
+    for i, (caches, nb) in enumerate(zip(seqs, nbs)):
+        tables[i, :nb] = order[at:at + nb]
+        at += nb
+        for pool, c in zip(pools, caches):
+            flat = np.full((nb * KV_BLOCK, *c.shape[1:]), np.nan, c.dtype)
+            flat[:c.shape[0]] = c
+            pool[tables[i, :nb]] = flat.reshape(nb, KV_BLOCK, *c.shape[1:])
+    return tables, pools
+
+
+def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=True, *, rng):
+    """The CPU build of attention_tiled_<D>_<DV> over the caches paged (`paged`, under
+    `rng`'s permutation): (out [T, H * DV] float32, Q8_1 blocks [T, H * DV / 32, 36] uint8 or
+    None), both poisoned (NaN, 0xFF) before the kernel runs. v_cache may be k_cache itself
+    (Gemma 4): then one pool is passed for both."""
     same = v_cache is k_cache
     T, H, D = q.shape
     cap, Hkv, Dk = k_cache.shape
     DV = v_cache.shape[2]
     assert Dk == D and v_cache.shape[:2] == (cap, Hkv) and H % Hkv == 0 and T >= 1
+    tables, pools = paged(rng, [(k_cache,) if same else (k_cache, v_cache)])
     q = _aligned(q, np.float32)
-    k = _aligned(k_cache, np.float16)
-    v = k if same else _aligned(v_cache, np.float16)
+    k = _aligned(pools[0], np.float16)
+    v = k if same else _aligned(pools[1], np.float16)
+    table = np.ascontiguousarray(tables[0], np.int32)
     pos = np.ascontiguousarray(pos, np.int32)
     out = _aligned(np.full((T, H * DV), np.nan, np.float32), np.float32)
     out_q = _aligned(np.full((T, H * DV // 32, 36), 0xFF, np.uint8), np.uint8)
-    if lib.run_attn(D, DV, q.ctypes.data, k.ctypes.data, v.ctypes.data, pos.ctypes.data, out.ctypes.data,
-                    out_q.ctypes.data, T, H, Hkv, cap, int(window), float(scale), int(write_q8)):
+    if lib.run_attn(D, DV, q.ctypes.data, k.ctypes.data, v.ctypes.data, pos.ctypes.data, table.ctypes.data,
+                    out.ctypes.data, out_q.ctypes.data, T, H, Hkv, cap, int(window), float(scale), int(write_q8)):
         raise ValueError(f"no tiled attention kernel for head dims {D}/{DV}")
     return out, (out_q if write_q8 else None)
 
@@ -299,15 +335,34 @@ static void run_heads(unsigned H, unsigned T, size_t smem_floats, F fn) {
     for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
 }
 
-extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, float * out,
-                             block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap, int window,
-                             float scale, int write_q8) {
+// table_stride 0: one sequence (table its block table); else per_row, row t's at t * table_stride
+extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, const int * table,
+                             float * out, block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap,
+                             int window, float scale, int write_q8, int table_stride) {
     AttentionParams p{};
     p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
     p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
-    p.scale = scale; p.write_q8 = write_q8; p.per_row = 0;
+    p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
     run_heads(H, T, D + p.n_slots + ATTN_WARPS * DV,
-              [=] { attention(q, k, v, pos, out, out_q, nullptr, nullptr, p); });
+              [=] { attention(q, k, v, pos, table, out, out_q, p); });
+    return 0;
+}
+
+// attention.cu's kv_store: a grid of (row / KV_STORE_THREADS, T) blocks, no shared memory
+extern "C" int run_kv_store(const float * x, const int * pos, const int * table, u16 * pool, int T, int row,
+                            int cap) {
+    KvStoreParams p{};
+    p.n_tokens = T; p.row_elems = row; p.capacity = cap;
+    gridDim = {(unsigned) ((row + KV_STORE_THREADS - 1) / KV_STORE_THREADS), (unsigned) T, 1};
+    blockDim = {KV_STORE_THREADS, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
+            blockIdx = {bx, by, 0};
+            for (unsigned i = 0; i < KV_STORE_THREADS; ++i) {     // no barrier in it: threads in turn
+                threadIdx = {i, 0, 0};
+                kv_store(x, pos, table, pool, p);
+            }
+        }
     return 0;
 }
 """
@@ -326,27 +381,57 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
     srcs["harness.cpp"] = (ROWWISE_HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC)
                            .replace("NTHREADS", "ATTN_THREADS").replace("HOST_HALF", HOST_HALF))
     so = compile_host(srcs, "attnrow", "attention.cu")
-    so.run_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
+    so.run_attention.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int,
+                                                                               ctypes.c_int]
+    so.run_kv_store.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3
     return so
 
 
-def attention_rowwise(lib, q, k_cache, v_cache, pos, scale, window=0):
-    """The CPU build of attention.cu's `attention`: (out [T, H * DV], Q8_1 blocks or None),
-    the output poisoned with NaN before the kernel runs."""
+def attention_rowwise(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng):
+    """The CPU build of attention.cu's `attention` over the caches paged (`paged`, under
+    `rng`'s permutation): (out [T, H * DV], Q8_1 blocks or None), the output poisoned with NaN
+    before the kernel runs."""
     T, H, D = q.shape
     cap, Hkv, _ = k_cache.shape
-    DV = v_cache.shape[2]
+    tables, (k, v) = paged(rng, [(k_cache, v_cache)])
+    return _run_rowwise(lib, q, k, v, pos, tables[0], cap, scale, window, 0)
+
+
+def attention_rows(lib, q, caches, pos, scale, window=0, *, rng):
+    """attention.cu's `attention` in per_row mode (a batched decode step): query row t over
+    its own sequence's caches `caches[t] = (k [cap_t, H_kv, D], v)`, all paged into one pool
+    pair (`paged`), each row its own row of the block tables. (out, Q8_1 blocks or None)."""
+    tables, (k, v) = paged(rng, list(caches))
+    cap = max(c[0].shape[0] for c in caches)
+    return _run_rowwise(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1])
+
+
+def _run_rowwise(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride):
+    T, H, D = q.shape
+    Hkv, DV = k_pool.shape[2], v_pool.shape[3]
     q = np.ascontiguousarray(q, np.float32)
-    k = np.ascontiguousarray(k_cache, np.float16)
-    v = np.ascontiguousarray(v_cache, np.float16)
+    k = np.ascontiguousarray(k_pool, np.float16)
+    v = np.ascontiguousarray(v_pool, np.float16)
+    table = np.ascontiguousarray(table, np.int32)
     pos = np.ascontiguousarray(pos, np.int32)
     write_q8 = DV % 32 == 0
     out = np.full((T, H * DV), np.nan, np.float32)
     out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
     lib.run_attention(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
-                      pos.ctypes.data, out.ctypes.data, out_q.ctypes.data, T, H, Hkv, D, DV, cap,
-                      int(window), float(scale), int(write_q8))
+                      pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data, T, H, Hkv, D, DV,
+                      cap, int(window), float(scale), int(write_q8), int(table_stride))
     return out, (out_q if write_q8 else None)
+
+
+def kv_store(lib, pool, x, pos, table, capacity):
+    """attention.cu's kv_store: x [T, H_kv, D] float32 written as float16 into `pool`
+    ([n_blocks, KV_BLOCK, H_kv, D], in place) at positions pos through `table`."""
+    x = np.ascontiguousarray(x, np.float32)
+    pos = np.ascontiguousarray(pos, np.int32)
+    table = np.ascontiguousarray(table, np.int32)
+    assert pool.flags.c_contiguous and pool.dtype == np.float16
+    lib.run_kv_store(x.ctypes.data, pos.ctypes.data, table.ctypes.data, pool.view(np.uint16).ctypes.data,
+                     x.shape[0], int(np.prod(x.shape[1:])), int(capacity))
 
 
 def random_case(rng, T, past, H, Hkv, D, DV, cap=None, window=0):
@@ -382,7 +467,7 @@ def main(argv: list[str]) -> int:
         q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV, window=window)
         scale = 1.0 / np.sqrt(D)
         want = ref.attention(q, k, v, pos, scale, window)
-        got, blocks = attention_tiled(lib, q, k, v, pos, scale, window)
+        got, blocks = attention_tiled(lib, q, k, v, pos, scale, window, rng=rng)
         e = nmse(got, want)
         ok = e <= ATTENTION and not np.isnan(got).any() and np.array_equal(blocks, q8_1_blocks(got))
         failed += not ok

@@ -1,4 +1,4 @@
-"""kernels/fused.cu's norm kernels (add_rms_norm, moe_norms) run on the CPU, for machines without
+"""kernels/fused.cu's norm kernels (add_rms_norm, moe_norms) and rope_store run on the CPU, for machines without
 a GPU: the kernel source compiled by g++ against mmq_host.py's shim of CUDA device code
 (every thread of a block a std::thread, one block at a time, __syncthreads a barrier, warp
 shuffles through per-warp barriers), launched as CudaBackend launches them (one block of
@@ -43,10 +43,11 @@ extern "C" int run_add_rms_norm(const float * a, const float * b, const float * 
 }
 
 extern "C" int run_rope_store(const float * q, const float * k, const float * v, const float * qn, const float * kn,
-                              const int * pos, float * q_out, float * k_out, u16 * kc, u16 * vc, const void * params) {
+                              const int * pos, float * q_out, float * k_out, u16 * kc, u16 * vc,
+                              const int * table, const void * params) {
     RopeStoreParams p; memcpy(&p, params, sizeof p);
     run_grid(p.n_heads + 2 * p.n_kv_heads, p.n_tokens, ROPE_STORE_THREADS, 4 * p.head_dim,
-             [=] { rope_store(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, nullptr, nullptr, p); });
+             [=] { rope_store(q, k, v, qn, kn, pos, q_out, k_out, kc, vc, table, p); });
     return 0;
 }
 
@@ -76,29 +77,24 @@ def build() -> ctypes.CDLL:
     p = ctypes.c_void_p
     so.run_add_rms_norm.argtypes = [p] * 8 + [ctypes.c_uint]
     so.run_moe_norms.argtypes = [p] * 7 + [ctypes.c_uint]
-    so.run_rope_store.argtypes = [p] * 11
+    so.run_rope_store.argtypes = [p] * 12
     return so
 
 
-def rope_store(lib, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot, base, neox, freq_scale=1.0):
-    """(q_out, k_out) of the kernel over q/k/v [T, H(_kv), D]; the float16 caches are updated
-    in place at slots pos, as the kernel writes them."""
-    from brass.backends.cuda.params import pack
-    T, H, D = q.shape
-    Hkv, DV = k.shape[1], v.shape[2]
+def rope_store_raw(lib, q, k, v, pos, k_pool, v_pool, tables, params, q_norm=None, k_norm=None):
+    """(q_out, k_out) of the kernel over q/k/v [T, H(_kv), D] with the RopeStoreParams
+    `params` as given; the float16 pools ([n_blocks, KV_BLOCK, H_kv, D]) are updated in place
+    through the block tables (int32; per_row: a row per token), as the kernel writes them."""
     f32 = lambda a: np.ascontiguousarray(a, np.float32)     # noqa: E731
     q, k, v = f32(q), f32(k), f32(v)
     qn = f32(q_norm) if q_norm is not None else q
     kn = f32(k_norm) if k_norm is not None else k
     pos = np.ascontiguousarray(pos, np.int32)
+    tables = np.ascontiguousarray(tables, np.int32)
+    assert k_pool.flags.c_contiguous and v_pool.flags.c_contiguous
     q_out, k_out = np.full(q.shape, np.nan, np.float32), np.full(k.shape, np.nan, np.float32)
-    theta_scale = np.float32(np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot)))
-    params = pack("RopeStoreParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
-                  n_rot=n_rot, theta_scale=theta_scale, freq_scale=freq_scale, neox=int(bool(neox)),
-                  q_norm=int(q_norm is not None), k_norm=int(k_norm is not None), eps=eps,
-                  capacity=k_cache.shape[0], write_k=1, per_row=0)
     lib.run_rope_store(_f(q), _f(k), _f(v), _f(qn), _f(kn), _f(pos), _f(q_out), _f(k_out),
-                       _f(k_cache.view(np.uint16)), _f(v_cache.view(np.uint16)), _f(params))
+                       _f(k_pool.view(np.uint16)), _f(v_pool.view(np.uint16)), _f(tables), _f(params))
     return q_out, k_out
 
 

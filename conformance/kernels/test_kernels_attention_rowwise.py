@@ -46,7 +46,7 @@ def test_rowwise_attention_on_the_cpu(rng, case, record_property):
     T, past, H, Hkv, D, DV, window = case
     q, k, v, kk, vk, pos = _case(rng, *case)
     scale = float(1 / np.sqrt(D))
-    got, blocks = attention_rowwise(_lib(), q, kk, vk, pos, scale, window)
+    got, blocks = attention_rowwise(_lib(), q, kk, vk, pos, scale, window, rng=rng)
     want = cuda_reference().attention(q, k, v, pos, scale, window)
     check(got, want.reshape(T, -1), ATTENTION, record_property)
     if blocks is not None:
@@ -63,8 +63,8 @@ def test_slots_in_flight_change_no_bit(rng):
     many = _lib("#define ATTN_SLOTS_PER_WARP 4\n" + src)
     for case in CASES:
         q, k, v, kk, vk, pos = _case(rng, *case)
-        a, _ = attention_rowwise(one, q, kk, vk, pos, 0.1, case[-1])
-        b, _ = attention_rowwise(many, q, kk, vk, pos, 0.1, case[-1])
+        a, _ = attention_rowwise(one, q, kk, vk, pos, 0.1, case[-1], rng=rng)
+        b, _ = attention_rowwise(many, q, kk, vk, pos, 0.1, case[-1], rng=rng)
         assert np.array_equal(a, b), f"{case}: several slots in flight changed the output"
 
 
@@ -86,8 +86,60 @@ def test_pass1_layouts_on_the_cpu(rng, case, lanes, record_property):
     # the usual scale, and one that spreads a row's logits over hundreds (exp of the logit
     # less a max that is not the row's own would overflow)
     for scale in (float(1 / np.sqrt(D)), float(400 / np.sqrt(D))):
-        got, blocks = attention_rowwise(lib, q, kk, vk, pos, scale, window)
+        got, blocks = attention_rowwise(lib, q, kk, vk, pos, scale, window, rng=rng)
         want = cuda_reference().attention(q, k, v, pos, scale, window)
         check(got, want.reshape(T, -1), ATTENTION, record_property)
         if blocks is not None:
             assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+
+
+# (positions of the rows, H, H_kv, D, DV, window): a batched decode step's rows, each its own
+# sequence with its own length, all in one pool pair with their own block table rows
+ROW_CASES = [((40, 3, 17, 0), 4, 2, 128, 128, 0), ((100, 15, 16, 33), 4, 1, 64, 64, 24),
+             ((5, 70), 2, 2, 128, 64, 0)]
+
+
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: "rows%d-H%d-%d-D%d-%d-w%d" % ((len(c[0]),) + c[1:]))
+def test_per_row_tables_on_the_cpu(rng, case, record_property):
+    # per_row: row t reads its own sequence through row t of the block tables; each row's
+    # output is that of its sequence alone (the reference, one query at its position).
+    from conformance.harness.attn_host import attention_rows
+    from conformance.harness.mmq_host import q8_1_blocks
+    positions, H, Hkv, D, DV, window = case
+    ref = cuda_reference()
+    q = rng.uniform(-1, 1, (len(positions), H, D)).astype(np.float32)
+    caches, want = [], []
+    for t, p in enumerate(positions):
+        cap = p + 1 + int(rng.integers(0, 20))            # each row's own capacity
+        k = rng.uniform(-1, 1, (cap, Hkv, D)).astype(np.float16)
+        v = rng.uniform(-1, 1, (cap, Hkv, DV)).astype(np.float16)
+        pos = np.array([p], np.int32)
+        want.append(ref.attention(q[t:t + 1], k, v, pos, 0.1, window).reshape(1, -1))
+        unseen = np.arange(cap) > p                        # NaN on the kernel's side
+        if window:
+            unseen |= np.arange(cap) <= p - window
+        k[unseen], v[unseen] = np.nan, np.nan
+        caches.append((k, v))
+    got, blocks = attention_rows(_lib(), q, caches, np.array(positions, np.int32), 0.1, window, rng=rng)
+    check(got, np.concatenate(want), ATTENTION, record_property)
+    if blocks is not None:
+        assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+
+
+def test_kv_store_writes_through_the_table_on_the_cpu(rng):
+    # kv_store writes position p at slot p % 16 of block table[p / 16] and nothing else: the
+    # pool's other slots keep their bits (poisoned), positions outside [0, capacity) are not
+    # written.
+    from conformance.harness.attn_host import KV_BLOCK, kv_store
+    T, Hkv, D, n_blocks = 7, 2, 96, 9
+    table = rng.permutation(n_blocks)[:4].astype(np.int32)
+    cap = 4 * KV_BLOCK - 5
+    pos = np.array([0, 15, 16, 40, cap - 1, cap, -1], np.int32)
+    x = rng.uniform(-4, 4, (T, Hkv, D)).astype(np.float32)
+    pool = rng.uniform(-1, 1, (n_blocks, KV_BLOCK, Hkv, D)).astype(np.float16)
+    want = pool.copy()
+    for t, p in enumerate(pos):
+        if 0 <= p < cap:
+            want[table[p // KV_BLOCK], p % KV_BLOCK] = x[t].astype(np.float16)
+    kv_store(_lib(), pool, x, pos, table, cap)
+    assert np.array_equal(pool.view(np.uint16), want.view(np.uint16))

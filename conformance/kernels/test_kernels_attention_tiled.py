@@ -111,7 +111,7 @@ def test_tiled_attention_on_the_cpu(host, ref, rng, case, record_property):
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     q, k, v, kk, vk, pos = _case_inputs(rng, T, past, H, Hkv, D, DV, window, cap)
     want = ref.attention(q, k, v, pos, scale, window)
-    got, blocks = attention_tiled(host, q, kk, vk, pos, scale, window)
+    got, blocks = attention_tiled(host, q, kk, vk, pos, scale, window, rng=rng)
     record_property("nmse", f"{_check(got, want):.3e}")
     _check_q8(blocks, got)
 
@@ -138,7 +138,7 @@ def test_probabilities_normalised_before_rounding_on_the_cpu(host, ref, rng, cas
     q, k, v, pos = uniform_case(rng, T, past, H, Hkv, D, DV)
     scale = 1.0 / np.sqrt(D)
     want = ref.attention(q, k, v, pos, scale, window)
-    got, blocks = attention_tiled(host, q, k, v, pos, scale, window)
+    got, blocks = attention_tiled(host, q, k, v, pos, scale, window, rng=rng)
     record_property("nmse", f"{_check(got, want, bound=ATTENTION_UNIFORM):.3e}")
     _check_q8(blocks, got)
 
@@ -148,7 +148,7 @@ def test_v_is_the_key_buffer_on_the_cpu(host, ref, rng):
     from conformance.harness.attn_host import attention_tiled, random_case
     q, k, _, pos = random_case(rng, 17, 4, 4, 2, 256, 256)
     want = ref.attention(q, k, k, pos, 1.0, 8)
-    got, blocks = attention_tiled(host, q, k, k, pos, 1.0, 8)
+    got, blocks = attention_tiled(host, q, k, k, pos, 1.0, 8, rng=rng)
     _check(got, want)
     _check_q8(blocks, got)
 
@@ -162,7 +162,7 @@ def test_slots_past_the_capacity_are_never_seen_on_the_cpu(host, ref, rng):
     k, v = (rng.uniform(-1, 1, (cap, Hkv, D)).astype(F16) for _ in range(2))
     pos = np.arange(T, dtype=np.int32)
     want = ref.attention(q, k, v, np.minimum(pos, cap - 1), 0.125, 0)
-    got, blocks = attention_tiled(host, q, k, v, pos, 0.125, 0)
+    got, blocks = attention_tiled(host, q, k, v, pos, 0.125, 0, rng=rng)
     _check(got, want)
     _check_q8(blocks, got)
 
@@ -171,7 +171,7 @@ def test_without_q8_blocks_on_the_cpu(host, ref, rng):
     from conformance.harness.attn_host import attention_tiled, random_case
     q, k, v, pos = random_case(rng, 3, 1, 2, 1, 64, 64)
     want = ref.attention(q, k, v, pos, 0.125, 0)
-    got, blocks = attention_tiled(host, q, k, v, pos, 0.125, 0, write_q8=False)
+    got, blocks = attention_tiled(host, q, k, v, pos, 0.125, 0, write_q8=False, rng=rng)
     assert blocks is None
     _check(got, want)
 

@@ -12,7 +12,8 @@ import pytest
 
 from brass import quants
 from brass.gguf import GGMLType, GGUFFile
-from conformance.harness.cases import RMS_NORM, cuda_reference, nmse, random_weight_file
+from conformance.harness.cases import RMS_NORM, TRANSCENDENTAL, cuda_reference, nmse, random_weight_file
+from conformance.harness.kernel_checks import check
 from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
 
 F32 = np.float32
@@ -75,3 +76,37 @@ def test_moe_norms_on_the_cpu(lib, rng, tmp_path, D):
         assert not np.isnan(got).any() and nmse(got, want) <= RMS_NORM, (what, nmse(got, want))
     if D % 32 == 0:
         assert _q8_equal(hq, h), "the Q8_1 blocks are the quantize kernel's of the experts' input"
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["one-sequence", "per-row"])
+def test_rope_store_writes_through_block_tables_on_the_cpu(lib, rng, per_row, record_property):
+    # rope_store's roped q, k and its cache writes against the reference's rope and kv_store:
+    # position p of a sequence lands at slot p % 16 of block table[p / 16] of the pools
+    # (per_row: token t's sequence is table row t), every other slot of the pools keeps its
+    # bits.
+    from brass.backends.cuda.params import pack
+    from brass.kv_cache import BLOCK_TOKENS as B
+    from conformance.harness import fused_host
+    T, H, Hkv, D, DV, n_rot, n_blocks = 3, 4, 2, 64, 32, 48, 11
+    ref = cuda_reference()
+    q, k = (rng.uniform(-1, 1, (T, h, D)).astype(F32) for h in (H, Hkv))
+    v = rng.uniform(-1, 1, (T, Hkv, DV)).astype(F32)
+    pos = np.array([37, 2, 16], np.int32) if per_row else np.array([30, 31, 32], np.int32)
+    rows = T if per_row else 1
+    tables = rng.permutation(n_blocks)[:3 * rows].astype(np.int32).reshape(rows, 3)
+    kp = rng.uniform(-1, 1, (n_blocks, B, Hkv, D)).astype(np.float16)
+    vp = rng.uniform(-1, 1, (n_blocks, B, Hkv, DV)).astype(np.float16)
+    k_want, v_want = kp.copy(), vp.copy()
+    theta_scale = np.float32(np.power(np.float32(10000.0), np.float32(-2.0) / np.float32(n_rot)))
+    params = pack("RopeStoreParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
+                  n_rot=n_rot, theta_scale=theta_scale, freq_scale=1.0, neox=1, q_norm=0, k_norm=0, eps=1e-6,
+                  capacity=3 * B, write_k=1, per_row=int(per_row), table_stride=3)
+    q_out, k_out = fused_host.rope_store_raw(lib, q, k, v, pos, kp, vp, tables, params)
+    for got, x, what in ((q_out, q, "q"), (k_out, k, "k")):
+        check(got, ref.rope(x, pos, n_rot, 10000.0, True), TRANSCENDENTAL, record_property, what)
+    for t, p in enumerate(pos):             # the cache holds the kernel's own roped k, as F16
+        tab = tables[t if per_row else 0]
+        k_want[tab[p // B], p % B] = k_out[t].astype(np.float16)
+        v_want[tab[p // B], p % B] = v[t].astype(np.float16)
+    assert np.array_equal(kp.view(np.uint16), k_want.view(np.uint16)), "keys: the slots the table names, only"
+    assert np.array_equal(vp.view(np.uint16), v_want.view(np.uint16)), "values: the slots the table names, only"
