@@ -46,9 +46,10 @@ def supports_batched_decode(model) -> bool:
 
 # Captured compositions kept at once (each holds its sessions' caches and its own buffers).
 GRAPHS_KEPT = 4
-# Bucket graphs (BucketStep, BatchDecoder's buckets option, on): a step of n sequences replays
-# the graph of the next power of two rows, whatever the sequences (their cache addresses are
-# data), so requests joining and leaving cost no capture; off: the composition graphs only.
+# Bucket graphs (BucketStep, BatchDecoder's buckets option, on): a step of n sequences of one
+# block pool (a server's) replays the graph of the next power of two rows, whatever the
+# sequences (their block tables are data), so requests joining and leaving cost no capture;
+# off: the composition graphs only.
 # Greedy rows of a lasting composition run one step ahead on the device (greedy_steps, the
 # ahead option, on), so the GPU does not wait while the host hands out a step's tokens; off:
 # each step is read back before the next is issued (for comparison).
@@ -112,16 +113,16 @@ class BatchDecoder:
         from .model import graphs_enabled
         self.model = model
         self.graphs = graphs_enabled(model) if graphs is None else graphs
-        # Bucket graphs need a backend that reads the rows' cache addresses from tables (CUDA,
-        # with its row kernels on) and an architecture that reaches its caches only through
-        # those (BUCKET_GRAPHS: not gemma4, which writes each row's cache itself; not the
-        # hybrids, whose recurrent state the forward addresses per sequence). While a bucket
-        # graph is captured, the CUDA backend refuses a cache written or read directly.
+        # Bucket graphs need a backend that reads the rows' block tables as data (CUDA, with
+        # its row kernels on) and an architecture that reaches its caches only through those
+        # (BUCKET_GRAPHS: not gemma4, which writes each row's cache itself; not the hybrids,
+        # whose recurrent state the forward addresses per sequence). While a bucket graph is
+        # captured, the CUDA backend refuses a cache written or read directly.
         self.buckets = (self.graphs and buckets and model.backend.row_tables
                         and getattr(model.arch, "BUCKET_GRAPHS", False))
         self.ahead = ahead
-        self._bucket_steps: dict[tuple[int, int], BucketStep] = {}   # (rows, capacity)
-        self._pad = None                # a one-slot cache for a bucket's unused rows
+        self._bucket_steps: dict[tuple, BucketStep] = {}   # (rows, capacity, id(pool))
+        self._pads: dict = {}           # id(pool): a sequence of no blocks for a bucket's unused rows
         self._steps: OrderedDict[tuple, BatchStep] = OrderedDict()
         self._last: tuple | None = None
         self.captures = 0               # graphs captured (a composition stepped twice in a row)
@@ -164,8 +165,11 @@ class BatchDecoder:
         return logits, best
 
     def _bucketable(self, sessions: list) -> bool:
-        return len(sessions) > 1 and all(s.cache.recurrent is None and s.n_ctx <= self.model.n_ctx
-                                         for s in sessions)
+        """Rows of KV caches only (no recurrent state), all of one block pool (a server's)."""
+        pool = getattr(sessions[0].cache, "pool", None)
+        return len(sessions) > 1 and pool is not None and all(
+            s.cache.recurrent is None and s.n_ctx <= self.model.n_ctx and getattr(s.cache, "pool", None) is pool
+            for s in sessions)
 
     def can_run_ahead(self, sessions: list) -> bool:
         """Whether `greedy_steps` takes these sessions: bucket graphs on, caches without
@@ -195,7 +199,7 @@ class BatchDecoder:
 
         def launch(ids):
             nonlocal issued
-            pos = np.asarray([s.n_past for s in sessions] + [0] * (B - n), np.int32)
+            pos = np.asarray([s.n_past for s in sessions] + [-1] * (B - n), np.int32)
             with b.activate():
                 if ids is None:             # this step's tokens: the last step's argmax
                     st.run(caches, np.zeros(B, np.int32), pos, ids_from=st.best[:n])
@@ -208,13 +212,14 @@ class BatchDecoder:
 
         return run_ahead(sessions, np.asarray([int(t) for t in tokens], np.int32), launch)
 
-    def _bucket_key(self, sessions: list) -> tuple[int, int]:
-        """(rows, attention bound) of the bucket graph a step of these sessions replays."""
-        return self._rows_for(len(sessions)), self._capacity_for(max(s.n_ctx for s in sessions))
+    def _bucket_key(self, sessions: list) -> tuple:
+        """(rows, attention bound, pool) of the bucket graph a step of these sessions replays."""
+        return (self._rows_for(len(sessions)), self._capacity_for(max(s.n_ctx for s in sessions)),
+                id(sessions[0].cache.pool))
 
     def _padded(self, sessions: list, B: int) -> list:
         """The sessions' caches, then the pad cache for the rows up to B."""
-        return [s.cache for s in sessions] + [self._pad_cache()] * (B - len(sessions))
+        return [s.cache for s in sessions] + [self._pad_cache(sessions[0].cache.pool)] * (B - len(sessions))
 
     def _rows_for(self, n: int) -> int:
         """The bucket (row count of the graph) that a step of n sequences replays."""
@@ -228,36 +233,39 @@ class BatchDecoder:
         cap = min(self.model.n_ctx, max(256, 1 << (n_ctx - 1).bit_length()))
         return max(cap, n_ctx)
 
-    def _pad_cache(self):
-        if self._pad is None:
-            from .kv_cache import KVCache
-            b = self.model.backend
-            with b.activate():
-                self._pad = KVCache(b, self.model.config, 1)
-        return self._pad
+    def _pad_cache(self, pool):
+        """A sequence over `pool` holding no block: a bucket's unused rows are at position -1,
+        so they write nothing and see no slot (their results are dropped)."""
+        pad = self._pads.get(id(pool))
+        if pad is None or pad.pool is not pool:
+            from .kv_cache import PagedKVCache
+            with self.model.backend.activate():
+                pad = self._pads[id(pool)] = PagedKVCache(pool, 1)
+        return pad
 
-    def prepare_buckets(self, max_rows: int, n_ctx: int) -> int:
+    def prepare_buckets(self, max_rows: int, n_ctx: int, pool=None) -> int:
         """Capture, ahead of use, the bucket graphs that steps of 2 .. max_rows sequences of
-        caches up to n_ctx slots will replay (rows in the pad cache; what they compute is
-        discarded). Returns the graphs captured (0 where bucket graphs are off)."""
-        if not self.buckets:
+        `pool` (a server's block pool) up to n_ctx slots will replay (pad rows; what they
+        compute is discarded). Returns the graphs captured (0 where bucket graphs are off, or
+        without a pool)."""
+        if not self.buckets or pool is None:
             return 0
         m, b = self.model, self.model.backend
         cap = self._capacity_for(n_ctx)
         before = self.captures
         for B in sorted({self._rows_for(n) for n in range(2, max_rows + 1)}):
-            if (B, cap) in self._bucket_steps or not self.buckets:
+            if (B, cap, id(pool)) in self._bucket_steps or not self.buckets:
                 continue
-            caches = [self._pad_cache()] * B
-            zeros = np.zeros(B, np.int32)
+            caches = [self._pad_cache(pool)] * B
+            zeros, pads = np.zeros(B, np.int32), np.full(B, -1, np.int32)
             with b.activate(), b.rows_independent():          # loads the kernels of this B
-                m.forward(b.asarray(zeros), b.asarray(zeros), SequenceBatch(caches))
+                m.forward(b.asarray(zeros), b.asarray(pads), SequenceBatch(caches))
             self._capture_bucket(B, cap, caches)
         return self.captures - before
 
     def _capture_bucket(self, B: int, cap: int, caches: list):
         try:
-            self._bucket_steps[(B, cap)] = BucketStep(self.model, caches, cap)
+            self._bucket_steps[(B, cap, id(caches[0].pool))] = BucketStep(self.model, caches, cap)
             self.captures += 1
         except Exception as e:          # stay on the composition graphs
             print(f"brass: bucket graphs off ({type(e).__name__}: {e})", file=sys.stderr)
@@ -265,17 +273,18 @@ class BatchDecoder:
 
     def _bucket_step(self, sessions: list, ids, pos, argmax: bool):
         """A step of n sequences as a step of B = the next power of two rows (n itself for a
-        mixture-of-experts model), the rows past n reading and writing slot 0 of a one-slot pad
-        cache (their results are dropped; rows are independent, so they change nothing for the
-        others). The first step of a bucket
+        mixture-of-experts model), the rows past n at position -1 of a pad sequence holding no
+        block (they write nothing and see nothing; their results are dropped; rows are
+        independent, so they change nothing for the others). The first step of a bucket
         runs eagerly (loading its kernels), and captures the bucket's graph for the next."""
         m, b = self.model, self.model.backend
         n = len(sessions)
-        B, cap = self._bucket_key(sessions)
+        key = self._bucket_key(sessions)
+        B, cap = key[0], key[1]
         caches = self._padded(sessions, B)
         ids = np.concatenate([ids, np.zeros(B - n, np.int32)])
-        pos = np.concatenate([pos, np.zeros(B - n, np.int32)])
-        st = self._bucket_steps.get((B, cap))
+        pos = np.concatenate([pos, np.full(B - n, -1, np.int32)])
+        st = self._bucket_steps.get(key)
         if st is not None:
             with b.activate():
                 st.run(caches, ids, pos)
@@ -349,34 +358,30 @@ class BatchStep:
 
 
 class BucketStep:
-    """A batched decode step of B rows captured once, whatever sequences fill its rows: the
-    tokens and positions come from one device array [2, B], and each layer's rows' cache
-    addresses from a device table [tables, 2, B] (the kernels take them as data), both
-    uploaded before each replay. Every row's cache must hold at most `capacity` slots (the
-    attention kernel's bound, fixed in the graph)."""
+    """A batched decode step of B rows captured once, whatever sequences of one block pool
+    fill its rows: the tokens and positions come from one device array [2, B], and the rows'
+    block tables from a device table [B, stride] (the kernels take them as data; every layer
+    reads the same tables: a block id names the same block in every layer's pool), both
+    uploaded before each replay. Every row's sequence must hold at most `capacity` slots (the
+    attention kernel's bound, fixed in the graph) and be in the pool the graph was captured
+    over (the pools' addresses are fixed in it)."""
 
     def __init__(self, model, caches: list, capacity: int):
+        from .kv_cache import blocks_for
         b = model.backend
         B = len(caches)
         self.backend, self.B = b, B
-        self.layer_of: list[int] = []               # table index -> layer
-        first = {c.data.ptr: il for il, c in enumerate(caches[0].k) if c is not None}
+        self.pool = caches[0].pool
+        self.stride = stride = blocks_for(capacity)
         with b.activate():
             self.inp = b.zeros((2, B), np.int32)
             self._host_inp = b.pinned_empty(2 * B, np.int32).reshape(2, B)
-            n_attn = sum(c is not None for c in caches[0].k)
-            self.tab = b.zeros((n_attn, 2, B), np.uint64)
-            self._host_tab = b.pinned_empty(n_attn * 2 * B, np.uint64).reshape(n_attn, 2, B)
+            self.tab = b.zeros((B, stride), np.int32)
+            self._host_tab = b.pinned_empty(B * stride, np.int32).reshape(B, stride)
         self._uploaded = [lambda: None, lambda: None]
-        index: dict[int, int] = {}
 
         def tables(layers):
-            il = first[layers[0][0].data.ptr]
-            if il not in index:
-                index[il] = len(self.layer_of)
-                self.layer_of.append(il)
-            j = index[il]
-            return self.tab[j, 0], self.tab[j, 1], capacity
+            return self.tab, stride, capacity
 
         def step():
             with b.rows_independent():
@@ -391,27 +396,19 @@ class BucketStep:
         self.logits, self.best = self.graph.result
         self.capacity = capacity
 
-    def _pointers(self, cache) -> np.ndarray:
-        """[tables, 2] K and V addresses of `cache` in this graph's table order (kept on the
-        cache: its arrays never move)."""
-        key = tuple(self.layer_of)
-        got = getattr(cache, "_row_pointers", None)
-        if got is None or got[0] != key:
-            got = (key, np.array([[cache.layer(il)[0].data.ptr, cache.layer(il)[1].data.ptr]
-                                  for il in self.layer_of], np.uint64))
-            cache._row_pointers = got
-        return got[1]
-
     def run(self, caches: list, ids: np.ndarray, pos: np.ndarray, ids_from=None):
         """Replay over `caches` with tokens `ids` at positions `pos`; `ids_from`, a device
         array of n tokens (e.g. this graph's own `best` of the last replay), replaces the
         first n of `ids` on the device, after the upload and before the replay."""
         for wait in self._uploaded:       # the last copies have read the pinned buffers
             wait()
+        self._host_tab[...] = -1
         for r, c in enumerate(caches):
             if c.n_ctx > self.capacity:
                 raise BrassError(f"a bucket step's caches hold at most {self.capacity} slots, not {c.n_ctx}")
-            self._host_tab[:, :, r] = self._pointers(c)
+            if c.pool is not self.pool:
+                raise BrassError("a bucket step's sequences must be in the block pool it was captured over")
+            self._host_tab[r, :len(c.table)] = c.table
         self._host_inp[0], self._host_inp[1] = ids, pos
         self._uploaded = [self.backend.upload_async(self.tab, self._host_tab),
                           self.backend.upload_async(self.inp, self._host_inp)]

@@ -120,9 +120,9 @@ def add_cli(sub):
                    help="requests queued beyond --parallel before new ones get 503 with Retry-After "
                         "(default: 64)")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
-                   help="numpy backend: KV blocks of 16 tokens shared by all sequences; a request "
-                        "waits until its blocks are free (default: BRASS_KV_BLOCKS, else --parallel "
-                        "times the context's blocks)")
+                   help="KV blocks of 16 tokens shared by all sequences; a request waits until "
+                        "its blocks are free (default: BRASS_KV_BLOCKS, else --parallel times the "
+                        "context's blocks, on CUDA at most half the free device memory)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="read every prompt whole instead of reusing the cached KV blocks of its "
                         "longest prefix read before (default: BRASS_PREFIX_CACHE, on)")

@@ -61,12 +61,13 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BRASS_API_KEY", "str", None,
              "The default of `brass serve --api-key`."),
     Variable("BRASS_PREFIX_CACHE", "bool", True,
-             "`brass serve` on numpy: a request reuses the KV blocks of the longest prompt prefix "
+             "`brass serve`: a request reuses the KV blocks of the longest prompt prefix "
              "cached by earlier ones and reads only the rest (0: every prompt read whole; "
              "`--no-prefix-cache`)."),
     Variable("BRASS_KV_BLOCKS", "int", None,
-             "`brass serve` on numpy: KV blocks of 16 tokens in the pool all sequences share "
-             "(`--kv-blocks`). Unset: `--parallel` times the context's blocks."),
+             "`brass serve`: KV blocks of 16 tokens in the pool all sequences share "
+             "(`--kv-blocks`). Unset: `--parallel` times the context's blocks (on CUDA at most half "
+             "the free device memory after the weights, at least one context's blocks)."),
     Variable("BRASS_GRAPH", "bool", True,
              "CUDA: replay decode steps as captured CUDA graphs (0: launch every kernel eagerly, "
              "prompts too)."),

@@ -1,6 +1,6 @@
 """Per-sequence caches on the backend's device.
 
-`KVCache` (contiguous; the CUDA backend's): per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values
+`KVCache` (contiguous; a backend without paged_kv): per attention layer a float16 `[n_ctx, H_kv, Dh]` array for keys and one for values
 (H_kv and Dh of that layer: gemma4's sliding-window and full layers differ); the slot of a
 token is its position.
 
@@ -12,10 +12,14 @@ back to position 0 (`reset`) zeroes it, and there is no going back to any other 
 Every array has a leading sequence axis, so a batched decode can hold one state per sequence in
 the same arrays; a session uses sequence 0.
 
-`BlockPool` and `PagedKVCache` (the numpy backend's, and a server's shared pool): keys and values
-in blocks of BLOCK_TOKENS positions, a block table per sequence, reference counts, and cached
-prompt blocks found by the chain hash of their tokens (docs/design.md, "The paged KV cache";
-engine/prefix_cache.py uses them for prefix caching).
+`BlockPool` and `PagedKVCache` (the numpy and CUDA backends', and a server's shared pool): keys
+and values in blocks of BLOCK_TOKENS positions, a block table per sequence, reference counts,
+and cached prompt blocks found by the chain hash of their tokens (docs/design.md, "The paged KV
+cache"; engine/prefix_cache.py uses them for prefix caching). On a backend that keeps block
+tables on its device (`block_table`: CUDA, whose kernels read keys and values through them,
+kernels/common.cuh kv_row) each sequence's table has a device copy of fixed size and address,
+rewritten in place whenever the table changes: a captured graph that reads it follows the
+sequence's blocks.
 """
 
 import hashlib
@@ -154,6 +158,12 @@ class BlockPool:
         self.snapshots: dict[int, tuple] = {}
         self.evictions = 0
 
+    @staticmethod
+    def block_bytes(cfg, block: int = BLOCK_TOKENS) -> int:
+        """The bytes of one block over every attention layer (keys and values, float16)."""
+        return sum(2 * block * cfg.layer_n_head_kv(il) * (cfg.layer_head_dim(il) + cfg.layer_head_dim_v(il))
+                   for il in range(cfg.n_layer) if not cfg.is_recurrent(il))
+
     # -- counts ----------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
         """{"used": held by a sequence, "cached": free to take but holding a prompt's block,
@@ -239,6 +249,14 @@ class BlockPool:
             self._free.append(b)
 
 
+def _on(array, index: np.ndarray):
+    """`index` (host integers) where `array` is: a device array is indexed by a device array."""
+    if isinstance(array, np.ndarray):
+        return index
+    import cupy
+    return cupy.asarray(index)
+
+
 def block_key(prev: bytes, tokens) -> bytes:
     """The chain hash of a full block: its tokens and the key of the block before it (b"" for
     the first), so a key names the whole prefix up to the block's end."""
@@ -250,10 +268,11 @@ class BlockTable:
     cache's layers share (the layers hold this, not the cache: no reference cycle, so a cache
     is freed as soon as it is dropped)."""
 
-    __slots__ = ("table", "n_ctx")
+    __slots__ = ("table", "n_ctx", "device")
 
     def __init__(self, n_ctx: int):
         self.table, self.n_ctx = np.zeros(0, np.int64), n_ctx
+        self.device = None      # the device copy (int32, a block of room at least; -1 past the table)
 
 
 class PagedLayer:
@@ -292,7 +311,7 @@ class PagedLayer:
         if nb > len(self.table):
             raise BrassError(f"{n} positions are past the {len(self.table)} KV blocks this "
                              f"sequence holds")
-        return self.pool[self.table[:nb]].reshape(nb * self.block, *self.pool.shape[2:])[:n]
+        return self.pool[_on(self.pool, self.table[:nb])].reshape(nb * self.block, *self.pool.shape[2:])[:n]
 
     def __getitem__(self, index):
         """`[:n]` as a contiguous cache's slice reads (a copy)."""
@@ -312,6 +331,9 @@ class PagedKVCache:
     def __init__(self, pool: BlockPool, n_ctx: int):
         self.pool = pool
         self._t = BlockTable(n_ctx)
+        make = getattr(pool.backend, "block_table", None)
+        if make is not None:
+            self._t.device = make(max(1, blocks_for(n_ctx)))
         self.keys: list[bytes] = []     # chain keys of the prompt's full blocks (prefix_cache)
         cfg = pool.cfg
         self.recurrent = (RecurrentState(pool.backend, cfg)
@@ -325,7 +347,11 @@ class PagedKVCache:
 
     @table.setter
     def table(self, value):
+        if len(value) > max(1, blocks_for(self.n_ctx)):
+            raise BrassError(f"{len(value)} KV blocks for a sequence of {self.n_ctx} positions")
         self._t.table = value
+        if self._t.device is not None:
+            self.pool.backend.write_block_table(self._t.device, value)
 
     @property
     def n_ctx(self) -> int:
@@ -373,7 +399,7 @@ class PagedKVCache:
             sk, sv = src.layer(il)
             for d, s in ((dk, sk), (dv, sv)):
                 blocks, off = d.slots(pos)
-                d.pool[blocks, off] = s[:n]
+                d.pool[_on(d.pool, blocks), _on(d.pool, off)] = s[:n]
         if self.recurrent is not None:
             self.recurrent.copy_from(src.recurrent)
 

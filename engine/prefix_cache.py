@@ -143,11 +143,23 @@ class PrefixCache:
         return self.pool.counts()
 
 
-def default_blocks(parallel: int, n_ctx: int) -> int:
+# The share of the device's free memory (after the weights are loaded) a server's block pool
+# may take by default: the rest is for the activations, the captured graphs' working sets and
+# the prompt GEMMs' float16 weight copies.
+KV_MEMORY_SHARE = 0.5
+
+
+def default_blocks(parallel: int, n_ctx: int, model=None) -> int:
     """The pool a server gets unless told: room for `parallel` sequences of the whole context
     at once (what the per-sequence caches it replaces could hold); blocks no sequence holds
-    keep cached prefixes until needed."""
-    return parallel * blocks_for(n_ctx)
+    keep cached prefixes until needed. On a backend that reports its free device memory
+    (`free_memory`), at most KV_MEMORY_SHARE of it, but at least one whole context."""
+    want = parallel * blocks_for(n_ctx)
+    free = getattr(getattr(model, "backend", None), "free_memory", None)
+    if free is None:
+        return want
+    per_block = BlockPool.block_bytes(model.config)
+    return max(blocks_for(n_ctx), min(want, int(KV_MEMORY_SHARE * free() // max(1, per_block))))
 
 
 __all__ = ["PrefixCache", "default_blocks", "PoolExhausted"]

@@ -142,7 +142,7 @@ class Metrics:
              f"Tokens generated per second over the last {self.generated.window} s.",
              [("", round(self.generated.rate(), 3))]),
             ("brass_kv_blocks", "gauge",
-             "KV blocks of the shared pool (16 tokens each; numpy backend): held by sequences, "
+             "KV blocks of the shared pool (16 tokens each): held by sequences, "
              "cached (a prompt prefix kept for reuse, evicted least recently used), free.",
              [(f'{{state="{k}"}}', v) for k, v in (kv or {}).items()]),
             ("brass_prompt_tokens_cached_total", "counter",

@@ -190,7 +190,7 @@ class BatchScheduler:
         if _paged(model):
             from . import flags
             n = flags.get("BRASS_KV_BLOCKS") if kv_blocks is None else kv_blocks
-            n = default_blocks(parallel, model.n_ctx) if n is None else int(n)
+            n = default_blocks(parallel, model.n_ctx, model) if n is None else int(n)
             on = flags.get("BRASS_PREFIX_CACHE") if prefix_cache is None else bool(prefix_cache)
             self.kv = PrefixCache(model.new_block_pool(n), enabled=on,
                                   snapshots_kept=max(16, 4 * parallel))
@@ -604,7 +604,7 @@ class BatchScheduler:
                 self.kv.end(s)
             self.sessions.give(s)
         if self.batch is not None:
-            self.batch.prepare_buckets(self.parallel, s.n_ctx)
+            self.batch.prepare_buckets(self.parallel, s.n_ctx, getattr(s.cache, "pool", None))
         return time.perf_counter() - t0
 
 

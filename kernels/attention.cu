@@ -36,7 +36,7 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, const int *
     const int t = blockIdx.y;
     const int i = blockIdx.x * KV_STORE_THREADS + threadIdx.x;
     const int slot = pos[t];
-    if (i >= p.row_elems || slot < 0 || slot >= p.capacity) return;
+    if (i >= p.row_elems || slot < 0 || slot >= p.capacity || !kv_held(table, slot)) return;
     pool[kv_row(table, slot) * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 

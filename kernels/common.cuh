@@ -27,6 +27,13 @@ __device__ __forceinline__ i64 kv_row(const int * table, const int s) {
     return (i64) table[(unsigned) s / KV_BLOCK] * KV_BLOCK + (unsigned) s % KV_BLOCK;
 }
 
+// Whether position s (>= 0) has a block: a table's entries past the sequence's blocks are -1
+// (a server's sequence holds the blocks of its request, not of its whole context). The cache
+// writes skip a position without one instead of writing outside the pool.
+__device__ __forceinline__ bool kv_held(const int * table, const int s) {
+    return table[(unsigned) s / KV_BLOCK] >= 0;
+}
+
 // Programmatic dependent launch (Hopper and later). Inside a decode graph the backend launches
 // kernels with the programmatic-serialization attribute: a kernel may then start while the one
 // before it is still running, so the launch and the block scheduling of kernel n+1 hide behind

@@ -92,7 +92,7 @@ rope_store(const float * __restrict__ q, const float * __restrict__ k, const flo
     const int t = blockIdx.y, hb = blockIdx.x;
     if (p.per_row) table += (i64) t * p.table_stride;   // a batched decode step: token t's sequence
     const int slot = pos[t];
-    const bool slot_ok = slot >= 0 && slot < p.capacity;
+    const bool slot_ok = slot >= 0 && slot < p.capacity && kv_held(table, slot);
     const i64 pool_row = slot_ok ? kv_row(table, slot) : 0;
     if (hb >= p.n_heads + p.n_kv_heads) {
         const int h = hb - p.n_heads - p.n_kv_heads;

@@ -31,7 +31,13 @@ def _launches(model: str, batch: bool = False, **options) -> list[dict]:
         for _ in range(2):
             m.new_session(N_CTX).prefill(prompt, device_logits=True)
         if batch:
-            sessions = [m.new_session(N_CTX) for _ in range(2)]
+            # the row kernels take rows of one block pool (a server's); sessions with pools of
+            # their own are stepped a row at a time
+            from brass.kv_cache import blocks_for
+            pool = m.new_block_pool(2 * blocks_for(N_CTX))
+            sessions = [m.new_session(N_CTX, pool=pool) for _ in range(2)]
+            for s in sessions:
+                s.cache.assign(pool.allocate(blocks_for(N_CTX)))
             for s, n in zip(sessions, (5, 9)):
                 s.prefill(prompt[:n])
             BatchDecoder(m, graphs=False).step(sessions, [1, 2])

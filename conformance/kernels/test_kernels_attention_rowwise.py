@@ -128,18 +128,18 @@ def test_per_row_tables_on_the_cpu(rng, case, record_property):
 
 def test_kv_store_writes_through_the_table_on_the_cpu(rng):
     # kv_store writes position p at slot p % 16 of block table[p / 16] and nothing else: the
-    # pool's other slots keep their bits (poisoned), positions outside [0, capacity) are not
-    # written.
+    # pool's other slots keep their bits, positions outside [0, capacity) are not written.
+    # A table entry of -1 (past the blocks a server's sequence holds) is not written either.
     from conformance.harness.attn_host import KV_BLOCK, kv_store
-    T, Hkv, D, n_blocks = 7, 2, 96, 9
-    table = rng.permutation(n_blocks)[:4].astype(np.int32)
-    cap = 4 * KV_BLOCK - 5
-    pos = np.array([0, 15, 16, 40, cap - 1, cap, -1], np.int32)
+    T, Hkv, D, n_blocks = 8, 2, 96, 9
+    table = np.append(rng.permutation(n_blocks)[:4], -1).astype(np.int32)
+    cap = 5 * KV_BLOCK - 5
+    pos = np.array([0, 15, 16, 40, 4 * KV_BLOCK + 2, cap - 1, cap, -1], np.int32)
     x = rng.uniform(-4, 4, (T, Hkv, D)).astype(np.float32)
     pool = rng.uniform(-1, 1, (n_blocks, KV_BLOCK, Hkv, D)).astype(np.float16)
     want = pool.copy()
     for t, p in enumerate(pos):
-        if 0 <= p < cap:
+        if 0 <= p < cap and table[p // KV_BLOCK] >= 0:
             want[table[p // KV_BLOCK], p % KV_BLOCK] = x[t].astype(np.float16)
     kv_store(_lib(), pool, x, pos, table, cap)
     assert np.array_equal(pool.view(np.uint16), want.view(np.uint16))

@@ -37,7 +37,7 @@ from ..catalog import resolve
 from ..config import read_config
 from ..errors import BrassError, UnsupportedError
 from ..gguf import BLOCK_SIZES, GGUFFile, TensorInfo
-from ..kv_cache import KVCache
+from ..kv_cache import PagedKVCache
 from ..sampling import Sampler, SamplingParams, generation_length
 from ..tokenizer import Tokenizer
 from ..validate import check_model
@@ -375,7 +375,7 @@ class TPSession:
 
     def __init__(self, model: TPModel, n_ctx: int):
         self.model, self.n_ctx = model, n_ctx
-        self.caches = [KVCache(r.backend, r.config, n_ctx) for r in model.ranks]
+        self.caches = [PagedKVCache.private(r.backend, r.config, n_ctx) for r in model.ranks]
         self.cache = self.caches[0]
         self.n_past = 0
         self.graphs = self.prompt_graphs = False

@@ -1,7 +1,13 @@
-"""Attention over the KV cache (kernels/attention.cu): kv_store, the attention kernel of a
-decode step (one token, or a batched step's rows, each over its own cache) and of a prompt
-that the tiled kernel does not take (attention_tiled.py, tried first), and the device tables
-of a batched step's rows' cache addresses that these kernels and fused.cu's rope_store read.
+"""Attention over the paged KV cache (kernels/attention.cu): kv_store, the attention kernel of a
+decode step (one token, or a batched step's rows, each over its own sequence) and of a prompt
+that the tiled kernel does not take (attention_tiled.py, tried first), and the device block
+tables of a batched step's rows that these kernels and fused.cu's rope_store read.
+
+A sequence's cache is its layer in a block pool (engine/kv_cache.py PagedLayer): the layer's
+pool `[n_blocks, BLOCK_TOKENS, H_kv, D]` float16 and the sequence's device block table (int32,
+kept by its BlockTable, rewritten in place when its blocks change). Every kernel reaches
+position s at pool row table[s / 16] * 16 + s % 16 (kernels/common.cuh kv_row): there is no
+contiguous cache on this backend.
 
 A block per (head, query) with the query's row of logits in shared memory; the output's Q8_1
 blocks (for the output projection) are written beside it and remembered.
@@ -13,14 +19,18 @@ import cupy
 import numpy as np
 
 from ...errors import BrassError
+from ...kv_cache import BLOCK_TOKENS, PagedLayer
 from . import attention_tiled, quantize
 from .common import F16, F32, Q8_1_BLOCK_BYTES, f32, i32
+from .compiler import define
 from .params import pack
 
 KV_STORE_THREADS = 256
 ATTN_THREADS = 128
 ATTN_WARPS = ATTN_THREADS // 32
-ROW_TABLES_KEPT = 4096          # (layer, batch composition) tables kept before they are dropped
+ROW_TABLES_KEPT = 4096          # (batch composition) tables kept before they are dropped
+if define("common.cuh", "KV_BLOCK") != BLOCK_TOKENS:
+    raise ImportError("kernels/common.cuh KV_BLOCK differs from engine/kv_cache.py BLOCK_TOKENS")
 
 
 def launched_kernels() -> list[tuple[str, str]]:
@@ -28,95 +38,119 @@ def launched_kernels() -> list[tuple[str, str]]:
 
 
 def no_direct_cache(b, what: str):
-    """While a bucket graph is captured every cache must be reached through the row tables
-    (they are rewritten before each replay); an address baked in would be that of a session
-    that may be gone by the next replay."""
+    """While a bucket graph is captured every row's table must come from the graph's own
+    block tables (rewritten before each replay); a sequence's table baked in would be that of a
+    sequence that may be gone by the next replay."""
     if b.row_tables_override is not None:
-        raise BrassError(f"{what}: a cache reached directly while a bucket graph is captured")
+        raise BrassError(f"{what}: a sequence's cache reached directly while a bucket graph is captured")
 
 
-def row_pointers(b, layers, what: str):
-    """Device arrays of the K and V cache addresses of a batched step's rows and the capacity
-    that bounds them, after checking that every row's caches have the first row's layout. The
-    kernels bound slots by the largest capacity (or a bucket graph's, larger): each row's
-    position is checked against its own cache on the host before the step (engine/batch.py)."""
+def paged(layer, what: str, width: int | None = None):
+    """A sequence's layer checked: (pool, device block table, the sequence's slots)."""
+    if not isinstance(layer, PagedLayer) or layer.cache.device is None:
+        raise BrassError(f"{what}: the KV cache must be a sequence's layer in a device block pool "
+                         f"(PagedKVCache), not {type(layer).__name__}")
+    pool = layer.pool
+    if (not isinstance(pool, cupy.ndarray) or pool.dtype != F16 or not pool.flags.c_contiguous
+            or pool.ndim != 4 or pool.shape[1] != BLOCK_TOKENS or (width is not None and pool.shape[3] != width)):
+        raise BrassError(f"{what}: a block pool must be a contiguous float16 device array "
+                         f"[n_blocks, {BLOCK_TOKENS}, H_kv, D], not {getattr(pool, 'shape', None)}")
+    return pool, layer.cache.device, layer.cache.n_ctx
+
+
+def row_tables(b, layers, what: str):
+    """For a batched step's rows (`layers`: a (k, v) layer per row): (k pool, v pool, block
+    tables [rows, stride] int32 on the device, stride, the largest of the rows' slots), or
+    None when the rows' sequences are not all in one pool pair (the caller then takes the rows
+    one at a time). The kernels bound slots by the largest capacity (or a bucket graph's):
+    each row's position is within its own sequence's (engine/batch.py checks it).
+
+    The tables are gathered on the device from the rows' own device tables, once per step
+    (CudaBackend.rows_independent counts the steps): a step captured as a graph copies them
+    at every replay, so it follows the rows' blocks as they change."""
     k0, v0 = layers[0]
-    for kc, vc in layers:
-        if (kc.dtype != F16 or vc.dtype != F16 or not kc.flags.c_contiguous or not vc.flags.c_contiguous
-                or kc.shape[1:] != k0.shape[1:] or vc.shape[1:] != v0.shape[1:]
-                or kc.shape[0] != vc.shape[0]):
-            raise BrassError(f"{what}: the rows' caches differ in layout ({kc.shape} / {vc.shape} "
-                             f"against {k0.shape} / {v0.shape})")
+    kp, _, _ = paged(k0, what)
+    vp, _, _ = paged(v0, what)
+    for k, v in layers:
+        if k.pool is not kp or v.pool is not vp or k.cache is not v.cache or k.cache.device is None:
+            return None
     if b.row_tables_override is not None:
-        return b.row_tables_override(layers)
-    cap = max(kc.shape[0] for kc, _ in layers)
-    key = tuple((kc.data.ptr, vc.data.ptr) for kc, vc in layers)
-    dev = b._row_tables.get(key)
-    if dev is not None and b._graph_refs is not None:
-        b._graph_refs.append(dev)    # a captured graph reads it at every replay
-    if dev is None:
-        # An upload per (layer, batch composition), not per launch: rope_store and attention
-        # of a layer share it, and so do the steps while the batch is unchanged.
+        tab, stride, cap = b.row_tables_override(layers)
+        return kp, vp, tab, stride, cap
+    key = tuple(id(k.cache) for k, _ in layers)
+    cap = max(k.cache.n_ctx for k, _ in layers)
+    got = b._row_tables.get(key)
+    if got is None or got[0] != b._row_step:
         if len(b._row_tables) >= ROW_TABLES_KEPT:
             b._row_tables.clear()
-        ptrs = np.array([[k for k, _ in key], [v for _, v in key]], np.uint64)
-        dev = b._row_tables[key] = cupy.asarray(ptrs)
-    return dev[0], dev[1], cap
+        stride = max(len(k.cache.device) for k, _ in layers)
+        tab = got[1] if got is not None and got[1].shape == (len(layers), stride) else None
+        if tab is None:
+            tab = cupy.full((len(layers), stride), -1, np.int32)
+        for r, (k, _) in enumerate(layers):
+            tab[r, :len(k.cache.device)] = k.cache.device
+        got = b._row_tables[key] = (b._row_step, tab, stride)
+    if b._graph_refs is not None:
+        b._graph_refs.append(got[1])    # a captured graph reads it at every replay
+    return kp, vp, got[1], got[2], cap
 
 
 def kv_store(b, cache, x, pos):
     no_direct_cache(b, "kv_store")
+    pool, table, cap = paged(cache, "kv_store")
     x = f32(x, "kv_store")
     pos = i32(pos, "kv_store pos")
-    if cache.dtype != F16 or not cache.flags.c_contiguous:
-        raise BrassError("kv_store: the cache must be a contiguous float16 device array")
     T = pos.shape[0]
-    row = int(np.prod(cache.shape[1:]))
+    row = int(np.prod(pool.shape[2:]))
     if x.size != T * row:
-        raise BrassError(f"kv_store: x of shape {x.shape} does not fill {T} slots of {cache.shape[1:]}")
+        raise BrassError(f"kv_store: x of shape {x.shape} does not fill {T} slots of {pool.shape[2:]}")
     if T:
-        b.launch("attention.cu", "kv_store", (-(-row // KV_STORE_THREADS), T), KV_STORE_THREADS, x, pos, cache,
-                 params=pack("KvStoreParams", n_tokens=T, row_elems=row, capacity=cache.shape[0]))
+        b.launch("attention.cu", "kv_store", (-(-row // KV_STORE_THREADS), T), KV_STORE_THREADS, x, pos, table,
+                 pool, params=pack("KvStoreParams", n_tokens=T, row_elems=row, capacity=cap))
 
 
 def attention(b, q, k_cache, v_cache, pos, scale, window=0, row_caches=None):
-    """q's attention over the caches (each row over its own with row_caches: [(k, v)] a row);
+    """q's attention over a sequence's layer (k_cache, v_cache: PagedLayers), or with
+    row_caches ([(k, v)] a row, all in one pool pair: see row_tables) each row over its own;
     [T, H * Dv], its Q8_1 blocks remembered."""
     q = f32(q, "attention")
     pos = i32(pos, "attention pos")
-    if q.ndim != 3 or k_cache.ndim != 3 or v_cache.ndim != 3:
-        raise BrassError("attention: expected q [T, H, Dh] and caches [n_ctx, H_kv, D]")
+    if q.ndim != 3:
+        raise BrassError("attention: expected q [T, H, Dh]")
     T, H, Dh = q.shape
-    cap, Hkv, Dk = k_cache.shape
-    Dv = v_cache.shape[2]
-    if Dk != Dh or v_cache.shape[:2] != (cap, Hkv) or H % Hkv:
-        raise BrassError(f"attention: q {q.shape} does not fit caches {k_cache.shape} / {v_cache.shape}")
-    if k_cache.dtype != F16 or v_cache.dtype != F16:
-        raise BrassError("attention: the KV cache must be float16")
+    kp, table, cap = paged(k_cache, "attention")
+    vp, _, _ = paged(v_cache, "attention")
+    if v_cache.cache is not k_cache.cache:
+        raise BrassError("attention: keys and values of different sequences")
+    Hkv, Dk, Dv = kp.shape[2], kp.shape[3], vp.shape[3]
+    if Dk != Dh or vp.shape[:3] != kp.shape[:3] or H % Hkv:
+        raise BrassError(f"attention: q {q.shape} does not fit pools {kp.shape} / {vp.shape}")
     if Dh % 2 or Dv % 2:
         raise BrassError(f"attention: head dims {Dh}/{Dv} must be even")
     out = b._out((T, H * Dv), F32)
     write_q8 = Dv % 32 == 0
     out_q = b._out((T, H * Dv // 32 * Q8_1_BLOCK_BYTES), np.uint8) if write_q8 else out
+    stride = 0
     if row_caches is None:
         no_direct_cache(b, "attention")
         if b.options.attn_tiled and T >= 2 and attention_tiled.attention_tiled(
-                b, q, k_cache, v_cache, pos, scale, window, out, out_q, write_q8):
+                b, q, kp, vp, table, pos, cap, scale, window, out, out_q, write_q8):
             if write_q8:
                 quantize.remember(b, out, out_q)
             return out
-    rows = row_pointers(b, row_caches, "attention") if row_caches is not None else None
-    if rows is not None:
-        *rows, cap = rows
+    else:
+        rows = row_tables(b, row_caches, "attention")
+        if rows is None:
+            raise BrassError("attention: the rows' sequences are not in one block pool")
+        kp, vp, table, stride, cap = rows
     n_slots = min(cap, window) if window > 0 else cap
     params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv,
                   capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=int(write_q8),
-                  per_row=int(rows is not None))
+                  per_row=int(row_caches is not None), table_stride=stride)
     if T:
         smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
-        k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
-        b.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, k_cache, v_cache, pos, out, out_q,
-                 k_rows, v_rows, params=params, smem=smem)
+        b.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, kp, vp, pos, table, out, out_q,
+                 params=params, smem=smem)
     if T and write_q8:
         quantize.remember(b, out, out_q)
     return out

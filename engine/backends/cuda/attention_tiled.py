@@ -6,10 +6,10 @@ to F16, float32 P.V; see the kernel's header comment for the float32-ulp-level d
 and kernels/cases.py ATTENTION for the bound that covers them), for T >= 2 queries of one
 sequence (one cache, positions on the device): blocks of 64 queries x 64 cache slots (32
 when a head dim is 256), two passes over the slots, shared memory independent of the context
-length. The caller (CudaBackend.attention) tries it first and keeps attention.cu when it
-returns False: one token (decode), a batched decode step's row caches (per_row: one sequence
-per row, not one prompt), head dims without a kernel, or a GPU whose shared memory is too
-small for the tile.
+length, keys and values read through the sequence's block table (kernels/common.cuh kv_row).
+The caller (CudaBackend.attention) tries it first and keeps attention.cu when it returns False:
+one token (decode), a batched decode step's rows (per_row: one sequence per row, not one
+prompt), head dims without a kernel, or a GPU whose shared memory is too small for the tile.
 """
 
 from __future__ import annotations
@@ -60,31 +60,32 @@ def takes(n_tokens: int, d: int, dv: int, smem_limit: int) -> bool:
             and smem_bytes(d, dv) + STATIC_SMEM <= smem_limit)
 
 
-def attention_tiled(backend, q, k_cache, v_cache, pos, scale, window, out, out_q, write_q8) -> bool:
-    """Launch attention_tiled_<D>_<DV> on `backend` (a CudaBackend): q [T, H, D] float32,
-    caches F16 [capacity, H_kv, D] / [capacity, H_kv, DV] (v_cache may be k_cache itself),
-    pos [T] int32 on the device, out [T, H * DV] float32 and, with write_q8, out_q its Q8_1
-    blocks (T * H * DV / 32 blocks of 36 bytes). Returns False, launching nothing, for what
-    it does not take (see takes(); also non-contiguous or unaligned arrays); raises
-    BrassError for outputs of the wrong shape (the caller's bug)."""
+def attention_tiled(backend, q, k_pool, v_pool, table, pos, capacity, scale, window, out, out_q, write_q8) -> bool:
+    """Launch attention_tiled_<D>_<DV> on `backend` (a CudaBackend): q [T, H, D] float32, a
+    layer's pools F16 [n_blocks, BLOCK_TOKENS, H_kv, D] / [..., DV] (v_pool may be k_pool
+    itself), the sequence's block table (int32 on the device) and its slots `capacity`, pos [T]
+    int32 on the device, out [T, H * DV] float32 and, with write_q8, out_q its Q8_1 blocks
+    (T * H * DV / 32 blocks of 36 bytes). Returns False, launching nothing, for what it does
+    not take (see takes(); also non-contiguous or unaligned arrays); raises BrassError for
+    outputs of the wrong shape (the caller's bug)."""
     import cupy
 
-    if not all(isinstance(a, cupy.ndarray) for a in (q, k_cache, v_cache, pos, out)):
+    if not all(isinstance(a, cupy.ndarray) for a in (q, k_pool, v_pool, table, pos, out)):
         return False
-    if q.ndim != 3 or k_cache.ndim != 3 or v_cache.ndim != 3:
+    if q.ndim != 3 or k_pool.ndim != 4 or v_pool.ndim != 4:
         return False
     T, H, D = q.shape
-    cap, Hkv, Dk = k_cache.shape
-    DV = v_cache.shape[2]
-    if Dk != D or v_cache.shape[:2] != (cap, Hkv) or Hkv == 0 or H % Hkv or cap == 0:
+    _, _, Hkv, Dk = k_pool.shape
+    DV = v_pool.shape[3]
+    if Dk != D or v_pool.shape[:3] != k_pool.shape[:3] or Hkv == 0 or H % Hkv or capacity <= 0:
         return False
     if not takes(T, D, DV, backend.smem_optin_limit):
         return False
-    if q.dtype != F32 or k_cache.dtype != F16 or v_cache.dtype != F16:
+    if q.dtype != F32 or k_pool.dtype != F16 or v_pool.dtype != F16 or table.dtype != np.int32:
         return False
-    if not (q.flags.c_contiguous and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+    if not (q.flags.c_contiguous and k_pool.flags.c_contiguous and v_pool.flags.c_contiguous):
         return False
-    if any(a.data.ptr % 16 for a in (q, k_cache, v_cache)):      # 16-byte vector loads
+    if any(a.data.ptr % 16 for a in (q, k_pool, v_pool)):      # 16-byte vector loads
         return False
     if pos.shape != (T,) or pos.dtype.kind not in "iu":
         return False
@@ -97,8 +98,8 @@ def attention_tiled(backend, q, k_cache, v_cache, pos, scale, window, out, out_q
         if (out_q is None or out_q.dtype != np.uint8 or not out_q.flags.c_contiguous
                 or out_q.size != T * H * DV // 32 * Q8_1_BLOCK_BYTES):
             raise BrassError(f"attention_tiled: out_q must hold {T * H * DV // 32} Q8_1 blocks")
-    params = pack("AttentionTiledParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, capacity=cap,
+    params = pack("AttentionTiledParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, capacity=int(capacity),
                   window=max(0, int(window)), scale=float(scale), write_q8=int(bool(write_q8)))
-    backend.launch(SOURCE, kernel_name(D, DV), (H, -(-T // BQ)), THREADS, q, k_cache, v_cache, pos, out,
+    backend.launch(SOURCE, kernel_name(D, DV), (H, -(-T // BQ)), THREADS, q, k_pool, v_pool, pos, table, out,
                    out_q if write_q8 else out, params=params, smem=smem_bytes(D, DV))
     return True

@@ -86,12 +86,13 @@ class CudaBackend(Backend):
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
         self._own_blas = None       # blas.Handle, made on first use (options.own_cublas)
         self._id_plan = None        # (ids array, experts, device plan) of mmq_id (options.moe_mmq)
-        self._row_tables: dict = {}  # cache addresses of batched steps' rows (attention.py)
+        self._row_tables: dict = {}  # block tables of batched steps' rows (attention.py row_tables)
+        self._row_step = 0           # batched steps begun (rows_independent): when to gather them
         self._graph_refs: list | None = None   # arrays a graph being captured reads (capture)
         # While a bucket graph of batched steps is captured (engine/batch.py BucketStep): a
-        # function giving, for a layer's rows, the fixed device tables the graph will read the
-        # rows' cache addresses from (rewritten before each replay), and the capacity that
-        # bounds every row's cache.
+        # function giving, for a layer's rows, the graph's own device block tables of its rows
+        # (rewritten before each replay), their stride, and the capacity that bounds every
+        # row's sequence.
         self.row_tables_override = None
         # Kernels captured into graphs are launched with programmatic dependent launch where the
         # GPU has it (sm_90+) and the pdl option is on.
@@ -113,6 +114,39 @@ class CudaBackend(Backend):
     @property
     def row_tables(self) -> bool:
         return self.options.row_kernels
+
+    # Keys and values live in block pools (engine/kv_cache.py BlockPool, PagedKVCache): every
+    # kernel reads and writes them through a sequence's block table (kernels/common.cuh).
+    paged_kv = True
+
+    def block_table(self, n: int):
+        """A sequence's device block table of n entries, all -1 (no block yet)."""
+        with self.activate():
+            return cupy.full(n, -1, np.int32)
+
+    def write_block_table(self, table, blocks):
+        """Rewrite device block table `table` in place: `blocks`, then -1 (queued on this
+        backend's stream: kernels and graph replays queued after it read the new table)."""
+        host = np.full(table.shape[0], -1, np.int32)
+        host[:len(blocks)] = blocks
+        # from pageable memory: the call returns once `host` has been read (staged)
+        with self.activate():
+            cupy.cuda.runtime.memcpyAsync(table.data.ptr, host.ctypes.data, host.nbytes,
+                                          cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+
+    @contextmanager
+    def rows_independent(self):
+        # a batched step begins: its rows' block tables are gathered again (attention.py)
+        self._row_step += 1
+        with super().rows_independent():
+            yield
+
+    def _one_pool(self, layers) -> bool:
+        """Whether a batched step's rows' sequences are in one pool pair (the row kernels need
+        that; rows of sessions with pools of their own are taken one at a time)."""
+        k0, v0 = layers[0]
+        return all(getattr(k, "pool", None) is getattr(k0, "pool", 0)
+                   and getattr(v, "pool", None) is getattr(v0, "pool", 0) for k, v in layers)
 
     def _out(self, shape, dtype=F32):
         """A new output array (poisoned when poison_outputs is set)."""
@@ -272,6 +306,14 @@ class CudaBackend(Backend):
             free, total = cupy.cuda.runtime.memGetInfo()
         return int(total - free)
 
+    def free_memory(self) -> int:
+        """The device's free memory as the driver reports it, and what this process's memory
+        pool holds unused (cached blocks it would hand out again)."""
+        with self.device:
+            free, _ = cupy.cuda.runtime.memGetInfo()
+        pool = cupy.get_default_memory_pool()
+        return int(free + pool.free_bytes())
+
     def drop_f16_weights(self) -> bool:
         return mmq.drop_f16_weights(self)
 
@@ -422,7 +464,7 @@ class CudaBackend(Backend):
     def attention_rows(self, q, layers, pos, scale, window=0):
         if len(layers) == 1:
             return self.attention(q, *layers[0], pos, scale, window)
-        if not self.options.row_kernels:
+        if not self.options.row_kernels or not self._one_pool(layers):
             return super().attention_rows(q, layers, pos, scale, window)
         k0, v0 = layers[0]
         if q.shape[0] != len(layers):
@@ -454,7 +496,7 @@ class CudaBackend(Backend):
     def rope_store_rows(self, q, k, v, pos, layers, **kw):
         if len(layers) == 1:
             return self.rope_store(q, k, v, pos, *layers[0], **kw)
-        if not self.options.row_kernels:
+        if not self.options.row_kernels or not self._one_pool(layers):
             return super().rope_store_rows(q, k, v, pos, layers, **kw)
         if q.shape[0] != len(layers):
             raise BrassError(f"rope_store_rows: {q.shape[0]} rows for {len(layers)} caches")

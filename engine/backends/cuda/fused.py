@@ -11,8 +11,8 @@ import numpy as np
 from ...errors import BrassError
 from ..base import Weight
 from . import quantize, rope, router
-from .attention import no_direct_cache, row_pointers
-from .common import F16, F32, Q8_1_BLOCK_BYTES, f32, i32
+from .attention import no_direct_cache, paged, row_tables
+from .common import F32, Q8_1_BLOCK_BYTES, f32, i32
 from .compiler import define
 from .params import pack
 
@@ -90,9 +90,11 @@ def _rope_store_checked(q, k, v, pos, k_cache, v_cache, q_norm, k_norm, n_rot, b
     if k.shape != (T, Hkv, Dh) or v.shape[:2] != (T, Hkv):
         raise BrassError(f"{what}: k {k.shape} / v {v.shape} do not match q {q.shape}")
     for cache, d in ((k_cache, Dh), (v_cache, Dv)):
-        if cache.dtype != F16 or not cache.flags.c_contiguous or cache.shape[1:] != (Hkv, d):
-            raise BrassError(f"{what}: cache {cache.shape} {cache.dtype} does not hold "
-                             f"[n_ctx, {Hkv}, {d}] float16")
+        pool, _, _ = paged(cache, what)
+        if pool.shape[2:] != (Hkv, d):
+            raise BrassError(f"{what}: pool {pool.shape} does not hold rows of [{Hkv}, {d}]")
+    if v_cache.cache is not k_cache.cache:
+        raise BrassError(f"{what}: keys and values of different sequences")
     if n_rot % 2 or not 0 < n_rot <= Dh:
         raise BrassError(f"{what}: n_rot {n_rot} must be even and in (0, {Dh}]")
     for nw, which in ((q_norm, "q"), (k_norm, "k")):
@@ -108,22 +110,26 @@ def rope_store(b, q, k, v, pos, k_cache, v_cache, *, q_norm, k_norm, eps, n_rot,
     T, H, Dh = q.shape
     Hkv, Dv = k.shape[1], v.shape[2]
     q_out, k_out = b._out(q.shape), b._out(k.shape)
+    kp, table, capacity = paged(k_cache, "rope_store")
+    vp, _, _ = paged(v_cache, "rope_store")
+    stride = 0
     if row_caches is None:
         no_direct_cache(b, "rope_store")
-    rows = row_pointers(b, row_caches, "rope_store") if row_caches is not None else None
-    capacity = k_cache.shape[0]
-    if rows is not None:
-        *rows, capacity = rows
+    else:
+        rows = row_tables(b, row_caches, "rope_store")
+        if rows is None:
+            raise BrassError("rope_store: the rows' sequences are not in one block pool")
+        kp, vp, table, stride, capacity = rows
     if T:
-        k_rows, v_rows = rows if rows is not None else (pos, pos)   # unread unless per_row
         b.launch("fused.cu", "rope_store", (H + 2 * Hkv, T), ROPE_STORE_THREADS,
                  q, k, v, q if q_norm is None else q_norm.dense, k if k_norm is None else k_norm.dense,
-                 pos, q_out, k_out, k_cache, v_cache, k_rows, v_rows,
+                 pos, q_out, k_out, kp, vp, table,
                  params=pack("RopeStoreParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh,
                              head_dim_v=Dv, n_rot=n_rot, theta_scale=theta_scale,
                              freq_scale=freq_scale, neox=int(bool(neox)),
                              q_norm=int(q_norm is not None), k_norm=int(k_norm is not None),
-                             eps=eps, capacity=capacity, write_k=1, per_row=int(rows is not None)),
+                             eps=eps, capacity=capacity, write_k=1, per_row=int(row_caches is not None),
+                             table_stride=stride),
                  smem=4 * Dh)
     return q_out, k_out
 
