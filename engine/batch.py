@@ -323,6 +323,8 @@ class BatchDecoder:
                 raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
             if s.n_past + 1 > s.n_ctx:
                 raise BrassError(f"{s.n_past + 1} tokens exceed the context of {s.n_ctx}")
+            if hasattr(s.cache, "check_room"):
+                s.cache.check_room(s.n_past + 1)
 
 
 class BatchStep:

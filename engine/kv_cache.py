@@ -375,6 +375,13 @@ class PagedKVCache:
     def layer(self, il: int):
         return self._layers[il]
 
+    def check_room(self, n: int):
+        """Raise unless positions 0 .. n - 1 have blocks (checked on the host before a step: a
+        device kernel cannot raise, and CUDA's cache writes skip a position without one)."""
+        if n > len(self.table) * self.pool.block:
+            raise BrassError(f"position {n - 1} is past the {len(self.table)} KV blocks this "
+                             f"sequence holds")
+
     def assign(self, blocks: list[int]):
         """Take these blocks (already counted as held by this cache) as the table."""
         self.table = np.asarray(blocks, np.int64)

@@ -360,6 +360,7 @@ class Session:
             raise BrassError(f"token ids must be in [0, {m.config.n_vocab})")
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
+        self._check_blocks(self.n_past + len(ids))
         # a prompt graph's padding rows go to the cache slots after the prompt's (rewritten
         # when decoding reaches them): they must be slots the cache holds
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2 \
@@ -512,6 +513,14 @@ class Session:
     def _check_room(self, n: int):
         if self.n_past + n > self.n_ctx:
             raise BrassError(f"{self.n_past + n} tokens exceed the context of {self.n_ctx}")
+        self._check_blocks(self.n_past + n)
+
+    def _check_blocks(self, n: int):
+        """A paged cache over a shared pool holds the blocks of its request, not of its whole
+        context: positions past them are refused here, before any kernel runs."""
+        check = getattr(self.cache, "check_room", None)
+        if check is not None:
+            check(n)
 
     def pick(self, logits, sampler: Sampler, history: list[int]) -> int:
         b = self.model.backend

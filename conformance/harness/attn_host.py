@@ -278,6 +278,46 @@ def paged(rng, seqs, spare: int = 3):
     return tables, pools
 
 
+def device_sequence(backend, rng, k, v=None, spare: int = 3):
+    """One sequence's (keys, values) layers on `backend` (a CudaBackend) holding the
+    contiguous caches k / v ([cap, H_kv, D] float16; v None: the values are the keys' own pool,
+    Gemma 4), paged under `rng`'s permutation (`paged`) into device pools: engine/kv_cache.py
+    PagedLayers over one BlockTable with its device copy, as a session's cache holds them."""
+    return device_rows(backend, rng, [(k, v)], spare)[0]
+
+
+def device_rows(backend, rng, seqs, spare: int = 3):
+    """A batched step's rows on `backend`: per sequence of `seqs` ((k, v) contiguous caches, v
+    None for the keys' own pool) its (keys, values) PagedLayers, all in one pool pair."""
+    from brass.kv_cache import BlockTable, PagedLayer
+    same = seqs[0][1] is None
+    tables, pools = paged(rng, [(k,) if same else (k, v) for k, v in seqs], spare)
+    kp = backend.asarray(pools[0])
+    vp = kp if same else backend.asarray(pools[1])
+    out = []
+    for (k, _), row in zip(seqs, tables):
+        t = BlockTable(k.shape[0])
+        t.table = row[:-(-k.shape[0] // KV_BLOCK)].astype(np.int64)
+        t.device = backend.asarray(t.table.astype(np.int32))
+        out.append((PagedLayer(kp, t), PagedLayer(vp, t)))
+    return out
+
+
+def read_back(backend, layer) -> np.ndarray:
+    """A sequence's PagedLayer on the device as the contiguous [n_ctx, H_kv, D] it holds."""
+    pool = backend.to_numpy(layer.pool)
+    return pool[layer.table].reshape(-1, *pool.shape[2:])[:layer.cache.n_ctx]
+
+
+def write_back(backend, layer, cache: np.ndarray):
+    """Set a sequence's PagedLayer on the device to the contiguous `cache` [n_ctx, H_kv, D]."""
+    nb = len(layer.table)
+    flat = np.zeros((nb * KV_BLOCK, *cache.shape[1:]), cache.dtype)
+    flat[:cache.shape[0]] = cache
+    with backend.activate():
+        layer.pool[backend.asarray(layer.table)] = backend.asarray(flat.reshape(nb, KV_BLOCK, *cache.shape[1:]))
+
+
 def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=True, *, rng):
     """The CPU build of attention_tiled_<D>_<DV> over the caches paged (`paged`, under
     `rng`'s permutation): (out [T, H * DV] float32, Q8_1 blocks [T, H * DV / 32, 36] uint8 or

@@ -381,8 +381,12 @@ def test_bad_input_raises_brass_errors(cuda, rng, tmp_path):
         cuda.rope(cuda.asarray(np.ones((1, 2, 8), F32)), cuda.asarray(np.zeros(1, np.int32)), 3, 1e4, False)
     with pytest.raises(BrassError, match="k = 9"):
         cuda.topk(cuda.asarray(np.ones((1, 8), F32)), 9)
+    from conformance.harness.attn_host import device_sequence
+    kc, vc = device_sequence(cuda, np.random.default_rng(0), np.zeros((4, 2, 8), F16), np.zeros((4, 2, 8), F16))
     with pytest.raises(BrassError, match="does not fit"):
-        cuda.attention(cuda.asarray(np.ones((1, 3, 8), F32)), cuda.zeros((4, 2, 8), F16),
+        cuda.attention(cuda.asarray(np.ones((1, 3, 8), F32)), kc, vc, cuda.asarray(np.zeros(1, np.int32)), 1.0)
+    with pytest.raises(BrassError, match="block pool"):      # a contiguous array is no cache here
+        cuda.attention(cuda.asarray(np.ones((1, 2, 8), F32)), cuda.zeros((4, 2, 8), F16),
                        cuda.zeros((4, 2, 8), F16), cuda.asarray(np.zeros(1, np.int32)), 1.0)
 
 
@@ -548,23 +552,24 @@ def test_rope_store(cuda, ref, rng, tmp_path, qk_norm, neox, record_property):
                             k_norm=be.weight(gf, "kn") if qk_norm else None)
     caches_ref = [np.full((cap, Hkv, Dh), np.nan, F16) for _ in range(2)]
     qr, kr = ref.rope_store(q, k, v, pos, *caches_ref, **norms(ref), **kw)
-    dev = [cuda.asarray(np.full((cap, Hkv, Dh), np.nan, F16)) for _ in range(2)]
+    from conformance.harness.attn_host import device_sequence, read_back
+    dev = device_sequence(cuda, rng, *(np.full((cap, Hkv, Dh), np.nan, F16) for _ in range(2)))
     Q, K_, V, P = cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos)
     qg, kg = cuda.rope_store(Q, K_, V, P, *dev, **norms(cuda), **kw)
     check(cuda.to_numpy(qg), qr, TRANSCENDENTAL, record_property, "q")
     check(cuda.to_numpy(kg), kr, TRANSCENDENTAL, record_property, "k")
     for got_c, want_c, what in zip(dev, caches_ref, ("k cache", "v cache")):
-        got_c = cuda.to_numpy(got_c)
+        got_c = read_back(cuda, got_c)
         assert np.isnan(got_c[:past]).all() and np.isnan(got_c[past + T:]).all(), f"{what}: written outside pos"
         check(got_c[past:past + T].astype(F32), want_c[past:past + T].astype(F32), F16_ROUNDED,
               record_property, what)
     # Fusion changes no number: the same as the CUDA backend's own unfused ops, bit for bit.
-    un = [cuda.asarray(np.full((cap, Hkv, Dh), np.nan, F16)) for _ in range(2)]
+    un = device_sequence(cuda, rng, *(np.full((cap, Hkv, Dh), np.nan, F16) for _ in range(2)))
     qu, ku = Backend.rope_store(cuda, Q, K_, V, P, *un, **norms(cuda), **kw)
     assert np.array_equal(cuda.to_numpy(qu), cuda.to_numpy(qg)), "fused q differs from rms_norm + rope"
     assert np.array_equal(cuda.to_numpy(ku), cuda.to_numpy(kg)), "fused k differs from rms_norm + rope"
     for a, b in zip(un, dev):
-        assert np.array_equal(cuda.to_numpy(a).view(np.uint16), cuda.to_numpy(b).view(np.uint16)), \
+        assert np.array_equal(read_back(cuda, a).view(np.uint16), read_back(cuda, b).view(np.uint16)), \
             "fused cache writes differ from kv_store"
 
 
@@ -795,7 +800,8 @@ def test_moe_ffn_decode_gate_up_in_one_tensor(cuda, ref, rng, tmp_path, types, m
 
 def test_attention_writes_q8_of_its_output(cuda, rng):
     T, H, Hkv, Dh, cap = 3, 4, 2, 64, 16
-    cache = [cuda.asarray(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16)) for _ in range(2)]
+    from conformance.harness.attn_host import device_sequence
+    cache = device_sequence(cuda, rng, *(rng.uniform(-1, 1, (cap, Hkv, Dh)).astype(F16) for _ in range(2)))
     q = cuda.asarray(rng.uniform(-1, 1, (T, H, Dh)).astype(F32))
     out = cuda.attention(q, *cache, cuda.asarray(np.array([4, 5, 6], np.int32)), 0.125)
     assert_q8_of(cuda, out, "attention")

@@ -240,39 +240,42 @@ def cuda():
     return CudaBackend(poison_outputs=True)
 
 
-def _run_tiled(cuda, q, k, v, pos, scale, window, same=False):
+def _run_tiled(cuda, rng, q, k, v, pos, scale, window, same=False):
+    """The tiled kernel over k / v paged into device pools (blocks out of order, under rng)."""
     from brass.backends.cuda.attention_tiled import Q8_1_BLOCK_BYTES, attention_tiled
+    from conformance.harness.attn_host import device_sequence
     T, H, _ = q.shape
     DV = v.shape[2]
-    dk = cuda.asarray(k)
-    dv = dk if same else cuda.asarray(v)
+    kl, vl = device_sequence(cuda, rng, k, None if same else v)
     out = cuda._out((T, H * DV), F32)
     out_q = cuda._out((T, H * DV // 32 * Q8_1_BLOCK_BYTES), np.uint8)
-    if not attention_tiled(cuda, cuda.asarray(q), dk, dv, cuda.asarray(pos), scale, window, out, out_q, True):
+    if not attention_tiled(cuda, cuda.asarray(q), kl.pool, vl.pool, kl.cache.device, cuda.asarray(pos),
+                           k.shape[0], scale, window, out, out_q, True):
         pytest.skip(f"attention_tiled does not take head dims {q.shape[2]}/{DV} on this GPU "
                     f"({cuda.smem_optin_limit} bytes of shared memory per block)")
     return cuda.to_numpy(out), cuda.to_numpy(out_q)
 
 
-def _old_launch(cuda, dq, dk, dv, dp, scale, window, out):
-    """attention.cu's `attention` launched directly on device arrays (as CudaBackend.attention
-    launched it for every T before the tiled kernel): whatever the backend now routes prompts
-    to, this is the kernel the tiled one replaces."""
+def _old_launch(cuda, dq, kl, vl, dp, scale, window, out):
+    """attention.cu's `attention` launched directly on a sequence's paged layers kl / vl (as
+    CudaBackend.attention launched it for every T before the tiled kernel): whatever the
+    backend now routes prompts to, this is the kernel the tiled one replaces."""
     from brass.backends.cuda.attention import ATTN_THREADS, ATTN_WARPS
     from brass.backends.cuda.params import pack
     T, H, D = dq.shape
-    cap, Hkv, _ = dk.shape
-    DV = dv.shape[2]
+    cap, Hkv, DV = kl.cache.n_ctx, kl.pool.shape[2], vl.pool.shape[3]
     n_slots = min(cap, window) if window > 0 else cap
     params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
-                  capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=0, per_row=0)
-    cuda.launch("attention.cu", "attention", (H, T), ATTN_THREADS, dq, dk, dv, dp, out, out, dp, dp,
-                params=params, smem=4 * (D + n_slots + ATTN_WARPS * DV))
+                  capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=0, per_row=0,
+                  table_stride=0)
+    cuda.launch("attention.cu", "attention", (H, T), ATTN_THREADS, dq, kl.pool, vl.pool, dp, kl.cache.device,
+                out, out, params=params, smem=4 * (D + n_slots + ATTN_WARPS * DV))
 
 
-def _old_kernel(cuda, q, k, v, pos, scale, window):
+def _old_kernel(cuda, rng, q, k, v, pos, scale, window):
+    from conformance.harness.attn_host import device_sequence
     out = cuda._out((q.shape[0], q.shape[1] * v.shape[2]), F32)
-    _old_launch(cuda, cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos), scale, window, out)
+    _old_launch(cuda, cuda.asarray(q), *device_sequence(cuda, rng, k, v), cuda.asarray(pos), scale, window, out)
     return cuda.to_numpy(out)
 
 
@@ -283,10 +286,10 @@ def test_tiled_attention_on_cuda(cuda, ref, rng, case, record_property):
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     q, k, v, kk, vk, pos = _case_inputs(rng, T, past, H, Hkv, D, DV, window, cap)
     want = ref.attention(q, k, v, pos, scale, window)
-    got, blocks = _run_tiled(cuda, q, kk, vk, pos, scale, window)
+    got, blocks = _run_tiled(cuda, rng, q, kk, vk, pos, scale, window)
     record_property("nmse", f"{_check(got, want):.3e}")
     _check_q8(blocks, got)
-    old = _old_kernel(cuda, q, k, v, pos, scale, window)
+    old = _old_kernel(cuda, rng, q, k, v, pos, scale, window)
     record_property("nmse_vs_attention_cu", f"{_check(got, old, 'against attention.cu'):.3e}")
 
 
@@ -298,10 +301,10 @@ def test_probabilities_normalised_before_rounding_on_cuda(cuda, ref, rng, case, 
     q, k, v, pos = uniform_case(rng, T, past, H, Hkv, D, DV)
     scale = 1.0 / np.sqrt(D)
     want = ref.attention(q, k, v, pos, scale, window)
-    got, blocks = _run_tiled(cuda, q, k, v, pos, scale, window)
+    got, blocks = _run_tiled(cuda, rng, q, k, v, pos, scale, window)
     record_property("nmse", f"{_check(got, want, bound=ATTENTION_UNIFORM):.3e}")
     _check_q8(blocks, got)
-    old = _old_kernel(cuda, q, k, v, pos, scale, window)
+    old = _old_kernel(cuda, rng, q, k, v, pos, scale, window)
     _check(old, want, "attention.cu", bound=ATTENTION_UNIFORM)
 
 
@@ -310,7 +313,7 @@ def test_v_is_the_key_buffer_on_cuda(cuda, ref, rng):
     from conformance.harness.attn_host import random_case
     q, k, _, pos = random_case(rng, 70, 4, 4, 2, 256, 256)
     want = ref.attention(q, k, k, pos, 1.0, 8)
-    got, blocks = _run_tiled(cuda, q, k, k, pos, 1.0, 8, same=True)
+    got, blocks = _run_tiled(cuda, rng, q, k, k, pos, 1.0, 8, same=True)
     _check(got, want)
     _check_q8(blocks, got)
 
@@ -323,7 +326,7 @@ def test_context_beyond_the_old_kernels_limit(cuda, ref, rng, record_property):
     past, T = 70000, 3
     q, k, v, pos = random_case(rng, T, past, 2, 1, 128, 128)
     want = ref.attention(q, k, v, pos, 1.0 / np.sqrt(128), 0)
-    got, blocks = _run_tiled(cuda, q, k, v, pos, 1.0 / np.sqrt(128), 0)
+    got, blocks = _run_tiled(cuda, rng, q, k, v, pos, 1.0 / np.sqrt(128), 0)
     record_property("nmse", f"{_check(got, want):.3e}")
     _check_q8(blocks, got)
 
@@ -333,14 +336,16 @@ def test_what_it_does_not_take(cuda, rng, monkeypatch):
     from conformance.harness.kernel_checks import record_launches
     from brass.backends.cuda.attention_tiled import attention_tiled
     launched = record_launches(cuda, monkeypatch)
+    from conformance.harness.attn_host import device_sequence
     for T, D, DV in ((1, 128, 128), (8, 96, 96), (8, 512, 512), (8, 32, 32)):
         q = cuda.asarray(rng.uniform(-1, 1, (T, 2, D)).astype(F32))
-        k = cuda.asarray(rng.uniform(-1, 1, (16, 1, D)).astype(F16))
-        v = cuda.asarray(rng.uniform(-1, 1, (16, 1, DV)).astype(F16))
+        kl, vl = device_sequence(cuda, rng, rng.uniform(-1, 1, (16, 1, D)).astype(F16),
+                                 rng.uniform(-1, 1, (16, 1, DV)).astype(F16))
         out = cuda._out((T, 2 * DV), F32)
         out_q = cuda._out((T, 2 * DV // 32 * 36), np.uint8)
         pos = cuda.asarray(np.arange(T, dtype=np.int32))
-        assert attention_tiled(cuda, q, k, v, pos, 0.1, 0, out, out_q, True) is False, (T, D, DV)
+        assert attention_tiled(cuda, q, kl.pool, vl.pool, kl.cache.device, pos, 16, 0.1, 0, out, out_q,
+                               True) is False, (T, D, DV)
     assert launched == []
 
 
@@ -352,8 +357,10 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
     from brass.backends.cuda.attention_tiled import attention_tiled
     from conformance.harness.attn_host import random_case
     T, H, Hkv, D = 512, 16, 8, 128
+    from conformance.harness.attn_host import device_sequence
     q, k, v, pos = random_case(rng, T, 0, H, Hkv, D, D)
-    dq, dk, dv, dp = (cuda.asarray(a) for a in (q, k, v, pos))
+    dq, dp = cuda.asarray(q), cuda.asarray(pos)
+    kl, vl = device_sequence(cuda, rng, k, v)
     out = cuda._out((T, H * D), F32)
     out_q = cuda._out((T, H * D // 32 * 36), np.uint8)
 
@@ -367,9 +374,10 @@ def test_prompt_timing_against_attention_cu(cuda, rng, record_property):
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) / reps * 1e3
 
-    tiled = timed(lambda: attention_tiled(cuda, dq, dk, dv, dp, 0.088, 0, out, out_q, True))
+    tiled = timed(lambda: attention_tiled(cuda, dq, kl.pool, vl.pool, kl.cache.device, dp, k.shape[0], 0.088, 0,
+                                          out, out_q, True))
     old_out = cuda._out((T, H * D), F32)
-    old = timed(lambda: _old_launch(cuda, dq, dk, dv, dp, 0.088, 0, old_out))
+    old = timed(lambda: _old_launch(cuda, dq, kl, vl, dp, 0.088, 0, old_out))
     record_property("measured", f"attention_tiled {tiled:.1f} us, attention.cu {old:.1f} us")
     print(f"T=512 H=16/8 D=128: attention_tiled {tiled:.1f} us, attention.cu {old:.1f} us")
 
@@ -386,11 +394,11 @@ def test_backend_attention_routes_prompts(cuda, rng, monkeypatch, on):
     real = cuda.launch
     monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (launched.append(name), real(src, name, *a, **kw))[1])
     ref = cuda_reference()
-    from conformance.harness.attn_host import random_case
+    from conformance.harness.attn_host import device_sequence, random_case
     for T in (40, 1):
         q, k, v, pos = random_case(rng, T, 20, 4, 2, 128, 128)
         launched.clear()
-        out = cuda.attention(cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos), 0.088)
+        out = cuda.attention(cuda.asarray(q), *device_sequence(cuda, rng, k, v), cuda.asarray(pos), 0.088)
         want = ref.attention(q, k, v, pos, 0.088)
         assert nmse(cuda.to_numpy(out), want.reshape(T, -1)) <= ATTENTION
         tiled = [n for n in launched if n.startswith("attention_tiled")]

@@ -173,14 +173,16 @@ def test_attention_gemma4_head_dims(cuda, ref, rng, case, record_property):
 
 
 def test_attention_rows_head_dim_512(cuda, ref, rng, record_property):
-    # A batched decode step: each row attends over its own cache (per-row cache addresses).
+    # A batched decode step: each row attends over its own sequence (its row of the block
+    # tables, all rows in one pool pair).
+    from conformance.harness.attn_host import device_rows
     H, Hkv, Dh = 8, 1, 512
     pasts = [37, 5, 120]
-    layers_ref, layers_dev = [], []
+    layers_ref = []
     for past in pasts:
         kv = [rng.uniform(-1, 1, (past + 8, Hkv, Dh)).astype(F16) for _ in range(2)]
         layers_ref.append(kv)
-        layers_dev.append(tuple(cuda.asarray(c) for c in kv))
+    layers_dev = device_rows(cuda, rng, layers_ref)
     pos = np.array(pasts, np.int32)
     q = rng.uniform(-1, 1, (len(pasts), H, Dh)).astype(F32)
     got = cuda.to_numpy(cuda.attention_rows(cuda.asarray(q), layers_dev, cuda.asarray(pos), 1.0))
@@ -198,13 +200,14 @@ def test_rope_store_gemma4_head_dims(cuda, ref, rng, tmp_path, Dh, record_proper
     kw = dict(eps=1e-6, n_rot=Dh, base=1e4, neox=True, freq_scale=1.0)
     caches_ref = [np.full((cap, Hkv, Dh), np.nan, F16) for _ in range(2)]
     qr, kr = ref.rope_store(q, k, v, pos, *caches_ref, q_norm=ref.weight(gf, "qn"), k_norm=ref.weight(gf, "kn"), **kw)
-    dev = [cuda.asarray(np.full((cap, Hkv, Dh), np.nan, F16)) for _ in range(2)]
+    from conformance.harness.attn_host import device_sequence, read_back
+    dev = device_sequence(cuda, rng, *(np.full((cap, Hkv, Dh), np.nan, F16) for _ in range(2)))
     qg, kg = cuda.rope_store(cuda.asarray(q), cuda.asarray(k), cuda.asarray(v), cuda.asarray(pos), *dev,
                              q_norm=cuda.weight(gf, "qn"), k_norm=cuda.weight(gf, "kn"), **kw)
     check(cuda.to_numpy(qg), qr, OP_BOUNDS["rope_store"], record_property, "q")
     check(cuda.to_numpy(kg), kr, OP_BOUNDS["rope_store"], record_property, "k")
     for got_c, want_c, what in zip(dev, caches_ref, ("k cache", "v cache")):
-        got_c = cuda.to_numpy(got_c)
+        got_c = read_back(cuda, got_c)
         assert np.isnan(got_c[:past]).all() and np.isnan(got_c[past + T:]).all(), f"{what}: written outside pos"
         check(got_c[past:past + T].astype(F32), want_c[past:past + T].astype(F32), F16_ROUNDED,
               record_property, what)

@@ -102,6 +102,24 @@ class Pair:
         return Pair(self.ref[i], self.dev[i])
 
 
+class CachePair(Pair):
+    """A layer's keys (or values) held by both backends: the reference's contiguous
+    `[n_ctx, H_kv, D]` array and, on CUDA, the sequence's layer in a device block pool
+    (engine/kv_cache.py PagedLayer; its blocks out of order). Every CachePair of a Lockstep
+    with the same n_ctx shares one block table, as a sequence's keys and values do."""
+
+    def __init__(self, ref, dev):
+        super().__init__(ref, dev)
+
+    def read(self, cuda) -> np.ndarray:
+        from conformance.harness.attn_host import read_back
+        return read_back(cuda, self.dev)
+
+    def write(self, cuda, cache: np.ndarray):
+        from conformance.harness.attn_host import write_back
+        write_back(cuda, self.dev, cache)
+
+
 class Lockstep:
     """A backend that runs each op on the reference and on CUDA with the reference's inputs,
     checks the CUDA result against the op's bound, and passes the reference's result on."""
@@ -110,6 +128,7 @@ class Lockstep:
         self.cuda, self.ref = cuda, ref
         self.worst: dict[str, float] = {}
         self.where = ""
+        self._tables: dict = {}         # n_ctx: the block table CachePairs of that size share
 
     # -- memory -----------------------------------------------------------------------------
     def weight(self, gf, name):
@@ -123,7 +142,18 @@ class Lockstep:
 
     def zeros(self, shape, dtype=np.float32):
         # KV caches (float16) and recurrent states (float32), the only zeros the forward
-        # allocates: each backend keeps its own, which its ops update in place
+        # allocates: each backend keeps its own, which its ops update in place (CUDA's caches
+        # paged: a pool whose blocks the shared table hands out in a scrambled order)
+        if np.dtype(dtype) == np.float16 and len(shape) == 3:
+            from brass.kv_cache import BLOCK_TOKENS, BlockTable, PagedLayer, blocks_for
+            n_ctx, nb = shape[0], blocks_for(shape[0])
+            t = self._tables.get(n_ctx)
+            if t is None:
+                t = self._tables[n_ctx] = BlockTable(n_ctx)
+                t.table = np.random.default_rng(n_ctx).permutation(nb + 2)[:nb].astype(np.int64)
+                t.device = self.cuda.asarray(t.table.astype(np.int32))
+            pool = self.cuda.zeros((nb + 2, BLOCK_TOKENS, *shape[1:]), dtype)
+            return CachePair(self.ref.zeros(shape, dtype), PagedLayer(pool, t))
         return Pair(self.ref.zeros(shape, dtype), self.cuda.zeros(shape, dtype))
 
     def empty(self, shape, dtype=np.float32):
@@ -181,7 +211,7 @@ class Lockstep:
                 self._compare(op, g, w)
         elif op == "kv_store":
             cache = args[0]
-            self._compare(op, cache.dev.view(np.uint16), cache.ref.view(np.uint16))
+            self._compare(op, cache.read(self.cuda).view(np.uint16), cache.ref.view(np.uint16))
         elif op == "matmul":
             self._compare(op, got, want, terms=self._matmul_terms(*args))
         else:
@@ -199,7 +229,7 @@ class Lockstep:
         # small cache one flipped large element alone gave 1.24e-9 (the GPU suite,
         # synth-gemma4, 2026-12-02), over F16_ROUNDED's rate-based 1e-9.
         for cache in caches:
-            got_c, want_c = self.cuda.to_numpy(cache.dev), cache.ref
+            got_c, want_c = cache.read(self.cuda), cache.ref
             steps = f16_steps(got_c, want_c)
             assert steps.max() <= 1, \
                 f"{self.where}: rope_store cache {int(steps.max())} F16 steps off (at most 1)"
@@ -207,8 +237,7 @@ class Lockstep:
             # of elements a ulp; 1 % is far above that and far below a wrong rotation's
             flips = float(np.mean(steps > 0))
             assert flips <= 0.01, f"{self.where}: rope_store cache {flips:.2%} of elements flipped"
-            with self.cuda.activate():                    # on the backend's own stream
-                cache.dev[...] = self.cuda.asarray(want_c)   # carry on from the reference
+            cache.write(self.cuda, want_c)                # carry on from the reference
 
     @staticmethod
     def _matmul_terms(x, w):
@@ -330,14 +359,14 @@ def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
 def test_model_free_running_logits(name, rng, record_property):
     from brass.arch.common import Weights
     from brass.backends.cuda import CudaBackend
-    from brass.kv_cache import KVCache
+    from brass.kv_cache import PagedKVCache
 
     gf, arch, cfg = load(name)
     tokens = steps(rng, cfg.n_vocab)
     runs = {}
     for key, backend in (("cuda", CudaBackend(poison_outputs=True)), ("cuda again", CudaBackend(poison_outputs=True)),
                          ("ref", cuda_reference())):
-        weights, cache = Weights(backend, gf), KVCache(backend, cfg, 32)
+        weights, cache = Weights(backend, gf), PagedKVCache.private(backend, cfg, 32)
         runs[key] = [forward_traced(backend, weights, cfg, arch, cache, ids, pos) for ids, pos in tokens]
     for i, ((a, _), (b, _)) in enumerate(zip(runs["cuda"], runs["cuda again"])):
         assert np.array_equal(a, b), f"{name} step {i}: two CUDA runs of the same inputs differ"

@@ -25,6 +25,18 @@ MODELS = sorted(p.stem for p in SYNTH.glob("synth-*.gguf"))
 PLAN = [(3, 12, 0), (9, 5, 0), (5, 9, 3), (12, 6, 6)]
 
 
+def pooled_sessions(model, n: int, n_ctx: int):
+    """n sessions of n_ctx positions over one block pool, each holding its whole context's
+    blocks (as a server's requests do): what the row kernels and bucket graphs take on CUDA
+    (sessions with pools of their own are stepped a row at a time). Returns (pool, sessions)."""
+    from brass.kv_cache import blocks_for
+    pool = model.new_block_pool(n * blocks_for(n_ctx) + 1)
+    sessions = [model.new_session(n_ctx, pool=pool) for _ in range(n)]
+    for s in sessions:
+        s.cache.assign(pool.allocate(blocks_for(n_ctx))[::-1])     # blocks out of order
+    return pool, sessions
+
+
 @pytest.fixture(scope="module", params=[(m, b) for m in MODELS for b in ("numpy", "cuda")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
@@ -55,7 +67,7 @@ def test_batched_decode_equals_alone(model, rng, buckets):
     from brass.batch import BatchDecoder
     b = model.backend
     if buckets and not hasattr(b, "row_tables_override"):
-        pytest.skip("bucket graphs are the CUDA backend's (rows' cache addresses as data)")
+        pytest.skip("bucket graphs are the CUDA backend's (rows' block tables as data)")
     dec = BatchDecoder(model, buckets=buckets)
     if buckets and not dec.buckets:
         pytest.skip(f"{model.gguf.architecture} does not take bucket graphs (its caches are not all "
@@ -64,7 +76,7 @@ def test_batched_decode_equals_alone(model, rng, buckets):
     prompts = [[int(t) for t in rng.integers(0, model.config.n_vocab, n)] for n, _, _ in PLAN]
     alone = [_alone(model, p, n) for p, (_, n, _) in zip(prompts, PLAN)]
 
-    sessions = [model.new_session(64) for _ in PLAN]
+    _, sessions = pooled_sessions(model, len(PLAN), 64)
     got = [[] for _ in PLAN]
     got_logits = [[] for _ in PLAN]
     nxt = [None] * len(PLAN)
@@ -113,15 +125,15 @@ def test_greedy_steps_run_ahead_equal_alone(model, rng):
     from brass.batch import BatchDecoder
     b = model.backend
     if not hasattr(b, "row_tables_override"):
-        pytest.skip("bucket graphs are the CUDA backend's (rows' cache addresses as data)")
+        pytest.skip("bucket graphs are the CUDA backend's (rows' block tables as data)")
     dec = BatchDecoder(model, buckets=True)
     if not dec.buckets:
         pytest.skip(f"{model.gguf.architecture} does not take bucket graphs (BUCKET_GRAPHS)")
-    assert dec.prepare_buckets(4, 64) >= 1 and dec.captures >= 1
+    pool, sessions = pooled_sessions(model, 3, 64)
+    assert dec.prepare_buckets(4, 64, pool) >= 1 and dec.captures >= 1
     n_new = 14
     prompts = [[int(t) for t in rng.integers(0, model.config.n_vocab, n)] for n in (4, 9, 6)]
     alone = [_alone(model, p, n_new)[0] for p in prompts]
-    sessions = [model.new_session(64) for _ in prompts]
     got = []
     for s, p in zip(sessions, prompts):
         got.append([int(np.argmax(b.to_numpy(s.prefill(p, device_logits=True))[-1]))])
@@ -181,7 +193,8 @@ def test_unbatched_architecture_is_refused():
 
 def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     """On CUDA a batched step writes and reads every row's cache in one launch per layer
-    (cache addresses in device arrays); the base class's loop over the rows is the reference.
+    (the rows' block tables in a device array); the base class's loop over the rows is the
+    reference.
     Same logits bit for bit, and the same caches afterwards."""
     if model.backend.name != "cuda":
         pytest.skip("the row kernels are the CUDA backend's (numpy runs the loop)")
@@ -193,11 +206,11 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     results = []
     for row_kernels in (False, True):
         monkeypatch.setattr(b.options, "row_kernels", row_kernels)
-        sessions = [model.new_session(32) for _ in prompts]
+        _, sessions = pooled_sessions(model, len(prompts), 32)
         for s, p in zip(sessions, prompts):
             s.prefill(p)
         logits = b.to_numpy(BatchDecoder(model).step(sessions, follow)).copy()
-        caches = [[b.to_numpy(a).copy() for a in s.cache.k + s.cache.v if a is not None] for s in sessions]
+        caches = [[b.to_numpy(a[:32]).copy() for a in s.cache.k + s.cache.v if a is not None] for s in sessions]
         results.append((logits, caches))
     (l0, c0), (l1, c1) = results
     assert np.array_equal(l0, l1), f"max |diff| {np.abs(l0 - l1).max():.3g}"

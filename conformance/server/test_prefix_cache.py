@@ -1,5 +1,5 @@
 """The paged KV cache and prefix caching (engine/kv_cache.py BlockPool, PagedKVCache;
-engine/prefix_cache.py; engine/serving.py), on the numpy backend and the synthetic models,
+engine/prefix_cache.py; engine/serving.py), on the numpy and CUDA backends and the synthetic models,
 hybrids and sliding-window (gemma) ones included.
 
 - A paged cache reads as a contiguous one: the same logits, bit for bit, whatever blocks the
@@ -36,13 +36,15 @@ CARRY_NMSE = 5e-2
 CARRY_MARGIN = 1.0
 
 
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=["numpy", "cuda"])
+def models(request):
+    """The synthetic models on each backend (both keep their caches paged; CUDA's kernels
+    read them through device block tables)."""
     got = {}
 
     def get(name):
         if name not in got:
-            got[name] = load_synthetic(name, "numpy")
+            got[name] = load_synthetic(name, request.param)
         return got[name]
     return get
 
@@ -102,11 +104,9 @@ def reference(model, pieces, max_tokens):
 def test_paged_cache_reads_as_contiguous(models, name, rng):
     """Blocks in a scrambled order of a shared pool give the logits of a contiguous cache,
     prompt (longer than gemma's windows, across block boundaries) and decode steps."""
-    from brass.kv_cache import KVCache
     m = models(name)
     ids = _ids(m, rng, 37)
-    flat = m.new_session(64)
-    flat.cache = KVCache(m.backend, m.config, 64)
+    flat = m.new_session(64)            # a pool of its own: its blocks in order, all held
     pool = m.new_block_pool(9)
     paged = m.new_session(64, pool=pool)
     blocks = pool.allocate(9)
