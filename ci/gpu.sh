@@ -51,6 +51,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   llama start | status | wait [T]   llama.cpp built on the runner in the background
   stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
   tp nccl [RANKS] | bars [SHAPES]   several GPUs (issue 49): NCCL checked and timed; TP=2 bars
+  paged [tests | chat]              the paged KV cache on CUDA (issue 47): its tests; the 10-turn chat TTFT
   env CMD...                        CMD with brass from this tree, offline, the carried wheels
   help                              this list (each subcommand's comment in ci/gpu.sh says more)
 EOF
@@ -420,6 +421,61 @@ print(tabulate(rows, headers=["clients", "llama-server tok/s", "brass tok/s", "r
                               "llama TTFT p50/p99 ms", "brass TTFT p50/p99 ms",
                               "llama done/failed", "brass done/failed"], tablefmt="github"))
 PY
+}
+
+sub_paged() {     # [tests | chat] (both by default)
+    # Issue 47, the paged KV cache on CUDA. tests: the kernels that read and write caches
+    # through block tables (their CPU builds too), the CUDA backend's attention ops, the
+    # batched steps (row kernels, bucket graphs over one pool), prompt graphs, and prefix
+    # caching on both backends; prints each file's pass/fail and the failures. chat: the
+    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b): brass serve on CUDA
+    # with prefix caching, then without (--no-prefix-cache: every turn reads its whole
+    # history), ci/chat_ttft.py against each (~200 user words a turn, 128 tokens generated);
+    # TTFT of turn 10 over turn 1 <= 1.3 with caching. llama-server's curve is not measured
+    # here (no llama.cpp build on the runner for this subcommand).
+    local what="${1:-all}" rc=0 f pid mode name="${SHAPE:-qwen3-0.6b}"
+    gpu_name
+    if [ "$what" = all ] || [ "$what" = tests ]; then
+        for f in conformance/kernels/test_kernels_attention_rowwise.py conformance/kernels/test_kernels_attention_tiled.py \
+                 conformance/kernels/test_kernels_fused_cpu.py conformance/kernels/test_kernels_gemma4.py \
+                 conformance/models/test_batch.py conformance/models/test_prompt_graphs.py \
+                 conformance/server/test_prefix_cache.py conformance/kernels/test_cuda_options.py; do
+            guarded 330 python3 -m pytest "$f" -q -rfE -p no:cacheprovider > "$out/paged-$(basename "$f" .py).log" 2>&1
+            local r=$?
+            echo "$([ $r = 0 ] && echo PASS || echo "FAIL ($r)") $f: $(tail -1 "$out/paged-$(basename "$f" .py).log")"
+            [ $r = 0 ] || { rc=1; grep -E "^(FAILED|ERROR)" "$out/paged-$(basename "$f" .py).log" | head -10; }
+        done
+        guarded 400 python3 -m pytest conformance/kernels/test_kernels.py conformance/kernels/test_kernels_model.py \
+            -k "attention or rope_store or kv_store or lockstep or free_running" -q -rfE -p no:cacheprovider \
+            > "$out/paged-test_kernels.log" 2>&1
+        local r=$?
+        echo "$([ $r = 0 ] && echo PASS || echo "FAIL ($r)") test_kernels.py/test_kernels_model.py (attention, rope_store, kv_store, model): $(tail -1 "$out/paged-test_kernels.log")"
+        [ $r = 0 ] || { rc=1; grep -E "^(FAILED|ERROR)" "$out/paged-test_kernels.log" | head -10; }
+    fi
+    if [ "$what" = all ] || [ "$what" = chat ]; then
+        shape "$name" || return 1
+        for mode in cached uncached; do
+            local extra=""; [ "$mode" = uncached ] && extra="--no-prefix-cache"
+            # shellcheck disable=SC2086
+            python3 -m brass serve "$dir/$name.gguf" --backend cuda --parallel 4 --port 8184 $extra \
+                > "$out/paged-serve-$mode.log" 2>&1 &
+            pid=$!
+            local up=1
+            for _ in $(seq 1 180); do curl -sf http://127.0.0.1:8184/health > /dev/null && { up=0; break; }; sleep 1; done
+            if [ $up = 0 ]; then
+                echo "== $name, prefix caching $([ $mode = cached ] && echo on || echo off)"
+                guarded 590 python3 ci/chat_ttft.py --url http://127.0.0.1:8184/v1 --turns 10 \
+                    --json "$out/paged-chat-$mode.json"
+                local r=$?
+                [ $mode = cached ] && [ $r != 0 ] && rc=1
+                curl -sf http://127.0.0.1:8184/metrics | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
+            else
+                echo "brass serve ($mode) did not start"; tail -5 "$out/paged-serve-$mode.log"; rc=1
+            fi
+            kill "$pid"; wait "$pid" 2> /dev/null
+        done
+    fi
+    return $rc
 }
 
 sub_soak() {     # start | result | memory [ARGS]
