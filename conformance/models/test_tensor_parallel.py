@@ -280,7 +280,7 @@ def test_one_rank_and_layer_split_equal_the_single_model(name):
             assert np.array_equal(m.score(p.tf_ids), ref), (world, split, p.name)
     # under the layer split a rank's cache holds its own layers' keys and values only
     caches = split_model(name, 2, "layer").new_session(8).caches
-    held = [[il for il, k in enumerate(c.k) if k is not None and k.size] for c in caches]
+    held = [[il for il, k in enumerate(c.k) if k is not None and k.pool.size] for c in caches]   # paged
     assert held[1] and all(il * 2 // len(c.k) == r for r, c in enumerate(caches) for il in held[r]), held
 
 
