@@ -219,6 +219,11 @@ sub_mutations() {
     mutate gqa-head-mapping kernels/attention.cu \
         's|const int h_kv = h / (p.n_heads / p.n_kv_heads);|const int h_kv = h % p.n_kv_heads;|' \
         "attention"
+    # The paged cache: a position's slot within its block taken modulo half the block (every
+    # kernel that writes or reads a cache goes through kv_row).
+    mutate paged-slot-in-block kernels/common.cuh \
+        's|\* KV_BLOCK + (unsigned) s % KV_BLOCK;|* KV_BLOCK + (unsigned) s % (KV_BLOCK / 2);|' \
+        "attention or rope_store"
     # The delta net (decode and chunked prompt): value head h reads key head h / (Hv / Hk), the
     # grouped order of qwen3next, instead of h % Hk (the tiled order of qwen35).
     mutate delta-net-grouped-heads kernels/ssm.cu \
