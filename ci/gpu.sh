@@ -51,7 +51,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   llama start | status | wait [T]   llama.cpp built on the runner in the background
   stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
   tp nccl [RANKS] | bars [SHAPES]   several GPUs (issue 49): NCCL checked and timed; TP=2 bars
-  paged [tests | chat]              the paged KV cache on CUDA (issue 47): its tests; the 10-turn chat TTFT
+  paged [tests | chat | load]       the paged KV cache on CUDA (issue 47): its tests; the chat and load bars
   env CMD...                        CMD with brass from this tree, offline, the carried wheels
   help                              this list (each subcommand's comment in ci/gpu.sh says more)
 EOF
@@ -428,7 +428,7 @@ print(tabulate(rows, headers=["clients", "llama-server tok/s", "brass tok/s", "r
 PY
 }
 
-sub_paged() {     # [tests | chat] (both by default)
+sub_paged() {     # [tests | chat | load] (tests and chat by default)
     # Issue 47, the paged KV cache on CUDA. tests: the kernels that read and write caches
     # through block tables (their CPU builds too), the CUDA backend's attention ops, the
     # batched steps (row kernels, bucket graphs over one pool), prompt graphs, and prefix
@@ -436,8 +436,12 @@ sub_paged() {     # [tests | chat] (both by default)
     # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b): brass serve on CUDA
     # with prefix caching, then without (--no-prefix-cache: every turn reads its whole
     # history), ci/chat_ttft.py against each (~200 user words a turn, 128 tokens generated);
-    # TTFT of turn 10 over turn 1 <= 1.3 with caching. llama-server's curve is not measured
-    # here (no llama.cpp build on the runner for this subcommand).
+    # TTFT of turn 10 over turn 1 <= 1.3 with caching. load: brass serve --parallel 16 on
+    # SHAPE_LOAD (default qwen3-8b), 16 streaming clients sharing a 2,000-word system prompt,
+    # each with its own 100-word question, two requests each (ci/shared_prefix_load.py), with
+    # and without prefix caching: generated tok/s, TTFT p50 / p99, cached prompt tokens.
+    # llama-server's figures are not measured here (no llama.cpp build on the runner for this
+    # subcommand; `serving` has the side-by-side harness).
     local what="${1:-all}" rc=0 f pid mode name="${SHAPE:-qwen3-0.6b}"
     gpu_name
     if [ "$what" = all ] || [ "$what" = tests ]; then
@@ -476,6 +480,27 @@ sub_paged() {     # [tests | chat] (both by default)
                 curl -sf http://127.0.0.1:8184/metrics | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
             else
                 echo "brass serve ($mode) did not start"; tail -5 "$out/paged-serve-$mode.log"; rc=1
+            fi
+            kill "$pid"; wait "$pid" 2> /dev/null
+        done
+    fi
+    if [ "$what" = load ]; then
+        local lname="${SHAPE_LOAD:-qwen3-8b}"
+        guarded 200 bash -c ". ci/gpu_lib.sh; dir='$dir'; shape '$lname'" || { echo "no $lname shape file"; return 1; }
+        for mode in cached uncached; do
+            local extra=""; [ "$mode" = uncached ] && extra="--no-prefix-cache"
+            # shellcheck disable=SC2086
+            python3 -m brass serve "$dir/$lname.gguf" --backend cuda --parallel 16 --port 8185 $extra \
+                > "$out/paged-load-serve-$mode.log" 2>&1 &
+            pid=$!
+            local up=1
+            for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8185/health > /dev/null && { up=0; break; }; sleep 1; done
+            if [ $up = 0 ]; then
+                echo "== $lname, 16 clients, prefix caching $([ $mode = cached ] && echo on || echo off)"
+                guarded 590 python3 ci/shared_prefix_load.py --url http://127.0.0.1:8185/v1 --clients 16 \
+                    --requests 2 --json "$out/paged-load-$mode.json" || rc=1
+            else
+                echo "brass serve ($mode) did not start"; tail -5 "$out/paged-load-serve-$mode.log"; rc=1
             fi
             kill "$pid"; wait "$pid" 2> /dev/null
         done
