@@ -120,6 +120,86 @@ def test_paged_cache_reads_as_contiguous(models, name, rng):
         paged.prefill(ids[:20])            # positions 48.. are past the table's slots
 
 
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-gemma3"])
+def test_a_session_follows_its_new_blocks(models, name, rng):
+    """A pooled session's blocks change between requests (released, others assigned): its
+    next prompt and decode steps (on CUDA: the decode graph captured over the first blocks,
+    reading the sequence's device table rewritten in place) give the logits of a session of
+    its own reading the same tokens."""
+    m = models(name)
+    pool = m.new_block_pool(12)
+    s = m.new_session(64, pool=pool)
+    s.cache.assign(pool.allocate(3))
+    s.prefill(_ids(m, rng, 20))
+    for t in (3, 5, 7):
+        s.decode(t)                             # captures the decode graph on CUDA
+    s.cache.release()
+    s.cache.assign(pool.allocate(4)[::-1])      # other blocks, out of order
+    s.reset()
+    alone = m.new_session(64)
+    ids = _ids(m, rng, 23)
+    got = [m.backend.to_numpy(x.prefill(ids, device_logits=True)).copy() for x in (s, alone)]
+    for t in (2, 4, 6, 8):
+        got += [m.backend.to_numpy(x.decode(t)).copy() for x in (s, alone)]
+    for i in range(0, len(got), 2):
+        assert np.array_equal(got[i], got[i + 1]), f"{name}: step {i // 2} differs from a session of its own"
+
+
+def test_device_block_tables_are_rewritten_in_place():
+    """On a backend that keeps block tables on its device (block_table / write_block_table:
+    CUDA), a sequence's device table keeps its identity (a captured graph reads it) and holds
+    the blocks of its table, then -1; assign, release and a too long table say so."""
+    from brass.kv_cache import BlockPool, PagedKVCache
+
+    class TableBackend:                         # numpy arrays standing for device arrays
+        def zeros(self, shape, dtype):
+            return np.zeros(shape, dtype)
+
+        def activate(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+        def block_table(self, n):
+            return np.full(n, -1, np.int32)
+
+        def write_block_table(self, table, blocks):
+            table[:] = -1
+            table[:len(blocks)] = blocks
+
+    cfg = load_synthetic("synth-qwen3", "numpy").config
+    pool = BlockPool(TableBackend(), cfg, 10)
+    c = PagedKVCache(pool, 50)                  # 4 blocks of room
+    dev = c._t.device
+    assert dev.dtype == np.int32 and dev.tolist() == [-1] * 4
+    c.assign(pool.allocate(3))
+    assert c._t.device is dev and dev.tolist() == c.table.tolist() + [-1]
+    c.check_room(48)
+    with pytest.raises(BrassError, match="position 48 is past the 3 KV blocks"):
+        c.check_room(49)
+    c.release()
+    assert c._t.device is dev and dev.tolist() == [-1] * 4
+    with pytest.raises(BrassError, match="5 KV blocks for a sequence of 50 positions"):
+        c.assign(pool.allocate(5))
+
+
+def test_default_pool_follows_free_device_memory():
+    """A server's default pool: --parallel times the context's blocks, at most
+    KV_MEMORY_SHARE of the free device memory where the backend reports it, at least one
+    context's blocks."""
+    import types
+    from brass.kv_cache import BlockPool, blocks_for
+    from brass.prefix_cache import KV_MEMORY_SHARE, default_blocks
+    cfg = load_synthetic("synth-qwen3", "numpy").config
+    per = BlockPool.block_bytes(cfg)
+    assert per == 2 * 16 * sum(cfg.layer_n_head_kv(il) * (cfg.layer_head_dim(il) + cfg.layer_head_dim_v(il))
+                               for il in range(cfg.n_layer))
+    model = lambda free: types.SimpleNamespace(config=cfg, backend=types.SimpleNamespace(free_memory=lambda: free))  # noqa: E731
+    assert default_blocks(4, 1000) == 4 * blocks_for(1000)
+    assert default_blocks(4, 1000, model(10**12)) == 4 * blocks_for(1000)
+    assert default_blocks(4, 1000, model(int(100 * per / KV_MEMORY_SHARE))) == 100
+    assert default_blocks(4, 1000, model(0)) == blocks_for(1000)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_cached_read_equals_the_same_pieces_uncached(models, name, rng):
     """Request b starts with request a's 48 tokens: it reads only from position 48 (a's three
