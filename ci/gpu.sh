@@ -448,7 +448,8 @@ sub_paged() {     # [tests | chat | load] (tests and chat by default)
         for f in conformance/kernels/test_kernels_attention_rowwise.py conformance/kernels/test_kernels_attention_tiled.py \
                  conformance/kernels/test_kernels_fused_cpu.py conformance/kernels/test_kernels_gemma4.py \
                  conformance/models/test_batch.py conformance/models/test_prompt_graphs.py \
-                 conformance/server/test_prefix_cache.py conformance/kernels/test_cuda_options.py; do
+                 conformance/models/test_decode_graph.py conformance/server/test_prefix_cache.py \
+                 conformance/server/test_server_cuda.py conformance/kernels/test_cuda_options.py; do
             guarded 330 python3 -m pytest "$f" -q -rfE -p no:cacheprovider > "$out/paged-$(basename "$f" .py).log" 2>&1
             local r=$?
             echo "$([ $r = 0 ] && echo PASS || echo "FAIL ($r)") $f: $(tail -1 "$out/paged-$(basename "$f" .py).log")"
