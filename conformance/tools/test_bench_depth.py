@@ -275,7 +275,8 @@ def test_memory_on_the_cuda_backend_through_the_fake():
     # the prompt graph the timed reads replayed; the bench's session gone, the ledger holds none
     assert pp.memory["graphs"] > 0 and pp.prompt_graph is True and left == 0
     assert tg.memory["graphs"] > pp.memory["graphs"] and tg.kernels_per_token > 0   # + the decode graph
-    assert pp.memory["kv_cache"] == KVCache.nbytes_for(m.config, prompt_class(48))   # the class's padding too
+    # the class's padding too, in whole blocks of the paged cache
+    assert pp.memory["kv_cache"] == KVCache.nbytes_for(m.config, blocks_for(prompt_class(48)) * BLOCK_TOKENS)
     free = fake_cupy.FREE_BYTES
     assert pp.memory["device_used"] == fake_cupy.DEVICE_PROPERTIES["totalGlobalMem"] - free
     assert "memory held on the device after tg4" in bench.table([pp, tg])
