@@ -60,17 +60,24 @@ def alone_chunked(model, req, chunk):
     return out
 
 
-def serve(model, reqs, setup=None, **kw):
+def serve(model, reqs, setup=None, queued=False, **kw):
     """Submit the requests to a BatchScheduler(model, **kw), wait for all; the scheduler.
-    `setup(scheduler)`, if given, runs before its worker starts."""
+    `setup(scheduler)`, if given, runs before its worker starts. `queued`: every request waits
+    in the queue before the worker starts, so that the first step takes as many as fit (what
+    is batched then does not hang on which thread the OS runs first)."""
     from brass.serving import BatchScheduler
-    sched = BatchScheduler(model, start=setup is None, **kw)
-    if setup is not None:
-        setup(sched)
-        sched._thread.start()
+    sched = BatchScheduler(model, start=setup is None and not queued, **kw)
     try:
-        for r in reqs:
-            sched.submit(r)
+        if setup is not None:
+            setup(sched)
+        if queued:
+            for r in reqs:
+                sched.submit(r)
+        if setup is not None or queued:
+            sched._thread.start()
+        if not queued:
+            for r in reqs:
+                sched.submit(r)
         for r in reqs:
             assert r.finished.wait(TIMEOUT), "a request did not finish"
     finally:
@@ -89,7 +96,7 @@ def test_batched_requests_equal_alone(model, rng):
     reqs = [Request(prompt(5), 10), Request(prompt(23), 6), Request(prompt(3), 12),
             Request(prompt(9), 8, SamplingParams(temperature=0.9, top_k=20, seed=7)),
             Request(prompt(14), 9, SamplingParams(temperature=1.2, top_p=0.9, seed=123))]
-    sched = serve(model, reqs, parallel=3)     # every prompt in one chunk, as generate reads it
+    sched = serve(model, reqs, queued=True, parallel=3)  # every prompt in one chunk, as generate reads it
     assert sched.steps and sched.batch_rows / sched.steps > 1.5, \
         f"the steps were hardly batched ({sched.batch_rows} rows in {sched.steps} steps)"
     for i, r in enumerate(reqs):
