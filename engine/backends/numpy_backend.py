@@ -55,8 +55,12 @@ class NumpyWeight(Weight):
 
     def dense(self) -> np.ndarray:
         if self._dense is None and getattr(self, "_affine", None) is not None:
+            # made anew on each call (a prompt's float16 GEMM): the mins broadcast over their
+            # blocks, so no repeated copy of them is made beside the sum
             dq, mins = self._affine
-            return dq + np.repeat(mins, 32, axis=-1)
+            out = np.empty(dq.shape, F32)
+            np.add(dq.reshape(*mins.shape, 32), mins[..., None], out=out.reshape(*mins.shape, 32))
+            return out
         if self._dense is None:
             self._dense = quants.dequantize(self.raw, self.type, self._info.shape)
         return self._dense
@@ -73,10 +77,17 @@ class NumpyWeight(Weight):
                 mins = (F32(-_OFFSET[self.type]) * d).reshape(*self.shape[:-1], -1)
             else:
                 mins = blocks[:, 2:4].copy().view(F16).astype(F32).reshape(*self.shape[:-1], -1)
-            dq = self.dense() - np.repeat(mins, 32, axis=-1)
+            dense = self.dense()
+            dq = np.empty(dense.shape, F32)
+            np.subtract(dense.reshape(*mins.shape, 32), mins[..., None], out=dq.reshape(*mins.shape, 32))
             self._affine = (dq, mins)
-            if self.type not in _OFFSET:
-                self._dense = None      # the two parts replace the dense copy
+            # The two parts replace the dense copy; dense() gives it back as dq + min, exactly:
+            # for Q4_0/Q5_0 both d·(q − 8) (− 16) and d·q are products of an 11-bit float16
+            # scale and a quant of at most 5 bits, exact in float32, and so are the sum and
+            # difference with −8d (−16d); only a zero's sign can differ (−0 from d < 0, q = 8;
+            # +0 back), which no product sum that is not exactly zero sees. Keeping both held
+            # qwen2.5-coder-0.5b's Q5_0 weights at twice their float32 size in q8_1 mode.
+            self._dense = None
         return self._affine
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -136,7 +147,7 @@ class NumpyBackend(Backend):
             # The CUDA backend's prompt GEMM: both operands rounded to float16, products
             # (exact in float32) summed in float32.
             dense = w.dense() if expert is None else w.dense()[expert]
-            return _mm(quants.round_to_f16(x), quants.round_to_f16(dense), self._rows_independent)
+            return _mm_f16(quants.round_to_f16(x), dense, self._rows_independent)
         if w.type in _AFFINE_Q8_1[self.act_mode]:
             qb = quants.quantize_q8_1(x) if self.act_mode == "cpu" else quants.quantize_q8_1_cuda(x)
             xq = qb.qs.astype(F32) * np.repeat(qb.d.astype(F32), 32, axis=-1)
@@ -339,6 +350,32 @@ def _mm(x: np.ndarray, w: np.ndarray, by_row: bool = False) -> np.ndarray:
     if by_row:
         return np.stack([w @ r for r in x]) if x.shape[0] else x @ w.T
     return x @ w.T
+
+
+# Weight elements rounded to float16 at a time by _mm_f16 (16 MiB of float32); a block holds
+# at least this many. OpenBLAS multiplies a small product (M·N·K <= 1e6 on SkylakeX) with
+# other kernels that sum in another order, so a block must never be small where the whole
+# is not: with blocks of 64 rows of 96 the sums moved by an ulp.
+_F16_WEIGHT_CHUNK = 1 << 22
+
+
+def _mm_f16(x16: np.ndarray, w: np.ndarray, by_row: bool = False) -> np.ndarray:
+    """`x16 @ round_to_f16(w).T`, the weight rounded a block of rows at a time rather than as
+    a whole copy beside it (the output matrix of a 150k-token vocabulary is 0.5 GiB of
+    float32). Each output column is one weight row's dot product, summed in the same order
+    whichever block of at least _F16_WEIGHT_CHUNK elements holds the row (the last block takes
+    the ragged rest; conformance/kernels/test_numpy_weights.py holds the blocked product to
+    the whole one, bit for bit)."""
+    n_out, k = w.shape
+    step = max(1, _F16_WEIGHT_CHUNK // max(k, 1))
+    n_blocks = n_out // step
+    if n_blocks <= 1:
+        return _mm(x16, quants.round_to_f16(w), by_row)
+    out = np.empty((x16.shape[0], n_out), F32)
+    for b in range(n_blocks):
+        i, j = b * step, (n_out if b == n_blocks - 1 else (b + 1) * step)
+        out[:, i:j] = _mm(x16, quants.round_to_f16(w[i:j]), by_row)
+    return out
 
 
 def rope_cos_sin(pos: np.ndarray, n_rot: int, base: float, freq_scale: float = 1.0,
