@@ -20,7 +20,6 @@ What else lives here, for a suite that fits a 2-core, 24 GB machine without a GP
   it; ci/peak_memory.py measures the whole process tree).
 """
 
-import gc
 import os
 import re
 import secrets
@@ -33,6 +32,7 @@ import pytest
 
 from brass import catalog
 from brass.errors import DownloadError
+from conformance.harness.memory import release_memory
 
 # What the loaded models of the session may hold before the least recently used is let go.
 MODEL_SHELF_BYTES = 2_600 << 20
@@ -118,11 +118,11 @@ class ModelShelf:
             self.models.popitem(last=False)
             dropped = True
         if dropped:
-            gc.collect()        # models and their sessions hold cycles (the forward's closures)
+            release_memory()    # models and their sessions hold cycles (the forward's closures)
 
     def clear(self):
         self.models.clear()
-        gc.collect()
+        release_memory()
 
 
 _SHELVES: list = []
@@ -251,13 +251,19 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """An xdist worker lets go of its shelved models when it moves on to another file: the files
-    it runs next seldom load the same model (each worker gets whole files, in no set order)."""
-    if hasattr(item.config, "workerinput") and (nextitem is None or nextitem.path != item.path):
-        for shelf in _SHELVES:
-            if shelf.models:
-                shelf.clear()
+    it runs next seldom load the same model (each worker gets whole files, in no set order).
+    After the file's own fixtures are torn down (hence the wrapper), any process hands the heap
+    pages they freed back to the system (conformance/harness/memory.py says why)."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        if hasattr(item.config, "workerinput"):
+            for shelf in _SHELVES:
+                if shelf.models:
+                    shelf.clear()
+        release_memory()
 
 
 # -- memory log (BRASS_TEST_MEMLOG) -------------------------------------------------------------

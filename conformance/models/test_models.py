@@ -12,14 +12,13 @@ spread (tolerances.SPREAD_ARGMAX_FACTOR; ci/cuda_spread.py prints it).
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 from tabulate import tabulate
 
 from conformance.harness.llama_spread import common_prefix, llama_spread, spread_rule
 from conformance.harness import goldens, tolerances
+from conformance.harness.memory import release_memory
 from brass import arch as arch_registry
 from brass.backends import cuda_available
 from brass.llamacpp import brass_tap
@@ -60,7 +59,7 @@ def loaded(real_model_path):
         key = (name, backend)
         if key not in cache:
             cache.clear()
-            gc.collect()
+            release_memory()
             gm = goldens.model(name)
             path = real_model_path(name) if gm.kind == "real" else gm.path()
             cache[key] = (Model(path, backend="numpy", act_mode="q8_1", quiet=True) if backend == ORACLE
@@ -68,7 +67,7 @@ def loaded(real_model_path):
         return cache[key]
     yield get
     cache.clear()
-    gc.collect()
+    release_memory()
 
 
 def skip_unless_supported(name: str, backend: str):
