@@ -139,6 +139,16 @@ def model_shelf(request):
     shelf.clear()
 
 
+@pytest.fixture
+def let_go_of_shelved_models(model_shelf):
+    """For a test that loads a model no other test of its file uses, beside one the file holds
+    for the session (its `model` fixture): the shelf lets go of it after the test, rather than
+    hold both to the file's end (gemma3-270m's 1.3 GiB beside smollm2-135m, in test_server.py
+    while its last tests start brass serve and a browser)."""
+    yield
+    model_shelf.clear()
+
+
 @pytest.fixture(scope="session")
 def shared_model(model_shelf, real_model_path):
     """`shared_model(name_or_path, backend="numpy", n_ctx=None, **options)`: a loaded model

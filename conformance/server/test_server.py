@@ -196,7 +196,7 @@ def test_web_page_is_served(server):
         assert status == 200, asset
 
 
-def test_chatml_fallback_ends_replies_at_its_end_marker(shared_model):
+def test_chatml_fallback_ends_replies_at_its_end_marker(shared_model, let_go_of_shelved_models):
     """Gemma 3 270M has no template; ChatML's `<|im_end|>` is plain text to it, so the server
     ends a chat reply where the model writes it (the server's own queue, without HTTP)."""
     from brass.server import App

@@ -170,7 +170,7 @@ def test_terminal_chat_ctrl_c_stops_a_reply_without_exiting(real_model_path):
         term.kill()
 
 
-def test_chatml_fallback_stops_at_its_end_marker(shared_model):
+def test_chatml_fallback_stops_at_its_end_marker(shared_model, let_go_of_shelved_models):
     """Gemma 3 270M has no template: ChatML's `<|im_end|>` is plain text to it, so a reply ends
     where the model writes it, as the engine's own greedy tokens show."""
     gemma = shared_model("gemma3-270m", "numpy", n_ctx=N_CTX)
