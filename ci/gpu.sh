@@ -366,13 +366,6 @@ sub_serving() {
     if [[ "$engines" == *" llama-server "* ]] && ! need_llama "${LLAMA_WAIT:-330}"; then
         echo "no llama-server: brass alone"; engines=" brass "
     fi
-    wait_health() {       # $1 port, $2 seconds
-        for _ in $(seq 1 "$2"); do
-            curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
-            sleep 1
-        done
-        return 1
-    }
     drive() {             # $1 engine name, $2 port
         for n in ${CLIENTS:-1 4 16}; do
             timeout 300 python3 ci/load_test.py --url "http://127.0.0.1:$2/v1" --clients "$n" \
@@ -428,6 +421,25 @@ print(tabulate(rows, headers=["clients", "llama-server tok/s", "brass tok/s", "r
 PY
 }
 
+paged_serve() {     # MODE FILE PARALLEL PORT STEM CMD...: brass serve FILE on CUDA (prefix
+    # caching off in MODE "uncached"), CMD once its /health answers, then the server's block
+    # counts and the server stopped; CMD's status (1: the server did not start)
+    local mode=$1 f=$2 parallel=$3 port=$4 stem=$5 pid r=1 extra=()
+    shift 5
+    [ "$mode" = uncached ] && extra=(--no-prefix-cache)
+    python3 -m brass serve "$f" --backend cuda --parallel "$parallel" --port "$port" "${extra[@]}" \
+        > "$out/$stem-serve-$mode.log" 2>&1 &
+    pid=$!
+    if wait_health "$port" 240; then
+        "$@"; r=$?
+        curl -sf "http://127.0.0.1:$port/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
+    else
+        echo "brass serve ($mode) did not start"; tail -5 "$out/$stem-serve-$mode.log"
+    fi
+    kill "$pid"; wait "$pid" 2> /dev/null
+    return $r
+}
+
 sub_paged() {     # [tests | chat | load] (tests and chat by default; one part a call fits a call's 600 s)
     # Issue 47, the paged KV cache on CUDA. tests: the kernels that read and write caches
     # through block tables (their CPU builds too), the CUDA backend's attention ops, the
@@ -465,45 +477,22 @@ sub_paged() {     # [tests | chat | load] (tests and chat by default; one part a
     if [ "$what" = all ] || [ "$what" = chat ]; then
         shape "$name" || return 1
         for mode in cached uncached; do
-            local extra=""; [ "$mode" = uncached ] && extra="--no-prefix-cache"
-            # shellcheck disable=SC2086
-            python3 -m brass serve "$dir/$name.gguf" --backend cuda --parallel 4 --port 8184 $extra \
-                > "$out/paged-serve-$mode.log" 2>&1 &
-            pid=$!
-            local up=1
-            for _ in $(seq 1 180); do curl -sf http://127.0.0.1:8184/health > /dev/null && { up=0; break; }; sleep 1; done
-            if [ $up = 0 ]; then
-                echo "== $name, prefix caching $([ $mode = cached ] && echo on || echo off)"
+            echo "== $name, prefix caching $([ $mode = cached ] && echo on || echo off)"
+            paged_serve "$mode" "$dir/$name.gguf" 4 8184 paged-chat \
                 guarded 590 python3 ci/chat_ttft.py --url http://127.0.0.1:8184/v1 --turns 10 \
-                    --json "$out/paged-chat-$mode.json"
-                local r=$?
-                [ $mode = cached ] && [ $r != 0 ] && rc=1
-                curl -sf http://127.0.0.1:8184/metrics | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
-            else
-                echo "brass serve ($mode) did not start"; tail -5 "$out/paged-serve-$mode.log"; rc=1
-            fi
-            kill "$pid"; wait "$pid" 2> /dev/null
+                --json "$out/paged-chat-$mode.json"
+            local r=$?
+            [ $mode = cached ] && [ $r != 0 ] && rc=1
         done
     fi
     if [ "$what" = load ]; then
         local lname="${SHAPE_LOAD:-qwen3-8b}"
         guarded 200 bash -c ". ci/gpu_lib.sh; dir='$dir'; shape '$lname'" || { echo "no $lname shape file"; return 1; }
         for mode in cached uncached; do
-            local extra=""; [ "$mode" = uncached ] && extra="--no-prefix-cache"
-            # shellcheck disable=SC2086
-            python3 -m brass serve "$dir/$lname.gguf" --backend cuda --parallel 16 --port 8185 $extra \
-                > "$out/paged-load-serve-$mode.log" 2>&1 &
-            pid=$!
-            local up=1
-            for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8185/health > /dev/null && { up=0; break; }; sleep 1; done
-            if [ $up = 0 ]; then
-                echo "== $lname, 16 clients, prefix caching $([ $mode = cached ] && echo on || echo off)"
+            echo "== $lname, 16 clients, prefix caching $([ $mode = cached ] && echo on || echo off)"
+            paged_serve "$mode" "$dir/$lname.gguf" 16 8185 paged-load \
                 guarded 590 python3 ci/shared_prefix_load.py --url http://127.0.0.1:8185/v1 --clients 16 \
-                    --requests 2 --json "$out/paged-load-$mode.json" || rc=1
-            else
-                echo "brass serve ($mode) did not start"; tail -5 "$out/paged-load-serve-$mode.log"; rc=1
-            fi
-            kill "$pid"; wait "$pid" 2> /dev/null
+                --requests 2 --json "$out/paged-load-$mode.json" || rc=1
         done
     fi
     return $rc

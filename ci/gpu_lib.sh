@@ -151,6 +151,14 @@ llama_ready() {
     return 1
 }
 
+wait_health() {     # PORT SECONDS: 0 once http://127.0.0.1:PORT/health answers, 1 if not in time
+    for _ in $(seq 1 "$2"); do
+        curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
+        sleep 1
+    done
+    return 1
+}
+
 need_llama() {
     llama_ready && return 0
     [ -f /tmp/llama-build.log ] || return 1
