@@ -5,8 +5,9 @@ README's test command (ci/grade_engines.sh runs it):
 - `brass serve` (numpy) on the three catalog models: every check holds;
 - llama.cpp's own `llama-server` (ci/build_llama_server.py builds it; --llama-server), started
   with the settings the goldens were recorded with (conformance/harness/engines.py), on the same
-  GGUFs: the reference; every check it supports holds. It has no `echo` (its /v1/completions
-  answers 400 "Only no echo is supported"), so the teacher-forced checks are skipped, and named;
+  GGUFs: the reference; every check it supports holds. It serves no prompt logprobs (it takes
+  `echo` and answers with the generated token's alone), so the teacher-forced checks are
+  skipped, and named;
 - llama.cpp through llama-cpp-python's server (`python -m llama_cpp.server`, the `record`
   extra): every check holds but where its echo is known to be wrong (KNOWN_DEFECTS: those checks
   fail, and brass conform names the defect), on the checks that fit the step's time

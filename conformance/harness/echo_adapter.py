@@ -1,6 +1,7 @@
-"""Prompt logprobs for a llama-server, which has no `echo` (its /v1/completions answers 400 "Only
-no echo is supported"): a proxy (planted.Proxy with no defect) that answers an echo request to
-/v1/completions itself, one prompt position at a time, and relays everything else. lm-eval's
+"""Prompt logprobs for a llama-server, which serves none (it takes `echo: true` and answers with
+the generated token's logprobs alone): a proxy (planted.Proxy with no defect) that answers an
+echo request to /v1/completions itself, one prompt position at a time, and relays everything
+else. lm-eval's
 loglikelihood tasks (`local-completions`) ask for echo; conformance/tools/test_lm_eval.py puts
 this in front of llama-server so that they run against llama.cpp's own server.
 
@@ -11,7 +12,7 @@ first j tokens as ids, one token to generate, the prompt's token j forced by `lo
 forces the pick does not reach the value. Each request decodes its whole prefix in one batch (the
 server runs with --no-cache-prompt, engines.llama_cpp_server), the way the goldens' and lm-eval's
 reference teacher-forced decode computes that row, not the one-token decode path a reused cache
-would leave it to. A prompt of n tokens costs n requests: this suits lm-eval's short prompts, not
+would leave it to (but for the first position, whose prefix is one token). A prompt of n tokens costs n requests: this suits lm-eval's short prompts, not
 the goldens' long ones (brass conform skips the teacher-forced checks on llama-server and names
 why).
 
