@@ -42,3 +42,27 @@ def test_freed_heap_pages_go_back():
     # the 320 MiB stay resident once freed (so the test sees the case it is for), then go
     assert freed > before - 100, (before, freed, released)
     assert released < freed - 250, (before, freed, released)
+
+
+def test_a_stopped_in_process_server_lets_go_of_its_model():
+    """An App served in-process (as test_conform.py's proxy does), stopped and dropped: held
+    by FastAPI's endpoint caches until release_memory, then let go. (A FastAPI that no longer
+    keeps them fails the first assertion: the clearing in memory.py can then go.)"""
+    import gc
+    import weakref
+
+    from brass.model import Model
+    from brass.server import App
+    from conformance.harness.goldens import GOLDEN_DIR
+    from conformance.harness.memory import release_memory
+    from conformance.harness.server_harness import ThreadedServer
+
+    model = Model(GOLDEN_DIR / "models" / "synth-llama.gguf", backend="numpy", n_ctx=64, quiet=True)
+    srv = ThreadedServer(App(model, "synth-llama", None, parallel=1, max_waiting=4))
+    srv.stop()
+    gone = weakref.ref(model)
+    del srv, model
+    gc.collect()
+    assert gone() is not None, "FastAPI no longer holds a stopped App's endpoints"
+    release_memory()
+    assert gone() is None, "the stopped server's model is still held after release_memory"
