@@ -40,12 +40,7 @@ class EchoAdapter(Proxy):
             status, reply = 200, self.echo(request)
         except Exception as e:      # the adapter that breaks says why, as a 500
             status, reply = 500, {"error": {"message": f"echo adapter: {e!r}"}}
-        data = json.dumps(reply).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
+        self.send(h, status, json.dumps(reply).encode())
 
     def llama(self, path: str, request: dict) -> dict:
         """llama-server's own answer (not a route lent to another upstream: the tokenizer too is

@@ -103,6 +103,11 @@ class Proxy:
                 data = json.dumps(reply).encode()
         except Exception as e:      # a planted server that breaks says why, as a 500
             status, data = 500, json.dumps({"error": {"message": f"planted proxy: {e!r}"}}).encode()
+        self.send(h, status, data)
+
+    @staticmethod
+    def send(h, status: int, data: bytes):
+        """The reply to the request `h` handles: a JSON body with its status."""
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(data)))
