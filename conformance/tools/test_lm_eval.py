@@ -178,15 +178,22 @@ def test_generate_until_is_the_same_on_both(runs):
     assert scores["brass"] == scores["llama"], scores
 
 
+def held_to_llama_cpp(run, reference, engine: str) -> dict:
+    """The run's brass_mc loglikelihoods, after checking each against llama.cpp's own within
+    ARGMAX_EPS per token."""
+    got = loglikelihoods(run["brass_mc"])
+    assert set(got) == set(reference)
+    worst = max(abs(got[k] - v) / n for k, (v, n) in reference.items())
+    print(f"worst |{engine} - llama.cpp| per token: {worst:.4f}")
+    for k, (v, n) in reference.items():
+        assert abs(got[k] - v) <= ARGMAX_EPS * n, (k, got[k], v)
+    return got
+
+
 def test_brass_loglikelihoods_are_llama_cpps(runs, llama_cpp_loglikelihoods):
     """brass_mc through brass serve: each sample's loglikelihood within ARGMAX_EPS per token of
     llama.cpp's own, and lm-eval's accuracy the accuracy llama.cpp's values give."""
-    got = loglikelihoods(runs["brass"]["brass_mc"])
-    assert set(got) == set(llama_cpp_loglikelihoods)
-    worst = max(abs(got[k] - v) / n for k, (v, n) in llama_cpp_loglikelihoods.items())
-    print(f"worst |brass - llama.cpp| per token: {worst:.4f}")
-    for k, (v, n) in llama_cpp_loglikelihoods.items():
-        assert abs(got[k] - v) <= ARGMAX_EPS * n, (k, got[k], v)
+    got = held_to_llama_cpp(runs["brass"], llama_cpp_loglikelihoods, "brass")
     ref = {k: v for k, (v, _) in llama_cpp_loglikelihoods.items()}
     acc = runs["brass"]["results"]["brass_mc"]["acc,none"]
     assert acc == accuracy(ref, runs["brass"]["brass_mc"]) == accuracy(got, runs["brass"]["brass_mc"])
@@ -195,12 +202,7 @@ def test_brass_loglikelihoods_are_llama_cpps(runs, llama_cpp_loglikelihoods):
 def test_llama_server_loglikelihoods_are_llama_cpps(runs, llama_cpp_loglikelihoods):
     """brass_mc through llama-server: held to llama.cpp's own values as Brass is (llama-server is
     a later llama.cpp build than the library's, on the same settings)."""
-    got = loglikelihoods(runs["llama"]["brass_mc"])
-    assert set(got) == set(llama_cpp_loglikelihoods)
-    worst = max(abs(got[k] - v) / n for k, (v, n) in llama_cpp_loglikelihoods.items())
-    print(f"worst |llama-server - llama.cpp| per token: {worst:.4f}")
-    for k, (v, n) in llama_cpp_loglikelihoods.items():
-        assert abs(got[k] - v) <= ARGMAX_EPS * n, (k, got[k], v)
+    held_to_llama_cpp(runs["llama"], llama_cpp_loglikelihoods, "llama-server")
 
 
 def test_accuracies_are_equal(runs):
