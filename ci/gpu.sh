@@ -51,7 +51,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   llama start | status | wait [T]   llama.cpp built on the runner in the background
   stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
   tp nccl [RANKS] | bars [SHAPES]   several GPUs (issue 49): NCCL checked and timed; TP=2 bars
-  paged [tests | chat | load]       the paged KV cache on CUDA (issue 47): its tests; the chat and load bars
+  paged [tests|chat|load|memory]    the paged KV cache on CUDA (issue 47): its tests; its three bars (LLAMA=1)
   env CMD...                        CMD with brass from this tree, offline, the carried wheels
   help                              this list (each subcommand's comment in ci/gpu.sh says more)
 EOF
@@ -421,41 +421,33 @@ print(tabulate(rows, headers=["clients", "llama-server tok/s", "brass tok/s", "r
 PY
 }
 
-paged_serve() {     # MODE FILE PARALLEL PORT STEM CMD...: brass serve FILE on CUDA (prefix
-    # caching off in MODE "uncached"), CMD once its /health answers, then the server's block
-    # counts and the server stopped; CMD's status (1: the server did not start)
-    local mode=$1 f=$2 parallel=$3 port=$4 stem=$5 pid r=1 extra=()
-    shift 5
-    [ "$mode" = uncached ] && extra=(--no-prefix-cache)
-    python3 -m brass serve "$f" --backend cuda --parallel "$parallel" --port "$port" "${extra[@]}" \
-        > "$out/$stem-serve-$mode.log" 2>&1 &
-    pid=$!
-    if wait_health "$port" 240; then
-        "$@"; r=$?
-        curl -sf "http://127.0.0.1:$port/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
-    else
-        echo "brass serve ($mode) did not start"; tail -5 "$out/$stem-serve-$mode.log"
-    fi
-    kill "$pid"; wait "$pid" 2> /dev/null
-    return $r
-}
-
-sub_paged() {     # [tests | chat | load] (tests and chat by default; one part a call fits a call's 600 s)
+sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; one part a call fits a call's 600 s)
     # Issue 47, the paged KV cache on CUDA. tests: the kernels that read and write caches
     # through block tables (their CPU builds too), the CUDA backend's attention ops, the
     # batched steps (row kernels, bucket graphs over one pool), prompt graphs, and prefix
     # caching on both backends; prints each file's pass/fail and the failures. chat: the
-    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b): brass serve on CUDA
-    # with prefix caching, then without (--no-prefix-cache: every turn reads its whole
-    # history), ci/chat_ttft.py against each (~200 user words a turn, 128 tokens generated);
-    # TTFT of turn 10 over turn 1 <= 1.3 with caching. load: brass serve --parallel 16 on
-    # SHAPE_LOAD (default qwen3-8b), 16 streaming clients sharing a 2,000-word system prompt,
-    # each with its own 100-word question, two requests each (ci/shared_prefix_load.py), with
-    # and without prefix caching: generated tok/s, TTFT p50 / p99, cached prompt tokens.
-    # llama-server's figures are not measured here (no llama.cpp build on the runner for this
-    # subcommand; `serving` has the side-by-side harness).
-    local what="${1:-all}" rc=0 f pid mode name="${SHAPE:-qwen3-0.6b}"
+    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b; --ctx 8192: a random
+    # model's replies, read back as text, run to ~4 tokens a generated one): brass serve on
+    # CUDA with prefix caching, then without (--no-prefix-cache: every turn reads its whole
+    # history), ci/chat_ttft.py against each (200-token user messages, 128 tokens generated);
+    # TTFT of turn 10 over turn 1 <= 1.3 with caching. load: SHAPE_LOAD (default qwen3-8b),
+    # 16 streaming clients sharing a 2,000-token system prompt, each with its own 100-token
+    # question, two requests each (ci/shared_prefix_load.py), against brass serve --parallel
+    # 16 with and without prefix caching. LLAMA=1 adds llama-server (cache_prompt on, its
+    # default) to chat (one slot) and load (--parallel 16, 16 x 4,096 context), once `llama
+    # start` / `llama wait` have built it on this warm runner; each part then prints one table
+    # (--compare): load's tok/s and TTFT p50 ratios to llama-server and the bars (>= 1.5x,
+    # <= 0.5x). memory: MEM_SEQS (64) sequences of MEM_TOKENS (4,096: MEM_GEN 128 generated)
+    # held at once by brass serve --parallel MEM_SEQS on SHAPE_LOAD, its pool exactly their
+    # blocks (--kv-blocks), ci/paged_memory.py sampling /metrics and nvidia-smi: KV bytes a
+    # token, the pool, device memory, the per-session layout's need against the card. ARGS:
+    # more options for the part's client script (smaller runs: ARGS="--turns 3").
+    local what="${1:-all}" rc=0 f mode llama="" name="${SHAPE:-qwen3-0.6b}" lname="${SHAPE_LOAD:-qwen3-8b}" serve_args
     gpu_name
+    if [ "${LLAMA:-0}" = 1 ] && [[ "$what" =~ ^(all|chat|load)$ ]]; then
+        llama_env
+        if need_llama "${LLAMA_WAIT:-0}"; then llama=1; else echo "llama-server's runs skipped: not built (llama start, then llama wait)"; fi
+    fi
     if [ "$what" = all ] || [ "$what" = tests ]; then
         for f in conformance/kernels/test_kernels_attention_rowwise.py conformance/kernels/test_kernels_attention_tiled.py \
                  conformance/kernels/test_kernels_fused_cpu.py conformance/kernels/test_kernels_gemma4.py \
@@ -476,24 +468,59 @@ sub_paged() {     # [tests | chat | load] (tests and chat by default; one part a
     fi
     if [ "$what" = all ] || [ "$what" = chat ]; then
         shape "$name" || return 1
+        # each run's deadline (t, s): brass with caching, without, llama-server (its ten turns
+        # take seconds; the rest of the call where it does not run)
+        local chat=(ci/chat_ttft.py --turns 10 --user-tokens 200 --max-tokens 128) until=(300 590)
+        [ -n "$llama" ] && until=(250 450)
+        serve_args="--ctx 8192"
         for mode in cached uncached; do
-            echo "== $name, prefix caching $([ $mode = cached ] && echo on || echo off)"
-            paged_serve "$mode" "$dir/$name.gguf" 4 8184 paged-chat \
-                guarded 590 python3 ci/chat_ttft.py --url http://127.0.0.1:8184/v1 --turns 10 \
-                --json "$out/paged-chat-$mode.json"
+            echo "== $name, brass serve, prefix caching $([ $mode = cached ] && echo on || echo off)"
+            paged_serve "$mode" "$dir/$name.gguf" 4 8184 paged-chat "${until[$([ $mode = cached ] && echo 0 || echo 1)]}" \
+                python3 "${chat[@]}" ${ARGS:-} --url http://127.0.0.1:8184/v1 --label "brass-$mode" --json "$out/paged-chat-$mode.json"
             local r=$?
             [ $mode = cached ] && [ $r != 0 ] && rc=1
         done
+        if [ -n "$llama" ]; then
+            echo "== $name, llama-server, cache_prompt on"
+            llama_serve "$dir/$name.gguf" 8187 paged-chat 590 "--parallel 1 -c 8192" \
+                python3 "${chat[@]}" ${ARGS:-} --url http://127.0.0.1:8187/v1 --label llama-server --json "$out/paged-chat-llama-server.json"
+        fi
+        local runs=() m
+        for m in cached uncached llama-server; do [ -f "$out/paged-chat-$m.json" ] && runs+=("$out/paged-chat-$m.json"); done
+        [ ${#runs[@]} -gt 0 ] && python3 ci/chat_ttft.py --compare "${runs[@]}"
     fi
     if [ "$what" = load ]; then
-        local lname="${SHAPE_LOAD:-qwen3-8b}"
         guarded 200 bash -c ". ci/gpu_lib.sh; dir='$dir'; shape '$lname'" || { echo "no $lname shape file"; return 1; }
-        for mode in cached uncached; do
-            echo "== $lname, 16 clients, prefix caching $([ $mode = cached ] && echo on || echo off)"
-            paged_serve "$mode" "$dir/$lname.gguf" 16 8185 paged-load \
-                guarded 590 python3 ci/shared_prefix_load.py --url http://127.0.0.1:8185/v1 --clients 16 \
-                --requests 2 --json "$out/paged-load-$mode.json" || rc=1
-        done
+        local load=(ci/shared_prefix_load.py --clients 16 --requests 2 --system-tokens 2000 --question-tokens 100
+                    --max-tokens 128)
+        serve_args=""
+        echo "== $lname, brass serve --parallel 16, prefix caching on"
+        paged_serve cached "$dir/$lname.gguf" 16 8185 paged-load "$([ -n "$llama" ] && echo 330 || echo 400)" \
+            python3 "${load[@]}" ${ARGS:-} --url http://127.0.0.1:8185/v1 --label brass-cached --json "$out/paged-load-cached.json" || rc=1
+        if [ -n "$llama" ]; then
+            echo "== $lname, llama-server --parallel 16, cache_prompt on"
+            llama_serve "$dir/$lname.gguf" 8187 paged-load 460 "--parallel 16 -c 65536" \
+                python3 "${load[@]}" ${ARGS:-} --url http://127.0.0.1:8187/v1 --label llama-server --json "$out/paged-load-llama-server.json"
+        fi
+        echo "== $lname, brass serve --parallel 16, prefix caching off"
+        paged_serve uncached "$dir/$lname.gguf" 16 8185 paged-load 590 \
+            python3 "${load[@]}" ${ARGS:-} --url http://127.0.0.1:8185/v1 --label brass-uncached --json "$out/paged-load-uncached.json"
+        local runs=() m
+        for m in cached uncached llama-server; do [ -f "$out/paged-load-$m.json" ] && runs+=("$out/paged-load-$m.json"); done
+        # the bars are against llama-server: without its run, each brass run's line above says it all
+        [ -f "$out/paged-load-llama-server.json" ] && { python3 ci/shared_prefix_load.py --compare "${runs[@]}" || rc=1; }
+    fi
+    if [ "$what" = memory ]; then
+        guarded 200 bash -c ". ci/gpu_lib.sh; dir='$dir'; shape '$lname'" || { echo "no $lname shape file"; return 1; }
+        local seqs="${MEM_SEQS:-64}" tokens="${MEM_TOKENS:-4096}" gen="${MEM_GEN:-128}" before
+        before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2> /dev/null | head -1)
+        # shellcheck disable=SC2034     # paged_serve reads it
+        serve_args="--kv-blocks $(( seqs * ((tokens + 15) / 16) )) --max-waiting $seqs"
+        echo "== $lname, $seqs sequences of $tokens tokens at once ($gen generated)"
+        paged_serve cached "$dir/$lname.gguf" "$seqs" 8186 paged-memory 590 \
+            python3 ci/paged_memory.py --url http://127.0.0.1:8186/v1 --model-file "$dir/$lname.gguf" \
+            --sequences "$seqs" --prompt-tokens $(( tokens - gen )) --max-tokens "$gen" ${ARGS:-} \
+            ${before:+--device-before-mib "$before"} --json "$out/paged-memory.json" || rc=1
     fi
     return $rc
 }

@@ -25,6 +25,12 @@
 #   path they run with. llama_runs: 0 when they run here. llama_ready: the same, else starts
 #   their build (once, detached: it goes on between a warm runner's calls; its log
 #   /tmp/llama-build.log says it was started). need_llama N: waits for them until t = N.
+# paged_serve MODE FILE PARALLEL PORT STEM UNTIL CMD...: brass serve FILE on CUDA (prefix
+#   caching off in MODE "uncached"; more options in $serve_args), CMD under `guarded UNTIL` once
+#   its /health answers, then its block counts; the server stopped; CMD's status (1: no server).
+# llama_serve FILE PORT STEM UNTIL ARGS CMD...: the same for llama-server (llama_env's $server)
+#   on FILE with every layer on the GPU, flash attention and ARGS (one string: --parallel, -c);
+#   its prompt cache (cache_prompt) is on, its default.
 
 LLAMA_SRC_DIR=/tmp/llama-src
 
@@ -164,4 +170,39 @@ need_llama() {
     [ -f /tmp/llama-build.log ] || return 1
     while [ "$(left "$1")" -gt 0 ]; do sleep 5; llama_ready && return 0; done
     echo "llama.cpp not built by t=$(t) s:"; tail -3 /tmp/llama-build.log; return 1
+}
+
+paged_serve() {
+    local mode=$1 f=$2 parallel=$3 port=$4 stem=$5 until=$6 pid r=1 extra=()
+    shift 6
+    [ "$mode" = uncached ] && extra=(--no-prefix-cache)
+    # shellcheck disable=SC2086
+    python3 -m brass serve "$f" --backend cuda --parallel "$parallel" --port "$port" "${extra[@]}" ${serve_args:-} \
+        > "$out/$stem-serve-$mode.log" 2>&1 &
+    pid=$!
+    if [ "$(left "$until")" -ge 20 ] && wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))"; then
+        echo "brass serve ($mode, --parallel $parallel ${extra[*]} ${serve_args:-}) ready at t=$(t) s"
+        guarded "$until" "$@"; r=$?
+        curl -sf "http://127.0.0.1:$port/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
+    else
+        echo "brass serve ($mode) did not start by t=$(t) s"; tail -5 "$out/$stem-serve-$mode.log"
+    fi
+    kill "$pid"; wait "$pid" 2> /dev/null
+    return $r
+}
+
+llama_serve() {
+    local f=$1 port=$2 stem=$3 until=$4 args=$5 pid r=1
+    shift 5
+    # shellcheck disable=SC2086
+    "$server" -m "$f" -ngl 99 -fa on $args --port "$port" > "$out/$stem-llama-server.log" 2>&1 &
+    pid=$!
+    if [ "$(left "$until")" -ge 20 ] && wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))"; then
+        echo "llama-server (-ngl 99 -fa on $args) ready at t=$(t) s"
+        guarded "$until" "$@"; r=$?
+    else
+        echo "llama-server did not start by t=$(t) s"; tail -5 "$out/$stem-llama-server.log"
+    fi
+    kill "$pid"; wait "$pid" 2> /dev/null
+    return $r
 }
