@@ -426,8 +426,8 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
     # through block tables (their CPU builds too), the CUDA backend's attention ops, the
     # batched steps (row kernels, bucket graphs over one pool), prompt graphs, and prefix
     # caching on both backends; prints each file's pass/fail and the failures. chat: the
-    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b; --ctx 8192: a random
-    # model's replies, read back as text, run to ~4 tokens a generated one): brass serve on
+    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b; --ctx 16384: a random
+    # model's replies, read back as text, run to 2-4 tokens a generated one): brass serve on
     # CUDA with prefix caching, then without (--no-prefix-cache: every turn reads its whole
     # history), ci/chat_ttft.py against each (200-token user messages, 128 tokens generated);
     # TTFT of turn 10 over turn 1 <= 1.3 with caching. load: SHAPE_LOAD (default qwen3-8b),
@@ -472,7 +472,7 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
         # take seconds; the rest of the call where it does not run)
         local chat=(ci/chat_ttft.py --turns 10 --user-tokens 200 --max-tokens 128) until=(300 590)
         [ -n "$llama" ] && until=(250 450)
-        serve_args="--ctx 8192"
+        serve_args="--ctx 16384"
         for mode in cached uncached; do
             echo "== $name, brass serve, prefix caching $([ $mode = cached ] && echo on || echo off)"
             paged_serve "$mode" "$dir/$name.gguf" 4 8184 paged-chat "${until[$([ $mode = cached ] && echo 0 || echo 1)]}" \
@@ -482,7 +482,7 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
         done
         if [ -n "$llama" ]; then
             echo "== $name, llama-server, cache_prompt on"
-            llama_serve "$dir/$name.gguf" 8187 paged-chat 590 "--parallel 1 -c 8192" \
+            llama_serve "$dir/$name.gguf" 8187 paged-chat 590 "--parallel 1 -c 16384" \
                 python3 "${chat[@]}" ${ARGS:-} --url http://127.0.0.1:8187/v1 --label llama-server --json "$out/paged-chat-llama-server.json"
         fi
         local runs=() m
