@@ -1,0 +1,118 @@
+"""Issue 47's bar scripts (ci/chat_ttft.py, ci/shared_prefix_load.py, ci/paged_memory.py),
+without a server: texts and prompts of an exact token length, the counts read from either
+server's reply (OpenAI's usage, llama-server's timings), the --compare tables' ratios and
+verdicts, and one-line errors for bad arguments. Against live servers they run on the GPU
+runner (ci/gpu.sh paged)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "ci"))
+
+from chat_ttft import WORDS, Vocab, counts  # noqa: E402
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def vocab(rng: random.Random) -> Vocab:
+    # words of one to four tokens, as a byte-level vocabulary makes them
+    return Vocab({w: [rng.randrange(1000) for _ in range(1 + i % 4)] for i, w in enumerate(WORDS)}, measured=True)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 200, 2000])
+def test_lengths_in_tokens(n):
+    v = vocab(random.Random(n))
+    words = v.words(random.Random(0), n)
+    assert sum(len(v.ids[w]) for w in words) == n     # WORDS has one-token words: always exact
+    assert v.text(random.Random(0), n) == " ".join(words)
+    ids = v.token_ids(random.Random(1), n)
+    assert len(ids) == n
+    assert v.token_ids(random.Random(1), n) == ids          # a seed gives the same prompt again
+    if n >= 17:
+        assert v.token_ids(random.Random(2), n) != ids      # and another seed another prompt
+
+
+def test_counts_from_either_server():
+    openai = {"prompt_tokens": 120, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 96}}
+    assert counts(openai, None) == {"prompt_tokens": 120, "cached_tokens": 96, "completion_tokens": 8}
+    # llama-server's last chunk: prompt_n tokens read, cache_n reused from the slot
+    timings = {"cache_n": 80, "prompt_n": 40, "predicted_n": 16}
+    assert counts(None, timings) == {"prompt_tokens": 120, "cached_tokens": 80, "completion_tokens": 16}
+    assert counts({"prompt_tokens": 120, "completion_tokens": 16}, timings)["cached_tokens"] == 80
+    assert counts(None, None) == {"prompt_tokens": None, "cached_tokens": None, "completion_tokens": None}
+
+
+def load_run(tmp_path, label, tps, p50, **more):
+    p = tmp_path / f"{label}.json"
+    p.write_text(json.dumps({"label": label, "clients": 16, "completed": 32, "failed": 0, "tokens_per_s": tps,
+                             "ttft_p50_s": p50, "ttft_p99_s": 2 * p50, "prompt_tokens": 67000,
+                             "cached_tokens": 60000, **more}))
+    return str(p)
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in out.splitlines() if ln.startswith("|")]
+    return {r[0]: r[1:] for r in rows[2:]}
+
+
+def test_load_compare(tmp_path):
+    llama = load_run(tmp_path, "llama-server", 1000.0, 0.400)
+    met = load_run(tmp_path, "brass-cached", 1600.0, 0.160)
+    r = run("ci/shared_prefix_load.py", "--compare", met, llama)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = table_rows(r.stdout)
+    assert rows["brass-cached"][-2:] == ["1.60 met", "0.40 met"], r.stdout
+    assert rows["llama-server"][-2:] == ["(baseline)", "(baseline)"]
+    # 1.4x the tokens, and a TTFT of 0.6x: both bars missed; the first run decides the status
+    missed = load_run(tmp_path, "brass-slow", 1400.0, 0.240)
+    r = run("ci/shared_prefix_load.py", "--compare", missed, met, llama)
+    assert r.returncode == 1, r.stdout
+    assert table_rows(r.stdout)["brass-slow"][-2:] == ["1.40 NOT met", "0.60 NOT met"], r.stdout
+    r = run("ci/shared_prefix_load.py", "--compare", met)
+    assert r.returncode == 2 and r.stderr.strip() == "--compare: no run labelled 'llama-server' among brass-cached"
+
+
+def test_chat_compare(tmp_path):
+    def write(label, ttfts, cached):
+        turns = [{"turn": i + 1, "ttft_s": t, "prompt_tokens": 200 * (i + 1), "cached_tokens": c}
+                 for i, (t, c) in enumerate(zip(ttfts, cached))]
+        p = tmp_path / f"{label}.json"
+        ratio = ttfts[-1] / ttfts[0]
+        p.write_text(json.dumps({"label": label, "turns": turns, "ratio": ratio, "bar": 1.3, "pass": ratio <= 1.3}))
+        return str(p)
+    r = run("ci/chat_ttft.py", "--compare", write("brass-cached", [0.020, 0.022], [0, 190]),
+            write("llama-server", [0.030, 0.045], [0, 180]))
+    assert r.returncode == 0, r.stderr
+    rows = table_rows(r.stdout)
+    assert rows["2"] == ["22.0 (190/400)", "45.0 (180/400)"], r.stdout
+    assert rows["last / first"] == ["1.10 (bar <= 1.3: PASS)", "1.50 (bar <= 1.3: FAIL)"], r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ci/chat_ttft.py"], "--url is required (or --compare JSON...)"),
+    (["ci/chat_ttft.py", "--url", "http://127.0.0.1:9/v1", "--turns", "1"], "--turns must be at least 2"),
+    (["ci/shared_prefix_load.py", "--url", "http://127.0.0.1:9/v1", "--clients", "0"], "every count must be"),
+    (["ci/paged_memory.py", "--url", "http://127.0.0.1:9/v1", "--sequences", "0"], "--sequences, --prompt-tokens"),
+    (["ci/paged_memory.py", "--url", "http://127.0.0.1:9/v1", "--model-file", "/nonexistent.gguf"],
+     "--model-file /nonexistent.gguf: no such file"),
+])
+def test_argument_errors(args, message):
+    r = run(*args)
+    assert r.returncode == 2 and message in r.stderr.splitlines()[-1], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_no_server_is_one_line(tmp_path):
+    # port 9 (discard) has no server: the script says so and stops
+    r = run("ci/shared_prefix_load.py", "--url", "http://127.0.0.1:9/v1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
