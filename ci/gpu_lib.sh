@@ -182,6 +182,7 @@ paged_serve() {
     pid=$!
     if [ "$(left "$until")" -ge 20 ] && wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))"; then
         echo "brass serve ($mode, --parallel $parallel ${extra[*]} ${serve_args:-}) ready at t=$(t) s"
+        echo "+ $*"
         guarded "$until" "$@"; r=$?
         curl -sf "http://127.0.0.1:$port/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
     else
@@ -199,6 +200,7 @@ llama_serve() {
     pid=$!
     if [ "$(left "$until")" -ge 20 ] && wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))"; then
         echo "llama-server (-ngl 99 -fa on $args) ready at t=$(t) s"
+        echo "+ $*"
         guarded "$until" "$@"; r=$?
     else
         echo "llama-server did not start by t=$(t) s"; tail -5 "$out/$stem-llama-server.log"
