@@ -7,7 +7,11 @@ reply it got, then a new user message of --user-tokens tokens), streams the repl
 --max-tokens), and records the time from sending to the first text chunk and the usage the
 server reports (prompt tokens, cached tokens: OpenAI's usage.prompt_tokens_details, else
 llama-server's `timings` of the last chunk). brass serve and llama-server both answer.
---compare prints the turns of several runs' JSONs side by side. Standard library only.
+`--history words` puts words of the reply's length in tokens in its place: a shape-true
+file's random replies, read back as text, come to 2 to 4 tokens per generated token, which
+would make each turn add several times what it generated (a server that kept the reply's own
+tokens reads those words instead). --compare prints the turns of several runs' JSONs side by
+side. Standard library only.
 
     python3 ci/chat_ttft.py --url http://127.0.0.1:8184/v1 [--turns 10] [--label L] [--json OUT]
     python3 ci/chat_ttft.py --compare brass.json llama.json
@@ -194,6 +198,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=1, help="untimed requests first, sharing no prefix (default 1)")
+    ap.add_argument("--history", choices=("reply", "words"), default="reply",
+                    help="what follows each turn's prompt in the next: the reply's text, or words of its "
+                         "length in tokens (a random model's replies; see above)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     ap.add_argument("--bar", type=float, default=1.3, help="the last turn's TTFT over the first's, at most")
     ap.add_argument("--label", default=None, help="the run's name in --compare's table (default: the file's)")
@@ -205,7 +212,7 @@ def main(argv=None) -> int:
         ap.error("--url is required (or --compare JSON...)")
     if args.turns < 2 or args.user_tokens < 1 or args.max_tokens < 1 or args.warmup < 0:
         ap.error("--turns must be at least 2, --user-tokens and --max-tokens at least 1, --warmup at least 0")
-    rng = random.Random(args.seed)
+    rng, words = random.Random(args.seed), random.Random(args.seed + 1)
     try:
         vocab = Vocab.fetch(args.url)
         for _ in range(args.warmup):
@@ -225,9 +232,12 @@ def main(argv=None) -> int:
         except OSError as e:
             print(f"turn {i + 1}: request failed: {e}", file=sys.stderr)
             return 2
-        prompt += got["text"]
-        turns.append({"turn": i + 1, "ttft_s": got["ttft_s"], "total_s": got["total_s"],
-                      **counts(got["usage"], got["timings"])})
+        n = counts(got["usage"], got["timings"])
+        if args.history == "reply":
+            prompt += got["text"]
+        else:
+            prompt += " " + vocab.text(words, n["completion_tokens"] or args.max_tokens)
+        turns.append({"turn": i + 1, "ttft_s": got["ttft_s"], "total_s": got["total_s"], **n})
         t = turns[-1]
         print(f"turn {t['turn']:2d}: TTFT {ms(t['ttft_s'])} ms, prompt {t['prompt_tokens']} tokens "
               f"({t['cached_tokens']} cached), {t['completion_tokens']} generated, {t['total_s']:.2f} s", flush=True)
@@ -239,7 +249,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"label": args.label, "turns": turns, "ratio": ratio, "bar": args.bar, "pass": ok,
-                       "user_tokens": args.user_tokens, "tokens_measured": vocab.measured}, f, indent=1)
+                       "user_tokens": args.user_tokens, "history": args.history,
+                       "tokens_measured": vocab.measured}, f, indent=1)
     return 0 if ok else 1
 
 

@@ -426,10 +426,10 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
     # through block tables (their CPU builds too), the CUDA backend's attention ops, the
     # batched steps (row kernels, bucket graphs over one pool), prompt graphs, and prefix
     # caching on both backends; prints each file's pass/fail and the failures. chat: the
-    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b; --ctx 16384: a random
-    # model's replies, read back as text, run to 2-4 tokens a generated one): brass serve on
-    # CUDA with prefix caching, then without (--no-prefix-cache: every turn reads its whole
-    # history), ci/chat_ttft.py against each (200-token user messages, 128 tokens generated);
+    # 10-turn chat bar on a shape-true file (SHAPE, default qwen3-0.6b): brass serve on CUDA
+    # with prefix caching, then without (--no-prefix-cache: every turn reads its whole
+    # history), ci/chat_ttft.py against each (200-token user messages, 128 tokens generated;
+    # --history words: the random model's replies read back as text would be 2-4x as long);
     # TTFT of turn 10 over turn 1 <= 1.3 with caching. load: SHAPE_LOAD (default qwen3-8b),
     # 16 streaming clients sharing a 2,000-token system prompt, each with its own 100-token
     # question, two requests each (ci/shared_prefix_load.py), against brass serve --parallel
@@ -470,9 +470,9 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
         shape "$name" || return 1
         # each run's deadline (t, s): brass with caching, without, llama-server (its ten turns
         # take seconds; the rest of the call where it does not run)
-        local chat=(ci/chat_ttft.py --turns 10 --user-tokens 200 --max-tokens 128) until=(300 590)
+        local chat=(ci/chat_ttft.py --turns 10 --user-tokens 200 --max-tokens 128 --history words) until=(300 590)
         [ -n "$llama" ] && until=(250 450)
-        serve_args="--ctx 16384"
+        serve_args=""
         for mode in cached uncached; do
             echo "== $name, brass serve, prefix caching $([ $mode = cached ] && echo on || echo off)"
             paged_serve "$mode" "$dir/$name.gguf" 4 8184 paged-chat "${until[$([ $mode = cached ] && echo 0 || echo 1)]}" \
@@ -482,7 +482,7 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
         done
         if [ -n "$llama" ]; then
             echo "== $name, llama-server, cache_prompt on"
-            llama_serve "$dir/$name.gguf" 8187 paged-chat 590 "--parallel 1 -c 16384" \
+            llama_serve "$dir/$name.gguf" 8187 paged-chat 590 "--parallel 1 -c 4096" \
                 python3 "${chat[@]}" ${ARGS:-} --url http://127.0.0.1:8187/v1 --label llama-server --json "$out/paged-chat-llama-server.json"
         fi
         local runs=() m

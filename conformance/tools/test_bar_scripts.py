@@ -1,8 +1,8 @@
 """Issue 47's bar scripts (ci/chat_ttft.py, ci/shared_prefix_load.py, ci/paged_memory.py),
-without a server: texts and prompts of an exact token length, the counts read from either
-server's reply (OpenAI's usage, llama-server's timings), the --compare tables' ratios and
-verdicts, and one-line errors for bad arguments. Against live servers they run on the GPU
-runner (ci/gpu.sh paged)."""
+without a real server: texts and prompts of an exact token length, the counts read from either
+server's reply (OpenAI's usage, llama-server's timings), the chat's turns against a fake server
+that answers as llama-server does, the --compare tables' ratios and verdicts, and one-line
+errors for bad arguments. Against real servers they run on the GPU runner (ci/gpu.sh paged)."""
 
 from __future__ import annotations
 
@@ -116,3 +116,72 @@ def test_no_server_is_one_line(tmp_path):
     # port 9 (discard) has no server: the script says so and stops
     r = run("ci/shared_prefix_load.py", "--url", "http://127.0.0.1:9/v1")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+class FakeServer:
+    """Just enough of an OpenAI server for the scripts' loops, answering as llama-server does
+    (counts in `timings` only, no usage): /tokenize with a word of n letters ceil(n / 2) tokens
+    (a sum over whitespace-separated words, as a BPE pre-tokenizer makes it), /v1/completions
+    streaming max_tokens chunks of "x", cache_n the prompt's common prefix with the last one."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        fake = self
+        self.last: list[int] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":
+                    return self.reply(json.dumps({"tokens": fake.tokens(body["content"])}).encode())
+                ids = fake.tokens(body["prompt"])
+                cache_n = next((i for i, (a, b) in enumerate(zip(ids, fake.last)) if a != b),
+                               min(len(ids), len(fake.last)))
+                fake.last = ids
+                n = body["max_tokens"]
+                chunks = [{"choices": [{"text": "x", "index": 0}]} for _ in range(n)]
+                chunks.append({"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+                               "timings": {"cache_n": cache_n, "prompt_n": len(ids) - cache_n, "predicted_n": n}})
+                self.reply(b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+
+            def reply(self, data: bytes):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def tokens(text: str) -> list[int]:
+        return [hash(w) % 1000 for w in text.split() for _ in range(-(-len(w) // 2))]
+
+
+@pytest.mark.parametrize("history", ["reply", "words"])
+def test_chat_turns(tmp_path, history):
+    import chat_ttft
+    server = FakeServer()
+    try:
+        out = tmp_path / "chat.json"
+        rc = chat_ttft.main(["--url", server.url, "--turns", "3", "--user-tokens", "30", "--max-tokens", "8",
+                             "--warmup", "0", "--history", history, "--json", str(out)])
+    finally:
+        server.httpd.shutdown()
+    turns = json.loads(out.read_text())["turns"]
+    assert rc in (0, 1) and len(turns) == 3
+    framing = len(FakeServer.tokens("User: Assistant:"))
+    # each turn adds a user message of 30 tokens and the last reply: 8 tokens of words, or
+    # its text "xxxxxxxx" (one word, 4 tokens here) read back
+    reply = 8 if history == "words" else 4
+    assert turns[0]["prompt_tokens"] == 30 + framing
+    for a, b in zip(turns, turns[1:]):
+        assert b["prompt_tokens"] - a["prompt_tokens"] == 30 + framing + reply, turns
+    # cached and generated tokens as llama-server's timings give them (no usage)
+    assert turns[0]["cached_tokens"] == 0 and all(0 < t["cached_tokens"] < t["prompt_tokens"] for t in turns[1:])
+    assert all(t["completion_tokens"] == 8 for t in turns)
