@@ -421,6 +421,7 @@ print(tabulate(rows, headers=["clients", "llama-server tok/s", "brass tok/s", "r
 PY
 }
 
+# shellcheck disable=SC2034     # serve_args: paged_serve (ci/gpu_lib.sh) reads the caller's
 sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; one part a call fits a call's 600 s)
     # Issue 47, the paged KV cache on CUDA. tests: the kernels that read and write caches
     # through block tables (their CPU builds too), the CUDA backend's attention ops, the
@@ -440,7 +441,8 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
     # <= 0.5x). memory: MEM_SEQS (64) sequences of MEM_TOKENS (4,096: MEM_GEN 128 generated)
     # held at once by brass serve --parallel MEM_SEQS on SHAPE_LOAD, its pool exactly their
     # blocks (--kv-blocks), ci/paged_memory.py sampling /metrics and nvidia-smi: KV bytes a
-    # token, the pool, device memory, the per-session layout's need against the card. ARGS:
+    # token, the pool, device memory, the per-session layout's need against the card; then the
+    # same server with 1/64 of the pool, idle: the pool's memory a token, measured. ARGS:
     # more options for the part's client script (smaller runs: ARGS="--turns 3").
     local what="${1:-all}" rc=0 f mode llama="" name="${SHAPE:-qwen3-0.6b}" lname="${SHAPE_LOAD:-qwen3-8b}" serve_args
     gpu_name
@@ -514,13 +516,21 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
         guarded 200 bash -c ". ci/gpu_lib.sh; dir='$dir'; shape '$lname'" || { echo "no $lname shape file"; return 1; }
         local seqs="${MEM_SEQS:-64}" tokens="${MEM_TOKENS:-4096}" gen="${MEM_GEN:-128}" before
         before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2> /dev/null | head -1)
-        # shellcheck disable=SC2034     # paged_serve reads it
         serve_args="--kv-blocks $(( seqs * ((tokens + 15) / 16) )) --max-waiting $seqs"
         echo "== $lname, $seqs sequences of $tokens tokens at once ($gen generated)"
         paged_serve cached "$dir/$lname.gguf" "$seqs" 8186 paged-memory 590 \
             python3 ci/paged_memory.py --url http://127.0.0.1:8186/v1 --model-file "$dir/$lname.gguf" \
             --sequences "$seqs" --prompt-tokens $(( tokens - gen )) --max-tokens "$gen" ${ARGS:-} \
             ${before:+--device-before-mib "$before"} --json "$out/paged-memory.json" || rc=1
+        # the pool's own device memory: the same server with 1/64 of the blocks, idle (one tiny
+        # request), its memory apart over the blocks apart
+        serve_args="--kv-blocks $(( (seqs * ((tokens + 15) / 16) + 63) / 64 )) --max-waiting $seqs"
+        echo "== the same server with a pool of 1/64 the blocks (the pool's memory by difference)"
+        paged_serve cached "$dir/$lname.gguf" "$seqs" 8186 paged-memory-small 590 \
+            python3 ci/paged_memory.py --url http://127.0.0.1:8186/v1 --model-file "$dir/$lname.gguf" \
+            --sequences 1 --prompt-tokens 15 --max-tokens 1 --json "$out/paged-memory-small.json" > /dev/null
+        [ -f "$out/paged-memory.json" ] && [ -f "$out/paged-memory-small.json" ] && \
+            python3 ci/paged_memory.py --difference "$out/paged-memory.json" "$out/paged-memory-small.json"
     fi
     return $rc
 }

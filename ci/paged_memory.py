@@ -12,6 +12,7 @@ Prompts are token ids (ci/chat_ttft.py's Vocab: the words' own ids), each sequen
 random draw, so no two share a block and prefix caching shares nothing.
 
     python3 ci/paged_memory.py --url http://127.0.0.1:8186/v1 --model-file qwen3-8b.gguf [--json OUT]
+    python3 ci/paged_memory.py --difference big-pool.json small-pool.json
 """
 
 from __future__ import annotations
@@ -93,9 +94,33 @@ def gib(n: float | None) -> str:
     return "-" if n is None else f"{n / GIB:,.2f} GiB"
 
 
+def difference(big: str, small: str) -> int:
+    """The pool's device memory a token, measured: two runs' JSONs (--json) of one server with
+    two pool sizes, otherwise alike; the idle servers' memory apart over their pools' tokens."""
+    try:
+        a, b = (json.loads(Path(p).read_text()) for p in (big, small))
+        (ma, sa), (mb, sb) = a["device_mib"]["idle"], b["device_mib"]["idle"]
+        na, nb = a["pool_blocks"], b["pool_blocks"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"--difference: no idle device memory and pool in {big} and {small} ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 2
+    if sa != sb or na == nb:
+        print(f"--difference: not comparable (memory from {sa} and {sb}, pools of {na} and {nb} blocks)", file=sys.stderr)
+        return 2
+    per_token = (ma - mb) * MIB / ((na - nb) * BLOCK_TOKENS)
+    layers = (a.get("model") or {}).get("kv_bytes_per_token")
+    print(f"KV bytes a token, measured: ({ma:,} - {mb:,} MiB) / (({na} - {nb}) blocks x {BLOCK_TOKENS} tokens) = "
+          f"{per_token:,.0f} B (the layers' figure: {'-' if layers is None else f'{layers:,} B'}; "
+          f"nvidia-smi counts whole MiB)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--url", required=True, help="brass serve's OpenAI API, e.g. http://127.0.0.1:8186/v1")
+    ap.add_argument("--url", help="brass serve's OpenAI API, e.g. http://127.0.0.1:8186/v1")
+    ap.add_argument("--difference", nargs=2, metavar=("BIG", "SMALL"),
+                    help="two runs' JSONs with pools of two sizes: the pool's memory a token, and stop")
     ap.add_argument("--model-file", default=None, help="the GGUF the server serves (the KV bytes a token)")
     ap.add_argument("--sequences", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=3968)
@@ -110,6 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.difference:
+        return difference(*args.difference)
+    if not args.url:
+        ap.error("--url is required (or --difference BIG SMALL)")
     if min(args.sequences, args.prompt_tokens, args.max_tokens) < 1 or args.interval <= 0:
         ap.error("--sequences, --prompt-tokens and --max-tokens must be at least 1, --interval above 0")
     if args.model_file and not Path(args.model_file).is_file():

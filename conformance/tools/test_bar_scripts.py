@@ -185,3 +185,19 @@ def test_chat_turns(tmp_path, history):
     # cached and generated tokens as llama-server's timings give them (no usage)
     assert turns[0]["cached_tokens"] == 0 and all(0 < t["cached_tokens"] < t["prompt_tokens"] for t in turns[1:])
     assert all(t["completion_tokens"] == 8 for t in turns)
+
+
+def test_memory_difference(tmp_path):
+    def write(name, mib, src, blocks):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"pool_blocks": blocks, "device_mib": {"idle": [mib, src]},
+                                 "model": {"kv_bytes_per_token": 147456}}))
+        return str(p)
+    # 16,128 blocks of 16 tokens at 147,456 B a token: 36,288 MiB apart
+    big, small = write("big", 41288, "apps", 16384), write("small", 5000, "apps", 256)
+    r = run("ci/paged_memory.py", "--difference", big, small)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("KV bytes a token, measured: (41,288 - 5,000 MiB) / ((16384 - 256) blocks x 16 tokens)"
+                                " = 147,456 B (the layers' figure: 147,456 B; nvidia-smi counts whole MiB)")
+    r = run("ci/paged_memory.py", "--difference", big, write("card", 5000, "card", 256))
+    assert r.returncode == 2 and "not comparable" in r.stderr and "Traceback" not in r.stderr
