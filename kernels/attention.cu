@@ -7,8 +7,32 @@
 // The rounding is the non-flash path of ggml with an F16 cache, as the goldens were recorded:
 // Q is rounded to F16 for K.Q, logits are scaled in float32, the softmax is normalised and
 // rounded to F16 before V.softmax. That needs the normalised probabilities before any V is
-// read, so the logits of a query are kept in shared memory (n_slots floats) and the kernel
-// makes two passes instead of an online softmax.
+// read, so the kernel makes three passes instead of an online softmax: logits and their max;
+// exponentials and their sum in double; probabilities rounded to F16, then V.softmax.
+//
+// Two forms of the same passes:
+// - `attention`: one block per (head, query) keeps the query's row of logits in shared memory
+//   (n_slots floats), which bounds the context by the block's shared memory, and reads the
+//   whole row serially: H blocks a decode step.
+// - split-K (flash-decoding), `attention_split_*`: the visible slots j = 0 .. n-1 (slot lo + j,
+//   as `attention` numbers them) in splits of ATTN_SPLIT_SLOTS, a block per (head, split,
+//   query) in each of three launches, the logits in a global scratch row:
+//     1. logits: K.Q of the split's slots into the row, the split's max;
+//     2. sums: the global max M (the max of the splits' maxima), e_j = expf(l_j - M) and the
+//        split's double sum of them;
+//     3. values: S = the splits' sums added in split order; p_j = f16(e_j / S); the split's
+//        V.softmax; the last block of a (head, query) to finish (a counter per (head, query),
+//        after a memory fence: the threadFenceReduction pattern) adds the splits' partial sums
+//        in split order and writes the output and its Q8_1 blocks.
+//   The number of splits is fixed at launch from n_slots (a decode graph is captured once per
+//   capacity and replayed while pos grows on the device); a split wholly past the visible
+//   slots computes nothing (no max, no sum, no K or V read) and only counts itself done.
+//   Bit for bit as `attention`: each logit (the same function computes it, attn_logits), M
+//   (a max, in any order) and so each e_j. Reordered: S's double additions (the splits' sums
+//   added, where `attention` adds per-thread sums over the whole row: differences ~1e-16
+//   relative, which can move a p_j's F16 rounding by one ulp only where e_j / S falls within
+//   that of a rounding boundary) and the float32 sums of p_j * V_j (per split, then across
+//   splits, where `attention` keeps one sum per warp over the whole row).
 #include "common.cuh"
 #include "params.cuh"
 
@@ -28,6 +52,11 @@
 #define ATTN_SLOT_LANES_MAX_DIM 128
 #endif
 
+#ifndef ATTN_SPLIT_SLOTS
+// slots a split of the split-K kernels takes (a multiple of KV_BLOCK): 2 a thread in pass 1
+#define ATTN_SPLIT_SLOTS 256
+#endif
+
 // pool[kv_row(table, pos[t]), :] = f16(x[t, :]) for rows of H_kv * Dh values.
 extern "C" __global__ void __launch_bounds__(KV_STORE_THREADS)
 kv_store(const float * __restrict__ x, const int * __restrict__ pos, const int * __restrict__ table,
@@ -40,47 +69,48 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, const int *
     pool[kv_row(table, slot) * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 
-// One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
-// blocks (the input of the output projection), quantized here so that no separate kernel has
-// to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
-// k_cache / v_cache: the layer's pools; table: the sequence's block table, or with per_row
-// (a batched decode step, each row its own sequence in the same pools, all of capacity >= its
-// position; capacity is the largest) the rows' tables, token t's at table + t * table_stride.
-__device__ __forceinline__ void attend_block(const float * q, const u16 * k_cache, const u16 * v_cache,
-                                             const int * pos, const int * table, float * out,
-                                             block_q8_1 * out_q, const AttentionParams & p) {
+// The dynamic shared memory of every kernel here (one declaration: the CPU build replaces it).
+__device__ __forceinline__ float * attn_smem() {
     extern __shared__ float smem[];
-    float * q16 = smem;                       // [head_dim] the query, rounded to F16
-    float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
-    float * part = prob + p.n_slots;          // [ATTN_WARPS][head_dim_v] per-warp V.softmax sums
-    __shared__ float red_max[ATTN_WARPS];
-    __shared__ double red_sum[ATTN_WARPS];
+    return smem;
+}
 
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    if (p.per_row) table += (i64) t * p.table_stride;  // a batched decode step: token t's sequence
-    const int h_kv = h / (p.n_heads / p.n_kv_heads);
+// The visible slots of query t: slot lo + j for j = 0 .. n-1 (n <= n_slots; n <= 0 when
+// the window ends before the capacity).
+__device__ __forceinline__ void attn_visible(const int * pos, const int t, const AttentionParams & p, int & lo,
+                                             int & n) {
     const int hi = min(pos[t], p.capacity - 1);
-    const int lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;
-    const int n = hi - lo + 1;                // visible slots; n <= n_slots
+    lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;
+    n = hi - lo + 1;
+}
 
+// The query row (t, h) rounded to F16, into q16 [head_dim] (shared), by the block's threads.
+__device__ __forceinline__ void attn_load_q(const float * q, const int t, const int h, float * q16,
+                                            const AttentionParams & p) {
     const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
     for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
-    __syncthreads();                          // q16 written
+}
 
-    // Pass 1: a warp per slot computes K.Q, each lane two adjacent dims per step (one 32-bit
-    // load of two halves); lane 0 keeps the logit and the running max. A warp takes
-    // ATTN_SLOTS_PER_WARP slots at a time, their loads in flight together (one slot after
-    // another, each waited for before its shuffles, made a decode step's attention a chain of
-    // memory latencies at short contexts); each slot's sum is the same float operations as one
-    // at a time.
+// Pass 1 over visible slots j0 <= j < j1: logit[j] = K.Q of slot lo + j, scaled; returns the
+// max of the logits the calling warp computed (every lane holds it; -inf for none). The logit
+// of a slot is the same float operations whichever j range, block or thread computes it.
+//
+// A warp per slot computes K.Q, each lane two adjacent dims per step (one 32-bit load of two
+// halves); lane 0 keeps the logit and the running max. A warp takes ATTN_SLOTS_PER_WARP slots
+// at a time, their loads in flight together (one slot after another, each waited for before
+// its shuffles, made a decode step's attention a chain of memory latencies at short contexts);
+// each slot's sum is the same float operations as one at a time.
+__device__ __forceinline__ float attn_logits(const float * q16, const u16 * k_cache, const int * table, const int lo,
+                                             const int j0, const int j1, const int h_kv, float * logit,
+                                             const AttentionParams & p) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
     const int n_pairs = p.head_dim / 2;
     float m = -__int_as_float(0x7f800000);
     if (p.head_dim % 8 == 0 && p.head_dim <= ATTN_SLOT_LANES_MAX_DIM) {
         // A thread per slot: 8 halves of its K row per 16-byte load, each pair of dims added as
         // in the warp-per-slot loop (q0 k0 + q1 k1), the pairs in dim order.
-        for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
+        for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
             const uint4 * kr = (const uint4 *) (k_cache + kv_row(table, lo + j) * k_row + (i64) h_kv * p.head_dim);
             float dot = 0.0f;
             for (int c = 0; c < p.head_dim / 8; ++c) {
@@ -92,17 +122,17 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
                     dot += q16[d] * f16_to_f32((u16) (w4[i] & 0xFFFF)) + q16[d + 1] * f16_to_f32((u16) (w4[i] >> 16));
                 }
             }
-            const float logit = __fmul_rn(dot, p.scale);
-            prob[j] = logit;
-            m = fmaxf(m, logit);
+            const float l = __fmul_rn(dot, p.scale);
+            logit[j] = l;
+            m = fmaxf(m, l);
         }
-        m = warp_max(m);
-    } else
-    for (int j0 = warp; j0 < n; j0 += ATTN_WARPS * ATTN_SLOTS_PER_WARP) {
+        return warp_max(m);
+    }
+    for (int jw = j0 + warp; jw < j1; jw += ATTN_WARPS * ATTN_SLOTS_PER_WARP) {
         float dot[ATTN_SLOTS_PER_WARP];
 #pragma unroll
         for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
-            const int j = min(j0 + u * ATTN_WARPS, n - 1);      // past n: slot n-1 again, unused
+            const int j = min(jw + u * ATTN_WARPS, j1 - 1);     // past j1: slot j1-1 again, unused
             const u32 * kr = (const u32 *) (k_cache + kv_row(table, lo + j) * k_row + (i64) h_kv * p.head_dim);
             dot[u] = 0.0f;
             for (int c = lane; c < n_pairs; c += WARP_SIZE) {
@@ -112,14 +142,69 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
         }
 #pragma unroll
         for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
-            const int j = j0 + u * ATTN_WARPS;
-            const float logit = __fmul_rn(warp_sum(dot[u]), p.scale);
-            if (j < n) {
-                if (lane == 0) prob[j] = logit;
-                m = fmaxf(m, logit);
+            const int j = jw + u * ATTN_WARPS;
+            const float l = __fmul_rn(warp_sum(dot[u]), p.scale);
+            if (j < j1) {
+                if (lane == 0) logit[j] = l;
+                m = fmaxf(m, l);
             }
         }
     }
+    return m;
+}
+
+// Pass 3 over visible slots j0 <= j < j1 with probabilities prob[j - j0] (shared): warp w
+// takes slots j0 + w, j0 + w + ATTN_WARPS, ...; each lane two adjacent dims per step; the
+// warp's sums into part[w * head_dim_v ..] (shared). The caller adds the warps in warp order.
+__device__ __forceinline__ void attn_values(const float * prob, const u16 * v_cache, const int * table, const int lo,
+                                            const int j0, const int j1, const int h_kv, float * part,
+                                            const AttentionParams & p) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
+    const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
+    const int nv_pairs = p.head_dim_v / 2;
+    float * my = part + warp * p.head_dim_v;
+    for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int j = j0 + warp; j < j1; j += ATTN_WARPS) {
+            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
+            const float pj = prob[j - j0];
+            a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
+            a1 += pj * f16_to_f32((u16) (vv >> 16));
+        }
+        my[2 * c] = a0;
+        my[2 * c + 1] = a1;
+    }
+}
+
+// One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
+// blocks (the input of the output projection), quantized here so that no separate kernel has
+// to. Dynamic shared memory: q16 [head_dim], prob [n_slots], acc [ATTN_WARPS][head_dim_v].
+// k_cache / v_cache: the layer's pools; table: the sequence's block table, or with per_row
+// (a batched decode step, each row its own sequence in the same pools, all of capacity >= its
+// position; capacity is the largest) the rows' tables, token t's at table + t * table_stride.
+__device__ __forceinline__ void attend_block(const float * q, const u16 * k_cache, const u16 * v_cache,
+                                             const int * pos, const int * table, float * out,
+                                             block_q8_1 * out_q, const AttentionParams & p) {
+    float * smem = attn_smem();
+    float * q16 = smem;                       // [head_dim] the query, rounded to F16
+    float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
+    float * part = prob + p.n_slots;          // [ATTN_WARPS][head_dim_v] per-warp V.softmax sums
+    __shared__ float red_max[ATTN_WARPS];
+    __shared__ double red_sum[ATTN_WARPS];
+
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    if (p.per_row) table += (i64) t * p.table_stride;  // a batched decode step: token t's sequence
+    const int h_kv = h / (p.n_heads / p.n_kv_heads);
+    int lo, n;                                // visible slots lo .. lo + n - 1; n <= n_slots
+    attn_visible(pos, t, p, lo, n);
+
+    attn_load_q(q, t, h, q16, p);
+    __syncthreads();                          // q16 written
+
+    // Pass 1: the logits into prob, their max.
+    float m = attn_logits(q16, k_cache, table, lo, 0, n, h_kv, prob, p);
     if (lane == 0) red_max[warp] = m;
     __syncthreads();
     m = red_max[0];
@@ -144,23 +229,8 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
     }
     __syncthreads();
 
-    // Pass 3: V.softmax. Warp w takes slots w, w + ATTN_WARPS, ...; each lane two adjacent
-    // dims per step; then the warps' sums are added in warp order.
-    const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
-    const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
-    const int nv_pairs = p.head_dim_v / 2;
-    float * my = part + warp * p.head_dim_v;
-    for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
-        float a0 = 0.0f, a1 = 0.0f;
-        for (int j = warp; j < n; j += ATTN_WARPS) {
-            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
-            const float pj = prob[j];
-            a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
-            a1 += pj * f16_to_f32((u16) (vv >> 16));
-        }
-        my[2 * c] = a0;
-        my[2 * c + 1] = a1;
-    }
+    // Pass 3: V.softmax, then the warps' sums added in warp order.
+    attn_values(prob, v_cache, table, lo, 0, n, h_kv, part, p);
     __syncthreads();
     float * o = out + ((i64) t * p.n_heads + h) * p.head_dim_v;
     // head_dim_v is a multiple of 32 when write_q8 is set, so whole warps run each round.
@@ -179,4 +249,153 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
           block_q8_1 * __restrict__ out_q, const AttentionParams p) {
     PDL_ENTRY();
     attend_block(q, k_cache, v_cache, pos, table, out, out_q, p);
+}
+
+// ---- split-K: a block per (head h = blockIdx.x, split s = blockIdx.y, query t = blockIdx.z) ----
+// Scratch (global, per (t, h) row r = t * H + h, S = gridDim.y splits): logit [r][S *
+// ATTN_SPLIT_SLOTS] indexed by j; split_max [r][S]; split_sum [r][S] (double); part [r][S]
+// [head_dim_v]; done [r] (the counter of pass 3's finished splits). Only the splits that hold
+// visible slots (s < ceil(n / ATTN_SPLIT_SLOTS)) write or are read.
+
+// The split's visible slots [j0, j1) and how many splits hold any (n_used).
+__device__ __forceinline__ void split_range(const int n, int & j0, int & j1, int & n_used) {
+    j0 = blockIdx.y * ATTN_SPLIT_SLOTS;
+    j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
+    n_used = n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;
+}
+
+// M: the max of the used splits' maxima (every thread gets it). A max is exact in any order,
+// so this is `attention`'s max of the whole row (up to the sign of a zero, which changes no
+// expf(l - M)).
+__device__ __forceinline__ float split_global_max(const float * split_max, const int n_used, float * red_max) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    float m = -__int_as_float(0x7f800000);
+    for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);
+    m = warp_max(m);
+    if (lane == 0) red_max[warp] = m;
+    __syncthreads();
+    m = red_max[0];
+#pragma unroll
+    for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
+    return m;
+}
+
+// Pass 1. Dynamic shared memory: q16 [head_dim].
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_cache, const int * __restrict__ pos,
+                       const int * __restrict__ table, float * __restrict__ logit, float * __restrict__ split_max,
+                       int * __restrict__ done, const AttentionParams p) {
+    PDL_ENTRY();
+    __shared__ float red_max[ATTN_WARPS];
+    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const i64 r = (i64) t * p.n_heads + h;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    if (s == 0 && threadIdx.x == 0) done[r] = 0;     // pass 3 counts from here (a kernel later)
+    if (p.per_row) table += (i64) t * p.table_stride;
+    int lo, n, j0, j1, n_used;
+    attn_visible(pos, t, p, lo, n);
+    split_range(n, j0, j1, n_used);
+    if (j0 >= j1) return;                             // past the visible slots: nothing
+    float * q16 = attn_smem();
+    attn_load_q(q, t, h, q16, p);
+    __syncthreads();
+    float m = attn_logits(q16, k_cache, table, lo, j0, j1, h / (p.n_heads / p.n_kv_heads),
+                          logit + r * S * ATTN_SPLIT_SLOTS, p);
+    if (lane == 0) red_max[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        m = red_max[0];
+#pragma unroll
+        for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
+        split_max[r * S + s] = m;
+    }
+}
+
+// Pass 2: the split's double sum of e_j = expf(l_j - M), summed as `attention` sums them
+// (per thread, the warp by shuffles, the warps in order) over the split's slots.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+attention_split_sums(const int * __restrict__ pos, const float * __restrict__ logit,
+                     const float * __restrict__ split_max, double * __restrict__ split_sum, const AttentionParams p) {
+    PDL_ENTRY();
+    __shared__ float red_max[ATTN_WARPS];
+    __shared__ double red_sum[ATTN_WARPS];
+    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const i64 r = (i64) t * p.n_heads + h;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int lo, n, j0, j1, n_used;
+    attn_visible(pos, t, p, lo, n);
+    split_range(n, j0, j1, n_used);
+    if (j0 >= j1) return;
+    const float m = split_global_max(split_max + r * S, n_used, red_max);
+    const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
+    double sum = 0.0;
+    for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) sum += expf(__fsub_rn(lr[j], m));
+    sum = warp_sum_f64(sum);
+    if (lane == 0) red_sum[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sum = 0.0;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) sum += red_sum[w];
+        split_sum[r * S + s] = sum;
+    }
+}
+
+// Pass 3: p_j = f16(e_j / S) for the split's slots, the split's V.softmax (its warps added in
+// warp order) into part; the last of the (t, h) row's S blocks to finish adds the used splits'
+// parts in split order into out and its Q8_1 blocks. Dynamic shared memory: prob
+// [ATTN_SPLIT_SLOTS], then [ATTN_WARPS][head_dim_v].
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict__ pos, const int * __restrict__ table,
+                       const float * __restrict__ logit, const float * __restrict__ split_max,
+                       const double * __restrict__ split_sum, float * __restrict__ part, int * __restrict__ done,
+                       float * __restrict__ out, block_q8_1 * __restrict__ out_q, const AttentionParams p) {
+    PDL_ENTRY();
+    __shared__ float red_max[ATTN_WARPS];
+    __shared__ int last;
+    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const i64 r = (i64) t * p.n_heads + h;
+    const int Dv = p.head_dim_v;
+    if (p.per_row) table += (i64) t * p.table_stride;
+    int lo, n, j0, j1, n_used;
+    attn_visible(pos, t, p, lo, n);
+    split_range(n, j0, j1, n_used);
+    float * parts = part + r * S * Dv;
+    if (j0 < j1) {
+        const float m = split_global_max(split_max + r * S, n_used, red_max);
+        double sum = 0.0;                              // S: the used splits' sums in split order
+        for (int u = 0; u < n_used; ++u) sum += split_sum[r * S + u];
+        float * prob = attn_smem();
+        float * wpart = prob + ATTN_SPLIT_SLOTS;
+        const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
+        for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
+            const float e = expf(__fsub_rn(lr[j], m));
+            prob[j - j0] = f16_to_f32(f32_to_f16((float) (e / sum)));
+        }
+        __syncthreads();
+        attn_values(prob, v_cache, table, lo, j0, j1, h / (p.n_heads / p.n_kv_heads), wpart, p);
+        __syncthreads();
+        for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
+            float acc = wpart[d];
+#pragma unroll
+            for (int w = 1; w < ATTN_WARPS; ++w) acc += wpart[w * Dv + d];
+            parts[(i64) s * Dv + d] = acc;
+        }
+    }
+    // The threadFenceReduction pattern: each thread's part stores made visible device-wide,
+    // then one count per block; the block that counts S - 1 runs after every other block's
+    // stores, and reads them through L2 (__ldcg: no stale L1 line).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done + r, 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    float * o = out + r * Dv;
+    // head_dim_v is a multiple of 32 when write_q8 is set, so whole warps run each round.
+    for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
+        float acc = n_used > 0 ? __ldcg(parts + d) : 0.0f;
+        for (int u = 1; u < n_used; ++u) acc += __ldcg(parts + (i64) u * Dv + d);
+        o[d] = acc;
+        if (p.write_q8) quantize_warp_q8_1(acc, out_q + (r * Dv + d) / QK8_1);
+    }
 }

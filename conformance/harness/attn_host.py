@@ -345,9 +345,16 @@ def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=Tru
 # ---- attention.cu's `attention` (a block per (head, query); the decode kernel) ----------------
 # The same shim; its dynamic shared memory becomes a host buffer poisoned with NaN before each
 # block, and warp shuffles (float and double) go through per-warp slots and barriers, as above.
+# The split-K kernels' grids run one block at a time in a shuffled order (a seed's), so that
+# any block of a (head, query) row may be the last to finish pass 3 and combine the splits;
+# __threadfence is a sequentially consistent fence and __ldcg a plain load here (one block runs
+# at a time, so every store of an earlier block is visible: the GPU's ordering is not checked).
 ROWWISE_HARNESS = r"""#include "shim.h"
 #include <limits>
+#include <random>
 float * host_smem;
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <class T> inline T __ldcg(const T * p) { return *p; }
 #include "attn_rowwise.cu"
 thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
@@ -388,6 +395,54 @@ extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, cons
     return 0;
 }
 
+// Every block of a (gx, gy, gz) grid of ATTN_THREADS threads, one at a time in an order
+// shuffled by `seed`, `smem_floats` of dynamic shared memory poisoned with NaN before each.
+template <class F>
+static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floats, unsigned seed, F fn) {
+    std::vector<float> sm(smem_floats > 0 ? smem_floats : 1);
+    host_smem = sm.data();
+    std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
+    gridDim = {gx, gy, gz};
+    blockDim = {ATTN_THREADS, 1, 1};
+    std::vector<uint3h> order;
+    for (unsigned z = 0; z < gz; ++z)
+        for (unsigned y = 0; y < gy; ++y)
+            for (unsigned x = 0; x < gx; ++x) order.push_back({x, y, z});
+    std::mt19937 gen(seed);
+    std::shuffle(order.begin(), order.end(), gen);
+    for (const uint3h & b : order) {
+        std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
+        blockIdx = b;
+        std::vector<std::thread> th;
+        for (unsigned i = 0; i < ATTN_THREADS; ++i)
+            th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
+        for (auto & t : th) t.join();
+    }
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
+}
+
+extern "C" int split_slots() { return ATTN_SPLIT_SLOTS; }
+
+// The three split-K launches over n_splits splits, as engine/backends/cuda/attention.py makes
+// them; the scratch buffers are the caller's (poisoned there).
+extern "C" int run_attention_split(const float * q, const u16 * k, const u16 * v, const int * pos, const int * table,
+                                   float * out, block_q8_1 * out_q, float * logit, float * split_max,
+                                   double * split_sum, float * part, int * done, int T, int H, int Hkv, int D, int DV,
+                                   int cap, int window, float scale, int write_q8, int table_stride, int n_splits,
+                                   unsigned seed) {
+    AttentionParams p{};
+    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
+    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
+    p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
+    const unsigned S = (unsigned) n_splits;
+    run_shuffled(H, S, T, D, seed, [=] { attention_split_logits(q, k, pos, table, logit, split_max, done, p); });
+    run_shuffled(H, S, T, 0, seed + 1, [=] { attention_split_sums(pos, logit, split_max, split_sum, p); });
+    run_shuffled(H, S, T, ATTN_SPLIT_SLOTS + ATTN_WARPS * DV, seed + 2,
+                 [=] { attention_split_values(v, pos, table, logit, split_max, split_sum, part, done, out, out_q, p); });
+    return 0;
+}
+
 // attention.cu's kv_store: a grid of (row / KV_STORE_THREADS, T) blocks, no shared memory
 extern "C" int run_kv_store(const float * x, const int * pos, const int * table, u16 * pool, int T, int row,
                             int cap) {
@@ -424,6 +479,9 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
     so.run_attention.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int,
                                                                                ctypes.c_int]
     so.run_kv_store.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3
+    so.run_attention_split.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 7 + [ctypes.c_float] + \
+                                      [ctypes.c_int] * 3 + [ctypes.c_uint]
+    so.split_slots.restype = ctypes.c_int
     return so
 
 
@@ -444,6 +502,56 @@ def attention_rows(lib, q, caches, pos, scale, window=0, *, rng):
     tables, (k, v) = paged(rng, list(caches))
     cap = max(c[0].shape[0] for c in caches)
     return _run_rowwise(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1])
+
+
+def attention_split(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng, n_splits=None, scratch=None):
+    """attention.cu's split-K kernels (attention_split_logits, _sums, _values) over the caches
+    paged (`paged`, under `rng`'s permutation), their blocks in an order shuffled by `rng`:
+    (out, Q8_1 blocks or None). n_splits: default ceil(n_slots / ATTN_SPLIT_SLOTS), as the
+    backend launches them; more leaves the extra splits past every visible slot. `scratch`: a
+    dict that receives the scratch buffers (poisoned before the kernels run) as they were left."""
+    cap = k_cache.shape[0]
+    tables, (k, v) = paged(rng, [(k_cache, v_cache)])
+    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, n_splits, scratch)
+
+
+def attention_split_rows(lib, q, caches, pos, scale, window=0, *, rng, n_splits=None, scratch=None):
+    """The split-K kernels in per_row mode (a batched decode step), as attention_rows."""
+    tables, (k, v) = paged(rng, list(caches))
+    cap = max(c[0].shape[0] for c in caches)
+    return _run_split(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1], rng, n_splits, scratch)
+
+
+def split_count(lib, cap: int, window: int = 0) -> int:
+    """The splits the backend launches for a capacity and window: ceil(n_slots / ATTN_SPLIT_SLOTS)."""
+    n_slots = min(cap, window) if window > 0 else cap
+    return -(-n_slots // lib.split_slots())
+
+
+def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride, rng, n_splits, scratch):
+    T, H, D = q.shape
+    Hkv, DV = k_pool.shape[2], v_pool.shape[3]
+    S = split_count(lib, cap, window) if n_splits is None else int(n_splits)
+    q = np.ascontiguousarray(q, np.float32)
+    k = np.ascontiguousarray(k_pool, np.float16)
+    v = np.ascontiguousarray(v_pool, np.float16)
+    table = np.ascontiguousarray(table, np.int32)
+    pos = np.ascontiguousarray(pos, np.int32)
+    write_q8 = DV % 32 == 0
+    out = np.full((T, H * DV), np.nan, np.float32)
+    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+    bufs = {"logit": np.full((T, H, S * lib.split_slots()), np.nan, np.float32),
+            "split_max": np.full((T, H, S), np.nan, np.float32),
+            "split_sum": np.full((T, H, S), np.nan, np.float64),
+            "part": np.full((T, H, S, DV), np.nan, np.float32),
+            "done": np.full((T, H), -1, np.int32)}
+    lib.run_attention_split(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
+                            pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data,
+                            *(b.ctypes.data for b in bufs.values()), T, H, Hkv, D, DV, cap, int(window),
+                            float(scale), int(write_q8), int(table_stride), S, int(rng.integers(0, 2**31)))
+    if scratch is not None:
+        scratch.update(bufs)
+    return out, (out_q if write_q8 else None)
 
 
 def _run_rowwise(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride):

@@ -9,8 +9,11 @@ kept by its BlockTable, rewritten in place when its blocks change). Every kernel
 position s at pool row table[s / 16] * 16 + s % 16 (kernels/common.cuh kv_row): there is no
 contiguous cache on this backend.
 
-A block per (head, query) with the query's row of logits in shared memory; the output's Q8_1
-blocks (for the output projection) are written beside it and remembered.
+A block per (head, query) with the query's row of logits in shared memory; or, at depth, the
+split-K kernels (attention.cu's head comment): three launches of a block per (head, split of
+ATTN_SPLIT_SLOTS slots, query), their logits and partial sums in a scratch buffer of the
+backend's. The output's Q8_1 blocks (for the output projection) are written beside it and
+remembered.
 """
 
 from __future__ import annotations
@@ -31,10 +34,28 @@ ATTN_WARPS = ATTN_THREADS // 32
 ROW_TABLES_KEPT = 4096          # (batch composition) tables kept before they are dropped
 if define("common.cuh", "KV_BLOCK") != BLOCK_TOKENS:
     raise ImportError("kernels/common.cuh KV_BLOCK differs from engine/kv_cache.py BLOCK_TOKENS")
+SPLIT_SLOTS = define("attention.cu", "ATTN_SPLIT_SLOTS")
+# The one-block kernel's static shared memory (red_max: a float a warp; red_sum: a double a
+# warp), beside its dynamic 4 * (Dh + n_slots + ATTN_WARPS * Dv) bytes: both together must fit
+# the device's opt-in limit per block (sharedMemPerBlockOptin: 227 KiB on the H100 and H200,
+# ~57,000 slots at head dims 128), or the launch fails; past it the split kernels take the call.
+# test_kernel_resources.py checks this against NVRTC's build.
+ATTN_STATIC_SMEM = 4 * ATTN_WARPS + 8 * ATTN_WARPS
+# With the attn_split option at its default (None), the split kernels take the calls whose
+# n_slots (the capacity, or the window) reach this. Provisional until `bash ci/gpu.sh depth`
+# times both on the GPU: the split adds two launches, which a decode step at a short context
+# pays for, and the number of splits comes from the capacity, not the position.
+SPLIT_MIN_SLOTS = 8192
+# The split kernels' scratch (logits, partial sums) for at most this many bytes of queries at
+# a time: a call with more (a prompt the tiled kernel does not take, at depth) is launched in
+# groups of queries.
+SPLIT_SCRATCH_BYTES = 128 << 20
+SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_split_values")
 
 
 def launched_kernels() -> list[tuple[str, str]]:
-    return [("attention.cu", "kv_store"), ("attention.cu", "attention")] + attention_tiled.launched_kernels()
+    return ([("attention.cu", "kv_store"), ("attention.cu", "attention")]
+            + [("attention.cu", k) for k in SPLIT_KERNELS] + attention_tiled.launched_kernels())
 
 
 def no_direct_cache(b, what: str):
@@ -144,13 +165,77 @@ def attention(b, q, k_cache, v_cache, pos, scale, window=0, row_caches=None):
             raise BrassError("attention: the rows' sequences are not in one block pool")
         kp, vp, table, stride, cap = rows
     n_slots = min(cap, window) if window > 0 else cap
-    params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv,
-                  capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=int(write_q8),
-                  per_row=int(row_caches is not None), table_stride=stride)
-    if T:
-        smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
+    fields = dict(n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv, capacity=cap, n_slots=n_slots,
+                  window=max(0, window), scale=scale, write_q8=int(write_q8), per_row=int(row_caches is not None),
+                  table_stride=stride)
+    smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
+    if T and takes_split(b, n_slots, smem):
+        attention_split(b, q, kp, vp, pos, table, out, out_q, fields, row_caches is not None)
+    elif T:
         b.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, kp, vp, pos, table, out, out_q,
-                 params=params, smem=smem)
+                 params=pack("AttentionParams", n_tokens=T, **fields), smem=smem)
     if T and write_q8:
         quantize.remember(b, out, out_q)
     return out
+
+
+def takes_split(b, n_slots: int, smem: int) -> bool:
+    """Whether the split kernels take a call over n_slots, where the one-block kernel would
+    need `smem` bytes of dynamic shared memory: always where that does not fit the device (a
+    correctness matter: the one-block launch would fail), else as the attn_split option says
+    (None: from SPLIT_MIN_SLOTS slots)."""
+    if smem + ATTN_STATIC_SMEM > b.smem_optin_limit:
+        return True
+    on = b.options.attn_split
+    return n_slots >= SPLIT_MIN_SLOTS if on is None else bool(on)
+
+
+def split_scratch(b, nbytes: int):
+    """The backend's scratch of the split kernels, at least nbytes: one buffer every call
+    shares (the calls run one after another on the backend's stream, graph replays too), grown
+    when too small. It is allocated outside any memory pool, also during a graph capture (a
+    captured graph keeps the buffer it reads, by reference, when a later call grows it), so
+    that neither a capture's pool nor a replay hands it to another array."""
+    buf = b._split_scratch
+    if buf is None or buf.size < nbytes:
+        b._split_scratch = None
+        mem = cupy.cuda.Memory(nbytes)
+        buf = b._split_scratch = cupy.ndarray((nbytes,), np.uint8, cupy.cuda.MemoryPointer(mem, 0))
+    if b._graph_refs is not None:
+        b._graph_refs.append(buf)
+    return buf
+
+
+def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row: bool):
+    """The split kernels' three launches, for groups of queries whose scratch fits
+    SPLIT_SCRATCH_BYTES (one group for a decode step): S = ceil(n_slots / SPLIT_SLOTS) splits
+    a (head, query) row, fixed by the capacity so that a captured graph holds at every position."""
+    T, H = q.shape[0], fields["n_heads"]
+    Dh, Dv = fields["head_dim"], fields["head_dim_v"]
+    S = -(-fields["n_slots"] // SPLIT_SLOTS)
+    # bytes a query's rows take: logits, partial sums, split maxima (float32), split sums
+    # (float64), the done counter (int32)
+    per_query = H * (S * (4 * SPLIT_SLOTS + 4 * Dv + 4 + 8) + 4)
+    group = max(1, min(T, SPLIT_SCRATCH_BYTES // per_query))
+    sizes = [group * H * S * SPLIT_SLOTS * 4, group * H * S * Dv * 4, group * H * S * 8, group * H * S * 4,
+             group * H * 4]
+    offsets = np.cumsum([0] + [-(-n // 256) * 256 for n in sizes])
+    buf = split_scratch(b, int(offsets[-1]))
+    if b.poison_outputs:     # NaN floats and doubles, counters -1: what a kernel fails to write shows
+        buf[:int(offsets[-1])].fill(0xFF)
+    logit, part, ssum, smax, done = (buf[int(o):int(o) + n].view(t) for o, n, t in
+                                     zip(offsets, sizes, (np.float32, np.float32, np.float64, np.float32, np.int32)))
+    out_rows = out.reshape(T, -1)
+    q_rows = out_q.reshape(T, -1)
+    for t0 in range(0, T, group):
+        t1 = min(T, t0 + group)
+        n = t1 - t0
+        params = pack("AttentionParams", n_tokens=n, **fields)
+        qt, pt = q[t0:t1], pos[t0:t1]
+        tab = table[t0:t1] if per_row else table
+        grid = (H, S, n)
+        b.launch("attention.cu", "attention_split_logits", grid, ATTN_THREADS, qt, kp, pt, tab, logit, smax, done,
+                 params=params, smem=4 * Dh)
+        b.launch("attention.cu", "attention_split_sums", grid, ATTN_THREADS, pt, logit, smax, ssum, params=params)
+        b.launch("attention.cu", "attention_split_values", grid, ATTN_THREADS, vp, pt, tab, logit, smax, ssum, part,
+                 done, out_rows[t0:t1], q_rows[t0:t1], params=params, smem=4 * (SPLIT_SLOTS + ATTN_WARPS * Dv))

@@ -83,6 +83,7 @@ class CudaBackend(Backend):
         self._q8 = OrderedDict()
         self.launches = 0           # kernels launched (or captured) so far, by launch()
         self._gemm_scratch = None    # float16 weights dequantized for the prompt GEMMs (mmq.py)
+        self._split_scratch = None   # the split-K attention kernels' scratch (attention.py)
         self._plan = None           # (ids array, routing plan) of the last prompt MoE layer
         self._own_blas = None       # blas.Handle, made on first use (options.own_cublas)
         self._id_plan = None        # (ids array, experts, device plan) of mmq_id (options.moe_mmq)

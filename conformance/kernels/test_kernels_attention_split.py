@@ -1,0 +1,348 @@
+"""attention.cu's split-K decode attention (attention_split_logits, _sums, _values: a block per
+(head, split of ATTN_SPLIT_SLOTS slots, query), the last block of a (head, query) to finish
+combining the splits) on the CPU and on CUDA.
+
+On the CPU (conformance/harness/attn_host.py build_rowwise: the source under g++, a std::thread
+per CUDA thread, each grid's blocks one at a time in a shuffled order, so that any block may be
+the one that combines) it is held to:
+- the numpy reference within conformance.harness.cases.ATTENTION (its derivation: every
+  probability off by at most one F16 ulp; the split's logits, max and exponentials are the
+  one-block kernel's, its sums reordered, which moves a probability by at most that);
+- the one-block kernel's CPU build (`attention`): bit for bit where one split holds every
+  visible slot (then every sum is added in the one-block kernel's order), else within the
+  worst-case error of the two float32 orders of V.softmax's sums (below);
+- its scratch: each used split's max is the max of its logits, splits past the visible slots
+  leave theirs unwritten (no logit, max, sum or partial sum: they read no K or V), and every
+  block of a row counts itself done.
+Fresh random inputs (the `rng` fixture prints the seed), block tables shuffled (`paged`),
+outputs and scratch poisoned (NaN, 0xFF, -1), slots no query sees NaN on the kernel's side.
+
+On CUDA (skipped without a GPU): the backend's dispatch with the attn_split option forced on,
+against the reference and the one-block kernel; a context past the one-block kernel's shared
+memory; a captured graph replayed while the position grows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from brass.backends import cuda_available
+from conformance.harness.cases import ATTENTION, cuda_reference
+from conformance.harness.kernel_checks import check
+from conformance.harness.mmq_host import NoHostCompiler, q8_1_blocks
+
+F16, F32 = np.float16, np.float32
+U = 2.0 ** -24                  # float32's unit roundoff
+
+needs_cuda = pytest.mark.skipif(
+    not cuda_available(),
+    reason="no CUDA device here: the split kernels' GPU tests run on the GPU runner; CI compiles them "
+           "in test_nvrtc_compile.py and runs their source on the CPU here")
+
+
+def _lib(slots: int | None = None, text: str | None = None):
+    """The CPU build of attention.cu (or `text`), with ATTN_SPLIT_SLOTS = `slots` if given:
+    small splits give many splits at contexts the CPU build runs quickly."""
+    from conformance.harness import attn_host
+    src = text if text is not None else (attn_host.KERNEL_DIR / "attention.cu").read_text()
+    if slots is not None:
+        src = f"#define ATTN_SPLIT_SLOTS {slots}\n" + src
+    try:
+        return attn_host.build_rowwise(src)
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of attention.cu: {e}")
+
+
+def _inputs(rng, T, past, H, Hkv, D, DV, window, cap):
+    from conformance.harness.attn_host import random_case, unseen_slots
+    q, k, v, pos = random_case(rng, T, past, H, Hkv, D, DV, cap=cap, window=window)
+    unseen = unseen_slots(pos, k.shape[0], window)
+    kk, vk = k.copy(), v.copy()
+    kk[unseen], vk[unseen] = np.nan, np.nan
+    return q, k, v, kk, vk, pos
+
+
+def reorder_bound(v, pos, cap, window, H, slots, splits_used):
+    """Per output element, the worst-case difference between the split kernels' and the
+    one-block kernel's V.softmax when both have the same probabilities p_j: each adds the
+    products p_j * v_jd (exact in float32: two F16 values) in its own order, and a sum's float32
+    error is at most u * sum_j |p_j v_jd| * (the additions on a term's path to the result).
+    One-block: a chain of ceil(n / 4) a warp, then 3 warps added; split: ceil(slots / 4) a
+    warp, 3 warps, then up to (splits used - 1) splits. sum_j p_j <= 1 + 2^-11 (each p_j
+    rounded to F16), so sum_j |p_j v_jd| <= (1 + 2^-11) max_j |v_jd|; the factor 1.01 covers the
+    bound's second-order terms. [T, H * DV]."""
+    T = len(pos)
+    Hkv, DV = v.shape[1], v.shape[2]
+    out = np.empty((T, H, DV))
+    for t, p in enumerate(pos):
+        hi = min(int(p), cap - 1)
+        lo = max(0, int(p) - window + 1) if window else 0
+        n = hi - lo + 1
+        vmax = np.abs(v[lo:hi + 1].astype(np.float64)).max(axis=0)           # [Hkv, DV]
+        paths = (-(-n // 4) + 3) + (-(-slots // 4) + 3 + splits_used[t])
+        out[t] = 1.01 * paths * U * (1 + 2.0 ** -11) * np.repeat(vmax, H // Hkv, axis=0)
+    return out.reshape(T, -1)
+
+
+def _used(pos, cap, window, slots):
+    n = [min(int(p), cap - 1) - (max(0, int(p) - window + 1) if window else 0) + 1 for p in pos]
+    return [max(0, -(-x // slots)) for x in n], n
+
+
+def _check_scratch(sc, pos, cap, window, slots, S):
+    used, ns = _used(pos, cap, window, slots)
+    assert (sc["done"] == S).all(), f"blocks counted done: {sc['done']}, expected {S} a row"
+    for t, (u, n) in enumerate(zip(used, ns)):
+        lg, mx = sc["logit"][t], sc["split_max"][t]
+        assert not np.isnan(lg[:, :n]).any(), "a visible slot's logit was not written"
+        assert np.isnan(lg[:, max(n, 0):]).all(), "a logit past the visible slots was written"
+        for s in range(u):
+            assert np.array_equal(mx[:, s], lg[:, s * slots:min(n, (s + 1) * slots)].max(axis=1)), \
+                f"split {s}'s max is not the max of its logits"
+        for name in ("split_max", "split_sum", "part"):
+            assert np.isnan(sc[name][t, :, u:]).all(), f"{name}: a split past the visible slots wrote it"
+            assert not np.isnan(sc[name][t, :, :u]).any(), f"{name}: a used split left it unwritten"
+
+
+# (T, past, H, H_kv, D, DV, window, capacity, ATTN_SPLIT_SLOTS or None = the default, extra
+# splits): decode steps with every split used, one split used of several (the others wholly
+# past pos), a window starting inside a split (lo not a multiple of the split or the KV block),
+# the warp-per-slot layout (D 256, D 36 without Q8_1 blocks), DV != D, a few queries at once,
+# more splits than the capacity needs
+CASES = [
+    (1, 600, 4, 2, 128, 128, 0, 700, None, 0),
+    (1, 100, 4, 2, 128, 128, 0, 1000, None, 0),
+    (1, 300, 4, 1, 64, 64, 100, 400, 32, 0),
+    (1, 700, 2, 1, 128, 128, 333, 800, None, 0),
+    (1, 200, 2, 1, 256, 256, 0, 260, 32, 0),
+    (1, 90, 2, 1, 36, 36, 0, 120, 32, 0),
+    (1, 150, 4, 2, 128, 64, 0, 170, 32, 0),
+    (3, 70, 2, 2, 128, 64, 0, 80, 32, 0),
+    (1, 45, 2, 1, 64, 64, 0, 64, 16, 3),
+]
+
+
+def _cid(c):
+    return "T%d-past%d-H%d-%d-D%d-%d-w%d-cap%d-slots%s-extra%d" % c
+
+
+@pytest.mark.parametrize("case", CASES, ids=_cid)
+def test_split_attention_on_the_cpu(rng, case, record_property):
+    from conformance.harness.attn_host import attention_rowwise, attention_split, split_count
+    T, past, H, Hkv, D, DV, window, cap, slots, extra = case
+    lib = _lib(slots)
+    slots = lib.split_slots()
+    S = split_count(lib, cap, window) + extra
+    q, k, v, kk, vk, pos = _inputs(rng, T, past, H, Hkv, D, DV, window, cap)
+    used, _ = _used(pos, cap, window, slots)
+    # the usual scale, and one that spreads a row's logits over hundreds (an exponential taken
+    # against a max that is not the row's own would overflow or vanish)
+    for scale in (float(1 / np.sqrt(D)), float(400 / np.sqrt(D))):
+        sc = {}
+        got, blocks = attention_split(lib, q, kk, vk, pos, scale, window, rng=rng, n_splits=S, scratch=sc)
+        want = cuda_reference().attention(q, k, v, pos, scale, window)
+        check(got, want.reshape(T, -1), ATTENTION, record_property)
+        if blocks is not None:
+            assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+        _check_scratch(sc, pos, cap, window, slots, S)
+        one, _ = attention_rowwise(lib, q, kk, vk, pos, scale, window, rng=rng)
+        if max(used) == 1:
+            assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), \
+                "one split used: every sum in the one-block kernel's order, yet the bits differ"
+        else:
+            diff = np.abs(got.astype(np.float64) - one)
+            bound = reorder_bound(v, pos, cap, window, H, slots, used)
+            assert (diff <= bound).all(), (f"split vs one-block: {diff.max():.3e} at "
+                                           f"{np.unravel_index(diff.argmax(), diff.shape)}, beyond the "
+                                           f"float32 reordering bound")
+
+
+# (positions of the rows, H, H_kv, D, DV, window, ATTN_SPLIT_SLOTS): a batched decode step's
+# rows, each its own sequence and length (so its own number of used splits), in one pool pair
+ROW_CASES = [((40, 3, 17, 0, 95), 4, 2, 128, 128, 0, 16), ((100, 15, 16, 33), 4, 1, 64, 64, 24, 16),
+             ((5, 70), 2, 2, 128, 64, 0, 32)]
+
+
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: "rows%d-H%d-%d-D%d-%d-w%d-slots%d" % ((len(c[0]),) + c[1:]))
+def test_split_per_row_tables_on_the_cpu(rng, case, record_property):
+    from conformance.harness.attn_host import attention_rows, attention_split_rows, split_count
+    positions, H, Hkv, D, DV, window, slots = case
+    lib = _lib(slots)
+    ref = cuda_reference()
+    q = rng.uniform(-1, 1, (len(positions), H, D)).astype(F32)
+    caches, want, vis = [], [], []
+    for t, p in enumerate(positions):
+        cap = p + 1 + int(rng.integers(0, 20))             # each row's own capacity
+        k = rng.uniform(-1, 1, (cap, Hkv, D)).astype(F16)
+        v = rng.uniform(-1, 1, (cap, Hkv, DV)).astype(F16)
+        want.append(ref.attention(q[t:t + 1], k, v, np.array([p], np.int32), 0.1, window).reshape(1, -1))
+        unseen = np.arange(cap) > p
+        if window:
+            unseen |= np.arange(cap) <= p - window
+        vis.append(v.copy())
+        k[unseen], v[unseen] = np.nan, np.nan
+        caches.append((k, v))
+    pos = np.array(positions, np.int32)
+    cap = max(c[0].shape[0] for c in caches)
+    sc = {}
+    got, blocks = attention_split_rows(lib, q, caches, pos, 0.1, window, rng=rng, scratch=sc)
+    check(got, np.concatenate(want), ATTENTION, record_property)
+    if blocks is not None:
+        assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+    _check_scratch(sc, pos, cap, window, slots, split_count(lib, cap, window))
+    one, _ = attention_rows(lib, q, caches, pos, 0.1, window, rng=rng)
+    used, _ = _used(pos, cap, window, slots)
+    for t in range(len(positions)):
+        vt = np.nan_to_num(vis[t].astype(np.float64))
+        bound = reorder_bound(vt, pos[t:t + 1], vt.shape[0], window, H, slots, used[t:t + 1])
+        diff = np.abs(got[t:t + 1].astype(np.float64) - one[t:t + 1])
+        assert (diff <= bound).all(), f"row {t}: split vs one-block {diff.max():.3e} beyond the reordering bound"
+
+
+def test_a_window_past_the_capacity_writes_zeros(rng):
+    # pos past the capacity with a window that ends before it: no visible slot (n <= 0), as
+    # the one-block kernel has it: every split empty, the combining block writes zeros
+    from conformance.harness.attn_host import attention_rowwise, attention_split
+    lib = _lib(16)
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 20, 2, 1, 64, 64, 0, 48)
+    pos = np.array([80], np.int32)
+    got, blocks = attention_split(lib, q, kk, vk, pos, 0.1, 8, rng=rng)
+    one, _ = attention_rowwise(lib, q, kk, vk, pos, 0.1, 8, rng=rng)
+    assert np.array_equal(got, np.zeros_like(got)) and np.array_equal(one, got)
+    assert np.array_equal(blocks, q8_1_blocks(got))
+
+
+# Bugs planted in the split kernels, each to be caught by the checks above: the split's slot
+# range shifted, a split's partial sum left out of the combination, the combination done by
+# the first block instead of the last, the global max taken over the first split only. Logit
+# scale 1 / sqrt(D) spreads the probabilities over the slots (a slot counted twice or a split
+# dropped moves the output); 50 spreads the logits over hundreds (an exponential against a max
+# below the row's overflows; M cancels out of e_j / S otherwise).
+PLANTED = [
+    ("j0 = blockIdx.y * ATTN_SPLIT_SLOTS;", "j0 = blockIdx.y * (ATTN_SPLIT_SLOTS - 1);", 0.125),
+    ("for (int u = 1; u < n_used; ++u) acc +=", "for (int u = 2; u < n_used; ++u) acc +=", 0.125),
+    ("last = atomicAdd(done + r, 1) == S - 1;", "last = atomicAdd(done + r, 1) == 0;", 0.125),
+    ("for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);",
+     "for (int s = threadIdx.x; s < 1; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);", 50.0),
+]
+
+
+@pytest.mark.parametrize("planted", PLANTED, ids=["split-range", "combine-drops-a-split", "first-block-combines",
+                                                  "max-of-one-split"])
+def test_planted_bugs_are_caught(rng, planted, record_property):
+    from conformance.harness.attn_host import KERNEL_DIR, attention_split
+    old, new, scale = planted
+    text = (KERNEL_DIR / "attention.cu").read_text()
+    assert text.count(old) == 1, f"the planted bug's anchor {old!r} is gone from attention.cu"
+    lib = _lib(32, text.replace(old, new))
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 2, 1, 64, 64, 0, 160)
+    got, _ = attention_split(lib, q, kk, vk, pos, scale, 0, rng=rng)
+    want = cuda_reference().attention(q, k, v, pos, scale, 0).reshape(1, -1)
+    with pytest.raises((AssertionError, pytest.fail.Exception)):     # NaN left, or beyond the bound
+        check(got, want, ATTENTION, record_property)
+
+
+# ---- on CUDA ---------------------------------------------------------------------------------
+
+def _launched(cuda, monkeypatch) -> list[str]:
+    names: list[str] = []
+    real = cuda.launch
+    monkeypatch.setattr(cuda, "launch", lambda src, name, *a, **kw: (names.append(name), real(src, name, *a, **kw))[1])
+    return names
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", [c for c in CASES if c[8] is None] + [(1, 5000, 8, 2, 128, 128, 0, 9000, None, 0),
+                                                                      (2, 3000, 4, 1, 256, 256, 1000, 3100, None, 0)],
+                         ids=_cid)
+def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
+    # the backend with attn_split on takes every decode call to the split kernels; the same
+    # inputs through the one-block kernel (attn_split off) within the reordering bound
+    from conformance.harness.attn_host import device_sequence
+    from brass.backends.cuda import quantize
+    from brass.backends.cuda.attention import SPLIT_SLOTS
+    T, past, H, Hkv, D, DV, window, cap, _, _ = case
+    q, k, v, kk, vk, pos = _inputs(rng, T, past, H, Hkv, D, DV, window, cap)
+    scale = float(1 / np.sqrt(D))
+    monkeypatch.setattr(cuda.options, "attn_tiled", False)     # prompts (T >= 2) here too
+    layers = device_sequence(cuda, rng, kk, vk)
+    names = _launched(cuda, monkeypatch)
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(cuda.options, "attn_split", on)
+        names.clear()
+        out = cuda.attention(cuda.asarray(q), *layers, cuda.asarray(pos), scale, window)
+        outs[on] = cuda.to_numpy(out)
+        assert ("attention_split_values" in names) == on and ("attention" in names) != on, names
+        if DV % 32 == 0:
+            assert quantize.blocks_of(cuda, out) is not None, "the output's Q8_1 blocks were not remembered"
+    want = cuda_reference().attention(q, k, v, pos, scale, window)
+    check(outs[True], want.reshape(T, -1), ATTENTION, record_property)
+    used, _ = _used(pos, cap, window, SPLIT_SLOTS)
+    diff = np.abs(outs[True].astype(np.float64) - outs[False])
+    assert (diff <= reorder_bound(v, pos, cap, window, H, SPLIT_SLOTS, used)).all(), \
+        f"split vs one-block on the GPU: {diff.max():.3e}, beyond the float32 reordering bound"
+
+
+@needs_cuda
+def test_split_rows_on_cuda(cuda, rng, monkeypatch, record_property):
+    # a batched step's rows (per_row tables), each its own sequence and length
+    from conformance.harness.attn_host import device_rows
+    monkeypatch.setattr(cuda.options, "attn_split", True)
+    H, Hkv, D = 8, 2, 128
+    positions = (700, 3, 300, 1500)
+    ref = cuda_reference()
+    q = rng.uniform(-1, 1, (len(positions), H, D)).astype(F32)
+    seqs, want = [], []
+    for t, p in enumerate(positions):
+        cap = p + 1 + int(rng.integers(0, 300))
+        k = rng.uniform(-1, 1, (cap, Hkv, D)).astype(F16)
+        v = rng.uniform(-1, 1, (cap, Hkv, D)).astype(F16)
+        want.append(ref.attention(q[t:t + 1], k, v, np.array([p], np.int32), 0.088).reshape(1, -1))
+        k[p + 1:], v[p + 1:] = np.nan, np.nan
+        seqs.append((k, v))
+    layers = device_rows(cuda, rng, seqs)
+    names = _launched(cuda, monkeypatch)
+    got = cuda.to_numpy(cuda.attention_rows(cuda.asarray(q), layers, cuda.asarray(np.array(positions, np.int32)), 0.088))
+    assert "attention_split_values" in names, names
+    check(got, np.concatenate(want), ATTENTION, record_property)
+
+
+@needs_cuda
+def test_past_the_one_block_shared_memory(cuda, rng, monkeypatch, record_property):
+    # a capacity whose row of logits does not fit one block's shared memory: the split kernels
+    # take it with attn_split off too (the one-block launch would fail)
+    from conformance.harness.attn_host import device_sequence
+    from brass.backends.cuda.attention import ATTN_STATIC_SMEM, ATTN_WARPS
+    H, Hkv, D = 4, 1, 128
+    cap = cuda.smem_optin_limit // 4 - D - ATTN_WARPS * D + 16
+    assert 4 * (D + cap + ATTN_WARPS * D) + ATTN_STATIC_SMEM > cuda.smem_optin_limit
+    q, k, v, kk, vk, pos = _inputs(rng, 1, cap - 10, H, Hkv, D, D, 0, cap)
+    monkeypatch.setattr(cuda.options, "attn_split", False)
+    names = _launched(cuda, monkeypatch)
+    got = cuda.to_numpy(cuda.attention(cuda.asarray(q), *device_sequence(cuda, rng, kk, vk), cuda.asarray(pos), 0.088))
+    assert "attention_split_values" in names and "attention" not in names, names
+    check(got, cuda_reference().attention(q, k, v, pos, 0.088).reshape(1, -1), ATTENTION, record_property)
+
+
+@needs_cuda
+def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, record_property):
+    # captured once for the capacity (the number of splits fixed), replayed with pos rewritten
+    # on the device: each replay attends over its own position's slots (the done counters are
+    # reset by every replay's first pass)
+    from conformance.harness.attn_host import device_sequence
+    monkeypatch.setattr(cuda.options, "attn_split", True)
+    H, Hkv, D, cap = 8, 2, 128, 2000
+    q, k, v, kk, vk, _ = _inputs(rng, 1, cap - 1, H, Hkv, D, D, 0, cap)
+    layers = device_sequence(cuda, rng, k, v)
+    dq, dpos = cuda.asarray(q), cuda.asarray(np.zeros(1, np.int32))
+    with cuda.activate():
+        graph = cuda.capture(lambda: cuda.attention(dq, *layers, dpos, 0.088))
+    ref = cuda_reference()
+    for p in (0, 255, 256, 700, cap - 1):
+        with cuda.activate():
+            dpos[...] = p
+            graph.replay()
+            got = cuda.to_numpy(graph.result)
+        check(got, ref.attention(q, k, v, np.array([p], np.int32), 0.088).reshape(1, -1), ATTENTION, record_property)
