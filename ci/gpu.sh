@@ -44,6 +44,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
   side-by-side [SHAPES]             issue 48's bars: llama-bench and brass bench, same files, memory
   lengths [SHAPES]                  prompts of new lengths: class graphs' GPU tests, eager vs class pp
+  depth [SHAPE] [DEPTHS]            split-K decode attention on and off: tg128 at depth, one table
   serving                           llama-server and brass serve under one load test, one table
   soak start | result | memory      brass serve under ci/soak.py, across calls
   profile [SHAPE | prompts ...]     time per kernel (CUPTI) and ncu on the decode mat-vecs
@@ -352,6 +353,20 @@ PY
     done
     [ "$dry" = 1 ] && return 0
     python3 ci/side_by_side_table.py "$out" "$shapes" | tee "$out/side-by-side.md"
+}
+
+sub_depth() {     # [SHAPE] [DEPTHS]
+    # Issue 48's split-K decode attention timed: brass bench tg128 at each depth of DEPTHS
+    # (4096,16384,32768) with the CUDA option attn_split off (a block per head over the whole
+    # context) and on (attention.cu's split kernels), in one process on one shape-true file
+    # (SHAPE, a conformance/harness/shape_models.py name: qwen3-8b), REPS (3) repetitions;
+    # one table (ci/depth_split.py) in $out/depth.md, every run in $out/depth.json. What sets
+    # engine/backends/cuda/attention.py SPLIT_MIN_SLOTS (the default's threshold).
+    local name="${1:-qwen3-8b}" depths="${2:-4096,16384,32768}"
+    gpu_name | tee "$out/gpu.txt"
+    shape "$name" || { echo "$name: not written (a shape_models.py name?)"; return 1; }
+    guarded 595 python3 ci/depth_split.py "$dir/$name.gguf" --depths "$depths" --reps "${REPS:-3}" \
+        --json "$out/depth.json" | tee "$out/depth.md"
 }
 
 sub_serving() {

@@ -69,14 +69,8 @@ kv_store(const float * __restrict__ x, const int * __restrict__ pos, const int *
     pool[kv_row(table, slot) * p.row_elems + i] = f32_to_f16(x[(i64) t * p.row_elems + i]);
 }
 
-// The dynamic shared memory of every kernel here (one declaration: the CPU build replaces it).
-__device__ __forceinline__ float * attn_smem() {
-    extern __shared__ float smem[];
-    return smem;
-}
-
 // The visible slots of query t: slot lo + j for j = 0 .. n-1 (n <= n_slots; n <= 0 when
-// the window ends before the capacity).
+// the window ends before the capacity): attend_block's expressions, for the split kernels.
 __device__ __forceinline__ void attn_visible(const int * pos, const int t, const AttentionParams & p, int & lo,
                                              int & n) {
     const int hi = min(pos[t], p.capacity - 1);
@@ -153,12 +147,13 @@ __device__ __forceinline__ float attn_logits(const float * q16, const u16 * k_ca
     return m;
 }
 
-// Pass 3 over visible slots j0 <= j < j1 with probabilities prob[j - j0] (shared): warp w
-// takes slots j0 + w, j0 + w + ATTN_WARPS, ...; each lane two adjacent dims per step; the
-// warp's sums into part[w * head_dim_v ..] (shared). The caller adds the warps in warp order.
+// The split kernels' pass 3 over slots lo .. lo + n - 1 with probabilities prob[0 .. n-1]
+// (shared): attend_block's pass 3 loop, the same order (warp w takes slots w, w + ATTN_WARPS,
+// ...; each lane two adjacent dims per step), so that a row with one split is summed as there;
+// the warp's sums into part[w * head_dim_v ..] (shared), which the caller adds in warp order.
+// attend_block keeps its own copy: calling this from there changed its machine code.
 __device__ __forceinline__ void attn_values(const float * prob, const u16 * v_cache, const int * table, const int lo,
-                                            const int j0, const int j1, const int h_kv, float * part,
-                                            const AttentionParams & p) {
+                                            const int n, const int h_kv, float * part, const AttentionParams & p) {
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
     const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
@@ -166,9 +161,9 @@ __device__ __forceinline__ void attn_values(const float * prob, const u16 * v_ca
     float * my = part + warp * p.head_dim_v;
     for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
         float a0 = 0.0f, a1 = 0.0f;
-        for (int j = j0 + warp; j < j1; j += ATTN_WARPS) {
+        for (int j = warp; j < n; j += ATTN_WARPS) {
             const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
-            const float pj = prob[j - j0];
+            const float pj = prob[j];
             a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
             a1 += pj * f16_to_f32((u16) (vv >> 16));
         }
@@ -186,7 +181,7 @@ __device__ __forceinline__ void attn_values(const float * prob, const u16 * v_ca
 __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cache, const u16 * v_cache,
                                              const int * pos, const int * table, float * out,
                                              block_q8_1 * out_q, const AttentionParams & p) {
-    float * smem = attn_smem();
+    extern __shared__ float smem[];
     float * q16 = smem;                       // [head_dim] the query, rounded to F16
     float * prob = smem + p.head_dim;         // [n_slots] logits, then F16-rounded probabilities
     float * part = prob + p.n_slots;          // [ATTN_WARPS][head_dim_v] per-warp V.softmax sums
@@ -197,10 +192,12 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     if (p.per_row) table += (i64) t * p.table_stride;  // a batched decode step: token t's sequence
     const int h_kv = h / (p.n_heads / p.n_kv_heads);
-    int lo, n;                                // visible slots lo .. lo + n - 1; n <= n_slots
-    attn_visible(pos, t, p, lo, n);
+    const int hi = min(pos[t], p.capacity - 1);
+    const int lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;
+    const int n = hi - lo + 1;                // visible slots; n <= n_slots
 
-    attn_load_q(q, t, h, q16, p);
+    const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
+    for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
     __syncthreads();                          // q16 written
 
     // Pass 1: the logits into prob, their max.
@@ -229,8 +226,23 @@ __device__ __forceinline__ void attend_block(const float * q, const u16 * k_cach
     }
     __syncthreads();
 
-    // Pass 3: V.softmax, then the warps' sums added in warp order.
-    attn_values(prob, v_cache, table, lo, 0, n, h_kv, part, p);
+    // Pass 3: V.softmax. Warp w takes slots w, w + ATTN_WARPS, ...; each lane two adjacent
+    // dims per step; then the warps' sums are added in warp order.
+    const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
+    const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
+    const int nv_pairs = p.head_dim_v / 2;
+    float * my = part + warp * p.head_dim_v;
+    for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int j = warp; j < n; j += ATTN_WARPS) {
+            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
+            const float pj = prob[j];
+            a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
+            a1 += pj * f16_to_f32((u16) (vv >> 16));
+        }
+        my[2 * c] = a0;
+        my[2 * c + 1] = a1;
+    }
     __syncthreads();
     float * o = out + ((i64) t * p.n_heads + h) * p.head_dim_v;
     // head_dim_v is a multiple of 32 when write_q8 is set, so whole warps run each round.
@@ -296,7 +308,8 @@ attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_
     attn_visible(pos, t, p, lo, n);
     split_range(n, j0, j1, n_used);
     if (j0 >= j1) return;                             // past the visible slots: nothing
-    float * q16 = attn_smem();
+    extern __shared__ float smem[];
+    float * q16 = smem;
     attn_load_q(q, t, h, q16, p);
     __syncthreads();
     float m = attn_logits(q16, k_cache, table, lo, j0, j1, h / (p.n_heads / p.n_kv_heads),
@@ -365,7 +378,8 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
         const float m = split_global_max(split_max + r * S, n_used, red_max);
         double sum = 0.0;                              // S: the used splits' sums in split order
         for (int u = 0; u < n_used; ++u) sum += split_sum[r * S + u];
-        float * prob = attn_smem();
+        extern __shared__ float smem[];
+        float * prob = smem;
         float * wpart = prob + ATTN_SPLIT_SLOTS;
         const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
         for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
@@ -373,7 +387,7 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
             prob[j - j0] = f16_to_f32(f32_to_f16((float) (e / sum)));
         }
         __syncthreads();
-        attn_values(prob, v_cache, table, lo, j0, j1, h / (p.n_heads / p.n_kv_heads), wpart, p);
+        attn_values(prob, v_cache, table, lo + j0, j1 - j0, h / (p.n_heads / p.n_kv_heads), wpart, p);
         __syncthreads();
         for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
             float acc = wpart[d];

@@ -469,8 +469,8 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
     srcs = host_headers(HEADERS)
     text = kernel_text if kernel_text is not None else (KERNEL_DIR / "attention.cu").read_text()
     decl = "extern __shared__ float smem[];"
-    if text.count(decl) != 1:
-        raise RuntimeError(f"attention.cu: expected one {decl!r}")
+    if text.count(decl) != 3:       # attend_block's, attention_split_logits' and _values'
+        raise RuntimeError(f"attention.cu: expected three {decl!r}")
     srcs["attn_rowwise.cu"] = text.replace(decl, "float * const smem = host_smem;")
     srcs["shim.h"] = SHIM
     srcs["harness.cpp"] = (ROWWISE_HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC)

@@ -93,6 +93,33 @@ def test_row_kernels_off_loops_over_the_rows():
     assert per_row(on) and not per_row(off)
 
 
+def test_attn_split_takes_decode_attention():
+    # on: every decode step's and batched step's attention in the split kernels (prompts stay
+    # with the tiled kernel); the default at this capacity (below attention.py SPLIT_MIN_SLOTS)
+    # and off: none
+    def split(launches):
+        return _taken(launches, "attention_split_")
+    on = _launches("synth-qwen3", batch=True, attn_split=True)
+    assert split(on) and not [e for e in on if e["kernel"].endswith(":attention")]
+    assert {e["params"]["per_row"] for e in on if e["kernel"].endswith(":attention_split_values")} == {0, 1}
+    assert not split(_launches("synth-qwen3", batch=True)) and not split(_launches("synth-qwen3", attn_split=False))
+
+
+def test_attn_split_threshold_and_the_shared_memory_limit():
+    # None: from SPLIT_MIN_SLOTS slots; True / False as said, except where the one-block
+    # kernel's shared memory would not fit the device: the split kernels whatever the option
+    from types import SimpleNamespace
+    from brass.backends.cuda.attention import ATTN_STATIC_SMEM, SPLIT_MIN_SLOTS, takes_split
+    limit = 232448
+
+    def takes(option, n_slots, smem=4096):
+        return takes_split(SimpleNamespace(options=SimpleNamespace(attn_split=option), smem_optin_limit=limit),
+                           n_slots, smem)
+    assert not takes(None, SPLIT_MIN_SLOTS - 1) and takes(None, SPLIT_MIN_SLOTS)
+    assert takes(True, 16) and not takes(False, SPLIT_MIN_SLOTS)
+    assert not takes(False, 1000, limit - ATTN_STATIC_SMEM) and takes(False, 1000, limit - ATTN_STATIC_SMEM + 4)
+
+
 def test_the_settings_give_the_defaults_and_options_override_them(monkeypatch):
     from brass.backends.cuda.options import CudaOptions
     for var in ("BRASS_CUDA_DEBUG", "BRASS_F16_WEIGHTS", "BRASS_F16_WEIGHTS_GB", "BRASS_PROMPT_GRAPHS"):

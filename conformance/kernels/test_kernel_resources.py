@@ -31,3 +31,15 @@ def test_resources_read_from_an_nvrtc_cubin():
     # real register count (ptxas gives every kernel a few)
     assert got["rms_norm"]["shared"] == 1024 + 8 * (threads // 32), got
     assert 8 <= got["rms_norm"]["registers"] <= 255, got
+
+
+def test_attention_static_shared_memory_is_what_the_dispatch_counts():
+    # engine/backends/cuda/attention.py sends a call to the split kernels where the one-block
+    # kernel's dynamic shared memory and ATTN_STATIC_SMEM (its static arrays and the 1 KiB
+    # sm_90 reserves) exceed the device's opt-in limit: that constant must be the kernel's
+    # static shared memory as built
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="no NVRTC (pip install -e '.[cuda]')")
+    from brass.backends.cuda.attention import ATTN_STATIC_SMEM
+    from brass.backends.cuda.compiler import KERNEL_DIR, compile_text
+    got = kernel_resources.resources(compile_text("attention.cu", (KERNEL_DIR / "attention.cu").read_text(), "sm_90"))
+    assert got["attention"]["shared"] == ATTN_STATIC_SMEM, got["attention"]

@@ -1,0 +1,84 @@
+"""Decode at depth with the split-K attention kernels on and off (`bash ci/gpu.sh depth`):
+`brass bench` tg N at each depth (llama-bench's -d: N tokens generated after D already in the
+cache), once with the CUDA backend's attn_split option off (the one-block kernel: a block per
+head reads the whole context) and once on (kernels/attention.cu's split kernels), the same
+process and model, then one table: tokens per second (mean and standard deviation of the
+repetitions), on / off, and which the default (attn_split None: engine/backends/cuda/attention.py
+SPLIT_MIN_SLOTS of capacity) takes at that depth's capacity. The option is flipped between the
+runs on the loaded backend: each bench run makes a new session, whose decode graph is captured
+with the option as it is then.
+
+    python3 ci/depth_split.py MODEL.gguf [--depths 4096,16384,32768] [--n-gen 128] [--reps 3] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def depths_arg(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"depths must be a comma list of integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"depths must be integers >= 1, got {text!r}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--depths", type=depths_arg, default=[4096, 16384, 32768])
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None, help="write every run's bench result here")
+    a = ap.parse_args(argv)
+    if not a.model.is_file():
+        print(f"depth_split: no model file {a.model}", file=sys.stderr)
+        return 2
+
+    import brass
+    from brass.backends.cuda.attention import SPLIT_MIN_SLOTS
+    from brass.bench import bench
+    from brass.errors import BrassError
+
+    m = brass.load(str(a.model), backend="cuda", quiet=True)
+    b = m.backend
+    rows, runs = [], []
+    for depth in a.depths:
+        got = {}
+        for on in (False, True):
+            b.options.attn_split = on
+            try:
+                r = bench(m, n_prompt=0, n_gen=a.n_gen, reps=a.reps, depth=depth)[0]
+            except BrassError as e:
+                print(f"depth {depth}, attn_split {on}: {e}", file=sys.stderr)
+                break
+            got[on] = r
+            runs.append({"attn_split": on, **r.as_dict()})
+            print(f"depth {depth} attn_split={on}: {r.tokens_per_s:.1f} tok/s", file=sys.stderr, flush=True)
+        if len(got) == 2:
+            n_ctx = depth + a.n_gen + 1             # bench's context for tg at a depth
+            rows.append((depth, got[False], got[True], "on" if n_ctx >= SPLIT_MIN_SLOTS else "off"))
+    b.options.attn_split = None
+    if a.json:
+        a.json.write_text(json.dumps({"device": b.device_name, "model": str(a.model), "runs": runs}, indent=1))
+    print(f"{b.device_name}, {a.model.name}: tg{a.n_gen} at depth, attn_split off (one block per head) "
+          f"and on (split-K); the default (SPLIT_MIN_SLOTS = {SPLIT_MIN_SLOTS} slots of capacity) takes the last column\n")
+    print("| depth | off tok/s | on tok/s | on / off | kernels a token (off / on) | default |")
+    print("|---|---|---|---|---|---|")
+    for depth, off, on, default in rows:
+        print(f"| {depth} | {off.tokens_per_s:.1f} ± {off.stddev:.1f} | {on.tokens_per_s:.1f} ± {on.stddev:.1f} "
+              f"| {on.tokens_per_s / off.tokens_per_s:.2f} | {off.kernels_per_token} / {on.kernels_per_token} "
+              f"| {default} |")
+    return 0 if len(rows) == len(a.depths) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
