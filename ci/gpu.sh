@@ -102,7 +102,7 @@ sub_kernels() {     # [PYTEST ARGS]
     # the CUDA kernel tests alone, with the NMSE (or other figure) each case recorded
     gpu_name
     guarded 590 python3 -m pytest conformance/kernels/test_kernels.py conformance/kernels/test_kernels_model.py \
-        conformance/kernels/test_kernels_plumbing.py -q -rfEs -p no:cacheprovider -o junit_family=xunit1 \
+        conformance/kernels/test_kernels_plumbing.py conformance/kernels/test_kernels_attention_split.py -q -rfEs -p no:cacheprovider -o junit_family=xunit1 \
         --junitxml="$out/kernels.xml" "$@" > "$out/kernels.log" 2>&1
     local rc=$?
     grep -E "^(FAILED|ERROR)|Error|error:|assert" "$out/kernels.log" | head -40

@@ -346,3 +346,33 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
             graph.replay()
             got = cuda.to_numpy(graph.result)
         check(got, ref.attention(q, k, v, np.array([p], np.int32), 0.088).reshape(1, -1), ATTENTION, record_property)
+
+
+@needs_cuda
+def test_model_decode_graph_with_split_attention(monkeypatch, record_property):
+    # synth-qwen3's decode steps (the first eager, the rest replays of the captured decode
+    # graph, kernels launched with PDL, one scratch shared by every layer) with attn_split on
+    # and off, the same teacher-forced tokens: the logits within test_kernels_model.py's
+    # free-running bound (the split's reordered sums move the attention output by float32
+    # ulps, which the next Q8_1 quantization can turn into a whole quant step; the same
+    # argument as there)
+    import brass
+    from conformance.harness.cases import nmse
+    from conformance.harness.launch_recording import MODELS_DIR
+    from conformance.kernels.test_kernels_model import FREE_RUNNING
+    path = str(MODELS_DIR / "synth-qwen3.gguf")
+    logits = {}
+    for on in (True, False):
+        m = brass.load(path, backend="cuda", quiet=True, attn_split=on)
+        V = m.config.n_vocab
+        names = _launched(m.backend, monkeypatch)
+        seq = np.random.default_rng(7).integers(0, V, 40).tolist()
+        s = m.new_session(64)
+        s.prefill(seq[:30])
+        b = m.backend
+        with b.activate():
+            logits[on] = [b.to_numpy(s.decode(tok)).reshape(-1, V)[-1] for tok in seq[30:]]
+        assert ("attention_split_values" in names) == on, sorted(set(names))
+    worst = max(nmse(x, y) for x, y in zip(logits[True], logits[False]))
+    record_property("nmse", f"{worst:.3e}")
+    assert worst <= FREE_RUNNING, f"decode logits with attn_split on vs off: NMSE {worst:.3e}"
