@@ -15,18 +15,18 @@
 //   (n_slots floats), which bounds the context by the block's shared memory, and reads the
 //   whole row serially: H blocks a decode step.
 // - split-K (flash-decoding), `attention_split_*`: the visible slots j = 0 .. n-1 (slot lo + j,
-//   as `attention` numbers them) in splits of ATTN_SPLIT_SLOTS, a block per (head, split,
+//   as `attention` numbers them) in splits of ATTN_SPLIT_SLOTS, taken by blocks of (head,
 //   query) in each of three launches, the logits in a global scratch row:
-//     1. logits: K.Q of the split's slots into the row, the split's max;
+//     1. logits: K.Q of a split's slots into the row, the split's max;
 //     2. sums: the global max M (the max of the splits' maxima), e_j = expf(l_j - M) and the
 //        split's double sum of them;
 //     3. values: S = the splits' sums added in split order; p_j = f16(e_j / S); the split's
 //        V.softmax; the last block of a (head, query) to finish (a counter per (head, query),
 //        after a memory fence: the threadFenceReduction pattern) adds the splits' partial sums
 //        in split order and writes the output and its Q8_1 blocks.
-//   The number of splits is fixed at launch from n_slots (a decode graph is captured once per
-//   capacity and replayed while pos grows on the device); a split wholly past the visible
-//   slots computes nothing (no max, no sum, no K or V read) and only counts itself done.
+//   The number of splits is fixed from n_slots (a decode graph is captured once per capacity
+//   and replayed while pos grows on the device), and so is the launch; a split wholly past the
+//   visible slots computes nothing (no max, no sum, no K or V read).
 //   Bit for bit as `attention`: each logit (the same function computes it, attn_logits), M
 //   (a max, in any order) and so each e_j. Reordered: S's double additions (the splits' sums
 //   added, where `attention` adds per-thread sums over the whole row: differences ~1e-16
@@ -263,17 +263,24 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     attend_block(q, k_cache, v_cache, pos, table, out, out_q, p);
 }
 
-// ---- split-K: a block per (head h = blockIdx.x, split s = blockIdx.y, query t = blockIdx.z) ----
-// Scratch (global, per (t, h) row r = t * H + h, S = gridDim.y splits): logit [r][S *
-// ATTN_SPLIT_SLOTS] indexed by j; split_max [r][S]; split_sum [r][S] (double); part [r][S]
-// [head_dim_v]; done [r] (the counter of pass 3's finished splits). Only the splits that hold
-// visible slots (s < ceil(n / ATTN_SPLIT_SLOTS)) write or are read.
+// ---- split-K: blocks (head h = blockIdx.x, b = blockIdx.y, query t = blockIdx.z) ------------
+// A (t, h) row's visible slots fall in S = ceil(n_slots / ATTN_SPLIT_SLOTS) splits (split s:
+// j in [s * ATTN_SPLIT_SLOTS, (s + 1) * ATTN_SPLIT_SLOTS) of those visible); its gridDim.y
+// blocks take splits b, b + gridDim.y, ... (the backend launches enough blocks to fill the
+// GPU, fewer than S at depth: a split past the visible slots then costs no block). What a
+// split computes and where it goes do not depend on which block takes it, so neither does the
+// result on gridDim.y. Scratch (global, row r = t * H + h): logit [r][S * ATTN_SPLIT_SLOTS]
+// indexed by j; split_max [r][S]; split_sum [r][S] (double); part [r][S][head_dim_v]; done
+// [r] (pass 3's blocks finished). Only the splits that hold visible slots (s < n_used =
+// ceil(n / ATTN_SPLIT_SLOTS)) write or are read.
 
-// The split's visible slots [j0, j1) and how many splits hold any (n_used).
-__device__ __forceinline__ void split_range(const int n, int & j0, int & j1, int & n_used) {
-    j0 = blockIdx.y * ATTN_SPLIT_SLOTS;
-    j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
-    n_used = n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;
+__device__ __forceinline__ int split_count(const AttentionParams & p) {
+    return (p.n_slots + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS;
+}
+
+// The splits of a row that hold visible slots.
+__device__ __forceinline__ int splits_used(const int n) {
+    return n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;
 }
 
 // M: the max of the used splits' maxima (every thread gets it). A max is exact in any order,
@@ -292,39 +299,44 @@ __device__ __forceinline__ float split_global_max(const float * split_max, const
     return m;
 }
 
-// Pass 1. Dynamic shared memory: q16 [head_dim].
+// Pass 1: each split's logits into the row, its max. Dynamic shared memory: q16 [head_dim].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_cache, const int * __restrict__ pos,
                        const int * __restrict__ table, float * __restrict__ logit, float * __restrict__ split_max,
                        int * __restrict__ done, const AttentionParams p) {
     PDL_ENTRY();
     __shared__ float red_max[ATTN_WARPS];
-    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const int h = blockIdx.x, t = blockIdx.z, S = split_count(p);
     const i64 r = (i64) t * p.n_heads + h;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    if (s == 0 && threadIdx.x == 0) done[r] = 0;     // pass 3 counts from here (a kernel later)
+    if (blockIdx.y == 0 && threadIdx.x == 0) done[r] = 0;     // pass 3 counts from here (a kernel later)
     if (p.per_row) table += (i64) t * p.table_stride;
-    int lo, n, j0, j1, n_used;
+    int lo, n;
     attn_visible(pos, t, p, lo, n);
-    split_range(n, j0, j1, n_used);
-    if (j0 >= j1) return;                             // past the visible slots: nothing
+    const int n_used = splits_used(n);
+    if ((int) blockIdx.y >= n_used) return;                   // no split of this block is visible
     extern __shared__ float smem[];
     float * q16 = smem;
     attn_load_q(q, t, h, q16, p);
     __syncthreads();
-    float m = attn_logits(q16, k_cache, table, lo, j0, j1, h / (p.n_heads / p.n_kv_heads),
-                          logit + r * S * ATTN_SPLIT_SLOTS, p);
-    if (lane == 0) red_max[warp] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        m = red_max[0];
+    const int h_kv = h / (p.n_heads / p.n_kv_heads);
+    float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
+    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+        const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
+        float m = attn_logits(q16, k_cache, table, lo, j0, j1, h_kv, lr, p);
+        if (lane == 0) red_max[warp] = m;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            m = red_max[0];
 #pragma unroll
-        for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
-        split_max[r * S + s] = m;
+            for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
+            split_max[r * S + s] = m;
+        }
+        __syncthreads();                                      // red_max read before the next split
     }
 }
 
-// Pass 2: the split's double sum of e_j = expf(l_j - M), summed as `attention` sums them
+// Pass 2: each split's double sum of e_j = expf(l_j - M), summed as `attention` sums them
 // (per thread, the warp by shuffles, the warps in order) over the split's slots.
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_sums(const int * __restrict__ pos, const float * __restrict__ logit,
@@ -332,31 +344,35 @@ attention_split_sums(const int * __restrict__ pos, const float * __restrict__ lo
     PDL_ENTRY();
     __shared__ float red_max[ATTN_WARPS];
     __shared__ double red_sum[ATTN_WARPS];
-    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const int h = blockIdx.x, t = blockIdx.z, S = split_count(p);
     const i64 r = (i64) t * p.n_heads + h;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    int lo, n, j0, j1, n_used;
+    int lo, n;
     attn_visible(pos, t, p, lo, n);
-    split_range(n, j0, j1, n_used);
-    if (j0 >= j1) return;
+    const int n_used = splits_used(n);
+    if ((int) blockIdx.y >= n_used) return;
     const float m = split_global_max(split_max + r * S, n_used, red_max);
     const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
-    double sum = 0.0;
-    for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) sum += expf(__fsub_rn(lr[j], m));
-    sum = warp_sum_f64(sum);
-    if (lane == 0) red_sum[warp] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        sum = 0.0;
+    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+        const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
+        double sum = 0.0;
+        for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) sum += expf(__fsub_rn(lr[j], m));
+        sum = warp_sum_f64(sum);
+        if (lane == 0) red_sum[warp] = sum;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            sum = 0.0;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) sum += red_sum[w];
-        split_sum[r * S + s] = sum;
+            for (int w = 0; w < ATTN_WARPS; ++w) sum += red_sum[w];
+            split_sum[r * S + s] = sum;
+        }
+        __syncthreads();                                      // red_sum read before the next split
     }
 }
 
-// Pass 3: p_j = f16(e_j / S) for the split's slots, the split's V.softmax (its warps added in
-// warp order) into part; the last of the (t, h) row's S blocks to finish adds the used splits'
-// parts in split order into out and its Q8_1 blocks. Dynamic shared memory: prob
+// Pass 3: for each split, p_j = f16(e_j / S) of its slots, its V.softmax (its warps added in
+// warp order) into part; the last of the row's gridDim.y blocks to finish adds the used
+// splits' parts in split order into out and its Q8_1 blocks. Dynamic shared memory: prob
 // [ATTN_SPLIT_SLOTS], then [ATTN_WARPS][head_dim_v].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict__ pos, const int * __restrict__ table,
@@ -366,15 +382,15 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     PDL_ENTRY();
     __shared__ float red_max[ATTN_WARPS];
     __shared__ int last;
-    const int h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const int h = blockIdx.x, t = blockIdx.z, S = split_count(p);
     const i64 r = (i64) t * p.n_heads + h;
     const int Dv = p.head_dim_v;
     if (p.per_row) table += (i64) t * p.table_stride;
-    int lo, n, j0, j1, n_used;
+    int lo, n;
     attn_visible(pos, t, p, lo, n);
-    split_range(n, j0, j1, n_used);
+    const int n_used = splits_used(n);
     float * parts = part + r * S * Dv;
-    if (j0 < j1) {
+    if ((int) blockIdx.y < n_used) {
         const float m = split_global_max(split_max + r * S, n_used, red_max);
         double sum = 0.0;                              // S: the used splits' sums in split order
         for (int u = 0; u < n_used; ++u) sum += split_sum[r * S + u];
@@ -382,26 +398,31 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
         float * prob = smem;
         float * wpart = prob + ATTN_SPLIT_SLOTS;
         const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
-        for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
-            const float e = expf(__fsub_rn(lr[j], m));
-            prob[j - j0] = f16_to_f32(f32_to_f16((float) (e / sum)));
-        }
-        __syncthreads();
-        attn_values(prob, v_cache, table, lo + j0, j1 - j0, h / (p.n_heads / p.n_kv_heads), wpart, p);
-        __syncthreads();
-        for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
-            float acc = wpart[d];
+        const int h_kv = h / (p.n_heads / p.n_kv_heads);
+        for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+            const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
+            for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
+                const float e = expf(__fsub_rn(lr[j], m));
+                prob[j - j0] = f16_to_f32(f32_to_f16((float) (e / sum)));
+            }
+            __syncthreads();
+            attn_values(prob, v_cache, table, lo + j0, j1 - j0, h_kv, wpart, p);
+            __syncthreads();
+            for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
+                float acc = wpart[d];
 #pragma unroll
-            for (int w = 1; w < ATTN_WARPS; ++w) acc += wpart[w * Dv + d];
-            parts[(i64) s * Dv + d] = acc;
+                for (int w = 1; w < ATTN_WARPS; ++w) acc += wpart[w * Dv + d];
+                parts[(i64) s * Dv + d] = acc;
+            }
+            __syncthreads();                           // prob and wpart read before the next split
         }
     }
     // The threadFenceReduction pattern: each thread's part stores made visible device-wide,
-    // then one count per block; the block that counts S - 1 runs after every other block's
-    // stores, and reads them through L2 (__ldcg: no stale L1 line).
+    // then one count per block; the block that counts gridDim.y - 1 runs after every other
+    // block's stores, and reads them through L2 (__ldcg: no stale L1 line).
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done + r, 1) == S - 1;
+    if (threadIdx.x == 0) last = atomicAdd(done + r, 1) == (int) gridDim.y - 1;
     __syncthreads();
     if (!last) return;
     float * o = out + r * Dv;

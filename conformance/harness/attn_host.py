@@ -424,18 +424,19 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
 
 extern "C" int split_slots() { return ATTN_SPLIT_SLOTS; }
 
-// The three split-K launches over n_splits splits, as engine/backends/cuda/attention.py makes
-// them; the scratch buffers are the caller's (poisoned there).
+// The three split-K launches, `blocks` blocks a (head, query) row (gridDim.y), as
+// engine/backends/cuda/attention.py makes them; the scratch buffers are the caller's (poisoned
+// there).
 extern "C" int run_attention_split(const float * q, const u16 * k, const u16 * v, const int * pos, const int * table,
                                    float * out, block_q8_1 * out_q, float * logit, float * split_max,
                                    double * split_sum, float * part, int * done, int T, int H, int Hkv, int D, int DV,
-                                   int cap, int window, float scale, int write_q8, int table_stride, int n_splits,
+                                   int cap, int window, float scale, int write_q8, int table_stride, int blocks,
                                    unsigned seed) {
     AttentionParams p{};
     p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
     p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
     p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
-    const unsigned S = (unsigned) n_splits;
+    const unsigned S = (unsigned) blocks;
     run_shuffled(H, S, T, D, seed, [=] { attention_split_logits(q, k, pos, table, logit, split_max, done, p); });
     run_shuffled(H, S, T, 0, seed + 1, [=] { attention_split_sums(pos, logit, split_max, split_sum, p); });
     run_shuffled(H, S, T, ATTN_SPLIT_SLOTS + ATTN_WARPS * DV, seed + 2,
@@ -504,34 +505,35 @@ def attention_rows(lib, q, caches, pos, scale, window=0, *, rng):
     return _run_rowwise(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1])
 
 
-def attention_split(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng, n_splits=None, scratch=None):
+def attention_split(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng, blocks=None, scratch=None):
     """attention.cu's split-K kernels (attention_split_logits, _sums, _values) over the caches
     paged (`paged`, under `rng`'s permutation), their blocks in an order shuffled by `rng`:
-    (out, Q8_1 blocks or None). n_splits: default ceil(n_slots / ATTN_SPLIT_SLOTS), as the
-    backend launches them; more leaves the extra splits past every visible slot. `scratch`: a
-    dict that receives the scratch buffers (poisoned before the kernels run) as they were left."""
+    (out, Q8_1 blocks or None). blocks: a (head, query) row's blocks (gridDim.y; default one a
+    split, split_count). `scratch`: a dict that receives the scratch buffers (poisoned before
+    the kernels run) as they were left."""
     cap = k_cache.shape[0]
     tables, (k, v) = paged(rng, [(k_cache, v_cache)])
-    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, n_splits, scratch)
+    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, blocks, scratch)
 
 
-def attention_split_rows(lib, q, caches, pos, scale, window=0, *, rng, n_splits=None, scratch=None):
+def attention_split_rows(lib, q, caches, pos, scale, window=0, *, rng, blocks=None, scratch=None):
     """The split-K kernels in per_row mode (a batched decode step), as attention_rows."""
     tables, (k, v) = paged(rng, list(caches))
     cap = max(c[0].shape[0] for c in caches)
-    return _run_split(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1], rng, n_splits, scratch)
+    return _run_split(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1], rng, blocks, scratch)
 
 
 def split_count(lib, cap: int, window: int = 0) -> int:
-    """The splits the backend launches for a capacity and window: ceil(n_slots / ATTN_SPLIT_SLOTS)."""
+    """A row's splits for a capacity and window: ceil(n_slots / ATTN_SPLIT_SLOTS)."""
     n_slots = min(cap, window) if window > 0 else cap
     return -(-n_slots // lib.split_slots())
 
 
-def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride, rng, n_splits, scratch):
+def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride, rng, blocks, scratch):
     T, H, D = q.shape
     Hkv, DV = k_pool.shape[2], v_pool.shape[3]
-    S = split_count(lib, cap, window) if n_splits is None else int(n_splits)
+    S = split_count(lib, cap, window)
+    blocks = S if blocks is None else int(blocks)
     q = np.ascontiguousarray(q, np.float32)
     k = np.ascontiguousarray(k_pool, np.float16)
     v = np.ascontiguousarray(v_pool, np.float16)
@@ -548,7 +550,7 @@ def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_str
     lib.run_attention_split(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
                             pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data,
                             *(b.ctypes.data for b in bufs.values()), T, H, Hkv, D, DV, cap, int(window),
-                            float(scale), int(write_q8), int(table_stride), S, int(rng.integers(0, 2**31)))
+                            float(scale), int(write_q8), int(table_stride), blocks, int(rng.integers(0, 2**31)))
     if scratch is not None:
         scratch.update(bufs)
     return out, (out_q if write_q8 else None)

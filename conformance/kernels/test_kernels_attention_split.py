@@ -90,9 +90,9 @@ def _used(pos, cap, window, slots):
     return [max(0, -(-x // slots)) for x in n], n
 
 
-def _check_scratch(sc, pos, cap, window, slots, S):
+def _check_scratch(sc, pos, cap, window, slots, blocks):
     used, ns = _used(pos, cap, window, slots)
-    assert (sc["done"] == S).all(), f"blocks counted done: {sc['done']}, expected {S} a row"
+    assert (sc["done"] == blocks).all(), f"blocks counted done: {sc['done']}, expected {blocks} a row"
     for t, (u, n) in enumerate(zip(used, ns)):
         lg, mx = sc["logit"][t], sc["split_max"][t]
         assert not np.isnan(lg[:, :n]).any(), "a visible slot's logit was not written"
@@ -105,47 +105,48 @@ def _check_scratch(sc, pos, cap, window, slots, S):
             assert not np.isnan(sc[name][t, :, :u]).any(), f"{name}: a used split left it unwritten"
 
 
-# (T, past, H, H_kv, D, DV, window, capacity, ATTN_SPLIT_SLOTS or None = the default, extra
-# splits): decode steps with every split used, one split used of several (the others wholly
-# past pos), a window starting inside a split (lo not a multiple of the split or the KV block),
-# the warp-per-slot layout (D 256, D 36 without Q8_1 blocks), DV != D, a few queries at once,
-# more splits than the capacity needs
+# (T, past, H, H_kv, D, DV, window, capacity, ATTN_SPLIT_SLOTS or None = the default, blocks a
+# row or 0 = one a split): decode steps with every split used, one split used of several (the
+# others wholly past pos), a window starting inside a split (lo not a multiple of the split or
+# the KV block), the warp-per-slot layout (D 256, D 36 without Q8_1 blocks), DV != D, a few
+# queries at once, rows whose blocks take several splits each (more blocks than used splits,
+# fewer, one)
 CASES = [
     (1, 600, 4, 2, 128, 128, 0, 700, None, 0),
     (1, 100, 4, 2, 128, 128, 0, 1000, None, 0),
     (1, 300, 4, 1, 64, 64, 100, 400, 32, 0),
     (1, 700, 2, 1, 128, 128, 333, 800, None, 0),
-    (1, 200, 2, 1, 256, 256, 0, 260, 32, 0),
+    (1, 200, 2, 1, 256, 256, 0, 260, 32, 3),
     (1, 90, 2, 1, 36, 36, 0, 120, 32, 0),
-    (1, 150, 4, 2, 128, 64, 0, 170, 32, 0),
-    (3, 70, 2, 2, 128, 64, 0, 80, 32, 0),
-    (1, 45, 2, 1, 64, 64, 0, 64, 16, 3),
+    (1, 150, 4, 2, 128, 64, 0, 170, 32, 2),
+    (3, 70, 2, 2, 128, 64, 0, 80, 32, 1),
+    (1, 45, 2, 1, 64, 64, 0, 200, 16, 5),
 ]
 
 
 def _cid(c):
-    return "T%d-past%d-H%d-%d-D%d-%d-w%d-cap%d-slots%s-extra%d" % c
+    return "T%d-past%d-H%d-%d-D%d-%d-w%d-cap%d-slots%s-blocks%d" % c
 
 
 @pytest.mark.parametrize("case", CASES, ids=_cid)
 def test_split_attention_on_the_cpu(rng, case, record_property):
     from conformance.harness.attn_host import attention_rowwise, attention_split, split_count
-    T, past, H, Hkv, D, DV, window, cap, slots, extra = case
+    T, past, H, Hkv, D, DV, window, cap, slots, blocks = case
     lib = _lib(slots)
     slots = lib.split_slots()
-    S = split_count(lib, cap, window) + extra
+    blocks = blocks or split_count(lib, cap, window)
     q, k, v, kk, vk, pos = _inputs(rng, T, past, H, Hkv, D, DV, window, cap)
     used, _ = _used(pos, cap, window, slots)
     # the usual scale, and one that spreads a row's logits over hundreds (an exponential taken
     # against a max that is not the row's own would overflow or vanish)
     for scale in (float(1 / np.sqrt(D)), float(400 / np.sqrt(D))):
         sc = {}
-        got, blocks = attention_split(lib, q, kk, vk, pos, scale, window, rng=rng, n_splits=S, scratch=sc)
+        got, q8 = attention_split(lib, q, kk, vk, pos, scale, window, rng=rng, blocks=blocks, scratch=sc)
         want = cuda_reference().attention(q, k, v, pos, scale, window)
         check(got, want.reshape(T, -1), ATTENTION, record_property)
-        if blocks is not None:
-            assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
-        _check_scratch(sc, pos, cap, window, slots, S)
+        if q8 is not None:
+            assert np.array_equal(q8, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
+        _check_scratch(sc, pos, cap, window, slots, blocks)
         one, _ = attention_rowwise(lib, q, kk, vk, pos, scale, window, rng=rng)
         if max(used) == 1:
             assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), \
@@ -191,6 +192,9 @@ def test_split_per_row_tables_on_the_cpu(rng, case, record_property):
     if blocks is not None:
         assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
     _check_scratch(sc, pos, cap, window, slots, split_count(lib, cap, window))
+    # fewer blocks than splits, each taking several: the same bits
+    again, _ = attention_split_rows(lib, q, caches, pos, 0.1, window, rng=rng, blocks=2)
+    assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), "2 blocks a row changed the output"
     one, _ = attention_rows(lib, q, caches, pos, 0.1, window, rng=rng)
     used, _ = _used(pos, cap, window, slots)
     for t in range(len(positions)):
@@ -213,31 +217,36 @@ def test_a_window_past_the_capacity_writes_zeros(rng):
     assert np.array_equal(blocks, q8_1_blocks(got))
 
 
-# Bugs planted in the split kernels, each to be caught by the checks above: the split's slot
-# range shifted, a split's partial sum left out of the combination, the combination done by
-# the first block instead of the last, the global max taken over the first split only. Logit
-# scale 1 / sqrt(D) spreads the probabilities over the slots (a slot counted twice or a split
-# dropped moves the output); 50 spreads the logits over hundreds (an exponential against a max
-# below the row's overflows; M cancels out of e_j / S otherwise).
+# Bugs planted in the split kernels, each to be caught by the checks above: the splits' slot
+# ranges shifted (every pass), the count of used splits rounded down, a split's partial sum
+# left out of the combination, the combination done by the first block instead of the last,
+# the global max taken over the first split only, a block's later splits skipped. Logit scale
+# 1 / sqrt(D) spreads the probabilities over the slots (a slot counted twice or a split dropped
+# moves the output); 50 spreads the logits over hundreds (an exponential against a max below
+# the row's overflows; M cancels out of e_j / S otherwise). Two blocks a row, each taking
+# several splits.
 PLANTED = [
-    ("j0 = blockIdx.y * ATTN_SPLIT_SLOTS;", "j0 = blockIdx.y * (ATTN_SPLIT_SLOTS - 1);", 0.125),
+    ("const int j0 = s * ATTN_SPLIT_SLOTS,", "const int j0 = s * (ATTN_SPLIT_SLOTS - 1),", 0.125),
+    ("return n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;", "return n > 0 ? n / ATTN_SPLIT_SLOTS : 0;",
+     0.125),
     ("for (int u = 1; u < n_used; ++u) acc +=", "for (int u = 2; u < n_used; ++u) acc +=", 0.125),
-    ("last = atomicAdd(done + r, 1) == S - 1;", "last = atomicAdd(done + r, 1) == 0;", 0.125),
+    ("last = atomicAdd(done + r, 1) == (int) gridDim.y - 1;", "last = atomicAdd(done + r, 1) == 0;", 0.125),
     ("for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);",
      "for (int s = threadIdx.x; s < 1; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);", 50.0),
+    ("s < n_used; s += gridDim.y) {", "s < n_used; s += gridDim.y + 1) {", 0.125),
 ]
 
 
-@pytest.mark.parametrize("planted", PLANTED, ids=["split-range", "combine-drops-a-split", "first-block-combines",
-                                                  "max-of-one-split"])
+@pytest.mark.parametrize("planted", PLANTED, ids=["split-range", "splits-used", "combine-drops-a-split",
+                                                  "first-block-combines", "max-of-one-split", "block-skips-splits"])
 def test_planted_bugs_are_caught(rng, planted, record_property):
     from conformance.harness.attn_host import KERNEL_DIR, attention_split
     old, new, scale = planted
     text = (KERNEL_DIR / "attention.cu").read_text()
-    assert text.count(old) == 1, f"the planted bug's anchor {old!r} is gone from attention.cu"
+    assert old in text, f"the planted bug's anchor {old!r} is gone from attention.cu"
     lib = _lib(32, text.replace(old, new))
     q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 2, 1, 64, 64, 0, 160)
-    got, _ = attention_split(lib, q, kk, vk, pos, scale, 0, rng=rng)
+    got, _ = attention_split(lib, q, kk, vk, pos, scale, 0, rng=rng, blocks=2)
     want = cuda_reference().attention(q, k, v, pos, scale, 0).reshape(1, -1)
     with pytest.raises((AssertionError, pytest.fail.Exception)):     # NaN left, or beyond the bound
         check(got, want, ATTENTION, record_property)
@@ -338,6 +347,7 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
     layers = device_sequence(cuda, rng, k, v)
     dq, dpos = cuda.asarray(q), cuda.asarray(np.zeros(1, np.int32))
     with cuda.activate():
+        cuda.attention(dq, *layers, dpos, 0.088)      # eagerly first: the kernels loaded, as a decode step does
         graph = cuda.capture(lambda: cuda.attention(dq, *layers, dpos, 0.088))
     ref = cuda_reference()
     for p in (0, 255, 256, 700, cap - 1):

@@ -53,6 +53,11 @@ SPLIT_MIN_SLOTS = 8192
 # groups of queries.
 SPLIT_SCRATCH_BYTES = 128 << 20
 SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_split_values")
+# Blocks the split kernels launch for an SM (all (head, query) rows together, each row's
+# blocks taking its splits in turn), up to one a split: enough to fill the GPU (16 blocks of
+# 128 threads are resident an SM), few enough that the splits past a short context (the
+# number of splits comes from the capacity) cost no block. Provisional, as SPLIT_MIN_SLOTS.
+SPLIT_BLOCKS_PER_SM = 8
 
 
 def launched_kernels() -> list[tuple[str, str]]:
@@ -211,7 +216,8 @@ def split_scratch(b, nbytes: int):
 def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row: bool):
     """The split kernels' three launches, for groups of queries whose scratch fits
     SPLIT_SCRATCH_BYTES (one group for a decode step): S = ceil(n_slots / SPLIT_SLOTS) splits
-    a (head, query) row, fixed by the capacity so that a captured graph holds at every position."""
+    a (head, query) row, fixed by the capacity so that a captured graph holds at every position,
+    taken by up to S blocks a row (SPLIT_BLOCKS_PER_SM; the result does not depend on it)."""
     T, H = q.shape[0], fields["n_heads"]
     Dh, Dv = fields["head_dim"], fields["head_dim_v"]
     S = -(-fields["n_slots"] // SPLIT_SLOTS)
@@ -235,7 +241,7 @@ def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row:
         params = pack("AttentionParams", n_tokens=n, **fields)
         qt, pt = q[t0:t1], pos[t0:t1]
         tab = table[t0:t1] if per_row else table
-        grid = (H, S, n)
+        grid = (H, min(S, max(1, -(-SPLIT_BLOCKS_PER_SM * b.n_sms // (H * n)))), n)
         b.launch("attention.cu", "attention_split_logits", grid, ATTN_THREADS, qt, kp, pt, tab, logit, smax, done,
                  params=params, smem=4 * Dh)
         b.launch("attention.cu", "attention_split_sums", grid, ATTN_THREADS, pt, logit, smax, ssum, params=params)
