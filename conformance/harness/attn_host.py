@@ -45,6 +45,13 @@ reuse of the logits as P, the output staging and the Q8_1 blocks, against the nu
 
     python3 conformance/harness/attn_host.py [seed]      # a few shapes; exit 1 on a failure
 conformance/kernels/test_kernels_attention_tiled.py uses it (skips without g++).
+
+The second half builds kernels/attention.cu the same way: the one-block decode kernel
+(`attention`, test_kernels_attention_rowwise.py), kv_store, and the split-K kernels
+(test_kernels_attention_split.py), whose grids run one block at a time in a shuffled order so
+that any block of a row may be the one that combines the splits. For those it cannot check the
+GPU's memory ordering (the fence before the done counter, the L2 loads after it): one block
+at a time sees every earlier block's stores.
 """
 
 from __future__ import annotations

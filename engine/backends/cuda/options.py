@@ -5,8 +5,9 @@ Four take their default from the environment when the backend is built (engine/f
 BRASS_CUDA_DEBUG, BRASS_F16_WEIGHTS, BRASS_F16_WEIGHTS_GB, BRASS_PROMPT_GRAPHS); the others
 are options only, set by a test or a program: `CudaBackend(mixed_matvec=False)`, or
 `backend.options.mixed_matvec = False` before the launches it should change. Each kernel
-variant here gives the same bits as the path it replaces (the conformance suite checks both);
-the default is the one that was faster on the GPU.
+variant here gives the same bits as the path it replaces (the conformance suite checks both),
+but attn_split, whose sums are added in another order (attention.cu's head comment); the
+default is the one that was faster on the GPU.
 """
 
 from __future__ import annotations
