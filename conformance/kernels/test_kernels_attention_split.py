@@ -18,8 +18,9 @@ Fresh random inputs (the `rng` fixture prints the seed), block tables shuffled (
 outputs and scratch poisoned (NaN, 0xFF, -1), slots no query sees NaN on the kernel's side.
 
 On CUDA (skipped without a GPU): the backend's dispatch with the attn_split option forced on,
-against the reference and the one-block kernel; a context past the one-block kernel's shared
-memory; a captured graph replayed while the position grows.
+against the reference and the one-block kernel; a batched step's rows; a context past the
+one-block kernel's shared memory; a captured graph replayed while the position grows (and
+after a larger call grew the scratch); queries in groups; a model's decode graph.
 """
 
 from __future__ import annotations
@@ -356,6 +357,35 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
             graph.replay()
             got = cuda.to_numpy(graph.result)
         check(got, ref.attention(q, k, v, np.array([p], np.int32), 0.088).reshape(1, -1), ATTENTION, record_property)
+    # a call over a larger capacity grows the backend's scratch: the graph keeps reading its own
+    big = _inputs(rng, 1, 3 * cap, H, Hkv, D, D, 0, 4 * cap)
+    before = cuda._split_scratch
+    cuda.attention(cuda.asarray(big[0]), *device_sequence(cuda, rng, big[3], big[4]), cuda.asarray(big[5]), 0.088)
+    assert cuda._split_scratch is not before, "the larger call did not grow the scratch: the check proves nothing"
+    with cuda.activate():
+        dpos[...] = 900
+        graph.replay()
+        got = cuda.to_numpy(graph.result)
+    check(got, ref.attention(q, k, v, np.array([900], np.int32), 0.088).reshape(1, -1), ATTENTION, record_property)
+
+
+@needs_cuda
+def test_split_in_groups_of_queries(cuda, rng, monkeypatch, record_property):
+    # queries whose scratch exceeds SPLIT_SCRATCH_BYTES go in groups, each group its three
+    # launches over its own queries' rows (here 2, 2 and 1 of 5)
+    from conformance.harness.attn_host import device_sequence
+    from brass.backends.cuda import attention
+    T, H, Hkv, D, cap = 5, 4, 2, 128, 600
+    S = -(-cap // attention.SPLIT_SLOTS)
+    per_query = H * (S * (4 * attention.SPLIT_SLOTS + 4 * D + 4 + 8) + 4)
+    monkeypatch.setattr(attention, "SPLIT_SCRATCH_BYTES", 2 * per_query + 100)
+    monkeypatch.setattr(cuda.options, "attn_tiled", False)
+    monkeypatch.setattr(cuda.options, "attn_split", True)
+    q, k, v, kk, vk, pos = _inputs(rng, T, 500, H, Hkv, D, D, 0, cap)
+    names = _launched(cuda, monkeypatch)
+    got = cuda.to_numpy(cuda.attention(cuda.asarray(q), *device_sequence(cuda, rng, kk, vk), cuda.asarray(pos), 0.088))
+    assert names.count("attention_split_values") == 3, names
+    check(got, cuda_reference().attention(q, k, v, pos, 0.088).reshape(T, -1), ATTENTION, record_property)
 
 
 @needs_cuda
