@@ -72,7 +72,10 @@ def reorder_bound(v, pos, cap, window, H, slots, splits_used):
     One-block: a chain of ceil(n / 4) a warp, then 3 warps added; split: ceil(slots / 4) a
     warp, 3 warps, then up to (splits used - 1) splits. sum_j p_j <= 1 + 2^-11 (each p_j
     rounded to F16), so sum_j |p_j v_jd| <= (1 + 2^-11) max_j |v_jd|; the factor 1.01 covers the
-    bound's second-order terms. [T, H * DV]."""
+    bound's second-order terms. The same p_j: the logits, M and e_j are bit for bit the same,
+    and S's reordered double sum (~1e-16 relative) changes f16(float(e_j / S)) only where the
+    quotient lies within that of a float rounding boundary that is also an F16 one (odds of
+    order 2^-40 a slot). [T, H * DV]."""
     T = len(pos)
     Hkv, DV = v.shape[1], v.shape[2]
     out = np.empty((T, H, DV))
