@@ -12,8 +12,9 @@
 //
 // Two forms of the same passes:
 // - `attention`: one block per (head, query) keeps the query's row of logits in shared memory
-//   (n_slots floats), which bounds the context by the block's shared memory, and reads the
-//   whole row serially: H blocks a decode step.
+//   (n_slots floats), which bounds the context by the block's shared memory (227 KiB on the
+//   H100 and H200: ~57,000 slots at head dims 128), and reads the whole row serially: H blocks
+//   a decode step.
 // - split-K (flash-decoding), `attention_split_*`: the visible slots j = 0 .. n-1 (slot lo + j,
 //   as `attention` numbers them) in splits of ATTN_SPLIT_SLOTS, taken by blocks of (head,
 //   query) in each of three launches, the logits in a global scratch row:
@@ -53,7 +54,8 @@
 #endif
 
 #ifndef ATTN_SPLIT_SLOTS
-// slots a split of the split-K kernels takes (a multiple of KV_BLOCK): 2 a thread in pass 1
+// slots a split of the split-K kernels takes, counted from a row's first visible slot (any
+// size works; 256: 2 a thread in pass 1)
 #define ATTN_SPLIT_SLOTS 256
 #endif
 
