@@ -407,9 +407,8 @@ def test_model_decode_graph_with_split_attention(monkeypatch, record_property):
     # argument as there)
     import brass
     from conformance.harness.cases import nmse
-    from conformance.harness.launch_recording import MODELS_DIR
-    from conformance.kernels.test_kernels_model import FREE_RUNNING
-    path = str(MODELS_DIR / "synth-qwen3.gguf")
+    from conformance.kernels.test_kernels_model import FREE_RUNNING, SYNTH
+    path = str(SYNTH / "synth-qwen3.gguf")
     logits = {}
     for on in (True, False):
         m = brass.load(path, backend="cuda", quiet=True, attn_split=on)
