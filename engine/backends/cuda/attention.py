@@ -205,7 +205,9 @@ def split_scratch(b, nbytes: int):
     that neither a capture's pool nor a replay hands it to another array."""
     buf = b._split_scratch
     if buf is None or buf.size < nbytes:
-        b._split_scratch = None
+        if buf is not None and b._graph_refs is not None:
+            b._graph_refs.append(buf)   # freed with the graph: no cudaFree while a stream captures
+        b._split_scratch = buf = None
         mem = cupy.cuda.Memory(nbytes)
         buf = b._split_scratch = cupy.ndarray((nbytes,), np.uint8, cupy.cuda.MemoryPointer(mem, 0))
     if b._graph_refs is not None:
