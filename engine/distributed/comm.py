@@ -10,12 +10,20 @@ order on every rank, so every rank holds the same bits and a run gives the same 
 time; it is what the conformance suite runs TP=2 and TP=4 with. A rank whose step raises
 `abort()`s the group: the other ranks' collectives raise CommAborted instead of waiting for
 it forever. The NCCL one (nccl.py) has the same interface over device arrays.
+
+`ProcessGroup(n)` makes the CPU one for ranks in processes (one process per rank, as the
+CUDA path runs: workers.py): a one-way pipe for each ordered pair of ranks; `ends(r)` is what
+rank r's process takes, `PipeCommunicator` its communicator. Its all-reduce adds the same
+arrays in the same order as ThreadGroup's, so the two give the same bits. A peer whose process
+ends (killed, or its step raised and it exited) closes its pipes: the others' next read from
+it raises CommAborted at once; a peer that hangs is given up after TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -140,3 +148,121 @@ class ThreadCommunicator(Communicator):
 
     def barrier(self):
         self.group._wait()
+
+
+# -- ranks in processes -------------------------------------------------------------------------
+
+@dataclass
+class PipeEnds:
+    """Rank `rank`'s ends of a ProcessGroup's pipes: `readers[s]` reads what rank s sends it,
+    `writers[d]` writes to rank d. Picklable: handed to the rank's process when it starts."""
+    rank: int
+    world_size: int
+    readers: dict
+    writers: dict
+
+    def close(self):
+        for c in (*self.readers.values(), *self.writers.values()):
+            c.close()
+
+
+class ProcessGroup:
+    """The pipes of `n` CPU ranks in processes: one one-way pipe per ordered pair of ranks
+    (made here, in rank 0's process, before the others start). After handing `ends(r)` to
+    rank r's process, `release(r)` closes this process's copies, so that the pipes end when
+    that process does (a read from a dead rank then sees the end of the pipe, not a wait)."""
+
+    def __init__(self, n: int, ctx=None):
+        import multiprocessing
+        if n < 1:
+            raise BrassError(f"a group needs at least one rank, got {n}")
+        ctx = ctx or multiprocessing.get_context("spawn")
+        self.n = n
+        self._pipes = {(s, d): ctx.Pipe(duplex=False) for s in range(n) for d in range(n) if s != d}
+
+    def ends(self, rank: int) -> PipeEnds:
+        return PipeEnds(rank, self.n,
+                        readers={s: self._pipes[(s, rank)][0] for s in range(self.n) if s != rank},
+                        writers={d: self._pipes[(rank, d)][1] for d in range(self.n) if d != rank})
+
+    def release(self, rank: int):
+        self.ends(rank).close()
+
+
+class PipeCommunicator(Communicator):
+    """Rank `ends.rank` of a ProcessGroup, in its own process. Every send goes through one
+    sender thread per destination, so a rank never blocks writing to a peer that is itself
+    writing (a pipe holds ~64 KiB; the ranks of an all-reduce all send before they read)."""
+
+    def __init__(self, ends: PipeEnds, timeout: float = TIMEOUT_S):
+        self.ends, self.rank, self.world_size = ends, ends.rank, ends.world_size
+        self.timeout = timeout
+        self.closed: str | None = None
+        self._queues = {d: queue.Queue() for d in ends.writers}
+        self._threads = [threading.Thread(target=self._sender, args=(d,), daemon=True,
+                                          name=f"brass-comm-{self.rank}-to-{d}") for d in ends.writers]
+        for t in self._threads:
+            t.start()
+
+    def _sender(self, dst: int):
+        q, conn = self._queues[dst], self.ends.writers[dst]
+        while True:
+            x = q.get()
+            if x is None:
+                return
+            try:
+                conn.send(x)
+            except (OSError, ValueError):   # the peer is gone (its read end closed), or we closed
+                return                      # what it missed, it no longer waits for
+
+    def _put(self, x, dst: int):
+        if self.closed is not None:
+            raise CommAborted(f"rank {self.rank}: the communicator is closed ({self.closed})")
+        self._queues[dst].put(np.array(x, copy=True))   # sent later: the caller may reuse x
+
+    def _get(self, src: int):
+        if self.closed is not None:
+            raise CommAborted(f"rank {self.rank}: the communicator is closed ({self.closed})")
+        conn = self.ends.readers[src]
+        try:
+            if not conn.poll(self.timeout):
+                raise CommAborted(f"rank {self.rank}: nothing from rank {src} in {self.timeout:.0f} s")
+            return conn.recv()
+        except (EOFError, OSError):
+            raise CommAborted(f"rank {self.rank}: rank {src} is gone (its pipe closed)") from None
+
+    def _exchange(self, x) -> list:
+        """Every rank's array, in rank order: sent to every peer first, then read from each."""
+        for d in self._queues:
+            self._put(x, d)
+        return [x if r == self.rank else self._get(r) for r in range(self.world_size)]
+
+    def all_reduce(self, x):
+        parts = self._exchange(np.asarray(x, np.float32))
+        out = parts[0].copy()
+        for p in parts[1:]:             # rank order, as ThreadCommunicator: the same bits
+            out += p
+        return out
+
+    def all_gather(self, x, axis: int = -1):
+        return np.concatenate(self._exchange(np.asarray(x)), axis=axis)
+
+    def send(self, x, dst: int):
+        self._put(x, dst)
+
+    def recv(self, src: int):
+        return self._get(src)
+
+    def barrier(self):
+        self._exchange(np.zeros(1, np.int8))
+
+    def close(self, why: str = "closed"):
+        """Close this rank's pipes: the peers' reads from it end at once (CommAborted)."""
+        if self.closed is not None:
+            return
+        self.closed = why
+        for q in self._queues.values():
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout=1.0)         # a sender blocked on a full pipe ends when it closes
+        self.ends.close()

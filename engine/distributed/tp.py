@@ -1,9 +1,13 @@
 """One model over several ranks on the numpy backend: tensor parallelism (`split="tensor"`,
 the plan of shard.py) or a layer split (`split="layer"`: contiguous layers per rank, the
-residual stream handed on by send/recv), the ranks in threads of this process over the CPU
-communicator (comm.ThreadGroup). `TPModel` gives what the CLI and the server use of a Model
-(generate, sessions, score, tokenizer, config); its sessions (`TPSession`) run every step on
-all ranks at once.
+residual stream handed on by send/recv). The ranks run in threads of this process over
+comm.ThreadGroup (`ranks="threads"`: `ThreadRanks`) or one process per rank over
+comm.ProcessGroup (`ranks="processes"`: workers.ProcessRanks, what the CUDA path will run).
+`TPModel` gives what the CLI and the server use of a Model (generate, sessions, score,
+tokenizer, config); its sessions (`TPSession`) run every step on all ranks at once: rank 0
+hands every rank the same small `Command` (the session, the token ids and positions, the rows
+whose logits are wanted; a new session, a reset, the sessions freed) and each rank's
+`Rank.handle` runs it, the collectives inside.
 
 Each rank opens the GGUF itself (its own memory map) and reads only its slices of it: a
 ShardWeight holds the bytes of its rows, columns or experts, cut on block boundaries, and is
@@ -24,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -47,6 +53,7 @@ from .shard import Cut, layer_stages, tensor_parallel
 
 F32 = np.float32
 SPLITS = ("tensor", "layer")
+RANKS = ("threads", "processes")
 DEFAULT_CTX = 4096      # model.DEFAULT_CTX (not imported: model.py imports this module's users)
 
 
@@ -180,11 +187,30 @@ class Stage:
         return tuple(self.comm.recv(self.comm.rank - 1) for _ in range(n))
 
 
+@dataclass
+class Command:
+    """What rank 0 hands every rank for one call (pickled to a worker process: small). `op`:
+    "new" (a session of `n_ctx` tokens: each rank makes its own cache), "reset", "step" (run
+    `ids` at positions `pos` of session `sid`; `rows`: the rows whose logits are wanted, None
+    for all; `want`: "argmax", "logits" or "all", TPSession.step) or "free" (nothing but
+    `free`). `free`: sessions dropped since the last command, whose caches every rank lets go."""
+    op: str
+    sid: int = -1
+    n_ctx: int = 0
+    ids: np.ndarray | None = None
+    pos: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    want: str = "logits"
+    free: tuple = ()
+
+
 class Rank:
-    """One rank: its own GGUF memory map, config (its heads), backend, weights, stage."""
+    """One rank: its own GGUF memory map, config (its heads), backend, weights, stage, and the
+    caches of the sessions (by id) it holds its part of."""
 
     def __init__(self, path, comm, plan=None, stage: Stage | None = None):
         self.comm, self.plan, self.stage = comm, plan, stage
+        self.sessions: dict[int, PagedKVCache] = {}
         self.gguf = GGUFFile(path)
         self.arch = arch_registry.get(self.gguf.architecture)
         cfg = self.arch.configure(read_config(self.gguf, self.gguf.architecture), self.gguf)
@@ -207,6 +233,48 @@ class Rank:
         f = Forward(self.backend, self.config, self.weights, cache, pos)
         f.stage = self.stage
         return self.arch.forward(f, ids, out_rows)
+
+    @property
+    def result_rank(self) -> int:
+        """The rank whose result a step returns: the last stage of a layer split (it holds the
+        LM head), rank 0 under tensor parallelism (every rank holds the same)."""
+        return self.comm.world_size - 1 if self.stage is not None else 0
+
+    def handle(self, cmd: Command):
+        for sid in cmd.free:
+            self.sessions.pop(sid, None)
+        if cmd.op == "new":
+            self.sessions[cmd.sid] = PagedKVCache.private(self.backend, self.config, cmd.n_ctx)
+        elif cmd.op == "reset":
+            self.sessions[cmd.sid].reset()
+        elif cmd.op == "step":
+            return self.step(self.sessions[cmd.sid], cmd)
+        elif cmd.op != "free":
+            raise BrassError(f"rank {self.comm.rank}: unknown command {cmd.op!r}")
+        return None
+
+    def step(self, cache, cmd: Command):
+        logits = self.forward(cmd.ids, cmd.pos, cache, cmd.rows)
+        if self.stage is not None:          # the last stage holds the whole vocabulary
+            if logits is None:
+                return None
+            return int(np.argmax(logits[-1])) if cmd.want == "argmax" else np.asarray(logits, F32)
+        if cmd.want == "argmax":
+            return int(vocab.argmax(self.comm, logits, self.vocab0)[-1])
+        return vocab.gather(self.comm, logits)
+
+
+def make_rank(path, comm, split: str) -> Rank:
+    """Rank `comm.rank` of `comm.world_size` over `comm`: its plan (tensor) or stage (layer)."""
+    gf = GGUFFile(path)
+    try:
+        cfg = arch_registry.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
+        if split == "tensor":
+            return Rank(path, comm, plan=tensor_parallel(gf, cfg, comm.world_size, comm.rank))
+        stages = layer_stages(cfg.n_layer, comm.world_size)
+        return Rank(path, comm, stage=Stage(comm, stages[comm.rank]))
+    finally:
+        gf.close()
 
 
 class _BlasThreads:
@@ -244,6 +312,63 @@ class _BlasThreads:
             self._set(self._before)
 
 
+def finish(futures) -> bool:
+    """Return once every future is done (its result or exception is then read): whether a
+    Ctrl-C came meanwhile. A Ctrl-C must not leave the ranks mid-step (the next step would meet
+    them there): the caller waits the step out, then raises the KeyboardInterrupt."""
+    interrupted = False
+    while True:
+        try:
+            for f in futures:
+                f.exception()
+            return interrupted
+        except KeyboardInterrupt:
+            interrupted = True
+
+
+class ThreadRanks:
+    """Every rank in a thread of this process, over a ThreadGroup. `call(cmd)`: every rank's
+    `handle(cmd)` at once; their results in rank order. A rank that raises aborts the others'
+    collectives; its error is raised (a BrassError names the rank), and the group is made
+    ready for the next step."""
+
+    def __init__(self, path, world: int, split: str):
+        self.world = world
+        self.group = ThreadGroup(world)
+        self.local = [make_rank(path, self.group.comm(r), split) for r in range(world)]
+        self._pool = ThreadPoolExecutor(world, thread_name_prefix="brass-rank")
+        self._blas = _BlasThreads() if world > 1 else None
+        self.on_failure = None
+
+    def run(self, fn) -> list:
+        def guarded(rank):
+            try:
+                return fn(rank)
+            except BaseException as e:
+                self.group.abort(f"rank {rank.comm.rank}: {type(e).__name__}: {e}")
+                raise
+        with self._blas or contextlib.nullcontext():
+            futures = [self._pool.submit(guarded, r) for r in self.local]
+            interrupted = finish(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            why = self.group.aborted            # "rank R: Type: message" of the first to fail
+            self.group.reset()
+            first = next((e for e in errors if not isinstance(e, CommAborted)), errors[0])
+            if isinstance(first, BrassError):
+                raise first
+            raise BrassError(f"a rank failed: {why or f'{type(first).__name__}: {first}'}") from first
+        if interrupted:
+            raise KeyboardInterrupt
+        return [f.result() for f in futures]
+
+    def call(self, cmd: Command) -> list:
+        return self.run(lambda rank: rank.handle(cmd))
+
+    def close(self):
+        self._pool.shutdown(wait=False)
+
+
 class _Arch:
     """What the server reads of a TPModel's architecture: no batched decode (each session
     steps alone, every rank at once)."""
@@ -252,15 +377,19 @@ class _Arch:
 
 
 class TPModel:
-    """A model over `world` ranks in threads (numpy backend): `split` "tensor" (tensor
-    parallel) or "layer" (contiguous layers per rank)."""
+    """A model over `world` ranks (numpy backend): `split` "tensor" (tensor parallel) or "layer"
+    (contiguous layers per rank); `ranks` "threads" (ThreadRanks) or "processes" (one process
+    per rank: workers.ProcessRanks). Under processes `on_failure(why)`, when set, is called once
+    when a worker dies, even between steps (the server stops on it)."""
 
     def __init__(self, model, world: int, split: str = "tensor", n_ctx: int | None = None,
-                 quiet: bool = False):
+                 quiet: bool = False, ranks: str = "threads"):
         if split not in SPLITS:
             raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if world < 1:
             raise BrassError(f"--tp must be at least 1, got {world}")
+        if ranks not in RANKS:
+            raise BrassError(f"ranks must be one of {', '.join(RANKS)}, got {ranks!r}")
         self.path = resolve(model, quiet=quiet)
         self.gguf = GGUFFile(self.path)
         name = self.gguf.architecture
@@ -268,21 +397,45 @@ class TPModel:
         check_model(self.gguf, self.config)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.world, self.split = world, split
-        self.group = ThreadGroup(world)
-        comms = [self.group.comm(r) for r in range(world)]
+        # every rank's plan first: a shape that does not divide is refused before any load (or
+        # any worker started)
         if split == "tensor":
-            # every rank's plan first: a shape that does not divide is refused before any load
-            plans = [tensor_parallel(self.gguf, self.config, world, r) for r in range(world)]
-            self.ranks = [Rank(self.path, comms[r], plan=plans[r]) for r in range(world)]
+            for r in range(world):
+                tensor_parallel(self.gguf, self.config, world, r)
         else:
-            stages = layer_stages(self.config.n_layer, world)
-            self.ranks = [Rank(self.path, comms[r], stage=Stage(comms[r], stages[r])) for r in range(world)]
+            layer_stages(self.config.n_layer, world)
+        if ranks == "threads":
+            self.group_ranks = ThreadRanks(self.path, world, split)
+        else:
+            from .workers import ProcessRanks
+            self.group_ranks = ProcessRanks(self.path, world, split)
+        self.ranks = self.group_ranks.local         # the ranks in this process
+        self.group = getattr(self.group_ranks, "group", None)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
         self.backend = self.ranks[0].backend
         self.arch = _Arch()
         self.graphs = self.prompt_graphs = False
-        self._pool = ThreadPoolExecutor(world, thread_name_prefix="brass-rank")
-        self._blas = _BlasThreads() if world > 1 else None
+        self._sids = 0
+        self._freed: list[int] = []         # sessions dropped, told to the ranks with the next call
+
+    @property
+    def on_failure(self):
+        return self.group_ranks.on_failure
+
+    @on_failure.setter
+    def on_failure(self, fn):
+        self.group_ranks.on_failure = fn
+
+    def call(self, cmd: Command) -> list:
+        """`cmd` on every rank; the results in rank order (None where a worker returns none)."""
+        while self._freed:
+            cmd.free += (self._freed.pop(),)
+        return self.group_ranks.call(cmd)
+
+    def run(self, fn) -> list:
+        """`fn(rank)` on every rank at once (threads only: a function does not travel to a
+        process)."""
+        return self.group_ranks.run(fn)
 
     @property
     def name(self) -> str:
@@ -294,33 +447,6 @@ class TPModel:
 
     def graph_bytes(self) -> dict[str, int]:
         return {"prompt": 0, "start": 0}
-
-    def run(self, fn) -> list:
-        """`fn(rank)` on every rank at once (each in its thread); their results in rank order.
-        A rank that raises aborts the others' collectives; its error is raised here (a
-        BrassError names the rank), and the group is made ready for the next step."""
-        def guarded(rank):
-            try:
-                return fn(rank)
-            except BaseException as e:
-                self.group.abort(f"rank {rank.comm.rank}: {type(e).__name__}: {e}")
-                raise
-        results, errors = [], []
-        with self._blas or contextlib.nullcontext():
-            futures = [self._pool.submit(guarded, r) for r in self.ranks]
-            for fut in futures:
-                try:
-                    results.append(fut.result())
-                except BaseException as e:
-                    errors.append(e)
-        if errors:
-            why = self.group.aborted            # "rank R: Type: message" of the first to fail
-            self.group.reset()
-            first = next((e for e in errors if not isinstance(e, CommAborted)), errors[0])
-            if isinstance(first, BrassError):
-                raise first
-            raise BrassError(f"a rank failed: {why or f'{type(first).__name__}: {first}'}") from first
-        return results
 
     def new_session(self, n_ctx: int | None = None) -> "TPSession":
         return TPSession(self, n_ctx or self.n_ctx)
@@ -366,7 +492,7 @@ class TPModel:
                 return
 
     def close(self):
-        self._pool.shutdown(wait=False)
+        self.group_ranks.close()
 
 
 class TPSession:
@@ -375,7 +501,10 @@ class TPSession:
 
     def __init__(self, model: TPModel, n_ctx: int):
         self.model, self.n_ctx = model, n_ctx
-        self.caches = [PagedKVCache.private(r.backend, r.config, n_ctx) for r in model.ranks]
+        model._sids += 1
+        self.sid = model._sids
+        model.call(Command("new", self.sid, n_ctx=n_ctx))
+        weakref.finalize(self, model._freed.append, self.sid)
         self.cache = self.caches[0]
         self.n_past = 0
         self.graphs = self.prompt_graphs = False
@@ -383,10 +512,14 @@ class TPSession:
         self._step = None
         self._prompt_steps: dict = {}
 
+    @property
+    def caches(self) -> list:
+        """The session's caches held in this process (every rank's under threads)."""
+        return [r.sessions[self.sid] for r in self.model.ranks]
+
     def reset(self):
         self.n_past = 0
-        for c in self.caches:
-            c.reset()
+        self.model.call(Command("reset", self.sid))
 
     def step(self, ids, want: str = "logits"):
         """Run `ids` at the next positions on every rank. `want`: "argmax" (the last row's
@@ -400,21 +533,9 @@ class TPSession:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         pos = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)
         rows = None if want == "all" else np.array([len(ids) - 1], np.int32)
-        layer = m.split == "layer"
-
-        def run(rank):
-            logits = rank.forward(ids, pos, self.caches[rank.comm.rank], rows)
-            if layer:           # the last stage holds the whole vocabulary
-                if logits is None:
-                    return None
-                return int(np.argmax(logits[-1])) if want == "argmax" else np.asarray(logits, F32)
-            if want == "argmax":
-                return int(vocab.argmax(rank.comm, logits, rank.vocab0)[-1])
-            return vocab.gather(rank.comm, logits)
-
-        out = m.run(run)
+        out = m.call(Command("step", self.sid, ids=ids, pos=pos, rows=rows, want=want))
         self.n_past += len(ids)
-        return out[-1] if layer else out[0]
+        return out[-1] if m.split == "layer" else out[0]
 
     def prefill(self, ids, all_logits: bool = False, device_logits: bool = False, trace=None):
         if trace is not None:
@@ -446,16 +567,15 @@ def gpu_count() -> int:
 
 
 def check_request(world: int, split: str, backend: str | None):
-    """One-line errors for a --tp / --split the machine or backend cannot run."""
+    """One-line errors for a --tp / --split the machine or backend cannot run (before any load)."""
     if world < 1:
         raise BrassError(f"--tp must be at least 1, got {world}")
     if split not in SPLITS:
         raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if backend == "cuda":
-        n = gpu_count()
-        if world > n:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
-            raise BrassError(f"--tp {world} needs {world} GPUs; this process sees {n}{seen}")
+        from .workers import rank_device
+        n, env = gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+        for r in range(world):      # every rank's device, CUDA_VISIBLE_DEVICES order
+            rank_device(r, world, n, env)
         raise UnsupportedError(f"--tp {world} on the cuda backend needs the multi-process NCCL "
                                f"workers (docs/multi-gpu.md), not built yet; use --backend numpy")

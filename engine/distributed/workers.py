@@ -1,0 +1,387 @@
+"""One process per rank (issue 49): rank 0 is the process the user started; it spawns the other
+N - 1 ranks as worker processes and drives them, one small Command a call (tp.Command: the
+session, the token ids and positions, the rows wanted; new session, reset, free). Every rank
+runs the same `Rank.handle`, the collectives inside, over its own communicator.
+
+    rank 0 (this process)                       worker r (spawned)
+    ProcessRanks.__init__: pipes, spawn  ─────▶ worker_main(spec, ctrl, ends)
+                                                  signals: Ctrl-C is rank 0's to handle
+                                                  communicator(spec, ends)   (spec.uid: NCCL's id)
+                                                  make_rank → "ready"
+    call(cmd): cmd to every worker ────────────▶  rank.handle(cmd) ──▶ ("ok", result) / ("err", ...)
+               rank 0's handle(cmd) in a thread   (collectives between the ranks, over `ends`)
+               the workers' replies, or deaths
+
+The CUDA path keeps all of this and swaps two things: the communicator (`communicator()`:
+nccl.NcclCommunicator over `spec.uid`, the unique id rank 0 makes before spawning) and the
+rank's backend (its device: `rank_device`, CUDA_VISIBLE_DEVICES order).
+
+Failure, never a hang: a worker that raises replies with its error (one line naming its rank)
+and exits; one that is killed ends its pipes. Either way the peers' collectives raise
+CommAborted at once (comm.PipeCommunicator), rank 0 closes its own pipes (every rank still
+waiting then sees the end), collects what each worker said or how it ended, stops them all,
+and raises one BrassError naming the rank that failed first and why. The group is then spent:
+every later call raises the same error. A worker that dies between calls is seen by a watcher
+thread, which does the same and calls `on_failure(why)` (the server stops on it). A worker
+whose rank 0 ends (closed, killed) reads the end of its control pipe and exits: no orphans.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+from ..errors import BrassError
+from .comm import TIMEOUT_S, CommAborted, PipeCommunicator, ProcessGroup
+from .tp import _BlasThreads, finish, make_rank
+
+# After a rank failed, how long rank 0 waits for the others to say why or to end before it
+# stops them: their collectives fail at once when a pipe ends, so this is only a bound.
+GRACE_S = 5.0
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process is started with."""
+    rank: int
+    world_size: int
+    path: str
+    split: str
+    uid: object = None          # the rendezvous: NCCL's unique id from rank 0 (CPU pipes: none)
+    device: int | None = None   # the worker's CUDA device index (rank_device); None on numpy
+    comm: str = "pipes"         # "pipes" (ProcessGroup) or, on the CUDA path, "nccl"
+
+
+def visible_devices(env: str | None) -> list[str] | None:
+    """The entries of a CUDA_VISIBLE_DEVICES value, in order (None: unset, every device). As
+    the CUDA runtime reads it: comma-separated indices or UUIDs, the list ending at the first
+    invalid entry (a negative index, an empty entry)."""
+    if env is None:
+        return None
+    out = []
+    for e in env.split(","):
+        e = e.strip()
+        if not e or (e.lstrip("-").isdigit() and int(e) < 0):
+            break
+        out.append(e)
+    return out
+
+
+def rank_device(local_rank: int, world: int, count: int, env: str | None = None) -> tuple[int, str]:
+    """(the CUDA device index rank `local_rank` selects in its process, the device it names in
+    CUDA_VISIBLE_DEVICES terms). Every process sees the devices CUDA_VISIBLE_DEVICES lists, in
+    its order, numbered from 0 (`count` of them), and rank r takes the r-th: with
+    CUDA_VISIBLE_DEVICES=2,3 rank 0 runs on GPU 2 and rank 1 on GPU 3. A one-line error where
+    there are fewer devices than ranks."""
+    entries = visible_devices(env)
+    if world > count:
+        seen = f" (CUDA_VISIBLE_DEVICES={env})" if env is not None else ""
+        raise BrassError(f"--tp {world} needs {world} GPUs; this process sees {count}{seen}")
+    if not 0 <= local_rank < world:
+        raise BrassError(f"rank {local_rank} is not one of the {world} ranks")
+    name = entries[local_rank] if entries is not None and local_rank < len(entries) else str(local_rank)
+    return local_rank, name
+
+
+def communicator(spec: WorkerSpec, ends):
+    """The rank's communicator: over the CPU pipes, or (CUDA path) NCCL over `spec.uid`."""
+    if spec.comm == "pipes":
+        return PipeCommunicator(ends)
+    if spec.comm == "nccl":
+        from .nccl import NcclCommunicator
+        return NcclCommunicator(spec.world_size, spec.uid, spec.rank)
+    raise BrassError(f"no communicator {spec.comm!r}")
+
+
+def one_line(rank: int, e: BaseException) -> str:
+    text = " ".join(str(e).split()) or "(no message)"
+    return text if isinstance(e, BrassError) and text.startswith(f"rank {rank}") else \
+        f"rank {rank}: {type(e).__name__}: {text}"
+
+
+def worker_main(spec: WorkerSpec, ctrl, ends):
+    """A worker process: build the rank, then run rank 0's commands until it says stop (None)
+    or its control pipe ends; after an error, say it and exit (closing the pipes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C reaches every process; rank 0 acts
+    comm = None
+    try:
+        blas = _BlasThreads()       # the ranks are the parallelism (tp._BlasThreads)
+        blas.__enter__()
+        comm = communicator(spec, ends)
+        rank = make_rank(spec.path, comm, spec.split)
+        ctrl.send(("ready", None))
+        while True:
+            try:
+                cmd = ctrl.recv()
+            except (EOFError, OSError):
+                return                  # rank 0 is gone
+            if cmd is None:
+                return
+            out = rank.handle(cmd)
+            ctrl.send(("ok", out if spec.rank == rank.result_rank else None))
+    except BaseException as e:
+        try:
+            ctrl.send(("err", one_line(spec.rank, e), isinstance(e, CommAborted)))
+        except (OSError, ValueError):
+            pass
+    finally:
+        if comm is not None and hasattr(comm, "close"):
+            comm.close("exited")
+
+
+def exit_cause(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _died(w) -> str:
+    w.proc.join(1.0)            # its sentinel is ready: the exit status is there to read
+    return f"rank {w.rank} died ({exit_cause(w.proc.exitcode)})"
+
+
+class _Worker:
+    def __init__(self, rank: int, proc, ctrl):
+        self.rank, self.proc, self.ctrl = rank, proc, ctrl
+
+
+class ProcessRanks:
+    """Rank 0 in this process, ranks 1..N-1 in worker processes (multiprocessing's spawn: a
+    fresh interpreter, as CUDA needs; a script that makes one therefore needs the `if __name__
+    == "__main__":` guard multiprocessing asks for). `call(cmd)` runs a command on every rank; the results in
+    rank order (None but for rank 0 and the rank whose result a step returns)."""
+
+    def __init__(self, path, world: int, split: str, timeout: float = TIMEOUT_S, uid=None):
+        ctx = multiprocessing.get_context("spawn")
+        self.world, self.timeout = world, timeout
+        self.on_failure = None
+        self.failure: str | None = None
+        self._closing = False
+        self._lock = threading.Lock()
+        self._notified = False
+        self.workers: list[_Worker] = []
+        group = ProcessGroup(world, ctx)
+        try:
+            for r in range(1, world):
+                ctrl, child = ctx.Pipe()
+                spec = WorkerSpec(r, world, str(path), split, uid=uid)
+                p = ctx.Process(target=worker_main, args=(spec, child, group.ends(r)),
+                                name=f"brass-rank-{r}", daemon=True)
+                _start_without_sigint(p)
+                child.close()
+                group.release(r)
+                self.workers.append(_Worker(r, p, ctrl))
+            self.comm = PipeCommunicator(group.ends(0), timeout)
+            self.rank0 = make_rank(path, self.comm, split)
+            self.local = [self.rank0]
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="brass-rank-0")
+            self._blas = _BlasThreads() if world > 1 else None
+            replies, errors, _ = self._collect(timeout)
+            bad = [r for r, (kind, _) in replies.items() if kind != "ready"]
+            if errors or bad:
+                raise BrassError(self._cause(None, errors, {r: replies[r] for r in bad}))
+        except BaseException:
+            self.failure = "the ranks did not start"
+            self._stop()
+            raise
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="brass-rank-watcher")
+        self._watcher.start()
+
+    # -- one call -------------------------------------------------------------------------------
+    def call(self, cmd) -> list:
+        with self._lock:
+            if self.failure is not None:
+                raise BrassError(self.failure)
+            for w in self.workers:
+                try:
+                    w.ctrl.send(cmd)
+                except (OSError, ValueError):
+                    pass                # a dead worker: found below, with how it ended
+            local_error, out0 = None, None
+            with self._blas or _null():
+                fut = self._pool.submit(self.rank0.handle, cmd)
+                interrupted = finish([fut])
+            if fut.exception() is not None:
+                local_error = fut.exception()
+                self.comm.close("rank 0 failed")    # every rank waiting on rank 0 sees it
+            else:
+                out0 = fut.result()
+            replies, errors, late = self._collect(GRACE_S if local_error is not None else self.timeout)
+            if local_error is not None or errors or any(k != "ok" for k, _ in replies.values()):
+                self._fail(self._cause(local_error, errors, {r: v for r, v in replies.items() if v[0] != "ok"}))
+                raise BrassError(self.failure)
+        if interrupted or late:             # Ctrl-C during the step: raised once it is over
+            raise KeyboardInterrupt
+        results = [out0] + [None] * (self.world - 1)
+        for r, (_, v) in replies.items():
+            results[r] = v
+        return results
+
+    def _collect(self, timeout: float):
+        """Each worker's reply ({rank: (kind, value)}) or how it ended ({rank: why}), waiting
+        at most `timeout` (those still silent then: {rank: "no reply in ... s"}); and whether a
+        Ctrl-C came meanwhile (the replies are read to the end all the same)."""
+        pending = {w.rank: w for w in self.workers}
+        replies, errors, interrupted = {}, {}, False
+        deadline = time.monotonic() + timeout
+        while pending:
+            left = deadline - time.monotonic()
+            try:
+                ready = wait([w.ctrl for w in pending.values()] + [w.proc.sentinel for w in pending.values()],
+                             timeout=max(left, 0))
+            except KeyboardInterrupt:
+                interrupted = True
+                continue
+            if not ready:
+                for r in pending:
+                    errors[r] = (f"rank {r}: no reply in {timeout:.0f} s", True)
+                break
+            for r, w in list(pending.items()):
+                if w.ctrl in ready or w.ctrl.poll():
+                    try:
+                        msg = w.ctrl.recv()
+                    except (EOFError, OSError):
+                        errors[r] = (_died(w), False)
+                    else:
+                        if msg[0] == "err":
+                            errors[r] = (msg[1], msg[2])
+                        else:
+                            replies[r] = msg[:2]
+                    del pending[r]
+                elif w.proc.sentinel in ready:
+                    errors[r] = (_died(w), False)
+                    del pending[r]
+        return replies, errors, interrupted
+
+    def _dead(self) -> dict:
+        """What the workers that ended said before (an error) or how they ended."""
+        out = {}
+        for w in self.workers:
+            if w.proc.is_alive():
+                continue
+            msg = None
+            try:
+                if w.ctrl.poll():
+                    msg = w.ctrl.recv()
+            except (EOFError, OSError):
+                pass
+            if msg is not None and msg[0] == "err":
+                out[w.rank] = (msg[1], msg[2])
+            else:
+                out[w.rank] = (_died(w), False)
+        return out
+
+    @staticmethod
+    def _cause(local_error, errors: dict, odd: dict) -> str:
+        """The first failure, in one line: a rank's own error before a death without a word,
+        before the CommAborted that the others' collectives then raised."""
+        if local_error is not None and not isinstance(local_error, CommAborted):
+            return one_line(0, local_error)
+        for r in sorted(errors):
+            why, aborted = errors[r]
+            if not aborted and "died" not in why:
+                return why
+        for r in sorted(errors):
+            if not errors[r][1]:
+                return errors[r][0]
+        for r in sorted(odd):
+            return f"rank {r}: unexpected reply {odd[r][0]!r}"
+        if local_error is not None:
+            return one_line(0, local_error)
+        return next(iter(errors.values()))[0] if errors else "a rank failed"
+
+    # -- failure and shutdown -------------------------------------------------------------------
+    def _fail(self, why: str):
+        if self.failure is None:
+            self.failure = why
+        self._stop()
+        self._notify()
+
+    def _notify(self):
+        if self._notified or self.on_failure is None:
+            return
+        self._notified = True
+        self.on_failure(self.failure)
+
+    def _watch(self):
+        """A worker that ends between calls fails the group at once (in a call, `call` sees it)."""
+        sentinels = [w.proc.sentinel for w in self.workers]
+        if not sentinels:
+            return
+        wait(sentinels)
+        if self._closing:
+            return
+        with self._lock:
+            if self._closing:
+                return
+            if self.failure is None:
+                self.failure = self._cause(None, self._dead(), {})
+            self._stop()
+        self._notify()
+
+    def _stop(self):
+        """Stop every worker: ask, wait a little, then terminate (then kill)."""
+        self._closing = True
+        comm = getattr(self, "comm", None)
+        if comm is not None:
+            comm.close("stopped")
+        for w in self.workers:
+            try:
+                w.ctrl.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 2.0
+        for w in self.workers:
+            w.proc.join(max(deadline - time.monotonic(), 0.05))
+        for w in self.workers:
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join(1.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(1.0)
+            w.ctrl.close()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def close(self):
+        if self._closing:
+            return
+        if self.failure is None:
+            self.failure = "the model was closed"
+        self._stop()
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers]
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _start_without_sigint(p):
+    """Start a worker with Ctrl-C ignored from its first instruction (an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler): a Ctrl-C in
+    the terminal reaches every process of the group, and rank 0 alone decides what it stops."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        p.start()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
