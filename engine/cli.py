@@ -80,7 +80,8 @@ def add_model_args(p, model_optional=False):
                    help=f"context size in tokens, prompt and reply together, at most the model's "
                         f"trained context (default: {DEFAULT_CTX}, or the trained context if smaller)")
     p.add_argument("--tp", type=int, default=1, metavar="N",
-                   help="run the model over N ranks: GPUs (cuda), threads (numpy) (default: 1)")
+                   help="run the model over N ranks, one process each (rank 0 is this one; "
+                        "cuda: one GPU each, in CUDA_VISIBLE_DEVICES order) (default: 1)")
     p.add_argument("--split", choices=["tensor", "layer"], default="tensor",
                    help="how --tp splits the model: tensor parallel, or contiguous layers per rank "
                         "(default: tensor)")
@@ -137,7 +138,8 @@ def load_model(args):
         from .backends import default_backend
         from .distributed.tp import TPModel, check_request
         check_request(tp, split, args.backend or flags.get("BRASS_BACKEND") or default_backend())
-        return TPModel(model, tp, split, n_ctx=args.ctx, quiet=_quiet())
+        # one process per rank, as the CUDA path runs (docs/multi-gpu.md)
+        return TPModel(model, tp, split, n_ctx=args.ctx, quiet=_quiet(), ranks="processes")
     return Model(model, backend=args.backend, n_ctx=args.ctx, quiet=_quiet())
 
 

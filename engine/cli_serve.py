@@ -19,6 +19,8 @@ tokenizer as llama-server does (vLLM's field names accepted).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from . import catalog, flags
@@ -80,6 +82,9 @@ def cmd_serve(args):
     key = " — API key required (but for /health, /v1/models and the page)" if api_key else ""
     print(f"brass: serving {app.model_id} on the {model.backend.name} backend at http://{shown}:{port}/ "
           f"(API: /v1, chat page: /, API docs: /docs){key}", file=sys.stderr, flush=True)
+    if hasattr(model, "on_failure"):
+        # --tp: a worker that dies stops the server as Ctrl-C does, and the error is said below
+        model.on_failure = lambda why: os.kill(os.getpid(), signal.SIGINT)
     try:
         http_api.serve(app, sock)
     except KeyboardInterrupt:   # uvicorn stopped gracefully on Ctrl-C, then raised it again
@@ -87,6 +92,8 @@ def cmd_serve(args):
     finally:
         sock.close()
         app.scheduler.close()
+    if getattr(model, "failure", None) is not None:
+        raise BrassError(model.failure)
     print("brass: stopped", file=sys.stderr)
 
 

@@ -339,6 +339,7 @@ class ThreadRanks:
         self._pool = ThreadPoolExecutor(world, thread_name_prefix="brass-rank")
         self._blas = _BlasThreads() if world > 1 else None
         self.on_failure = None
+        self.failure = None
 
     def run(self, fn) -> list:
         def guarded(rank):
@@ -425,6 +426,12 @@ class TPModel:
     @on_failure.setter
     def on_failure(self, fn):
         self.group_ranks.on_failure = fn
+
+    @property
+    def failure(self) -> str | None:
+        """Why the ranks stopped (a worker died, or failed a step), in one line; None while they
+        run. Under threads a failed step leaves the group usable: always None."""
+        return self.group_ranks.failure
 
     def call(self, cmd: Command) -> list:
         """`cmd` on every rank; the results in rank order (None where a worker returns none)."""
