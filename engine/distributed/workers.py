@@ -267,9 +267,9 @@ class ProcessRanks:
         """What the workers that ended said before (an error) or how they ended."""
         out = {}
         for w in self.workers:
-            if w.proc.is_alive():
-                continue
-            msg = None
+            if not wait([w.proc.sentinel], timeout=0):
+                continue                # (its sentinel, not is_alive: a process's pipes close
+            msg = None                  # a moment before it can be reaped)
             try:
                 if w.ctrl.poll():
                     msg = w.ctrl.recv()

@@ -1,0 +1,349 @@
+"""One process per rank (engine/distributed/workers.py, issue 49): the pipe communicator
+(comm.ProcessGroup), the ranks of a TPModel in worker processes, their failures, and `--tp` on
+the command line, which runs them.
+
+What is held exactly, and why: a rank in a process runs the same code on the same data as a
+rank in a thread (Rank.handle), and the pipe communicator adds the ranks' arrays in the same
+order as ThreadGroup's (rank 0's + rank 1's + ...), so TP in processes must give the bits of TP
+in threads: logits compared with array_equal, tokens with ==. How far TP in threads is from
+TP = 1 and from llama.cpp is test_tensor_parallel.py's business.
+
+Failures are held to time bounds far below the communicator's TIMEOUT_S (600 s): a hang would
+show as a timeout, not as a slow pass.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from conformance.harness import goldens
+from brass.distributed.comm import CommAborted, PipeCommunicator, ProcessGroup, ThreadGroup
+from brass.distributed.tp import TPModel
+from brass.distributed.workers import rank_device, visible_devices
+from brass.errors import BrassError
+
+# a failure must end the call within this; the group's own timeout is 600 s
+FAIL_S = 10.0
+
+
+# -- the pipe communicator --------------------------------------------------------------------
+
+def _parts(rank: int, world: int) -> np.ndarray:
+    """Rank `rank`'s all-reduce input: a value whose sum depends on the order (float32 addition
+    does not associate: in rank order ((1e8 + 1) - 1e8) + 1 is 1, any other grouping of these
+    gives 0 or 2), then random values of wide range."""
+    rng = np.random.default_rng(100 + rank)
+    head = np.array([[1e8, 1.0, -1e8, 1.0][rank % 4]], np.float32)
+    return np.concatenate([head, (rng.standard_normal(4096) * 10.0 ** rng.integers(-3, 6, 4096)).astype(np.float32)])
+
+
+def _collectives(comm) -> list:
+    r, n = comm.rank, comm.world_size
+    out = [comm.all_reduce(_parts(r, n)),
+           comm.all_gather(np.arange(r + 1, dtype=np.int64)[None], axis=1),
+           comm.all_reduce(np.full((300, 512), r + 0.25, np.float32))]   # beyond a pipe's buffer
+    comm.send(np.array([r]), (r + 1) % n)
+    out.append(comm.recv((r - 1) % n))
+    comm.barrier()
+    return out
+
+
+def _job(ends, what: str, results):
+    """A rank in a spawned process (module level: spawn imports it)."""
+    comm = PipeCommunicator(ends, timeout=60)
+    try:
+        if what == "exit":
+            return                          # ends without a word: its pipes close
+        if what == "hang":
+            time.sleep(60)
+        results.send(_collectives(comm))
+    finally:
+        comm.close()
+
+
+def _group(world: int, what: str, timeout: float = 60):
+    """A ProcessGroup: ranks 1.. in spawned processes running `_job(what)`, rank 0's
+    communicator here."""
+    ctx = multiprocessing.get_context("spawn")
+    g = ProcessGroup(world, ctx)
+    procs, pipes = [], []
+    for r in range(1, world):
+        mine, theirs = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_job, args=(g.ends(r), what, theirs), daemon=True)
+        p.start()
+        theirs.close()
+        g.release(r)
+        procs.append(p)
+        pipes.append(mine)
+    return PipeCommunicator(g.ends(0), timeout=timeout), procs, pipes
+
+
+def _thread_collectives(world: int) -> list:
+    g = ThreadGroup(world, timeout=20)
+    out = [None] * world
+    ts = [threading.Thread(target=lambda r=r: out.__setitem__(r, _collectives(g.comm(r)))) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def test_pipe_collectives_give_the_thread_groups_bits_on_every_rank():
+    world = 4
+    comm, procs, pipes = _group(world, "collectives")
+    got = [_collectives(comm)] + [p.recv() for p in pipes]
+    comm.close()
+    for p in procs:
+        p.join(FAIL_S)
+    want = _thread_collectives(world)
+    ordered = np.float32(0)
+    for v in (1e8, 1.0, -1e8, 1.0):
+        ordered = np.float32(ordered + np.float32(v))
+    for r in range(world):
+        assert got[r][0][0] == ordered == 1.0, (r, got[r][0][0])     # summed in rank order
+        for a, b in zip(got[r], want[r]):
+            assert a.dtype == b.dtype and np.array_equal(a, b), r
+        assert np.array_equal(got[r][0], got[0][0])                  # the same bits everywhere
+    assert np.array_equal(got[0][1], [[0, 0, 1, 0, 1, 2, 0, 1, 2, 3]])
+    assert [int(g[3][0]) for g in got] == [3, 0, 1, 2]
+
+
+def test_a_peer_that_ends_or_hangs_aborts_the_collective():
+    comm, procs, _ = _group(2, "exit")
+    t0 = time.perf_counter()
+    with pytest.raises(CommAborted, match="rank 0: rank 1 is gone"):
+        comm.all_reduce(np.ones(4, np.float32))
+    assert time.perf_counter() - t0 < FAIL_S
+    comm.close()
+    comm, procs, _ = _group(2, "hang", timeout=1.0)      # the timeout, made short here
+    t0 = time.perf_counter()
+    with pytest.raises(CommAborted, match="nothing from rank 1 in 1 s"):
+        comm.all_reduce(np.ones(4, np.float32))
+    assert time.perf_counter() - t0 < FAIL_S
+    comm.close()
+    for p in procs:
+        p.kill()
+        p.join(FAIL_S)
+
+
+# -- devices ----------------------------------------------------------------------------------
+
+def test_rank_device_follows_cuda_visible_devices():
+    assert visible_devices(None) is None
+    assert visible_devices("2,3") == ["2", "3"]
+    assert visible_devices("1,-1,2") == ["1"]           # CUDA stops at the first invalid entry
+    assert visible_devices("") == []
+    assert rank_device(1, 2, 2, "2,3") == (1, "3")      # index in this process, the GPU it is
+    assert rank_device(0, 2, 2, "GPU-aa,GPU-bb") == (0, "GPU-aa")
+    assert rank_device(3, 4, 8, None) == (3, "3")
+    with pytest.raises(BrassError, match=r"^--tp 4 needs 4 GPUs; this process sees 2 \(CUDA_VISIBLE_DEVICES=2,3\)$"):
+        rank_device(0, 4, 2, "2,3")
+    with pytest.raises(BrassError, match=r"^--tp 2 needs 2 GPUs; this process sees 0$"):
+        rank_device(0, 2, 0, None)
+
+
+# -- a TPModel's ranks in processes -----------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _pids(m: TPModel) -> list[int]:
+    return m.group_ranks.pids()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,world,split", [
+    ("synth-tp-qwen3", 2, "tensor"), ("synth-tp-qwen3moe", 2, "tensor"), ("synth-tp-qwen35", 2, "tensor"),
+    ("synth-tp-gemma4", 2, "tensor"), ("synth-tp-qwen35", 4, "tensor"), ("synth-tp-qwen3", 2, "layer"),
+    ("synth-tp-qwen35", 2, "layer"),
+])
+def test_processes_give_the_bits_of_threads(name, world, split):
+    """Teacher-forced logits and greedy tokens of TP in processes equal TP in threads', and a
+    session's reset and a freed session reach every rank."""
+    path = goldens.model(name).path()
+    threads = TPModel(path, world, split)
+    procs = TPModel(path, world, split, ranks="processes")
+    try:
+        for p in goldens.prompts(name)[:2]:
+            assert np.array_equal(procs.score(p.tf_ids), threads.score(p.tf_ids)), p.name
+        p = goldens.prompts(name)[0]
+        s_p, s_t = procs.new_session(64), threads.new_session(64)
+        for _ in range(2):                  # the second pass after a reset: the same again
+            a = list(procs.generate(p.prompt_ids, 6, stop_at_eog=False, session=s_p))
+            b = list(threads.generate(p.prompt_ids, 6, stop_at_eog=False, session=s_t))
+            assert a == b
+            s_p.reset()
+            s_t.reset()
+        sid = s_p.sid
+        del s_p
+        procs.new_session(8)                # tells the ranks of the freed session
+        assert sid not in procs.ranks[0].sessions
+    finally:
+        pids = _pids(procs)
+        procs.close()
+        threads.close()
+    assert len(pids) == world - 1 and not any(_alive(p) for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_raises_fails_the_call_in_one_line():
+    """A worker whose step raises (here: rank 1 told to drop the session's cache, which rank 0
+    keeps) ends the call with its rank and error; the group is spent, its workers gone."""
+    from brass.distributed.tp import Command
+    m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    pids = _pids(m)
+    s = m.new_session(32)
+    w = m.group_ranks.workers[0]
+    w.ctrl.send(Command("free", free=(s.sid,)))
+    assert w.ctrl.recv()[0] == "ok"
+    t0 = time.perf_counter()
+    with pytest.raises(BrassError) as e:
+        s.step([1, 2, 3])
+    assert time.perf_counter() - t0 < FAIL_S
+    assert str(e.value) == f"rank 1: KeyError: {s.sid}"
+    with pytest.raises(BrassError, match=f"^rank 1: KeyError: {s.sid}$"):     # spent
+        s.step([1])
+    assert m.failure == str(e.value)
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_mid_step_fails_the_call_and_stops_the_others():
+    """TP = 4; rank 2 is stopped, a step started (rank 0 then waits in a collective), and rank 2
+    killed: the call ends at once naming rank 2 and the signal; ranks 1 and 3, which were
+    waiting on it, are gone too."""
+    m = TPModel(goldens.model("synth-tp-qwen35").path(), 4, ranks="processes")
+    failures = []
+    m.on_failure = failures.append
+    pids = _pids(m)
+    p = goldens.prompts("synth-tp-qwen35")[0]
+    gen = m.generate(p.prompt_ids, 64, stop_at_eog=False)
+    next(gen)
+    os.kill(pids[1], signal.SIGSTOP)
+    err = []
+
+    def step():
+        try:
+            next(gen)
+        except BaseException as e:
+            err.append(e)
+    t = threading.Thread(target=step)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    os.kill(pids[1], signal.SIGKILL)
+    t.join(FAIL_S)
+    assert not t.is_alive() and time.perf_counter() - t0 < FAIL_S
+    assert isinstance(err[0], BrassError) and str(err[0]) == "rank 2 died (killed by SIGKILL)"
+    assert failures == ["rank 2 died (killed by SIGKILL)"]
+    assert not any(_alive(q) for q in pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_dying_between_calls_is_seen_at_once():
+    m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    seen = threading.Event()
+    m.on_failure = lambda why: seen.set()
+    os.kill(_pids(m)[0], signal.SIGKILL)
+    assert seen.wait(FAIL_S)
+    with pytest.raises(BrassError, match="^rank 1 died \\(killed by SIGKILL\\)$"):
+        m.score([1, 2])
+
+
+# -- the command line -------------------------------------------------------------------------
+
+def _marked(mark: str) -> list[int]:
+    """Processes whose environment carries `mark` (a command's workers inherit it)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if mark.encode() in f.read() and _alive(int(d)):
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def _env(mark: str) -> dict:
+    return {**os.environ, "TP_PROCESSES_TEST_MARK": mark}
+
+
+@pytest.mark.timeout(120)
+def test_cli_run_streams_under_tp_and_leaves_no_process():
+    """`brass run MODEL PROMPT --tp 2` prints what one rank prints (greedy), and every process
+    it started is gone when it returns."""
+    name = "synth-tp-qwen3"
+    path = goldens.model(name).path()
+    p = goldens.prompts(name)[0]
+    mark = uuid.uuid4().hex
+    cmd = [sys.executable, "-m", "brass", "run", str(path), p.text, "--max-tokens", "8", "--temperature", "0",
+           "--backend", "numpy"]
+    one = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    tp = subprocess.run(cmd + ["--tp", "2"], capture_output=True, text=True, timeout=60, env=_env(mark))
+    assert one.returncode == 0 and tp.returncode == 0, tp.stderr
+    assert tp.stdout == one.stdout and tp.stdout.strip()
+    assert _marked(mark) == []
+
+
+@pytest.mark.timeout(120)
+def test_serve_exits_in_one_line_when_a_worker_dies():
+    """`brass serve --tp 2`: its worker killed, the server stops by itself with one line
+    naming the rank, status 2, and leaves no process behind."""
+    path = goldens.model("synth-tp-qwen3").path()
+    mark = uuid.uuid4().hex
+    srv = subprocess.Popen([sys.executable, "-m", "brass", "serve", str(path), "--tp", "2", "--backend",
+                            "numpy", "--port", "0"], stderr=subprocess.PIPE, text=True, env=_env(mark))
+    try:
+        for line in srv.stderr:
+            if "brass: serving" in line:
+                break
+        workers = [q for q in _marked(mark) if q != srv.pid and "resource_tracker" not in _cmdline(q)]
+        assert len(workers) == 1, workers
+        os.kill(workers[0], signal.SIGKILL)
+        rc = srv.wait(FAIL_S)
+        rest = srv.stderr.read().strip()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert rc == 2 and rest == "brass: error: rank 1 died (killed by SIGKILL)", (rc, rest)
+    deadline = time.monotonic() + FAIL_S
+    while _marked(mark) and time.monotonic() < deadline:     # multiprocessing's resource tracker
+        time.sleep(0.1)                                      # ends when its pipe does
+    assert _marked(mark) == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--tp", "0"), "brass: error: --tp must be at least 1, got 0"),
+    (("--tp", "2", "--split", "layer", "--ctx", "0"), "brass: error: --ctx must be at least 1, got 0"),
+])
+def test_cli_bad_tp_is_one_line(args, message):
+    from conformance.harness.cli import brass
+    r = brass("generate", goldens.model("synth-tp-qwen3").path(), "--prompt", "x", "--backend", "numpy", *args)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.strip() == message, r.stderr
