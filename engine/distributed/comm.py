@@ -215,10 +215,10 @@ class PipeCommunicator(Communicator):
             except (OSError, ValueError):   # the peer is gone (its read end closed), or we closed
                 return                      # what it missed, it no longer waits for
 
-    def _put(self, x, dst: int):
+    def _put(self, x, dst: int, copy: bool = True):
         if self.closed is not None:
             raise CommAborted(f"rank {self.rank}: the communicator is closed ({self.closed})")
-        self._queues[dst].put(np.array(x, copy=True))   # sent later: the caller may reuse x
+        self._queues[dst].put(np.array(x, copy=True) if copy else x)   # sent later: the caller may reuse x
 
     def _get(self, src: int):
         if self.closed is not None:
@@ -233,8 +233,9 @@ class PipeCommunicator(Communicator):
 
     def _exchange(self, x) -> list:
         """Every rank's array, in rank order: sent to every peer first, then read from each."""
+        mine = np.array(x, copy=True)       # one copy for every sender thread (they only read)
         for d in self._queues:
-            self._put(x, d)
+            self._put(mine, d, copy=False)
         return [x if r == self.rank else self._get(r) for r in range(self.world_size)]
 
     def all_reduce(self, x):

@@ -428,6 +428,11 @@ class TPModel:
         self.group_ranks.on_failure = fn
 
     @property
+    def weights(self):
+        """Rank 0's weights (what `brass bench` counts: one rank's share of the model)."""
+        return self.ranks[0].weights
+
+    @property
     def failure(self) -> str | None:
         """Why the ranks stopped (a worker died, or failed a step), in one line; None while they
         run. Under threads a failed step leaves the group usable: always None."""

@@ -92,8 +92,10 @@ def communicator(spec: WorkerSpec, ends):
     """The rank's communicator: over the CPU pipes, or (CUDA path) NCCL over `spec.uid`."""
     if spec.comm == "pipes":
         return PipeCommunicator(ends)
-    if spec.comm == "nccl":
+    if spec.comm == "nccl":            # the CUDA path: the rank's device first, then NCCL
+        import cupy
         from .nccl import NcclCommunicator
+        cupy.cuda.Device(spec.device if spec.device is not None else spec.rank).use()
         return NcclCommunicator(spec.world_size, spec.uid, spec.rank)
     raise BrassError(f"no communicator {spec.comm!r}")
 
