@@ -256,6 +256,29 @@ def test_a_worker_killed_mid_step_fails_the_call_and_stops_the_others():
 
 
 @pytest.mark.timeout(60)
+def test_ctrl_c_during_a_step_is_raised_once_the_step_is_over():
+    """A Ctrl-C while the ranks are in a step (held there: rank 1 stopped) is raised after the
+    step ends on every rank: the group stays usable, the next step gives the threads' bits."""
+    name = "synth-tp-qwen35"
+    path = goldens.model(name).path()
+    m = TPModel(path, 2, ranks="processes")
+    try:
+        ids = goldens.prompts(name)[0].tf_ids
+        worker = _pids(m)[0]
+        os.kill(worker, signal.SIGSTOP)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.8, os.kill, (worker, signal.SIGCONT)).start()
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            m.score(ids[:5])
+        assert time.perf_counter() - t0 >= 0.7, "raised before the step was over"
+        assert m.failure is None
+        assert np.array_equal(m.score(ids), TPModel(path, 2).score(ids))
+    finally:
+        m.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_worker_dying_between_calls_is_seen_at_once():
     m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
     seen = threading.Event()
@@ -309,8 +332,7 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
     naming the rank, status 2, and leaves no process behind."""
     path = goldens.model("synth-tp-qwen3").path()
     mark = uuid.uuid4().hex
-    srv = subprocess.Popen([sys.executable, "-m", "brass", "serve", str(path), "--tp", "2", "--backend",
-                            "numpy", "--port", "0"], stderr=subprocess.PIPE, text=True, env=_env(mark))
+    srv = _serve(path, mark)
     try:
         for line in srv.stderr:
             if "brass: serving" in line:
@@ -328,6 +350,41 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
     deadline = time.monotonic() + FAIL_S
     while _marked(mark) and time.monotonic() < deadline:     # multiprocessing's resource tracker
         time.sleep(0.1)                                      # ends when its pipe does
+    assert _marked(mark) == []
+
+
+def _serve(path, mark: str):
+    """`brass serve --tp 2` in a session of its own (its process group: what a terminal's
+    Ctrl-C reaches), once it says it serves."""
+    srv = subprocess.Popen([sys.executable, "-m", "brass", "serve", str(path), "--tp", "2", "--backend",
+                            "numpy", "--port", "0"], stderr=subprocess.PIPE, text=True, env=_env(mark),
+                           start_new_session=True)
+    return srv
+
+
+@pytest.mark.timeout(120)
+def test_serve_stops_on_ctrl_c_with_its_workers():
+    """Ctrl-C in the terminal (SIGINT to the whole process group, workers included): the
+    workers ignore it, the server stops as without --tp and stops them; nothing is left."""
+    path = goldens.model("synth-tp-qwen3").path()
+    mark = uuid.uuid4().hex
+    srv = _serve(path, mark)
+    try:
+        for line in srv.stderr:
+            if "brass: serving" in line:
+                break
+        assert len(_marked(mark)) >= 2          # the server and its worker
+        os.killpg(srv.pid, signal.SIGINT)
+        rc = srv.wait(FAIL_S)
+        rest = srv.stderr.read().strip()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert rc == 0 and rest.endswith("brass: stopped") and "Traceback" not in rest, (rc, rest)
+    deadline = time.monotonic() + FAIL_S
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _marked(mark) == []
 
 

@@ -28,6 +28,7 @@ whose rank 0 ends (closed, killed) reads the end of its control pipe and exits: 
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import signal
 import threading
@@ -196,6 +197,9 @@ class ProcessRanks:
             self.failure = "the ranks did not start"
             self._stop()
             raise
+        # stopped before multiprocessing's own exit hook terminates them (atexit runs the hooks
+        # last registered first), so that the watcher does not take that for a death
+        atexit.register(self.close)
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="brass-rank-watcher")
         self._watcher.start()
 
@@ -358,6 +362,7 @@ class ProcessRanks:
             pool.shutdown(wait=False)
 
     def close(self):
+        atexit.unregister(self.close)
         if self._closing:
             return
         if self.failure is None:
