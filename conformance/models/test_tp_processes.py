@@ -265,14 +265,16 @@ def test_ctrl_c_during_a_step_is_raised_once_the_step_is_over():
     try:
         ids = goldens.prompts(name)[0].tf_ids
         worker = _pids(m)[0]
-        os.kill(worker, signal.SIGSTOP)
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-        threading.Timer(0.8, os.kill, (worker, signal.SIGCONT)).start()
-        t0 = time.perf_counter()
-        with pytest.raises(KeyboardInterrupt):
-            m.score(ids[:5])
-        assert time.perf_counter() - t0 >= 0.7, "raised before the step was over"
-        assert m.failure is None
+        for hold in ("step", "new"):    # rank 0 waiting in its step / for the worker's reply
+            s = m.new_session(len(ids)) if hold == "step" else None
+            os.kill(worker, signal.SIGSTOP)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            threading.Timer(0.8, os.kill, (worker, signal.SIGCONT)).start()
+            t0 = time.perf_counter()
+            with pytest.raises(KeyboardInterrupt):
+                s.step(ids[:5]) if s is not None else m.new_session(8)
+            assert time.perf_counter() - t0 >= 0.7, f"{hold}: raised before the call was over"
+            assert m.failure is None
         assert np.array_equal(m.score(ids), TPModel(path, 2).score(ids))
     finally:
         m.close()
