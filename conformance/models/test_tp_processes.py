@@ -291,6 +291,27 @@ def test_a_worker_dying_between_calls_is_seen_at_once():
         m.score([1, 2])
 
 
+@pytest.mark.timeout(60)
+def test_workers_end_when_rank_0_is_killed():
+    """Rank 0 killed (no chance to stop anything): its workers read the end of their control
+    pipe and exit; none is left."""
+    code = ("import sys, time; from brass.distributed.tp import TPModel; "
+            "m = TPModel(sys.argv[1], 4, ranks='processes'); print(*m.group_ranks.pids(), flush=True); "
+            "time.sleep(60)")
+    r0 = subprocess.Popen([sys.executable, "-c", code, str(goldens.model("synth-tp-qwen35").path())],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in r0.stdout.readline().split()]
+        assert len(pids) == 3 and all(_alive(q) for q in pids)
+    finally:
+        r0.kill()
+        r0.wait()
+    deadline = time.monotonic() + FAIL_S
+    while any(_alive(q) for q in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(q) for q in pids)
+
+
 # -- the command line -------------------------------------------------------------------------
 
 def _marked(mark: str) -> list[int]:
