@@ -166,6 +166,8 @@ def held_memory(model, sessions=(), decoder=None) -> dict:
     mem = {"weights": model.weights.nbytes, "f16_weights": int(getattr(b, "f16_weight_bytes", 0)),
            "kv_cache": sum(getattr(s.cache, "nbytes", 0) for s in sessions), "graphs": int(graphs)}
     mem["total"] = sum(mem.values())
+    if hasattr(model, "rank_memory"):       # --tp: each rank's share (the figures above: rank 0's)
+        mem["ranks"] = model.rank_memory()
     used = getattr(b, "device_memory_used", None)
     mem["device_used"] = used() if used else None
     return mem
@@ -348,4 +350,7 @@ def table(results: list[BenchResult]) -> str:
                 f"graphs {_gib(mem['graphs'])}")
         if mem.get("device_used") is not None:
             out += f"; the device's used memory {_gib(mem['device_used'])}"
+        if mem.get("ranks"):
+            out += ("\nper rank (weights, KV cache): " +
+                    "; ".join(f"rank {i} {_gib(m['weights'])}, {_gib(m['kv_cache'])}" for i, m in enumerate(mem["ranks"])))
     return out

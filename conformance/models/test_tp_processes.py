@@ -312,6 +312,23 @@ def test_workers_end_when_rank_0_is_killed():
     assert not any(_alive(q) for q in pids)
 
 
+@pytest.mark.timeout(60)
+def test_bench_reports_each_ranks_memory():
+    """`brass bench --tp`: each rank's weights and its part of the KV cache, from its own
+    process (under the layer split the ranks hold different layers: different figures)."""
+    from brass import bench
+    m = TPModel(goldens.model("synth-tp-qwen35").path(), 2, "layer", ranks="processes")
+    try:
+        res = bench.bench(m, n_prompt=8, n_gen=4, reps=1)
+    finally:
+        m.close()
+    ranks = res[-1].memory["ranks"]
+    assert len(ranks) == 2 and all(r["weights"] > 0 and r["kv_cache"] > 0 for r in ranks)
+    assert ranks[0] == {"weights": res[-1].memory["weights"], "kv_cache": ranks[0]["kv_cache"]}
+    assert ranks[0]["weights"] != ranks[1]["weights"]
+    assert "per rank (weights, KV cache): rank 0 " in bench.table(res)
+
+
 # -- the command line -------------------------------------------------------------------------
 
 def _marked(mark: str) -> list[int]:

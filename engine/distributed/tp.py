@@ -192,8 +192,8 @@ class Command:
     """What rank 0 hands every rank for one call (pickled to a worker process: small). `op`:
     "new" (a session of `n_ctx` tokens: each rank makes its own cache), "reset", "step" (run
     `ids` at positions `pos` of session `sid`; `rows`: the rows whose logits are wanted, None
-    for all; `want`: "argmax", "logits" or "all", TPSession.step) or "free" (nothing but
-    `free`). `free`: sessions dropped since the last command, whose caches every rank lets go."""
+    for all; `want`: "argmax", "logits" or "all", TPSession.step), "memory" (the bytes the rank
+    holds) or "free" (nothing but `free`). `free`: sessions dropped since the last command, whose caches every rank lets go."""
     op: str
     sid: int = -1
     n_ctx: int = 0
@@ -249,6 +249,9 @@ class Rank:
             self.sessions[cmd.sid].reset()
         elif cmd.op == "step":
             return self.step(self.sessions[cmd.sid], cmd)
+        elif cmd.op == "memory":
+            return {"weights": self.weights.nbytes,
+                    "kv_cache": sum(getattr(c, "nbytes", 0) for c in self.sessions.values())}
         elif cmd.op != "free":
             raise BrassError(f"rank {self.comm.rank}: unknown command {cmd.op!r}")
         return None
@@ -431,6 +434,11 @@ class TPModel:
     def weights(self):
         """Rank 0's weights (what `brass bench` counts: one rank's share of the model)."""
         return self.ranks[0].weights
+
+    def rank_memory(self) -> list[dict]:
+        """Each rank's bytes, in rank order: "weights" (prepared so far) and "kv_cache" (its
+        part of every live session's cache)."""
+        return self.call(Command("memory"))
 
     @property
     def failure(self) -> str | None:

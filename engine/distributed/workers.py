@@ -126,7 +126,8 @@ def worker_main(spec: WorkerSpec, ctrl, ends):
             if cmd is None:
                 return
             out = rank.handle(cmd)
-            ctrl.send(("ok", out if spec.rank == rank.result_rank else None))
+            # a step's result from the rank holding it only (the logits are the same on each)
+            ctrl.send(("ok", out if cmd.op != "step" or spec.rank == rank.result_rank else None))
     except BaseException as e:
         try:
             ctrl.send(("err", one_line(spec.rank, e), isinstance(e, CommAborted)))
