@@ -193,7 +193,8 @@ class Command:
     "new" (a session of `n_ctx` tokens: each rank makes its own cache), "reset", "step" (run
     `ids` at positions `pos` of session `sid`; `rows`: the rows whose logits are wanted, None
     for all; `want`: "argmax", "logits" or "all", TPSession.step), "memory" (the bytes the rank
-    holds) or "free" (nothing but `free`). `free`: sessions dropped since the last command, whose caches every rank lets go."""
+    holds) or "free" (nothing but `free`). `free`: the sessions dropped since the last
+    command, whose caches every rank lets go."""
     op: str
     sid: int = -1
     n_ctx: int = 0

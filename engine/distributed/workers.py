@@ -161,9 +161,10 @@ class _Worker:
 
 class ProcessRanks:
     """Rank 0 in this process, ranks 1..N-1 in worker processes (multiprocessing's spawn: a
-    fresh interpreter, as CUDA needs; a script that makes one therefore needs the `if __name__
-    == "__main__":` guard multiprocessing asks for). `call(cmd)` runs a command on every rank; the results in
-    rank order (None but for rank 0 and the rank whose result a step returns)."""
+    fresh interpreter, as CUDA needs; a script that makes one therefore needs the `if
+    __name__ == "__main__":` guard multiprocessing asks for). `call(cmd)` runs a command on
+    every rank: the results in rank order (of a step, None but for rank 0 and the rank whose
+    result it returns)."""
 
     def __init__(self, path, world: int, split: str, timeout: float = TIMEOUT_S, uid=None):
         ctx = multiprocessing.get_context("spawn")
@@ -190,7 +191,9 @@ class ProcessRanks:
             self.local = [self.rank0]
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="brass-rank-0")
             self._blas = _BlasThreads() if world > 1 else None
-            replies, errors, _ = self._collect(timeout)
+            replies, errors, interrupted = self._collect(timeout)
+            if interrupted:             # Ctrl-C while the workers loaded: stop them, say so
+                raise KeyboardInterrupt
             bad = [r for r, (kind, _) in replies.items() if kind != "ready"]
             if errors or bad:
                 raise BrassError(self._cause(None, errors, {r: replies[r] for r in bad}))
