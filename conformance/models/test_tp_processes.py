@@ -374,9 +374,7 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
     mark = uuid.uuid4().hex
     srv = _serve(path, mark)
     try:
-        for line in srv.stderr:
-            if "brass: serving" in line:
-                break
+        _wait_up(srv)
         workers = [q for q in _marked(mark) if q != srv.pid and "resource_tracker" not in _cmdline(q)]
         assert len(workers) == 1, workers
         os.kill(workers[0], signal.SIGKILL)
@@ -386,7 +384,9 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
         if srv.poll() is None:
             srv.kill()
             srv.wait()
-    assert rc == 2 and rest == "brass: error: rank 1 died (killed by SIGKILL)", (rc, rest)
+    # (before it, the access log's line of the /health probe)
+    assert rc == 2 and rest.splitlines()[-1] == "brass: error: rank 1 died (killed by SIGKILL)", (rc, rest)
+    assert "Traceback" not in rest
     deadline = time.monotonic() + FAIL_S
     while _marked(mark) and time.monotonic() < deadline:     # multiprocessing's resource tracker
         time.sleep(0.1)                                      # ends when its pipe does
@@ -410,9 +410,7 @@ def test_serve_stops_on_ctrl_c_with_its_workers():
     mark = uuid.uuid4().hex
     srv = _serve(path, mark)
     try:
-        for line in srv.stderr:
-            if "brass: serving" in line:
-                break
+        _wait_up(srv)
         assert len(_marked(mark)) >= 2          # the server and its worker
         os.killpg(srv.pid, signal.SIGINT)
         rc = srv.wait(FAIL_S)
@@ -426,6 +424,28 @@ def test_serve_stops_on_ctrl_c_with_its_workers():
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _marked(mark) == []
+
+
+def _wait_up(srv):
+    """Until the server answers /health: it then has its signal handlers (a Ctrl-C between its
+    "serving" line and uvicorn's start is an interrupt of the start, status 130)."""
+    import re
+    import urllib.request
+    for line in srv.stderr:
+        m = re.search(r"brass: serving .* at (http://\S+/) ", line)
+        if m:
+            break
+    else:
+        raise AssertionError("the server did not start")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(m.group(1) + "health", timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _cmdline(pid: int) -> str:
