@@ -187,6 +187,8 @@ def run(conv: Conversation):
         except KeyboardInterrupt:
             stopped = True
         except BrassError as e:
+            if getattr(conv.model, "failure", None) is not None:
+                raise           # --tp: the ranks stopped (a worker died): no later turn can run
             err.write(f"brass: error: {e}\n")
             continue
         finally:

@@ -394,6 +394,35 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
     assert _marked(mark) == []
 
 
+@pytest.mark.timeout(120)
+def test_chat_ends_in_one_line_when_a_worker_dies():
+    """`brass chat --tp 2`: a turn, then its worker killed: the next turn ends the chat with
+    the rank's line and status 2 (not an error a turn, forever)."""
+    path = goldens.model("synth-tp-qwen3").path()
+    mark = uuid.uuid4().hex
+    chat = subprocess.Popen([sys.executable, "-m", "brass", "chat", str(path), "--tp", "2", "--backend", "numpy",
+                             "--max-tokens", "4"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=_env(mark))
+    try:
+        chat.stdin.write("hello\n")
+        chat.stdin.flush()
+        for line in chat.stderr:                # the turn's "[4 tokens, ...]"
+            if line.startswith("["):
+                break
+        workers = [q for q in _marked(mark) if q != chat.pid and "resource_tracker" not in _cmdline(q)]
+        assert len(workers) == 1, workers
+        os.kill(workers[0], signal.SIGKILL)
+        chat.stdin.write("again\n")
+        chat.stdin.flush()
+        rc = chat.wait(FAIL_S)
+        rest = chat.stderr.read().strip()
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+            chat.wait()
+    assert rc == 2 and rest == "brass: error: rank 1 died (killed by SIGKILL)", (rc, rest)
+
+
 def _serve(path, mark: str):
     """`brass serve --tp 2` in a session of its own (its process group: what a terminal's
     Ctrl-C reaches), once it says it serves."""
