@@ -494,3 +494,15 @@ def test_cli_bad_tp_is_one_line(args, message):
     from conformance.harness.cli import brass
     r = brass("generate", goldens.model("synth-tp-qwen3").path(), "--prompt", "x", "--backend", "numpy", *args)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.strip() == message, r.stderr
+
+
+def test_cli_tp_beyond_the_visible_gpus_is_one_line():
+    """CUDA_VISIBLE_DEVICES=0 shows at most one GPU: --tp 2 on cuda is refused before loading,
+    naming it (here or on a GPU machine alike)."""
+    r = subprocess.run([sys.executable, "-m", "brass", "generate", str(goldens.model("synth-tp-qwen3").path()),
+                        "--prompt", "x", "--backend", "cuda", "--tp", "2"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line, r.stderr
+    assert line.startswith("brass: error: --tp 2 needs 2 GPUs; this process sees ")
+    assert line.endswith(" (CUDA_VISIBLE_DEVICES=0)")
