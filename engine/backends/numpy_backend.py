@@ -257,7 +257,9 @@ class NumpyBackend(Backend):
 
     def swiglu(self, gate, up):
         gate = np.asarray(gate, F32)
-        return (gate / (F32(1) + np.exp(-gate))) * up
+        # exp(-gate) overflows to inf for gate < -88: gate / inf is -0, silu's limit (as silu)
+        with np.errstate(over="ignore"):
+            return (gate / (F32(1) + np.exp(-gate))) * up
 
     def geglu(self, gate, up):
         return gelu_f16_table(np.asarray(gate, F32)) * up
