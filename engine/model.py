@@ -14,6 +14,7 @@ from . import arch as arch_registry
 from . import flags
 from .arch.common import Forward, Weights
 from .backends import BACKENDS, default_backend, get_backend
+from .backends.base import Backend
 from .catalog import resolve
 from .config import read_config
 from .errors import BrassError, UnsupportedError
@@ -155,7 +156,7 @@ def graphs_enabled(model) -> bool:
 class Model:
     """A GGUF model on a backend. `Model(path_or_catalog_name, backend="numpy"|"cuda")`."""
 
-    def __init__(self, model: str | os.PathLike | None = None, backend: str | None = None,
+    def __init__(self, model: str | os.PathLike | None = None, backend: "str | Backend | None" = None,
                  n_ctx: int | None = None, quiet: bool = False, *, graphs: bool | None = None,
                  prompt_graphs: bool | None = None, shared_prompt_graphs: bool = True,
                  prompt_graphs_mb: float | None = None, **backend_options):
@@ -163,8 +164,8 @@ class Model:
         `prompt_graphs`: prompts too (PromptStep, StartStep), `shared_prompt_graphs`: a
         sequence's first prompt through the model's graphs, `prompt_graphs_mb`: what the prompt
         graphs may hold together; None: the BRASS_GRAPH, BRASS_PROMPT_GRAPHS and
-        BRASS_PROMPT_GRAPHS_MB settings. `backend_options`: the backend's own (NumpyBackend,
-        CudaBackend)."""
+        BRASS_PROMPT_GRAPHS_MB settings. `backend`: a name, or a Backend already made (its options
+        then are its own); `backend_options`: the backend's own (NumpyBackend, CudaBackend)."""
         self.graphs = flags.get("BRASS_GRAPH") if graphs is None else bool(graphs)
         self.prompt_graphs = (flags.get("BRASS_PROMPT_GRAPHS") if prompt_graphs is None
                               else bool(prompt_graphs))
@@ -179,12 +180,17 @@ class Model:
         self.config = self.arch.configure(read_config(self.gguf, arch_name), self.gguf)
         check_model(self.gguf, self.config)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        backend = _backend_for(arch_name, backend)
-        if backend == "cuda":
-            # prompt graphs capture cuBLAS calls: the backend then makes them through its own
-            # handle, for eager prompts too (CudaOptions.own_cublas)
-            backend_options.setdefault("own_cublas", self.prompt_graphs)
-        self.backend = get_backend(backend, **backend_options)
+        if isinstance(backend, Backend):
+            # a backend made by the caller (a tensor-parallel rank's: distributed/cuda_rank.py)
+            _backend_for(arch_name, backend.name)
+            self.backend = backend
+        else:
+            backend = _backend_for(arch_name, backend)
+            if backend == "cuda":
+                # prompt graphs capture cuBLAS calls: the backend then makes them through its own
+                # handle, for eager prompts too (CudaOptions.own_cublas)
+                backend_options.setdefault("own_cublas", self.prompt_graphs)
+            self.backend = get_backend(backend, **backend_options)
         self.weights = Weights(self.backend, self.gguf)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
         # prompt classes (prompt_class) some session read eagerly (their kernels loaded):

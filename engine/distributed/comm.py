@@ -43,6 +43,9 @@ class CommAborted(BrassError):
 class Communicator(ABC):
     rank: int
     world_size: int
+    # Whether its collectives can be captured in a CUDA graph (queued on the device stream with
+    # no host synchronisation): NCCL's can; a CPU or host-staged one cannot.
+    capturable = False
 
     @abstractmethod
     def all_reduce(self, x):

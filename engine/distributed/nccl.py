@@ -48,6 +48,8 @@ def _dtype(nccl, dtype):
 class NcclCommunicator(Communicator):
     """Rank `rank` of `world_size`, on the current device, over the unique id `uid`."""
 
+    capturable = True
+
     def __init__(self, world_size: int, uid, rank: int, stream=None):
         import cupy as cp
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

@@ -49,6 +49,7 @@ from ..tokenizer import Tokenizer
 from ..validate import check_model
 from . import vocab
 from .comm import CommAborted, ThreadGroup
+from .cuda_rank import BACKENDS, rank_backends
 from .shard import Cut, layer_stages, tensor_parallel
 
 F32 = np.float32
@@ -209,7 +210,9 @@ class Rank:
     """One rank: its own GGUF memory map, config (its heads), backend, weights, stage, and the
     caches of the sessions (by id) it holds its part of."""
 
-    def __init__(self, path, comm, plan=None, stage: Stage | None = None):
+    def __init__(self, path, comm, plan=None, stage: Stage | None = None, backend=None):
+        """`backend`: the factory `backend(comm, plan)` of the rank's backend (TPBackend, numpy;
+        or backends/cuda/sharded.py's TPCudaBackend)."""
         self.comm, self.plan, self.stage = comm, plan, stage
         self.sessions: dict[int, PagedKVCache] = {}
         self.gguf = GGUFFile(path)
@@ -223,7 +226,7 @@ class Rank:
             lo, hi = stage.layers
             cfg.n_head_kv_arr = [cfg.layer_n_head_kv(il) if lo <= il < hi else 0 for il in range(cfg.n_layer)]
             self.config = cfg
-        self.backend = TPBackend(comm, plan)
+        self.backend = (backend or TPBackend)(comm, plan)
         self.weights = Weights(self.backend, self.gguf)
         head = None
         if plan is not None:
@@ -233,7 +236,18 @@ class Rank:
     def forward(self, ids, pos, cache, out_rows=None):
         f = Forward(self.backend, self.config, self.weights, cache, pos)
         f.stage = self.stage
-        return self.arch.forward(f, ids, out_rows)
+        with self.backend.activate():
+            return self.arch.forward(f, ids, out_rows)
+
+    def argmax(self, logits) -> np.ndarray:
+        """The global greedy token of each row: each rank's (max, index), one small all-gather
+        (a device backend gives its two numbers a row from the device: row_max)."""
+        row_max = getattr(self.backend, "row_max", vocab.row_max)
+        return vocab.argmax_of(self.comm, *row_max(logits), self.vocab0)
+
+    def gather(self, logits) -> np.ndarray:
+        """The whole rows of the logits, on the host."""
+        return vocab.gather(self.comm, self.backend.to_numpy(logits))
 
     @property
     def result_rank(self) -> int:
@@ -245,9 +259,11 @@ class Rank:
         for sid in cmd.free:
             self.sessions.pop(sid, None)
         if cmd.op == "new":
-            self.sessions[cmd.sid] = PagedKVCache.private(self.backend, self.config, cmd.n_ctx)
+            with self.backend.activate():       # a device rank's cache: on its device and stream
+                self.sessions[cmd.sid] = PagedKVCache.private(self.backend, self.config, cmd.n_ctx)
         elif cmd.op == "reset":
-            self.sessions[cmd.sid].reset()
+            with self.backend.activate():
+                self.sessions[cmd.sid].reset()
         elif cmd.op == "step":
             return self.step(self.sessions[cmd.sid], cmd)
         elif cmd.op == "memory":
@@ -264,17 +280,18 @@ class Rank:
                 return None
             return int(np.argmax(logits[-1])) if cmd.want == "argmax" else np.asarray(logits, F32)
         if cmd.want == "argmax":
-            return int(vocab.argmax(self.comm, logits, self.vocab0)[-1])
-        return vocab.gather(self.comm, logits)
+            return int(self.argmax(logits)[-1])
+        return self.gather(logits)
 
 
-def make_rank(path, comm, split: str) -> Rank:
-    """Rank `comm.rank` of `comm.world_size` over `comm`: its plan (tensor) or stage (layer)."""
+def make_rank(path, comm, split: str, backend=None) -> Rank:
+    """Rank `comm.rank` of `comm.world_size` over `comm`: its plan (tensor) or stage (layer);
+    `backend`: its backend's factory (Rank)."""
     gf = GGUFFile(path)
     try:
         cfg = arch_registry.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
         if split == "tensor":
-            return Rank(path, comm, plan=tensor_parallel(gf, cfg, comm.world_size, comm.rank))
+            return Rank(path, comm, plan=tensor_parallel(gf, cfg, comm.world_size, comm.rank), backend=backend)
         stages = layer_stages(cfg.n_layer, comm.world_size)
         return Rank(path, comm, stage=Stage(comm, stages[comm.rank]))
     finally:
@@ -336,10 +353,12 @@ class ThreadRanks:
     collectives; its error is raised (a BrassError names the rank), and the group is made
     ready for the next step."""
 
-    def __init__(self, path, world: int, split: str):
+    def __init__(self, path, world: int, split: str, backend: str = "numpy", comm: str | None = None):
         self.world = world
         self.group = ThreadGroup(world)
-        self.local = [make_rank(path, self.group.comm(r), split) for r in range(world)]
+        # the ranks' backends: numpy over the group, or CUDA on one GPU over it staged (cuda_rank.py)
+        comms, make = rank_backends(backend, comm, split, [self.group.comm(r) for r in range(world)])
+        self.local = [make_rank(path, comms[r], split, make) for r in range(world)]
         self._pool = ThreadPoolExecutor(world, thread_name_prefix="brass-rank")
         self._blas = _BlasThreads() if world > 1 else None
         self.on_failure = None
@@ -388,7 +407,10 @@ class TPModel:
     when a worker dies, even between steps (the server stops on it)."""
 
     def __init__(self, model, world: int, split: str = "tensor", n_ctx: int | None = None,
-                 quiet: bool = False, ranks: str = "threads"):
+                 quiet: bool = False, ranks: str = "threads", backend: str = "numpy", comm: str | None = None):
+        """`backend` "numpy", or "cuda": CUDA ranks in threads on one GPU over the host-staged
+        communicator (`comm` "host", cuda_rank.py), for testing the CUDA shards without several
+        GPUs."""
         if split not in SPLITS:
             raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if world < 1:
@@ -409,8 +431,13 @@ class TPModel:
                 tensor_parallel(self.gguf, self.config, world, r)
         else:
             layer_stages(self.config.n_layer, world)
+        if backend not in BACKENDS:
+            raise BrassError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend != "numpy" and ranks != "threads":
+            raise UnsupportedError(f"{backend} ranks in processes need the NCCL workers (docs/multi-gpu.md), "
+                                   f"not built yet; ranks='threads' runs them on one GPU")
         if ranks == "threads":
-            self.group_ranks = ThreadRanks(self.path, world, split)
+            self.group_ranks = ThreadRanks(self.path, world, split, backend, comm)
         else:
             from .workers import ProcessRanks
             self.group_ranks = ProcessRanks(self.path, world, split)

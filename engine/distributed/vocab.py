@@ -17,11 +17,23 @@ from __future__ import annotations
 import numpy as np
 
 
-def argmax(comm, logits: np.ndarray, offset: int) -> np.ndarray:
-    """Global argmax (int64 `[T]`) of rows whose columns [offset, offset + n) this rank holds."""
+def row_max(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(largest value float64 `[T]`, its column int64 `[T]`, the first among equals) of each
+    row of this rank's logits."""
     x = np.asarray(logits, np.float32)
     i = np.argmax(x, axis=-1)
-    mine = np.stack([x[np.arange(len(i)), i].astype(np.float64), (i + offset).astype(np.float64)], -1)
+    return x[np.arange(len(i)), i].astype(np.float64), i.astype(np.int64)
+
+
+def argmax(comm, logits: np.ndarray, offset: int) -> np.ndarray:
+    """Global argmax (int64 `[T]`) of rows whose columns [offset, offset + n) this rank holds."""
+    return argmax_of(comm, *row_max(logits), offset)
+
+
+def argmax_of(comm, values: np.ndarray, index: np.ndarray, offset: int) -> np.ndarray:
+    """Global argmax (int64 `[T]`) from each rank's row_max (host arrays; index local to the
+    rank's columns, which start at `offset`)."""
+    mine = np.stack([np.asarray(values, np.float64), (np.asarray(index) + offset).astype(np.float64)], -1)
     every = comm.all_gather(mine[:, None, :], axis=1)          # [T, ranks, 2], rank order
     best = np.argmax(every[..., 0], axis=1)                     # first max: the lowest id
     return every[np.arange(len(best)), best, 1].astype(np.int64)
