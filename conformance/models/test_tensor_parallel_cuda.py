@@ -1,0 +1,385 @@
+"""Tensor parallelism on the CUDA backend (issue 49): a rank's TPCudaBackend
+(engine/backends/cuda/sharded.py) on the TP-shaped synthetic models (synth_models.TP_MODELS).
+
+On the CPU (the fake CuPy of conformance/harness/fake_cupy.py: kernels do not run, what reaches
+the GPU is recorded):
+- every rank of TP = 2 and 4 uploads its shard of each tensor it holds a part of: the shape and
+  the values (its bytes dequantized) of the plan's rows / columns / experts of the whole tensor;
+- a rank's decode step all-reduces each row-parallel product (attn_output, ffn_down, ssm_out,
+  the experts' down projection) and the vocabulary-parallel embedding: the all-reduce comes
+  right after the launch that wrote the partial sum, before any other launch, and no launch
+  reads the partial afterwards: the residual add (add_rms_norm), a bias or gemma4's post-norms
+  read the sum.
+
+On a GPU (the runner: `ci/gpu.sh tp cuda`), with CUDA ranks in threads on the one GPU over the
+host-staged communicator (engine/distributed/cuda_rank.py), decoded eagerly:
+- TP = 1 through that path gives the single-GPU model's logits bit for bit (the same kernels on
+  the same bytes; the all-reduce of one rank is a copy);
+- TP = 2 and 4 against TP = 1 on CUDA, under test_tensor_parallel.py's bound and its reason (the
+  all-reduce changes summation order; the Q8_1 and float16 roundings now and then turn that into
+  one rounding step): logits NMSE <= TP_NMSE, no argmax flip where TP = 1's top-1/top-2 margin
+  exceeds TP_MARGIN, greedy tokens equal up to the first step whose margin is below it;
+- against the numpy backend's TP of the same world (the same plan, the same rank-order sums):
+  within the distance of the two backends at TP = 1 plus both TP bounds (see the test);
+- TP = 1 through NCCL (a communicator of one rank, captured): a decode graph holding its
+  all-reduces gives the single-GPU model's logits and greedy tokens bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from brass import quants
+from brass.backends import cuda_available
+from brass.distributed.comm import ThreadGroup
+from brass.distributed.shard import tensor_parallel
+from brass.gguf import GGUFFile
+from conformance.harness import fake_cupy, goldens, launch_recording as lr
+from conformance.models.test_tensor_parallel import (STREAM_TOKENS, TP_MARGIN, TP_NAMES, TP_NMSE,
+                                                     _disagreements, nmse)
+
+WORLDS = (2, 4)
+COMBINE_EXPERTS = ("elementwise.cu:mul_expert_scale", "elementwise.cu:weighted_sum")
+N_CTX = 64
+requires_cuda = pytest.mark.skipif(
+    not cuda_available(), reason="no CUDA device here: the CUDA ranks run on the GPU runner (ci/gpu.sh tp cuda)")
+
+
+# -- on the CPU: the fake CuPy ---------------------------------------------------------------
+
+class RecordingComm:
+    """A rank's communicator of `world` ranks, run alone: its all-reduce is the host-staged one
+    of a group of one (device -> host -> device, as the CUDA ranks in threads do), recorded as
+    an event {"op": "all_reduce", "in": ..., "out": ...} beside the launches."""
+
+    def __init__(self, rec, world: int, rank: int):
+        from brass.distributed.cuda_rank import HostStagedCommunicator
+        self.rec, self.world_size, self.rank = rec, world, rank
+        self.inner = HostStagedCommunicator(ThreadGroup(1).comm(0))
+        self.capturable = False
+
+    def all_reduce(self, x):
+        e = self.rec.event(op="all_reduce", **{"in": self.rec.desc(x)})
+        y = self.inner.all_reduce(x)
+        e["out"] = self.rec.desc(y)
+        return y
+
+
+def _label(desc) -> str | None:
+    """The allocation a buffer's description names ("w:<tensor>", "t12", ...; its offset and
+    dtype[shape] cut off), None for an empty array or a value."""
+    if not isinstance(desc, str) or desc.startswith("(") or ":" not in desc:
+        return None
+    return desc.rsplit(":", 1)[0].split("@")[0]
+
+
+def _rank(backend_mod, rec, name: str, world: int, r: int):
+    from brass.distributed.tp import Rank
+    from brass.backends.cuda.sharded import TPCudaBackend
+    path = goldens.model(name).path()
+    gf = GGUFFile(path)
+    from brass import arch
+    a = arch.get(gf.architecture)
+    from brass.config import read_config
+    cfg = a.configure(read_config(gf, gf.architecture), gf)
+    plan = tensor_parallel(gf, cfg, world, r)
+    gf.close()
+    assert TPCudaBackend.__module__ == "brass.backends.cuda.sharded" and issubclass(TPCudaBackend, backend_mod.CudaBackend)
+    return Rank(path, RecordingComm(rec, world, r), plan=plan, backend=TPCudaBackend)
+
+
+def _expected_shard(full: np.ndarray, cut) -> np.ndarray:
+    """The plan's part of a whole tensor's values (numpy order: [E,] N, K), by slicing."""
+    if cut.experts is not None:
+        return full[cut.experts[0]:cut.experts[1]]
+    out = full
+    if cut.rows is not None:
+        out = np.concatenate([out[a:b] for a, b in cut.rows], 0) if cut.rows else out[:0]
+    if cut.cols is not None:
+        out = np.concatenate([out[:, a:b] for a, b in cut.cols], 1) if cut.cols else out[:, :0]
+    return out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_each_rank_uploads_its_shard(name, world):
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec) as backend_mod:
+        for r in range(world):
+            rank = _rank(backend_mod, rec, name, world, r)
+            checked = 0
+            for tname, cut in rank.plan.cuts.items():
+                info = rank.gguf.tensors[tname]
+                full = quants.dequantize(rank.gguf.tensor_bytes(tname), info.type, info.shape)
+                want = _expected_shard(full.reshape(tuple(reversed(info.shape))), cut)
+                w = rank.weights(tname)
+                assert tuple(w.shape) == want.shape, (tname, r, w.shape, want.shape)
+                if w.dense is not None:
+                    got = np.asarray(w.dense.view(np.ndarray))
+                else:
+                    raw = np.asarray(w.data.view(np.ndarray))
+                    assert raw.nbytes == w.row_bytes * int(np.prod(w.shape[:-1])), tname
+                    got = quants.dequantize(raw, w.type, tuple(reversed(w.shape))).reshape(want.shape)
+                assert np.array_equal(got, want), f"{name} TP={world} rank {r}: {tname} is not its shard"
+                checked += 1
+            assert checked == len(rank.plan.cuts) > 0
+
+
+def _products(events, reduce_names: set, vocab_names: set):
+    """[(event index, output label, weight name)] of the launches that write a partial sum: a
+    mat-vec of a row-parallel weight (the output is a decode mat-vec's last buffer), or the
+    vocabulary-parallel embedding's get_rows."""
+    out = []
+    for i, e in enumerate(events):
+        if e.get("op") != "launch":
+            continue
+        names = {_label(a)[2:] for a in e["args"] if (_label(a) or "").startswith("w:")}
+        kernel = e["kernel"].split(":")[1]
+        # (a tied LM head's mat-vec reads the embedding's table: not a partial sum)
+        hit = names & (vocab_names if kernel.startswith("get_rows") else reduce_names)
+        if hit:
+            assert kernel.startswith(("matvec", "matmul", "get_rows")), e["kernel"]
+            out.append([i, _label(e["args"][-1]), hit.pop()])
+    # the experts' composition (a MoE layer that does not take the fused kernels): their
+    # down mat-vecs by id, then the per-expert scale and the weighted sum of a token's experts,
+    # linear in them: the partial sum is the weighted sum's output
+    for prod in out:
+        i, p = prod[0], prod[1]
+        for k in range(i + 1, len(events)):
+            e = events[k]
+            if e.get("op") != "launch":
+                continue
+            if e["kernel"] not in COMBINE_EXPERTS or p not in {_label(a) for a in e["args"]}:
+                break
+            prod[0], prod[1] = i, p = k, _label(e["args"][-1])
+    return [tuple(p) for p in out]
+
+
+def all_reduce_misplaced(events, reduce_names: set, vocab_names: set) -> list[str]:
+    """What is wrong with where a decode step's all-reduces are (empty: nothing)."""
+    bad = []
+    products = _products(events, reduce_names, vocab_names)
+    reduces = [i for i, e in enumerate(events) if e.get("op") == "all_reduce"]
+    if len(reduces) != len(products):
+        bad.append(f"{len(reduces)} all-reduces for {len(products)} partial products")
+    used = {w for _, _, w in products}
+    if used != reduce_names | vocab_names:
+        bad.append(f"no product of {sorted((reduce_names | vocab_names) - used)} in the step")
+    for i, p, wname in products:
+        j = next((k for k in reduces if k > i), None)
+        if j is None:
+            bad.append(f"{wname}: no all-reduce after its product")
+            continue
+        between = [events[k]["kernel"] for k in range(i + 1, j) if events[k].get("op") == "launch"]
+        if between:
+            bad.append(f"{wname}: {between} launched between its product and the all-reduce")
+        ar = events[j]
+        if _label(ar["in"]) != p and wname not in vocab_names:
+            bad.append(f"{wname}: the all-reduce after it sums {ar['in']}, not its product {p}")
+        later = [events[k]["kernel"] for k in range(j + 1, len(events))
+                 if events[k].get("op") == "launch" and p in {_label(a) for a in events[k]["args"]}]
+        if later:
+            bad.append(f"{wname}: its partial sum {p} is read by {later[0]} after the all-reduce")
+        s = _label(ar.get("out"))
+        if not any(events[k].get("op") == "launch" and s in {_label(a) for a in events[k]["args"]}
+                   for k in range(j + 1, len(events))):
+            bad.append(f"{wname}: nothing reads the all-reduced {s}")
+    return bad
+
+
+def _decode_step_events(name: str, world: int, r: int, break_rank=None):
+    """The events of rank r's decode step (one token after a 5-token prompt), and the names of
+    its row-parallel and vocabulary-parallel weights. `break_rank(rank)` may change the rank
+    before the step (the tests of the checker)."""
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec) as backend_mod:
+        from brass.kv_cache import PagedKVCache
+        rank = _rank(backend_mod, rec, name, world, r)
+        for tname in rank.gguf.tensors:
+            w = rank.weights(tname)
+            rec.name(w.data if w.data is not None else w.dense, f"w:{tname}")
+        if break_rank is not None:
+            break_rank(rank)
+        cache = PagedKVCache.private(rank.backend, rank.config, N_CTX)
+        V = rank.config.n_vocab
+        ids = np.array([(7 + 37 * i) % V for i in range(5)], np.int32)
+        rank.forward(ids, np.arange(5, dtype=np.int32), cache, np.array([4], np.int32))
+        rec.on = True
+        rank.forward(np.array([11 % V], np.int32), np.array([5], np.int32), cache)
+        rec.on = False
+        reduce_names = {n for n, c in rank.plan.cuts.items() if c.reduce}
+        reduce_names |= {n for n, c in rank.plan.cuts.items() if c.experts and "down_exps.weight" in n}
+        vocab_names = {"token_embd.weight"}
+    return rec.events, reduce_names, vocab_names
+
+
+# synth-qwen35moe at TP = 2 adds the shared expert's down projection (row-parallel, all-reduced
+# on its own) to the TP models' products
+@pytest.mark.parametrize("name,world,r", [(n, w, r) for n in TP_NAMES for w, r in ((2, 1), (4, 2))]
+                         + [("synth-qwen35moe", 2, 1)])
+def test_decode_step_all_reduces_each_partial_before_the_residual(name, world, r):
+    events, reduce_names, vocab_names = _decode_step_events(name, world, r)
+    bad = all_reduce_misplaced(events, reduce_names, vocab_names)
+    assert not bad, f"{name} TP={world} rank {r}:\n  " + "\n  ".join(bad)
+
+
+def _drop(attr, tensor):
+    def go(rank):
+        setattr(rank.weights(tensor), attr, None if attr != "reduce" else False)
+    return go
+
+
+@pytest.mark.parametrize("name,tensor,attr", [
+    ("synth-tp-qwen3", "blk.0.attn_output.weight", "reduce"),
+    ("synth-tp-qwen3", "blk.1.ffn_down.weight", "reduce"),
+    ("synth-tp-qwen35", "blk.0.ssm_out.weight", "reduce"),
+    ("synth-tp-qwen3moe", "blk.1.ffn_gate_exps.weight", "experts"),
+    ("synth-tp-gemma4", "token_embd.weight", "vocab"),
+])
+def test_the_check_catches_a_dropped_all_reduce(name, tensor, attr):
+    """The check above, on a rank whose one hook is taken away (the weight no longer says it is
+    row-parallel, expert-parallel or vocabulary-parallel): it names what is missing."""
+    events, reduce_names, vocab_names = _decode_step_events(name, 2, 1, _drop(attr, tensor))
+    bad = all_reduce_misplaced(events, reduce_names, vocab_names)
+    assert bad, f"dropping {tensor}'s all-reduce went unseen"
+
+
+def test_cuda_ranks_refuse_what_is_not_built():
+    from brass.distributed.tp import TPModel
+    from brass.errors import BrassError
+    path = goldens.model(TP_NAMES[0]).path()
+    with pytest.raises(BrassError, match="take the communicator 'host', not 'nccl'"):
+        TPModel(path, 2, backend="cuda", comm="nccl")
+    with pytest.raises(BrassError, match="backend must be one of numpy, cuda"):
+        TPModel(path, 2, backend="rocm")
+    with pytest.raises(BrassError, match="--split layer on the cuda backend is not built"):
+        TPModel(path, 2, split="layer", backend="cuda")
+
+
+# -- on a GPU -----------------------------------------------------------------------------------
+
+def _cuda_single(name: str):
+    from brass.model import Model
+    return Model(goldens.model(name).path(), backend="cuda", quiet=True, graphs=False, prompt_graphs=False)
+
+
+def _cuda_tp(name: str, world: int):
+    from brass.distributed.tp import TPModel
+    return TPModel(goldens.model(name).path(), world, backend="cuda", comm="host")
+
+
+def _greedy_with_margins(m, ids, n):
+    """TP = 1 CUDA's greedy tokens after `ids`, decoded eagerly, and each step's top-1/top-2
+    margin."""
+    s = m.new_session(len(ids) + n + 1)
+    s.graphs = False
+    logits = s.prefill(ids)
+    toks, margins = [], []
+    for i in range(n):
+        row = np.asarray(logits, np.float32)[-1]
+        top = np.sort(row)[-2:]
+        toks.append(int(row.argmax()))
+        margins.append(float(top[1] - top[0]))
+        if i + 1 < n:
+            logits = m.backend.to_numpy(s.decode(toks[-1]))
+    return toks, margins
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_one_cuda_rank_equals_the_single_gpu_model(name):
+    single, tp = _cuda_single(name), _cuda_tp(name, 1)
+    try:
+        for p in goldens.prompts(name)[:2]:
+            assert np.array_equal(tp.score(p.tf_ids), single.score(p.tf_ids)), p.name
+    finally:
+        tp.close()
+
+
+@requires_cuda
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_cuda_tp_against_one_gpu_and_the_numpy_tp(name, world):
+    from brass.distributed.tp import TPModel
+    from brass.model import Model
+    single, tp = _cuda_single(name), _cuda_tp(name, world)
+    path = goldens.model(name).path()
+    numpy_one, numpy_tp = Model(path, backend="numpy"), TPModel(path, world)
+    try:
+        worst = 0.0
+        for p in goldens.prompts(name):
+            ref, got = single.score(p.tf_ids), tp.score(p.tf_ids)
+            worst = max(worst, nmse(got, ref))
+            bad, _ = _disagreements(got, ref, TP_MARGIN)
+            assert not len(bad), f"{name} TP={world} {p.name}: argmax differs from TP=1 CUDA at {list(bad)}"
+            # the numpy TP of the same world: the two backends differ at TP = 1 by d1; each TP
+            # is within TP_NMSE of its own TP = 1, so (NMSE's square root being a distance, the
+            # normalisers nearly equal) the two TPs are within (sqrt(d1) + 2 sqrt(TP_NMSE))^2
+            d1 = nmse(numpy_one.score(p.tf_ids), ref)
+            bound = (np.sqrt(d1) + 2 * np.sqrt(TP_NMSE)) ** 2
+            d = nmse(got, numpy_tp.score(p.tf_ids))
+            assert d <= bound, f"{name} TP={world} {p.name}: {d:.2e} from the numpy TP > {bound:.2e}"
+        print(f"{name} TP={world} CUDA: logits NMSE vs TP=1 CUDA {worst:.2e}")
+        assert worst <= TP_NMSE, f"{name} TP={world}: logits NMSE {worst:.2e} from TP=1 CUDA > {TP_NMSE}"
+
+        compared = 0
+        for p in goldens.prompts(name):
+            if compared >= STREAM_TOKENS:
+                break
+            n = len(p.generated_ids)
+            ref, margins = _greedy_with_margins(single, p.prompt_ids, n)
+            ours = list(tp.generate(p.prompt_ids, max_tokens=n, stop_at_eog=False))
+            k = next((i for i, m in enumerate(margins) if m < TP_MARGIN), n)
+            assert ours[:k] == ref[:k], f"{name} TP={world} {p.name}: {ours[:k]} vs TP=1 CUDA {ref[:k]}"
+            compared += k
+        assert compared >= STREAM_TOKENS, f"only {compared} greedy tokens before near-ties"
+    finally:
+        tp.close()
+        numpy_tp.close()
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_one_nccl_rank_in_the_decode_graph_equals_the_single_gpu_model(name):
+    """TP = 1 through NCCL (a communicator of one rank on the backend's stream): its all-reduces
+    are captured in the decode graph, whose logits and greedy tokens are the single-GPU model's,
+    bit for bit."""
+    from brass import arch
+    from brass.config import read_config
+    from brass.distributed import nccl
+    from brass.distributed.cuda_rank import nccl_backend
+    from brass.model import Model
+    path = goldens.model(name).path()
+    gf = GGUFFile(path)
+    cfg = arch.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
+    plan = tensor_parallel(gf, cfg, 1, 0)
+    gf.close()
+    b = nccl_backend(plan, nccl.unique_id(), own_cublas=True)
+    assert b.supports_graphs
+    captured = []
+    reduce = b.comm.all_reduce
+
+    def counted(x):
+        if b._graph_refs is not None:           # inside a capture
+            captured.append(x.shape)
+        return reduce(x)
+    b.comm.all_reduce = counted
+    m = Model(path, backend=b, quiet=True, graphs=True)
+    plain = Model(path, backend="cuda", quiet=True, graphs=True)
+    rng = np.random.default_rng(49)
+    ids = [int(t) for t in rng.integers(0, cfg.n_vocab, 9)]
+    follow = [int(t) for t in rng.integers(0, cfg.n_vocab, 6)]
+    runs = []
+    for model in (m, plain):
+        s = model.new_session(128)
+        s.prefill(ids)
+        runs.append([model.backend.to_numpy(s.decode(t)).copy() for t in follow])
+        assert s._step is not None, "no decode graph was captured"
+    for i, (a, c) in enumerate(zip(*runs)):
+        assert np.array_equal(a, c), f"decode step {i}: the NCCL rank's graph logits differ (max |diff| {np.abs(a - c).max():.3g})"
+    layers_moe = sum(1 for n in plan.cuts if n.endswith("ffn_down_exps.weight"))
+    want = 1 + sum(1 for c in plan.cuts.values() if c.reduce) + layers_moe
+    assert len(captured) >= want, f"{len(captured)} all-reduces captured, {want} a decode step"
+    greedy = [list(model.generate(ids, 24, stop_at_eog=False, session=model.new_session(128))) for model in (m, plain)]
+    assert greedy[0] == greedy[1]
