@@ -51,7 +51,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   tune matvec | mmq | coop | variants V   kernel variants against the defaults, bits compared
   llama start | status | wait [T]   llama.cpp built on the runner in the background
   stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
-  tp nccl [RANKS] | bars [SHAPES]   several GPUs (issue 49): NCCL checked and timed; TP=2 bars
+  tp nccl [RANKS] | cuda | bars [SHAPES]   issue 49: NCCL checked and timed; CUDA ranks on one GPU; TP=2 bars
   paged [tests|chat|load|memory]    the paged KV cache on CUDA (issue 47): its tests; its three bars (LLAMA=1)
   env CMD...                        CMD with brass from this tree, offline, the carried wheels
   help                              this list (each subcommand's comment in ci/gpu.sh says more)
@@ -850,7 +850,7 @@ PY
     esac
 }
 
-sub_tp() {     # nccl [RANKS] | bars [SHAPES]
+sub_tp() {     # nccl [RANKS] | cuda [PYTEST ARGS] | bars [SHAPES]
     # Issue 49 (docs/multi-gpu.md), on a kind of several GPUs (nvidia-h100-x2 or larger; `nccl 1`
     # on a one-GPU kind checks only that CuPy's NCCL loads and a one-rank group works).
     # nccl: ci/tp_nccl.py, Brass's NCCL communicator on one process per GPU, the unique id from
@@ -859,12 +859,26 @@ sub_tp() {     # nccl [RANKS] | bars [SHAPES]
     # and with --tp 2 (and --split layer), then llama-bench -sm layer and -sm row -ts 1/1 on the
     # same file; a run that fails leaves its one-line error in the log (the CUDA workers of
     # --tp are not built yet: each --tp line says so until they are).
+    # cuda (one GPU is enough): conformance/models/test_tensor_parallel_cuda.py, the CUDA ranks
+    # (TPCudaBackend) in threads on the one GPU over the host-staged communicator, TP = 1, 2, 4
+    # against one GPU and the numpy TP, and TP = 1 through NCCL inside the decode graph; prints
+    # its failures and summary line.
     local what="${1:-nccl}"
     [ $# -gt 0 ] && shift
     case "$what" in
     nccl)
         gpu_name
         guarded 300 python3 ci/tp_nccl.py ${1:+--ranks "$1"} | tee "$out/tp_nccl.txt"
+        ;;
+    cuda)
+        gpu_name
+        guarded 580 python3 -m pytest conformance/models/test_tensor_parallel_cuda.py -q -rfEs -p no:cacheprovider "$@" \
+            > "$out/tp_cuda.log" 2>&1
+        local rc=$?
+        grep -E "^(FAILED|ERROR)|Error:|assert" "$out/tp_cuda.log" | head -30
+        tail -1 "$out/tp_cuda.log"
+        [ $rc = 0 ] && echo "tp cuda: pass" || echo "tp cuda: FAIL (pytest exit $rc; $out/tp_cuda.log)"
+        return $rc
         ;;
     bars)
         local shapes="${1:-qwen3-8b,qwen3.6-27b,qwen3-30b-a3b,qwen3.6-35b-a3b}" bench="" name mode
@@ -889,7 +903,7 @@ sub_tp() {     # nccl [RANKS] | bars [SHAPES]
             [ "${DROP:-0}" = 1 ] && rm -f "$dir/$name.gguf"
         done
         ;;
-    *) echo "usage: ci/gpu.sh tp nccl [RANKS] | bars [SHAPES]"; return 2 ;;
+    *) echo "usage: ci/gpu.sh tp nccl [RANKS] | cuda [PYTEST ARGS] | bars [SHAPES]"; return 2 ;;
     esac
 }
 

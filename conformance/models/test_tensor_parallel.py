@@ -41,18 +41,12 @@ from brass.gguf import GGMLType, GGUFFile, TensorInfo
 from brass.model import Model
 from brass import quants
 
-TP_NMSE = 5e-4
-TP_MARGIN = 0.5
+from conformance.harness.tp_bounds import TP_MARGIN, TP_NMSE, disagreements as _disagreements, nmse
 TP_NAMES = [m.name for m in goldens.tp_models()]
 SPLITS = [(2, "tensor"), (4, "tensor"), (2, "layer")]
 # greedy streams are generated step by step on every rank: the prompts are taken in order
 # until this many tokens were compared (each test then stays within a few seconds)
 STREAM_TOKENS = 16
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
 @lru_cache(maxsize=None)
@@ -282,12 +276,6 @@ def test_one_rank_and_layer_split_equal_the_single_model(name):
     caches = split_model(name, 2, "layer").new_session(8).caches
     held = [[il for il, k in enumerate(c.k) if k is not None and k.pool.size] for c in caches]   # paged
     assert held[1] and all(il * 2 // len(c.k) == r for r, c in enumerate(caches) for il in held[r]), held
-
-
-def _disagreements(logits, ref_logits, margin_bound):
-    s = np.sort(ref_logits, axis=-1)
-    clear = s[:, -1] - s[:, -2] > margin_bound
-    return np.nonzero(clear & (logits.argmax(-1) != ref_logits.argmax(-1)))[0], int(clear.sum())
 
 
 @pytest.mark.parametrize("world,split", SPLITS[:2])

@@ -36,8 +36,12 @@ from brass.distributed.comm import ThreadGroup
 from brass.distributed.shard import tensor_parallel
 from brass.gguf import GGUFFile
 from conformance.harness import fake_cupy, goldens, launch_recording as lr
-from conformance.models.test_tensor_parallel import (STREAM_TOKENS, TP_MARGIN, TP_NAMES, TP_NMSE,
-                                                     _disagreements, nmse)
+from conformance.harness.tp_bounds import TP_MARGIN, TP_NMSE, nmse
+from conformance.harness.tp_bounds import disagreements as _disagreements
+
+TP_NAMES = [m.name for m in goldens.tp_models()]
+# greedy streams: prompts taken in order until this many tokens were compared
+STREAM_TOKENS = 16
 
 WORLDS = (2, 4)
 COMBINE_EXPERTS = ("elementwise.cu:mul_expert_scale", "elementwise.cu:weighted_sum")
