@@ -249,6 +249,33 @@ def test_the_check_catches_a_dropped_all_reduce(name, tensor, attr):
     assert bad, f"dropping {tensor}'s all-reduce went unseen"
 
 
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_a_model_of_cuda_ranks_runs_its_steps(name):
+    """TPModel(backend="cuda", comm="host") end to end on the fake (one rank: the fake's
+    recorder is not for several threads at once): greedy tokens through each rank's two numbers
+    a row (row_max) and the small all-gather, whole logits gathered to the host, the ranks'
+    backends TPCudaBackend over the host-staged communicator, decoding eagerly. Kernels do not
+    run: the values are the fake's zeros, the shapes and the path are what is checked."""
+    from brass.distributed.tp import TPModel
+    from brass.errors import UnsupportedError
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        from brass.backends.cuda.sharded import TPCudaBackend
+        from brass.distributed.cuda_rank import HostStagedCommunicator
+        m = TPModel(goldens.model(name).path(), 1, backend="cuda", comm="host")
+        try:
+            rank = m.ranks[0]
+            assert isinstance(rank.backend, TPCudaBackend) and isinstance(rank.comm, HostStagedCommunicator)
+            assert not rank.backend.supports_graphs
+            with pytest.raises(UnsupportedError, match="cannot be captured"):
+                rank.backend.capture(lambda: None)
+            p = goldens.prompts(name)[0]
+            assert m.score(p.tf_ids[:6]).shape == (6, m.config.n_vocab)
+            # every logit equal (the fake's zeros): the lowest id wins, as argmax of the whole row
+            assert list(m.generate(p.prompt_ids[:4], max_tokens=3, stop_at_eog=False)) == [0] * 3
+        finally:
+            m.close()
+
+
 def test_cuda_ranks_refuse_what_is_not_built():
     from brass.distributed.tp import TPModel
     from brass.errors import BrassError

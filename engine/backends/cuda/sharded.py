@@ -140,8 +140,9 @@ class TPCudaBackend(CudaBackend):
         """(largest value, its local column) of each row of the rank's logits, on the host: the
         two numbers a row that the greedy all-gather needs (engine/distributed/vocab.py)."""
         idx = self.to_numpy(self.argmax(logits)).astype(np.int64).reshape(-1)
-        rows = logits.reshape(-1, logits.shape[-1])
-        vals = self.to_numpy(rows[np.arange(len(idx)), idx])
+        V = logits.shape[-1]
+        at = cupy.asarray(np.arange(len(idx), dtype=np.int64) * V + idx)
+        vals = self.to_numpy(cupy.take(cupy.ascontiguousarray(logits).reshape(-1), at))
         return vals.astype(np.float64), idx
 
     def _zeros(self, shape):
