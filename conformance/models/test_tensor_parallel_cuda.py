@@ -276,6 +276,59 @@ def test_a_model_of_cuda_ranks_runs_its_steps(name):
             m.close()
 
 
+class OneRankOnDevice:
+    """A capturable communicator of one rank that stays on the device, as NCCL's of one rank:
+    its in-place all-reduce leaves the array as it is."""
+    rank, world_size, capturable = 0, 1, True
+
+    def all_reduce(self, x):
+        return x
+
+
+def _generate_events(name: str, tp: bool) -> list[dict]:
+    """The events of greedy generation (3 tokens after a 7-token prompt: the first decode step
+    eager, then captured as the decode graph and replayed) on the single-GPU model, or with
+    `tp` on a TP = 1 rank's TPCudaBackend over OneRankOnDevice."""
+    import brass
+    from brass import flags
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec):
+        path = str(goldens.model(name).path())
+        backend = "cuda"
+        if tp:
+            from brass import arch
+            from brass.backends.cuda.sharded import TPCudaBackend
+            from brass.config import read_config
+            gf = GGUFFile(path)
+            cfg = arch.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
+            # own_cublas as Model sets it for a backend it makes
+            backend = TPCudaBackend(OneRankOnDevice(), tensor_parallel(gf, cfg, 1, 0),
+                                    own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
+            gf.close()
+        m = brass.load(path, backend=backend, quiet=True)
+        lr._name_weights(rec, m)
+        rec.on = True
+        s = m.new_session(lr.N_CTX)
+        lr._name_cache(rec, s, "s0")
+        ids = [(1 + 37 * i) % m.config.n_vocab for i in range(7)]
+        rec.event(op="tokens", ids=list(m.generate(ids, max_tokens=3, stop_at_eog=False, session=s)))
+        rec.on = False
+        assert s._step is not None, "no decode graph was captured"
+    return rec.events
+
+
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_one_rank_in_the_decode_graph_launches_what_one_gpu_launches(name):
+    """A TP = 1 rank over a capturable communicator (as NCCL's) runs the single-GPU model's
+    launches, copies and captures, event for event, its decode graph included: its shards are
+    whole tensors, its all-reduces of one rank queue nothing, and nothing in its step
+    synchronises with the host (the fake refuses that inside a capture, as CUDA does)."""
+    one, tp = _generate_events(name, False), _generate_events(name, True)
+    assert any(e.get("op") == "capture_begin" for e in one)
+    diff = lr.first_difference(one, tp)
+    assert diff is None, f"{name}: the TP = 1 rank's events differ from one GPU's:\n{diff}"
+
+
 def test_cuda_ranks_refuse_what_is_not_built():
     from brass.distributed.tp import TPModel
     from brass.errors import BrassError
@@ -292,7 +345,11 @@ def test_cuda_ranks_refuse_what_is_not_built():
 
 def _cuda_single(name: str):
     from brass.model import Model
-    return Model(goldens.model(name).path(), backend="cuda", quiet=True, graphs=False, prompt_graphs=False)
+    from brass import flags
+    # own_cublas as the ranks' backends have it (its default, the BRASS_PROMPT_GRAPHS setting):
+    # the prompt GEMMs through the same kind of cuBLAS handle, for TP = 1's bit-for-bit comparison
+    return Model(goldens.model(name).path(), backend="cuda", quiet=True, graphs=False, prompt_graphs=False,
+                 own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
 
 
 def _cuda_tp(name: str, world: int):
