@@ -9,7 +9,11 @@ the GPU is recorded):
   the experts' down projection) and the vocabulary-parallel embedding: the all-reduce comes
   right after the launch that wrote the partial sum, before any other launch, and no launch
   reads the partial afterwards: the residual add (add_rms_norm), a bias or gemma4's post-norms
-  read the sum.
+  read the sum; a rank holding none of a weight (a shared expert whole on rank 0) all-reduces
+  zeros, so every rank makes the same collectives;
+- a TP = 1 rank over a capturable communicator of one rank (as NCCL's) launches what the
+  single-GPU model launches, event for event, its captured decode graph included;
+- a TPModel of CUDA ranks runs its steps (one rank: the fake is for one thread at a time).
 
 On a GPU (the runner: `ci/gpu.sh tp cuda`), with CUDA ranks in threads on the one GPU over the
 host-staged communicator (engine/distributed/cuda_rank.py), decoded eagerly:
@@ -160,16 +164,19 @@ def _products(events, reduce_names: set, vocab_names: set):
     return [tuple(p) for p in out]
 
 
-def all_reduce_misplaced(events, reduce_names: set, vocab_names: set) -> list[str]:
-    """What is wrong with where a decode step's all-reduces are (empty: nothing)."""
+def all_reduce_misplaced(events, reduce_names: set, vocab_names: set, held_none: set = frozenset()) -> list[str]:
+    """What is wrong with where a decode step's all-reduces are (empty: nothing). `held_none`:
+    row-parallel weights the rank holds none of: no product, but their all-reduce (of zeros)
+    all the same, so that every rank makes the same collectives."""
     bad = []
-    products = _products(events, reduce_names, vocab_names)
+    products = _products(events, reduce_names - held_none, vocab_names)
     reduces = [i for i, e in enumerate(events) if e.get("op") == "all_reduce"]
-    if len(reduces) != len(products):
-        bad.append(f"{len(reduces)} all-reduces for {len(products)} partial products")
+    if len(reduces) != len(products) + len(held_none):
+        bad.append(f"{len(reduces)} all-reduces for {len(products)} partial products and "
+                   f"{len(held_none)} weights held by other ranks")
     used = {w for _, _, w in products}
-    if used != reduce_names | vocab_names:
-        bad.append(f"no product of {sorted((reduce_names | vocab_names) - used)} in the step")
+    if used != (reduce_names - held_none) | vocab_names:
+        bad.append(f"no product of {sorted((reduce_names - held_none) | vocab_names - used)} in the step")
     for i, p, wname in products:
         j = next((k for k in reduces if k > i), None)
         if j is None:
@@ -192,14 +199,17 @@ def all_reduce_misplaced(events, reduce_names: set, vocab_names: set) -> list[st
     return bad
 
 
-def _decode_step_events(name: str, world: int, r: int, break_rank=None):
+def _decode_step_events(name: str, world: int, r: int, break_rank=None, edit_plan=None):
     """The events of rank r's decode step (one token after a 5-token prompt), and the names of
-    its row-parallel and vocabulary-parallel weights. `break_rank(rank)` may change the rank
-    before the step (the tests of the checker)."""
+    its row-parallel and vocabulary-parallel weights. `edit_plan(rank)` may change the rank's
+    plan before its weights are read; `break_rank(rank)` its weights after (the tests of the
+    check)."""
     rec = fake_cupy.Recorder()
     with lr.fake_cuda(rec) as backend_mod:
         from brass.kv_cache import PagedKVCache
         rank = _rank(backend_mod, rec, name, world, r)
+        if edit_plan is not None:
+            edit_plan(rank)
         for tname in rank.gguf.tensors:
             w = rank.weights(tname)
             rec.name(w.data if w.data is not None else w.dense, f"w:{tname}")
@@ -226,6 +236,37 @@ def test_decode_step_all_reduces_each_partial_before_the_residual(name, world, r
     events, reduce_names, vocab_names = _decode_step_events(name, world, r)
     bad = all_reduce_misplaced(events, reduce_names, vocab_names)
     assert not bad, f"{name} TP={world} rank {r}:\n  " + "\n  ".join(bad)
+
+
+def _shared_expert_whole_on_rank_0(rank):
+    """The plan of a shared expert too narrow to cut on its blocks (shard.py): rank 0 holds all
+    of it, the others none (test_tensor_parallel.py forces it the same way on the numpy ranks)."""
+    from brass.distributed.shard import Cut
+    for il in range(rank.config.n_layer):
+        whole = [(0, 64)] if rank.comm.rank == 0 else []
+        for n in ("ffn_gate_shexp", "ffn_up_shexp"):
+            rank.plan.cuts[f"blk.{il}.{n}.weight"] = Cut(rows=whole)
+        rank.plan.cuts[f"blk.{il}.ffn_down_shexp.weight"] = Cut(cols=whole, reduce=True)
+
+
+def test_a_rank_holding_none_of_the_shared_expert_all_reduces_zeros():
+    """synth-qwen35moe at TP = 2 with its shared expert whole on rank 0: rank 1 launches nothing
+    for it, and still makes each of its all-reduces (zeros), as many as rank 0 (a collective
+    one rank skips would leave the others waiting)."""
+    name = "synth-qwen35moe"
+    counts = []
+    for r in (0, 1):
+        events, reduce_names, vocab_names = _decode_step_events(name, 2, r, edit_plan=_shared_expert_whole_on_rank_0)
+        none = {n for n in reduce_names if "shexp" in n} if r else set()
+        assert len(none) == (3 if r else 0)
+        bad = all_reduce_misplaced(events, reduce_names, vocab_names, none)
+        assert not bad, f"{name} TP=2 rank {r}:\n  " + "\n  ".join(bad)
+        held = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")    # (not its replicated gate)
+        shexp = [e["kernel"] for e in events if e.get("op") == "launch"
+                 and any(h in (_label(a) or "") for a in e["args"] for h in held)]
+        assert bool(shexp) == (r == 0), (r, shexp)
+        counts.append(sum(e.get("op") == "all_reduce" for e in events))
+    assert counts[0] == counts[1], counts
 
 
 def _drop(attr, tensor):
