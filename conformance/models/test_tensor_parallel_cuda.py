@@ -134,6 +134,20 @@ def test_each_rank_uploads_its_shard(name, world):
             assert checked == len(rank.plan.cuts) > 0
 
 
+def test_shard_upload_crosses_staging_buffers(monkeypatch):
+    """A shard larger than a staging buffer goes up in chunks through both pinned buffers in
+    turn (the TP models' tensors fit one: the buffer is made small here), every byte in place."""
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 256, 10_007, dtype=np.uint8)
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        from brass.backends.cuda import sharded
+        monkeypatch.setattr(sharded, "STAGING_BYTES", 1000)
+        b = sharded.TPCudaBackend(OneRankOnDevice())
+        b._staging = [(m, h[:1000], ev) for m, h, ev in b._staging_buffers()]
+        got = b._upload_bytes(raw)
+        assert np.array_equal(np.asarray(got.view(np.ndarray)), raw)
+
+
 def _products(events, reduce_names: set, vocab_names: set):
     """[(event index, output label, weight name)] of the launches that write a partial sum: a
     mat-vec of a row-parallel weight (the output is a decode mat-vec's last buffer), or the

@@ -220,15 +220,21 @@ class CudaBackend(Backend):
             return CudaWeight(name, info.type, shape, dense=cupy.asarray(dense))
         return CudaWeight(name, info.type, shape, data=self._upload(gf.path, info.offset, info.nbytes))
 
-    def _upload(self, path, offset: int, nbytes: int):
-        """Copy file bytes [offset, offset + nbytes) to a new device buffer through two pinned
-        staging buffers, reading one while the other is in flight."""
+    def _staging_buffers(self) -> list:
+        """The two pinned staging buffers of weight uploads: (memory, its bytes, the event of
+        the last copy out of it), made on first use."""
         if self._staging is None:
             mems = [cupy.cuda.alloc_pinned_memory(STAGING_BYTES) for _ in range(2)]
             self._staging = [(m, np.frombuffer(m, np.uint8, STAGING_BYTES), cupy.cuda.Event())
                              for m in mems]
             for _, _, ev in self._staging:
                 ev.record(self.stream)
+        return self._staging
+
+    def _upload(self, path, offset: int, nbytes: int):
+        """Copy file bytes [offset, offset + nbytes) to a new device buffer through two pinned
+        staging buffers, reading one while the other is in flight."""
+        self._staging_buffers()
         dst = cupy.empty(nbytes, np.uint8)
         with open(path, "rb", buffering=0) as f:
             done, i = 0, 0

@@ -37,7 +37,7 @@ import numpy as np
 from ... import quants
 from ...distributed.tp import shard_bytes
 from ...errors import BrassError, UnsupportedError
-from .backend import CudaBackend, _on_own_stream
+from .backend import STAGING_BYTES, CudaBackend, _on_own_stream
 from .common import F32, SUPPORTED_TYPES, CudaWeight, f32, i32
 
 
@@ -86,8 +86,24 @@ class TPCudaBackend(CudaBackend):
             dense = quants.dequantize(raw, info.type, ggml_shape)
             return ShardCudaWeight(name, info.type, shape, cut, dense=cupy.asarray(np.asarray(dense, F32)))
         # the rank's bytes only (a view of the file's map for rows and experts, a copy of its
-        # columns): uploaded as they are, in their quantized form
-        return ShardCudaWeight(name, info.type, shape, cut, data=cupy.asarray(np.ascontiguousarray(raw)))
+        # columns), in their quantized form
+        return ShardCudaWeight(name, info.type, shape, cut, data=self._upload_bytes(raw))
+
+    def _upload_bytes(self, raw: np.ndarray):
+        """Host bytes to a new device buffer through the two pinned staging buffers (as
+        CudaBackend._upload copies a file's range): one filled while the other is in flight."""
+        raw = raw.reshape(-1).view(np.uint8)
+        dst = cupy.empty(raw.nbytes, np.uint8)
+        staging = self._staging_buffers()
+        for i, done in enumerate(range(0, raw.nbytes, STAGING_BYTES)):
+            mem, host, ev = staging[i % 2]
+            n = min(STAGING_BYTES, raw.nbytes - done)
+            ev.synchronize()                    # the previous copy out of this buffer is over
+            host[:n] = raw[done:done + n]
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr + done, mem.ptr, n,
+                                          cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+            ev.record(self.stream)
+        return dst
 
     # -- the all-reduce hooks -------------------------------------------------------------------
     def all_reduce(self, y):
