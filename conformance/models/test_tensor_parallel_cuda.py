@@ -490,7 +490,7 @@ def test_one_nccl_rank_in_the_decode_graph_equals_the_single_gpu_model(name):
     """TP = 1 through NCCL (a communicator of one rank on the backend's stream): its all-reduces
     are captured in the decode graph, whose logits and greedy tokens are the single-GPU model's,
     bit for bit."""
-    from brass import arch
+    from brass import arch, flags
     from brass.config import read_config
     from brass.distributed import nccl
     from brass.distributed.cuda_rank import nccl_backend
@@ -500,7 +500,8 @@ def test_one_nccl_rank_in_the_decode_graph_equals_the_single_gpu_model(name):
     cfg = arch.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
     plan = tensor_parallel(gf, cfg, 1, 0)
     gf.close()
-    b = nccl_backend(plan, nccl.unique_id(), own_cublas=True)
+    # own_cublas as Model gives the plain model (its prompt graphs' setting)
+    b = nccl_backend(plan, nccl.unique_id(), own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
     assert b.supports_graphs
     captured = []
     reduce = b.comm.all_reduce
