@@ -401,14 +401,15 @@ def test_split_in_groups_of_queries(cuda, rng, monkeypatch, record_property):
 def test_model_decode_graph_with_split_attention(monkeypatch, record_property):
     # synth-qwen3's decode steps (the first eager, the rest replays of the captured decode
     # graph, kernels launched with PDL, one scratch shared by every layer) with attn_split on
-    # and off, the same teacher-forced tokens: the logits within test_kernels_model.py's
-    # free-running bound (the split's reordered sums move the attention output by float32
-    # ulps, which the next Q8_1 quantization can turn into a whole quant step; the same
-    # argument as there)
+    # and off, the same teacher-forced tokens: the logits within tolerances.FREE_RUNNING, the
+    # free-running bound of test_kernels_model.py (the split's reordered sums move the
+    # attention output by float32 ulps, which the next Q8_1 quantization can turn into a whole
+    # quant step)
     import brass
     from conformance.harness.cases import nmse
-    from conformance.kernels.test_kernels_model import FREE_RUNNING, SYNTH
-    path = str(SYNTH / "synth-qwen3.gguf")
+    from conformance.harness.goldens import GOLDEN_DIR
+    from conformance.harness.tolerances import FREE_RUNNING
+    path = str(GOLDEN_DIR / "models" / "synth-qwen3.gguf")
     logits = {}
     for on in (True, False):
         m = brass.load(path, backend="cuda", quiet=True, attn_split=on)
