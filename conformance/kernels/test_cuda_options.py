@@ -106,18 +106,68 @@ def test_attn_split_takes_decode_attention():
 
 
 def test_attn_split_threshold_and_the_shared_memory_limit():
-    # None: from SPLIT_MIN_SLOTS slots; True / False as said, except where the one-block
-    # kernel's shared memory would not fit the device: the split kernels whatever the option
+    # None: decode-sized calls from SPLIT_MIN_SLOTS slots; True / False as said, for any call,
+    # except where the one-block kernel's shared memory would not fit the device: the split
+    # kernels whatever the option and whatever the call
     from types import SimpleNamespace
     from brass.backends.cuda.attention import ATTN_STATIC_SMEM, SPLIT_MIN_SLOTS, takes_split
     limit = 232448
 
-    def takes(option, n_slots, smem=4096):
+    def takes(option, n_slots, smem=4096, decode=True):
         return takes_split(SimpleNamespace(options=SimpleNamespace(attn_split=option), smem_optin_limit=limit),
-                           n_slots, smem)
+                           n_slots, smem, decode)
     assert not takes(None, SPLIT_MIN_SLOTS - 1) and takes(None, SPLIT_MIN_SLOTS)
-    assert takes(True, 16) and not takes(False, SPLIT_MIN_SLOTS)
+    assert not takes(None, 4 * SPLIT_MIN_SLOTS, decode=False)
+    assert takes(True, 16) and takes(True, 16, decode=False) and not takes(False, SPLIT_MIN_SLOTS)
     assert not takes(False, 1000, limit - ATTN_STATIC_SMEM) and takes(False, 1000, limit - ATTN_STATIC_SMEM + 4)
+    assert takes(None, 1000, limit - ATTN_STATIC_SMEM + 4, decode=False)
+
+
+def _depth_attention(**options) -> dict[str, set[str]]:
+    """The attention kernels launched (by phase: a 20-token prompt, a decode step, a batched
+    step of two rows) on synthetic model synth-qwen3 at a capacity of attention.py
+    SPLIT_MIN_SLOTS slots, the prompt with the tiled kernel off (as a prompt whose head dims
+    it lacks goes): what the split's default takes at depth."""
+    import brass
+    from brass.batch import BatchDecoder
+    from brass.kv_cache import blocks_for
+    rec = fake_cupy.Recorder()
+    got = {}
+    with lr.fake_cuda(rec):
+        from brass.backends.cuda.attention import SPLIT_MIN_SLOTS
+        m = brass.load(str(lr.MODELS_DIR / "synth-qwen3.gguf"), backend="cuda", quiet=True, attn_tiled=False,
+                       **options)
+        V, n_ctx = m.config.n_vocab, SPLIT_MIN_SLOTS
+        pool = m.new_block_pool(2 * blocks_for(n_ctx))
+        sessions = [m.new_session(n_ctx, pool=pool) for _ in range(2)]
+        for s in sessions:
+            s.cache.assign(pool.allocate(blocks_for(n_ctx)))
+        prompt = [(5 + 11 * i) % V for i in range(20)]
+
+        def phase(name, run):
+            rec.events.clear()
+            rec.on = True
+            run()
+            rec.on = False
+            got[name] = {e["kernel"].split(":")[1] for e in rec.events
+                         if e["op"] == "launch" and ":attention" in e["kernel"]}
+        phase("prompt", lambda: sessions[0].prefill(prompt))
+        sessions[1].prefill(prompt[:9])
+        phase("decode", lambda: list(m.generate([7], max_tokens=1, stop_at_eog=False, session=sessions[0])))
+        phase("rows", lambda: BatchDecoder(m, graphs=False).step(sessions, [1, 2]))
+    return got
+
+
+def test_attn_split_default_takes_decode_not_prompts_at_depth():
+    # at SPLIT_MIN_SLOTS slots of capacity the default takes a decode step's attention and a
+    # batched step's rows to the split kernels, and leaves a prompt (that the tiled kernel
+    # does not take) with the one-block kernel: one launch a layer, not three a group of
+    # queries; attn_split=True takes the prompt too
+    split = {"attention_split_logits", "attention_split_sums", "attention_split_values"}
+    default = _depth_attention()
+    assert default["prompt"] == {"attention"}, default
+    assert default["decode"] == split and default["rows"] == split, default
+    assert _depth_attention(attn_split=True)["prompt"] == split
 
 
 def test_the_settings_give_the_defaults_and_options_override_them(monkeypatch):

@@ -9,11 +9,12 @@ kept by its BlockTable, rewritten in place when its blocks change). Every kernel
 position s at pool row table[s / 16] * 16 + s % 16 (kernels/common.cuh kv_row): there is no
 contiguous cache on this backend.
 
-A block per (head, query) with the query's row of logits in shared memory; or, at depth, the
-split-K kernels (attention.cu's head comment): three launches of a block per (head, split of
-ATTN_SPLIT_SLOTS slots, query), their logits and partial sums in a scratch buffer of the
-backend's. The output's Q8_1 blocks (for the output projection) are written beside it and
-remembered.
+A block per (head, query) with the query's row of logits in shared memory; or, for a decode
+at depth, the split-K kernels (attention.cu's head comment): the row's slots in splits of
+ATTN_SPLIT_SLOTS, three launches in which up to a block a split per (head, query) takes the
+row's splits in turn (SPLIT_BLOCKS_PER_SM), their logits and partial sums in a scratch buffer
+of the backend's. The output's Q8_1 blocks (for the output projection) are written beside it
+and remembered.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ SPLIT_SLOTS = define("attention.cu", "ATTN_SPLIT_SLOTS")
 # 128), or the launch fails; past it the split kernels take the call. test_kernel_resources.py
 # checks this against NVRTC's build.
 ATTN_STATIC_SMEM = 1024 + 4 * ATTN_WARPS + 8 * ATTN_WARPS
-# With the attn_split option at its default (None), the split kernels take the calls whose
-# n_slots (the capacity, or the window) reach this. Provisional until `bash ci/gpu.sh depth`
-# times both on the GPU: the split adds two launches, which a decode step at a short context
-# pays for, and the number of splits comes from the capacity, not the position.
+# With the attn_split option at its default (None), the split kernels take the decode-sized
+# calls (takes_split) whose n_slots (the capacity, or the window) reach this. Provisional
+# until `bash ci/gpu.sh depth` times both on the GPU: the split adds two launches, which a
+# decode step at a short context pays for, and the number of splits comes from the capacity,
+# not the position.
 SPLIT_MIN_SLOTS = 8192
 # The split kernels' scratch (logits, partial sums) for at most this many bytes of queries at
-# a time: a call with more (a prompt the tiled kernel does not take, at depth) is launched in
-# groups of queries.
+# a time: a call with more (a prompt the tiled kernel does not take, past the one-block
+# kernel's shared memory or with attn_split on) is launched in groups of queries.
 SPLIT_SCRATCH_BYTES = 128 << 20
 SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_split_values")
 # Blocks the split kernels launch for an SM (all (head, query) rows together, each row's
@@ -176,7 +178,7 @@ def attention(b, q, k_cache, v_cache, pos, scale, window=0, row_caches=None):
                   window=max(0, window), scale=scale, write_q8=int(write_q8), per_row=int(row_caches is not None),
                   table_stride=stride)
     smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
-    if T and takes_split(b, n_slots, smem):
+    if T and takes_split(b, n_slots, smem, decode=T == 1 or row_caches is not None):
         attention_split(b, q, kp, vp, pos, table, out, out_q, fields, row_caches is not None)
     elif T:
         b.launch("attention.cu", "attention", (H, T), ATTN_THREADS, q, kp, vp, pos, table, out, out_q,
@@ -186,15 +188,22 @@ def attention(b, q, k_cache, v_cache, pos, scale, window=0, row_caches=None):
     return out
 
 
-def takes_split(b, n_slots: int, smem: int) -> bool:
+def takes_split(b, n_slots: int, smem: int, decode: bool) -> bool:
     """Whether the split kernels take a call over n_slots, where the one-block kernel would
     need `smem` bytes of dynamic shared memory: always where that does not fit the device (a
     correctness matter: the one-block launch would fail), else as the attn_split option says
-    (None: from SPLIT_MIN_SLOTS slots)."""
+    (None: a decode-sized call from SPLIT_MIN_SLOTS slots).
+
+    Decode-sized (`decode`): one query (a step's token), or a batched step's rows, each row
+    one query over its own sequence. Those are what the split serves: the one-block kernel
+    gives each (head, query) one block that reads the whole context serially, H blocks a
+    decode step. A prompt's T queries over one sequence already give it H * T blocks, and the
+    split would add two launches for each group of queries, untimed on the GPU; so a prompt
+    the tiled kernel declines keeps the one-block kernel by default."""
     if smem + ATTN_STATIC_SMEM > b.smem_optin_limit:
         return True
     on = b.options.attn_split
-    return n_slots >= SPLIT_MIN_SLOTS if on is None else bool(on)
+    return decode and n_slots >= SPLIT_MIN_SLOTS if on is None else bool(on)
 
 
 def split_scratch(b, nbytes: int):

@@ -47,14 +47,15 @@ class CudaOptions:
     # (attention_tiled.cu), where attention.cu keeps a query's whole row of logits in shared
     # memory: faster, and no bound on the context from shared memory.
     attn_tiled: bool = True
-    # Decode attention (a step's token, a batched step's rows) split over the context
-    # (flash-decoding: attention.cu's split-K kernels, three launches of a block per head, split
-    # and query) where the one-block kernel reads a query's whole row in one block: True
-    # always, False never, None (the default) from attention.py SPLIT_MIN_SLOTS slots of
-    # capacity (provisional until `bash ci/gpu.sh depth` times both). Past the one-block
-    # kernel's shared memory (~57,000 slots at head dims 128) the split kernels take the call
-    # whatever this says. The same logits, max and exponentials bit for bit; the sums in
-    # another order.
+    # Attention split over the context (flash-decoding: attention.cu's split-K kernels, a
+    # row's slots in splits of 256, three launches whose blocks of a (head, query) take its
+    # splits in turn) where the one-block kernel reads a query's whole row in one block: None
+    # (the default) for decode-sized calls (a step's token, a batched step's rows) from
+    # attention.py SPLIT_MIN_SLOTS slots of capacity (provisional until `bash ci/gpu.sh depth`
+    # times both), a prompt the tiled kernel declines staying with the one-block kernel; True
+    # every call, prompts too; False never. Past the one-block kernel's shared memory (~57,000
+    # slots at head dims 128) the split kernels take any call whatever this says. The same
+    # logits, max and exponentials bit for bit; the sums in another order.
     attn_split: bool | None = None
     # A one-token Q6_K mat-vec whose warps read each chunk of a row together, coalesced
     # (matvec_coop_q6_k), where matvec_q6_k's lanes read their own items' words.
