@@ -1,6 +1,6 @@
-"""attention.cu's split-K decode attention (attention_split_logits, _sums, _values: a block per
-(head, split of ATTN_SPLIT_SLOTS slots, query), the last block of a (head, query) to finish
-combining the splits) on the CPU and on CUDA.
+"""attention.cu's split-K decode attention (attention_split_logits, _sums, _values: a (head,
+query) row's splits of ATTN_SPLIT_SLOTS slots taken in turn by the row's gridDim.y blocks, the
+last of them to finish combining the splits) on the CPU and on CUDA.
 
 On the CPU (conformance/harness/attn_host.py build_rowwise: the source under g++, a std::thread
 per CUDA thread, each grid's blocks one at a time in a shuffled order, so that any block may be
