@@ -236,7 +236,12 @@ def main(argv=None) -> int:
         if args.history == "reply":
             prompt += got["text"]
         else:
-            prompt += " " + vocab.text(words, n["completion_tokens"] or args.max_tokens)
+            # a server that reports no count gets --max-tokens' worth; a reply that ended at
+            # once (0 generated) adds nothing
+            made = n["completion_tokens"]
+            made = args.max_tokens if made is None else made
+            if made > 0:
+                prompt += " " + vocab.text(words, made)
         turns.append({"turn": i + 1, "ttft_s": got["ttft_s"], "total_s": got["total_s"], **n})
         t = turns[-1]
         print(f"turn {t['turn']:2d}: TTFT {ms(t['ttft_s'])} ms, prompt {t['prompt_tokens']} tokens "

@@ -122,13 +122,15 @@ class FakeServer:
     """Just enough of an OpenAI server for the scripts' loops, answering as llama-server does
     (counts in `timings` only, no usage): /tokenize with a word of n letters ceil(n / 2) tokens
     (a sum over whitespace-separated words, as a BPE pre-tokenizer makes it), /v1/completions
-    streaming max_tokens chunks of "x", cache_n the prompt's common prefix with the last one."""
+    streaming max_tokens chunks of "x" (or `generated`: a reply that ends sooner), cache_n the
+    prompt's common prefix with the last one."""
 
-    def __init__(self):
+    def __init__(self, generated: int | None = None):
         import http.server
         import threading
         fake = self
         self.last: list[int] = []
+        self.generated = generated
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -142,7 +144,7 @@ class FakeServer:
                 cache_n = next((i for i, (a, b) in enumerate(zip(ids, fake.last)) if a != b),
                                min(len(ids), len(fake.last)))
                 fake.last = ids
-                n = body["max_tokens"]
+                n = body["max_tokens"] if fake.generated is None else fake.generated
                 chunks = [{"choices": [{"text": "x", "index": 0}]} for _ in range(n)]
                 chunks.append({"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
                                "timings": {"cache_n": cache_n, "prompt_n": len(ids) - cache_n, "predicted_n": n}})
@@ -185,6 +187,24 @@ def test_chat_turns(tmp_path, history):
     # cached and generated tokens as llama-server's timings give them (no usage)
     assert turns[0]["cached_tokens"] == 0 and all(0 < t["cached_tokens"] < t["prompt_tokens"] for t in turns[1:])
     assert all(t["completion_tokens"] == 8 for t in turns)
+
+
+def test_chat_words_of_an_empty_reply(tmp_path):
+    # A reply that ends at once (EOS first) reports 0 generated tokens: --history words adds
+    # no words for it, not --max-tokens' worth
+    import chat_ttft
+    server = FakeServer(generated=0)
+    try:
+        out = tmp_path / "chat.json"
+        chat_ttft.main(["--url", server.url, "--turns", "3", "--user-tokens", "30", "--max-tokens", "8",
+                        "--warmup", "0", "--history", "words", "--json", str(out)])
+    finally:
+        server.httpd.shutdown()
+    turns = json.loads(out.read_text())["turns"]
+    framing = len(FakeServer.tokens("User: Assistant:"))
+    assert [t["completion_tokens"] for t in turns] == [0, 0, 0]
+    for a, b in zip(turns, turns[1:]):
+        assert b["prompt_tokens"] - a["prompt_tokens"] == 30 + framing, turns
 
 
 def test_memory_difference(tmp_path):
