@@ -160,6 +160,14 @@ def ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f}"
 
 
+def print_table(head: list, rows: list[list]) -> None:
+    """A GitHub-markdown table, each column padded to its widest cell (--compare's, here and in
+    ci/shared_prefix_load.py)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    for row in [head, ["-" * w for w in widths], *rows]:
+        print("| " + " | ".join(str(x).ljust(w) for x, w in zip(row, widths)) + " |")
+
+
 def compare(paths: list[str]) -> int:
     """One table of several runs (their --json files): each turn's TTFT and cached / prompt
     tokens per run, then each run's last-over-first ratio and its verdict."""
@@ -182,9 +190,7 @@ def compare(paths: list[str]) -> int:
     ratios = ["last / first"] + [("-" if r.get("ratio") is None else f"{r['ratio']:.2f}")
                                  + f" (bar <= {r.get('bar')}: {'PASS' if r.get('pass') else 'FAIL'})" for r in runs]
     rows.append(ratios)
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    for row in [head, ["-" * w for w in widths], *rows]:
-        print("| " + " | ".join(str(x).ljust(w) for x, w in zip(row, widths)) + " |")
+    print_table(head, rows)
     return 0
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chat_ttft import Vocab, counts, ms, one_turn, warm_up  # noqa: E402
+from chat_ttft import Vocab, counts, ms, one_turn, print_table, warm_up  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -67,9 +67,7 @@ def compare(paths: list[str], baseline: str, tps_bar: float, ttft_bar: float) ->
         verdicts.append(ok)
         rows.append(row + [f"{'-' if tps is None else f'{tps:.2f}'} {'met' if ok[0] else 'NOT met'}",
                            f"{'-' if ttft is None else f'{ttft:.2f}'} {'met' if ok[1] else 'NOT met'}"])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    for row in [head, ["-" * w for w in widths], *rows]:
-        print("| " + " | ".join(str(x).ljust(w) for x, w in zip(row, widths)) + " |")
+    print_table(head, rows)
     return 0 if verdicts and all(verdicts[0]) else 1
 
 
