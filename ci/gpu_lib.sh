@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by ci/gpu.sh (from the repository root): the functions its subcommands share.
 #
 # brass_env: what every runner subcommand starts with: $out (the runner's result folder $OUT,
@@ -25,9 +26,14 @@
 #   path they run with. llama_runs: 0 when they run here. llama_ready: the same, else starts
 #   their build (once, detached: it goes on between a warm runner's calls; its log
 #   /tmp/llama-build.log says it was started). need_llama N: waits for them until t = N.
-# paged_serve MODE FILE PARALLEL PORT STEM UNTIL CMD...: brass serve FILE on CUDA (prefix
-#   caching off in MODE "uncached"; more options in $serve_args), CMD under `guarded UNTIL` once
-#   its /health answers, then its block counts; the server stopped; CMD's status (1: no server).
+# served NAME LOG PORT UNTIL AFTER SERVER... -- CLIENT...: SERVER in the background (its output
+#   in LOG) listening on PORT; once its /health answers (by t = UNTIL, 240 s at most), NAME's
+#   ready line, CLIENT under `guarded UNTIL`, then AFTER PORT (a function; "" for none); the
+#   server stopped; CLIENT's status (1: no server: it exited or did not answer in time; 124: no
+#   time left to start it).
+# paged_serve MODE FILE PARALLEL PORT STEM UNTIL CMD...: `served` for brass serve FILE on CUDA
+#   (prefix caching off in MODE "uncached"; more options in $serve_args), log
+#   $out/STEM-serve-MODE.log, AFTER its block counts (brass_block_counts).
 # llama_serve FILE PORT STEM UNTIL ARGS CMD...: the same for llama-server (llama_env's $server)
 #   on FILE with every layer on the GPU, flash attention and ARGS (one string: --parallel, -c);
 #   its prompt cache (cache_prompt) is on, its default.
@@ -157,9 +163,11 @@ llama_ready() {
     return 1
 }
 
-wait_health() {     # PORT SECONDS: 0 once http://127.0.0.1:PORT/health answers, 1 if not in time
+wait_health() {     # PORT SECONDS [PID]: 0 once http://127.0.0.1:PORT/health answers, 1 if not in
+                    # time or once process PID (the server) has exited
     for _ in $(seq 1 "$2"); do
         curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
+        [ -z "${3:-}" ] || kill -0 "$3" 2> /dev/null || return 1
         sleep 1
     done
     return 1
@@ -172,39 +180,48 @@ need_llama() {
     echo "llama.cpp not built by t=$(t) s:"; tail -3 /tmp/llama-build.log; return 1
 }
 
-paged_serve() {
-    local mode=$1 f=$2 parallel=$3 port=$4 stem=$5 until=$6 pid r=1 extra=()
-    shift 6
-    [ "$mode" = uncached ] && extra=(--no-prefix-cache)
-    # shellcheck disable=SC2086
-    python3 -m brass serve "$f" --backend cuda --parallel "$parallel" --port "$port" "${extra[@]}" ${serve_args:-} \
-        > "$out/$stem-serve-$mode.log" 2>&1 &
+served() {     # NAME LOG PORT UNTIL AFTER SERVER... -- CLIENT...
+    local name=$1 log=$2 port=$3 until=$4 after=$5 pid r=1 srv=()
+    shift 5
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do srv+=("$1"); shift; done
+    [ $# -gt 0 ] || { echo "served: no -- between the server's command and the client's"; return 2; }
+    shift
+    # a server started with less than guarded's 20 s left could not serve the client anyway
+    [ "$(left "$until")" -ge 20 ] || { echo "$name skipped at t=$(t) s (no time left): $*"; return 124; }
+    "${srv[@]}" > "$log" 2>&1 &
     pid=$!
-    if [ "$(left "$until")" -ge 20 ] && wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))"; then
-        echo "brass serve ($mode, --parallel $parallel ${extra[*]} ${serve_args:-}) ready at t=$(t) s"
+    if wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))" "$pid"; then
+        echo "$name ready at t=$(t) s"
         echo "+ $*"
         guarded "$until" "$@"; r=$?
-        curl -sf "http://127.0.0.1:$port/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
+        [ -z "$after" ] || "$after" "$port"
     else
-        echo "brass serve ($mode) did not start by t=$(t) s"; tail -5 "$out/$stem-serve-$mode.log"
+        echo "$name did not start by t=$(t) s"; tail -5 "$log"
     fi
-    kill "$pid"; wait "$pid" 2> /dev/null
+    kill "$pid" 2> /dev/null; wait "$pid" 2> /dev/null
     return $r
 }
 
+brass_block_counts() {     # PORT: brass serve's KV blocks by state and its cached prompt tokens (/metrics)
+    curl -sf "http://127.0.0.1:$1/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
+    return 0
+}
+
+paged_serve() {
+    local mode=$1 f=$2 parallel=$3 port=$4 stem=$5 until=$6 extra=()
+    shift 6
+    [ "$mode" = uncached ] && extra=(--no-prefix-cache)
+    # shellcheck disable=SC2086     # serve_args: options, split on spaces
+    served "brass serve ($mode, --parallel $parallel${extra[*]:+ ${extra[*]}}${serve_args:+ $serve_args})" \
+        "$out/$stem-serve-$mode.log" "$port" "$until" brass_block_counts \
+        python3 -m brass serve "$f" --backend cuda --parallel "$parallel" --port "$port" "${extra[@]}" ${serve_args:-} \
+        -- "$@"
+}
+
 llama_serve() {
-    local f=$1 port=$2 stem=$3 until=$4 args=$5 pid r=1
+    local f=$1 port=$2 stem=$3 until=$4 args=$5
     shift 5
-    # shellcheck disable=SC2086
-    "$server" -m "$f" -ngl 99 -fa on $args --port "$port" > "$out/$stem-llama-server.log" 2>&1 &
-    pid=$!
-    if [ "$(left "$until")" -ge 20 ] && wait_health "$port" "$(( $(left "$until") < 240 ? $(left "$until") : 240 ))"; then
-        echo "llama-server (-ngl 99 -fa on $args) ready at t=$(t) s"
-        echo "+ $*"
-        guarded "$until" "$@"; r=$?
-    else
-        echo "llama-server did not start by t=$(t) s"; tail -5 "$out/$stem-llama-server.log"
-    fi
-    kill "$pid"; wait "$pid" 2> /dev/null
-    return $r
+    # shellcheck disable=SC2086     # args: options, split on spaces
+    served "llama-server (-ngl 99 -fa on $args)" "$out/$stem-llama-server.log" "$port" "$until" "" \
+        "$server" -m "$f" -ngl 99 -fa on $args --port "$port" -- "$@"
 }

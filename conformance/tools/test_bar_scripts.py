@@ -2,7 +2,10 @@
 without a real server: texts and prompts of an exact token length, the counts read from either
 server's reply (OpenAI's usage, llama-server's timings), the chat's turns against a fake server
 that answers as llama-server does, the --compare tables' ratios and verdicts, and one-line
-errors for bad arguments. Against real servers they run on the GPU runner (ci/gpu.sh paged)."""
+errors for bad arguments. Against real servers they run on the GPU runner (ci/gpu.sh paged);
+its shell side is checked here with stand-ins: ci/gpu_lib.sh's `served` (a server started, its
+/health awaited, the client run, the server stopped) behind paged_serve and llama_serve, and
+what ci/gpu_paged.sh's memory part says when a pass is skipped."""
 
 from __future__ import annotations
 
@@ -221,3 +224,124 @@ def test_memory_difference(tmp_path):
                                 " = 147,456 B (the layers' figure: 147,456 B; nvidia-smi counts whole MiB)")
     r = run("ci/paged_memory.py", "--difference", big, write("card", 5000, "card", 256))
     assert r.returncode == 2 and "not comparable" in r.stderr and "Traceback" not in r.stderr
+
+
+# ci/gpu_lib.sh's `served` (paged_serve and llama_serve under ci/gpu.sh paged) against a
+# stand-in server: a static HTTP server whose files are /health and /metrics, that writes the
+# arguments it was started with
+FAKE_SERVER = """
+import http.server, pathlib, sys
+args = sys.argv[1:]
+pathlib.Path(sys.argv[0]).with_name("args").write_text(" ".join(args))
+port = int(args[args.index("--port") + 1])
+d = str(pathlib.Path(sys.argv[0]).with_name("site"))
+handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=d)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
+"""
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lib(tmp_path, script: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    """`script` after sourcing ci/gpu_lib.sh as ci/gpu.sh does (out=tmp_path, the clock at 0);
+    python3 is the stand-in server, $server (llama-server) too; $port a free port."""
+    import shutil
+    import time
+    if shutil.which("bash") is None or shutil.which("curl") is None:
+        pytest.skip("no bash or curl here: ci/gpu_lib.sh needs both")
+    (tmp_path / "site").mkdir(exist_ok=True)
+    (tmp_path / "site" / "health").write_text("ok\n")
+    (tmp_path / "site" / "metrics").write_text('brass_kv_blocks{state="used"} 3\nbrass_other 1\n')
+    fake = tmp_path / "fake_server.py"
+    fake.write_text(FAKE_SERVER)
+    (tmp_path / "llama-server").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+    (tmp_path / "llama-server").chmod(0o755)
+    head = (f'set -uo pipefail; . ci/gpu_lib.sh; out="{tmp_path}"; t0=$SECONDS; port={free_port()}; '
+            f'server="{tmp_path}/llama-server"; python3() {{ exec "{sys.executable}" "{fake}" "$@"; }}; ')
+    start = time.monotonic()
+    r = subprocess.run(["bash", "-c", head + script], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - start
+
+
+def test_served_runs_the_client_once_the_server_answers(tmp_path):
+    r, _ = lib(tmp_path, 'echo "$port"; after() { echo "after $1"; }; '
+                         'served "fake" "$out/fake.log" "$port" 60 after python3 --port "$port" '
+                         '-- bash -c "echo client ran; exit 3"; echo "rc=$?"; '
+                         'curl -sf "http://127.0.0.1:$port/health" > /dev/null && echo "still up" || echo "stopped"')
+    port, *lines = r.stdout.splitlines()
+    assert lines[0].startswith("fake ready at t=") and lines[1] == "+ bash -c echo client ran; exit 3", r.stdout
+    # the client's status, the hook after it with the port, the server stopped
+    assert lines[2:] == ["client ran", f"after {port}", "rc=3", "stopped"], r.stdout + r.stderr
+
+
+def test_served_gives_up_once_the_server_exits(tmp_path):
+    # a server that dies at start (a bad option) is reported at once, not after the wait for
+    # /health runs out (60 s here: the test's 30 s timeout would end it first)
+    r, took = lib(tmp_path, 'served "fake" "$out/fake.log" "$port" 60 "" bash -c "echo bad option; exit 1" '
+                            '-- echo client ran; echo "rc=$?"', timeout=30)
+    assert "fake did not start by t=" in r.stdout and "bad option" in r.stdout, r.stdout + r.stderr
+    assert "client ran" not in r.stdout and r.stdout.splitlines()[-1] == "rc=1"
+    assert took < 20, took
+
+
+def test_served_starts_nothing_without_time(tmp_path):
+    r, _ = lib(tmp_path, 't0=$((SECONDS - 580)); served "fake" "$out/fake.log" "$port" 590 "" python3 --port "$port" '
+                         '-- echo client ran; echo "rc=$?"')
+    assert r.stdout.splitlines()[0].startswith("fake skipped at t=58"), r.stdout
+    assert r.stdout.splitlines()[-1] == "rc=124" and not (tmp_path / "fake.log").exists()
+    r, _ = lib(tmp_path, 'served "fake" "$out/fake.log" "$port" 60 "" python3 --port "$port"; echo "rc=$?"')
+    assert r.stdout.splitlines() == ["served: no -- between the server's command and the client's", "rc=2"]
+
+
+def test_paged_and_llama_serve_commands(tmp_path):
+    r, _ = lib(tmp_path, 'serve_args="--kv-blocks 8"; paged_serve uncached m.gguf 4 "$port" stem 60 true; '
+                         'echo "brass: $(cat "$out/args")"; '
+                         'llama_serve m.gguf "$port" stem 60 "--parallel 2 -c 64" true; echo "llama: $(cat "$out/args")"')
+    port = r.stdout.split("--port ")[1].split()[0]
+    out = r.stdout.splitlines()
+    assert out[0].startswith("brass serve (uncached, --parallel 4 --no-prefix-cache --kv-blocks 8) ready at t="), out
+    # after the client, brass's block counts from /metrics
+    assert out[1:4] == ["+ true", 'brass_kv_blocks{state="used"} 3',
+                        f"brass: -m brass serve m.gguf --backend cuda --parallel 4 --port {port} --no-prefix-cache "
+                        "--kv-blocks 8"], out
+    assert out[4].startswith("llama-server (-ngl 99 -fa on --parallel 2 -c 64) ready at t="), out
+    assert out[5:] == ["+ true", f"llama: -m m.gguf -ngl 99 -fa on --parallel 2 -c 64 --port {port}"], out
+    assert (tmp_path / "stem-serve-uncached.log").exists() and (tmp_path / "stem-llama-server.log").exists()
+
+
+@pytest.mark.parametrize("big, big_ends_at, lines", [
+    # the big pass (until t = 450) wrote nothing: nothing to take the small pool's memory from
+    (False, None, ["the 1/64-pool pass skipped: the big pass wrote no {out}/paged-memory.json",
+                   "no --difference (the KV bytes a token, measured) at t=0 s: no {out}/paged-memory.json"]),
+    # it ended late: under 60 s left, the small pass is skipped and says so
+    (True, 545, ["the 1/64-pool pass skipped at t=545 s: under 60 s left of the call",
+                 "no --difference (the KV bytes a token, measured) at t=545 s: no {out}/paged-memory-small.json"]),
+    (True, 100, ["brass serve (small pass) until 590", "difference {out}/paged-memory.json {out}/paged-memory-small.json"]),
+])
+def test_paged_memory_says_what_it_skipped(tmp_path, big, big_ends_at, lines):
+    # ci/gpu_paged.sh's memory part with paged_serve and python3 stood in for (the passes'
+    # servers and clients run on the GPU runner): the big pass's deadline, then what follows
+    # each of its outcomes
+    (tmp_path / "m.gguf").write_bytes(b"")
+    stand_in = f'''
+        paged_serve() {{
+            if [ "$5" = paged-memory ]; then
+                echo "big pass until $6"
+                {'echo {} > "$out/paged-memory.json"' if big else ':'}
+                {f't0=$((SECONDS - {big_ends_at}))' if big_ends_at else ':'}
+            else
+                echo "brass serve (small pass) until $6" > "$out/paged-memory-small.txt"; echo {{}} > "$out/paged-memory-small.json"
+            fi
+        }}
+        python3() {{ [ "$2" = --difference ] && echo "difference $3 $4"; }}
+        nvidia-smi() {{ return 1; }}
+    '''
+    r, _ = lib(tmp_path, f'. ci/gpu_paged.sh; dir="{tmp_path}"; {stand_in}\nSHAPE_LOAD=m sub_paged memory')
+    out = [ln for ln in r.stdout.splitlines() if not ln.startswith("==")]
+    assert out and out[0] == "big pass until 450", r.stdout + r.stderr
+    assert out[1:] == [ln.format(out=tmp_path) for ln in lines], r.stdout + r.stderr

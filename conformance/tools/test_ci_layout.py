@@ -100,7 +100,7 @@ def test_every_ci_file_is_called_or_documented():
 
 def test_references_from_tests_ci_and_the_golden_readme_exist():
     # the suite, CI, the GPU entry and the goldens' recipe name only ci/ files that exist
-    texts = [ROOT / ".ci" / "run", ROOT / "golden" / "README.md", CI / "gpu.sh", CI / "gpu_lib.sh",
+    texts = [ROOT / ".ci" / "run", ROOT / "golden" / "README.md", CI / "gpu.sh", *gpu_sourced(),
              *(ROOT / "conformance").rglob("*.py"), *(ROOT / "perf").glob("*.py")]
     missing = sorted({f"{p.relative_to(ROOT)}: ci/{m}" for p in texts
                       for m in re.findall(r"(?<![\w./])ci/([\w.-]+\.(?:py|sh|txt|json))", p.read_text())
@@ -122,6 +122,24 @@ def test_suite_paths_named_by_ci_and_the_docs_exist():
     assert not missing, missing
 
 
+def gpu_sourced() -> list[Path]:
+    """The files ci/gpu.sh sources (its shared functions, subcommands kept apart), in order."""
+    return [ROOT / m for m in re.findall(r"^\. (ci/[\w.-]+\.sh)$", (CI / "gpu.sh").read_text(), re.M)]
+
+
+def test_gpu_sources_exist_and_travel_in_a_slim_tree():
+    # `stage slim` commits only the files its staging calls need: gpu.sh stops at its first
+    # line on the runner where a file it sources was left out
+    sourced = gpu_sourced()
+    assert CI / "gpu_lib.sh" in sourced, sourced
+    assert all(p.is_file() for p in sourced), sourced
+    slim = re.search(r"local paths=\(([^$]*)", (CI / "gpu.sh").read_text())
+    assert slim, "stage slim's paths not found in ci/gpu.sh"
+    left_out = [name for p in [CI / "gpu.sh", *sourced]
+                if (name := str(p.relative_to(ROOT))) not in slim[1].split()]
+    assert not left_out, f"stage slim leaves out {left_out}"
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash here")
 def test_shell_scripts_parse():
     scripts = sorted(CI.glob("*.sh"))
@@ -133,7 +151,8 @@ def test_shell_scripts_parse():
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash here")
 def test_gpu_help_lists_every_subcommand():
-    subcommands = [n.replace("_", "-") for n in re.findall(r"^sub_(\w+)\(\)", (CI / "gpu.sh").read_text(), re.M)]
+    subcommands = [n.replace("_", "-") for p in [CI / "gpu.sh", *gpu_sourced()]
+                   for n in re.findall(r"^sub_(\w+)\(\)", p.read_text(), re.M)]
     assert {"suite", "side-by-side", "serving", "soak", "profile", "stage", "tune", "bar", "help"} <= set(subcommands)
     r = subprocess.run(["bash", str(CI / "gpu.sh"), "help"], capture_output=True, text=True, cwd="/")
     assert r.returncode == 0, r.stderr
