@@ -82,10 +82,11 @@ def cmd_serve(args):
     key = " — API key required (but for /health, /v1/models and the page)" if api_key else ""
     print(f"brass: serving {app.model_id} on the {model.backend.name} backend at http://{shown}:{port}/ "
           f"(API: /v1, chat page: /, API docs: /docs){key}", file=sys.stderr, flush=True)
-    if hasattr(model, "on_failure"):
-        # --tp: a worker that dies stops the server as Ctrl-C does, and the error is said below
-        model.on_failure = lambda why: os.kill(os.getpid(), signal.SIGINT)
     try:
+        if hasattr(model, "on_failure"):
+            # --tp: a worker that dies stops the server as Ctrl-C does, and the error is said
+            # below; one that died since the load is told here at once (ProcessRanks.on_failure)
+            model.on_failure = lambda why: os.kill(os.getpid(), signal.SIGINT)
         http_api.serve(app, sock)
     except KeyboardInterrupt:   # uvicorn stopped gracefully on Ctrl-C, then raised it again
         pass

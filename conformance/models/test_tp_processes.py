@@ -14,6 +14,7 @@ show as a timeout, not as a slow pass.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -22,13 +23,15 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 import pytest
 
 from conformance.harness import goldens
-from brass.distributed.comm import CommAborted, PipeCommunicator, ProcessGroup, ThreadGroup
-from brass.distributed.tp import TPModel
+from brass.distributed import workers
+from brass.distributed.comm import CommAborted, PipeCommunicator, PipeEnds, ProcessGroup, ThreadGroup
+from brass.distributed.tp import Command, TPModel
 from brass.distributed.workers import rank_device, visible_devices
 from brass.errors import BrassError
 
@@ -206,13 +209,12 @@ def test_processes_give_the_bits_of_threads(name, world, split):
 def test_a_worker_that_raises_fails_the_call_in_one_line():
     """A worker whose step raises (here: rank 1 told to drop the session's cache, which rank 0
     keeps) ends the call with its rank and error; the group is spent, its workers gone."""
-    from brass.distributed.tp import Command
     m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
     pids = _pids(m)
     s = m.new_session(32)
     w = m.group_ranks.workers[0]
-    w.ctrl.send(Command("free", free=(s.sid,)))
-    assert w.ctrl.recv()[0] == "ok"
+    w.ctrl.send((0, Command("free", free=(s.sid,))))       # (seq, command), behind rank 0's back
+    assert w.ctrl.recv() == (0, "ok", None)
     t0 = time.perf_counter()
     with pytest.raises(BrassError) as e:
         s.step([1, 2, 3])
@@ -238,6 +240,13 @@ def test_a_worker_killed_mid_step_fails_the_call_and_stops_the_others():
     next(gen)
     os.kill(pids[1], signal.SIGSTOP)
     err = []
+    comm, in_step = m.group_ranks.comm, threading.Event()
+    get = comm._get
+
+    def waiting(src):                   # rank 0's step reading a peer's part: underway
+        in_step.set()
+        return get(src)
+    comm._get = waiting
 
     def step():
         try:
@@ -246,7 +255,7 @@ def test_a_worker_killed_mid_step_fails_the_call_and_stops_the_others():
             err.append(e)
     t = threading.Thread(target=step)
     t.start()
-    time.sleep(0.3)
+    assert in_step.wait(FAIL_S)
     t0 = time.perf_counter()
     os.kill(pids[1], signal.SIGKILL)
     t.join(FAIL_S)
@@ -269,27 +278,192 @@ def test_ctrl_c_during_a_step_is_raised_once_the_step_is_over():
         for hold in ("step", "new"):    # rank 0 waiting in its step / for the worker's reply
             s = m.new_session(len(ids)) if hold == "step" else None
             os.kill(worker, signal.SIGSTOP)
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-            threading.Timer(0.8, os.kill, (worker, signal.SIGCONT)).start()
-            t0 = time.perf_counter()
+            released = threading.Event()
+
+            def ctrl_c_then_release():
+                # one timer, in this order: the call cannot end (its worker is stopped) before
+                # the Ctrl-C is in, so no Ctrl-C can land after the call, on pytest itself
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.3)         # (the Ctrl-C is in either way: only lets the call wait)
+                released.set()
+                os.kill(worker, signal.SIGCONT)
+            threading.Timer(0.3, ctrl_c_then_release).start()
             with pytest.raises(KeyboardInterrupt):
                 s.step(ids[:5]) if s is not None else m.new_session(8)
-            assert time.perf_counter() - t0 >= 0.7, f"{hold}: raised before the call was over"
+            assert released.is_set(), f"{hold}: raised before the call was over"
             assert m.failure is None
+            if s is not None:               # the step ran on every rank: its positions are taken
+                assert s.n_past == 5
         assert np.array_equal(m.score(ids), TPModel(path, 2).score(ids))
     finally:
         m.close()
 
 
+class _CtrlCBeforeRecv:
+    """A control pipe whose recv() is preceded by a Ctrl-C (rank 0 reading a reply: outside any
+    wait of its own)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+    def recv(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return self.conn.recv()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_anywhere_in_a_call_is_raised_once_it_is_over():
+    """A Ctrl-C while rank 0 reads a worker's reply is held as one in a wait: the reply is read,
+    then KeyboardInterrupt. Under the layer split a step's result is the last rank's reply, so
+    a reply left unread would be the next step's result."""
+    name = "synth-tp-qwen3"
+    path = goldens.model(name).path()
+    ids = goldens.prompts(name)[0].tf_ids
+    m, ref = TPModel(path, 2, "layer", ranks="processes"), TPModel(path, 2, "layer")
+    try:
+        s, t = m.new_session(len(ids)), ref.new_session(len(ids))
+        w = m.group_ranks.workers[0]
+        w.ctrl = _CtrlCBeforeRecv(w.ctrl)
+        with pytest.raises(KeyboardInterrupt):
+            s.step(ids[:5])
+        w.ctrl = w.ctrl.conn
+        assert m.failure is None and s.n_past == 5
+        t.step(ids[:5])
+        assert np.array_equal(s.step(ids[5:]), t.step(ids[5:]))
+        # a reply left unread all the same (a command sent behind rank 0's back) is not taken
+        # for the next call's: each reply names its call
+        w.ctrl.send((0, Command("memory")))
+        with pytest.raises(BrassError, match=r"^rank 1: a reply \('ok'\) to call 0 where call \d+'s "
+                                             r"\('ok'\) was due$"):
+            s.reset()
+    finally:
+        m.close()
+        ref.close()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_the_workers_load_stops_them_at_once(monkeypatch):
+    """Rank 0 loaded, its worker still loading (held: stopped), a Ctrl-C: KeyboardInterrupt at
+    once (nothing is mid-step), the worker stopped, not waited for."""
+    started, released = [], threading.Event()
+    start, wait = workers._start_without_sigint, workers.wait
+
+    def start_held(p):
+        start(p)
+        os.kill(p.pid, signal.SIGSTOP)
+        started.append(p.pid)
+
+    def ctrl_c_then_wait(*args, **kw):      # rank 0 waiting for its workers' "ready"
+        monkeypatch.setattr(workers, "wait", wait)
+        os.kill(os.getpid(), signal.SIGINT)
+        return wait(*args, **kw)
+
+    def release():                          # the bound on a start that waits for its workers
+        released.set()
+        for q in started:
+            os.kill(q, signal.SIGCONT)
+    monkeypatch.setattr(workers, "_start_without_sigint", start_held)
+    monkeypatch.setattr(workers, "wait", ctrl_c_then_wait)
+    timer = threading.Timer(FAIL_S, release)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    finally:
+        timer.cancel()
+    assert not released.is_set(), "the Ctrl-C waited for the worker's load"
+    assert len(started) == 1 and not _alive(started[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_worker_fails_the_call_by_its_deadline():
+    """A worker that hangs without reading (stopped) and a command beyond any pipe's buffer:
+    rank 0 is not held writing it; the reply's deadline (made 1 s here) ends the call, and the
+    worker is stopped."""
+    m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    m.group_ranks.timeout = 1.0
+    worker = _pids(m)[0]
+    os.kill(worker, signal.SIGSTOP)
+    err = []
+
+    def call():
+        try:        # "free" reads no ids: only makes the command 4 MiB
+            m.call(Command("free", ids=np.zeros(4 << 20, np.int8)))
+        except BaseException as e:
+            err.append(e)
+    t = threading.Thread(target=call)
+    t.start()
+    try:
+        t.join(FAIL_S)
+        assert not t.is_alive(), "rank 0 held writing to the hung worker"
+        assert isinstance(err[0], BrassError) and str(err[0]) == "rank 1: no reply in 1 s"
+        assert m.failure == str(err[0]) and not _alive(worker)
+    finally:
+        if _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        t.join()
+        m.close()
+
+
+class _BlockedWriter:
+    """A pipe's writer whose send blocks (a full pipe) until released, then fails as a
+    Connection does once its fd was closed under the send (os.write(None, ...))."""
+
+    def __init__(self):
+        self.sending, self.released = threading.Event(), threading.Event()
+        self.closed_under_send = False
+
+    def send(self, x):
+        self.sending.set()
+        self.released.wait(FAIL_S)
+        raise TypeError("'NoneType' object cannot be interpreted as an integer")
+
+    def close(self):
+        self.closed_under_send |= self.sending.is_set() and not self.released.is_set()
+
+
+def test_closing_a_communicator_leaves_a_blocked_sender_quiet(monkeypatch):
+    """close() gives a sender blocked on a full pipe 1 s, then leaves its pipe open (for process
+    exit) rather than close it under the send; the sender ends without a traceback."""
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    w = _BlockedWriter()
+    comm = PipeCommunicator(PipeEnds(0, 2, readers={}, writers={1: w}))
+    comm.send(np.zeros(4, np.float32), 1)
+    assert w.sending.wait(FAIL_S)
+    comm.close()
+    assert not w.closed_under_send
+    w.released.set()
+    for t in comm._threads.values():
+        t.join(FAIL_S)
+        assert not t.is_alive()
+    assert raised == []
+
+
 @pytest.mark.timeout(60)
 def test_a_worker_dying_between_calls_is_seen_at_once():
+    """The watcher fails the group at once; an on_failure set after that (a server sets it once
+    loaded) is called at once, and once only; nothing holds the spent group (not the exit hook
+    that closes a live one)."""
     m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
-    seen = threading.Event()
-    m.on_failure = lambda why: seen.set()
+    with pytest.raises(BrassError, match="^TPModel.run needs ranks='threads': "):
+        m.run(lambda rank: None)
     os.kill(_pids(m)[0], signal.SIGKILL)
-    assert seen.wait(FAIL_S)
+    m.group_ranks._watcher.join(FAIL_S)
+    assert m.failure == "rank 1 died (killed by SIGKILL)"
+    told, again = [], []
+    m.on_failure = told.append
+    m.on_failure = again.append
+    assert told == [m.failure] and again == []
     with pytest.raises(BrassError, match="^rank 1 died \\(killed by SIGKILL\\)$"):
         m.score([1, 2])
+    spent = weakref.ref(m.group_ranks)
+    del m
+    gc.collect()
+    assert spent() is None
 
 
 @pytest.mark.timeout(60)

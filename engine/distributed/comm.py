@@ -202,9 +202,9 @@ class PipeCommunicator(Communicator):
         self.timeout = timeout
         self.closed: str | None = None
         self._queues = {d: queue.Queue() for d in ends.writers}
-        self._threads = [threading.Thread(target=self._sender, args=(d,), daemon=True,
-                                          name=f"brass-comm-{self.rank}-to-{d}") for d in ends.writers]
-        for t in self._threads:
+        self._threads = {d: threading.Thread(target=self._sender, args=(d,), daemon=True,
+                                             name=f"brass-comm-{self.rank}-to-{d}") for d in ends.writers}
+        for t in self._threads.values():
             t.start()
 
     def _sender(self, dst: int):
@@ -215,8 +215,9 @@ class PipeCommunicator(Communicator):
                 return
             try:
                 conn.send(x)
-            except (OSError, ValueError):   # the peer is gone (its read end closed), or we closed
-                return                      # what it missed, it no longer waits for
+            except Exception:   # the peer is gone (its read end closed), or the pipe was
+                return          # closed: what it missed, no one waits for (never a traceback
+                                # from a thread at shutdown)
 
     def _put(self, x, dst: int, copy: bool = True):
         if self.closed is not None:
@@ -267,6 +268,12 @@ class PipeCommunicator(Communicator):
         self.closed = why
         for q in self._queues.values():
             q.put(None)
-        for t in self._threads:
-            t.join(timeout=1.0)         # a sender blocked on a full pipe ends when it closes
-        self.ends.close()
+        for t in self._threads.values():
+            t.join(timeout=1.0)         # a sender blocked on a full pipe ends when the peer does
+        for c in self.ends.readers.values():
+            c.close()
+        # A writer whose sender is still blocked in it stays open (process exit closes it):
+        # closed under the sender, the Connection would fail mid-message in that thread.
+        for d, c in self.ends.writers.items():
+            if not self._threads[d].is_alive():
+                c.close()

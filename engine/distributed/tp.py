@@ -483,6 +483,9 @@ class TPModel:
     def run(self, fn) -> list:
         """`fn(rank)` on every rank at once (threads only: a function does not travel to a
         process)."""
+        if not isinstance(self.group_ranks, ThreadRanks):
+            raise UnsupportedError("TPModel.run needs ranks='threads': a function does not travel "
+                                   "to a worker process (call() sends a Command)")
         return self.group_ranks.run(fn)
 
     @property
@@ -581,7 +584,14 @@ class TPSession:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         pos = np.arange(self.n_past, self.n_past + len(ids), dtype=np.int32)
         rows = None if want == "all" else np.array([len(ids) - 1], np.int32)
-        out = m.call(Command("step", self.sid, ids=ids, pos=pos, rows=rows, want=want))
+        try:
+            out = m.call(Command("step", self.sid, ids=ids, pos=pos, rows=rows, want=want))
+        except KeyboardInterrupt:
+            # held until the step was over on every rank (finish, workers._sigint_held): the
+            # caches hold the step, so the positions move on; a failed group has no positions
+            if m.failure is None:
+                self.n_past += len(ids)
+            raise
         self.n_past += len(ids)
         return out[-1] if m.split == "layer" else out[0]
 
@@ -622,8 +632,7 @@ def check_request(world: int, split: str, backend: str | None):
         raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if backend == "cuda":
         from .workers import rank_device
-        n, env = gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
-        for r in range(world):      # every rank's device, CUDA_VISIBLE_DEVICES order
-            rank_device(r, world, n, env)
+        # enough devices for every rank (rank r takes the r-th, CUDA_VISIBLE_DEVICES order)
+        rank_device(0, world, gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         raise UnsupportedError(f"--tp {world} on the cuda backend needs the multi-process NCCL "
                                f"workers (docs/multi-gpu.md), not built yet; use --backend numpy")

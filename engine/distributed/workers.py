@@ -7,14 +7,22 @@ runs the same `Rank.handle`, the collectives inside, over its own communicator.
     ProcessRanks.__init__: pipes, spawn  ─────▶ worker_main(spec, ctrl, ends)
                                                   signals: Ctrl-C is rank 0's to handle
                                                   communicator(spec, ends)   (spec.uid: NCCL's id)
-                                                  make_rank → "ready"
-    call(cmd): cmd to every worker ────────────▶  rank.handle(cmd) ──▶ ("ok", result) / ("err", ...)
-               rank 0's handle(cmd) in a thread   (collectives between the ranks, over `ends`)
-               the workers' replies, or deaths
+                                                  make_rank → (0, "ready", None)
+    call(cmd): (seq, cmd) to every worker ─────▶  rank.handle(cmd) ──▶ (seq, "ok", result)
+               rank 0's handle(cmd) in a thread     or (seq, "err", (line, aborted))
+               the workers' replies, or deaths    (collectives between the ranks, over `ends`)
 
 The CUDA path keeps all of this and swaps two things: the communicator (`communicator()`:
 nccl.NcclCommunicator over `spec.uid`, the unique id rank 0 makes before spawning) and the
 rank's backend (its device: `rank_device`, CUDA_VISIBLE_DEVICES order).
+
+Each command travels as (seq, cmd), seq counting the calls, and each reply as (seq, kind,
+value): a reply to another call than the one in progress is seen as such, never taken for its
+answer. Rank 0 writes the commands from a sender thread per worker (as the communicator does),
+so a worker that hangs without reading cannot block it: the reply's deadline (`timeout`)
+bounds every call. A Ctrl-C in rank 0's main thread during a call is held until the call is
+over on every rank, then raised (the ranks are never left mid-step); during the start it
+stops the workers at once. Anything else escaping a call half-way fails the group.
 
 Failure, never a hang: a worker that raises replies with its error (one line naming its rank)
 and exits; one that is killed ends its pipes. Either way the peers' collectives raise
@@ -29,17 +37,21 @@ whose rank 0 ends (closed, killed) reads the end of its control pipe and exits: 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
+import queue
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
+from typing import NamedTuple
 
 from ..errors import BrassError
 from .comm import TIMEOUT_S, CommAborted, PipeCommunicator, ProcessGroup
-from .tp import _BlasThreads, finish, make_rank
+from .tp import _BlasThreads, make_rank
 
 # After a rank failed, how long rank 0 waits for the others to say why or to end before it
 # stops them: their collectives fail at once when a pipe ends, so this is only a bound.
@@ -108,29 +120,32 @@ def one_line(rank: int, e: BaseException) -> str:
 
 
 def worker_main(spec: WorkerSpec, ctrl, ends):
-    """A worker process: build the rank, then run rank 0's commands until it says stop (None)
-    or its control pipe ends; after an error, say it and exit (closing the pipes)."""
+    """A worker process: build the rank, say (0, "ready", None), then run rank 0's commands
+    ((seq, cmd), each answered (seq, "ok", result)) until it says stop (None) or its control
+    pipe ends; after an error, say it ((seq, "err", (line, whether a CommAborted))) and exit
+    (closing the pipes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C reaches every process; rank 0 acts
-    comm = None
+    comm, seq = None, 0
     try:
         blas = _BlasThreads()       # the ranks are the parallelism (tp._BlasThreads)
         blas.__enter__()
         comm = communicator(spec, ends)
         rank = make_rank(spec.path, comm, spec.split)
-        ctrl.send(("ready", None))
+        ctrl.send((0, "ready", None))
         while True:
             try:
-                cmd = ctrl.recv()
+                msg = ctrl.recv()
             except (EOFError, OSError):
                 return                  # rank 0 is gone
-            if cmd is None:
+            if msg is None:
                 return
+            seq, cmd = msg
             out = rank.handle(cmd)
             # a step's result from the rank holding it only (the logits are the same on each)
-            ctrl.send(("ok", out if cmd.op != "step" or spec.rank == rank.result_rank else None))
+            ctrl.send((seq, "ok", out if cmd.op != "step" or spec.rank == rank.result_rank else None))
     except BaseException as e:
         try:
-            ctrl.send(("err", one_line(spec.rank, e), isinstance(e, CommAborted)))
+            ctrl.send((seq, "err", (one_line(spec.rank, e), isinstance(e, CommAborted))))
         except (OSError, ValueError):
             pass
     finally:
@@ -154,9 +169,69 @@ def _died(w) -> str:
     return f"rank {w.rank} died ({exit_cause(w.proc.exitcode)})"
 
 
+class Failure(NamedTuple):
+    """What one rank's part of a call came to, in one line (`why`), and what it was (`kind`):
+    "error" (its own error), "died" (its process ended without a word), "odd" (a reply not
+    due), "aborted" (a CommAborted: its collective was abandoned because another rank failed)
+    or "silent" (no reply by the deadline)."""
+    why: str
+    kind: str
+
+
 class _Worker:
+    """A worker process, its control pipe, and the thread that writes rank 0's commands to it
+    (a command beyond the pipe's buffer blocks its writer until the worker reads: the thread
+    holds that wait, rank 0 holds only the reply's deadline)."""
+
     def __init__(self, rank: int, proc, ctrl):
         self.rank, self.proc, self.ctrl = rank, proc, ctrl
+        self._out: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send_all, daemon=True, name=f"brass-ctrl-to-{rank}")
+        self._sender.start()
+
+    def post(self, msg):
+        """Send `msg` (a command pickled, or None: stop) through the sender thread; after None
+        it sends no more."""
+        self._out.put(msg)
+
+    def _send_all(self):
+        while True:
+            msg = self._out.get()
+            try:
+                if msg is None:
+                    self.ctrl.send(None)
+                    return
+                self.ctrl.send_bytes(msg)      # what the worker's ctrl.recv() unpickles
+            except Exception:   # the worker is gone: how it ended is read from its process
+                return
+
+    def close(self):
+        """Close the control pipe once the sender is done (the worker ended: a send blocked in it
+        fails at once); a sender still blocked keeps it, for process exit to close."""
+        self._out.put(None)
+        self._sender.join(1.0)
+        if not self._sender.is_alive():
+            self.ctrl.close()
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """In the main thread, a Ctrl-C (SIGINT) within the block is held and delivered when the
+    block ends without an exception (to the handler there was: KeyboardInterrupt by default).
+    Elsewhere, or where SIGINT's handler was not set from Python, nothing is held: no
+    KeyboardInterrupt is raised outside the main thread."""
+    old = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if old is None:
+        yield
+        return
+    came = []
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if came:
+        signal.raise_signal(signal.SIGINT)
 
 
 class ProcessRanks:
@@ -169,11 +244,13 @@ class ProcessRanks:
     def __init__(self, path, world: int, split: str, timeout: float = TIMEOUT_S, uid=None):
         ctx = multiprocessing.get_context("spawn")
         self.world, self.timeout = world, timeout
-        self.on_failure = None
+        self._on_failure = None
         self.failure: str | None = None
         self._closing = False
         self._lock = threading.Lock()
-        self._notified = False
+        self._notify_lock = threading.Lock()
+        self._notified = self._due = False     # told on_failure; a failure found no one to tell
+        self._seq = 0
         self.workers: list[_Worker] = []
         group = ProcessGroup(world, ctx)
         try:
@@ -191,15 +268,13 @@ class ProcessRanks:
             self.local = [self.rank0]
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="brass-rank-0")
             self._blas = _BlasThreads() if world > 1 else None
-            replies, errors, interrupted = self._collect(timeout)
-            if interrupted:             # Ctrl-C while the workers loaded: stop them, say so
-                raise KeyboardInterrupt
-            bad = [r for r, (kind, _) in replies.items() if kind != "ready"]
-            if errors or bad:
-                raise BrassError(self._cause(None, errors, {r: replies[r] for r in bad}))
+            # a Ctrl-C here raises at once: the workers are only loading, nothing to see through
+            _, errors = self._collect(0, "ready", timeout)
+            if errors:
+                raise BrassError(self._cause(None, errors))
         except BaseException:
             self.failure = "the ranks did not start"
-            self._stop()
+            self._stop(grace=0.0)
             raise
         # stopped before multiprocessing's own exit hook terminates them (atexit runs the hooks
         # last registered first), so that the watcher does not take that for a death
@@ -207,71 +282,87 @@ class ProcessRanks:
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="brass-rank-watcher")
         self._watcher.start()
 
+    @property
+    def on_failure(self):
+        """Called once with the failure's line when the group fails (a call's or a worker's
+        death between calls); set after the failure, it is called at once."""
+        return self._on_failure
+
+    @on_failure.setter
+    def on_failure(self, fn):
+        with self._notify_lock:
+            self._on_failure = fn
+            now = fn is not None and self._due and not self._notified
+            self._notified |= now
+        if now:
+            fn(self.failure)
+
     # -- one call -------------------------------------------------------------------------------
     def call(self, cmd) -> list:
-        with self._lock:
+        with _sigint_held(), self._lock:
             if self.failure is not None:
                 raise BrassError(self.failure)
-            for w in self.workers:
-                try:
-                    w.ctrl.send(cmd)
-                except (OSError, ValueError):
-                    pass                # a dead worker: found below, with how it ended
-            local_error, out0 = None, None
-            with self._blas or _null():
-                fut = self._pool.submit(self.rank0.handle, cmd)
-                interrupted = finish([fut])
-            if fut.exception() is not None:
-                local_error = fut.exception()
-                self.comm.close("rank 0 failed")    # every rank waiting on rank 0 sees it
-            else:
-                out0 = fut.result()
-            replies, errors, late = self._collect(GRACE_S if local_error is not None else self.timeout)
-            if local_error is not None or errors or any(k != "ok" for k, _ in replies.values()):
-                self._fail(self._cause(local_error, errors, {r: v for r, v in replies.items() if v[0] != "ok"}))
-                raise BrassError(self.failure)
-        if interrupted or late:             # Ctrl-C during the step: raised once it is over
-            raise KeyboardInterrupt
-        results = [out0] + [None] * (self.world - 1)
-        for r, (_, v) in replies.items():
+            self._seq += 1
+            try:
+                return self._call(self._seq, cmd)
+            except BaseException as e:
+                if self.failure is None:    # cut short: ranks may be mid-step, replies unread
+                    text = " ".join(str(e).split())
+                    self._fail(f"rank 0: a call was cut short by {type(e).__name__}" + (f": {text}" if text else ""))
+                raise
+
+    def _call(self, seq: int, cmd) -> list:
+        msg = ForkingPickler.dumps((seq, cmd))     # here, once: a command that does not pickle
+        for w in self.workers:                      # fails the call, not a sender thread
+            w.post(msg)
+        with self._blas or contextlib.nullcontext():
+            fut = self._pool.submit(self.rank0.handle, cmd)
+            local_error = fut.exception()
+        if local_error is not None:
+            self.comm.close("rank 0 failed")    # every rank waiting on rank 0 sees it
+        replies, errors = self._collect(seq, "ok", GRACE_S if local_error is not None else self.timeout)
+        if local_error is not None or errors:
+            self._fail(self._cause(local_error, errors))
+            raise BrassError(self.failure)
+        results = [fut.result()] + [None] * (self.world - 1)
+        for r, v in replies.items():
             results[r] = v
         return results
 
-    def _collect(self, timeout: float):
-        """Each worker's reply ({rank: (kind, value)}) or how it ended ({rank: why}), waiting
-        at most `timeout` (those still silent then: {rank: "no reply in ... s"}); and whether a
-        Ctrl-C came meanwhile (the replies are read to the end all the same)."""
+    def _collect(self, seq: int, due: str, timeout: float):
+        """Each worker's reply to call `seq` of kind `due` ({rank: value}), or what came instead
+        ({rank: Failure}: its error, how it ended, a reply not due), waiting at most `timeout`
+        (those still silent then: "no reply in ... s")."""
         pending = {w.rank: w for w in self.workers}
-        replies, errors, interrupted = {}, {}, False
+        replies, errors = {}, {}
         deadline = time.monotonic() + timeout
         while pending:
             left = deadline - time.monotonic()
-            try:
-                ready = wait([w.ctrl for w in pending.values()] + [w.proc.sentinel for w in pending.values()],
-                             timeout=max(left, 0))
-            except KeyboardInterrupt:
-                interrupted = True
-                continue
+            ready = wait([w.ctrl for w in pending.values()] + [w.proc.sentinel for w in pending.values()],
+                         timeout=max(left, 0))
             if not ready:
                 for r in pending:
-                    errors[r] = (f"rank {r}: no reply in {timeout:.0f} s", True)
+                    errors[r] = Failure(f"rank {r}: no reply in {timeout:.0f} s", "silent")
                 break
             for r, w in list(pending.items()):
                 if w.ctrl in ready or w.ctrl.poll():
                     try:
-                        msg = w.ctrl.recv()
+                        got, kind, value = w.ctrl.recv()
                     except (EOFError, OSError):
-                        errors[r] = (_died(w), False)
+                        errors[r] = Failure(_died(w), "died")
                     else:
-                        if msg[0] == "err":
-                            errors[r] = (msg[1], msg[2])
+                        if kind == "err":
+                            errors[r] = Failure(value[0], "aborted" if value[1] else "error")
+                        elif (got, kind) != (seq, due):
+                            errors[r] = Failure(f"rank {r}: a reply ({kind!r}) to call {got} where "
+                                                f"call {seq}'s ({due!r}) was due", "odd")
                         else:
-                            replies[r] = msg[:2]
+                            replies[r] = value
                     del pending[r]
                 elif w.proc.sentinel in ready:
-                    errors[r] = (_died(w), False)
+                    errors[r] = Failure(_died(w), "died")
                     del pending[r]
-        return replies, errors, interrupted
+        return replies, errors
 
     def _dead(self) -> dict:
         """What the workers that ended said before (an error) or how they ended."""
@@ -285,30 +376,26 @@ class ProcessRanks:
                     msg = w.ctrl.recv()
             except (EOFError, OSError):
                 pass
-            if msg is not None and msg[0] == "err":
-                out[w.rank] = (msg[1], msg[2])
+            if msg is not None and msg[1] == "err":
+                out[w.rank] = Failure(msg[2][0], "aborted" if msg[2][1] else "error")
             else:
-                out[w.rank] = (_died(w), False)
+                out[w.rank] = Failure(_died(w), "died")
         return out
 
     @staticmethod
-    def _cause(local_error, errors: dict, odd: dict) -> str:
+    def _cause(local_error, errors: dict) -> str:
         """The first failure, in one line: a rank's own error before a death without a word,
-        before the CommAborted that the others' collectives then raised."""
+        before a reply not due, before the CommAborted that the others' collectives then
+        raised (or their silence)."""
         if local_error is not None and not isinstance(local_error, CommAborted):
             return one_line(0, local_error)
-        for r in sorted(errors):
-            why, aborted = errors[r]
-            if not aborted and "died" not in why:
-                return why
-        for r in sorted(errors):
-            if not errors[r][1]:
-                return errors[r][0]
-        for r in sorted(odd):
-            return f"rank {r}: unexpected reply {odd[r][0]!r}"
+        for kind in ("error", "died", "odd"):
+            for r in sorted(errors):
+                if errors[r].kind == kind:
+                    return errors[r].why
         if local_error is not None:
             return one_line(0, local_error)
-        return next(iter(errors.values()))[0] if errors else "a rank failed"
+        return errors[min(errors)].why if errors else "a rank failed"
 
     # -- failure and shutdown -------------------------------------------------------------------
     def _fail(self, why: str):
@@ -318,10 +405,14 @@ class ProcessRanks:
         self._notify()
 
     def _notify(self):
-        if self._notified or self.on_failure is None:
-            return
-        self._notified = True
-        self.on_failure(self.failure)
+        with self._notify_lock:
+            fn = self._on_failure
+            if self._notified:
+                return
+            self._due = fn is None
+            self._notified = fn is not None
+        if fn is not None:
+            fn(self.failure)
 
     def _watch(self):
         """A worker that ends between calls fails the group at once (in a call, `call` sees it)."""
@@ -335,24 +426,23 @@ class ProcessRanks:
             if self._closing:
                 return
             if self.failure is None:
-                self.failure = self._cause(None, self._dead(), {})
+                self.failure = self._cause(None, self._dead())
             self._stop()
         self._notify()
 
-    def _stop(self):
-        """Stop every worker: ask, wait a little, then terminate (then kill)."""
+    def _stop(self, grace: float = 2.0):
+        """Stop every worker: ask, wait `grace` seconds, then terminate (then kill)."""
         self._closing = True
+        atexit.unregister(self.close)       # nothing left to close: the group may be freed
         comm = getattr(self, "comm", None)
         if comm is not None:
             comm.close("stopped")
-        for w in self.workers:
-            try:
-                w.ctrl.send(None)
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + 2.0
-        for w in self.workers:
-            w.proc.join(max(deadline - time.monotonic(), 0.05))
+        if grace > 0:
+            for w in self.workers:
+                w.post(None)
+            deadline = time.monotonic() + grace
+            for w in self.workers:
+                w.proc.join(max(deadline - time.monotonic(), 0.05))
         for w in self.workers:
             if w.proc.is_alive():
                 w.proc.terminate()
@@ -360,7 +450,8 @@ class ProcessRanks:
             if w.proc.is_alive():
                 w.proc.kill()
                 w.proc.join(1.0)
-            w.ctrl.close()
+        for w in self.workers:
+            w.close()
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
@@ -375,14 +466,6 @@ class ProcessRanks:
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _start_without_sigint(p):
