@@ -569,6 +569,29 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
 
 
 @pytest.mark.timeout(120)
+def test_serve_sees_a_worker_that_died_while_it_started():
+    """A worker that dies once the model is loaded, before the server set its on_failure (held
+    here: killed as the server's App is made): the server ends in the rank's line at once
+    rather than serve with a spent group."""
+    code = ("import os, signal, sys\n"
+            "from brass import server\n"
+            "from brass.cli import main\n"
+            "init = server.App.__init__\n"
+            "def dying(self, model, *args, **kw):\n"
+            "    os.kill(model.group_ranks.pids()[0], signal.SIGKILL)\n"
+            "    model.group_ranks._watcher.join(60)\n"
+            "    init(self, model, *args, **kw)\n"
+            "server.App.__init__ = dying\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "serve", str(goldens.model("synth-tp-qwen3").path()),
+                        "--tp", "2", "--backend", "numpy", "--port", "0"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == \
+        "brass: error: rank 1 died (killed by SIGKILL)", (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(120)
 def test_chat_ends_in_one_line_when_a_worker_dies():
     """`brass chat --tp 2`: a turn, then its worker killed: the next turn ends the chat with
     the rank's line and status 2 (not an error a turn, forever)."""
