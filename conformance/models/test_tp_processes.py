@@ -280,14 +280,14 @@ def test_ctrl_c_during_a_step_is_raised_once_the_step_is_over():
             os.kill(worker, signal.SIGSTOP)
             released = threading.Event()
 
-            def ctrl_c_then_release():
+            def ctrl_c_then_release(released):
                 # one timer, in this order: the call cannot end (its worker is stopped) before
                 # the Ctrl-C is in, so no Ctrl-C can land after the call, on pytest itself
                 os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.3)         # (the Ctrl-C is in either way: only lets the call wait)
+                time.sleep(0.3)     # (not for the order: lets the Ctrl-C come while the call waits)
                 released.set()
                 os.kill(worker, signal.SIGCONT)
-            threading.Timer(0.3, ctrl_c_then_release).start()
+            threading.Timer(0.3, ctrl_c_then_release, (released,)).start()
             with pytest.raises(KeyboardInterrupt):
                 s.step(ids[:5]) if s is not None else m.new_session(8)
             assert released.is_set(), f"{hold}: raised before the call was over"
