@@ -408,6 +408,25 @@ def test_a_hung_worker_fails_the_call_by_its_deadline():
         m.close()
 
 
+@pytest.mark.timeout(60)
+def test_an_error_escaping_a_call_half_way_fails_the_group(monkeypatch):
+    """Rank 0 raising outside its step (here: reading the replies runs out of memory) leaves
+    the replies unread: the group fails in one line and its workers stop, rather than go on out
+    of step."""
+    m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    pids = _pids(m)
+
+    def out_of_memory(*args, **kw):
+        raise MemoryError
+    monkeypatch.setattr(m.group_ranks, "_collect", out_of_memory)
+    with pytest.raises(MemoryError):
+        m.score([1, 2])
+    assert m.failure == "rank 0: a call was cut short by MemoryError"
+    assert not any(_alive(p) for p in pids)
+    with pytest.raises(BrassError, match="^rank 0: a call was cut short by MemoryError$"):
+        m.score([1, 2])
+
+
 class _BlockedWriter:
     """A pipe's writer whose send blocks (a full pipe) until released, then fails as a
     Connection does once its fd was closed under the send (os.write(None, ...))."""
