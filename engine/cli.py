@@ -137,9 +137,10 @@ def load_model(args):
         from . import flags
         from .backends import default_backend
         from .distributed.tp import TPModel, check_request
-        check_request(tp, split, args.backend or flags.get("BRASS_BACKEND") or default_backend())
-        # one process per rank, as the CUDA path runs (docs/multi-gpu.md)
-        return TPModel(model, tp, split, n_ctx=args.ctx, quiet=_quiet(), ranks="processes")
+        backend = args.backend or flags.get("BRASS_BACKEND") or default_backend()
+        check_request(tp, split, backend)
+        # one process per rank (on cuda one GPU each, over NCCL: docs/multi-gpu.md)
+        return TPModel(model, tp, split, n_ctx=args.ctx, quiet=_quiet(), ranks="processes", backend=backend)
     return Model(model, backend=args.backend, n_ctx=args.ctx, quiet=_quiet())
 
 

@@ -8,9 +8,17 @@ engine/backends/cuda/sharded.py's TPCudaBackend; this module gives it its commun
   same bits on every rank and every run), and copies the sum back to the device on the rank's
   stream. It synchronises with the host, so it cannot be captured in a CUDA graph
   (`capturable` False): those ranks decode eagerly.
+  The same class wraps the pipes of ranks in processes (comm.PipeCommunicator): CUDA ranks in
+  processes over "host", several of them sharing one GPU.
+- `NcclRank`: CUDA ranks in processes over "nccl", one GPU each: device arrays (the
+  all-reduces of a step) go through NCCL on the backend's stream (capturable), host arrays (the
+  vocabulary-parallel head's few numbers a row, whole logits of uneven widths) through the
+  pipes, which also end at once when a peer process dies.
 - `nccl_backend`: a rank's TPCudaBackend over NCCL (nccl.NcclCommunicator on the backend's
-  stream, capturable): what the one-process-per-GPU workers build; on one GPU, a group of one
-  rank runs the same path inside a captured decode graph.
+  stream, capturable); on one GPU, a group of one rank runs the same path inside a captured
+  decode graph.
+- `process_comm`, `rank_factory`: the communicator a group of ranks in processes takes and
+  the factory of a CUDA rank's backend in its process (workers.py).
 
 CuPy is imported where an array is copied, never at import, so the engine loads without it.
 """
@@ -24,6 +32,8 @@ from .comm import Communicator
 
 BACKENDS = ("numpy", "cuda")
 COMMS = {"numpy": ("thread",), "cuda": ("host",)}
+# ranks in processes: the first is the default
+PROCESS_COMMS = {"numpy": ("pipes",), "cuda": ("nccl", "host")}
 
 
 class HostStagedCommunicator(Communicator):
@@ -73,6 +83,94 @@ class HostStagedCommunicator(Communicator):
 
     def barrier(self):
         self.host.barrier()
+
+    def close(self, why: str = "closed"):
+        close = getattr(self.host, "close", None)
+        if close is not None:
+            close(why)
+
+
+class NcclRank(Communicator):
+    """A CUDA rank in its own process: device arrays through NCCL (`nccl`, on the backend's
+    stream: `use_stream`), host arrays through the CPU pipes (`pipes`, a PipeCommunicator: the
+    same sums and gathers as the numpy ranks, arrays of uneven widths included, which NCCL's
+    all-gather does not take). Capturable: a step's collectives on device arrays queue on the
+    stream and never wait for the host."""
+
+    capturable = True
+
+    def __init__(self, nccl, pipes):
+        self.nccl, self.pipes = nccl, pipes
+        self.rank, self.world_size = pipes.rank, pipes.world_size
+
+    @staticmethod
+    def _host(x) -> bool:
+        return type(x) is np.ndarray or np.isscalar(x)
+
+    def use_stream(self, stream):
+        self.nccl.stream = stream
+
+    def all_reduce(self, x):
+        return self.pipes.all_reduce(x) if self._host(x) else self.nccl.all_reduce(x)
+
+    def all_gather(self, x, axis: int = -1):
+        return self.pipes.all_gather(x, axis) if self._host(x) else self.nccl.all_gather(x, axis)
+
+    def send(self, x, dst: int):
+        (self.pipes if self._host(x) else self.nccl).send(x, dst)
+
+    def recv(self, src: int):
+        return self.pipes.recv(src)
+
+    def barrier(self):
+        self.pipes.barrier()
+
+    def close(self, why: str = "closed"):
+        self.pipes.close(why)
+
+    def abort(self):
+        """A peer died: NCCL does not see it by itself, so the collectives this rank queued
+        would wait on the device for ever; abandon them (they then return)."""
+        self.nccl.abort()
+
+
+def process_comm(backend: str, comm: str | None, world: int, split: str, count: int,
+                 env: str | None = None) -> str:
+    """The communicator of `world` ranks in processes on `backend` (comm None: its default),
+    with `count` GPUs visible: "pipes" (numpy), "nccl" (a GPU per rank) or "host" (CUDA ranks
+    staged through the host pipes, any number sharing one GPU). One-line errors for the rest,
+    before any process starts."""
+    if backend not in BACKENDS:
+        raise BrassError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    comm = comm or PROCESS_COMMS[backend][0]
+    if comm not in PROCESS_COMMS[backend]:
+        raise BrassError(f"the {backend} ranks in processes take the communicator "
+                         f"{' or '.join(repr(c) for c in PROCESS_COMMS[backend])}, not {comm!r}")
+    if backend == "numpy":
+        return comm
+    if split != "tensor":
+        raise UnsupportedError(f"--split {split} on the cuda backend is not built; use --backend numpy")
+    if count < 1:
+        raise BrassError("CUDA ranks need CuPy and an NVIDIA GPU; none was found (use backend='numpy')")
+    if comm == "nccl" and world > count:
+        seen = f" (CUDA_VISIBLE_DEVICES={env})" if env is not None else ""
+        raise BrassError(f"comm 'nccl' needs a GPU per rank (NCCL cannot put two ranks of one "
+                         f"communicator on one device): {world} ranks, {count} GPU{'s' if count != 1 else ''} "
+                         f"visible{seen}; comm 'host' runs them on one GPU")
+    return comm
+
+
+def rank_factory(device: int):
+    """The factory `make(comm, plan)` of a CUDA rank's backend in its process (tp.make_rank): a
+    TPCudaBackend on `device`, its communicator's NCCL calls on the backend's stream."""
+    def make(comm, plan):
+        from ..backends.cuda.sharded import TPCudaBackend
+        b = TPCudaBackend(comm, plan, device)
+        use = getattr(comm, "use_stream", None)
+        if use is not None:
+            use(b.stream)
+        return b
+    return make
 
 
 def rank_backends(backend: str, comm: str | None, split: str, comms: list):

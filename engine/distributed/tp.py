@@ -409,8 +409,9 @@ class TPModel:
     def __init__(self, model, world: int, split: str = "tensor", n_ctx: int | None = None,
                  quiet: bool = False, ranks: str = "threads", backend: str = "numpy", comm: str | None = None):
         """`backend` "numpy", or "cuda": CUDA ranks in threads on one GPU over the host-staged
-        communicator (`comm` "host", cuda_rank.py), for testing the CUDA shards without several
-        GPUs."""
+        communicator (`comm` "host", cuda_rank.py), or in processes over `comm` "nccl" (a GPU
+        per rank, the default) or "host" (staged through the CPU pipes: several ranks may share
+        one GPU, the one-GPU test of the processes)."""
         if split not in SPLITS:
             raise BrassError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if world < 1:
@@ -433,14 +434,13 @@ class TPModel:
             layer_stages(self.config.n_layer, world)
         if backend not in BACKENDS:
             raise BrassError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if backend != "numpy" and ranks != "threads":
-            raise UnsupportedError(f"{backend} ranks in processes need the NCCL workers (docs/multi-gpu.md), "
-                                   f"not built yet; ranks='threads' runs them on one GPU")
         if ranks == "threads":
             self.group_ranks = ThreadRanks(self.path, world, split, backend, comm)
         else:
             from .workers import ProcessRanks
-            self.group_ranks = ProcessRanks(self.path, world, split)
+            count = gpu_count() if backend == "cuda" else 0
+            self.group_ranks = ProcessRanks(self.path, world, split, backend=backend, comm=comm,
+                                            count=count, env=os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.ranks = self.group_ranks.local         # the ranks in this process
         self.group = getattr(self.group_ranks, "group", None)
         self.n_ctx = min(n_ctx or DEFAULT_CTX, self.config.n_ctx_train)
@@ -634,5 +634,5 @@ def check_request(world: int, split: str, backend: str | None):
         from .workers import rank_device
         # enough devices for every rank (rank r takes the r-th, CUDA_VISIBLE_DEVICES order)
         rank_device(0, world, gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        raise UnsupportedError(f"--tp {world} on the cuda backend needs the multi-process NCCL "
-                               f"workers (docs/multi-gpu.md), not built yet; use --backend numpy")
+        if split != "tensor":
+            raise UnsupportedError(f"--split {split} on the cuda backend is not built; use --backend numpy")

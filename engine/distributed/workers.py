@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -60,14 +61,15 @@ GRACE_S = 5.0
 
 @dataclass
 class WorkerSpec:
-    """What a worker process is started with."""
+    """What a rank's process is started with (rank 0's too: it builds its rank the same way)."""
     rank: int
     world_size: int
     path: str
     split: str
     uid: object = None          # the rendezvous: NCCL's unique id from rank 0 (CPU pipes: none)
-    device: int | None = None   # the worker's CUDA device index (rank_device); None on numpy
-    comm: str = "pipes"         # "pipes" (ProcessGroup) or, on the CUDA path, "nccl"
+    device: int | None = None   # the rank's CUDA device index (rank_device); None on numpy
+    comm: str = "pipes"         # "pipes" (numpy), or on cuda "nccl" (a GPU each) or "host"
+    backend: str = "numpy"      # "numpy" (tp.TPBackend) or "cuda" (TPCudaBackend on `device`)
 
 
 def visible_devices(env: str | None) -> list[str] | None:
@@ -101,16 +103,88 @@ def rank_device(local_rank: int, world: int, count: int, env: str | None = None)
     return local_rank, name
 
 
-def communicator(spec: WorkerSpec, ends):
-    """The rank's communicator: over the CPU pipes, or (CUDA path) NCCL over `spec.uid`."""
+def group_specs(path, world: int, split: str, backend: str = "numpy", comm: str | None = None,
+                count: int = 0, env: str | None = None) -> list[WorkerSpec]:
+    """Every rank's spec, in rank order (rank 0's is this process's), before any process starts:
+    the communicator (cuda_rank.process_comm: its one-line refusals), each rank's device (nccl:
+    rank r on the r-th visible GPU, rank_device; host: the visible GPUs in turn, so that on one
+    GPU every rank shares it) and, for nccl, the unique id made here once, on rank 0, and handed
+    to every rank."""
+    from .cuda_rank import process_comm
+    comm = process_comm(backend, comm, world, split, count, env)
+    uid = None
+    if comm == "nccl":
+        from . import nccl
+        uid = nccl.unique_id()
+    specs = []
+    for r in range(world):
+        device = None
+        if backend == "cuda":
+            device = rank_device(r, world, count, env)[0] if comm == "nccl" else r % count
+        specs.append(WorkerSpec(r, world, str(path), split, uid=uid, device=device, comm=comm, backend=backend))
+    return specs
+
+
+def select_device(spec: WorkerSpec):
+    """A CUDA rank's device made current in this thread, before anything else touches CUDA (a
+    one-line error where this process has no GPU or CuPy)."""
+    if spec.backend != "cuda":
+        return
+    from ..backends import cuda_available
+    if not cuda_available():
+        raise BrassError(f"rank {spec.rank}: CUDA ranks need CuPy and an NVIDIA GPU; this process "
+                         f"found none")
+    import cupy
+    cupy.cuda.Device(spec.device).use()
+
+
+def communicator(spec: WorkerSpec, ends, timeout: float = TIMEOUT_S):
+    """The rank's communicator (its device already current, select_device): the CPU pipes; on
+    cuda "host" (the pipes, device arrays staged through the host) or "nccl" (NCCL over
+    `spec.uid` for device arrays, the pipes for host ones)."""
+    if spec.comm not in ("pipes", "host", "nccl"):
+        raise BrassError(f"no communicator {spec.comm!r}")
+    pipes = PipeCommunicator(ends, timeout)
     if spec.comm == "pipes":
-        return PipeCommunicator(ends)
-    if spec.comm == "nccl":            # the CUDA path: the rank's device first, then NCCL
-        import cupy
+        return pipes
+    from .cuda_rank import HostStagedCommunicator, NcclRank
+    if spec.comm == "host":
+        return HostStagedCommunicator(pipes)
+    try:
         from .nccl import NcclCommunicator
-        cupy.cuda.Device(spec.device if spec.device is not None else spec.rank).use()
-        return NcclCommunicator(spec.world_size, spec.uid, spec.rank)
-    raise BrassError(f"no communicator {spec.comm!r}")
+        return NcclRank(NcclCommunicator(spec.world_size, spec.uid, spec.rank), pipes)
+    except BaseException:
+        pipes.close("NCCL did not start")
+        raise
+
+
+def build_rank(spec: WorkerSpec, ends, timeout: float = TIMEOUT_S):
+    """(the communicator, the rank) of `spec` in this process: device, communicator, shards."""
+    select_device(spec)
+    comm = communicator(spec, ends, timeout)
+    try:
+        factory = None
+        if spec.backend == "cuda":
+            from .cuda_rank import rank_factory
+            factory = rank_factory(spec.device)
+        return comm, make_rank(spec.path, comm, spec.split, factory)
+    except BaseException:
+        comm.close("the rank did not load")
+        raise
+
+
+def _exit_with_parent():
+    """A CUDA worker ends when rank 0's process does: a collective it queued on the device may
+    wait there for ever for a rank that is gone (NCCL does not see a dead peer), where the CPU
+    pipes would have ended."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        wait([parent.sentinel])
+        os._exit(3)
+    threading.Thread(target=watch, daemon=True, name="brass-parent-watch").start()
 
 
 def one_line(rank: int, e: BaseException) -> str:
@@ -127,10 +201,11 @@ def worker_main(spec: WorkerSpec, ctrl, ends):
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C reaches every process; rank 0 acts
     comm, seq = None, 0
     try:
+        if spec.backend == "cuda":
+            _exit_with_parent()
         blas = _BlasThreads()       # the ranks are the parallelism (tp._BlasThreads)
         blas.__enter__()
-        comm = communicator(spec, ends)
-        rank = make_rank(spec.path, comm, spec.split)
+        comm, rank = build_rank(spec, ends)
         ctrl.send((0, "ready", None))
         while True:
             try:
@@ -241,7 +316,11 @@ class ProcessRanks:
     every rank: the results in rank order (of a step, None but for rank 0 and the rank whose
     result it returns)."""
 
-    def __init__(self, path, world: int, split: str, timeout: float = TIMEOUT_S, uid=None):
+    def __init__(self, path, world: int, split: str, timeout: float = TIMEOUT_S,
+                 backend: str = "numpy", comm: str | None = None, count: int = 0, env: str | None = None):
+        """`backend` "numpy" over the pipes, or "cuda" over `comm` "nccl" (default: a GPU per
+        rank) or "host" (staged through the pipes; ranks may share a GPU); `count`, `env`: the
+        GPUs this process sees and CUDA_VISIBLE_DEVICES (group_specs)."""
         ctx = multiprocessing.get_context("spawn")
         self.world, self.timeout = world, timeout
         self._on_failure = None
@@ -252,28 +331,35 @@ class ProcessRanks:
         self._notified = self._due = False     # told on_failure; a failure found no one to tell
         self._seq = 0
         self.workers: list[_Worker] = []
+        # every refusal (communicator, devices) before a process starts; NCCL's id made once here
+        self.specs = group_specs(path, world, split, backend, comm, count, env)
+        self._done_r, self._done_w = ctx.Pipe(duplex=False)    # rank 0's part of a call is over
         group = ProcessGroup(world, ctx)
+        builder = None
         try:
             for r in range(1, world):
                 ctrl, child = ctx.Pipe()
-                spec = WorkerSpec(r, world, str(path), split, uid=uid)
-                p = ctx.Process(target=worker_main, args=(spec, child, group.ends(r)),
+                p = ctx.Process(target=worker_main, args=(self.specs[r], child, group.ends(r)),
                                 name=f"brass-rank-{r}", daemon=True)
                 _start_without_sigint(p)
                 child.close()
                 group.release(r)
                 self.workers.append(_Worker(r, p, ctrl))
-            self.comm = PipeCommunicator(group.ends(0), timeout)
-            self.rank0 = make_rank(path, self.comm, split)
-            self.local = [self.rank0]
+            # rank 0 built in a thread while the workers load: NCCL's start returns only once
+            # every rank has joined, so a worker failing meanwhile must be seen from here
+            builder = _Builder(self.specs[0], group.ends(0), timeout)
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="brass-rank-0")
             self._blas = _BlasThreads() if world > 1 else None
             # a Ctrl-C here raises at once: the workers are only loading, nothing to see through
-            _, errors = self._collect(0, "ready", timeout)
-            if errors:
-                raise BrassError(self._cause(None, errors))
+            _, errors = self._collect(0, "ready", timeout, builder)
+            if builder.error is not None or errors:
+                raise BrassError(self._cause(builder.error, errors))
+            self.comm, self.rank0 = builder.result
+            self.local = [self.rank0]
         except BaseException:
             self.failure = "the ranks did not start"
+            if builder is not None:
+                builder.abandon()
             self._stop(grace=0.0)
             raise
         # stopped before multiprocessing's own exit hook terminates them (atexit runs the hooks
@@ -317,7 +403,7 @@ class ProcessRanks:
             w.post(msg)
         with self._blas or contextlib.nullcontext():
             fut = self._pool.submit(self.rank0.handle, cmd)
-            local_error = fut.exception()
+            local_error = self._local(fut)
         if local_error is not None:
             self.comm.close("rank 0 failed")    # every rank waiting on rank 0 sees it
         replies, errors = self._collect(seq, "ok", GRACE_S if local_error is not None else self.timeout)
@@ -329,21 +415,45 @@ class ProcessRanks:
             results[r] = v
         return results
 
-    def _collect(self, seq: int, due: str, timeout: float):
+    def _local(self, fut):
+        """Rank 0's part of a call: its exception (None when it ran). Over a communicator that
+        can be aborted (NCCL: a collective waits on the device for a peer that is gone, which
+        NCCL does not see), a worker that ends meanwhile aborts it, so that rank 0 returns."""
+        abort = getattr(self.comm, "abort", None)
+        if abort is None:
+            return fut.exception()
+        fut.add_done_callback(lambda f: self._done_w.send(None))
+        ready = wait([self._done_r] + [w.proc.sentinel for w in self.workers])
+        if self._done_r not in ready:           # a worker ended while rank 0 is in its part
+            abort()
+            if not self._done_r.poll(GRACE_S):
+                return BrassError("rank 0: its collectives did not end after NCCL's abort")
+        self._done_r.recv()
+        return fut.exception()
+
+    def _collect(self, seq: int, due: str, timeout: float, builder=None):
         """Each worker's reply to call `seq` of kind `due` ({rank: value}), or what came instead
         ({rank: Failure}: its error, how it ended, a reply not due), waiting at most `timeout`
-        (those still silent then: "no reply in ... s")."""
+        (those still silent then: "no reply in ... s"). With `builder` (rank 0's start), also
+        until rank 0 is built, and no longer once it failed."""
         pending = {w.rank: w for w in self.workers}
         replies, errors = {}, {}
         deadline = time.monotonic() + timeout
-        while pending:
+        local = [builder.done] if builder is not None else []
+        while pending or local:
             left = deadline - time.monotonic()
-            ready = wait([w.ctrl for w in pending.values()] + [w.proc.sentinel for w in pending.values()],
-                         timeout=max(left, 0))
+            ready = wait([w.ctrl for w in pending.values()] + [w.proc.sentinel for w in pending.values()]
+                         + local, timeout=max(left, 0))
             if not ready:
                 for r in pending:
                     errors[r] = Failure(f"rank {r}: no reply in {timeout:.0f} s", "silent")
+                if local:
+                    builder.error = BrassError(f"rank 0: not built in {timeout:.0f} s")
                 break
+            if local and local[0] in ready:
+                local = []
+                if builder.error is not None:
+                    break
             for r, w in list(pending.items()):
                 if w.ctrl in ready or w.ctrl.poll():
                     try:
@@ -362,6 +472,8 @@ class ProcessRanks:
                 elif w.proc.sentinel in ready:
                     errors[r] = Failure(_died(w), "died")
                     del pending[r]
+            if builder is not None and errors:
+                break       # at the start: the other ranks may wait in NCCL's start for it
         return replies, errors
 
     def _dead(self) -> dict:
@@ -466,6 +578,34 @@ class ProcessRanks:
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
+
+
+class _Builder:
+    """Rank 0's rank built in a thread of its own (build_rank): `result` (comm, rank) or
+    `error` once `done` (a connection) is readable."""
+
+    def __init__(self, spec: WorkerSpec, ends, timeout: float):
+        self.done, self._say = multiprocessing.Pipe(duplex=False)
+        self.result = self.error = None
+        self._abandoned = False
+        threading.Thread(target=self._run, args=(spec, ends, timeout), daemon=True,
+                         name="brass-rank-0-start").start()
+
+    def _run(self, spec, ends, timeout):
+        try:
+            self.result = build_rank(spec, ends, timeout)
+        except BaseException as e:
+            self.error = e
+        if self._abandoned and self.result is not None:
+            self.result[0].close("the ranks did not start")
+        with contextlib.suppress(OSError):
+            self._say.send(None)
+
+    def abandon(self):
+        """The start failed elsewhere: the rank, when built, lets its pipes go."""
+        self._abandoned = True
+        if self.result is not None:
+            self.result[0].close("the ranks did not start")
 
 
 def _start_without_sigint(p):
