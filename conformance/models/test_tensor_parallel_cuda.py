@@ -394,8 +394,8 @@ def test_cuda_ranks_refuse_what_is_not_built():
         TPModel(path, 2, backend="rocm")
     with pytest.raises(BrassError, match="--split layer on the cuda backend is not built"):
         TPModel(path, 2, split="layer", backend="cuda")
-    with pytest.raises(BrassError, match="cuda ranks in processes need the NCCL workers"):
-        TPModel(path, 2, ranks="processes", backend="cuda")
+    with pytest.raises(BrassError, match="the cuda ranks in processes take the communicator 'nccl' or 'host', not 'thread'"):
+        TPModel(path, 2, ranks="processes", backend="cuda", comm="thread")
 
 
 # -- on a GPU -----------------------------------------------------------------------------------

@@ -157,6 +157,125 @@ def test_rank_device_follows_cuda_visible_devices():
         rank_device(0, 2, 0, None)
 
 
+# -- CUDA ranks in processes: the wiring (the GPU runs: test_tensor_parallel_cuda.py) -----------
+
+def test_group_specs_give_each_rank_its_device_and_one_nccl_id(monkeypatch):
+    """nccl: rank r on the r-th visible GPU, the unique id made once (on rank 0, before any
+    process) and the same object in every rank's spec; host: the visible GPUs in turn (on one
+    GPU every rank shares it), no id; numpy: the pipes, no device."""
+    from brass.distributed import nccl
+    made = []
+    monkeypatch.setattr(nccl, "unique_id", lambda: made.append(object()) or made[-1])
+    specs = workers.group_specs("m.gguf", 2, "tensor", "cuda", None, count=2, env="2,3")
+    assert len(made) == 1 and all(s.uid is made[0] for s in specs)
+    assert [(s.rank, s.device, s.comm, s.backend) for s in specs] == [(0, 0, "nccl", "cuda"), (1, 1, "nccl", "cuda")]
+    made.clear()
+    specs = workers.group_specs("m.gguf", 4, "tensor", "cuda", "host", count=2)
+    assert not made and [s.device for s in specs] == [0, 1, 0, 1] and {s.comm for s in specs} == {"host"}
+    assert [s.device for s in workers.group_specs("m.gguf", 2, "tensor", "cuda", "host", count=1)] == [0, 0]
+    specs = workers.group_specs("m.gguf", 2, "layer", "numpy")
+    assert not made and [(s.device, s.comm, s.backend, s.uid) for s in specs] == [(None, "pipes", "numpy", None)] * 2
+
+
+@pytest.mark.parametrize("backend,comm,world,split,count,message", [
+    ("cuda", "nccl", 2, "tensor", 1,
+     r"^comm 'nccl' needs a GPU per rank \(NCCL cannot put two ranks of one communicator on one device\): "
+     r"2 ranks, 1 GPU visible \(CUDA_VISIBLE_DEVICES=0\); comm 'host' runs them on one GPU$"),
+    ("cuda", None, 2, "tensor", 0, r"^CUDA ranks need CuPy and an NVIDIA GPU; none was found \(use backend='numpy'\)$"),
+    ("cuda", "host", 2, "layer", 1, r"^--split layer on the cuda backend is not built; use --backend numpy$"),
+    ("cuda", "pipes", 2, "tensor", 1, r"^the cuda ranks in processes take the communicator 'nccl' or 'host', not 'pipes'$"),
+    ("numpy", "nccl", 2, "tensor", 0, r"^the numpy ranks in processes take the communicator 'pipes', not 'nccl'$"),
+    ("rocm", None, 2, "tensor", 0, r"^backend must be one of numpy, cuda, got 'rocm'$"),
+])
+def test_group_specs_refuse_in_one_line_before_any_id(monkeypatch, backend, comm, world, split, count, message):
+    from brass.distributed import nccl
+    made = []
+    monkeypatch.setattr(nccl, "unique_id", lambda: made.append(1))
+    with pytest.raises(BrassError, match=message):
+        workers.group_specs("m.gguf", world, split, backend, comm, count=count, env="0")
+    assert not made
+
+
+def test_cuda_ranks_in_processes_without_a_gpu_are_one_line_and_start_nothing(monkeypatch):
+    """No GPU seen (forced, so that it holds on the GPU runner too): TPModel refuses before any
+    process starts."""
+    from brass.distributed import tp
+    started = []
+    monkeypatch.setattr(tp, "gpu_count", lambda: 0)
+    monkeypatch.setattr(workers, "_start_without_sigint", started.append)
+    with pytest.raises(BrassError, match=r"^CUDA ranks need CuPy and an NVIDIA GPU; none was found"):
+        TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes", backend="cuda", comm="host")
+    assert not started
+
+
+@pytest.mark.timeout(60)
+def test_a_cuda_worker_without_a_gpu_fails_the_group_in_one_line(monkeypatch):
+    """Rank 0 on the CPU tests' fake CuPy (it sees one GPU), its worker a fresh interpreter that
+    sees none (CUDA_VISIBLE_DEVICES empty: so on a GPU machine too): the worker's start fails
+    before any CUDA call, and the group with it, in one line naming the rank, at once, and no
+    process is left."""
+    from conformance.harness import fake_cupy, launch_recording as lr
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    procs = []
+    start = workers._start_without_sigint
+    monkeypatch.setattr(workers, "_start_without_sigint", lambda p: (start(p), procs.append(p)))
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        t0 = time.perf_counter()
+        with pytest.raises(BrassError) as e:
+            TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes", backend="cuda", comm="host")
+        assert time.perf_counter() - t0 < 30       # a worker's start (a fresh interpreter), not a deadline
+    assert str(e.value) == "rank 1: CUDA ranks need CuPy and an NVIDIA GPU; this process found none"
+    assert len(procs) == 1 and not _alive(procs[0].pid)
+
+
+class _NcclLike:
+    """Rank 0's communicator made to act as NCCL's when a peer is gone: its all-reduce waits (on
+    the device, for ever) until `abort()`; everything else is the real one's."""
+
+    def __init__(self, comm):
+        self.inner, self.entered, self.aborted = comm, threading.Event(), threading.Event()
+        comm.all_reduce = self._all_reduce
+
+    def _all_reduce(self, x):
+        self.entered.set()
+        if not self.aborted.wait(60):
+            raise AssertionError("never aborted")
+        raise CommAborted("rank 0: aborted")
+
+    def abort(self):
+        self.aborted.set()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_dying_in_an_nccl_collective_aborts_rank_0s():
+    """A collective NCCL queued waits on the device for a peer that died (NCCL does not see it):
+    rank 0, waiting in one, is aborted as soon as the worker's process ends, and the call fails
+    in one line naming it."""
+    m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    pr = m.group_ranks
+    pr.comm = fake = _NcclLike(pr.comm)
+    pids = _pids(m)
+    err = []
+
+    def step():
+        try:
+            m.new_session(16).step([1, 2, 3])
+        except BaseException as e:
+            err.append(e)
+    t = threading.Thread(target=step)
+    t.start()
+    assert fake.entered.wait(FAIL_S)
+    t0 = time.perf_counter()
+    os.kill(pids[0], signal.SIGKILL)
+    t.join(FAIL_S)
+    assert not t.is_alive() and time.perf_counter() - t0 < FAIL_S and fake.aborted.is_set()
+    assert isinstance(err[0], BrassError) and str(err[0]) == "rank 1 died (killed by SIGKILL)"
+    assert not _alive(pids[0])
+
+
 # -- a TPModel's ranks in processes -----------------------------------------------------------
 
 def _alive(pid: int) -> bool:
