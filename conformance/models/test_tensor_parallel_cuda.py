@@ -384,6 +384,54 @@ def test_one_rank_in_the_decode_graph_launches_what_one_gpu_launches(name):
     assert diff is None, f"{name}: the TP = 1 rank's events differ from one GPU's:\n{diff}"
 
 
+class CapturableRecordingComm(RecordingComm):
+    """RecordingComm made capturable (as NCCL's, whose collectives queue on the stream: here
+    the all-reduce of one rank, a copy on the device), and a peer that holds the same two numbers
+    a row for the argmax's all-gather."""
+
+    def __init__(self, rec, world: int, rank: int):
+        super().__init__(rec, world, rank)
+        self.capturable = True
+
+    def all_reduce(self, x):
+        self.rec.event(op="all_reduce", **{"in": self.rec.desc(x)})
+        return x
+
+    def all_gather(self, x, axis: int = -1):
+        return np.concatenate([x] * self.world_size, axis=axis)
+
+
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_a_rank_over_a_capturable_communicator_decodes_through_a_graph(name):
+    """Rank 1 of 2 over a capturable communicator (as NCCL's in the worker processes): its
+    first one-token step runs eagerly, then is captured with every all-reduce of the eager
+    step inside the graph (nothing in it waits for the host: the fake refuses that inside a
+    capture), and later steps replay it; a session freed lets its graph go."""
+    from brass.distributed.tp import Command, Rank
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec) as backend_mod:
+        rank = _rank(backend_mod, rec, name, 2, 1)
+        rank = Rank(rank.gguf.path, CapturableRecordingComm(rec, 2, 1), plan=rank.plan, backend=type(rank.backend))
+        assert rank.graphs
+        V = rank.config.n_vocab
+        rank.handle(Command("new", 1, n_ctx=N_CTX))
+        rank.handle(Command("step", 1, ids=np.arange(5, dtype=np.int32) % V, pos=np.arange(5, dtype=np.int32),
+                            rows=np.array([4], np.int32), want="argmax"))
+        rec.on = True
+        for i in range(3):
+            rank.handle(Command("step", 1, ids=np.array([(3 + i) % V], np.int32), pos=np.array([5 + i], np.int32),
+                                rows=np.array([0], np.int32), want="argmax"))
+        rec.on = False
+        ops = [e.get("op") for e in rec.events]
+        begin, end = ops.index("capture_begin"), ops.index("capture_end")
+        eager = ops[:begin].count("all_reduce")
+        assert eager > 0 and ops[begin:end].count("all_reduce") == eager
+        assert ops[end:].count("graph_launch") == 2 and ops[end:].count("all_reduce") == 0
+        assert 1 in rank.decode_steps
+        rank.handle(Command("free", free=(1,)))
+        assert not rank.decode_steps and not rank.sessions
+
+
 def test_cuda_ranks_refuse_what_is_not_built():
     from brass.distributed.tp import TPModel
     from brass.errors import BrassError

@@ -228,6 +228,12 @@ class Rank:
             self.config = cfg
         self.backend = (backend or TPBackend)(comm, plan)
         self.weights = Weights(self.backend, self.gguf)
+        # a decode step replayed as a captured graph (its collectives inside) where the backend
+        # captures over this communicator (NCCL's), BRASS_GRAPH as for a Model; per session
+        from .. import flags
+        self.graphs = bool(getattr(self.backend, "supports_graphs", False)) and stage is None \
+            and bool(flags.get("BRASS_GRAPH"))
+        self.decode_steps: dict[int, _RankDecode] = {}
         head = None
         if plan is not None:
             head = plan.cut("output.weight") or plan.cut("token_embd.weight")
@@ -258,6 +264,7 @@ class Rank:
     def handle(self, cmd: Command):
         for sid in cmd.free:
             self.sessions.pop(sid, None)
+            self.decode_steps.pop(sid, None)
         if cmd.op == "new":
             with self.backend.activate():       # a device rank's cache: on its device and stream
                 self.sessions[cmd.sid] = PagedKVCache.private(self.backend, self.config, cmd.n_ctx)
@@ -274,7 +281,10 @@ class Rank:
         return None
 
     def step(self, cache, cmd: Command):
-        logits = self.forward(cmd.ids, cmd.pos, cache, cmd.rows)
+        if self.graphs and len(cmd.ids) == 1:
+            logits = self.decode(cache, cmd)
+        else:
+            logits = self.forward(cmd.ids, cmd.pos, cache, cmd.rows)
         if self.stage is not None:          # the last stage holds the whole vocabulary
             if logits is None:
                 return None
@@ -282,6 +292,38 @@ class Rank:
         if cmd.want == "argmax":
             return int(self.argmax(logits)[-1])
         return self.gather(logits)
+
+
+    def decode(self, cache, cmd: Command):
+        """A one-token step through the session's decode graph: the first runs eagerly (loading
+        every kernel), then is captured; later ones replay it. Every rank gets the same
+        commands, so every rank captures and replays at the same steps, its collectives in the
+        graph in the same order."""
+        g = self.decode_steps.get(cmd.sid)
+        if g is None:
+            logits = self.forward(cmd.ids, cmd.pos, cache, cmd.rows)
+            self.decode_steps[cmd.sid] = _RankDecode(self, cache)
+            return logits
+        b = self.backend
+        with b.activate():
+            b.decode_set(g.tok, g.pos, int(cmd.ids[0]), int(cmd.pos[0]))
+            g.graph.replay()
+        return g.logits
+
+
+class _RankDecode:
+    """A rank's one-token decode step of one session, captured (model.DecodeStep without the
+    greedy advance: the argmax takes the ranks' all-gather on the host): the token and the
+    position in device scalars, the logits of the rank's vocabulary range in `logits`."""
+
+    def __init__(self, rank: Rank, cache):
+        b = rank.backend
+        with b.activate():
+            self.tok = b.zeros((1,), np.int32)
+            self.pos = b.zeros((1,), np.int32)
+        tok, pos, forward = self.tok, self.pos, rank.forward
+        self.graph = b.capture(lambda: forward(tok, pos, cache))
+        self.logits = self.graph.result
 
 
 def make_rank(path, comm, split: str, backend=None) -> Rank:
