@@ -744,12 +744,15 @@ sub_tp() {     # nccl [RANKS] | cuda [PYTEST ARGS] | bars [SHAPES]
     # rank 0: collectives checked, all-reduce timed per size, eager and replayed from a graph.
     # bars: per shape (shape_models.py names; default the issue's four), brass bench on one GPU
     # and with --tp 2 (and --split layer), then llama-bench -sm layer and -sm row -ts 1/1 on the
-    # same file; a run that fails leaves its one-line error in the log (the CUDA workers of
-    # --tp are not built yet: each --tp line says so until they are).
-    # cuda (one GPU is enough): conformance/models/test_tensor_parallel_cuda.py, the CUDA ranks
-    # (TPCudaBackend) in threads on the one GPU over the host-staged communicator, TP = 1, 2, 4
-    # against one GPU and the numpy TP, and TP = 1 through NCCL inside the decode graph; prints
-    # its failures and summary line.
+    # same file; a run that fails leaves its one-line error in the log. `--tp 2` runs two
+    # processes, one GPU each, over NCCL, decode graphs holding the all-reduces; `--split layer`
+    # on cuda is not built and records its one-line refusal.
+    # cuda (one GPU is enough; two run the NCCL TP = 2 test too): conformance/models/
+    # test_tensor_parallel_cuda.py, the CUDA ranks (TPCudaBackend) in threads on the one GPU
+    # over the host-staged communicator, TP = 1, 2, 4 against one GPU and the numpy TP, TP = 1
+    # through NCCL inside the decode graph, TP = 2 in processes over "host" (the threads' bits)
+    # and TP = 1 of the processes' NCCL path in its graph; on two GPUs TP = 2 over NCCL against
+    # one GPU. `-k processes` selects the process tests. Prints failures and the summary line.
     local what="${1:-nccl}"
     [ $# -gt 0 ] && shift
     case "$what" in

@@ -14,6 +14,8 @@ the GPU is recorded):
 - a TP = 1 rank over a capturable communicator of one rank (as NCCL's) launches what the
   single-GPU model launches, event for event, its captured decode graph included;
 - a TPModel of CUDA ranks runs its steps (one rank: the fake is for one thread at a time).
+- a rank over a capturable communicator (as NCCL's in the worker processes) captures its
+  one-token step with every all-reduce inside the graph, then replays it.
 
 On a GPU (the runner: `ci/gpu.sh tp cuda`), with CUDA ranks in threads on the one GPU over the
 host-staged communicator (engine/distributed/cuda_rank.py), decoded eagerly:
@@ -27,6 +29,11 @@ host-staged communicator (engine/distributed/cuda_rank.py), decoded eagerly:
   within the distance of the two backends at TP = 1 plus both TP bounds (see the test);
 - TP = 1 through NCCL (a communicator of one rank, captured): a decode graph holding its
   all-reduces gives the single-GPU model's logits and greedy tokens bit for bit.
+- CUDA ranks in processes (workers.py): TP = 2 over "host" on the one GPU gives the bits of
+  the same ranks in threads (the same sums in the same order); TP = 1 of the process path over
+  NCCL decodes through its graph with the single-GPU model's bits; on two GPUs, TP = 2 over NCCL
+  (one process per GPU, decode graphs holding NCCL's all-reduces) against TP = 1 CUDA under the
+  bound above.
 """
 
 from __future__ import annotations
@@ -500,36 +507,45 @@ def test_cuda_tp_against_one_gpu_and_the_numpy_tp(name, world):
     path = goldens.model(name).path()
     numpy_one, numpy_tp = Model(path, backend="numpy"), TPModel(path, world)
     try:
-        worst = 0.0
         for p in goldens.prompts(name):
-            ref, got = single.score(p.tf_ids), tp.score(p.tf_ids)
-            worst = max(worst, nmse(got, ref))
-            bad, _ = _disagreements(got, ref, TP_MARGIN)
-            assert not len(bad), f"{name} TP={world} {p.name}: argmax differs from TP=1 CUDA at {list(bad)}"
             # the numpy TP of the same world: the two backends differ at TP = 1 by d1; each TP
             # is within TP_NMSE of its own TP = 1, so (NMSE's square root being a distance, the
             # normalisers nearly equal) the two TPs are within (sqrt(d1) + 2 sqrt(TP_NMSE))^2
+            ref = single.score(p.tf_ids)
             d1 = nmse(numpy_one.score(p.tf_ids), ref)
             bound = (np.sqrt(d1) + 2 * np.sqrt(TP_NMSE)) ** 2
-            d = nmse(got, numpy_tp.score(p.tf_ids))
+            d = nmse(tp.score(p.tf_ids), numpy_tp.score(p.tf_ids))
             assert d <= bound, f"{name} TP={world} {p.name}: {d:.2e} from the numpy TP > {bound:.2e}"
-        print(f"{name} TP={world} CUDA: logits NMSE vs TP=1 CUDA {worst:.2e}")
-        assert worst <= TP_NMSE, f"{name} TP={world}: logits NMSE {worst:.2e} from TP=1 CUDA > {TP_NMSE}"
-
-        compared = 0
-        for p in goldens.prompts(name):
-            if compared >= STREAM_TOKENS:
-                break
-            n = len(p.generated_ids)
-            ref, margins = _greedy_with_margins(single, p.prompt_ids, n)
-            ours = list(tp.generate(p.prompt_ids, max_tokens=n, stop_at_eog=False))
-            k = next((i for i, m in enumerate(margins) if m < TP_MARGIN), n)
-            assert ours[:k] == ref[:k], f"{name} TP={world} {p.name}: {ours[:k]} vs TP=1 CUDA {ref[:k]}"
-            compared += k
-        assert compared >= STREAM_TOKENS, f"only {compared} greedy tokens before near-ties"
+        _hold_to_one_gpu(name, world, single, tp)
     finally:
         tp.close()
         numpy_tp.close()
+
+
+def _hold_to_one_gpu(name: str, world: int, single, tp, label: str = "CUDA"):
+    """`tp` (a TPModel of `world` CUDA ranks) against TP = 1 CUDA (`single`), under
+    test_tensor_parallel.py's bound and its reason: logits NMSE <= TP_NMSE and no argmax flip
+    where TP = 1's margin exceeds TP_MARGIN, on every prompt; greedy tokens equal up to the first
+    step whose margin is below it."""
+    worst = 0.0
+    for p in goldens.prompts(name):
+        ref, got = single.score(p.tf_ids), tp.score(p.tf_ids)
+        worst = max(worst, nmse(got, ref))
+        bad, _ = _disagreements(got, ref, TP_MARGIN)
+        assert not len(bad), f"{name} TP={world} {label} {p.name}: argmax differs from TP=1 CUDA at {list(bad)}"
+    print(f"{name} TP={world} {label}: logits NMSE vs TP=1 CUDA {worst:.2e}")
+    assert worst <= TP_NMSE, f"{name} TP={world} {label}: logits NMSE {worst:.2e} from TP=1 CUDA > {TP_NMSE}"
+    compared = 0
+    for p in goldens.prompts(name):
+        if compared >= STREAM_TOKENS:
+            break
+        n = len(p.generated_ids)
+        ref, margins = _greedy_with_margins(single, p.prompt_ids, n)
+        ours = list(tp.generate(p.prompt_ids, max_tokens=n, stop_at_eog=False))
+        k = next((i for i, m in enumerate(margins) if m < TP_MARGIN), n)
+        assert ours[:k] == ref[:k], f"{name} TP={world} {label} {p.name}: {ours[:k]} vs TP=1 CUDA {ref[:k]}"
+        compared += k
+    assert compared >= STREAM_TOKENS, f"only {compared} greedy tokens before near-ties"
 
 
 @requires_cuda
@@ -577,3 +593,91 @@ def test_one_nccl_rank_in_the_decode_graph_equals_the_single_gpu_model(name):
     assert len(captured) >= want, f"{len(captured)} all-reduces captured, {want} a decode step"
     greedy = [list(model.generate(ids, 24, stop_at_eog=False, session=model.new_session(128))) for model in (m, plain)]
     assert greedy[0] == greedy[1]
+
+
+# -- on a GPU: CUDA ranks in processes (workers.py) ---------------------------------------------
+
+def _gpus() -> int:
+    from brass.distributed.tp import gpu_count
+    return gpu_count()
+
+
+requires_two_gpus = pytest.mark.skipif(
+    _gpus() < 2, reason="TP = 2 over NCCL needs two GPUs (NCCL cannot put two ranks of one communicator "
+                        "on one device): ci/gpu.sh tp cuda on nvidia-h100-x2 runs it")
+
+
+@requires_cuda
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_cuda_ranks_in_processes_over_host_give_the_threads_bits(name):
+    """TP = 2 CUDA ranks in two processes sharing the one GPU over "host" (device -> host, the
+    pipes' sum in rank order -> device) against the same ranks in threads over the host-staged
+    communicator (ThreadGroup's sum in the same order): the same kernels on the same shards and
+    the same sums in the same order, so the same bits."""
+    from brass.distributed.tp import TPModel
+    path = goldens.model(name).path()
+    procs = TPModel(path, 2, backend="cuda", ranks="processes", comm="host")
+    threads = _cuda_tp(name, 2)
+    try:
+        assert not procs.ranks[0].graphs         # host-staged: eager
+        for p in goldens.prompts(name)[:2]:
+            assert np.array_equal(procs.score(p.tf_ids), threads.score(p.tf_ids)), p.name
+        p = goldens.prompts(name)[0]
+        n = len(p.generated_ids)
+        assert list(procs.generate(p.prompt_ids, n, stop_at_eog=False)) == \
+            list(threads.generate(p.prompt_ids, n, stop_at_eog=False))
+    finally:
+        procs.close()
+        threads.close()
+
+
+@requires_cuda
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_one_nccl_rank_in_processes_decodes_in_a_graph_as_one_gpu(name):
+    """TPModel(..., ranks="processes") of one rank on the one GPU: rank 0's NCCL communicator
+    of one rank (the pipes for host arrays) and its decode graph, captured with the all-reduces
+    inside; its decode logits and greedy tokens are the single-GPU model's, bit for bit."""
+    from brass import flags
+    from brass.distributed.tp import TPModel
+    from brass.model import Model
+    path = goldens.model(name).path()
+    tp = TPModel(path, 1, backend="cuda", ranks="processes")
+    plain = Model(path, backend="cuda", quiet=True, graphs=True, prompt_graphs=False,
+                  own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
+    try:
+        rank = tp.ranks[0]
+        assert rank.graphs and type(rank.comm).__name__ == "NcclRank"
+        rng = np.random.default_rng(49)
+        ids = [int(t) for t in rng.integers(0, tp.config.n_vocab, 9)]
+        follow = [int(t) for t in rng.integers(0, tp.config.n_vocab, 6)]
+        s, q = tp.new_session(128), plain.new_session(128)
+        s.prefill(ids)
+        q.prefill(ids)
+        for i, t in enumerate(follow):
+            a, c = np.asarray(s.decode(t)), plain.backend.to_numpy(q.decode(t))
+            assert np.array_equal(a.reshape(c.shape), c), f"decode step {i}: the graph's logits differ"
+        assert s.sid in rank.decode_steps, "no decode graph was captured"
+        assert list(tp.generate(ids, 24, stop_at_eog=False)) == list(plain.generate(ids, 24, stop_at_eog=False))
+    finally:
+        tp.close()
+
+
+@requires_cuda
+@requires_two_gpus
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_nccl_ranks_in_processes_against_one_gpu(name):
+    """TP = 2 over NCCL, one process per GPU (what `brass ... --tp 2 --backend cuda` runs):
+    within the TP bound of TP = 1 CUDA (_hold_to_one_gpu), its greedy tokens decoded through
+    each rank's captured graph (NCCL's all-reduces inside)."""
+    from brass.distributed.tp import TPModel
+    tp = TPModel(goldens.model(name).path(), 2, backend="cuda", ranks="processes")
+    single = _cuda_single(name)
+    try:
+        assert tp.ranks[0].graphs and type(tp.ranks[0].comm).__name__ == "NcclRank"
+        _hold_to_one_gpu(name, 2, single, tp, "NCCL")
+        assert tp.ranks[0].decode_steps, "no decode graph was captured"
+    finally:
+        tp.close()

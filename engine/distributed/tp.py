@@ -274,8 +274,12 @@ class Rank:
         elif cmd.op == "step":
             return self.step(self.sessions[cmd.sid], cmd)
         elif cmd.op == "memory":
-            return {"weights": self.weights.nbytes,
-                    "kv_cache": sum(getattr(c, "nbytes", 0) for c in self.sessions.values())}
+            out = {"weights": self.weights.nbytes,
+                   "kv_cache": sum(getattr(c, "nbytes", 0) for c in self.sessions.values())}
+            used = getattr(self.backend, "device_memory_used", None)
+            if used is not None:        # a CUDA rank: its device's used memory, as the driver says
+                out["device_used"] = used()
+            return out
         elif cmd.op != "free":
             raise BrassError(f"rank {self.comm.rank}: unknown command {cmd.op!r}")
         return None

@@ -12,9 +12,15 @@ runs the same `Rank.handle`, the collectives inside, over its own communicator.
                rank 0's handle(cmd) in a thread     or (seq, "err", (line, aborted))
                the workers' replies, or deaths    (collectives between the ranks, over `ends`)
 
-The CUDA path keeps all of this and swaps two things: the communicator (`communicator()`:
-nccl.NcclCommunicator over `spec.uid`, the unique id rank 0 makes before spawning) and the
-rank's backend (its device: `rank_device`, CUDA_VISIBLE_DEVICES order).
+CUDA ranks (`WorkerSpec.backend` "cuda") keep all of this and swap three things: the device,
+selected before any CUDA call (`select_device`; `rank_device`, CUDA_VISIBLE_DEVICES order), the
+communicator (`communicator()`: "nccl", cuda_rank.NcclRank over `spec.uid`, the unique id rank 0
+makes before spawning, or "host", device arrays staged through the pipes, for ranks sharing one
+GPU) and the rank's backend (TPCudaBackend: cuda_rank.rank_factory). `group_specs` makes every
+rank's spec, its one-line refusals included, before any process starts; rank 0 builds its own
+rank from its spec in a thread while the workers load (NCCL's start waits for every rank). NCCL
+does not see a dead peer: a worker that ends while rank 0 waits in its part of a call aborts
+rank 0's communicator (`_local`), and a CUDA worker ends with rank 0's process.
 
 Each command travels as (seq, cmd), seq counting the calls, and each reply as (seq, kind,
 value): a reply to another call than the one in progress is seen as such, never taken for its
