@@ -52,7 +52,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   tune matvec | mmq | coop | variants V   kernel variants against the defaults, bits compared
   llama start | status | wait [T]   llama.cpp built on the runner in the background
   stage split | slim | back | llama-src | recorder-src | receive   models and sources to the runner
-  tp nccl [RANKS] | cuda | bars [SHAPES]   issue 49: NCCL checked and timed; CUDA ranks on one GPU; TP=2 bars
+  tp nccl [RANKS] | cuda [ARGS] | bars [SHAPES]   issue 49: NCCL checked and timed; CUDA ranks (threads, processes); TP=2 bars
   paged [tests|chat|load|memory]    the paged KV cache on CUDA (issue 47): its tests; its three bars (LLAMA=1)
   env CMD...                        CMD with brass from this tree, offline, the carried wheels
   help                              this list (each subcommand's comment in ci/gpu.sh says more)

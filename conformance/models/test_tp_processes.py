@@ -196,6 +196,40 @@ def test_group_specs_refuse_in_one_line_before_any_id(monkeypatch, backend, comm
     assert not made
 
 
+class _Log:
+    """A stand-in communicator that logs each call it gets: (its name, the method)."""
+
+    def __init__(self, name, log):
+        self.name, self.log, self.rank, self.world_size = name, log, 1, 2
+
+    def __getattr__(self, method):
+        return lambda *a, **k: self.log.append((self.name, method))
+
+
+def test_an_nccl_rank_sends_device_arrays_to_nccl_and_host_arrays_to_the_pipes():
+    """NcclRank: a step's device arrays (here anything not a numpy array, as CuPy's) through
+    NCCL, the host arrays (the argmax's two numbers a row, whole logits of uneven widths) through
+    the pipes; its stream set to the backend's; closing closes the pipes, abort aborts NCCL. The
+    host-staged communicator over the pipes closes them too."""
+    from brass.distributed.cuda_rank import HostStagedCommunicator, NcclRank
+
+    class Device:
+        pass
+    log = []
+    c = NcclRank(_Log("nccl", log), _Log("pipes", log))
+    assert c.capturable and (c.rank, c.world_size) == (1, 2)
+    c.all_reduce(Device()), c.all_reduce(np.ones(2, np.float32))
+    c.all_gather(Device()), c.all_gather(np.ones((1, 1, 2)), axis=1)
+    c.barrier(), c.close("x"), c.abort()
+    assert log == [("nccl", "all_reduce"), ("pipes", "all_reduce"), ("nccl", "all_gather"), ("pipes", "all_gather"),
+                   ("pipes", "barrier"), ("pipes", "close"), ("nccl", "abort")]
+    c.use_stream("the backend's")
+    assert c.nccl.stream == "the backend's"
+    log.clear()
+    HostStagedCommunicator(_Log("pipes", log)).close("x")
+    assert log == [("pipes", "close")]
+
+
 def test_cuda_ranks_in_processes_without_a_gpu_are_one_line_and_start_nothing(monkeypatch):
     """No GPU seen (forced, so that it holds on the GPU runner too): TPModel refuses before any
     process starts."""
