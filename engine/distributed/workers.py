@@ -428,7 +428,7 @@ class ProcessRanks:
         abort = getattr(self.comm, "abort", None)
         if abort is None:
             return fut.exception()
-        fut.add_done_callback(lambda f: self._done_w.send(None))
+        fut.add_done_callback(self._local_done)
         ready = wait([self._done_r] + [w.proc.sentinel for w in self.workers])
         if self._done_r not in ready:           # a worker ended while rank 0 is in its part
             abort()
@@ -436,6 +436,10 @@ class ProcessRanks:
                 return BrassError("rank 0: its collectives did not end after NCCL's abort")
         self._done_r.recv()
         return fut.exception()
+
+    def _local_done(self, fut):
+        with contextlib.suppress(OSError, ValueError):     # (closed: the group was stopped)
+            self._done_w.send(None)
 
     def _collect(self, seq: int, due: str, timeout: float, builder=None):
         """Each worker's reply to call `seq` of kind `due` ({rank: value}), or what came instead
@@ -573,6 +577,8 @@ class ProcessRanks:
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
+        self._done_w.close()
+        self._done_r.close()
 
     def close(self):
         atexit.unregister(self.close)
