@@ -865,6 +865,25 @@ def test_cli_bad_tp_is_one_line(args, message):
     assert r.returncode == 2 and r.stdout == "" and r.stderr.strip() == message, r.stderr
 
 
+def test_cli_tp_on_cuda_runs_processes_where_the_gpus_are(monkeypatch):
+    """With two GPUs seen (forced), `--tp 2 --backend cuda` is no longer refused: the CLI makes
+    the TPModel of CUDA ranks in processes over the default communicator (nccl); `--split layer`
+    on cuda stays refused in one line."""
+    import argparse
+    from brass import cli
+    from brass.distributed import tp
+    made = {}
+    monkeypatch.setattr(tp, "gpu_count", lambda: 2)
+    monkeypatch.setattr(tp, "TPModel", lambda *a, **k: made.update(k) or "the model")
+    args = argparse.Namespace(model=str(goldens.model("synth-tp-qwen3").path()), ctx=None, tp=2,
+                              split="tensor", backend="cuda")
+    assert cli.load_model(args) == "the model"
+    assert made["ranks"] == "processes" and made["backend"] == "cuda" and made.get("comm") is None
+    args.split = "layer"
+    with pytest.raises(BrassError, match=r"^--split layer on the cuda backend is not built; use --backend numpy$"):
+        cli.load_model(args)
+
+
 def test_cli_tp_beyond_the_visible_gpus_is_one_line():
     """CUDA_VISIBLE_DEVICES=0 shows at most one GPU: --tp 2 on cuda is refused before loading,
     naming it (here or on a GPU machine alike)."""
