@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import contextlib
 import os
 import signal
 import subprocess
@@ -151,9 +152,9 @@ def test_rank_device_follows_cuda_visible_devices():
     assert rank_device(1, 2, 2, "2,3") == (1, "3")      # index in this process, the GPU it is
     assert rank_device(0, 2, 2, "GPU-aa,GPU-bb") == (0, "GPU-aa")
     assert rank_device(3, 4, 8, None) == (3, "3")
-    with pytest.raises(BrassError, match=r"^--tp 4 needs 4 GPUs; this process sees 2 \(CUDA_VISIBLE_DEVICES=2,3\)$"):
+    with pytest.raises(BrassError, match=r"^--tp 4 needs 4 GPUs; this process sees 2 \(CUDA_VISIBLE_DEVICES=2,3\) \(or run the ranks on the CPU: --backend numpy\)$"):
         rank_device(0, 4, 2, "2,3")
-    with pytest.raises(BrassError, match=r"^--tp 2 needs 2 GPUs; this process sees 0$"):
+    with pytest.raises(BrassError, match=r"^--tp 2 needs 2 GPUs; this process sees 0 \(or run the ranks on the CPU: --backend numpy\)$"):
         rank_device(0, 2, 0, None)
 
 
@@ -208,13 +209,14 @@ class _Log:
 
 def test_an_nccl_rank_sends_device_arrays_to_nccl_and_host_arrays_to_the_pipes():
     """NcclRank: a step's device arrays (here anything not a numpy array, as CuPy's) through
-    NCCL, the host arrays (the argmax's two numbers a row, whole logits of uneven widths) through
+    NCCL (send excepted: through the host), the host arrays (the argmax's two numbers a row, whole logits of uneven widths) through
     the pipes; its stream set to the backend's; closing closes the pipes, abort aborts NCCL. The
     host-staged communicator over the pipes closes them too."""
     from brass.distributed.cuda_rank import HostStagedCommunicator, NcclRank
 
     class Device:
-        pass
+        def get(self, stream=None):
+            return np.ones(2, np.float32)
     log = []
     c = NcclRank(_Log("nccl", log), _Log("pipes", log))
     assert c.capturable and (c.rank, c.world_size) == (1, 2)
@@ -225,6 +227,11 @@ def test_an_nccl_rank_sends_device_arrays_to_nccl_and_host_arrays_to_the_pipes()
                    ("pipes", "barrier"), ("pipes", "close"), ("nccl", "abort")]
     c.use_stream("the backend's")
     assert c.nccl.stream == "the backend's"
+    # send / recv: both ends on the pipes, a device array through the host (recv cannot know
+    # which a peer sends, so a send over NCCL would meet a recv on the pipes and never end)
+    log.clear()
+    c.send(Device(), 0), c.send(np.ones(2, np.float32), 0), c.recv(0)
+    assert log == [("pipes", "send"), ("pipes", "send"), ("pipes", "recv")]
     log.clear()
     HostStagedCommunicator(_Log("pipes", log)).close("x")
     assert log == [("pipes", "close")]
@@ -308,6 +315,45 @@ def test_a_worker_dying_in_an_nccl_collective_aborts_rank_0s():
     assert not t.is_alive() and time.perf_counter() - t0 < FAIL_S and fake.aborted.is_set()
     assert isinstance(err[0], BrassError) and str(err[0]) == "rank 1 died (killed by SIGKILL)"
     assert not _alive(pids[0])
+
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_hanging_in_an_nccl_collective_aborts_rank_0s_at_the_deadline():
+    """A worker that hangs without ending (stopped here) never issues its side of the
+    collective, and NCCL never times out: rank 0's wait is bounded by the call's deadline, at
+    which it aborts its communicator and the call fails in one line (no hang, even under a
+    held Ctrl-C)."""
+    m = TPModel(goldens.model("synth-tp-qwen3").path(), 2, ranks="processes")
+    pr = m.group_ranks
+    pr.comm = fake = _NcclLike(pr.comm)
+    pr.timeout = 2.0
+    pids = _pids(m)
+    session = m.new_session(16)         # (a call of its own, which a stopped worker would not answer)
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(BrassError) as e:
+            session.step([1, 2, 3])
+        assert fake.entered.is_set() and fake.aborted.is_set()
+        # the deadline, then GRACE_S for the silent worker's reply, then its stop: not the
+        # 600 s a default deadline would take, nor for ever
+        assert time.perf_counter() - t0 < pr.timeout + workers.GRACE_S + FAIL_S
+        assert "\n" not in str(e.value) and str(e.value).startswith("rank ")
+        assert "did not end in 2 s" in str(e.value) or "no reply in" in str(e.value), str(e.value)
+    finally:
+        with contextlib.suppress(ProcessLookupError):     # (the failed group stopped it)
+            os.kill(pids[0], signal.SIGCONT)
+    assert _wait_gone(pids[0])
+
+
+def _wait_gone(pid: int) -> bool:
+    deadline = time.monotonic() + FAIL_S
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 # -- a TPModel's ranks in processes -----------------------------------------------------------
@@ -893,4 +939,4 @@ def test_cli_tp_beyond_the_visible_gpus_is_one_line():
     line = r.stderr.strip()
     assert r.returncode == 2 and "\n" not in line, r.stderr
     assert line.startswith("brass: error: --tp 2 needs 2 GPUs; this process sees ")
-    assert line.endswith(" (CUDA_VISIBLE_DEVICES=0)")
+    assert line.endswith(" (CUDA_VISIBLE_DEVICES=0) (or run the ranks on the CPU: --backend numpy)")

@@ -117,7 +117,9 @@ class NcclRank(Communicator):
         return self.pipes.all_gather(x, axis) if self._host(x) else self.nccl.all_gather(x, axis)
 
     def send(self, x, dst: int):
-        (self.pipes if self._host(x) else self.nccl).send(x, dst)
+        # recv cannot tell what a peer will send, so both ends use the pipes: a device array
+        # goes through the host (only the layer split sends, and it is not built on cuda)
+        self.pipes.send(x if self._host(x) else x.get(stream=self.nccl.stream), dst)
 
     def recv(self, src: int):
         return self.pipes.recv(src)

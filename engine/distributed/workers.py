@@ -102,7 +102,8 @@ def rank_device(local_rank: int, world: int, count: int, env: str | None = None)
     entries = visible_devices(env)
     if world > count:
         seen = f" (CUDA_VISIBLE_DEVICES={env})" if env is not None else ""
-        raise BrassError(f"--tp {world} needs {world} GPUs; this process sees {count}{seen}")
+        raise BrassError(f"--tp {world} needs {world} GPUs; this process sees {count}{seen} "
+                         f"(or run the ranks on the CPU: --backend numpy)")
     if not 0 <= local_rank < world:
         raise BrassError(f"rank {local_rank} is not one of the {world} ranks")
     name = entries[local_rank] if entries is not None and local_rank < len(entries) else str(local_rank)
@@ -429,11 +430,17 @@ class ProcessRanks:
         if abort is None:
             return fut.exception()
         fut.add_done_callback(self._local_done)
-        ready = wait([self._done_r] + [w.proc.sentinel for w in self.workers])
-        if self._done_r not in ready:           # a worker ended while rank 0 is in its part
+        # bounded as the replies are: a worker that hangs without ending (its collective never
+        # issued) would hold rank 0 in a device wait that NCCL never times out
+        ready = wait([self._done_r] + [w.proc.sentinel for w in self.workers], timeout=self.timeout)
+        if self._done_r not in ready:           # a worker ended, or none answered in time
             abort()
             if not self._done_r.poll(GRACE_S):
                 return BrassError("rank 0: its collectives did not end after NCCL's abort")
+            if not ready:
+                self._done_r.recv()
+                return BrassError(f"rank 0: its collectives did not end in {self.timeout:g} s "
+                                  f"(a rank hangs); NCCL's communicator was aborted")
         self._done_r.recv()
         return fut.exception()
 
