@@ -104,6 +104,17 @@ def _rank(backend_mod, rec, name: str, world: int, r: int):
     return Rank(path, RecordingComm(rec, world, r), plan=plan, backend=TPCudaBackend)
 
 
+
+def test_a_cuda_rank_uploads_its_shards_when_it_is_made():
+    """As a Model does (backend.load): every tensor the rank takes is on the device once the
+    rank exists, before any step (an out-of-memory shows at the start, not at the first
+    prompt, and the uploads do not queue behind that prompt's collectives)."""
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec) as backend_mod:
+        rank = _rank(backend_mod, rec, "synth-tp-qwen3", 2, 1)
+        assert set(rank.weights._cache) == set(rank.gguf.tensors)
+
+
 def _expected_shard(full: np.ndarray, cut) -> np.ndarray:
     """The plan's part of a whole tensor's values (numpy order: [E,] N, K), by slicing."""
     if cut.experts is not None:
@@ -230,7 +241,10 @@ def _decode_step_events(name: str, world: int, r: int, break_rank=None, edit_pla
         from brass.kv_cache import PagedKVCache
         rank = _rank(backend_mod, rec, name, world, r)
         if edit_plan is not None:
+            from brass.arch.common import Weights
             edit_plan(rank)
+            # the rank uploaded its shards when it was made: read them again under the new plan
+            rank.weights = Weights(rank.backend, rank.gguf)
         for tname in rank.gguf.tensors:
             w = rank.weights(tname)
             rec.name(w.data if w.data is not None else w.dense, f"w:{tname}")

@@ -228,6 +228,12 @@ class Rank:
             self.config = cfg
         self.backend = (backend or TPBackend)(comm, plan)
         self.weights = Weights(self.backend, self.gguf)
+        if hasattr(self.backend, "load") and stage is None:
+            # the rank's shards go up now, as a Model's weights do: an out-of-memory or a tensor
+            # the backend cannot take shows at the start, not at the first prompt, and the
+            # uploads do not queue behind that prompt's collectives on the rank's stream
+            with self.backend.activate():
+                self.backend.load(self.gguf, self.weights, quiet=True)
         # a decode step replayed as a captured graph (its collectives inside) where the backend
         # captures over this communicator (NCCL's), BRASS_GRAPH as for a Model; per session
         from .. import flags
