@@ -356,6 +356,38 @@ def _wait_gone(pid: int) -> bool:
     return False
 
 
+
+def test_a_failing_worker_aborts_its_nccl_collectives(monkeypatch):
+    """A worker whose step raises says so and aborts its communicator (NCCL's collectives it
+    queued would otherwise wait on the device for peers that will not come, and freeing the
+    device at exit with them), then closes it. worker_main run in this process, its rank and
+    communicator stand-ins."""
+    import multiprocessing
+    calls = []
+
+    class Comm:
+        def abort(self):
+            calls.append("abort")
+
+        def close(self, why):
+            calls.append("close")
+
+    class Rank:
+        result_rank = 0
+
+        def handle(self, cmd):
+            raise RuntimeError("boom")
+    monkeypatch.setattr(workers, "build_rank", lambda spec, ends: (Comm(), Rank()))
+    monkeypatch.setattr(workers.signal, "signal", lambda *a: None)     # (this process's Ctrl-C)
+    monkeypatch.setattr(workers, "_BlasThreads", contextlib.nullcontext)   # (and its BLAS threads)
+    ours, theirs = multiprocessing.Pipe()
+    ours.send((1, "a command"))
+    workers.worker_main(workers.WorkerSpec(1, 2, "m.gguf", "tensor"), theirs, None)
+    assert ours.recv() == (0, "ready", None)
+    assert ours.recv() == (1, "err", ("rank 1: RuntimeError: boom", False))
+    assert calls == ["abort", "close"]
+
+
 # -- a TPModel's ranks in processes -----------------------------------------------------------
 
 def _alive(pid: int) -> bool:

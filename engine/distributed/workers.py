@@ -230,6 +230,10 @@ def worker_main(spec: WorkerSpec, ctrl, ends):
             ctrl.send((seq, "err", (one_line(spec.rank, e), isinstance(e, CommAborted))))
         except (OSError, ValueError):
             pass
+        # NCCL's collectives this rank queued before it failed wait on the device for peers
+        # that will not come: abandon them, so that freeing the device at exit does not wait
+        with contextlib.suppress(Exception):
+            getattr(comm, "abort", lambda: None)()
     finally:
         if comm is not None and hasattr(comm, "close"):
             comm.close("exited")
