@@ -388,6 +388,16 @@ def test_a_failing_worker_aborts_its_nccl_collectives(monkeypatch):
     assert calls == ["abort", "close"]
 
 
+
+def test_rank_0s_part_never_holds_the_process_at_exit():
+    """Rank 0's part of a call runs on a daemon thread: one stuck for ever (a device wait for a
+    peer that hung) does not keep the process from exiting after its error."""
+    code = ("import threading; from brass.distributed.workers import _DaemonExecutor; "
+            "fut = _DaemonExecutor('brass-rank-0').submit(threading.Event().wait); print('submitted')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "submitted", r.stderr
+
+
 # -- a TPModel's ranks in processes -----------------------------------------------------------
 
 def _alive(pid: int) -> bool:

@@ -50,7 +50,7 @@ import queue
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
@@ -198,6 +198,34 @@ def one_line(rank: int, e: BaseException) -> str:
     text = " ".join(str(e).split()) or "(no message)"
     return text if isinstance(e, BrassError) and text.startswith(f"rank {rank}") else \
         f"rank {rank}: {type(e).__name__}: {text}"
+
+
+class _DaemonExecutor:
+    """One daemon thread running submitted calls in order, each answered through a Future:
+    rank 0's part of a call. Not a ThreadPoolExecutor, whose threads the interpreter joins at
+    exit: a rank 0 stuck in a device wait for a peer that hung (an NCCL collective NCCL's abort
+    did not end) would then hold the process after its one-line error."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True, name=name).start()
+
+    def _run(self):
+        while (job := self._jobs.get()) is not None:
+            fut, fn, args = job
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as e:      # (handed to the caller, as a pool does)
+                    fut.set_exception(e)
+
+    def submit(self, fn, *args) -> Future:
+        fut = Future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def shutdown(self, wait: bool = False):
+        self._jobs.put(None)
 
 
 def worker_main(spec: WorkerSpec, ctrl, ends):
@@ -359,7 +387,7 @@ class ProcessRanks:
             # rank 0 built in a thread while the workers load: NCCL's start returns only once
             # every rank has joined, so a worker failing meanwhile must be seen from here
             builder = _Builder(self.specs[0], group.ends(0), timeout)
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="brass-rank-0")
+            self._pool = _DaemonExecutor("brass-rank-0")
             self._blas = _BlasThreads() if world > 1 else None
             # a Ctrl-C here raises at once: the workers are only loading, nothing to see through
             _, errors = self._collect(0, "ready", timeout, builder)
