@@ -136,18 +136,25 @@ class NcclRank(Communicator):
         self.nccl.abort()
 
 
+def _chosen(backend: str, comm: str | None, table: dict, ranks_in: str) -> str:
+    """The communicator named for ranks of `backend` in threads or processes (`table`: those it
+    takes, its default first); one-line errors for an unknown backend or communicator."""
+    if backend not in BACKENDS:
+        raise BrassError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    comm = comm or table[backend][0]
+    if comm not in table[backend]:
+        raise BrassError(f"the {backend} ranks in {ranks_in} take the communicator "
+                         f"{' or '.join(repr(c) for c in table[backend])}, not {comm!r}")
+    return comm
+
+
 def process_comm(backend: str, comm: str | None, world: int, split: str, count: int,
                  env: str | None = None) -> str:
     """The communicator of `world` ranks in processes on `backend` (comm None: its default),
     with `count` GPUs visible: "pipes" (numpy), "nccl" (a GPU per rank) or "host" (CUDA ranks
     staged through the host pipes, any number sharing one GPU). One-line errors for the rest,
     before any process starts."""
-    if backend not in BACKENDS:
-        raise BrassError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    comm = comm or PROCESS_COMMS[backend][0]
-    if comm not in PROCESS_COMMS[backend]:
-        raise BrassError(f"the {backend} ranks in processes take the communicator "
-                         f"{' or '.join(repr(c) for c in PROCESS_COMMS[backend])}, not {comm!r}")
+    comm = _chosen(backend, comm, PROCESS_COMMS, "processes")
     if backend == "numpy":
         return comm
     if split != "tensor":
@@ -179,12 +186,7 @@ def rank_backends(backend: str, comm: str | None, split: str, comms: list):
     """(each rank's communicator, the factory `make(comm, plan)` of a rank's backend) for a
     TPModel of ranks in threads: `backend` "numpy" over the CPU communicator ("thread"), or
     "cuda" on one GPU over the host-staged one ("host"). One-line errors for the rest."""
-    if backend not in BACKENDS:
-        raise BrassError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    comm = comm or COMMS[backend][0]
-    if comm not in COMMS[backend]:
-        raise BrassError(f"the {backend} ranks in threads take the communicator "
-                         f"{' or '.join(repr(c) for c in COMMS[backend])}, not {comm!r}")
+    comm = _chosen(backend, comm, COMMS, "threads")
     if backend == "numpy":
         from .tp import TPBackend
         return comms, TPBackend

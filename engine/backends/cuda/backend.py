@@ -206,13 +206,20 @@ class CudaBackend(Backend):
         result["ms"] = cupy.cuda.get_elapsed_time(start, end)
 
     # -- memory -----------------------------------------------------------------------------
-    def weight(self, gf, name):
+    @staticmethod
+    def tensor_info(gf, name):
+        """The file's record of tensor `name`; one-line errors where it is missing or of a type
+        this backend's kernels do not take."""
         info = gf.tensors.get(name)
         if info is None:
             raise BrassError(f"{gf.path}: no tensor {name}")
         if info.type not in SUPPORTED_TYPES:
             raise UnsupportedError(f"{name}: tensor type {info.type.name} is not supported by the "
                                    f"cuda backend ({', '.join(t.name for t in SUPPORTED_TYPES)})")
+        return info
+
+    def weight(self, gf, name):
+        info = self.tensor_info(gf, name)
         shape = tuple(reversed(info.shape))
         if len(shape) == 1:
             # Norm weights and biases: small, used as float32 by elementwise kernels.

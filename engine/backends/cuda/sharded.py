@@ -36,9 +36,9 @@ import numpy as np
 
 from ... import quants
 from ...distributed.tp import shard_bytes
-from ...errors import BrassError, UnsupportedError
+from ...errors import UnsupportedError
 from .backend import STAGING_BYTES, CudaBackend, _on_own_stream
-from .common import F32, SUPPORTED_TYPES, CudaWeight, f32, i32
+from .common import F32, CudaWeight, f32, i32
 
 
 class ShardCudaWeight(CudaWeight):
@@ -74,12 +74,7 @@ class TPCudaBackend(CudaBackend):
         cut = self.plan.cut(name) if self.plan is not None else None
         if cut is None:
             return super().weight(gf, name)
-        info = gf.tensors.get(name)
-        if info is None:
-            raise BrassError(f"{gf.path}: no tensor {name}")
-        if info.type not in SUPPORTED_TYPES:
-            raise UnsupportedError(f"{name}: tensor type {info.type.name} is not supported by the "
-                                   f"cuda backend ({', '.join(t.name for t in SUPPORTED_TYPES)})")
+        info = self.tensor_info(gf, name)
         raw, ggml_shape = shard_bytes(gf, name, cut)
         shape = tuple(reversed(ggml_shape))
         if len(shape) == 1:
