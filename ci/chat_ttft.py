@@ -156,6 +156,16 @@ def warm_up(url: str, model: str | None, vocab: Vocab, n_tokens: int, max_tokens
     return one_turn(url, model, prompt, max_tokens, timeout)["total_s"]
 
 
+def served_vocab(args, n_tokens: int) -> Vocab:
+    """The server's vocabulary (args.url), after args.warmup untimed requests of n_tokens
+    (warm_up), each one's seconds printed; OSError where the server does not answer."""
+    vocab = Vocab.fetch(args.url)
+    for _ in range(args.warmup):
+        took = warm_up(args.url, args.model, vocab, n_tokens, args.max_tokens, args.timeout)
+        print(f"warm-up request: {took:.2f} s")
+    return vocab
+
+
 def ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f}"
 
@@ -220,10 +230,7 @@ def main(argv=None) -> int:
         ap.error("--turns must be at least 2, --user-tokens and --max-tokens at least 1, --warmup at least 0")
     rng, words = random.Random(args.seed), random.Random(args.seed + 1)
     try:
-        vocab = Vocab.fetch(args.url)
-        for _ in range(args.warmup):
-            took = warm_up(args.url, args.model, vocab, args.user_tokens, args.max_tokens, args.timeout)
-            print(f"warm-up request: {took:.2f} s")
+        vocab = served_vocab(args, args.user_tokens)
     except OSError as e:
         print(f"{args.url}: {e}", file=sys.stderr)
         return 2

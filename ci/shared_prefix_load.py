@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chat_ttft import Vocab, counts, ms, one_turn, print_table, warm_up  # noqa: E402
+from chat_ttft import counts, ms, one_turn, print_table, served_vocab  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -98,10 +98,7 @@ def main(argv=None) -> int:
             or args.warmup < 0:
         ap.error("every count must be at least 1 (--warmup at least 0)")
     try:
-        vocab = Vocab.fetch(args.url)
-        for _ in range(args.warmup):
-            took = warm_up(args.url, args.model, vocab, args.question_tokens, args.max_tokens, args.timeout)
-            print(f"warm-up request: {took:.2f} s")
+        vocab = served_vocab(args, args.question_tokens)
     except OSError as e:
         print(f"{args.url}: {e}", file=sys.stderr)
         return 2
