@@ -810,9 +810,7 @@ def test_serve_exits_in_one_line_when_a_worker_dies():
     srv = _serve(path, mark)
     try:
         _wait_up(srv)
-        workers = [q for q in _marked(mark) if q != srv.pid and "resource_tracker" not in _cmdline(q)]
-        assert len(workers) == 1, workers
-        os.kill(workers[0], signal.SIGKILL)
+        _kill_the_worker(mark, srv.pid)
         rc = srv.wait(FAIL_S)
         rest = srv.stderr.read().strip()
     finally:
@@ -866,9 +864,7 @@ def test_chat_ends_in_one_line_when_a_worker_dies():
         for line in chat.stderr:                # the turn's "[4 tokens, ...]"
             if line.startswith("["):
                 break
-        workers = [q for q in _marked(mark) if q != chat.pid and "resource_tracker" not in _cmdline(q)]
-        assert len(workers) == 1, workers
-        os.kill(workers[0], signal.SIGKILL)
+        _kill_the_worker(mark, chat.pid)
         chat.stdin.write("again\n")
         chat.stdin.flush()
         rc = chat.wait(FAIL_S)
@@ -933,6 +929,14 @@ def _wait_up(srv):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def _kill_the_worker(mark: str, parent: int):
+    """SIGKILL the one worker of a `--tp 2` process `parent` (found by its mark; not
+    multiprocessing's resource tracker)."""
+    workers = [q for q in _marked(mark) if q != parent and "resource_tracker" not in _cmdline(q)]
+    assert len(workers) == 1, workers
+    os.kill(workers[0], signal.SIGKILL)
 
 
 def _cmdline(pid: int) -> str:
