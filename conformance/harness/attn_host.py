@@ -536,19 +536,26 @@ def split_count(lib, cap: int, window: int = 0) -> int:
     return -(-n_slots // lib.split_slots())
 
 
+def _contiguous(q, k_pool, v_pool, table, pos):
+    """The kernels' inputs as the C entry points read them: contiguous, in their dtypes."""
+    return (np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k_pool, np.float16),
+            np.ascontiguousarray(v_pool, np.float16), np.ascontiguousarray(table, np.int32),
+            np.ascontiguousarray(pos, np.int32))
+
+
+def _poisoned_out(T: int, H: int, DV: int):
+    """The outputs, poisoned: NaN floats and 0xFF Q8_1 bytes, so a value never written shows."""
+    return np.full((T, H * DV), np.nan, np.float32), np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+
+
 def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride, rng, blocks, scratch):
     T, H, D = q.shape
     Hkv, DV = k_pool.shape[2], v_pool.shape[3]
     S = split_count(lib, cap, window)
     blocks = S if blocks is None else int(blocks)
-    q = np.ascontiguousarray(q, np.float32)
-    k = np.ascontiguousarray(k_pool, np.float16)
-    v = np.ascontiguousarray(v_pool, np.float16)
-    table = np.ascontiguousarray(table, np.int32)
-    pos = np.ascontiguousarray(pos, np.int32)
+    q, k, v, table, pos = _contiguous(q, k_pool, v_pool, table, pos)
     write_q8 = DV % 32 == 0
-    out = np.full((T, H * DV), np.nan, np.float32)
-    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+    out, out_q = _poisoned_out(T, H, DV)
     bufs = {"logit": np.full((T, H, S * lib.split_slots()), np.nan, np.float32),
             "split_max": np.full((T, H, S), np.nan, np.float32),
             "split_sum": np.full((T, H, S), np.nan, np.float64),
@@ -566,14 +573,9 @@ def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_str
 def _run_rowwise(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride):
     T, H, D = q.shape
     Hkv, DV = k_pool.shape[2], v_pool.shape[3]
-    q = np.ascontiguousarray(q, np.float32)
-    k = np.ascontiguousarray(k_pool, np.float16)
-    v = np.ascontiguousarray(v_pool, np.float16)
-    table = np.ascontiguousarray(table, np.int32)
-    pos = np.ascontiguousarray(pos, np.int32)
+    q, k, v, table, pos = _contiguous(q, k_pool, v_pool, table, pos)
     write_q8 = DV % 32 == 0
-    out = np.full((T, H * DV), np.nan, np.float32)
-    out_q = np.full((T, H * DV // 32, 36), 0xFF, np.uint8)
+    out, out_q = _poisoned_out(T, H, DV)
     lib.run_attention(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
                       pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data, T, H, Hkv, D, DV,
                       cap, int(window), float(scale), int(write_q8), int(table_stride))
