@@ -746,9 +746,10 @@ sub_tp() {     # nccl [RANKS] | cuda [PYTEST ARGS] | bars [SHAPES]
     # and with --tp 2 (and --split layer), then llama-bench -sm layer and -sm row -ts 1/1 on the
     # same file; a run that fails leaves its one-line error in the log. `--tp 2` runs two
     # processes, one GPU each, over NCCL, decode graphs holding the all-reduces; `--split layer`
-    # on cuda is not built and records its one-line refusal.
+    # two stages over NCCL (eager).
     # cuda (one GPU is enough; two run the NCCL TP = 2 test too): conformance/models/
-    # test_tensor_parallel_cuda.py, the CUDA ranks (TPCudaBackend) in threads on the one GPU
+    # test_tensor_parallel_cuda.py and test_layer_split_cuda.py (2 stages over "host" in threads
+    # and processes: one GPU's bits), the CUDA ranks (TPCudaBackend) in threads on the one GPU
     # over the host-staged communicator, TP = 1, 2, 4 against one GPU and the numpy TP, TP = 1
     # through NCCL inside the decode graph, TP = 2 in processes over "host" (the threads' bits)
     # and TP = 1 of the processes' NCCL path in its graph; on two GPUs TP = 2 over NCCL against
@@ -762,7 +763,8 @@ sub_tp() {     # nccl [RANKS] | cuda [PYTEST ARGS] | bars [SHAPES]
         ;;
     cuda)
         gpu_name
-        guarded 580 python3 -m pytest conformance/models/test_tensor_parallel_cuda.py -q -rfEs -p no:cacheprovider "$@" \
+        guarded 580 python3 -m pytest conformance/models/test_tensor_parallel_cuda.py conformance/models/test_layer_split_cuda.py \
+            -q -rfEs -p no:cacheprovider "$@" \
             > "$out/tp_cuda.log" 2>&1
         local rc=$?
         grep -E "^(FAILED|ERROR)|Error:|assert" "$out/tp_cuda.log" | head -30

@@ -453,7 +453,7 @@ def test_a_rank_over_a_capturable_communicator_decodes_through_a_graph(name):
         assert not rank.decode_steps and not rank.sessions
 
 
-def test_cuda_ranks_refuse_what_is_not_built():
+def test_cuda_ranks_refuse_what_they_cannot_take():
     from brass.distributed.tp import TPModel
     from brass.errors import BrassError
     path = goldens.model(TP_NAMES[0]).path()
@@ -461,8 +461,6 @@ def test_cuda_ranks_refuse_what_is_not_built():
         TPModel(path, 2, backend="cuda", comm="nccl")
     with pytest.raises(BrassError, match="backend must be one of numpy, cuda"):
         TPModel(path, 2, backend="rocm")
-    with pytest.raises(BrassError, match="--split layer on the cuda backend is not built"):
-        TPModel(path, 2, split="layer", backend="cuda")
     with pytest.raises(BrassError, match="the cuda ranks in processes take the communicator 'nccl' or 'host', not 'thread'"):
         TPModel(path, 2, ranks="processes", backend="cuda", comm="thread")
 

@@ -176,6 +176,11 @@ def test_group_specs_give_each_rank_its_device_and_one_nccl_id(monkeypatch):
     assert [s.device for s in workers.group_specs("m.gguf", 2, "tensor", "cuda", "host", count=1)] == [0, 0]
     specs = workers.group_specs("m.gguf", 2, "layer", "numpy")
     assert not made and [(s.device, s.comm, s.backend, s.uid) for s in specs] == [(None, "pipes", "numpy", None)] * 2
+    # the layer split on cuda: the same devices and communicators as tensor parallelism
+    specs = workers.group_specs("m.gguf", 2, "layer", "cuda", "host", count=1)
+    assert not made and [(s.device, s.comm, s.split) for s in specs] == [(0, "host", "layer")] * 2
+    specs = workers.group_specs("m.gguf", 2, "layer", "cuda", None, count=2)
+    assert len(made) == 1 and [(s.device, s.comm, s.split) for s in specs] == [(0, "nccl", "layer"), (1, "nccl", "layer")]
 
 
 @pytest.mark.parametrize("backend,comm,world,split,count,message", [
@@ -183,7 +188,7 @@ def test_group_specs_give_each_rank_its_device_and_one_nccl_id(monkeypatch):
      r"^comm 'nccl' needs a GPU per rank \(NCCL cannot put two ranks of one communicator on one device\): "
      r"2 ranks, 1 GPU visible \(CUDA_VISIBLE_DEVICES=0\); comm 'host' runs them on one GPU$"),
     ("cuda", None, 2, "tensor", 0, r"^CUDA ranks need CuPy and an NVIDIA GPU; none was found \(use backend='numpy'\)$"),
-    ("cuda", "host", 2, "layer", 1, r"^--split layer on the cuda backend is not built; use --backend numpy$"),
+    ("cuda", None, 2, "layer", 0, r"^CUDA ranks need CuPy and an NVIDIA GPU; none was found \(use backend='numpy'\)$"),
     ("cuda", "pipes", 2, "tensor", 1, r"^the cuda ranks in processes take the communicator 'nccl' or 'host', not 'pipes'$"),
     ("numpy", "nccl", 2, "tensor", 0, r"^the numpy ranks in processes take the communicator 'pipes', not 'nccl'$"),
     ("rocm", None, 2, "tensor", 0, r"^backend must be one of numpy, cuda, got 'rocm'$"),
@@ -209,9 +214,9 @@ class _Log:
 
 def test_an_nccl_rank_sends_device_arrays_to_nccl_and_host_arrays_to_the_pipes():
     """NcclRank: a step's device arrays (here anything not a numpy array, as CuPy's) through
-    NCCL (send excepted: through the host), the host arrays (the argmax's two numbers a row, whole logits of uneven widths) through
-    the pipes; its stream set to the backend's; closing closes the pipes, abort aborts NCCL. The
-    host-staged communicator over the pipes closes them too."""
+    NCCL, the host arrays (the argmax's two numbers a row, whole logits of uneven widths, a layer
+    split's header) through the pipes; its stream set to the backend's; closing closes the
+    pipes, abort aborts NCCL. The host-staged communicator over the pipes closes them too."""
     from brass.distributed.cuda_rank import HostStagedCommunicator, NcclRank
 
     class Device:
@@ -227,11 +232,11 @@ def test_an_nccl_rank_sends_device_arrays_to_nccl_and_host_arrays_to_the_pipes()
                    ("pipes", "barrier"), ("pipes", "close"), ("nccl", "abort")]
     c.use_stream("the backend's")
     assert c.nccl.stream == "the backend's"
-    # send / recv: both ends on the pipes, a device array through the host (recv cannot know
-    # which a peer sends, so a send over NCCL would meet a recv on the pipes and never end)
+    # send: a device array through NCCL (the receiver, told its shape by the header before it,
+    # takes it with recv_into), a host array through the pipes (recv)
     log.clear()
-    c.send(Device(), 0), c.send(np.ones(2, np.float32), 0), c.recv(0)
-    assert log == [("pipes", "send"), ("pipes", "send"), ("pipes", "recv")]
+    c.send(Device(), 0), c.send(np.ones(2, np.float32), 0), c.recv(0), c.recv_into(Device(), 0)
+    assert log == [("nccl", "send"), ("pipes", "send"), ("pipes", "recv"), ("nccl", "recv_into")]
     log.clear()
     HostStagedCommunicator(_Log("pipes", log)).close("x")
     assert log == [("pipes", "close")]
@@ -959,8 +964,8 @@ def test_cli_bad_tp_is_one_line(args, message):
 
 def test_cli_tp_on_cuda_runs_processes_where_the_gpus_are(monkeypatch):
     """With two GPUs seen (forced), `--tp 2 --backend cuda` is no longer refused: the CLI makes
-    the TPModel of CUDA ranks in processes over the default communicator (nccl); `--split layer`
-    on cuda stays refused in one line."""
+    the TPModel of CUDA ranks in processes over the default communicator (nccl), under tensor
+    parallelism and under the layer split alike."""
     import argparse
     from brass import cli
     from brass.distributed import tp
@@ -971,9 +976,10 @@ def test_cli_tp_on_cuda_runs_processes_where_the_gpus_are(monkeypatch):
                               split="tensor", backend="cuda")
     assert cli.load_model(args) == "the model"
     assert made["ranks"] == "processes" and made["backend"] == "cuda" and made.get("comm") is None
+    made.clear()
     args.split = "layer"
-    with pytest.raises(BrassError, match=r"^--split layer on the cuda backend is not built; use --backend numpy$"):
-        cli.load_model(args)
+    assert cli.load_model(args) == "the model"
+    assert made["ranks"] == "processes" and made["backend"] == "cuda" and made.get("comm") is None
 
 
 def test_cli_tp_beyond_the_visible_gpus_is_one_line():

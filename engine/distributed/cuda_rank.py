@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import BrassError, UnsupportedError
+from ..errors import BrassError
 from .comm import Communicator
 
 BACKENDS = ("numpy", "cuda")
@@ -94,7 +94,8 @@ class NcclRank(Communicator):
     """A CUDA rank in its own process: device arrays through NCCL (`nccl`, on the backend's
     stream: `use_stream`), host arrays through the CPU pipes (`pipes`, a PipeCommunicator: the
     same sums and gathers as the numpy ranks, arrays of uneven widths included, which NCCL's
-    all-gather does not take). Capturable: a step's collectives on device arrays queue on the
+    all-gather does not take). A layer split's hand-over: its header through the pipes, the
+    device arrays through NCCL's send / recv_into. Capturable: a step's collectives on device arrays queue on the
     stream and never wait for the host."""
 
     capturable = True
@@ -117,12 +118,19 @@ class NcclRank(Communicator):
         return self.pipes.all_gather(x, axis) if self._host(x) else self.nccl.all_gather(x, axis)
 
     def send(self, x, dst: int):
-        # recv cannot tell what a peer will send, so both ends use the pipes: a device array
-        # goes through the host (only the layer split sends, and it is not built on cuda)
-        self.pipes.send(x if self._host(x) else x.get(stream=self.nccl.stream), dst)
+        # a host array through the pipes (recv); a device array through NCCL, on the stream
+        # (recv_into: the receiver knows its shape from what came before it, the layer split's
+        # header, tp.Stage)
+        if self._host(x):
+            self.pipes.send(x, dst)
+        else:
+            self.nccl.send(x, dst)
 
     def recv(self, src: int):
         return self.pipes.recv(src)
+
+    def recv_into(self, out, src: int):
+        return self.nccl.recv_into(out, src)
 
     def barrier(self):
         self.pipes.barrier()
@@ -148,7 +156,7 @@ def _chosen(backend: str, comm: str | None, table: dict, ranks_in: str) -> str:
     return comm
 
 
-def process_comm(backend: str, comm: str | None, world: int, split: str, count: int,
+def process_comm(backend: str, comm: str | None, world: int, count: int,
                  env: str | None = None) -> str:
     """The communicator of `world` ranks in processes on `backend` (comm None: its default),
     with `count` GPUs visible: "pipes" (numpy), "nccl" (a GPU per rank) or "host" (CUDA ranks
@@ -157,8 +165,6 @@ def process_comm(backend: str, comm: str | None, world: int, split: str, count: 
     comm = _chosen(backend, comm, PROCESS_COMMS, "processes")
     if backend == "numpy":
         return comm
-    if split != "tensor":
-        raise UnsupportedError(f"--split {split} on the cuda backend is not built; use --backend numpy")
     if count < 1:
         raise BrassError("CUDA ranks need CuPy and an NVIDIA GPU; none was found (use backend='numpy')")
     if comm == "nccl" and world > count:
@@ -182,7 +188,7 @@ def rank_factory(device: int):
     return make
 
 
-def rank_backends(backend: str, comm: str | None, split: str, comms: list):
+def rank_backends(backend: str, comm: str | None, comms: list):
     """(each rank's communicator, the factory `make(comm, plan)` of a rank's backend) for a
     TPModel of ranks in threads: `backend` "numpy" over the CPU communicator ("thread"), or
     "cuda" on one GPU over the host-staged one ("host"). One-line errors for the rest."""
@@ -190,8 +196,6 @@ def rank_backends(backend: str, comm: str | None, split: str, comms: list):
     if backend == "numpy":
         from .tp import TPBackend
         return comms, TPBackend
-    if split != "tensor":
-        raise UnsupportedError(f"--split {split} on the cuda backend is not built; use --backend numpy")
     from ..backends import cuda_available
     if not cuda_available():
         raise BrassError("CUDA ranks need CuPy and an NVIDIA GPU; none was found (use backend='numpy')")

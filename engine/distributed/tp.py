@@ -171,21 +171,84 @@ class TPBackend(NumpyBackend):
         return self.comm.all_reduce(y)
 
 
+# A stage's hand-over: a header (host int64: the count, then per array its kind, dtype and
+# shape), then the arrays. Kinds: a host array (sent as it is), a device array (the receiver
+# allocates it on its own device and receives into it: NCCL's send/recv carry no shapes; a
+# communicator without recv_into stages it through the host), or None.
+_HOST, _DEVICE, _NONE = 0, 1, 2
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32), np.dtype(np.int64))
+
+
 class Stage:
-    """A rank's place in a layer split: its layers, and the hand-over of the residual stream."""
+    """A rank's place in a layer split: its layers, and the hand-over of the residual stream to
+    the next rank (send) or from the one before (recv). `backend` (set by its Rank): where a
+    device array received goes."""
 
     def __init__(self, comm, layers: tuple[int, int]):
         self.comm, self.layers = comm, layers
         self.first, self.last = comm.rank == 0, comm.rank == comm.world_size - 1
+        self.backend = None
+
+    @staticmethod
+    def _kind(a) -> int:
+        if a is None:
+            return _NONE
+        return _HOST if type(a) is np.ndarray else _DEVICE
 
     def send(self, carry: tuple):
-        self.comm.send(np.array([len(carry)], np.int32), self.comm.rank + 1)
+        head = [len(carry)]
         for a in carry:
-            self.comm.send(a, self.comm.rank + 1)
+            head.append(self._kind(a))
+            if a is not None:
+                head += [_DTYPES.index(np.dtype(a.dtype)), a.ndim, *a.shape]
+        nxt = self.comm.rank + 1
+        self.comm.send(np.array(head, np.int64), nxt)
+        for a in carry:
+            if a is not None:
+                self.comm.send(a, nxt)
 
     def recv(self) -> tuple:
-        n = int(self.comm.recv(self.comm.rank - 1)[0])
-        return tuple(self.comm.recv(self.comm.rank - 1) for _ in range(n))
+        prev = self.comm.rank - 1
+        head = [int(v) for v in self.comm.recv(prev)]
+        out, i = [], 1
+        for _ in range(head[0]):
+            kind = head[i]
+            if kind == _NONE:
+                out.append(None)
+                i += 1
+                continue
+            dtype, ndim = _DTYPES[head[i + 1]], head[i + 2]
+            shape = tuple(head[i + 3:i + 3 + ndim])
+            i += 3 + ndim
+            recv_into = getattr(self.comm, "recv_into", None)
+            if kind == _HOST or self.backend is None:
+                out.append(self.comm.recv(prev))
+            elif recv_into is not None:         # straight into this rank's device (NCCL)
+                out.append(recv_into(self.backend.empty(shape, dtype), prev))
+            else:                               # staged through the host
+                out.append(self.backend.asarray(self.comm.recv(prev), dtype))
+        return tuple(out)
+
+
+def stage_tensors(gf, cfg, stage: Stage) -> list[str]:
+    """The tensors of `gf` a stage's forward reads: its layers' (blk.N.*), the token embedding
+    on the first stage (and on the last where the LM head is tied to it), the output norm and
+    head on the last, and the tensors of no layer (rope factors and the like) everywhere."""
+    lo, hi = stage.layers
+    out = []
+    for name in gf.tensors:
+        if name.startswith("blk."):
+            if lo <= int(name.split(".")[1]) < hi:
+                out.append(name)
+        elif name == "token_embd.weight":
+            if stage.first or (stage.last and "output.weight" not in gf.tensors):
+                out.append(name)
+        elif name.startswith("output"):
+            if stage.last:
+                out.append(name)
+        else:
+            out.append(name)
+    return out
 
 
 @dataclass
@@ -228,12 +291,16 @@ class Rank:
             self.config = cfg
         self.backend = (backend or TPBackend)(comm, plan)
         self.weights = Weights(self.backend, self.gguf)
-        if hasattr(self.backend, "load") and stage is None:
-            # the rank's shards go up now, as a Model's weights do: an out-of-memory or a tensor
-            # the backend cannot take shows at the start, not at the first prompt, and the
-            # uploads do not queue behind that prompt's collectives on the rank's stream
+        if stage is not None:
+            stage.backend = self.backend
+        if hasattr(self.backend, "load"):
+            # the rank's shards (or its stage's tensors) go up now, as a Model's weights do: an
+            # out-of-memory or a tensor the backend cannot take shows at the start, not at the
+            # first prompt, and the uploads do not queue behind that prompt's collectives on the
+            # rank's stream
             with self.backend.activate():
-                self.backend.load(self.gguf, self.weights, quiet=True)
+                self.backend.load(self.gguf, self.weights, quiet=True,
+                                  names=stage_tensors(self.gguf, cfg, stage) if stage is not None else None)
         # a decode step replayed as a captured graph (its collectives inside) where the backend
         # captures over this communicator (NCCL's), BRASS_GRAPH as for a Model; per session
         from .. import flags
@@ -298,6 +365,7 @@ class Rank:
         if self.stage is not None:          # the last stage holds the whole vocabulary
             if logits is None:
                 return None
+            logits = self.backend.to_numpy(logits)      # a device rank's: to the host
             return int(np.argmax(logits[-1])) if cmd.want == "argmax" else np.asarray(logits, F32)
         if cmd.want == "argmax":
             return int(self.argmax(logits)[-1])
@@ -345,7 +413,7 @@ def make_rank(path, comm, split: str, backend=None) -> Rank:
         if split == "tensor":
             return Rank(path, comm, plan=tensor_parallel(gf, cfg, comm.world_size, comm.rank), backend=backend)
         stages = layer_stages(cfg.n_layer, comm.world_size)
-        return Rank(path, comm, stage=Stage(comm, stages[comm.rank]))
+        return Rank(path, comm, stage=Stage(comm, stages[comm.rank]), backend=backend)
     finally:
         gf.close()
 
@@ -409,7 +477,7 @@ class ThreadRanks:
         self.world = world
         self.group = ThreadGroup(world)
         # the ranks' backends: numpy over the group, or CUDA on one GPU over it staged (cuda_rank.py)
-        comms, make = rank_backends(backend, comm, split, [self.group.comm(r) for r in range(world)])
+        comms, make = rank_backends(backend, comm, [self.group.comm(r) for r in range(world)])
         self.local = [make_rank(path, comms[r], split, make) for r in range(world)]
         self._pool = ThreadPoolExecutor(world, thread_name_prefix="brass-rank")
         self._blas = _BlasThreads() if world > 1 else None
@@ -686,5 +754,3 @@ def check_request(world: int, split: str, backend: str | None):
         from .workers import rank_device
         # enough devices for every rank (rank r takes the r-th, CUDA_VISIBLE_DEVICES order)
         rank_device(0, world, gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if split != "tensor":
-            raise UnsupportedError(f"--split {split} on the cuda backend is not built; use --backend numpy")

@@ -118,7 +118,7 @@ def group_specs(path, world: int, split: str, backend: str = "numpy", comm: str 
     GPU every rank shares it) and, for nccl, the unique id made here once, on rank 0, and handed
     to every rank."""
     from .cuda_rank import process_comm
-    comm = process_comm(backend, comm, world, split, count, env)
+    comm = process_comm(backend, comm, world, count, env)
     uid = None
     if comm == "nccl":
         from . import nccl

@@ -265,9 +265,10 @@ class CudaBackend(Backend):
                 i += 1
         return dst
 
-    def load(self, gf, weights, quiet: bool = False):
-        """Upload every tensor of the file now (instead of on first use), one at a time."""
-        names = list(gf.tensors)
+    def load(self, gf, weights, quiet: bool = False, names=None):
+        """Upload every tensor of the file (or those in `names`: a layer split's stage) now
+        instead of on first use, one at a time."""
+        names = list(gf.tensors) if names is None else list(names)
         if not quiet:
             from tqdm import tqdm
             names = tqdm(names, desc="upload", unit="tensor")
