@@ -13,7 +13,10 @@ the one that combines) it is held to:
   worst-case error of the two float32 orders of V.softmax's sums (below);
 - its scratch: each used split's max is the max of its logits, splits past the visible slots
   leave theirs unwritten (no logit, max, sum or partial sum: they read no K or V), and every
-  block of a row counts itself done.
+  block of a row counts itself done;
+- the done counter's fences: a release before the count and an acquire before the combining
+  block's loads, as the PTX memory model asks (checked as rules: one block at a time cannot
+  show a reordering).
 Fresh random inputs (the `rng` fixture prints the seed), block tables shuffled (`paged`),
 outputs and scratch poisoned (NaN, 0xFF, -1), slots no query sees NaN on the kernel's side.
 
@@ -260,6 +263,31 @@ def test_planted_bugs_are_caught(rng, planted, record_property):
     want = cuda_reference().attention(q, k, v, pos, scale, 0).reshape(1, -1)
     with pytest.raises((AssertionError, pytest.fail.Exception)):     # NaN left, or beyond the bound
         check(got, want, ATTENTION, record_property)
+
+
+# The done counter's memory ordering, planted wrong: the CPU build checks the protocol against
+# the PTX memory model's release / acquire rule (attn_host.py ROWWISE_HARNESS says how), since
+# blocks run one at a time there and every store is visible anyway. The fence before the block
+# barrier instead of after it (every thread's own fence, then the count: other threads' stores
+# are not ordered before the counting thread's fence), no release fence, no acquire fence.
+PROTOCOL = [
+    ("    __syncthreads();\n    if (threadIdx.x == 0) {\n        __threadfence();\n",
+     "    __threadfence();\n    __syncthreads();\n    if (threadIdx.x == 0) {\n", "release"),
+    ("        __threadfence();\n        last = atomicAdd(", "        last = atomicAdd(", "release"),
+    ("        if (last) __threadfence();\n", "", "acquire"),
+]
+
+
+@pytest.mark.parametrize("planted", PROTOCOL, ids=["fence-before-the-barrier", "no-release", "no-acquire"])
+def test_counter_protocol_breaches_are_caught(rng, planted):
+    from conformance.harness.attn_host import KERNEL_DIR, attention_split
+    old, new, rule = planted
+    text = (KERNEL_DIR / "attention.cu").read_text()
+    assert text.count(old) == 1, f"the planted breach's anchor {old!r} is not in attention.cu once"
+    lib = _lib(32, text.replace(old, new))
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 2, 1, 64, 64, 0, 160)
+    with pytest.raises(AssertionError, match=f"without an? {rule}"):
+        attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2)
 
 
 # ---- on CUDA ---------------------------------------------------------------------------------
