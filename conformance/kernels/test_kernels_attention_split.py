@@ -407,6 +407,53 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
 
 
 @needs_cuda
+def test_split_combine_gives_the_same_bits_under_load(cuda, rng, monkeypatch, record_property):
+    # the done counter's protocol under real concurrency (the CPU build runs one block at a
+    # time): 32 heads of a 16,384-slot row, 64 splits a row taken by 33 blocks (one or two
+    # each), relaunched. Whichever block counts last adds the splits in split order, so every
+    # launch gives the same bits: a partial sum read stale or before it was written (a fence
+    # missing or misplaced) changes them, or leaves the poisoned scratch's NaN.
+    from conformance.harness.attn_host import device_sequence
+    from brass.backends.cuda.attention import SPLIT_BLOCKS_PER_SM, SPLIT_SLOTS
+    monkeypatch.setattr(cuda.options, "attn_split", True)
+    H, Hkv, D, cap = 32, 8, 128, 16384
+    blocks = min(cap // SPLIT_SLOTS, -(-SPLIT_BLOCKS_PER_SM * cuda.n_sms // H))
+    assert 1 < blocks < cap // SPLIT_SLOTS, f"{blocks} blocks a row: no block takes two splits, or one takes all"
+    q, k, v, kk, vk, pos = _inputs(rng, 1, cap - 1, H, Hkv, D, D, 0, cap)
+    layers = device_sequence(cuda, rng, kk, vk)
+    dq, dpos = cuda.asarray(q), cuda.asarray(pos)
+    with cuda.activate():
+        outs = [cuda.attention(dq, *layers, dpos, 0.088) for _ in range(100)]
+        got = [cuda.to_numpy(o) for o in outs]
+    check(got[0], cuda_reference().attention(q, k, v, pos, 0.088).reshape(1, -1), ATTENTION, record_property)
+    differ = [i for i, g in enumerate(got) if not np.array_equal(g.view(np.uint32), got[0].view(np.uint32))]
+    assert not differ, f"launches {differ[:10]} of 100 gave other bits than the first"
+
+
+@needs_cuda
+def test_split_layers_share_the_counters_in_a_graph(cuda, rng, monkeypatch):
+    # as a decode graph's layers do: four split attentions back to back (each one's first pass
+    # resets the done counters the one before counted up, launched with PDL in the graph, so
+    # it waits at PDL_ENTRY for that one's last pass), over one scratch, at positions whose
+    # rows use 64, 36, 2 and 1 splits; replayed 20 times, each the eager calls' bits
+    from conformance.harness.attn_host import device_sequence
+    monkeypatch.setattr(cuda.options, "attn_split", True)
+    H, Hkv, D, cap = 16, 4, 128, 16384
+    q, k, v, kk, vk, _ = _inputs(rng, 1, cap - 1, H, Hkv, D, D, 0, cap)
+    layers = device_sequence(cuda, rng, k, v)
+    dq = cuda.asarray(q)
+    dpos = [cuda.asarray(np.array([p], np.int32)) for p in (cap - 1, 9000, 300, 0)]
+    with cuda.activate():
+        want = [cuda.to_numpy(cuda.attention(dq, *layers, p, 0.088)) for p in dpos]
+        graph = cuda.capture(lambda: tuple(cuda.attention(dq, *layers, p, 0.088) for p in dpos))
+        for rep in range(20):
+            graph.replay()
+            for i, out in enumerate(graph.result):
+                assert np.array_equal(cuda.to_numpy(out).view(np.uint32), want[i].view(np.uint32)), \
+                    f"replay {rep}: call {i} (pos {int(cuda.to_numpy(dpos[i])[0])}) differs from its eager bits"
+
+
+@needs_cuda
 def test_split_in_groups_of_queries(cuda, rng, monkeypatch, record_property):
     # queries whose scratch exceeds SPLIT_SCRATCH_BYTES go in groups, each group its three
     # launches over its own queries' rows (here 2, 2 and 1 of 5)
