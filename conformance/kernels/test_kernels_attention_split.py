@@ -380,6 +380,9 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
     # reset by every replay's first pass)
     from conformance.harness.attn_host import device_sequence
     monkeypatch.setattr(cuda.options, "attn_split", True)
+    # a scratch of this test's own: the module's backend kept the largest of the earlier
+    # tests' (a 57,000-slot context's), which the larger call below would not outgrow
+    monkeypatch.setattr(cuda, "_split_scratch", None)
     H, Hkv, D, cap = 8, 2, 128, 2000
     q, k, v, kk, vk, _ = _inputs(rng, 1, cap - 1, H, Hkv, D, D, 0, cap)
     layers = device_sequence(cuda, rng, k, v)
@@ -500,3 +503,27 @@ def test_model_decode_graph_with_split_attention(monkeypatch, record_property):
     worst = max(nmse(x, y) for x, y in zip(logits[True], logits[False]))
     record_property("nmse", f"{worst:.3e}")
     assert worst <= FREE_RUNNING, f"decode logits with attn_split on vs off: NMSE {worst:.3e}"
+
+
+def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
+    # The GPU tests above run on the GPU runner only; their Python (the backend's calls, the
+    # state the module's one backend carries from test to test) runs here under the fake CuPy
+    # (conformance/harness/fake_cupy.py: no kernel runs, outputs stay the poisoned NaN), in file
+    # order on one backend as the module fixture gives it to them, the numeric checks off. The
+    # first, whose reordering bound fails on NaN, and the model's (a model on the GPU) are left
+    # out. This caught the graph test asserting that a larger call grows the scratch after an
+    # earlier test had grown it further.
+    import sys
+    from conformance.harness import fake_cupy
+    from conformance.harness.launch_recording import fake_cuda
+    here = sys.modules[__name__]
+    tests = [test_split_rows_on_cuda, test_past_the_one_block_shared_memory, test_split_graph_replays_as_the_position_grows,
+             test_split_combine_gives_the_same_bits_under_load, test_split_layers_share_the_counters_in_a_graph,
+             test_split_in_groups_of_queries]
+    with pytest.MonkeyPatch.context() as mp, fake_cuda(fake_cupy.Recorder()) as backend:
+        mp.setattr(here, "check", lambda *a, **kw: None)
+        cuda = backend.CudaBackend(poison_outputs=True)
+        for test in tests:
+            with pytest.MonkeyPatch.context() as inner:
+                args = {"cuda": cuda, "rng": rng, "monkeypatch": inner, "record_property": lambda *a: None}
+                test(**{k: v for k, v in args.items() if k in test.__code__.co_varnames[:test.__code__.co_argcount]})
