@@ -23,7 +23,10 @@ outputs and scratch poisoned (NaN, 0xFF, -1), slots no query sees NaN on the ker
 On CUDA (skipped without a GPU): the backend's dispatch with the attn_split option forced on,
 against the reference and the one-block kernel; a batched step's rows; a context past the
 one-block kernel's shared memory; a captured graph replayed while the position grows (and
-after a larger call grew the scratch); queries in groups; a model's decode graph.
+after a larger call grew the scratch); the combine's bits over many launches; split calls
+sharing the counters in one graph; queries in groups; a model's decode graph; a batched step's
+rows through bucket graphs prepared in advance, bit for bit as alone. Their Python also runs
+here, under the fake CuPy.
 """
 
 from __future__ import annotations
@@ -530,13 +533,52 @@ def test_model_decode_graph_with_split_attention(monkeypatch, record_property):
     assert worst <= FREE_RUNNING, f"decode logits with attn_split on vs off: NMSE {worst:.3e}"
 
 
+@needs_cuda
+def test_bucket_graph_rows_equal_alone_with_split(monkeypatch):
+    # a batched step's rows through bucket graphs (per-row block tables; rows of 600 slots
+    # bounded by 1,024: 4 splits a row where alone has 3, and another grid) with attn_split on
+    # give each row's alone logits bit for bit, since the split's result depends on neither.
+    # The graphs are prepared in advance as a server's warm-up does (whose eager step has pad
+    # rows of one slot: the split kernels' first launches are inside the captures), then
+    # replayed; the alone sessions replay their decode graphs
+    import brass
+    from brass.batch import BatchDecoder
+    from brass.kv_cache import blocks_for
+    from conformance.harness.goldens import GOLDEN_DIR
+    m = brass.load(str(GOLDEN_DIR / "models" / "synth-qwen3.gguf"), backend="cuda", quiet=True, attn_split=True)
+    b, V, n_ctx = m.backend, m.config.n_vocab, 600
+    names = _launched(b, monkeypatch)
+    pool = m.new_block_pool(3 * blocks_for(n_ctx) + 1)
+    sessions = [m.new_session(n_ctx, pool=pool) for _ in range(3)]
+    for s in sessions:
+        s.cache.assign(pool.allocate(blocks_for(n_ctx))[::-1])     # blocks out of order
+    dec = BatchDecoder(m, buckets=True)
+    assert dec.buckets and dec.prepare_buckets(3, n_ctx, pool) >= 1
+    captures = dec.captures
+    assert "attention_split_values" in names, sorted(set(names))
+    alone = [m.new_session(n_ctx) for _ in range(3)]
+    rng = np.random.default_rng(5)
+    for s, a, n in zip(sessions, alone, (540, 40, 5)):          # 3, 1 and 1 splits used
+        prompt = rng.integers(0, V, n).tolist()
+        s.prefill(prompt)
+        a.prefill(prompt)
+    for step in range(6):
+        toks = [int(t) for t in rng.integers(0, V, 3)]
+        got = b.to_numpy(dec.step(sessions, toks))
+        for i, (a, tok) in enumerate(zip(alone, toks)):
+            want = b.to_numpy(a.decode(tok)).reshape(-1, V)[-1]
+            assert np.array_equal(got[i].view(np.uint32), want.view(np.uint32)), \
+                f"step {step}, row {i}: batched logits differ from alone (max |diff| {np.abs(got[i] - want).max():.3g})"
+    assert dec.captures == captures and dec.replays >= 6, (dec.captures, dec.replays)
+
+
 def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
     # The GPU tests above run on the GPU runner only; their Python (the backend's calls, the
     # state the module's one backend carries from test to test) runs here under the fake CuPy
     # (conformance/harness/fake_cupy.py: no kernel runs, outputs stay the poisoned NaN), in file
     # order on one backend as the module fixture gives it to them, the numeric checks off. The
-    # first, whose reordering bound fails on NaN, and the model's (a model on the GPU) are left
-    # out. This caught the graph test asserting that a larger call grows the scratch after an
+    # first, whose reordering bound fails on NaN, and the decode graph's, whose NMSE is of
+    # logits no kernel wrote, are left out. This caught the graph test asserting that a larger call grows the scratch after an
     # earlier test had grown it further.
     import sys
     from conformance.harness import fake_cupy
@@ -544,7 +586,7 @@ def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
     here = sys.modules[__name__]
     tests = [test_split_rows_on_cuda, test_past_the_one_block_shared_memory, test_split_graph_replays_as_the_position_grows,
              test_split_combine_gives_the_same_bits_under_load, test_split_layers_share_the_counters_in_a_graph,
-             test_split_in_groups_of_queries]
+             test_split_in_groups_of_queries, test_bucket_graph_rows_equal_alone_with_split]
     with pytest.MonkeyPatch.context() as mp, fake_cuda(fake_cupy.Recorder()) as backend:
         mp.setattr(here, "check", lambda *a, **kw: None)
         cuda = backend.CudaBackend(poison_outputs=True)
