@@ -214,6 +214,22 @@ def test_split_per_row_tables_on_the_cpu(rng, case, record_property):
         assert (diff <= bound).all(), f"row {t}: split vs one-block {diff.max():.3e} beyond the reordering bound"
 
 
+def test_the_bits_depend_on_neither_the_capacity_nor_the_grid(rng):
+    # a bucket graph bounds a row by more than its own capacity (more splits, most unused) and
+    # launches another grid than the row alone: the same position must give the same bits
+    # (what lets a batched row equal its alone logits with the split kernels on)
+    from conformance.harness.attn_host import attention_split
+    lib = _lib(32)
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 4, 2, 64, 64, 0, 170)
+    got, _ = attention_split(lib, q, kk, vk, pos, 0.125, rng=rng)
+    pad = np.full((330, 2, 64), np.nan, F16)            # capacity 500: 16 splits where 170 has 6
+    for blocks in (16, 5, 1):
+        again, _ = attention_split(lib, q, np.concatenate([kk, pad]), np.concatenate([vk, pad]), pos, 0.125,
+                                   rng=rng, blocks=blocks)
+        assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), \
+            f"capacity 500, {blocks} blocks a row: other bits than at capacity 170"
+
+
 def test_a_window_past_the_capacity_writes_zeros(rng):
     # pos past the capacity with a window that ends before it: no visible slot (n <= 0), as
     # the one-block kernel has it: every split empty, the combining block writes zeros
