@@ -550,20 +550,34 @@ def test_model_decode_graph_with_split_attention(monkeypatch, record_property):
 
 
 @needs_cuda
-def test_bucket_graph_rows_equal_alone_with_split(monkeypatch):
-    # a batched step's rows through bucket graphs (per-row block tables; rows of 600 slots
-    # bounded by 1,024: 4 splits a row where alone has 3, and another grid) with attn_split on
-    # give each row's alone logits bit for bit, since the split's result depends on neither.
-    # The graphs are prepared in advance as a server's warm-up does (whose eager step has pad
-    # rows of one slot: the split kernels' first launches are inside the captures), then
-    # replayed; the alone sessions replay their decode graphs
+@pytest.mark.parametrize("mode", ["on", "default"])
+def test_bucket_graph_rows_equal_alone_with_split(monkeypatch, mode):
+    # a batched step's rows through bucket graphs (per-row block tables, bounded by their
+    # capacity rounded up: more splits a row than alone, and another grid) with the split
+    # kernels give each row's alone logits bit for bit, since the split's result depends on
+    # neither. The graphs are prepared in advance as a server's warm-up does, then replayed;
+    # the alone sessions replay their decode graphs. "on": attn_split on, rows of 600 slots
+    # under a bound of 1,024. "default": the option at its default with SPLIT_MIN_SLOTS at
+    # 4,096 (synth-qwen3 holds 4,096 positions), rows of 3,000 slots under 4,096: alone they
+    # take the split kernels only because split_by_default rounds their capacity up as the
+    # bucket does; and the warm-up's eager step (pad rows of one slot) takes the one-block
+    # kernel, so the split kernels' first launches are inside the captures
     import brass
+    from brass.backends.cuda import attention
     from brass.batch import BatchDecoder
     from brass.kv_cache import blocks_for
     from conformance.harness.goldens import GOLDEN_DIR
-    m = brass.load(str(GOLDEN_DIR / "models" / "synth-qwen3.gguf"), backend="cuda", quiet=True, attn_split=True)
-    b, V, n_ctx = m.backend, m.config.n_vocab, 600
-    names = _launched(b, monkeypatch)
+    on = mode == "on"
+    m = brass.load(str(GOLDEN_DIR / "models" / "synth-qwen3.gguf"), backend="cuda", quiet=True,
+                   attn_split=True if on else None)
+    b, V, n_ctx, lengths = m.backend, m.config.n_vocab, 600 if on else 3000, (540, 40, 5) if on else (2700, 300, 5)
+    if not on:
+        monkeypatch.setattr(attention, "SPLIT_MIN_SLOTS", 4096)
+        assert m.n_ctx == 4096 and BatchDecoder._capacity_for(BatchDecoder(m), n_ctx) == 4096
+    launched: list[tuple[str, bool]] = []
+    real = b.launch
+    monkeypatch.setattr(b, "launch", lambda src, name, *a, **kw: (launched.append((name, b._graph_refs is not None)),
+                                                                  real(src, name, *a, **kw))[1])
     pool = m.new_block_pool(3 * blocks_for(n_ctx) + 1)
     sessions = [m.new_session(n_ctx, pool=pool) for _ in range(3)]
     for s in sessions:
@@ -571,13 +585,15 @@ def test_bucket_graph_rows_equal_alone_with_split(monkeypatch):
     dec = BatchDecoder(m, buckets=True)
     assert dec.buckets and dec.prepare_buckets(3, n_ctx, pool) >= 1
     captures = dec.captures
-    assert "attention_split_values" in names, sorted(set(names))
+    split = [capturing for name, capturing in launched if name == "attention_split_values"]
+    assert split and (on or split[0]), f"split kernels launched (capturing): {split[:3]}"
     alone = [m.new_session(n_ctx) for _ in range(3)]
     rng = np.random.default_rng(5)
-    for s, a, n in zip(sessions, alone, (540, 40, 5)):          # 3, 1 and 1 splits used
+    for s, a, n in zip(sessions, alone, lengths):
         prompt = rng.integers(0, V, n).tolist()
         s.prefill(prompt)
         a.prefill(prompt)
+    launched.clear()
     for step in range(6):
         toks = [int(t) for t in rng.integers(0, V, 3)]
         got = b.to_numpy(dec.step(sessions, toks))
@@ -586,6 +602,7 @@ def test_bucket_graph_rows_equal_alone_with_split(monkeypatch):
             assert np.array_equal(got[i].view(np.uint32), want.view(np.uint32)), \
                 f"step {step}, row {i}: batched logits differ from alone (max |diff| {np.abs(got[i] - want).max():.3g})"
     assert dec.captures == captures and dec.replays >= 6, (dec.captures, dec.replays)
+    assert ("attention", False) not in launched, "a decode alone took the one-block kernel"
 
 
 def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
@@ -607,6 +624,11 @@ def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
         mp.setattr(here, "check", lambda *a, **kw: None)
         cuda = backend.CudaBackend(poison_outputs=True)
         for test in tests:
-            with pytest.MonkeyPatch.context() as inner:
-                args = {"cuda": cuda, "rng": rng, "monkeypatch": inner, "record_property": lambda *a: None}
-                test(**{k: v for k, v in args.items() if k in test.__code__.co_varnames[:test.__code__.co_argcount]})
+            for mode in ("on", "default"):
+                with pytest.MonkeyPatch.context() as inner:
+                    args = {"cuda": cuda, "rng": rng, "monkeypatch": inner, "record_property": lambda *a: None,
+                            "mode": mode}
+                    names = test.__code__.co_varnames[:test.__code__.co_argcount]
+                    test(**{k: v for k, v in args.items() if k in names})
+                if "mode" not in names:
+                    break
