@@ -419,12 +419,18 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
             __syncthreads();                           // prob and wpart read before the next split
         }
     }
-    // The threadFenceReduction pattern: each thread's part stores made visible device-wide,
-    // then one count per block; the block that counts gridDim.y - 1 runs after every other
-    // block's stores, and reads them through L2 (__ldcg: no stale L1 line).
-    __threadfence();
+    // The threadFenceReduction pattern, fenced as the PTX memory model asks of a relaxed
+    // atomicAdd (as cooperative groups' grid sync fences its count): the barrier orders every
+    // thread's part stores before the counting thread's fence (a release, cumulative over
+    // them), then the count; the block that counts gridDim.y - 1 fences again (an acquire)
+    // before the barrier after which its threads read the other blocks' parts, through L2
+    // (__ldcg: no stale L1 line).
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done + r, 1) == (int) gridDim.y - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(done + r, 1) == (int) gridDim.y - 1;
+        if (last) __threadfence();
+    }
     __syncthreads();
     if (!last) return;
     float * o = out + r * Dv;

@@ -49,9 +49,10 @@ conformance/kernels/test_kernels_attention_tiled.py uses it (skips without g++).
 The second half builds kernels/attention.cu the same way: the one-block decode kernel
 (`attention`, test_kernels_attention_rowwise.py), kv_store, and the split-K kernels
 (test_kernels_attention_split.py), whose grids run one block at a time in a shuffled order so
-that any block of a row may be the one that combines the splits. For those it cannot check the
-GPU's memory ordering (the fence before the done counter, the L2 loads after it): one block
-at a time sees every earlier block's stores.
+that any block of a row may be the one that combines the splits. One block at a time sees every
+earlier block's stores, so the GPU's memory ordering cannot show here: the done counter's
+fences are checked instead against the PTX memory model's release / acquire rule
+(ROWWISE_HARNESS says how).
 """
 
 from __future__ import annotations
@@ -353,16 +354,62 @@ def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=Tru
 # The same shim; its dynamic shared memory becomes a host buffer poisoned with NaN before each
 # block, and warp shuffles (float and double) go through per-warp slots and barriers, as above.
 # The split-K kernels' grids run one block at a time in a shuffled order (a seed's), so that
-# any block of a (head, query) row may be the last to finish pass 3 and combine the splits;
-# __threadfence is a sequentially consistent fence and __ldcg a plain load here (one block runs
-# at a time, so every store of an earlier block is visible: the GPU's ordering is not checked).
+# any block of a (head, query) row may be the last to finish pass 3 and combine the splits.
+# One block at a time sees every store of an earlier block, so the GPU's memory ordering cannot
+# be observed here; instead the done counter's protocol is checked against the rule the PTX
+# memory model sets for it (a block's relaxed atomicAdd publishes the other blocks' plain
+# stores to it only through a release pattern and an acquire pattern, fences being cumulative
+# over what a block barrier ordered before them):
+# - release: the counting thread's __threadfence comes after the block's last barrier (which
+#   orders every thread's part stores before it) and before its atomicAdd, no barrier between;
+# - acquire: each __ldcg comes after a __threadfence that the counting thread made after its
+#   atomicAdd, and (in any other thread) after a block barrier that followed that fence.
+# A breach is recorded (protocol_fault) and _run_split raises it. What this cannot see: which
+# stores the barrier covers (every pass-3 store precedes the kernel's last barrier by its
+# structure), and anything the hardware does beyond the model.
 ROWWISE_HARNESS = r"""#include "shim.h"
 #include <limits>
+#include <mutex>
 #include <random>
+#include <string>
 float * host_smem;
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-template <class T> inline T __ldcg(const T * p) { return *p; }
+static thread_local long host_bars;            // block barriers this thread has passed
+static thread_local long host_fenced_at = -1;  // host_bars at this thread's last __threadfence
+static thread_local bool host_counted;         // an atomicAdd not yet followed by a fence
+static thread_local bool host_acquired;        // this thread fenced after its atomicAdd
+static std::atomic<long> host_acquire_bar{-1};  // host_bars at the block's acquire fence
+static std::mutex host_fault_mu;
+static std::string host_fault;
+static void protocol_breach(const char * what) {
+    std::lock_guard<std::mutex> g(host_fault_mu);
+    if (host_fault.empty()) host_fault = what;
+}
+void __syncthreads();
+inline void host_bar() { __syncthreads(); ++host_bars; }
+inline void __threadfence() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    host_fenced_at = host_bars;
+    if (host_counted) { host_acquired = true; host_acquire_bar = host_bars; host_counted = false; }
+}
+inline int host_count(int * p, int v) {
+    if (host_fenced_at != host_bars || host_bars == 0)
+        protocol_breach("atomicAdd on the done counter without a release: no __threadfence in the counting "
+                        "thread between the block's last barrier and the atomicAdd");
+    host_counted = true;
+    return std::atomic_ref<int>(*p).fetch_add(v);
+}
+template <class T> inline T __ldcg(const T * p) {
+    const long at = host_acquire_bar;
+    if (!host_acquired && !(at >= 0 && host_bars > at))
+        protocol_breach("__ldcg of other blocks' stores without an acquire: no __threadfence after the counting "
+                        "thread's atomicAdd, followed by a block barrier, before the load");
+    return *p;
+}
+#define __syncthreads() host_bar()
+#define atomicAdd(p, v) host_count(p, v)
 #include "attn_rowwise.cu"
+#undef __syncthreads
+#undef atomicAdd
 thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
 HOST_WARP_SYNC
@@ -421,6 +468,7 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
     for (const uint3h & b : order) {
         std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
         blockIdx = b;
+        host_acquire_bar = -1;          // each block its own acquire (thread_locals: new threads)
         std::vector<std::thread> th;
         for (unsigned i = 0; i < ATTN_THREADS; ++i)
             th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
@@ -430,6 +478,9 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
 }
 
 extern "C" int split_slots() { return ATTN_SPLIT_SLOTS; }
+
+// The first breach of the done counter's protocol since the last run_attention_split ("": none).
+extern "C" const char * protocol_fault() { return host_fault.c_str(); }
 
 // The three split-K launches, `blocks` blocks a (head, query) row (gridDim.y), as
 // engine/backends/cuda/attention.py makes them; the scratch buffers are the caller's (poisoned
@@ -444,6 +495,7 @@ extern "C" int run_attention_split(const float * q, const u16 * k, const u16 * v
     p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
     p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
     const unsigned S = (unsigned) blocks;
+    host_fault.clear();
     run_shuffled(H, S, T, D, seed, [=] { attention_split_logits(q, k, pos, table, logit, split_max, done, p); });
     run_shuffled(H, S, T, 0, seed + 1, [=] { attention_split_sums(pos, logit, split_max, split_sum, p); });
     run_shuffled(H, S, T, ATTN_SPLIT_SLOTS + ATTN_WARPS * DV, seed + 2,
@@ -490,6 +542,7 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
     so.run_attention_split.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 7 + [ctypes.c_float] + \
                                       [ctypes.c_int] * 3 + [ctypes.c_uint]
     so.split_slots.restype = ctypes.c_int
+    so.protocol_fault.restype = ctypes.c_char_p
     return so
 
 
@@ -565,6 +618,9 @@ def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_str
                             pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data,
                             *(b.ctypes.data for b in bufs.values()), T, H, Hkv, D, DV, cap, int(window),
                             float(scale), int(write_q8), int(table_stride), blocks, int(rng.integers(0, 2**31)))
+    fault = lib.protocol_fault().decode()
+    if fault:
+        raise AssertionError(f"attention_split_values: {fault}")
     if scratch is not None:
         scratch.update(bufs)
     return out, (out_q if write_q8 else None)

@@ -106,7 +106,7 @@ def test_attn_split_takes_decode_attention():
 
 
 def test_attn_split_threshold_and_the_shared_memory_limit():
-    # None: decode-sized calls from SPLIT_MIN_SLOTS slots; True / False as said, for any call,
+    # None: decode-sized calls whose slots round up to SPLIT_MIN_SLOTS; True / False as said, for any call,
     # except where the one-block kernel's shared memory would not fit the device: the split
     # kernels whatever the option and whatever the call
     from types import SimpleNamespace
@@ -116,7 +116,7 @@ def test_attn_split_threshold_and_the_shared_memory_limit():
     def takes(option, n_slots, smem=4096, decode=True):
         return takes_split(SimpleNamespace(options=SimpleNamespace(attn_split=option), smem_optin_limit=limit),
                            n_slots, smem, decode)
-    assert not takes(None, SPLIT_MIN_SLOTS - 1) and takes(None, SPLIT_MIN_SLOTS)
+    assert not takes(None, SPLIT_MIN_SLOTS // 2) and takes(None, SPLIT_MIN_SLOTS // 2 + 1) and takes(None, SPLIT_MIN_SLOTS)
     assert not takes(None, 4 * SPLIT_MIN_SLOTS, decode=False)
     assert takes(True, 16) and takes(True, 16, decode=False) and not takes(False, SPLIT_MIN_SLOTS)
     assert not takes(False, 1000, limit - ATTN_STATIC_SMEM) and takes(False, 1000, limit - ATTN_STATIC_SMEM + 4)

@@ -45,10 +45,10 @@ SPLIT_SLOTS = define("attention.cu", "ATTN_SPLIT_SLOTS")
 # checks this against NVRTC's build.
 ATTN_STATIC_SMEM = 1024 + 4 * ATTN_WARPS + 8 * ATTN_WARPS
 # With the attn_split option at its default (None), the split kernels take the decode-sized
-# calls (takes_split) whose n_slots (the capacity, or the window) reach this. Provisional
-# until `bash ci/gpu.sh depth` times both on the GPU: the split adds two launches, which a
-# decode step at a short context pays for, and the number of splits comes from the capacity,
-# not the position.
+# calls (takes_split) whose n_slots (the capacity, or the window) rounded up to a power of two
+# reach this (split_by_default). Provisional until `bash ci/gpu.sh depth` times both on the
+# GPU: the split adds two launches, which a decode step at a short context pays for, and the
+# number of splits comes from the capacity, not the position.
 SPLIT_MIN_SLOTS = 8192
 # The split kernels' scratch (logits, partial sums) for at most this many bytes of queries at
 # a time: a call with more (a prompt the tiled kernel does not take, past the one-block
@@ -192,7 +192,7 @@ def takes_split(b, n_slots: int, smem: int, decode: bool) -> bool:
     """Whether the split kernels take a call over n_slots, where the one-block kernel would
     need `smem` bytes of dynamic shared memory: always where that does not fit the device (a
     correctness matter: the one-block launch would fail), else as the attn_split option says
-    (None: a decode-sized call from SPLIT_MIN_SLOTS slots).
+    (None: a decode-sized call as split_by_default says).
 
     Decode-sized (`decode`): one query (a step's token), or a batched step's rows, each row
     one query over its own sequence. Those are what the split serves: the one-block kernel
@@ -203,7 +203,18 @@ def takes_split(b, n_slots: int, smem: int, decode: bool) -> bool:
     if smem + ATTN_STATIC_SMEM > b.smem_optin_limit:
         return True
     on = b.options.attn_split
-    return decode and n_slots >= SPLIT_MIN_SLOTS if on is None else bool(on)
+    return decode and split_by_default(n_slots) if on is None else bool(on)
+
+
+def split_by_default(n_slots: int) -> bool:
+    """Whether the attn_split default takes a decode-sized call over n_slots: n_slots rounded
+    up to a power of two reaches SPLIT_MIN_SLOTS. Rounded because a batched step's bucket graph
+    bounds its rows by a capacity between the largest row's and that rounded up (engine/batch.py
+    BatchDecoder._capacity_for), and a row must take there the kernel it takes alone: the two
+    kernels add their sums in different orders, and a batched step's logits equal each row's
+    alone bit for bit. (Rows whose own capacities fall on both sides of the threshold in one
+    step cannot all have their alone kernel.)"""
+    return n_slots > 0 and 1 << (n_slots - 1).bit_length() >= SPLIT_MIN_SLOTS
 
 
 def split_scratch(b, nbytes: int):
