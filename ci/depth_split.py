@@ -3,8 +3,8 @@
 cache), once with the CUDA backend's attn_split option off (the one-block kernel: a block per
 head reads the whole context) and once on (kernels/attention.cu's split kernels), the same
 process and model, then one table: tokens per second (mean and standard deviation of the
-repetitions), on / off, and which the default (attn_split None: engine/backends/cuda/attention.py
-split_by_default) takes at that depth's capacity. The option is flipped between the
+repetitions), on / off (the default, attn_split None, takes the split kernels for every
+decode step: engine/backends/cuda/attention.py takes_split). The option is flipped between the
 runs on the loaded backend: each bench run makes a new session, whose decode graph is captured
 with the option as it is then.
 
@@ -44,7 +44,6 @@ def main(argv: list[str]) -> int:
         return 2
 
     import brass
-    from brass.backends.cuda.attention import SPLIT_MIN_SLOTS, split_by_default
     from brass.bench import bench
     from brass.errors import BrassError
 
@@ -64,19 +63,17 @@ def main(argv: list[str]) -> int:
             runs.append({"attn_split": on, **r.as_dict()})
             print(f"depth {depth} attn_split={on}: {r.tokens_per_s:.1f} tok/s", file=sys.stderr, flush=True)
         if len(got) == 2:
-            n_ctx = depth + a.n_gen + 1             # bench's context for tg at a depth
-            rows.append((depth, got[False], got[True], "on" if split_by_default(n_ctx) else "off"))
+            rows.append((depth, got[False], got[True]))
     b.options.attn_split = None
     if a.json:
         a.json.write_text(json.dumps({"device": b.device_name, "model": str(a.model), "runs": runs}, indent=1))
     print(f"{b.device_name}, {a.model.name}: tg{a.n_gen} at depth, attn_split off (one block per head) "
-          f"and on (split-K); the default (a capacity that rounds up to SPLIT_MIN_SLOTS = {SPLIT_MIN_SLOTS} slots) takes the last column\n")
-    print("| depth | off tok/s | on tok/s | on / off | kernels a token (off / on) | default |")
-    print("|---|---|---|---|---|---|")
-    for depth, off, on, default in rows:
+          f"and on (split-K, the default)\n")
+    print("| depth | off tok/s | on tok/s | on / off | kernels a token (off / on) |")
+    print("|---|---|---|---|---|")
+    for depth, off, on in rows:
         print(f"| {depth} | {off.tokens_per_s:.1f} ± {off.stddev:.1f} | {on.tokens_per_s:.1f} ± {on.stddev:.1f} "
-              f"| {on.tokens_per_s / off.tokens_per_s:.2f} | {off.kernels_per_token} / {on.kernels_per_token} "
-              f"| {default} |")
+              f"| {on.tokens_per_s / off.tokens_per_s:.2f} | {off.kernels_per_token} / {on.kernels_per_token} |")
     return 0 if len(rows) == len(a.depths) else 1
 
 

@@ -377,8 +377,8 @@ sub_depth() {     # [SHAPE] [DEPTHS]
     # (4096,16384,32768) with the CUDA option attn_split off (a block per head over the whole
     # context) and on (attention.cu's split kernels), in one process on one shape-true file
     # (SHAPE, a conformance/harness/shape_models.py name: qwen3-8b), REPS (3) repetitions;
-    # one table (ci/depth_split.py) in $out/depth.md, every run in $out/depth.json. What sets
-    # engine/backends/cuda/attention.py SPLIT_MIN_SLOTS (the default's threshold).
+    # one table (ci/depth_split.py) in $out/depth.md, every run in $out/depth.json: what made
+    # the split the default for every decode step (engine/backends/cuda/attention.py).
     local name="${1:-qwen3-8b}" depths="${2:-4096,16384,32768}"
     gpu_name | tee "$out/gpu.txt"
     shape "$name" || { echo "$name: not written (a shape_models.py name?)"; return 1; }

@@ -94,50 +94,48 @@ def test_row_kernels_off_loops_over_the_rows():
 
 
 def test_attn_split_takes_decode_attention():
-    # on: every decode step's and batched step's attention in the split kernels (prompts stay
-    # with the tiled kernel); the default at this capacity (below attention.py SPLIT_MIN_SLOTS)
-    # and off: none
+    # on and the default: every decode step's and batched step's attention in the split kernels
+    # (prompts stay with the tiled kernel); off: none
     def split(launches):
         return _taken(launches, "attention_split_")
-    on = _launches("synth-qwen3", batch=True, attn_split=True)
-    assert split(on) and not [e for e in on if e["kernel"].endswith(":attention")]
-    assert {e["params"]["per_row"] for e in on if e["kernel"].endswith(":attention_split_values")} == {0, 1}
-    assert not split(_launches("synth-qwen3", batch=True)) and not split(_launches("synth-qwen3", attn_split=False))
+    for on in (_launches("synth-qwen3", batch=True, attn_split=True), _launches("synth-qwen3", batch=True)):
+        assert split(on) and not [e for e in on if e["kernel"].endswith(":attention")]
+        assert {e["params"]["per_row"] for e in on if e["kernel"].endswith(":attention_split_values")} == {0, 1}
+    assert not split(_launches("synth-qwen3", batch=True, attn_split=False))
 
 
 def test_attn_split_threshold_and_the_shared_memory_limit():
-    # None: decode-sized calls whose slots round up to SPLIT_MIN_SLOTS; True / False as said, for any call,
+    # None: every decode-sized call, at any number of slots; True / False as said, for any call,
     # except where the one-block kernel's shared memory would not fit the device: the split
     # kernels whatever the option and whatever the call
     from types import SimpleNamespace
-    from brass.backends.cuda.attention import ATTN_STATIC_SMEM, SPLIT_MIN_SLOTS, takes_split
+    from brass.backends.cuda.attention import ATTN_STATIC_SMEM, takes_split
     limit = 232448
 
     def takes(option, n_slots, smem=4096, decode=True):
         return takes_split(SimpleNamespace(options=SimpleNamespace(attn_split=option), smem_optin_limit=limit),
                            n_slots, smem, decode)
-    assert not takes(None, SPLIT_MIN_SLOTS // 2) and takes(None, SPLIT_MIN_SLOTS // 2 + 1) and takes(None, SPLIT_MIN_SLOTS)
-    assert not takes(None, 4 * SPLIT_MIN_SLOTS, decode=False)
-    assert takes(True, 16) and takes(True, 16, decode=False) and not takes(False, SPLIT_MIN_SLOTS)
+    assert all(takes(None, n) for n in (1, 16, 4095, 4097, 8192, 40960))
+    assert not takes(None, 16, decode=False) and not takes(None, 40960, decode=False)
+    assert takes(True, 16) and takes(True, 16, decode=False) and not takes(False, 8192)
     assert not takes(False, 1000, limit - ATTN_STATIC_SMEM) and takes(False, 1000, limit - ATTN_STATIC_SMEM + 4)
     assert takes(None, 1000, limit - ATTN_STATIC_SMEM + 4, decode=False)
 
 
 def _depth_attention(**options) -> dict[str, set[str]]:
     """The attention kernels launched (by phase: a 20-token prompt, a decode step, a batched
-    step of two rows) on synthetic model synth-qwen3 at a capacity of attention.py
-    SPLIT_MIN_SLOTS slots, the prompt with the tiled kernel off (as a prompt whose head dims
-    it lacks goes): what the split's default takes at depth."""
+    step of two rows) on synthetic model synth-qwen3 at a capacity of 4,096 slots, the prompt
+    with the tiled kernel off (as a prompt whose head dims it lacks goes): what the split's
+    default takes."""
     import brass
     from brass.batch import BatchDecoder
     from brass.kv_cache import blocks_for
     rec = fake_cupy.Recorder()
     got = {}
     with lr.fake_cuda(rec):
-        from brass.backends.cuda.attention import SPLIT_MIN_SLOTS
         m = brass.load(str(lr.MODELS_DIR / "synth-qwen3.gguf"), backend="cuda", quiet=True, attn_tiled=False,
                        **options)
-        V, n_ctx = m.config.n_vocab, SPLIT_MIN_SLOTS
+        V, n_ctx = m.config.n_vocab, 4096
         pool = m.new_block_pool(2 * blocks_for(n_ctx))
         sessions = [m.new_session(n_ctx, pool=pool) for _ in range(2)]
         for s in sessions:
@@ -158,9 +156,9 @@ def _depth_attention(**options) -> dict[str, set[str]]:
     return got
 
 
-def test_attn_split_default_takes_decode_not_prompts_at_depth():
-    # at SPLIT_MIN_SLOTS slots of capacity the default takes a decode step's attention and a
-    # batched step's rows to the split kernels, and leaves a prompt (that the tiled kernel
+def test_attn_split_default_takes_decode_not_prompts():
+    # the default takes a decode step's attention and a batched step's rows to the split
+    # kernels, and leaves a prompt (that the tiled kernel
     # does not take) with the one-block kernel: one launch a layer, not three a group of
     # queries; attn_split=True takes the prompt too
     split = {"attention_split_logits", "attention_split_sums", "attention_split_values"}

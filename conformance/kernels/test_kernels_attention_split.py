@@ -315,20 +315,21 @@ def test_a_batched_row_takes_the_kernel_it_takes_alone():
     # step's logits equal each row's alone bit for bit (test_batch.py). The one-block and split
     # kernels add their sums in different orders, so the default must choose the same kernel
     # for a sequence's own capacity (its decode steps alone) as for its bucket's: every
-    # capacity up to 5 * SPLIT_MIN_SLOTS, with and without windows, under three model contexts.
+    # capacity up to 5 * 8,192, with and without windows, under three model contexts.
     from types import SimpleNamespace
-    from brass.backends.cuda.attention import ATTN_WARPS, SPLIT_MIN_SLOTS, takes_split
+    from brass.backends.cuda.attention import ATTN_WARPS, takes_split
     from brass.batch import BatchDecoder
     backend = SimpleNamespace(options=SimpleNamespace(attn_split=None), smem_optin_limit=232448)
 
     def split(cap, window):
         n_slots = min(cap, window) if window else cap
         return takes_split(backend, n_slots, 4 * (128 + n_slots + ATTN_WARPS * 128), decode=True)
-    for model_ctx in (SPLIT_MIN_SLOTS - 100, 3 * SPLIT_MIN_SLOTS + 5, 40960):
+    scale = 8192
+    for model_ctx in (scale - 100, 3 * scale + 5, 40960):
         dec = SimpleNamespace(model=SimpleNamespace(n_ctx=model_ctx))
-        for n_ctx in range(1, 5 * SPLIT_MIN_SLOTS):
+        for n_ctx in range(1, 5 * scale):
             bucket = BatchDecoder._capacity_for(dec, n_ctx)
-            for window in (0, 1000, SPLIT_MIN_SLOTS // 2 + 300, SPLIT_MIN_SLOTS - 1, 3 * SPLIT_MIN_SLOTS):
+            for window in (0, 1000, scale // 2 + 300, scale - 1, 3 * scale):
                 assert split(n_ctx, window) == split(bucket, window), \
                     (f"a sequence of {n_ctx} slots (window {window}) takes the split kernels "
                      f"{'alone' if split(n_ctx, window) else 'in its bucket graph of ' + str(bucket)} only")
@@ -557,13 +558,9 @@ def test_bucket_graph_rows_equal_alone_with_split(monkeypatch, mode):
     # kernels give each row's alone logits bit for bit, since the split's result depends on
     # neither. The graphs are prepared in advance as a server's warm-up does, then replayed;
     # the alone sessions replay their decode graphs. "on": attn_split on, rows of 600 slots
-    # under a bound of 1,024. "default": the option at its default with SPLIT_MIN_SLOTS at
-    # 4,096 (synth-qwen3 holds 4,096 positions), rows of 3,000 slots under 4,096: alone they
-    # take the split kernels only because split_by_default rounds their capacity up as the
-    # bucket does; and the warm-up's eager step (pad rows of one slot) takes the one-block
-    # kernel, so the split kernels' first launches are inside the captures
+    # under a bound of 1,024. "default": the option at its default (the split for every
+    # decode-sized call), rows of 3,000 slots under 4,096 (synth-qwen3 holds 4,096 positions)
     import brass
-    from brass.backends.cuda import attention
     from brass.batch import BatchDecoder
     from brass.kv_cache import blocks_for
     from conformance.harness.goldens import GOLDEN_DIR
@@ -572,7 +569,6 @@ def test_bucket_graph_rows_equal_alone_with_split(monkeypatch, mode):
                    attn_split=True if on else None)
     b, V, n_ctx, lengths = m.backend, m.config.n_vocab, 600 if on else 3000, (540, 40, 5) if on else (2700, 300, 5)
     if not on:
-        monkeypatch.setattr(attention, "SPLIT_MIN_SLOTS", 4096)
         assert m.n_ctx == 4096 and BatchDecoder._capacity_for(BatchDecoder(m), n_ctx) == 4096
     launched: list[tuple[str, bool]] = []
     real = b.launch
@@ -586,7 +582,7 @@ def test_bucket_graph_rows_equal_alone_with_split(monkeypatch, mode):
     assert dec.buckets and dec.prepare_buckets(3, n_ctx, pool) >= 1
     captures = dec.captures
     split = [capturing for name, capturing in launched if name == "attention_split_values"]
-    assert split and (on or split[0]), f"split kernels launched (capturing): {split[:3]}"
+    assert split and any(split), f"split kernels launched (capturing): {split[:3]}"
     alone = [m.new_session(n_ctx) for _ in range(3)]
     rng = np.random.default_rng(5)
     for s, a, n in zip(sessions, alone, lengths):

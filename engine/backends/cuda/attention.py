@@ -44,12 +44,12 @@ SPLIT_SLOTS = define("attention.cu", "ATTN_SPLIT_SLOTS")
 # 128), or the launch fails; past it the split kernels take the call. test_kernel_resources.py
 # checks this against NVRTC's build.
 ATTN_STATIC_SMEM = 1024 + 4 * ATTN_WARPS + 8 * ATTN_WARPS
-# With the attn_split option at its default (None), the split kernels take the decode-sized
-# calls (takes_split) whose n_slots (the capacity, or the window) rounded up to a power of two
-# reach this (split_by_default). Provisional until `bash ci/gpu.sh depth` times both on the
-# GPU: the split adds two launches, which a decode step at a short context pays for, and the
-# number of splits comes from the capacity, not the position.
-SPLIT_MIN_SLOTS = 8192
+# With the attn_split option at its default (None), the split kernels take every decode-sized
+# call (takes_split). Measured on an H100 (`bash ci/gpu.sh depth`, tg128 at depth, split on /
+# off): Qwen3-8B shape 303.3 / 302.4 tok/s near an empty context, 246.2 / 192.2 at 256,
+# 244.6 / 95.6 at 1,024, 232.2 / 31.7 at 4,096, 131.6 / 8.6 at 16,384; Qwen3-0.6B 904.9 /
+# 890.1, 620.9 / 260.2 at 512: never slower, so no threshold (and a row takes the same
+# kernel alone as in a batched step's bucket graph, whatever their capacities).
 # The split kernels' scratch (logits, partial sums) for at most this many bytes of queries at
 # a time: a call with more (a prompt the tiled kernel does not take, past the one-block
 # kernel's shared memory or with attn_split on) is launched in groups of queries.
@@ -58,7 +58,7 @@ SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_sp
 # Blocks the split kernels launch for an SM (all (head, query) rows together, each row's
 # blocks taking its splits in turn), up to one a split: enough to fill the GPU (16 blocks of
 # 128 threads are resident an SM), few enough that the splits past a short context (the
-# number of splits comes from the capacity) cost no block. Provisional, as SPLIT_MIN_SLOTS.
+# number of splits comes from the capacity) cost no block. Not yet timed against others.
 SPLIT_BLOCKS_PER_SM = 8
 
 
@@ -192,7 +192,7 @@ def takes_split(b, n_slots: int, smem: int, decode: bool) -> bool:
     """Whether the split kernels take a call over n_slots, where the one-block kernel would
     need `smem` bytes of dynamic shared memory: always where that does not fit the device (a
     correctness matter: the one-block launch would fail), else as the attn_split option says
-    (None: a decode-sized call as split_by_default says).
+    (None: every decode-sized call).
 
     Decode-sized (`decode`): one query (a step's token), or a batched step's rows, each row
     one query over its own sequence. Those are what the split serves: the one-block kernel
@@ -203,18 +203,7 @@ def takes_split(b, n_slots: int, smem: int, decode: bool) -> bool:
     if smem + ATTN_STATIC_SMEM > b.smem_optin_limit:
         return True
     on = b.options.attn_split
-    return decode and split_by_default(n_slots) if on is None else bool(on)
-
-
-def split_by_default(n_slots: int) -> bool:
-    """Whether the attn_split default takes a decode-sized call over n_slots: n_slots rounded
-    up to a power of two reaches SPLIT_MIN_SLOTS. Rounded because a batched step's bucket graph
-    bounds its rows by a capacity between the largest row's and that rounded up (engine/batch.py
-    BatchDecoder._capacity_for), and a row must take there the kernel it takes alone: the two
-    kernels add their sums in different orders, and a batched step's logits equal each row's
-    alone bit for bit. (Rows whose own capacities fall on both sides of the threshold in one
-    step cannot all have their alone kernel.)"""
-    return n_slots > 0 and 1 << (n_slots - 1).bit_length() >= SPLIT_MIN_SLOTS
+    return decode if on is None else bool(on)
 
 
 def split_scratch(b, nbytes: int):

@@ -50,9 +50,8 @@ class CudaOptions:
     # Attention split over the context (flash-decoding: attention.cu's split-K kernels, a
     # row's slots in splits of 256, three launches whose blocks of a (head, query) take its
     # splits in turn) where the one-block kernel reads a query's whole row in one block: None
-    # (the default) for decode-sized calls (a step's token, a batched step's rows) whose
-    # capacity rounds up to attention.py SPLIT_MIN_SLOTS (split_by_default; provisional until
-    # `bash ci/gpu.sh depth` times both), a prompt the tiled kernel declines staying with the
+    # (the default) for every decode-sized call (a step's token, a batched step's rows: never
+    # slower at any depth, attention.py), a prompt the tiled kernel declines staying with the
     # one-block kernel; True
     # every call, prompts too; False never. Past the one-block kernel's shared memory (~57,000
     # slots at head dims 128) the split kernels take any call whatever this says. The same
