@@ -17,7 +17,8 @@ What it is:
   kernel reads as 0 and its __launch_bounds__ cannot be read (an error says so: only the
   split mat-vecs ask, for rows of >= 8192 values). Outputs keep the zeros they were allocated
   with: where the host reads device values to decide something (a greedy token, a prompt's
-  expert routing planned on the host), it reads zeros, deterministically.
+  expert routing planned on the host), it reads zeros, deterministically. A launch whose grid
+  or block is past CUDA's bounds (y and z at most 65,535 blocks) is refused, as on the GPU.
 - Streams, events and graphs: a capture records its begin and end; the kernels launched
   meanwhile are recorded once; a graph's launch (replay) is recorded, nothing reruns. As on
   the GPU, synchronising (a stream or event, asnumpy) while a stream captures raises
@@ -69,6 +70,9 @@ DEVICE_PROPERTIES = {
     "l2CacheSize": 50 * 2**20,
 }
 FREE_BYTES = 79 * 2**30
+# CUDA's bounds on a launch: grid x, then y and z (each); threads a block
+MAX_GRID = (2**31 - 1, 65535)
+MAX_BLOCK_THREADS = 1024
 
 
 class CUDARuntimeError(RuntimeError):
@@ -215,9 +219,15 @@ class Recorder:
 
     def kernel_launched(self, fn, grid, block, smem: int, pdl: bool, args=None):
         """A launch reached the fake driver: complete the entry open above (launch_recording's
-        CudaBackend.launch), or record one of its own when nothing opened one."""
+        CudaBackend.launch), or record one of its own when nothing opened one. A grid or block
+        past CUDA's bounds is refused as the driver refuses it."""
         grid = [int(g) for g in grid] + [1] * (3 - len(grid))
         block = [int(b) for b in block] + [1] * (3 - len(block))
+        if not (1 <= grid[0] <= MAX_GRID[0] and all(1 <= g <= MAX_GRID[1] for g in grid[1:])
+                and all(b >= 1 for b in block) and block[0] * block[1] * block[2] <= MAX_BLOCK_THREADS):
+            raise CUDARuntimeError(f"cudaErrorInvalidValue: kernel {fn.name} launched with grid {grid}, block "
+                                   f"{block} (at most {list(MAX_GRID) + [MAX_GRID[1]]} blocks, "
+                                   f"{MAX_BLOCK_THREADS} threads a block)")
         if self.pending and "grid" not in self.pending[-1]:
             e = self.pending[-1]
             if e.get("kernel") != f"{fn.source}:{fn.name}":
