@@ -22,7 +22,8 @@ What it is:
 - Streams, events and graphs: a capture records its begin and end; the kernels launched
   meanwhile are recorded once; a graph's launch (replay) is recorded, nothing reruns. As on
   the GPU, synchronising (a stream or event, asnumpy) while a stream captures raises
-  CUDARuntimeError (cudaErrorStreamCaptureUnsupported).
+  CUDARuntimeError (cudaErrorStreamCaptureUnsupported); so does a copy between host and device
+  memory (memcpyAsync, asarray of host data: a block table written, an input uploaded).
 - cuBLAS: the backend's own handle (engine/backends/cuda/blas.py) gets a fake library
   (`FakeCublasLib`) and CuPy's binding a fake module; both record each GEMM.
 - Programmatic dependent launch: a fake cuLaunchKernelEx (`fake_launch_kernel_ex`) reads the
@@ -460,6 +461,7 @@ def full(shape, fill_value, dtype=None):
 def asarray(a, dtype=None, order=None):
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    _rec().check_not_capturing("asarray of host data (an H2D copy)")
     host = np.asarray(a, dtype=dtype)
     out = empty(host.shape, host.dtype)
     np.copyto(_plain(out), host)
@@ -596,6 +598,10 @@ def _memcpy_kind(n: int) -> str:
 
 def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int):
     rec = _rec()
+    if kind in (1, 2):
+        # CUDA refuses a pageable buffer's copy in a capture; a pinned one's would be replayed
+        # from (to) that buffer as it is at each replay, not the data given now: neither is meant
+        rec.check_not_capturing(f"a {_memcpy_kind(kind)} copy (memcpyAsync)")
     rec.event(op="memcpy", kind=_memcpy_kind(kind), bytes=int(size), dst=rec.label_ptr(dst),
               src=rec.label_ptr(src))
     if size:
