@@ -86,8 +86,10 @@ def test_cuda_top_blocks_of_a_big_pool():
             for split in (False, True):                                     # one-block, split-K
                 b.options.attn_split = split
                 got.append(b.attention(dq[-1:], k0, v0, pos[-1:], scale))   # a decode step
-                got += b.rope_store_rows(dq[:2], dk[:2], dv[:2], rows, seqs, **rope)
-                got.append(b.attention_rows(dq[:2], seqs, rows, scale))
+                # a batched step (its rows' tables are gathered per step: rows_independent)
+                with b.rows_independent():
+                    got += b.rope_store_rows(dq[:2], dk[:2], dv[:2], rows, seqs, **rope)
+                    got.append(b.attention_rows(dq[:2], seqs, rows, scale))
             b.options.attn_split = None
             b.kv_store(k1, dk[:3], b.asarray(np.array([47, 3, 21], np.int32)))
             blocks = [b.to_numpy(p[cupy.asarray(po.TABLES.reshape(-1) + offset)]) for p in pools]
