@@ -58,10 +58,10 @@ GREEDY_CHUNK = 8
 # moment the graphs hold one more.
 PROMPT_GRAPHS_KEPT = 32
 # The most tokens one forward reads: the CUDA kernels put a prompt's tokens on a grid's y axis
-# (the embedding lookup, rope_store, kv_store, attention), which CUDA bounds at 65,535 blocks,
-# so a longer prompt failed to launch on the GPU. A prompt past it is read in pieces of this
-# many tokens (the cache carries one piece to the next), each piece's class at most this many
-# rows (prompt_class(65535) = 65535).
+# (the embedding lookup, rope_store, kv_store, attention), which CUDA bounds at 65,535 blocks
+# (a launch past it does not start). A longer prompt is read in pieces of this many tokens (the
+# cache carries one piece to the next), each piece's class at most this many rows
+# (prompt_class(65535) = 65535).
 MAX_PREFILL_ROWS = 65535
 
 
