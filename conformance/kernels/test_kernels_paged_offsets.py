@@ -96,7 +96,11 @@ def test_cuda_top_blocks_of_a_big_pool():
             low = [b.to_numpy(p[:n]) if offset else None for p in pools]
             return [b.to_numpy(x) for x in got], blocks, low
 
-    small, big = run(0), run(po.HIGH)
+    try:
+        small, big = run(0), run(po.HIGH)
+    finally:    # the 8 GiB go back to the device, not to this process's pool (other workers share it)
+        b.synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
     for i, (x, y) in enumerate(zip(small[0], big[0])):
         assert np.isfinite(x).all() and np.array_equal(x, y), f"output {i}: the top blocks' run differs"
     for i, (x, y) in enumerate(zip(small[1], big[1])):
