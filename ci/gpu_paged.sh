@@ -37,7 +37,8 @@ sub_paged() {     # [tests | chat | load | memory] (tests and chat by default; o
                  conformance/kernels/test_kernels_fused_cpu.py conformance/kernels/test_kernels_gemma4.py \
                  conformance/models/test_batch.py conformance/models/test_prompt_graphs.py \
                  conformance/models/test_decode_graph.py conformance/server/test_prefix_cache.py \
-                 conformance/server/test_server_cuda.py conformance/kernels/test_cuda_options.py; do
+                 conformance/server/test_server_cuda.py conformance/kernels/test_cuda_options.py \
+                 conformance/kernels/test_kernels_paged_offsets.py; do
             guarded 500 python3 -m pytest "$f" -q -rfE -p no:cacheprovider > "$out/paged-$(basename "$f" .py).log" 2>&1
             local r=$?
             echo "$([ $r = 0 ] && echo PASS || echo "FAIL ($r)") $f: $(tail -1 "$out/paged-$(basename "$f" .py).log")"

@@ -57,6 +57,12 @@ GREEDY_CHUNK = 8
 # 8B, besides its working set). A new graph is captured before older ones make room: for that
 # moment the graphs hold one more.
 PROMPT_GRAPHS_KEPT = 32
+# The most tokens one forward reads: the CUDA kernels put a prompt's tokens on a grid's y axis
+# (the embedding lookup, rope_store, kv_store, attention), which CUDA bounds at 65,535 blocks
+# (a launch past it does not start). A longer prompt is read in pieces of this many tokens (the
+# cache carries one piece to the next), each piece's class at most this many rows
+# (prompt_class(65535) = 65535).
+MAX_PREFILL_ROWS = 65535
 
 
 def prompt_class(n: int) -> int:
@@ -367,6 +373,15 @@ class Session:
         if self.n_past + len(ids) > self.n_ctx:
             raise BrassError(f"{self.n_past + len(ids)} tokens exceed the context of {self.n_ctx}")
         self._check_blocks(self.n_past + len(ids))
+        if len(ids) > MAX_PREFILL_ROWS:
+            pieces = [ids[i:i + MAX_PREFILL_ROWS] for i in range(0, len(ids), MAX_PREFILL_ROWS)]
+            if not all_logits:
+                for piece in pieces[:-1]:
+                    self.prefill(piece, device_logits=True, trace=trace)
+                return self.prefill(pieces[-1], device_logits=device_logits, trace=trace)
+            rows = np.concatenate([self.prefill(piece, all_logits=True, trace=trace) for piece in pieces])
+            with b.activate():
+                return b.asarray(rows) if device_logits else rows
         # a prompt graph's padding rows go to the cache slots after the prompt's (rewritten
         # when decoding reaches them): they must be slots the cache holds
         if self.prompt_graphs and not all_logits and trace is None and len(ids) >= 2 \

@@ -17,11 +17,13 @@ What it is:
   kernel reads as 0 and its __launch_bounds__ cannot be read (an error says so: only the
   split mat-vecs ask, for rows of >= 8192 values). Outputs keep the zeros they were allocated
   with: where the host reads device values to decide something (a greedy token, a prompt's
-  expert routing planned on the host), it reads zeros, deterministically.
+  expert routing planned on the host), it reads zeros, deterministically. A launch whose grid
+  or block is past CUDA's bounds (y and z at most 65,535 blocks) is refused, as on the GPU.
 - Streams, events and graphs: a capture records its begin and end; the kernels launched
   meanwhile are recorded once; a graph's launch (replay) is recorded, nothing reruns. As on
   the GPU, synchronising (a stream or event, asnumpy) while a stream captures raises
-  CUDARuntimeError (cudaErrorStreamCaptureUnsupported).
+  CUDARuntimeError (cudaErrorStreamCaptureUnsupported); so does a copy between host and device
+  memory (memcpyAsync, asarray of host data: a block table written, an input uploaded).
 - cuBLAS: the backend's own handle (engine/backends/cuda/blas.py) gets a fake library
   (`FakeCublasLib`) and CuPy's binding a fake module; both record each GEMM.
 - Programmatic dependent launch: a fake cuLaunchKernelEx (`fake_launch_kernel_ex`) reads the
@@ -69,6 +71,9 @@ DEVICE_PROPERTIES = {
     "l2CacheSize": 50 * 2**20,
 }
 FREE_BYTES = 79 * 2**30
+# CUDA's bounds on a launch: grid x, then y and z (each); threads a block
+MAX_GRID = (2**31 - 1, 65535)
+MAX_BLOCK_THREADS = 1024
 
 
 class CUDARuntimeError(RuntimeError):
@@ -215,9 +220,15 @@ class Recorder:
 
     def kernel_launched(self, fn, grid, block, smem: int, pdl: bool, args=None):
         """A launch reached the fake driver: complete the entry open above (launch_recording's
-        CudaBackend.launch), or record one of its own when nothing opened one."""
+        CudaBackend.launch), or record one of its own when nothing opened one. A grid or block
+        past CUDA's bounds is refused as the driver refuses it."""
         grid = [int(g) for g in grid] + [1] * (3 - len(grid))
         block = [int(b) for b in block] + [1] * (3 - len(block))
+        if not (1 <= grid[0] <= MAX_GRID[0] and all(1 <= g <= MAX_GRID[1] for g in grid[1:])
+                and all(b >= 1 for b in block) and block[0] * block[1] * block[2] <= MAX_BLOCK_THREADS):
+            raise CUDARuntimeError(f"cudaErrorInvalidValue: kernel {fn.name} launched with grid {grid}, block "
+                                   f"{block} (at most {list(MAX_GRID) + [MAX_GRID[1]]} blocks, "
+                                   f"{MAX_BLOCK_THREADS} threads a block)")
         if self.pending and "grid" not in self.pending[-1]:
             e = self.pending[-1]
             if e.get("kernel") != f"{fn.source}:{fn.name}":
@@ -450,6 +461,7 @@ def full(shape, fill_value, dtype=None):
 def asarray(a, dtype=None, order=None):
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    _rec().check_not_capturing("asarray of host data (an H2D copy)")
     host = np.asarray(a, dtype=dtype)
     out = empty(host.shape, host.dtype)
     np.copyto(_plain(out), host)
@@ -586,6 +598,10 @@ def _memcpy_kind(n: int) -> str:
 
 def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int):
     rec = _rec()
+    if kind in (1, 2):
+        # CUDA refuses a pageable buffer's copy in a capture; a pinned one's would be replayed
+        # from (to) that buffer as it is at each replay, not the data given now: neither is meant
+        rec.check_not_capturing(f"a {_memcpy_kind(kind)} copy (memcpyAsync)")
     rec.event(op="memcpy", kind=_memcpy_kind(kind), bytes=int(size), dst=rec.label_ptr(dst),
               src=rec.label_ptr(src))
     if size:

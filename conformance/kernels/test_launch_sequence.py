@@ -69,3 +69,18 @@ def test_the_fake_refuses_to_synchronise_inside_a_capture():
         with pytest.raises(fake_cupy.CUDARuntimeError, match="capture"):
             b.capture(lambda: b.to_numpy(x))
         assert b.to_numpy(x).tolist() == [1.0, 2.0]
+
+
+def test_the_fake_refuses_host_copies_inside_a_capture():
+    # a block table rewritten or an input uploaded inside a capture would not be redone at a
+    # replay (CUDA refuses a pageable buffer's copy there; a pinned one's is replayed from the
+    # buffer as it then is): the fake refuses both, so that the CPU tests see such a forward
+    with lr.fake_cuda(fake_cupy.Recorder()) as backend:
+        b = backend.CudaBackend()
+        table = b.block_table(4)
+        with pytest.raises(fake_cupy.CUDARuntimeError, match="capture"):
+            b.capture(lambda: b.write_block_table(table, [3, 1]))
+        with pytest.raises(fake_cupy.CUDARuntimeError, match="capture"):
+            b.capture(lambda: b.asarray([1, 2]))
+        b.write_block_table(table, [3, 1])
+        assert b.to_numpy(table).tolist() == [3, 1, -1, -1]

@@ -149,6 +149,31 @@ def test_a_class_past_the_cache_is_read_eagerly(rng, monkeypatch):
     assert s.n_past == 35
 
 
+def test_a_prompt_past_a_launch_grid_is_read_in_pieces():
+    # The CUDA kernels put a prompt's tokens on a grid's y axis, which CUDA bounds at 65,535
+    # blocks: a longer prompt is read in pieces of MAX_PREFILL_ROWS tokens, each piece's class
+    # within the bound too, the last token's logits (or every token's) as one read gives them.
+    # On the CPU through the fake CuPy, which refuses a launch past the bounds as the driver does
+    # (its kernels do not run: what is checked is that every launch is one the GPU takes).
+    from brass.model import MAX_PREFILL_ROWS
+    from conformance.harness import fake_cupy, launch_recording as lr
+    assert prompt_class(MAX_PREFILL_ROWS) <= fake_cupy.MAX_GRID[1]
+    n = MAX_PREFILL_ROWS + 100
+    with lr.fake_cuda(fake_cupy.Recorder()) as backend:
+        import brass
+        from brass.backends.cuda.params import pack
+        m = brass.load(str(lr.MODELS_DIR / "synth-qwen3.gguf"), backend="cuda", quiet=True, n_ctx=n)
+        b = m.backend
+        with pytest.raises(backend.CudaError, match="did not launch: cudaErrorInvalidValue"):
+            x = b.asarray(np.zeros((fake_cupy.MAX_GRID[1] + 1, 1, 1), np.float32))
+            b.launch("fused.cu", "decode_set", (1, x.shape[0]), 32, x, x,
+                     params=pack("DecodeSetParams", tok=0, pos=0))
+        s = m.new_session(n)
+        logits = s.prefill([1] * n)
+        assert s.n_past == n and logits.shape == (1, m.config.n_vocab)
+        assert m.score([1] * n).shape == (n, m.config.n_vocab)
+
+
 # On the GPU, a class graph against the eager read of the same prompt. Below GEMM_MIN_TOKENS
 # every kernel a row passes through computes it as alone (int8 tiles and mat-vecs, rowwise
 # norms and activations, attention whose padding keys come after every real query, the

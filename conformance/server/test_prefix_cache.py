@@ -200,6 +200,66 @@ def test_default_pool_follows_free_device_memory():
     assert default_blocks(4, 1000, model(0)) == blocks_for(1000)
 
 
+def test_steps_run_ahead_keep_the_blocks_they_were_issued_with(models, rng):
+    """A session's greedy steps queued ahead on the device (Session.greedy: a chunk of steps in
+    flight while the one before is read) read the blocks its table named when they were
+    issued: its blocks released meanwhile, taken by another session and overwritten by that
+    one's prompt, change none of the tokens already issued, and the other session's logits
+    are those of a session of its own. On CUDA the table's device copy is rewritten by a copy
+    queued behind those steps on the backend's stream (write_block_table, from host memory the
+    call has read), and the other prompt's kernels behind that."""
+    m = models("synth-qwen3")
+    from brass.model import GREEDY_CHUNK
+    pool = m.new_block_pool(8)
+    a, b = m.new_session(64, pool=pool), m.new_session(64, pool=pool)
+    if not a.graphs:
+        pytest.skip(f"no step runs ahead of the host without decode graphs (the {m.backend.name} "
+                    f"backend, or BRASS_GRAPH=0)")
+    a.cache.assign(pool.allocate(4))
+    ids, other = _ids(m, rng, 20), _ids(m, rng, 40)
+    ref = m.new_session(64)
+    first = int(np.argmax(ref.prefill(ids)[-1]))
+    want = list(ref.greedy(first, 2 * GREEDY_CHUNK))
+    assert int(np.argmax(a.prefill(ids)[-1])) == first
+    steps = a.greedy(first, 2 * GREEDY_CHUNK)
+    got = [next(steps) for _ in range(GREEDY_CHUNK)]    # the second chunk is issued, not read
+    held = [int(x) for x in a.cache.table]
+    a.cache.release()
+    b.cache.assign(pool.allocate(4))
+    assert sorted(int(x) for x in b.cache.table) == sorted(held), "b did not take a's blocks"
+    logits = m.backend.to_numpy(b.prefill(other, device_logits=True)).copy()
+    got += list(steps)
+    assert got == want, f"steps issued before the table changed read the new blocks: {got} != {want}"
+    assert np.array_equal(logits, m.new_session(64).prefill(other)), "a's queued steps wrote into b's prompt"
+
+
+def test_a_prompt_graph_follows_its_sessions_new_blocks(models, rng):
+    """A session's prompt graph (a prompt continuing its cache: PromptStep) captured over some
+    blocks and replayed after its blocks changed (released, others assigned) reads and writes
+    the new ones: its logits and the decode steps after it are those of a session of its own.
+    On CUDA the graph holds the address of the sequence's device table, rewritten in place."""
+    m = models("synth-qwen3")
+    pool = m.new_block_pool(12)
+    s, alone = m.new_session(64, pool=pool), m.new_session(64)
+    blocks = [pool.allocate(4) for _ in range(3)]      # three sets, none of the others' blocks
+    for i, new in enumerate(blocks):    # the class's first read (eager), its capture, a replay
+        if i:
+            s.cache.release()
+        s.cache.assign(new[::-1] if i % 2 else new)
+        s.reset(), alone.reset()
+        head, tail = _ids(m, rng, 16), _ids(m, rng, 9)
+        got = []
+        for x in (s, alone):
+            x.prefill(head)
+            got.append(m.backend.to_numpy(x.prefill(tail, device_logits=True)).copy())
+            got += [m.backend.to_numpy(x.decode(t)).copy() for t in (2, 4)]
+        for j in range(3):
+            assert np.array_equal(got[j], got[j + 3]), f"read {i}, step {j}: differs from a session of its own"
+    if s.graphs and m.prompt_graphs:
+        assert 15 in s._prompt_steps, ("the prompt of 9 tokens (class 15) did not replay its graph",
+                                       s.prompt_graphs_error)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_cached_read_equals_the_same_pieces_uncached(models, name, rng):
     """Request b starts with request a's 48 tokens: it reads only from position 48 (a's three
