@@ -16,6 +16,10 @@ the GPU is recorded):
 - a TPModel of CUDA ranks runs its steps (one rank: the fake is for one thread at a time).
 - a rank over a capturable communicator (as NCCL's in the worker processes) captures its
   one-token step with every all-reduce inside the graph, then replays it.
+- engine/distributed/nccl.py against a stand-in of CuPy 14's NCCL binding (fake_nccl.py: the
+  compiled binding's signatures and C types): the unique id as bytes, each call's arguments in
+  order, the collectives' results; a rank built as a worker builds it over NCCL (workers.
+  build_rank) makes every all-reduce on its backend's stream, the one its graph is captured on.
 
 On a GPU (the runner: `ci/gpu.sh tp cuda`), with CUDA ranks in threads on the one GPU over the
 host-staged communicator (engine/distributed/cuda_rank.py), decoded eagerly:
@@ -463,6 +467,87 @@ def test_cuda_ranks_refuse_what_they_cannot_take():
         TPModel(path, 2, backend="rocm")
     with pytest.raises(BrassError, match="the cuda ranks in processes take the communicator 'nccl' or 'host', not 'thread'"):
         TPModel(path, 2, ranks="processes", backend="cuda", comm="thread")
+
+
+# -- on the CPU: NCCL through a stand-in of CuPy 14's binding (fake_nccl.py) -------------------
+
+def test_the_nccl_communicator_calls_cupys_binding_as_it_is_declared():
+    """brass.distributed.nccl against CuPy 14's binding as compiled (fake_nccl.py holds its
+    signatures and types): the unique id as bytes, each call's arguments in the binding's order
+    and C types (device pointers, an element count, nccl.h's data type and operation), on the
+    stream the communicator was given; the all-reduce in place, summed over the ranks; the
+    all-gather in rank order; a send met by its receive; nothing after an abort."""
+    from conformance.harness import fake_nccl
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        import cupy
+        from brass.distributed import nccl
+        uid = nccl.unique_id()
+        assert isinstance(uid, bytes) and len(uid) == fake_nccl.NCCL_UNIQUE_ID_BYTES
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        comms = [nccl.NcclCommunicator(2, uid, r, stream=streams[r]) for r in range(2)]
+        for dtype in (np.float32, np.int32, np.int64, np.float16):
+            xs = [cupy.asarray(np.array([3, -2, 5], dtype) * (r + 1)) for r in range(2)]
+            outs = [c.all_reduce(x) for c, x in zip(comms, xs)]
+            assert all(o is x for o, x in zip(outs, xs)), "the all-reduce is NCCL's, in place"
+            for o in outs:
+                assert o.dtype == dtype and np.array_equal(cupy.asnumpy(o), [9, -6, 15]), dtype
+        x = cupy.asarray(np.arange(4, dtype=np.float32))
+        comms[0].send(x, 1)
+        got = comms[1].recv_into(cupy.zeros(4, np.float32), 0)
+        assert np.array_equal(cupy.asnumpy(got), [0, 1, 2, 3])
+        assert {(c["rank"], c["stream"]) for c in fake_nccl.calls} == {(r, streams[r].ptr) for r in range(2)}
+        # one rank: the all-gather's NCCL part completes in the call, so its concatenation reads it
+        one = nccl.NcclCommunicator(1, nccl.unique_id(), 0, stream=streams[0])
+        row = cupy.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+        assert np.array_equal(cupy.asnumpy(one.all_gather(row, axis=-1)), np.arange(6).reshape(2, 3))
+        comms[1].abort()
+        with pytest.raises(fake_nccl.NcclError, match="aborted"):
+            comms[1].all_reduce(cupy.zeros(2, np.float32))
+
+
+def test_a_cuda_rank_in_its_process_runs_nccl_on_its_backends_stream():
+    """The process path's NCCL rank (workers.build_rank: communicator(), cuda_rank.NcclRank,
+    rank_factory) built as a worker builds it, here the one rank of a group on the fake CuPy:
+    every all-reduce of its steps goes to NCCL on the stream of the rank's backend, the stream
+    its decode graph is captured on (NCCL on another stream would be outside the graph: on the
+    GPU, a capture error or a collective that runs once at capture and never at replay); the
+    one-token step captured with as many all-reduces as its eager run, and replayed without a
+    call; the greedy all-gather of host numbers through the pipes."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.comm import ProcessGroup
+    from brass.distributed.tp import Command
+    from brass.distributed.workers import WorkerSpec, build_rank
+    name = TP_NAMES[0]
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec):
+        fake_nccl.install()
+        from brass.distributed import nccl
+        spec = WorkerSpec(0, 1, str(goldens.model(name).path()), "tensor", uid=nccl.unique_id(), device=0,
+                          comm="nccl", backend="cuda")
+        comm, rank = build_rank(spec, ProcessGroup(1).ends(0))
+        try:
+            assert type(comm).__name__ == "NcclRank" and rank.graphs
+            V = rank.config.n_vocab
+            rank.handle(Command("new", 1, n_ctx=N_CTX))
+            got = rank.handle(Command("step", 1, ids=np.arange(5, dtype=np.int32) % V,
+                                      pos=np.arange(5, dtype=np.int32), rows=np.array([4], np.int32), want="argmax"))
+            assert got == 0         # every logit the fake's zero: the lowest id
+            prompt = len(fake_nccl.calls)
+            for i in range(3):
+                rank.handle(Command("step", 1, ids=np.array([(3 + i) % V], np.int32),
+                                    pos=np.array([5 + i], np.int32), rows=np.array([0], np.int32), want="argmax"))
+            calls = fake_nccl.calls
+            assert prompt and {c["op"] for c in calls} == {"allReduce"}
+            stream = rank.backend.stream.ptr
+            assert stream != 0 and {c["stream"] for c in calls} == {stream}, \
+                "NCCL's calls are not on the rank's backend stream"
+            k = sum(not c["capturing"] for c in calls[prompt:])
+            assert k and [c["capturing"] for c in calls[prompt:]] == [False] * k + [True] * k, \
+                "the first one-token step eager, then captured with the same all-reduces, then replays alone"
+            assert 1 in rank.decode_steps
+        finally:
+            comm.close("done")
 
 
 # -- on a GPU -----------------------------------------------------------------------------------
