@@ -175,6 +175,11 @@ class NcclCommunicator:
             kinds = {p[0] for p in parts.values()}
             if len(kinds) != 1:
                 raise NcclError(f"collective {n}: the ranks called {sorted(kinds)} (a hang on the GPU)")
+            # (count, data type, op): NCCL does not check them across ranks; a mismatch hangs or
+            # reads past a buffer on the GPU
+            shapes = {r: p[3:] for r, p in parts.items()}
+            if len(set(shapes.values())) != 1:
+                raise NcclError(f"collective {n} ({op}): the ranks' (count, data type[, op]) differ: {shapes}")
             finish([parts[r][1:] for r in range(g.ndev)])
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):

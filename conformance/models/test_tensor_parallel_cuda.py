@@ -506,6 +506,54 @@ def test_the_nccl_communicator_calls_cupys_binding_as_it_is_declared():
             comms[1].all_reduce(cupy.zeros(2, np.float32))
 
 
+@pytest.mark.parametrize("name,edit", [(n, None) for n in TP_NAMES]
+                         + [("synth-qwen35moe", None), ("synth-qwen35moe", "shexp-on-rank-0")])
+def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
+    """TP = 2 over NCCL (nccl_backend, one process's two ranks in turn): a prompt, a one-token
+    step and its capture make, on each rank, the same all-reduces in the same order, each of
+    the same count and data type (NCCL checks none of it across ranks: on the GPU a mismatch
+    hangs or reads past a buffer), none left unmatched; so too with the shared expert whole
+    on rank 0 (rank 1 all-reduces zeros of the same shape)."""
+    from types import SimpleNamespace
+    from conformance.harness import fake_nccl
+    from brass import arch
+    from brass.config import read_config
+    from brass.distributed.tp import Rank
+    from brass.kv_cache import PagedKVCache
+    path = goldens.model(name).path()
+    gf = GGUFFile(path)
+    cfg = arch.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
+    plans = [tensor_parallel(gf, cfg, 2, r) for r in range(2)]
+    gf.close()
+    if edit:
+        for r, plan in enumerate(plans):
+            _shared_expert_whole_on_rank_0(SimpleNamespace(comm=SimpleNamespace(rank=r), config=plan.config, plan=plan))
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        from brass.distributed import nccl
+        from brass.distributed.cuda_rank import nccl_backend
+        uid = nccl.unique_id()
+        made = []
+        for r in range(2):
+            b = nccl_backend(plans[r], uid)
+            rank = Rank(path, b.comm, plan=plans[r], backend=lambda comm, plan, b=b: b)
+            with b.activate():
+                cache = PagedKVCache.private(b, rank.config, N_CTX)
+                tok, pos = b.zeros((1,), np.int32), b.zeros((1,), np.int32)
+            made.append((rank, cache, tok, pos))
+        V = cfg.n_vocab
+        ids = np.array([(7 + 37 * i) % V for i in range(5)], np.int32)
+        for rank, cache, tok, pos in made:
+            rank.forward(ids, np.arange(5, dtype=np.int32), cache, np.array([4], np.int32))
+            rank.forward(np.array([11 % V], np.int32), np.array([5], np.int32), cache)
+            rank.backend.capture(lambda rank=rank, tok=tok, pos=pos, cache=cache: rank.forward(tok, pos, cache))
+        group = fake_nccl._groups[uid]
+        assert not group.pending, f"collectives left unmatched: {sorted(group.pending)}"
+        per_rank = [[c for c in fake_nccl.calls if c.get("rank") == r] for r in range(2)]
+        assert len(per_rank[0]) == len(per_rank[1]) > 0
+        assert [c["capturing"] for c in per_rank[0]] == [c["capturing"] for c in per_rank[1]]
+
+
 def test_a_cuda_rank_in_its_process_runs_nccl_on_its_backends_stream():
     """The process path's NCCL rank (workers.build_rank: communicator(), cuda_rank.NcclRank,
     rank_factory) built as a worker builds it, here the one rank of a group on the fake CuPy:
