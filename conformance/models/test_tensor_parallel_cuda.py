@@ -475,8 +475,9 @@ def test_the_nccl_communicator_calls_cupys_binding_as_it_is_declared():
     """brass.distributed.nccl against CuPy 14's binding as compiled (fake_nccl.py holds its
     signatures and types): the unique id as bytes, each call's arguments in the binding's order
     and C types (device pointers, an element count, nccl.h's data type and operation), on the
-    stream the communicator was given; the all-reduce in place, summed over the ranks; the
-    all-gather in rank order; a send met by its receive; nothing after an abort."""
+    stream the communicator was given; the all-reduce in place, summed over the ranks; a send
+    met by its receive; the all-gather of one rank (its concatenation reads NCCL's buffer at
+    once, which the stand-in fills only in a rank's own call); nothing after an abort."""
     from conformance.harness import fake_nccl
     with lr.fake_cuda(fake_cupy.Recorder()):
         fake_nccl.install()
@@ -497,7 +498,6 @@ def test_the_nccl_communicator_calls_cupys_binding_as_it_is_declared():
         got = comms[1].recv_into(cupy.zeros(4, np.float32), 0)
         assert np.array_equal(cupy.asnumpy(got), [0, 1, 2, 3])
         assert {(c["rank"], c["stream"]) for c in fake_nccl.calls} == {(r, streams[r].ptr) for r in range(2)}
-        # one rank: the all-gather's NCCL part completes in the call, so its concatenation reads it
         one = nccl.NcclCommunicator(1, nccl.unique_id(), 0, stream=streams[0])
         row = cupy.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
         assert np.array_equal(cupy.asnumpy(one.all_gather(row, axis=-1)), np.arange(6).reshape(2, 3))
