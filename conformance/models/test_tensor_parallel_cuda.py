@@ -506,6 +506,25 @@ def test_the_nccl_communicator_calls_cupys_binding_as_it_is_declared():
             comms[1].all_reduce(cupy.zeros(2, np.float32))
 
 
+def test_an_nccl_bootstrap_that_cannot_start_is_one_line(monkeypatch):
+    """NCCL's unique id opens its bootstrap's socket in rank 0 before any rank starts; where it
+    cannot (CuPy raises its NcclError), TPModel over NCCL fails in one line, not a traceback."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.tp import TPModel
+    from brass.errors import BrassError
+
+    def fails():
+        raise fake_nccl.NcclError("NCCL_ERROR_SYSTEM_ERROR: unhandled system error (run with NCCL_DEBUG=INFO\n"
+                                  "for details)")
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        monkeypatch.setattr(fake_nccl, "get_unique_id", fails)
+        with pytest.raises(BrassError) as e:
+            TPModel(goldens.model(TP_NAMES[0]).path(), 1, backend="cuda", ranks="processes")
+    assert str(e.value) == ("NCCL could not start the ranks' rendezvous (its unique id: NcclError: "
+                            "NCCL_ERROR_SYSTEM_ERROR: unhandled system error (run with NCCL_DEBUG=INFO for details))")
+
+
 @pytest.mark.parametrize("name,edit", [(n, None) for n in TP_NAMES]
                          + [("synth-qwen35moe", None), ("synth-qwen35moe", "shexp-on-rank-0")])
 def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
