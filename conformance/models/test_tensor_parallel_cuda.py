@@ -531,8 +531,8 @@ def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
     """TP = 2 over NCCL (nccl_backend, one process's two ranks in turn): a prompt, a one-token
     step and its capture make, on each rank, the same all-reduces in the same order, each of
     the same count and data type (NCCL checks none of it across ranks: on the GPU a mismatch
-    hangs or reads past a buffer), none left unmatched; so too with the shared expert whole
-    on rank 0 (rank 1 all-reduces zeros of the same shape)."""
+    hangs or reads past a buffer), none left unmatched, each on its backend's stream; so too
+    with the shared expert whole on rank 0 (rank 1 all-reduces zeros of the same shape)."""
     from types import SimpleNamespace
     from conformance.harness import fake_nccl
     from brass import arch
@@ -571,6 +571,8 @@ def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
         per_rank = [[c for c in fake_nccl.calls if c.get("rank") == r] for r in range(2)]
         assert len(per_rank[0]) == len(per_rank[1]) > 0
         assert [c["capturing"] for c in per_rank[0]] == [c["capturing"] for c in per_rank[1]]
+        for r, (rank, *_) in enumerate(made):   # on the stream the rank's graph is captured on
+            assert {c["stream"] for c in per_rank[r]} == {rank.backend.stream.ptr}
 
 
 def test_a_cuda_rank_in_its_process_runs_nccl_on_its_backends_stream():
