@@ -575,6 +575,35 @@ def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
             assert {c["stream"] for c in per_rank[r]} == {rank.backend.stream.ptr}
 
 
+def test_a_model_of_one_nccl_rank_in_processes_runs_its_steps():
+    """TPModel(..., backend="cuda", ranks="processes") of one rank (the GPU test's TP = 1 over
+    NCCL, here on the fake CuPy and the stand-in binding): rank 0 built in its start thread,
+    its steps run in its daemon thread, a session's one-token steps replayed from the graph
+    captured after the first, every all-reduce on the rank's backend stream (the graph's),
+    greedy tokens through the pipes' all-gather."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.tp import TPModel
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        tp = TPModel(goldens.model(TP_NAMES[0]).path(), 1, backend="cuda", ranks="processes")
+        try:
+            rank = tp.ranks[0]
+            assert type(rank.comm).__name__ == "NcclRank" and rank.graphs
+            s = tp.new_session(N_CTX)
+            assert np.asarray(s.prefill([1, 2, 3, 4, 5])).shape == (1, tp.config.n_vocab)
+            prompt = len(fake_nccl.calls)
+            for t in (6, 7, 8):
+                s.decode(t)
+            k = len(fake_nccl.calls) - prompt
+            # the first one-token step eager, then captured with the same all-reduces; replays call none
+            assert prompt and k and [c["capturing"] for c in fake_nccl.calls[prompt:]] == [False] * (k // 2) + [True] * (k // 2)
+            assert s.sid in rank.decode_steps
+            assert list(tp.generate([1, 2, 3], 4, stop_at_eog=False)) == [0] * 4     # the fake's zeros
+            assert {c["stream"] for c in fake_nccl.calls} == {rank.backend.stream.ptr}
+        finally:
+            tp.close()
+
+
 def test_a_cuda_rank_in_its_process_runs_nccl_on_its_backends_stream():
     """The process path's NCCL rank (workers.build_rank: communicator(), cuda_rank.NcclRank,
     rank_factory) built as a worker builds it, here the one rank of a group on the fake CuPy:
