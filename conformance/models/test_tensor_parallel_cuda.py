@@ -575,6 +575,41 @@ def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
             assert {c["stream"] for c in per_rank[r]} == {rank.backend.stream.ptr}
 
 
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_a_layer_split_hands_over_through_nccl_as_cupys_binding_takes_it(name):
+    """--split layer --backend cuda over NCCL, its two stages run in turn in this process on the
+    fake (the GPU runs it only on two GPUs): the first stage's residual stream goes as a header
+    through the host and its device arrays through NCCL's send, each received by the next stage
+    into an array of its own device of the header's shape and dtype (the stand-in binding
+    matches count and data type), each on its stage's backend stream, none left unmatched; the
+    last stage answers the greedy token."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.tp import Command, make_rank
+    path = goldens.model(name).path()
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        from brass.distributed import nccl
+        from brass.distributed.cuda_rank import NcclRank, rank_factory
+        uid, host = nccl.unique_id(), ThreadGroup(2)
+        ranks = [make_rank(path, NcclRank(nccl.NcclCommunicator(2, uid, r), host.comm(r)), "layer", rank_factory(0))
+                 for r in range(2)]
+        V = ranks[0].config.n_vocab
+        steps = [Command("new", 1, n_ctx=N_CTX),
+                 Command("step", 1, ids=np.arange(5, dtype=np.int32) % V, pos=np.arange(5, dtype=np.int32),
+                         rows=np.array([4], np.int32), want="argmax"),
+                 Command("step", 1, ids=np.array([3 % V], np.int32), pos=np.array([5], np.int32),
+                         rows=np.array([0], np.int32), want="argmax")]
+        for cmd in steps:
+            got = [rank.handle(cmd) for rank in ranks]
+            if cmd.op == "step":
+                assert got == [None, 0]         # the last stage's token (the fake's zeros: the lowest id)
+        calls = {op: [c for c in fake_nccl.calls if c["op"] == op] for op in ("send", "recv")}
+        assert calls["send"] and len(calls["send"]) == len(calls["recv"])
+        assert {c["stream"] for c in calls["send"]} == {ranks[0].backend.stream.ptr}
+        assert {c["stream"] for c in calls["recv"]} == {ranks[1].backend.stream.ptr}
+        assert not any(fake_nccl._groups[uid].sends.values()), "a send no stage received"
+
+
 def test_a_model_of_one_nccl_rank_in_processes_runs_its_steps():
     """TPModel(..., backend="cuda", ranks="processes") of one rank (the GPU test's TP = 1 over
     NCCL, here on the fake CuPy and the stand-in binding): rank 0 built in its start thread,
