@@ -33,9 +33,9 @@ What is recorded (`Recorder.events`, dicts): each kernel launch that reaches a F
 or cuLaunchKernelEx (completing the entry the caller opened, see launch_recording.py); each
 GEMM; each host<->device copy (memcpyAsync, asarray of host data, asnumpy); CuPy's own array
 work on device arrays that would launch CuPy kernels (ufuncs and reductions, fills and
-copies by item assignment, gathers by fancy indexing, copy(), astype(), take, add, multiply,
-ascontiguousarray that copies); capture begins and ends and graph launches; kernel attribute
-opt-ins. Device arrays are described by label, dtype and shape, never by address.
+copies by item assignment, gathers by fancy indexing, copy(), astype(), take, concatenate, add,
+multiply, ascontiguousarray that copies); capture begins and ends and graph launches; kernel
+attribute opt-ins. Device arrays are described by label, dtype and shape, never by address.
 What it cannot see: what no call here reaches (numpy, not CuPy, reshapes a non-contiguous
 array, so a copy CuPy would launch there is not recorded; a CuPy function or attribute the fake
 lacks fails loudly with AttributeError rather than passing unseen), the kernels themselves
@@ -495,6 +495,12 @@ def take(a, indices, axis=None, out=None):
     return _wrap(np.take(_plain(a), _plain(indices), axis=axis))
 
 
+def concatenate(arrays, axis=0, out=None, dtype=None):
+    arrays = list(arrays)
+    _rec().cupy_op("concatenate", *arrays, axis=axis)
+    return _wrap(np.concatenate([_plain(a) for a in arrays], axis=axis))
+
+
 def add(a, b, dtype=None):
     return np.add(a, b, dtype=dtype)        # recorded by ndarray.__array_ufunc__
 
@@ -795,8 +801,8 @@ def modules() -> dict[str, types.ModuleType]:
     cp = types.ModuleType("cupy")
     cp.__fake__ = True
     cp.ndarray = ndarray
-    for f in (empty, zeros, full, asarray, array, ascontiguousarray, asnumpy, take, add, multiply,
-              get_default_memory_pool):
+    for f in (empty, zeros, full, asarray, array, ascontiguousarray, asnumpy, take, concatenate, add,
+              multiply, get_default_memory_pool):
         setattr(cp, f.__name__, f)
     for t in ("uint8", "int8", "int32", "uint32", "int64", "float16", "float32", "float64", "bool_"):
         setattr(cp, t, getattr(np, t))

@@ -16,6 +16,10 @@ the GPU is recorded):
 - a TPModel of CUDA ranks runs its steps (one rank: the fake is for one thread at a time).
 - a rank over a capturable communicator (as NCCL's in the worker processes) captures its
   one-token step with every all-reduce inside the graph, then replays it.
+- engine/distributed/nccl.py against a stand-in of CuPy 14's NCCL binding (fake_nccl.py: the
+  compiled binding's signatures and C types): the unique id as bytes, each call's arguments in
+  order, the collectives' results; a rank built as a worker builds it over NCCL (workers.
+  build_rank) makes every all-reduce on its backend's stream, the one its graph is captured on.
 
 On a GPU (the runner: `ci/gpu.sh tp cuda`), with CUDA ranks in threads on the one GPU over the
 host-staged communicator (engine/distributed/cuda_rank.py), decoded eagerly:
@@ -463,6 +467,220 @@ def test_cuda_ranks_refuse_what_they_cannot_take():
         TPModel(path, 2, backend="rocm")
     with pytest.raises(BrassError, match="the cuda ranks in processes take the communicator 'nccl' or 'host', not 'thread'"):
         TPModel(path, 2, ranks="processes", backend="cuda", comm="thread")
+
+
+# -- on the CPU: NCCL through a stand-in of CuPy 14's binding (fake_nccl.py) -------------------
+
+def test_the_nccl_communicator_calls_cupys_binding_as_it_is_declared():
+    """brass.distributed.nccl against CuPy 14's binding as compiled (fake_nccl.py holds its
+    signatures and types): the unique id as bytes, each call's arguments in the binding's order
+    and C types (device pointers, an element count, nccl.h's data type and operation), on the
+    stream the communicator was given; the all-reduce in place, summed over the ranks; a send
+    met by its receive; the all-gather of one rank (its concatenation reads NCCL's buffer at
+    once, which the stand-in fills only in a rank's own call); nothing after an abort."""
+    from conformance.harness import fake_nccl
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        import cupy
+        from brass.distributed import nccl
+        uid = nccl.unique_id()
+        assert isinstance(uid, bytes) and len(uid) == fake_nccl.NCCL_UNIQUE_ID_BYTES
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        comms = [nccl.NcclCommunicator(2, uid, r, stream=streams[r]) for r in range(2)]
+        for dtype in (np.float32, np.int32, np.int64, np.float16):
+            xs = [cupy.asarray(np.array([3, -2, 5], dtype) * (r + 1)) for r in range(2)]
+            outs = [c.all_reduce(x) for c, x in zip(comms, xs)]
+            assert all(o is x for o, x in zip(outs, xs)), "the all-reduce is NCCL's, in place"
+            for o in outs:
+                assert o.dtype == dtype and np.array_equal(cupy.asnumpy(o), [9, -6, 15]), dtype
+        x = cupy.asarray(np.arange(4, dtype=np.float32))
+        comms[0].send(x, 1)
+        got = comms[1].recv_into(cupy.zeros(4, np.float32), 0)
+        assert np.array_equal(cupy.asnumpy(got), [0, 1, 2, 3])
+        assert {(c["rank"], c["stream"]) for c in fake_nccl.calls} == {(r, streams[r].ptr) for r in range(2)}
+        one = nccl.NcclCommunicator(1, nccl.unique_id(), 0, stream=streams[0])
+        row = cupy.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+        assert np.array_equal(cupy.asnumpy(one.all_gather(row, axis=-1)), np.arange(6).reshape(2, 3))
+        comms[1].abort()
+        with pytest.raises(fake_nccl.NcclError, match="aborted"):
+            comms[1].all_reduce(cupy.zeros(2, np.float32))
+
+
+def test_an_nccl_bootstrap_that_cannot_start_is_one_line(monkeypatch):
+    """NCCL's unique id opens its bootstrap's socket in rank 0 before any rank starts; where it
+    cannot (CuPy raises its NcclError), TPModel over NCCL fails in one line, not a traceback."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.tp import TPModel
+    from brass.errors import BrassError
+
+    def fails():
+        raise fake_nccl.NcclError("NCCL_ERROR_SYSTEM_ERROR: unhandled system error (run with NCCL_DEBUG=INFO\n"
+                                  "for details)")
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        monkeypatch.setattr(fake_nccl, "get_unique_id", fails)
+        with pytest.raises(BrassError) as e:
+            TPModel(goldens.model(TP_NAMES[0]).path(), 1, backend="cuda", ranks="processes")
+    assert str(e.value) == ("NCCL could not start the ranks' rendezvous (its unique id: NcclError: "
+                            "NCCL_ERROR_SYSTEM_ERROR: unhandled system error (run with NCCL_DEBUG=INFO for details))")
+
+
+@pytest.mark.parametrize("name,edit", [(n, None) for n in TP_NAMES]
+                         + [("synth-qwen35moe", None), ("synth-qwen35moe", "shexp-on-rank-0")])
+def test_nccl_ranks_make_the_same_collectives_in_the_same_order(name, edit):
+    """TP = 2 over NCCL (nccl_backend, one process's two ranks in turn): a prompt, a one-token
+    step and its capture make, on each rank, the same all-reduces in the same order, each of
+    the same count and data type (NCCL checks none of it across ranks: on the GPU a mismatch
+    hangs or reads past a buffer), none left unmatched, each on its backend's stream; so too
+    with the shared expert whole on rank 0 (rank 1 all-reduces zeros of the same shape)."""
+    from types import SimpleNamespace
+    from conformance.harness import fake_nccl
+    from brass import arch
+    from brass.config import read_config
+    from brass.distributed.tp import Rank
+    from brass.kv_cache import PagedKVCache
+    path = goldens.model(name).path()
+    gf = GGUFFile(path)
+    cfg = arch.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
+    plans = [tensor_parallel(gf, cfg, 2, r) for r in range(2)]
+    gf.close()
+    if edit:
+        for r, plan in enumerate(plans):
+            _shared_expert_whole_on_rank_0(SimpleNamespace(comm=SimpleNamespace(rank=r), config=plan.config, plan=plan))
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        from brass.distributed import nccl
+        from brass.distributed.cuda_rank import nccl_backend
+        uid = nccl.unique_id()
+        made = []
+        for r in range(2):
+            b = nccl_backend(plans[r], uid)
+            rank = Rank(path, b.comm, plan=plans[r], backend=lambda comm, plan, b=b: b)
+            with b.activate():
+                cache = PagedKVCache.private(b, rank.config, N_CTX)
+                tok, pos = b.zeros((1,), np.int32), b.zeros((1,), np.int32)
+            made.append((rank, cache, tok, pos))
+        V = cfg.n_vocab
+        ids = np.array([(7 + 37 * i) % V for i in range(5)], np.int32)
+        for rank, cache, tok, pos in made:
+            rank.forward(ids, np.arange(5, dtype=np.int32), cache, np.array([4], np.int32))
+            rank.forward(np.array([11 % V], np.int32), np.array([5], np.int32), cache)
+            rank.backend.capture(lambda rank=rank, tok=tok, pos=pos, cache=cache: rank.forward(tok, pos, cache))
+        group = fake_nccl._groups[uid]
+        assert not group.pending, f"collectives left unmatched: {sorted(group.pending)}"
+        per_rank = [[c for c in fake_nccl.calls if c.get("rank") == r] for r in range(2)]
+        assert len(per_rank[0]) == len(per_rank[1]) > 0
+        assert [c["capturing"] for c in per_rank[0]] == [c["capturing"] for c in per_rank[1]]
+        for r, (rank, *_) in enumerate(made):   # on the stream the rank's graph is captured on
+            assert {c["stream"] for c in per_rank[r]} == {rank.backend.stream.ptr}
+
+
+@pytest.mark.parametrize("name", TP_NAMES)
+def test_a_layer_split_hands_over_through_nccl_as_cupys_binding_takes_it(name):
+    """--split layer --backend cuda over NCCL, its two stages run in turn in this process on the
+    fake (the GPU runs it only on two GPUs): the first stage's residual stream goes as a header
+    through the host and its device arrays through NCCL's send, each received by the next stage
+    into an array of its own device of the header's shape and dtype (the stand-in binding
+    matches count and data type), each on its stage's backend stream, none left unmatched; the
+    last stage answers the greedy token."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.tp import Command, make_rank
+    path = goldens.model(name).path()
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        from brass.distributed import nccl
+        from brass.distributed.cuda_rank import NcclRank, rank_factory
+        uid, host = nccl.unique_id(), ThreadGroup(2)
+        ranks = [make_rank(path, NcclRank(nccl.NcclCommunicator(2, uid, r), host.comm(r)), "layer", rank_factory(0))
+                 for r in range(2)]
+        V = ranks[0].config.n_vocab
+        steps = [Command("new", 1, n_ctx=N_CTX),
+                 Command("step", 1, ids=np.arange(5, dtype=np.int32) % V, pos=np.arange(5, dtype=np.int32),
+                         rows=np.array([4], np.int32), want="argmax"),
+                 Command("step", 1, ids=np.array([3 % V], np.int32), pos=np.array([5], np.int32),
+                         rows=np.array([0], np.int32), want="argmax")]
+        for cmd in steps:
+            got = [rank.handle(cmd) for rank in ranks]
+            if cmd.op == "step":
+                assert got == [None, 0]         # the last stage's token (the fake's zeros: the lowest id)
+        calls = {op: [c for c in fake_nccl.calls if c["op"] == op] for op in ("send", "recv")}
+        assert calls["send"] and len(calls["send"]) == len(calls["recv"])
+        assert {c["stream"] for c in calls["send"]} == {ranks[0].backend.stream.ptr}
+        assert {c["stream"] for c in calls["recv"]} == {ranks[1].backend.stream.ptr}
+        assert not any(fake_nccl._groups[uid].sends.values()), "a send no stage received"
+
+
+def test_a_model_of_one_nccl_rank_in_processes_runs_its_steps():
+    """TPModel(..., backend="cuda", ranks="processes") of one rank (the GPU test's TP = 1 over
+    NCCL, here on the fake CuPy and the stand-in binding): rank 0 built in its start thread,
+    its steps run in its daemon thread, a session's one-token steps replayed from the graph
+    captured after the first, every all-reduce on the rank's backend stream (the graph's),
+    greedy tokens through the pipes' all-gather."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.tp import TPModel
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        fake_nccl.install()
+        tp = TPModel(goldens.model(TP_NAMES[0]).path(), 1, backend="cuda", ranks="processes")
+        try:
+            rank = tp.ranks[0]
+            assert type(rank.comm).__name__ == "NcclRank" and rank.graphs
+            s = tp.new_session(N_CTX)
+            assert np.asarray(s.prefill([1, 2, 3, 4, 5])).shape == (1, tp.config.n_vocab)
+            prompt = len(fake_nccl.calls)
+            for t in (6, 7, 8):
+                s.decode(t)
+            k = len(fake_nccl.calls) - prompt
+            # the first one-token step eager, then captured with the same all-reduces; replays call none
+            assert prompt and k and [c["capturing"] for c in fake_nccl.calls[prompt:]] == [False] * (k // 2) + [True] * (k // 2)
+            assert s.sid in rank.decode_steps
+            assert list(tp.generate([1, 2, 3], 4, stop_at_eog=False)) == [0] * 4     # the fake's zeros
+            assert {c["stream"] for c in fake_nccl.calls} == {rank.backend.stream.ptr}
+        finally:
+            tp.close()
+
+
+def test_a_cuda_rank_in_its_process_runs_nccl_on_its_backends_stream():
+    """The process path's NCCL rank (workers.build_rank: communicator(), cuda_rank.NcclRank,
+    rank_factory) built as a worker builds it, here the one rank of a group on the fake CuPy:
+    every all-reduce of its steps goes to NCCL on the stream of the rank's backend, the stream
+    its decode graph is captured on (NCCL on another stream would be outside the graph: on the
+    GPU, a capture error or a collective that runs once at capture and never at replay); the
+    one-token step captured with as many all-reduces as its eager run, and replayed without a
+    call; the greedy all-gather of host numbers through the pipes."""
+    from conformance.harness import fake_nccl
+    from brass.distributed.comm import ProcessGroup
+    from brass.distributed.tp import Command
+    from brass.distributed.workers import WorkerSpec, build_rank
+    name = TP_NAMES[0]
+    rec = fake_cupy.Recorder()
+    with lr.fake_cuda(rec):
+        fake_nccl.install()
+        from brass.distributed import nccl
+        spec = WorkerSpec(0, 1, str(goldens.model(name).path()), "tensor", uid=nccl.unique_id(), device=0,
+                          comm="nccl", backend="cuda")
+        comm, rank = build_rank(spec, ProcessGroup(1).ends(0))
+        try:
+            assert type(comm).__name__ == "NcclRank" and rank.graphs
+            V = rank.config.n_vocab
+            rank.handle(Command("new", 1, n_ctx=N_CTX))
+            got = rank.handle(Command("step", 1, ids=np.arange(5, dtype=np.int32) % V,
+                                      pos=np.arange(5, dtype=np.int32), rows=np.array([4], np.int32), want="argmax"))
+            assert got == 0         # every logit the fake's zero: the lowest id
+            prompt = len(fake_nccl.calls)
+            for i in range(3):
+                rank.handle(Command("step", 1, ids=np.array([(3 + i) % V], np.int32),
+                                    pos=np.array([5 + i], np.int32), rows=np.array([0], np.int32), want="argmax"))
+            calls = fake_nccl.calls
+            assert prompt and {c["op"] for c in calls} == {"allReduce"}
+            stream = rank.backend.stream.ptr
+            assert stream != 0 and {c["stream"] for c in calls} == {stream}, \
+                "NCCL's calls are not on the rank's backend stream"
+            k = sum(not c["capturing"] for c in calls[prompt:])
+            assert k and [c["capturing"] for c in calls[prompt:]] == [False] * k + [True] * k, \
+                "the first one-token step eager, then captured with the same all-reduces, then replays alone"
+            assert 1 in rank.decode_steps
+        finally:
+            comm.close("done")
 
 
 # -- on a GPU -----------------------------------------------------------------------------------

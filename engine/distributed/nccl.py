@@ -31,8 +31,15 @@ def _nccl():
 
 
 def unique_id() -> bytes | tuple:
-    """Rank 0's NCCL unique id, to hand to every rank (its value is opaque)."""
-    return _nccl().get_unique_id()
+    """Rank 0's NCCL unique id, to hand to every rank (its value is opaque). NCCL opens its
+    bootstrap's listening socket here, before any rank starts: where it cannot (no usable
+    network interface, an NCCL_SOCKET_IFNAME that names none), one line says so."""
+    nccl = _nccl()
+    try:
+        return nccl.get_unique_id()
+    except Exception as e:      # CuPy's NcclError: NCCL's code and its one-line reason
+        raise BrassError(f"NCCL could not start the ranks' rendezvous (its unique id: "
+                         f"{type(e).__name__}: {' '.join(str(e).split())})") from None
 
 
 def _dtype(nccl, dtype):
