@@ -215,4 +215,12 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     (l0, c0), (l1, c1) = results
     assert np.array_equal(l0, l1), f"max |diff| {np.abs(l0 - l1).max():.3g}"
     for i, (a, b_) in enumerate(zip(c0, c1)):
-        assert all(np.array_equal(x, y) for x, y in zip(a, b_)), f"sequence {i}: caches differ"
+        # where they differ: (array index, slots); the sequence wrote slots 0 .. len(prompt),
+        # and its prompt's padding rows (engine/model.py prompt_class) the slots after those
+        # bit for bit (a NaN equals itself here; NaNs anywhere are named)
+        where = [(j, sorted({int(r) for r in np.nonzero(x.view(np.uint16) != y.view(np.uint16))[0]}))
+                 for j, (x, y) in enumerate(zip(a, b_)) if not np.array_equal(x.view(np.uint16), y.view(np.uint16))]
+        nans = [(j, sorted({int(r) for r in np.nonzero(np.isnan(x) | np.isnan(y))[0]}))
+                for j, (x, y) in enumerate(zip(a, b_)) if np.isnan(x).any() or np.isnan(y).any()]
+        assert not where and not nans, (f"sequence {i} ({len(prompts[i])} prompt tokens + 1 decoded): caches "
+                                        f"differ at (k/v array, slots) {where[:4]}; NaN at {nans[:4]}")

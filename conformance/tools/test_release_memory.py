@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Free a 24 MiB array that malloc mapped on its own (its mmap threshold rises to 24 MiB), put
@@ -39,8 +41,12 @@ def test_freed_heap_pages_go_back():
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     before, freed, released = map(int, r.stdout.split())
-    # the 320 MiB stay resident once freed (so the test sees the case it is for), then go
-    assert freed > before - 100, (before, freed, released)
+    # the 320 MiB stay resident once freed (the case release_memory is for), then go. Where
+    # the process's allocator gives them back at free by itself (the GPU runner's Python: 353
+    # MiB before, 65 after the free) there is nothing left for it to do, and so nothing to test
+    if freed <= before - 100:
+        pytest.skip(f"this process's allocator returned the freed pages at free ({before} -> {freed} MiB "
+                    f"resident): the case release_memory is for does not arise here")
     assert released < freed - 250, (before, freed, released)
 
 
