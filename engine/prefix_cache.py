@@ -4,7 +4,9 @@ with it for each request.
 `begin` gives a request's session its blocks: the longest run of cached full blocks that
 starts its prompt (shared, reference-counted) and fresh blocks for the rest of its prompt and
 its generation, all at once, so that a request admitted never runs out of room halfway. The
-session starts at the end of the shared run: only the rest of the prompt is read. At least the
+session starts at the end of the shared run: only the rest of the prompt is read. Before each
+prompt chunk, `catch_up` takes the blocks of that rest that another request has published
+since (requests that arrive together with one system prompt read it once, not each). At least the
 prompt's last token is always read (its logits give the first token), so a shared block is
 never written. `publish` makes the full blocks of the prompt read so far findable (keyed by
 the chain hash of their tokens, kv_cache.block_key); only blocks a prompt read wrote are
@@ -98,6 +100,37 @@ class PrefixCache:
         session.n_past = n
         self.cached_tokens += n
         self.prompt_tokens += len(prompt_ids)
+        return n
+
+    def catch_up(self, session, prompt_ids: list[int], n_read: int) -> int:
+        """Before a request reads its next prompt chunk: the cached blocks that have appeared
+        since it began for the prompt's blocks from n_read on (another request read the same
+        prefix meanwhile: requests arriving together all begin before any has published a
+        block), taken in place of the session's own unwritten ones, up to the first block not
+        cached (at most up to its last token's block, as `match`). Returns the prompt tokens it
+        then need not read (0 for a hybrid: its state would have to be restored at the block
+        it stops at). Its blocks' keys and values are then what reading that prefix as a prompt
+        writes, as for the prefix `begin` shares."""
+        if not self.enabled or self.hybrid or n_read % BLOCK_TOKENS:
+            return 0
+        keys, table = session.cache.keys, [int(b) for b in session.cache.table]
+        i = n_read // BLOCK_TOKENS
+        mine = []
+        while i < min(len(keys), (len(prompt_ids) - 1) // BLOCK_TOKENS):
+            b = self.pool.lookup(keys[i], prompt_ids[i * BLOCK_TOKENS:(i + 1) * BLOCK_TOKENS])
+            if b is None or b == table[i]:
+                break
+            self.pool.share(b)
+            mine.append(table[i])
+            table[i] = b
+            i += 1
+        if not mine:
+            return 0
+        session.cache.assign(table)
+        self.pool.release(mine)          # never written: free again at once
+        n = len(mine) * BLOCK_TOKENS
+        session.n_past += n
+        self.cached_tokens += n
         return n
 
     def snapshot_at(self, prompt_ids: list[int]) -> int:

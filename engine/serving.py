@@ -228,7 +228,11 @@ class BatchScheduler:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="brass-batch", daemon=True)
         if start:
-            self._thread.start()
+            self.start()
+
+    def start(self):
+        """Start the worker (made with start=False: requests submitted before it begin together)."""
+        self._thread.start()
 
     # -- the API --------------------------------------------------------------------------------
     def submit(self, req: Request):
@@ -362,6 +366,12 @@ class BatchScheduler:
             if r.req.max_tokens == 0:
                 self._end(r)
                 return
+        if self.kv is not None:
+            # what requests begun with this one have read of its prompt since (after the echo
+            # above, which reads the whole prompt itself)
+            got = self.kv.catch_up(r.session, r.req.prompt_ids, r.read)
+            r.read += got
+            r.req.cached_tokens += got
         ids = r.req.prompt_ids[r.read:self._chunk_end(r)]
         logits = r.session.prefill(ids, device_logits=True)
         r.read += len(ids)

@@ -292,6 +292,48 @@ def test_cached_read_equals_the_same_pieces_uncached(models, name, rng):
 
 
 @pytest.mark.parametrize("name", ["synth-llama", "synth-gemma3", "synth-qwen35"])
+def test_requests_begun_together_read_a_shared_prefix_once(models, name, rng):
+    """Three requests with one 96-token prefix, begun together (none finds a cached block when
+    it begins) and read in chunks of 32: the first reads the prefix, the others take its
+    blocks before their next chunk (catch_up) and read only their own rest, as when they come
+    one after another (the prefix then cached when they begin): the same cached tokens, and the
+    same tokens and logits bit for bit. A hybrid takes no block after it began (its state would
+    have to be restored there): each reads its whole prompt."""
+    m = models(name)
+    prefix = _ids(m, rng, 96)
+    prompts = [prefix + _ids(m, rng, 7) for _ in range(3)]
+    together = [Logged(p, 4) for p in prompts]
+    sched = scheduler(m, parallel=4, prefill_chunk=32, prefix_cache=True, start=False)
+    try:
+        for r in together:
+            sched.submit(r)
+        sched.start()
+        for r in together:
+            assert r.finished.wait(TIMEOUT), "a request did not finish"
+            assert r.error is None, repr(r.error)
+    finally:
+        sched.close()
+    hybrid = sched.kv.hybrid
+    assert [r.cached_tokens for r in together] == ([0, 0, 0] if hybrid else [0, 96, 96]), name
+    assert sched.kv.cached_tokens == sum(r.cached_tokens for r in together)
+    counts = sched.kv.counts()
+    assert counts["used"] == 0 and counts["cached"] + counts["free"] == sched.kv.pool.n_blocks
+    assert (sched.kv.pool.ref >= 0).all()
+    if hybrid:
+        return
+    sched = scheduler(m, parallel=4, prefill_chunk=32, prefix_cache=True)
+    try:
+        apart = serve_each(sched, [Logged(p, 4) for p in prompts])
+    finally:
+        sched.close()
+    assert [r.cached_tokens for r in apart] == [0, 96, 96]
+    for i, (a, b) in enumerate(zip(together, apart)):
+        assert a.tokens == b.tokens, f"{name} request {i}: {a.tokens} together, {b.tokens} one after another"
+        for j, (x, y) in enumerate(zip(a.rows, b.rows)):
+            assert np.array_equal(x, y), f"{name} request {i} token {j}: max |diff| {np.abs(x - y).max():.3g}"
+
+
+@pytest.mark.parametrize("name", ["synth-llama", "synth-gemma3", "synth-qwen35"])
 def test_cached_read_close_to_whole_read(models, name, rng):
     """The same second request with prefix caching off reads its prompt whole: its first
     token's logits and the cached read's are within the bound of a prompt in pieces."""
