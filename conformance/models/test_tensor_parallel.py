@@ -390,4 +390,11 @@ def test_a_failing_rank_fails_the_step_and_the_next_step_runs():
         m.score(p.tf_ids)
     assert time.perf_counter() - t0 < 10, "the other rank waited for the failed one"
     broken.forward = forward
-    assert np.array_equal(m.score(p.tf_ids).argmax(-1), reference_logits(name, 0).argmax(-1))
+    # ready again: the logits of a group that never failed, bit for bit (the same ranks, the
+    # same sums in the same order; against the single model the argmax may move where TP's
+    # reordered sums meet a near tie, which TP_MARGIN's tests judge)
+    fresh = TPModel(goldens.model(name).path(), 2)
+    try:
+        assert np.array_equal(m.score(p.tf_ids), fresh.score(p.tf_ids))
+    finally:
+        fresh.close()
