@@ -195,7 +195,11 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
     """On CUDA a batched step writes and reads every row's cache in one launch per layer
     (the rows' block tables in a device array); the base class's loop over the rows is the
     reference.
-    Same logits bit for bit, and the same caches afterwards."""
+    Same logits bit for bit, and the same caches afterwards at every position the sequences
+    hold (their prompts' and the step's token). The slots after those are not compared: a
+    prompt read eagerly also writes its length class's padding rows there, one replayed from
+    the model's StartStep copies only the prompt's slots (either is rewritten before it is
+    read), and the two loops read their prompts by different ones."""
     if model.backend.name != "cuda":
         pytest.skip("the row kernels are the CUDA backend's (numpy runs the loop)")
     from brass.batch import BatchDecoder
@@ -210,14 +214,14 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
         for s, p in zip(sessions, prompts):
             s.prefill(p)
         logits = b.to_numpy(BatchDecoder(model).step(sessions, follow)).copy()
-        caches = [[b.to_numpy(a[:32]).copy() for a in s.cache.k + s.cache.v if a is not None] for s in sessions]
+        caches = [[b.to_numpy(a[:s.n_past]).copy() for a in s.cache.k + s.cache.v if a is not None]
+                  for s in sessions]
         results.append((logits, caches))
     (l0, c0), (l1, c1) = results
     assert np.array_equal(l0, l1), f"max |diff| {np.abs(l0 - l1).max():.3g}"
     for i, (a, b_) in enumerate(zip(c0, c1)):
-        # where they differ: (array index, slots); the sequence wrote slots 0 .. len(prompt),
-        # and its prompt's padding rows (engine/model.py prompt_class) the slots after those
-        # bit for bit (a NaN equals itself here; NaNs anywhere are named)
+        # where they differ, bit for bit: (array index, slots) (a NaN equals itself here;
+        # NaNs anywhere are named)
         where = [(j, sorted({int(r) for r in np.nonzero(x.view(np.uint16) != y.view(np.uint16))[0]}))
                  for j, (x, y) in enumerate(zip(a, b_)) if not np.array_equal(x.view(np.uint16), y.view(np.uint16))]
         nans = [(j, sorted({int(r) for r in np.nonzero(np.isnan(x) | np.isnan(y))[0]}))
