@@ -207,8 +207,8 @@ served() {     # NAME LOG PORT UNTIL AFTER SERVER... -- CLIENT...
     return $r
 }
 
-brass_block_counts() {     # PORT: brass serve's KV blocks by state and its cached prompt tokens (/metrics)
-    curl -sf "http://127.0.0.1:$1/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total)"
+brass_block_counts() {     # PORT: brass serve's KV blocks by state, its cached prompt tokens and where its worker's time went (/metrics)
+    curl -sf "http://127.0.0.1:$1/metrics" | grep -E "^brass_(kv_blocks|prompt_tokens_cached_total|scheduler_seconds_total|batch_runs_ended_total)"
     return 0
 }
 
