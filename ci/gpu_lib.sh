@@ -109,13 +109,8 @@ xdist_workers() {     # "-n N --dist load" where pytest-xdist is installed, else
 
 run_suite() {
     gpu_name
-    # One BLAS thread a worker: 14 workers share the runner's 16 cores, and each numpy's BLAS
-    # starting a thread a core on top of them oversubscribed it 14-fold. Under that load two
-    # numpy-backend checks of bit-identical products failed on an H100 runner and passed
-    # alone; the likely reason, not yet confirmed there: a product's bits depending on how the
-    # BLAS split it among the threads it got.
     # shellcheck disable=SC2046
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors \
+    python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors \
         $(xdist_workers "${SUITE_WORKERS:-14}") -o junit_family=xunit1 --junitxml="$out/gpu-conformance.xml" "$@"
     local rc=$?
     python3 ci/gpu_summary.py "$out/gpu-conformance.xml" | tee "$out/gpu-conformance-summary.txt"
