@@ -46,7 +46,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   side-by-side [SHAPES]             issue 48's bars: llama-bench and brass bench, same files, memory
   lengths [SHAPES]                  prompts of new lengths: class graphs' GPU tests, eager vs class pp
   depth [SHAPE] [DEPTHS]            split-K decode attention on and off: tg128 at depth, one table
-  split [ARGS]                      the attention kernels' tests (split-K, one-block, tiled) alone
+  attention [ARGS]                  the attention kernels' tests (split-K, one-block, tiled) alone
   serving                           llama-server and brass serve under one load test, one table
   soak start | result | memory      brass serve under ci/soak.py, across calls
   profile [SHAPE | prompts ...]     time per kernel (CUPTI) and ncu on the decode mat-vecs
@@ -113,7 +113,7 @@ sub_kernels() {     # [PYTEST ARGS]
     return $rc
 }
 
-sub_split() {     # [PYTEST ARGS]
+sub_attention() {     # [PYTEST ARGS]
     # the attention kernels' tests alone (split-K decode, the one-block kernel, the tiled prompt
     # kernel: their GPU tests and the CPU builds of their sources), each case's NMSE recorded:
     # what a change to kernels/attention*.cu or engine/backends/cuda/attention*.py needs

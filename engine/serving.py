@@ -228,11 +228,7 @@ class BatchScheduler:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="brass-batch", daemon=True)
         if start:
-            self.start()
-
-    def start(self):
-        """Start the worker (made with start=False: requests submitted before it begin together)."""
-        self._thread.start()
+            self._thread.start()
 
     # -- the API --------------------------------------------------------------------------------
     def submit(self, req: Request):

@@ -104,7 +104,7 @@ def test_attn_split_takes_decode_attention():
     assert not split(_launches("synth-qwen3", batch=True, attn_split=False))
 
 
-def test_attn_split_threshold_and_the_shared_memory_limit():
+def test_attn_split_default_and_the_shared_memory_limit():
     # None: every decode-sized call, at any number of slots; True / False as said, for any call,
     # except where the one-block kernel's shared memory would not fit the device: the split
     # kernels whatever the option and whatever the call

@@ -309,32 +309,6 @@ def test_counter_protocol_breaches_are_caught(rng, planted):
         attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2)
 
 
-def test_a_batched_row_takes_the_kernel_it_takes_alone():
-    # A batched step's bucket graph bounds its rows by a capacity between theirs and that
-    # rounded up to a power of two (engine/batch.py BatchDecoder._capacity_for), and a batched
-    # step's logits equal each row's alone bit for bit (test_batch.py). The one-block and split
-    # kernels add their sums in different orders, so the default must choose the same kernel
-    # for a sequence's own capacity (its decode steps alone) as for its bucket's: every
-    # capacity up to 5 * 8,192, with and without windows, under three model contexts.
-    from types import SimpleNamespace
-    from brass.backends.cuda.attention import ATTN_WARPS, takes_split
-    from brass.batch import BatchDecoder
-    backend = SimpleNamespace(options=SimpleNamespace(attn_split=None), smem_optin_limit=232448)
-
-    def split(cap, window):
-        n_slots = min(cap, window) if window else cap
-        return takes_split(backend, n_slots, 4 * (128 + n_slots + ATTN_WARPS * 128), decode=True)
-    scale = 8192
-    for model_ctx in (scale - 100, 3 * scale + 5, 40960):
-        dec = SimpleNamespace(model=SimpleNamespace(n_ctx=model_ctx))
-        for n_ctx in range(1, 5 * scale):
-            bucket = BatchDecoder._capacity_for(dec, n_ctx)
-            for window in (0, 1000, scale // 2 + 300, scale - 1, 3 * scale):
-                assert split(n_ctx, window) == split(bucket, window), \
-                    (f"a sequence of {n_ctx} slots (window {window}) takes the split kernels "
-                     f"{'alone' if split(n_ctx, window) else 'in its bucket graph of ' + str(bucket)} only")
-
-
 # ---- on CUDA ---------------------------------------------------------------------------------
 
 def _launched(cuda, monkeypatch) -> list[str]:

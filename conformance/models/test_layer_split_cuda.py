@@ -73,9 +73,8 @@ class IntoComm:
 
 
 @pytest.mark.parametrize("into", [False, True], ids=["staged", "recv_into"])
-def test_the_hand_over_carries_kinds_dtypes_shapes_and_none(into):
+def test_the_hand_over_carries_kinds_dtypes_shapes_and_none(into, rng):
     from brass.distributed.tp import Stage
-    rng = np.random.default_rng()
     carry = (rng.standard_normal((3, 8)).astype(np.float32).view(DeviceArray), None,
              rng.integers(-9, 9, 5).astype(np.int32),
              rng.standard_normal(16).astype(np.float16).view(DeviceArray),
@@ -112,7 +111,7 @@ def _stage_names(path, world: int) -> list[set]:
         cfg = arch.get(gf.architecture).configure(read_config(gf, gf.architecture), gf)
         stages = layer_stages(cfg.n_layer, world)
         g = ThreadGroup(world)
-        return [set(stage_tensors(gf, cfg, Stage(g.comm(r), stages[r]))) for r in range(world)]
+        return [set(stage_tensors(gf, Stage(g.comm(r), stages[r]))) for r in range(world)]
     finally:
         gf.close()
 
@@ -128,8 +127,26 @@ def test_stage_tensors_split_the_file(name):
     first, last = _stage_names(path, 2)
     assert first | last == every
     assert "token_embd.weight" in first and "output_norm.weight" in last and "output_norm.weight" not in first
-    assert not {n for n in first & last if n.startswith("blk.")}
+    assert not {n for n in first & last if n.startswith("blk.") and not n.endswith(".layer_output_scale.weight")}
     assert {n for n in first if n.startswith("blk.0.")} and not {n for n in last if n.startswith("blk.0.")}
+
+
+def test_a_later_stage_holds_the_output_scale_of_the_layer_before():
+    """gemma4 with fused ops: a later stage adds the hand-over's FFN output to the residual
+    scaled by the layer before's layer_output_scale (engine/arch/gemma4.py), a tensor of the
+    stage before: it is that stage's too. (The TP-shaped gemma4 has none: a stand-in file.)"""
+    from types import SimpleNamespace
+    from brass.distributed.tp import Stage, stage_tensors
+    names = ["token_embd.weight", "output_norm.weight", "rope_freqs.weight"] + [
+        f"blk.{il}.{t}" for il in range(4) for t in ("attn_q.weight", "layer_output_scale.weight")]
+    gf = SimpleNamespace(tensors=dict.fromkeys(names))
+    g = ThreadGroup(2)
+    first = set(stage_tensors(gf, Stage(g.comm(0), (0, 2))))
+    last = set(stage_tensors(gf, Stage(g.comm(1), (2, 4))))
+    assert "blk.1.layer_output_scale.weight" in first and "blk.1.layer_output_scale.weight" in last
+    assert "blk.1.attn_q.weight" not in last and "blk.0.layer_output_scale.weight" not in last
+    assert "token_embd.weight" in last       # tied head (no output.weight): the last stage's too
+    assert {"rope_freqs.weight", "token_embd.weight"} <= first and "output_norm.weight" not in first
 
 
 @pytest.mark.parametrize("name", TP_NAMES)

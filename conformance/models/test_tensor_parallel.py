@@ -366,7 +366,8 @@ def test_cli_bad_tp_is_one_line_error(args, message):
     if "cuda" in args and n < 2:    # the GPU count this machine has, in the engine's words
         message = f"brass: error: --tp 2 needs 2 GPUs; this process sees {n}"
     elif message is None:
-        pytest.skip(f"{n} GPUs here: --tp 2 on cuda runs (test_tensor_parallel_cuda.py holds it)")
+        held = "test_layer_split_cuda.py" if "layer" in args else "test_tensor_parallel_cuda.py"
+        pytest.skip(f"{n} GPUs here: --tp 2 on cuda runs ({held} holds it)")
     r = brass("generate", goldens.model("synth-tp-qwen3").path(), "--prompt", "x", *args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().startswith(message) and "\n" not in r.stderr.strip(), r.stderr

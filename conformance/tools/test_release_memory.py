@@ -42,8 +42,8 @@ def test_freed_heap_pages_go_back():
     assert r.returncode == 0, r.stderr
     before, freed, released = map(int, r.stdout.split())
     # the 320 MiB stay resident once freed (the case release_memory is for), then go. Where
-    # the process's allocator gives them back at free by itself (the GPU runner's Python: 353
-    # MiB before, 65 after the free) there is nothing left for it to do, and so nothing to test
+    # the process's allocator gives them back at free by itself (as the GPU runner's Python
+    # did) there is nothing left for it to do, and so nothing to test
     if freed <= before - 100:
         pytest.skip(f"this process's allocator returned the freed pages at free ({before} -> {freed} MiB "
                     f"resident): the case release_memory is for does not arise here")

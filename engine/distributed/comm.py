@@ -40,6 +40,13 @@ class CommAborted(BrassError):
     """Another rank of the group failed: this rank's collective was abandoned."""
 
 
+def on_host(x) -> bool:
+    """Whether x is a host value (a numpy array or scalar), as the CPU communicators carry;
+    anything else is a device array (CuPy's). By exact type, not isinstance: the CPU tests'
+    fake CuPy arrays subclass numpy's."""
+    return type(x) is np.ndarray or np.isscalar(x)
+
+
 class Communicator(ABC):
     rank: int
     world_size: int

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BrassError
-from .comm import Communicator
+from .comm import Communicator, on_host
 
 BACKENDS = ("numpy", "cuda")
 COMMS = {"numpy": ("thread",), "cuda": ("host",)}
@@ -95,8 +95,8 @@ class NcclRank(Communicator):
     stream: `use_stream`), host arrays through the CPU pipes (`pipes`, a PipeCommunicator: the
     same sums and gathers as the numpy ranks, arrays of uneven widths included, which NCCL's
     all-gather does not take). A layer split's hand-over: its header through the pipes, the
-    device arrays through NCCL's send / recv_into. Capturable: a step's collectives on device arrays queue on the
-    stream and never wait for the host."""
+    device arrays through NCCL's send / recv_into. Capturable: a step's collectives on device
+    arrays queue on the stream and never wait for the host."""
 
     capturable = True
 
@@ -104,9 +104,7 @@ class NcclRank(Communicator):
         self.nccl, self.pipes = nccl, pipes
         self.rank, self.world_size = pipes.rank, pipes.world_size
 
-    @staticmethod
-    def _host(x) -> bool:
-        return type(x) is np.ndarray or np.isscalar(x)
+    _host = staticmethod(on_host)
 
     def use_stream(self, stream):
         self.nccl.stream = stream

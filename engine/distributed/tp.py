@@ -48,7 +48,7 @@ from ..sampling import Sampler, SamplingParams, generation_length
 from ..tokenizer import Tokenizer
 from ..validate import check_model
 from . import vocab
-from .comm import CommAborted, ThreadGroup
+from .comm import CommAborted, ThreadGroup, on_host
 from .cuda_rank import BACKENDS, rank_backends
 from .shard import Cut, layer_stages, tensor_parallel
 
@@ -193,7 +193,7 @@ class Stage:
     def _kind(a) -> int:
         if a is None:
             return _NONE
-        return _HOST if type(a) is np.ndarray else _DEVICE
+        return _HOST if on_host(a) else _DEVICE
 
     def send(self, carry: tuple):
         head = [len(carry)]
@@ -230,15 +230,18 @@ class Stage:
         return tuple(out)
 
 
-def stage_tensors(gf, cfg, stage: Stage) -> list[str]:
+def stage_tensors(gf, stage: Stage) -> list[str]:
     """The tensors of `gf` a stage's forward reads: its layers' (blk.N.*), the token embedding
     on the first stage (and on the last where the LM head is tied to it), the output norm and
-    head on the last, and the tensors of no layer (rope factors and the like) everywhere."""
+    head on the last, the tensors of no layer (rope factors and the like) everywhere; and on a
+    later stage the layer before's output scale (gemma4's fused residual add scales the
+    hand-over with it: engine/arch/gemma4.py)."""
     lo, hi = stage.layers
     out = []
     for name in gf.tensors:
         if name.startswith("blk."):
-            if lo <= int(name.split(".")[1]) < hi:
+            il = int(name.split(".")[1])
+            if lo <= il < hi or (il == lo - 1 and name.endswith(".layer_output_scale.weight")):
                 out.append(name)
         elif name == "token_embd.weight":
             if stage.first or (stage.last and "output.weight" not in gf.tensors):
@@ -300,7 +303,7 @@ class Rank:
             # rank's stream
             with self.backend.activate():
                 self.backend.load(self.gguf, self.weights, quiet=True,
-                                  names=stage_tensors(self.gguf, cfg, stage) if stage is not None else None)
+                                  names=stage_tensors(self.gguf, stage) if stage is not None else None)
         # a decode step replayed as a captured graph (its collectives inside) where the backend
         # captures over this communicator (NCCL's), BRASS_GRAPH as for a Model; per session
         from .. import flags

@@ -45,11 +45,10 @@ SPLIT_SLOTS = define("attention.cu", "ATTN_SPLIT_SLOTS")
 # checks this against NVRTC's build.
 ATTN_STATIC_SMEM = 1024 + 4 * ATTN_WARPS + 8 * ATTN_WARPS
 # With the attn_split option at its default (None), the split kernels take every decode-sized
-# call (takes_split). Measured on an H100 (`bash ci/gpu.sh depth`, tg128 at depth, split on /
-# off): Qwen3-8B shape 303.3 / 302.4 tok/s near an empty context, 246.2 / 192.2 at 256,
-# 244.6 / 95.6 at 1,024, 232.2 / 31.7 at 4,096, 131.6 / 8.6 at 16,384; Qwen3-0.6B 904.9 /
-# 890.1, 620.9 / 260.2 at 512: never slower, so no threshold (and a row takes the same
-# kernel alone as in a batched step's bucket graph, whatever their capacities).
+# call (takes_split): timed against the one-block kernel on the GPU (`ci/gpu.sh depth`), they
+# were never slower, near an empty context or at any depth (figures: perf/NOTES.md), so no
+# threshold (and a row takes the same kernel alone as in a batched step's bucket graph,
+# whatever their capacities).
 # The split kernels' scratch (logits, partial sums) for at most this many bytes of queries at
 # a time: a call with more (a prompt the tiled kernel does not take, past the one-block
 # kernel's shared memory or with attn_split on) is launched in groups of queries.

@@ -52,10 +52,9 @@ class CudaOptions:
     # splits in turn) where the one-block kernel reads a query's whole row in one block: None
     # (the default) for every decode-sized call (a step's token, a batched step's rows: never
     # slower at any depth, attention.py), a prompt the tiled kernel declines staying with the
-    # one-block kernel; True
-    # every call, prompts too; False never. Past the one-block kernel's shared memory (~57,000
-    # slots at head dims 128) the split kernels take any call whatever this says. The same
-    # logits, max and exponentials bit for bit; the sums in another order.
+    # one-block kernel; True every call, prompts too; False never. Past the one-block kernel's
+    # shared memory (~57,000 slots at head dims 128) the split kernels take any call whatever
+    # this says. The same logits, max and exponentials bit for bit; the sums in another order.
     attn_split: bool | None = None
     # A one-token Q6_K mat-vec whose warps read each chunk of a row together, coalesced
     # (matvec_coop_q6_k), where matvec_q6_k's lanes read their own items' words.
