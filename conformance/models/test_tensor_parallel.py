@@ -276,6 +276,12 @@ def test_one_rank_and_layer_split_equal_the_single_model(name):
     caches = split_model(name, 2, "layer").new_session(8).caches
     held = [[il for il, k in enumerate(c.k) if k is not None and k.pool.size] for c in caches]   # paged
     assert held[1] and all(il * 2 // len(c.k) == r for r, c in enumerate(caches) for il in held[r]), held
+    # and a hybrid's recurrent state its own delta-net layers only
+    states = [sorted(c.recurrent.layers) if c.recurrent is not None else [] for c in caches]
+    cfg = split_model(name, 2, "layer").config
+    every = [il for il in range(cfg.n_layer) if cfg.is_recurrent(il)]
+    assert sorted(states[0] + states[1]) == every, states
+    assert all(il * 2 // cfg.n_layer == r for r in range(2) for il in states[r]), states
 
 
 @pytest.mark.parametrize("world,split", SPLITS[:2])

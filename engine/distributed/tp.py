@@ -286,11 +286,14 @@ class Rank:
         cfg = self.arch.configure(read_config(self.gguf, self.gguf.architecture), self.gguf)
         self.config = plan.config if plan is not None else cfg
         if stage is not None:
-            # the KV cache holds the stage's layers only: the others get no KV heads (zero-size
-            # arrays); the forward never reaches them
+            # the caches hold the stage's layers only: the others get no KV heads (zero-size
+            # arrays) and no recurrent state (a hybrid's delta-net layers of other stages count
+            # as attention layers without heads); the forward never reaches them
             cfg = copy.copy(cfg)
             lo, hi = stage.layers
             cfg.n_head_kv_arr = [cfg.layer_n_head_kv(il) if lo <= il < hi else 0 for il in range(cfg.n_layer)]
+            if cfg.recurrent_layers:
+                cfg.recurrent_layers = [bool(r) and lo <= il < hi for il, r in enumerate(cfg.recurrent_layers)]
             self.config = cfg
         self.backend = (backend or TPBackend)(comm, plan)
         self.weights = Weights(self.backend, self.gguf)
