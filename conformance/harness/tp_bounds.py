@@ -33,3 +33,24 @@ def disagreements(logits, ref_logits, margin_bound):
     s = np.sort(ref_logits, axis=-1)
     clear = s[:, -1] - s[:, -2] > margin_bound
     return np.nonzero(clear & (logits.argmax(-1) != ref_logits.argmax(-1)))[0], int(clear.sum())
+
+
+def cuda_single(path):
+    """The single-GPU model the CUDA ranks are held to bit for bit: eager (no decode or prompt
+    graphs), its prompt GEMMs through the same kind of cuBLAS handle as the ranks' backends
+    (own_cublas, as the BRASS_PROMPT_GRAPHS setting gives it)."""
+    from brass import flags
+    from brass.model import Model
+    return Model(path, backend="cuda", quiet=True, graphs=False, prompt_graphs=False,
+                 own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
+
+
+def assert_same_bits(got, want, prompts):
+    """Two models (TPModel or Model) give the same teacher-forced logits on the first two
+    prompts, bit for bit, and the same greedy tokens after the first one."""
+    for p in prompts[:2]:
+        assert np.array_equal(got.score(p.tf_ids), want.score(p.tf_ids)), p.name
+    p = prompts[0]
+    n = len(p.generated_ids)
+    assert list(got.generate(p.prompt_ids, n, stop_at_eog=False)) == \
+        list(want.generate(p.prompt_ids, n, stop_at_eog=False))

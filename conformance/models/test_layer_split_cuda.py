@@ -27,6 +27,7 @@ from brass.backends import cuda_available
 from brass.distributed.comm import ThreadGroup
 from brass.gguf import GGUFFile
 from conformance.harness import fake_cupy, goldens, launch_recording as lr
+from conformance.harness.tp_bounds import assert_same_bits, cuda_single
 
 TP_NAMES = [m.name for m in goldens.tp_models()]
 requires_cuda = pytest.mark.skipif(
@@ -187,14 +188,6 @@ def test_a_layer_split_of_cuda_ranks_uploads_its_stages_and_runs(name):
 
 # -- on a GPU -----------------------------------------------------------------------------------
 
-def _single(name: str):
-    from brass import flags
-    from brass.model import Model
-    # eager, and own_cublas as the ranks' backends have it: bit-for-bit comparable
-    return Model(goldens.model(name).path(), backend="cuda", quiet=True, graphs=False, prompt_graphs=False,
-                 own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
-
-
 @requires_cuda
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks", ["threads", "processes"])
@@ -203,13 +196,7 @@ def test_the_cuda_layer_split_equals_one_gpu(name, ranks):
     from brass.distributed.tp import TPModel
     path = goldens.model(name).path()
     split = TPModel(path, 2, split="layer", backend="cuda", ranks=ranks, comm="host")
-    single = _single(name)
     try:
-        for p in goldens.prompts(name)[:2]:
-            assert np.array_equal(split.score(p.tf_ids), single.score(p.tf_ids)), p.name
-        p = goldens.prompts(name)[0]
-        n = len(p.generated_ids)
-        assert list(split.generate(p.prompt_ids, n, stop_at_eog=False)) == \
-            list(single.generate(p.prompt_ids, n, stop_at_eog=False))
+        assert_same_bits(split, cuda_single(path), goldens.prompts(name))
     finally:
         split.close()

@@ -51,7 +51,7 @@ from brass.distributed.comm import ThreadGroup
 from brass.distributed.shard import tensor_parallel
 from brass.gguf import GGUFFile
 from conformance.harness import fake_cupy, goldens, launch_recording as lr
-from conformance.harness.tp_bounds import TP_MARGIN, TP_NMSE, nmse
+from conformance.harness.tp_bounds import TP_MARGIN, TP_NMSE, assert_same_bits, cuda_single, nmse
 from conformance.harness.tp_bounds import disagreements as _disagreements
 
 TP_NAMES = [m.name for m in goldens.tp_models()]
@@ -686,12 +686,7 @@ def test_a_cuda_rank_in_its_process_runs_nccl_on_its_backends_stream():
 # -- on a GPU -----------------------------------------------------------------------------------
 
 def _cuda_single(name: str):
-    from brass.model import Model
-    from brass import flags
-    # own_cublas as the ranks' backends have it (its default, the BRASS_PROMPT_GRAPHS setting):
-    # the prompt GEMMs through the same kind of cuBLAS handle, for TP = 1's bit-for-bit comparison
-    return Model(goldens.model(name).path(), backend="cuda", quiet=True, graphs=False, prompt_graphs=False,
-                 own_cublas=flags.get("BRASS_PROMPT_GRAPHS"))
+    return cuda_single(goldens.model(name).path())
 
 
 def _cuda_tp(name: str, world: int):
@@ -851,12 +846,7 @@ def test_cuda_ranks_in_processes_over_host_give_the_threads_bits(name):
     threads = _cuda_tp(name, 2)
     try:
         assert not procs.ranks[0].graphs         # host-staged: eager
-        for p in goldens.prompts(name)[:2]:
-            assert np.array_equal(procs.score(p.tf_ids), threads.score(p.tf_ids)), p.name
-        p = goldens.prompts(name)[0]
-        n = len(p.generated_ids)
-        assert list(procs.generate(p.prompt_ids, n, stop_at_eog=False)) == \
-            list(threads.generate(p.prompt_ids, n, stop_at_eog=False))
+        assert_same_bits(procs, threads, goldens.prompts(name))
     finally:
         procs.close()
         threads.close()
