@@ -16,19 +16,22 @@
 //   H100 and H200: ~57,000 slots at head dims 128), and reads the whole row serially: H blocks
 //   a decode step.
 // - split-K (flash-decoding), `attention_split_*`: the visible slots j = 0 .. n-1 (slot lo + j,
-//   as `attention` numbers them) in splits of ATTN_SPLIT_SLOTS, taken by blocks of (head,
-//   query) in each of three launches, the logits in a global scratch row:
+//   as `attention` numbers them) in splits of ATTN_SPLIT_SLOTS, taken in each of three
+//   launches by blocks of (KV head, query) in passes 1 and 3 (each such block computes every
+//   query head of the KV head's group, so that a K or V row is read once for the group) and of
+//   (head, query) in pass 2, the logits in a global scratch row a (head, query):
 //     1. logits: K.Q of a split's slots into the row, the split's max;
 //     2. sums: the global max M (the max of the splits' maxima), e_j = expf(l_j - M) and the
 //        split's double sum of them;
 //     3. values: S = the splits' sums added in split order; p_j = f16(e_j / S); the split's
-//        V.softmax; the last block of a (head, query) to finish (a counter per (head, query),
-//        after a memory fence: the threadFenceReduction pattern) adds the splits' partial sums
-//        in split order and writes the output and its Q8_1 blocks.
+//        V.softmax; the last block of a (KV head, query) to finish (a counter per (KV head,
+//        query), after a memory fence: the threadFenceReduction pattern) adds each of the
+//        group's heads' splits' partial sums in split order and writes the output and its Q8_1
+//        blocks.
 //   The number of splits is fixed from n_slots (a decode graph is captured once per capacity
 //   and replayed while pos grows on the device), and so is the launch; a split wholly past the
 //   visible slots computes nothing (no max, no sum, no K or V read).
-//   Bit for bit as `attention`: each logit (the same function computes it, attn_logits), M
+//   Bit for bit as `attention`: each logit (attn_group_logits: attn_logits' expressions), M
 //   (a max, in any order) and so each e_j. Reordered: S's double additions (the splits' sums
 //   added, where `attention` adds per-thread sums over the whole row: differences ~1e-16
 //   relative, which can move a p_j's F16 rounding by one ulp only where e_j / S falls within
@@ -78,13 +81,6 @@ __device__ __forceinline__ void attn_visible(const int * pos, const int t, const
     const int hi = min(pos[t], p.capacity - 1);
     lo = p.window > 0 ? max(0, pos[t] - p.window + 1) : 0;
     n = hi - lo + 1;
-}
-
-// The query row (t, h) rounded to F16, into q16 [head_dim] (shared), by the block's threads.
-__device__ __forceinline__ void attn_load_q(const float * q, const int t, const int h, float * q16,
-                                            const AttentionParams & p) {
-    const float * qr = q + ((i64) t * p.n_heads + h) * p.head_dim;
-    for (int d = threadIdx.x; d < p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
 }
 
 // Pass 1 over visible slots j0 <= j < j1: logit[j] = K.Q of slot lo + j, scaled; returns the
@@ -147,31 +143,6 @@ __device__ __forceinline__ float attn_logits(const float * q16, const u16 * k_ca
         }
     }
     return m;
-}
-
-// The split kernels' pass 3 over slots lo .. lo + n - 1 with probabilities prob[0 .. n-1]
-// (shared): attend_block's pass 3 loop, the same order (warp w takes slots w, w + ATTN_WARPS,
-// ...; each lane two adjacent dims per step), so that a row with one split is summed as there;
-// the warp's sums into part[w * head_dim_v ..] (shared), which the caller adds in warp order.
-// attend_block keeps its own copy: calling this from there changed its machine code.
-__device__ __forceinline__ void attn_values(const float * prob, const u16 * v_cache, const int * table, const int lo,
-                                            const int n, const int h_kv, float * part, const AttentionParams & p) {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
-    const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
-    const int nv_pairs = p.head_dim_v / 2;
-    float * my = part + warp * p.head_dim_v;
-    for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
-        float a0 = 0.0f, a1 = 0.0f;
-        for (int j = warp; j < n; j += ATTN_WARPS) {
-            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
-            const float pj = prob[j];
-            a0 += pj * f16_to_f32((u16) (vv & 0xFFFF));
-            a1 += pj * f16_to_f32((u16) (vv >> 16));
-        }
-        my[2 * c] = a0;
-        my[2 * c + 1] = a1;
-    }
 }
 
 // One thread block per (head, query token). out is [T, H * Dv]; with write_q8 also its Q8_1
@@ -265,16 +236,31 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     attend_block(q, k_cache, v_cache, pos, table, out, out_q, p);
 }
 
-// ---- split-K: blocks (head h = blockIdx.x, b = blockIdx.y, query t = blockIdx.z) ------------
+// ---- split-K: blocks (KV head g = blockIdx.x, b = blockIdx.y, query t = blockIdx.z) ---------
 // A (t, h) row's visible slots fall in S = ceil(n_slots / ATTN_SPLIT_SLOTS) splits (split s:
-// j in [s * ATTN_SPLIT_SLOTS, (s + 1) * ATTN_SPLIT_SLOTS) of those visible); its gridDim.y
+// j in [s * ATTN_SPLIT_SLOTS, (s + 1) * ATTN_SPLIT_SLOTS) of those visible). Passes 1 and 3
+// take a (t, g) group: the G = H / H_kv query heads h = g * G .. g * G + G - 1 that read KV
+// head g, so that each K row (pass 1) and V row (pass 3) is read once for all of them (in
+// chunks of up to ATTN_SPLIT_HEADS heads, split_chunk_heads; each chunk reads the rows again);
+// pass 2 reads only logits and keeps a block per (t, h) row. A group's (or row's) gridDim.y
 // blocks take splits b, b + gridDim.y, ... (the backend launches enough blocks to fill the
 // GPU, fewer than S at depth: a split past the visible slots then costs no block). What a
 // split computes and where it goes do not depend on which block takes it, so neither does the
-// result on gridDim.y. Scratch (global, row r = t * H + h): logit [r][S * ATTN_SPLIT_SLOTS]
-// indexed by j; split_max [r][S]; split_sum [r][S] (double); part [r][S][head_dim_v]; done
-// [r] (pass 3's blocks finished). Only the splits that hold visible slots (s < n_used =
-// ceil(n / ATTN_SPLIT_SLOTS)) write or are read.
+// result on gridDim.y. Each head's numbers are the float operations, in the order, that a
+// block of that head alone would make (the same expressions per head). Scratch (global, row
+// r = t * H + h): logit [r][S * ATTN_SPLIT_SLOTS] indexed by j; split_max [r][S]; split_sum
+// [r][S] (double); part [r][S][head_dim_v]; done [t * H_kv + g] (pass 3's blocks of the
+// group finished). Only the splits that hold visible slots (s < n_used = ceil(n /
+// ATTN_SPLIT_SLOTS)) write or are read.
+
+#ifndef ATTN_SPLIT_HEADS
+// query heads of a KV group that a block of split-K pass 1 or 3 holds at once (registers:
+// a dot product or two V sums a head; shared memory: a query row, a split's probabilities
+// and the warps' sums a head)
+#define ATTN_SPLIT_HEADS 8
+#endif
+static_assert(ATTN_SPLIT_HEADS == 1 || ATTN_SPLIT_HEADS == 2 || ATTN_SPLIT_HEADS == 4 || ATTN_SPLIT_HEADS == 8,
+              "split_chunk's dispatch takes chunks of 1, 2, 4 or 8 heads");
 
 __device__ __forceinline__ int split_count(const AttentionParams & p) {
     return (p.n_slots + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS;
@@ -285,61 +271,214 @@ __device__ __forceinline__ int splits_used(const int n) {
     return n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;
 }
 
-// M: the max of the used splits' maxima (every thread gets it). A max is exact in any order,
-// so this is `attention`'s max of the whole row (up to the sign of a zero, which changes no
-// expf(l - M)).
-__device__ __forceinline__ float split_global_max(const float * split_max, const int n_used, float * red_max) {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    float m = -__int_as_float(0x7f800000);
-    for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);
-    m = warp_max(m);
-    if (lane == 0) red_max[warp] = m;
-    __syncthreads();
-    m = red_max[0];
-#pragma unroll
-    for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
-    return m;
+// The heads a chunk takes of `left` heads of a group still to do: the largest power of two
+// up to min(left, ATTN_SPLIT_HEADS), so that a chunk's heads are a compile-time count (its
+// per-head registers unrolled, no head guarded) of four: G = 6 goes as 4 + 2, 12 as 8 + 4.
+// The backend sizes shared memory for the first chunk (attention.py split_chunk_heads).
+__device__ __forceinline__ int split_chunk_heads(const int left) {
+    const int c = min(left, ATTN_SPLIT_HEADS);
+    return c >= 8 ? 8 : c >= 4 ? 4 : c >= 2 ? 2 : 1;
 }
 
-// Pass 1: each split's logits into the row, its max. Dynamic shared memory: q16 [head_dim].
+// M of NH rows: head i's max of its used splits' maxima (split_max + i * S; every thread gets
+// them). A max is exact in any order, so this is `attention`'s max of the whole row (up to the
+// sign of a zero, which changes no expf(l - M)). red_max: [NH][ATTN_WARPS] shared.
+template <int NH>
+__device__ __forceinline__ void split_global_max(const float * split_max, const int S, const int n_used,
+                                                 float * red_max, float (&m)[NH]) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+#pragma unroll
+    for (int i = 0; i < NH; ++i) {
+        m[i] = -__int_as_float(0x7f800000);
+        for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m[i] = fmaxf(m[i], split_max[i * S + s]);
+        m[i] = warp_max(m[i]);
+        if (lane == 0) red_max[i * ATTN_WARPS + warp] = m[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < NH; ++i) {
+        m[i] = red_max[i * ATTN_WARPS];
+#pragma unroll
+        for (int w = 1; w < ATTN_WARPS; ++w) m[i] = fmaxf(m[i], red_max[i * ATTN_WARPS + w]);
+    }
+}
+
+// attn_logits for NH query heads of one KV head at once, over visible slots j0 <= j < j1:
+// q16 [NH][head_dim] (shared), head i's logits into logit + i * row (logit[i * row + j]), the
+// calling warp's max of head i's into m[i] (every lane holds it; -inf for none). Each K row is
+// read once for the NH heads; each head's logit is attn_logits' float operations in its order
+// (the same expression a pair of dims, the same layouts: a slot per thread or per warp).
+template <int NH>
+__device__ __forceinline__ void attn_group_logits(const float * q16, const u16 * k_cache, const int * table,
+                                                  const int lo, const int j0, const int j1, const int h_kv,
+                                                  float * logit, const i64 row, float (&m)[NH],
+                                                  const AttentionParams & p) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 k_row = (i64) p.n_kv_heads * p.head_dim;
+    const int Dh = p.head_dim, n_pairs = p.head_dim / 2;
+#pragma unroll
+    for (int i = 0; i < NH; ++i) m[i] = -__int_as_float(0x7f800000);
+    if (p.head_dim % 8 == 0 && p.head_dim <= ATTN_SLOT_LANES_MAX_DIM) {
+        for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
+            const uint4 * kr = (const uint4 *) (k_cache + kv_row(table, lo + j) * k_row + (i64) h_kv * p.head_dim);
+            float dot[NH];
+#pragma unroll
+            for (int i = 0; i < NH; ++i) dot[i] = 0.0f;
+            for (int c = 0; c < p.head_dim / 8; ++c) {
+                const uint4 kk = kr[c];
+                const u32 w4[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int d = 8 * c + 2 * e;
+                    const float k0 = f16_to_f32((u16) (w4[e] & 0xFFFF)), k1 = f16_to_f32((u16) (w4[e] >> 16));
+#pragma unroll
+                    for (int i = 0; i < NH; ++i) dot[i] += q16[i * Dh + d] * k0 + q16[i * Dh + d + 1] * k1;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NH; ++i) {
+                const float l = __fmul_rn(dot[i], p.scale);
+                logit[i * row + j] = l;
+                m[i] = fmaxf(m[i], l);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NH; ++i) m[i] = warp_max(m[i]);
+        return;
+    }
+    for (int jw = j0 + warp; jw < j1; jw += ATTN_WARPS * ATTN_SLOTS_PER_WARP) {
+        float dot[ATTN_SLOTS_PER_WARP][NH];
+#pragma unroll
+        for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
+            const int j = min(jw + u * ATTN_WARPS, j1 - 1);     // past j1: slot j1-1 again, unused
+            const u32 * kr = (const u32 *) (k_cache + kv_row(table, lo + j) * k_row + (i64) h_kv * p.head_dim);
+#pragma unroll
+            for (int i = 0; i < NH; ++i) dot[u][i] = 0.0f;
+            for (int c = lane; c < n_pairs; c += WARP_SIZE) {
+                const u32 kk = kr[c];
+                const float k0 = f16_to_f32((u16) (kk & 0xFFFF)), k1 = f16_to_f32((u16) (kk >> 16));
+#pragma unroll
+                for (int i = 0; i < NH; ++i) dot[u][i] += q16[i * Dh + 2 * c] * k0 + q16[i * Dh + 2 * c + 1] * k1;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_SLOTS_PER_WARP; ++u) {
+            const int j = jw + u * ATTN_WARPS;
+#pragma unroll
+            for (int i = 0; i < NH; ++i) {
+                const float l = __fmul_rn(warp_sum(dot[u][i]), p.scale);
+                if (j < j1) {
+                    if (lane == 0) logit[i * row + j] = l;
+                    m[i] = fmaxf(m[i], l);
+                }
+            }
+        }
+    }
+}
+
+// Pass 3's V.softmax of a split for NH query heads of one KV head, over slots lo .. lo + n - 1
+// with probabilities prob[i * ATTN_SPLIT_SLOTS + j] (shared): attend_block's pass 3 loop for
+// each head, the same order (warp w takes slots w, w + ATTN_WARPS, ...; each lane two adjacent
+// dims per step), so that a row with one split is summed as there, each V row read once for
+// the NH heads; head i's warp sums into part[(i * ATTN_WARPS + w) * head_dim_v ..] (shared),
+// which the caller adds in warp order. attend_block keeps its own loop: calling a shared
+// function from there changed its machine code.
+template <int NH>
+__device__ __forceinline__ void attn_group_values(const float * prob, const u16 * v_cache, const int * table,
+                                                  const int lo, const int n, const int h_kv, float * part,
+                                                  const AttentionParams & p) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
+    const u16 * vbase = v_cache + (i64) h_kv * p.head_dim_v;
+    const int Dv = p.head_dim_v, nv_pairs = p.head_dim_v / 2;
+    for (int c = lane; c < nv_pairs; c += WARP_SIZE) {
+        float a0[NH], a1[NH];
+#pragma unroll
+        for (int i = 0; i < NH; ++i) a0[i] = a1[i] = 0.0f;
+        for (int j = warp; j < n; j += ATTN_WARPS) {
+            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
+            const float v0 = f16_to_f32((u16) (vv & 0xFFFF)), v1 = f16_to_f32((u16) (vv >> 16));
+#pragma unroll
+            for (int i = 0; i < NH; ++i) {
+                const float pj = prob[i * ATTN_SPLIT_SLOTS + j];
+                a0[i] += pj * v0;
+                a1[i] += pj * v1;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NH; ++i) {
+            part[(i * ATTN_WARPS + warp) * Dv + 2 * c] = a0[i];
+            part[(i * ATTN_WARPS + warp) * Dv + 2 * c + 1] = a1[i];
+        }
+    }
+}
+
+// Pass 1 for the NH heads h .. h + NH - 1 (rows r .. r + NH - 1) of KV head h_kv: their query
+// rows into q16 [NH][head_dim] (shared), then each split of the block's: the logits, each
+// head's split max. red_max: [ATTN_SPLIT_HEADS][ATTN_WARPS] shared.
+template <int NH>
+__device__ __forceinline__ void split_logits_heads(const float * q, const u16 * k_cache, const int * table,
+                                                   const int t, const int h, const int h_kv, const int lo,
+                                                   const int n, const int n_used, float * logit, float * split_max,
+                                                   float * q16, float * red_max, const AttentionParams & p) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, S = split_count(p);
+    const i64 r = (i64) t * p.n_heads + h, row = (i64) S * ATTN_SPLIT_SLOTS;
+    const float * qr = q + r * p.head_dim;         // the NH heads' rows, one after another
+    __syncthreads();                                // the previous chunk's q16 read
+    for (int d = threadIdx.x; d < NH * p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
+    __syncthreads();                                // q16 written
+    float * lr = logit + r * row;
+    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+        const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
+        float m[NH];
+        attn_group_logits<NH>(q16, k_cache, table, lo, j0, j1, h_kv, lr, row, m, p);
+        if (lane == 0) {
+#pragma unroll
+            for (int i = 0; i < NH; ++i) red_max[i * ATTN_WARPS + warp] = m[i];
+        }
+        __syncthreads();
+        if (threadIdx.x < NH) {
+            const int i = threadIdx.x;
+            float mi = red_max[i * ATTN_WARPS];
+#pragma unroll
+            for (int w = 1; w < ATTN_WARPS; ++w) mi = fmaxf(mi, red_max[i * ATTN_WARPS + w]);
+            split_max[(r + i) * S + s] = mi;
+        }
+        __syncthreads();                            // red_max read before the next split
+    }
+}
+
+// Pass 1: each split's logits into the rows of the group's heads, each head's split max.
+// Dynamic shared memory: q16 [split_chunk_heads(G)][head_dim].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_cache, const int * __restrict__ pos,
                        const int * __restrict__ table, float * __restrict__ logit, float * __restrict__ split_max,
                        int * __restrict__ done, const AttentionParams p) {
     PDL_ENTRY();
-    __shared__ float red_max[ATTN_WARPS];
-    const int h = blockIdx.x, t = blockIdx.z, S = split_count(p);
-    const i64 r = (i64) t * p.n_heads + h;
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    if (blockIdx.y == 0 && threadIdx.x == 0) done[r] = 0;     // pass 3 counts from here (a kernel later)
+    __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
+    const int g = blockIdx.x, t = blockIdx.z, G = p.n_heads / p.n_kv_heads;
+    const i64 c = (i64) t * p.n_kv_heads + g;                 // the group's done counter
+    if (blockIdx.y == 0 && threadIdx.x == 0) done[c] = 0;     // pass 3 counts from here (a kernel later)
     if (p.per_row) table += (i64) t * p.table_stride;
     int lo, n;
     attn_visible(pos, t, p, lo, n);
     const int n_used = splits_used(n);
     if ((int) blockIdx.y >= n_used) return;                   // no split of this block is visible
     extern __shared__ float smem[];
-    float * q16 = smem;
-    attn_load_q(q, t, h, q16, p);
-    __syncthreads();
-    const int h_kv = h / (p.n_heads / p.n_kv_heads);
-    float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
-    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
-        const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
-        float m = attn_logits(q16, k_cache, table, lo, j0, j1, h_kv, lr, p);
-        if (lane == 0) red_max[warp] = m;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            m = red_max[0];
-#pragma unroll
-            for (int w = 1; w < ATTN_WARPS; ++w) m = fmaxf(m, red_max[w]);
-            split_max[r * S + s] = m;
+    for (int h = g * G, nh; h < (g + 1) * G; h += nh) {
+        nh = split_chunk_heads((g + 1) * G - h);
+        switch (nh) {
+        case 8: split_logits_heads<8>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
+        case 4: split_logits_heads<4>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
+        case 2: split_logits_heads<2>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
+        default: split_logits_heads<1>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p);
         }
-        __syncthreads();                                      // red_max read before the next split
     }
 }
 
 // Pass 2: each split's double sum of e_j = expf(l_j - M), summed as `attention` sums them
-// (per thread, the warp by shuffles, the warps in order) over the split's slots.
+// (per thread, the warp by shuffles, the warps in order) over the split's slots. A block per
+// (t, h) row.
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_sums(const int * __restrict__ pos, const float * __restrict__ logit,
                      const float * __restrict__ split_max, double * __restrict__ split_sum, const AttentionParams p) {
@@ -353,7 +492,9 @@ attention_split_sums(const int * __restrict__ pos, const float * __restrict__ lo
     attn_visible(pos, t, p, lo, n);
     const int n_used = splits_used(n);
     if ((int) blockIdx.y >= n_used) return;
-    const float m = split_global_max(split_max + r * S, n_used, red_max);
+    float mm[1];
+    split_global_max<1>(split_max + r * S, S, n_used, red_max, mm);
+    const float m = mm[0];
     const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
     for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
         const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
@@ -372,51 +513,88 @@ attention_split_sums(const int * __restrict__ pos, const float * __restrict__ lo
     }
 }
 
-// Pass 3: for each split, p_j = f16(e_j / S) of its slots, its V.softmax (its warps added in
-// warp order) into part; the last of the row's gridDim.y blocks to finish adds the used
-// splits' parts in split order into out and its Q8_1 blocks. Dynamic shared memory: prob
-// [ATTN_SPLIT_SLOTS], then [ATTN_WARPS][head_dim_v].
+// Pass 3 for the NH heads of rows r .. r + NH - 1 (KV head h_kv): each head's M and S (the
+// used splits' sums in split order), then for each split of the block's: p_j = f16(e_j / S)
+// of its slots a head, the heads' V.softmax (each head's warps added in warp order) into part.
+// Dynamic shared memory: prob [NH][ATTN_SPLIT_SLOTS], then [NH][ATTN_WARPS][head_dim_v].
+// red_max: [ATTN_SPLIT_HEADS][ATTN_WARPS], head_sum [ATTN_SPLIT_HEADS] shared.
+template <int NH>
+__device__ __forceinline__ void split_values_heads(const u16 * v_cache, const int * table, const i64 r,
+                                                   const int h_kv, const int lo, const int n, const int n_used,
+                                                   const float * logit, const float * split_max,
+                                                   const double * split_sum, float * part, float * smem,
+                                                   float * red_max, double * head_sum, const AttentionParams & p) {
+    const int S = split_count(p), Dv = p.head_dim_v;
+    const i64 row = (i64) S * ATTN_SPLIT_SLOTS;
+    if (threadIdx.x < NH) {                         // S of a head: its used splits' sums in split order
+        double sum = 0.0;
+        for (int u = 0; u < n_used; ++u) sum += split_sum[(r + threadIdx.x) * S + u];
+        head_sum[threadIdx.x] = sum;
+    }
+    float m[NH];
+    split_global_max<NH>(split_max + r * S, S, n_used, red_max, m);   // its barrier: head_sum written
+    float * prob = smem;
+    float * wpart = prob + NH * ATTN_SPLIT_SLOTS;
+    const float * lr = logit + r * row;
+    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+        const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
+        for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
+#pragma unroll
+            for (int i = 0; i < NH; ++i) {
+                const float e = expf(__fsub_rn(lr[i * row + j], m[i]));
+                prob[i * ATTN_SPLIT_SLOTS + j - j0] = f16_to_f32(f32_to_f16((float) (e / head_sum[i])));
+            }
+        }
+        __syncthreads();
+        attn_group_values<NH>(prob, v_cache, table, lo + j0, j1 - j0, h_kv, wpart, p);
+        __syncthreads();
+        for (int x = threadIdx.x; x < NH * Dv; x += ATTN_THREADS) {
+            const int i = x / Dv, d = x % Dv;
+            const float * wp = wpart + i * ATTN_WARPS * Dv;
+            float acc = wp[d];
+#pragma unroll
+            for (int w = 1; w < ATTN_WARPS; ++w) acc += wp[w * Dv + d];
+            part[((r + i) * S + s) * Dv + d] = acc;
+        }
+        __syncthreads();                            // prob, wpart, head_sum and red_max read before reuse
+    }
+}
+
+// Pass 3: the group's heads' splits (split_values_heads, in chunks); the last of the group's
+// gridDim.y blocks to finish adds each head's used splits' parts in split order into out and
+// its Q8_1 blocks. Dynamic shared memory: prob [split_chunk_heads(G)][ATTN_SPLIT_SLOTS], then
+// [split_chunk_heads(G)][ATTN_WARPS][head_dim_v].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict__ pos, const int * __restrict__ table,
                        const float * __restrict__ logit, const float * __restrict__ split_max,
                        const double * __restrict__ split_sum, float * __restrict__ part, int * __restrict__ done,
                        float * __restrict__ out, block_q8_1 * __restrict__ out_q, const AttentionParams p) {
     PDL_ENTRY();
-    __shared__ float red_max[ATTN_WARPS];
+    __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
+    __shared__ double head_sum[ATTN_SPLIT_HEADS];
     __shared__ int last;
-    const int h = blockIdx.x, t = blockIdx.z, S = split_count(p);
-    const i64 r = (i64) t * p.n_heads + h;
+    const int g = blockIdx.x, t = blockIdx.z, S = split_count(p), G = p.n_heads / p.n_kv_heads;
+    const i64 c = (i64) t * p.n_kv_heads + g;                 // the group's done counter
+    const i64 r0 = (i64) t * p.n_heads + (i64) g * G;         // the group's first row
     const int Dv = p.head_dim_v;
     if (p.per_row) table += (i64) t * p.table_stride;
     int lo, n;
     attn_visible(pos, t, p, lo, n);
     const int n_used = splits_used(n);
-    float * parts = part + r * S * Dv;
     if ((int) blockIdx.y < n_used) {
-        const float m = split_global_max(split_max + r * S, n_used, red_max);
-        double sum = 0.0;                              // S: the used splits' sums in split order
-        for (int u = 0; u < n_used; ++u) sum += split_sum[r * S + u];
         extern __shared__ float smem[];
-        float * prob = smem;
-        float * wpart = prob + ATTN_SPLIT_SLOTS;
-        const float * lr = logit + r * S * ATTN_SPLIT_SLOTS;
-        const int h_kv = h / (p.n_heads / p.n_kv_heads);
-        for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
-            const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
-            for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
-                const float e = expf(__fsub_rn(lr[j], m));
-                prob[j - j0] = f16_to_f32(f32_to_f16((float) (e / sum)));
+        for (int i = 0, nh; i < G; i += nh) {
+            nh = split_chunk_heads(G - i);
+            switch (nh) {
+            case 8: split_values_heads<8>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
+                                          smem, red_max, head_sum, p); break;
+            case 4: split_values_heads<4>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
+                                          smem, red_max, head_sum, p); break;
+            case 2: split_values_heads<2>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
+                                          smem, red_max, head_sum, p); break;
+            default: split_values_heads<1>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum,
+                                           part, smem, red_max, head_sum, p);
             }
-            __syncthreads();
-            attn_values(prob, v_cache, table, lo + j0, j1 - j0, h_kv, wpart, p);
-            __syncthreads();
-            for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
-                float acc = wpart[d];
-#pragma unroll
-                for (int w = 1; w < ATTN_WARPS; ++w) acc += wpart[w * Dv + d];
-                parts[(i64) s * Dv + d] = acc;
-            }
-            __syncthreads();                           // prob and wpart read before the next split
         }
     }
     // The threadFenceReduction pattern, fenced as the PTX memory model asks of a relaxed
@@ -428,17 +606,18 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(done + r, 1) == (int) gridDim.y - 1;
+        last = atomicAdd(done + c, 1) == (int) gridDim.y - 1;
         if (last) __threadfence();
     }
     __syncthreads();
     if (!last) return;
-    float * o = out + r * Dv;
-    // head_dim_v is a multiple of 32 when write_q8 is set, so whole warps run each round.
-    for (int d = threadIdx.x; d < Dv; d += ATTN_THREADS) {
-        float acc = n_used > 0 ? __ldcg(parts + d) : 0.0f;
-        for (int u = 1; u < n_used; ++u) acc += __ldcg(parts + (i64) u * Dv + d);
-        o[d] = acc;
-        if (p.write_q8) quantize_warp_q8_1(acc, out_q + (r * Dv + d) / QK8_1);
+    // The group's G rows r0 .. r0 + G - 1, element x = (row - r0) * Dv + d. head_dim_v is a
+    // multiple of 32 when write_q8 is set, so whole warps run each round, each in one Q8_1 block.
+    for (int x = threadIdx.x; x < G * Dv; x += ATTN_THREADS) {
+        const float * parts = part + ((r0 + x / Dv) * S) * Dv + x % Dv;
+        float acc = n_used > 0 ? __ldcg(parts) : 0.0f;
+        for (int u = 1; u < n_used; ++u) acc += __ldcg(parts + (i64) u * Dv);
+        out[r0 * Dv + x] = acc;
+        if (p.write_q8) quantize_warp_q8_1(acc, out_q + (r0 * Dv + x) / QK8_1);
     }
 }

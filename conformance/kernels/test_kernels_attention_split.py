@@ -120,7 +120,8 @@ def _check_scratch(sc, pos, cap, window, slots, blocks):
 # others wholly past pos), a window starting inside a split (lo not a multiple of the split or
 # the KV block), the warp-per-slot layout (D 256, D 36 without Q8_1 blocks), DV != D, a few
 # queries at once, rows whose blocks take several splits each (more blocks than used splits,
-# fewer, one)
+# fewer, one); KV groups of G = 1, 2, 4, 6 (chunks of 4 + 2 heads), 8, 10, 11 and 12 query heads
+# (more than ATTN_SPLIT_HEADS: chunks of 8 + 2, 8 + 2 + 1, 8 + 4), each a block's heads at once
 CASES = [
     (1, 600, 4, 2, 128, 128, 0, 700, None, 0),
     (1, 100, 4, 2, 128, 128, 0, 1000, None, 0),
@@ -131,6 +132,15 @@ CASES = [
     (1, 150, 4, 2, 128, 64, 0, 170, 32, 2),
     (3, 70, 2, 2, 128, 64, 0, 80, 32, 1),
     (1, 45, 2, 1, 64, 64, 0, 200, 16, 5),
+    (1, 300, 8, 2, 64, 64, 0, 320, 32, 3),
+    (1, 120, 4, 1, 256, 256, 0, 130, 32, 2),
+    (1, 200, 6, 1, 64, 64, 50, 260, 32, 0),
+    (1, 50, 6, 1, 64, 64, 0, 300, None, 0),
+    (1, 100, 16, 2, 64, 64, 0, 120, None, 0),
+    (1, 150, 8, 1, 128, 128, 0, 160, None, 0),
+    (1, 150, 10, 1, 128, 128, 0, 170, 64, 2),
+    (1, 60, 11, 1, 36, 36, 0, 80, 16, 0),
+    (2, 90, 12, 1, 64, 32, 40, 130, 16, 4),
 ]
 
 
@@ -172,7 +182,8 @@ def test_split_attention_on_the_cpu(rng, case, record_property):
 # (positions of the rows, H, H_kv, D, DV, window, ATTN_SPLIT_SLOTS): a batched decode step's
 # rows, each its own sequence and length (so its own number of used splits), in one pool pair
 ROW_CASES = [((40, 3, 17, 0, 95), 4, 2, 128, 128, 0, 16), ((100, 15, 16, 33), 4, 1, 64, 64, 24, 16),
-             ((5, 70), 2, 2, 128, 64, 0, 32)]
+             ((5, 70), 2, 2, 128, 64, 0, 32), ((40, 3, 17, 0, 95), 8, 2, 64, 64, 0, 16),
+             ((10, 50), 6, 1, 64, 64, 0, 16), ((30, 70, 5), 12, 1, 64, 64, 20, 16)]
 
 
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: "rows%d-H%d-%d-D%d-%d-w%d-slots%d" % ((len(c[0]),) + c[1:]))
@@ -256,9 +267,9 @@ PLANTED = [
     ("return n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;", "return n > 0 ? n / ATTN_SPLIT_SLOTS : 0;",
      0.125),
     ("for (int u = 1; u < n_used; ++u) acc +=", "for (int u = 2; u < n_used; ++u) acc +=", 0.125),
-    ("last = atomicAdd(done + r, 1) == (int) gridDim.y - 1;", "last = atomicAdd(done + r, 1) == 0;", 0.125),
-    ("for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);",
-     "for (int s = threadIdx.x; s < 1; s += ATTN_THREADS) m = fmaxf(m, split_max[s]);", 50.0),
+    ("last = atomicAdd(done + c, 1) == (int) gridDim.y - 1;", "last = atomicAdd(done + c, 1) == 0;", 0.125),
+    ("for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m[i] = fmaxf(m[i], split_max[i * S + s]);",
+     "for (int s = threadIdx.x; s < 1; s += ATTN_THREADS) m[i] = fmaxf(m[i], split_max[i * S + s]);", 50.0),
     ("s < n_used; s += gridDim.y) {", "s < n_used; s += gridDim.y + 1) {", 0.125),
 ]
 
@@ -309,6 +320,39 @@ def test_counter_protocol_breaches_are_caught(rng, planted):
         attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2)
 
 
+
+# Bugs planted in the sharing of a KV head's K and V rows across its query heads (passes 1
+# and 3 a block per (KV head, query) group), each to be caught: every head of a chunk dotted
+# with the chunk's first query; every head's probabilities against the first head's max;
+# every head's output combined from the first head's partial sums; one done counter for all
+# the groups (a group whose count another group's blocks took is combined early or never);
+# heads past ATTN_SPLIT_HEADS left out of pass 3. 24 heads in 2 groups of 12 (chunks of 8 and
+# 4), two blocks a group, each taking several splits.
+GROUP_PLANTED = [
+    ("dot[i] += q16[i * Dh + d] * k0 + q16[i * Dh + d + 1] * k1;", "dot[i] += q16[d] * k0 + q16[d + 1] * k1;"),
+    ("expf(__fsub_rn(lr[i * row + j], m[i]))", "expf(__fsub_rn(lr[i * row + j], m[0]))"),
+    ("part + ((r0 + x / Dv) * S) * Dv + x % Dv;", "part + (r0 * S) * Dv + x % Dv;"),
+    ("last = atomicAdd(done + c, 1)", "last = atomicAdd(done + t, 1)"),
+    ("for (int i = 0, nh; i < G; i += nh) {", "for (int i = 0, nh; i < min(G, ATTN_SPLIT_HEADS); i += nh) {"),
+]
+
+
+@pytest.mark.parametrize("planted", GROUP_PLANTED, ids=["chunk-first-query", "group-first-max",
+                                                        "combine-first-head", "one-counter-for-all-groups",
+                                                        "heads-past-a-chunk-dropped"])
+def test_planted_group_bugs_are_caught(rng, planted, record_property):
+    from conformance.harness.attn_host import KERNEL_DIR, attention_split
+    old, new = planted
+    text = (KERNEL_DIR / "attention.cu").read_text()
+    assert text.count(old) == 1, f"the planted bug's anchor {old!r} is not in attention.cu once"
+    lib = _lib(32, text.replace(old, new))
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 24, 2, 64, 64, 0, 160)
+    got, _ = attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2)
+    want = cuda_reference().attention(q, k, v, pos, 0.125, 0).reshape(1, -1)
+    with pytest.raises((AssertionError, pytest.fail.Exception)):     # NaN left, or beyond the bound
+        check(got, want, ATTENTION, record_property)
+
+
 # ---- on CUDA ---------------------------------------------------------------------------------
 
 def _launched(cuda, monkeypatch) -> list[str]:
@@ -320,7 +364,11 @@ def _launched(cuda, monkeypatch) -> list[str]:
 
 @needs_cuda
 @pytest.mark.parametrize("case", [c for c in CASES if c[8] is None] + [(1, 5000, 8, 2, 128, 128, 0, 9000, None, 0),
-                                                                      (2, 3000, 4, 1, 256, 256, 1000, 3100, None, 0)],
+                                                                      (2, 3000, 4, 1, 256, 256, 1000, 3100, None, 0),
+                                                                      (1, 200, 32, 8, 128, 128, 0, 4096, None, 0),
+                                                                      (1, 3000, 32, 8, 128, 128, 0, 4096, None, 0),
+                                                                      (1, 700, 12, 2, 128, 128, 0, 900, None, 0),
+                                                                      (1, 2000, 12, 1, 128, 128, 0, 2100, None, 0)],
                          ids=_cid)
 def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
     # the backend with attn_split on takes every decode call to the split kernels; the same
@@ -349,6 +397,11 @@ def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
     diff = np.abs(outs[True].astype(np.float64) - outs[False])
     assert (diff <= reorder_bound(v, pos, cap, window, H, SPLIT_SLOTS, used)).all(), \
         f"split vs one-block on the GPU: {diff.max():.3e}, beyond the float32 reordering bound"
+    if max(used) == 1:
+        # every sum in the one-block kernel's order, each head's expressions its own: NVRTC
+        # must have contracted them alike (a K.Q or V.softmax FMA taken otherwise shows here)
+        assert np.array_equal(outs[True].view(np.uint32), outs[False].view(np.uint32)), \
+            "one split used: the split kernels' bits differ from the one-block kernel's on the GPU"
 
 
 @needs_cuda
@@ -431,16 +484,19 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
 @needs_cuda
 def test_split_combine_gives_the_same_bits_under_load(cuda, rng, monkeypatch, record_property):
     # the done counter's protocol under real concurrency (the CPU build runs one block at a
-    # time): 32 heads of a 16,384-slot row, 64 splits a row taken by 33 blocks (one or two
-    # each), relaunched. Whichever block counts last adds the splits in split order, so every
+    # time): 32 heads in 8 KV groups of a 16,384-slot row, 64 splits a group taken by ~33
+    # blocks (one or two each: 2 blocks an SM, where the default gives a block a split here),
+    # relaunched. Whichever block counts last adds each head's splits in split order, so every
     # launch gives the same bits: a partial sum read stale or before it was written (a fence
     # missing or misplaced) changes them, or leaves the poisoned scratch's NaN.
     from conformance.harness.attn_host import device_sequence
-    from brass.backends.cuda.attention import SPLIT_BLOCKS_PER_SM, SPLIT_SLOTS
+    from brass.backends.cuda import attention
     monkeypatch.setattr(cuda.options, "attn_split", True)
+    monkeypatch.setattr(attention, "SPLIT_BLOCKS_PER_SM", 2)
     H, Hkv, D, cap = 32, 8, 128, 16384
-    blocks = min(cap // SPLIT_SLOTS, -(-SPLIT_BLOCKS_PER_SM * cuda.n_sms // H))
-    assert 1 < blocks < cap // SPLIT_SLOTS, f"{blocks} blocks a row: no block takes two splits, or one takes all"
+    blocks = min(cap // attention.SPLIT_SLOTS, -(-attention.SPLIT_BLOCKS_PER_SM * cuda.n_sms // Hkv))
+    assert 1 < blocks < cap // attention.SPLIT_SLOTS, \
+        f"{blocks} blocks a group: no block takes two splits, or one takes all"
     q, k, v, kk, vk, pos = _inputs(rng, 1, cap - 1, H, Hkv, D, D, 0, cap)
     layers = device_sequence(cuda, rng, kk, vk)
     dq, dpos = cuda.asarray(q), cuda.asarray(pos)
@@ -483,7 +539,7 @@ def test_split_in_groups_of_queries(cuda, rng, monkeypatch, record_property):
     from brass.backends.cuda import attention
     T, H, Hkv, D, cap = 5, 4, 2, 128, 600
     S = -(-cap // attention.SPLIT_SLOTS)
-    per_query = H * (S * (4 * attention.SPLIT_SLOTS + 4 * D + 4 + 8) + 4)
+    per_query = H * S * (4 * attention.SPLIT_SLOTS + 4 * D + 4 + 8) + 4 * Hkv
     monkeypatch.setattr(attention, "SPLIT_SCRATCH_BYTES", 2 * per_query + 100)
     monkeypatch.setattr(cuda.options, "attn_tiled", False)
     monkeypatch.setattr(cuda.options, "attn_split", True)

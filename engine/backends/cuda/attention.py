@@ -11,9 +11,10 @@ contiguous cache on this backend.
 
 A block per (head, query) with the query's row of logits in shared memory; or, for a decode
 at depth, the split-K kernels (attention.cu's head comment): the row's slots in splits of
-ATTN_SPLIT_SLOTS, three launches in which up to a block a split per (head, query) takes the
-row's splits in turn (SPLIT_BLOCKS_PER_SM), their logits and partial sums in a scratch buffer
-of the backend's. The output's Q8_1 blocks (for the output projection) are written beside it
+ATTN_SPLIT_SLOTS, three launches in which up to a block a split per (KV head, query) group
+(passes 1 and 3: each block computes the group's query heads, reading a K or V row once for
+them) or per (head, query) row (pass 2) takes the splits in turn (SPLIT_BLOCKS_PER_SM), their
+logits and partial sums in a scratch buffer of the backend's. The output's Q8_1 blocks (for the output projection) are written beside it
 and remembered.
 """
 
@@ -36,6 +37,7 @@ ROW_TABLES_KEPT = 4096          # (batch composition) tables kept before they ar
 if define("common.cuh", "KV_BLOCK") != BLOCK_TOKENS:
     raise ImportError("kernels/common.cuh KV_BLOCK differs from engine/kv_cache.py BLOCK_TOKENS")
 SPLIT_SLOTS = define("attention.cu", "ATTN_SPLIT_SLOTS")
+SPLIT_HEADS = define("attention.cu", "ATTN_SPLIT_HEADS")
 # The one-block kernel's static shared memory (red_max: a float a warp; red_sum: a double a
 # warp; and the 1 KiB sm_90 reserves a block, counted here whether or not the driver counts
 # it: a few slots fewer for the one-block kernel, never a failed launch), beside its dynamic
@@ -54,10 +56,11 @@ ATTN_STATIC_SMEM = 1024 + 4 * ATTN_WARPS + 8 * ATTN_WARPS
 # kernel's shared memory or with attn_split on) is launched in groups of queries.
 SPLIT_SCRATCH_BYTES = 128 << 20
 SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_split_values")
-# Blocks the split kernels launch for an SM (all (head, query) rows together, each row's
-# blocks taking its splits in turn), up to one a split: enough to fill the GPU (16 blocks of
-# 128 threads are resident an SM), few enough that the splits past a short context (the
-# number of splits comes from the capacity) cost no block. Not yet timed against others.
+# Blocks a split kernel launches for an SM (all (KV head, query) groups together in passes 1
+# and 3, all (head, query) rows in pass 2, each group's or row's blocks taking its splits in
+# turn), up to one a split: enough to fill the GPU (16 blocks of 128 threads are resident an
+# SM), few enough that the splits past a short context (the number of splits comes from the
+# capacity) cost no block. Not yet timed against others.
 SPLIT_BLOCKS_PER_SM = 8
 
 
@@ -223,20 +226,29 @@ def split_scratch(b, nbytes: int):
     return buf
 
 
+def split_chunk_heads(G: int) -> int:
+    """attention.cu split_chunk_heads: the query heads a split block of a KV group of G holds
+    at once (its first chunk's), which its shared memory is sized for: the largest power of two
+    up to min(G, SPLIT_HEADS)."""
+    return 1 << (min(G, SPLIT_HEADS).bit_length() - 1)
+
+
 def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row: bool):
     """The split kernels' three launches, for groups of queries whose scratch fits
     SPLIT_SCRATCH_BYTES (one group for a decode step): S = ceil(n_slots / SPLIT_SLOTS) splits
     a (head, query) row, fixed by the capacity so that a captured graph holds at every position,
-    taken by up to S blocks a row (SPLIT_BLOCKS_PER_SM; the result does not depend on it)."""
-    T, H = q.shape[0], fields["n_heads"]
+    taken by up to S blocks a (KV head, query) group in passes 1 and 3 and a (head, query) row
+    in pass 2 (SPLIT_BLOCKS_PER_SM; the result depends on neither)."""
+    T, H, Hkv = q.shape[0], fields["n_heads"], fields["n_kv_heads"]
     Dh, Dv = fields["head_dim"], fields["head_dim_v"]
     S = -(-fields["n_slots"] // SPLIT_SLOTS)
+    nh = split_chunk_heads(H // Hkv)
     # bytes a query's rows take: logits, partial sums, split maxima (float32), split sums
-    # (float64), the done counter (int32)
-    per_query = H * (S * (4 * SPLIT_SLOTS + 4 * Dv + 4 + 8) + 4)
+    # (float64), a done counter (int32) a KV group
+    per_query = H * S * (4 * SPLIT_SLOTS + 4 * Dv + 4 + 8) + 4 * Hkv
     group = max(1, min(T, SPLIT_SCRATCH_BYTES // per_query))
     sizes = [group * H * S * SPLIT_SLOTS * 4, group * H * S * Dv * 4, group * H * S * 8, group * H * S * 4,
-             group * H * 4]
+             group * Hkv * 4]
     offsets = np.cumsum([0] + [-(-n // 256) * 256 for n in sizes])
     buf = split_scratch(b, int(offsets[-1]))
     if b.poison_outputs:     # NaN floats and doubles, counters -1: what a kernel fails to write shows
@@ -251,9 +263,12 @@ def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row:
         params = pack("AttentionParams", n_tokens=n, **fields)
         qt, pt = q[t0:t1], pos[t0:t1]
         tab = table[t0:t1] if per_row else table
-        grid = (H, min(S, max(1, -(-SPLIT_BLOCKS_PER_SM * b.n_sms // (H * n)))), n)
+        blocks = SPLIT_BLOCKS_PER_SM * b.n_sms
+        grid = (Hkv, min(S, max(1, -(-blocks // (Hkv * n)))), n)           # passes 1 and 3: groups
+        rows = (H, min(S, max(1, -(-blocks // (H * n)))), n)               # pass 2: rows
         b.launch("attention.cu", "attention_split_logits", grid, ATTN_THREADS, qt, kp, pt, tab, logit, smax, done,
-                 params=params, smem=4 * Dh)
-        b.launch("attention.cu", "attention_split_sums", grid, ATTN_THREADS, pt, logit, smax, ssum, params=params)
+                 params=params, smem=4 * nh * Dh)
+        b.launch("attention.cu", "attention_split_sums", rows, ATTN_THREADS, pt, logit, smax, ssum, params=params)
         b.launch("attention.cu", "attention_split_values", grid, ATTN_THREADS, vp, pt, tab, logit, smax, ssum, part,
-                 done, out_rows[t0:t1], q_rows[t0:t1], params=params, smem=4 * (SPLIT_SLOTS + ATTN_WARPS * Dv))
+                 done, out_rows[t0:t1], q_rows[t0:t1], params=params,
+                 smem=4 * nh * (SPLIT_SLOTS + ATTN_WARPS * Dv))
