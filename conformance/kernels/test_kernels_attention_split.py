@@ -1,6 +1,7 @@
 """attention.cu's split-K decode attention (attention_split_logits, _sums, _values: a (head,
-query) row's splits of ATTN_SPLIT_SLOTS slots taken in turn by the row's gridDim.y blocks, the
-last of them to finish combining the splits) on the CPU and on CUDA.
+query) row's splits of ATTN_SPLIT_SLOTS slots taken in turn by gridDim.y blocks, in passes 1
+and 3 a block per (KV head, query) group computing every query head of the group, the last of a
+group's blocks to finish combining its heads' splits) on the CPU and on CUDA.
 
 On the CPU (conformance/harness/attn_host.py build_rowwise: the source under g++, a std::thread
 per CUDA thread, each grid's blocks one at a time in a shuffled order, so that any block may be
@@ -13,7 +14,7 @@ the one that combines) it is held to:
   worst-case error of the two float32 orders of V.softmax's sums (below);
 - its scratch: each used split's max is the max of its logits, splits past the visible slots
   leave theirs unwritten (no logit, max, sum or partial sum: they read no K or V), and every
-  block of a row counts itself done;
+  block of a group counts itself done (one counter a group);
 - the done counter's fences: a release before the count and an acquire before the combining
   block's loads, as the PTX memory model asks (checked as rules: one block at a time cannot
   show a reordering).
@@ -102,7 +103,7 @@ def _used(pos, cap, window, slots):
 
 def _check_scratch(sc, pos, cap, window, slots, blocks):
     used, ns = _used(pos, cap, window, slots)
-    assert (sc["done"] == blocks).all(), f"blocks counted done: {sc['done']}, expected {blocks} a row"
+    assert (sc["done"] == blocks).all(), f"blocks counted done: {sc['done']}, expected {blocks} a group"
     for t, (u, n) in enumerate(zip(used, ns)):
         lg, mx = sc["logit"][t], sc["split_max"][t]
         assert not np.isnan(lg[:, :n]).any(), "a visible slot's logit was not written"
@@ -368,11 +369,15 @@ def _launched(cuda, monkeypatch) -> list[str]:
                                                                       (1, 200, 32, 8, 128, 128, 0, 4096, None, 0),
                                                                       (1, 3000, 32, 8, 128, 128, 0, 4096, None, 0),
                                                                       (1, 700, 12, 2, 128, 128, 0, 900, None, 0),
-                                                                      (1, 2000, 12, 1, 128, 128, 0, 2100, None, 0)],
+                                                                      (1, 2000, 12, 1, 128, 128, 0, 2100, None, 0),
+                                                                      (1, 700, 16, 2, 512, 512, 0, 800, None, 0)],
                          ids=_cid)
 def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
     # the backend with attn_split on takes every decode call to the split kernels; the same
-    # inputs through the one-block kernel (attn_split off) within the reordering bound
+    # inputs through the one-block kernel (attn_split off) within the reordering bound, bit for
+    # bit where one split holds every visible slot. KV groups of 4 (Qwen3-8B's 32 / 8 heads, one
+    # split used and many), 6 and 12 (chunks of 4 + 2, 8 + 4), and 8 at head dims 512 (pass 3's
+    # shared memory past 48 KiB: the opt-in)
     from conformance.harness.attn_host import device_sequence
     from brass.backends.cuda import quantize
     from brass.backends.cuda.attention import SPLIT_SLOTS
