@@ -9,6 +9,11 @@ runs on the loaded backend: each bench run makes a new session, whose decode gra
 with the option as it is then.
 
     python3 ci/depth_split.py MODEL.gguf [--depths 4096,16384,32768] [--n-gen 128] [--reps 3] [--json OUT]
+
+--group-fills F1,F2,...: the split kernels (the default) at each engine/backends/cuda/attention.py
+SPLIT_GROUP_FILL instead (0: a block column a KV group, the reads of K and V shared by its
+query heads; 1e9: a block a head; the default's value chooses by the work there is), one
+column a fill.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="write every run's bench result here")
+    ap.add_argument("--group-fills", type=lambda t: [float(x) for x in t.split(",") if x.strip()], default=None,
+                    help="time these SPLIT_GROUP_FILL values (split kernels on) instead of attn_split off / on")
     a = ap.parse_args(argv)
     if not a.model.is_file():
         print(f"depth_split: no model file {a.model}", file=sys.stderr)
@@ -49,6 +56,8 @@ def main(argv: list[str]) -> int:
 
     m = brass.load(str(a.model), backend="cuda", quiet=True)
     b = m.backend
+    if a.group_fills:
+        return group_fills(m, a)
     rows, runs = [], []
     for depth in a.depths:
         got = {}
@@ -75,6 +84,41 @@ def main(argv: list[str]) -> int:
         print(f"| {depth} | {off.tokens_per_s:.1f} ± {off.stddev:.1f} | {on.tokens_per_s:.1f} ± {on.stddev:.1f} "
               f"| {on.tokens_per_s / off.tokens_per_s:.2f} | {off.kernels_per_token} / {on.kernels_per_token} |")
     return 0 if len(rows) == len(a.depths) else 1
+
+
+def group_fills(m, a) -> int:
+    """tg at each depth under each SPLIT_GROUP_FILL of a.group_fills: one table, a column a fill."""
+    from brass.backends.cuda import attention
+    from brass.bench import bench
+    from brass.errors import BrassError
+    default, b = attention.SPLIT_GROUP_FILL, m.backend
+    rows, runs, rc = [], [], 0
+    for depth in a.depths:
+        got = []
+        for fill in a.group_fills:
+            attention.SPLIT_GROUP_FILL = fill
+            try:
+                r = bench(m, n_prompt=0, n_gen=a.n_gen, reps=a.reps, depth=depth)[0]
+            except BrassError as e:
+                print(f"depth {depth}, group fill {fill:g}: {e}", file=sys.stderr)
+                got.append(None)
+                rc = 1
+                continue
+            got.append(r)
+            runs.append({"group_fill": fill, **r.as_dict()})
+            print(f"depth {depth} group fill {fill:g}: {r.tokens_per_s:.1f} tok/s", file=sys.stderr, flush=True)
+        rows.append((depth, got))
+    attention.SPLIT_GROUP_FILL = default
+    if a.json:
+        a.json.write_text(json.dumps({"device": b.device_name, "model": str(a.model), "runs": runs}, indent=1))
+    print(f"{b.device_name}, {a.model.name}: tg{a.n_gen} at depth, split kernels, by SPLIT_GROUP_FILL "
+          f"(default {default:g})\n")
+    print("| depth | " + " | ".join(f"fill {f:g} tok/s" for f in a.group_fills) + " |")
+    print("|---|" + "---|" * len(a.group_fills))
+    for depth, got in rows:
+        print(f"| {depth} | " + " | ".join(f"{r.tokens_per_s:.1f} ± {r.stddev:.1f}" if r else "failed"
+                                           for r in got) + " |")
+    return rc
 
 
 if __name__ == "__main__":

@@ -43,23 +43,53 @@ def prefill(path, T=512):
     m.backend.synchronize()
 
 
-def batch(path, n=20, rows=16):
+def batch(path, n=20, rows=16, depth=None):
+    """Greedy batched steps of `rows` sequences over one block pool (as brass serve holds
+    them: row kernels, bucket graphs, run ahead), each sequence DEPTH (env, default 16) random
+    tokens deep. Prints the wall ms a step over n steps; returns a function that runs n more
+    (what torch_profile profiles, without the load and the prompts)."""
+    import os
+    import time
+
     import brass
     from brass.batch import BatchDecoder
+    from brass.kv_cache import blocks_for
+    depth = int(os.environ.get("DEPTH", 16)) if depth is None else depth
     m = brass.load(path, backend="cuda", quiet=True)
-    sessions = [m.new_session(256) for _ in range(rows)]
-    for i, s in enumerate(sessions):
-        s.prefill([1 + i, 2, 3, 4])
-    dec = BatchDecoder(m)
+    ctx = depth + 12 * n + 64          # room for four fills' steps and the profiled ones
+    pool = m.new_block_pool(rows * blocks_for(ctx) + 1)
+    sessions = [m.new_session(ctx, pool=pool) for _ in range(rows)]
+    rng = np.random.default_rng(0)
+    for s in sessions:
+        s.cache.assign(pool.allocate(blocks_for(ctx)))
+        s.prefill([int(t) for t in rng.integers(0, m.config.n_vocab, depth)], device_logits=True)
     tokens = [5 + i for i in range(rows)]
-    for _ in range(2):                  # eager first step, capture
-        _, best = dec.step_argmax(sessions, tokens)
-        tokens = [int(t) for t in m.backend.to_numpy(best)]
-    run = dec.greedy_steps(sessions, tokens)
-    for _, _got in zip(range(n), run):
-        pass
-    run.close()
-    m.backend.synchronize()
+    dec = None
+
+    def steps():
+        run = dec.greedy_steps(sessions, tokens)
+        for _, got in zip(range(n), run):
+            tokens[:] = [int(t) for t in got]
+        run.close()
+        m.backend.synchronize()
+    from brass.backends.cuda import attention
+    default = attention.SPLIT_GROUP_FILL
+    # GROUP_FILLS (env, a comma list): each SPLIT_GROUP_FILL timed in turn (0: a block column a
+    # KV group, split kernels sharing K and V reads; 1e9: a block a head), then the default
+    for fill in [float(f) for f in os.environ.get("GROUP_FILLS", "").split(",") if f] + [default]:
+        attention.SPLIT_GROUP_FILL = fill
+        dec = BatchDecoder(m)           # graphs captured anew under this fill
+        for _ in range(2):              # eager first step, capture
+            _, best = dec.step_argmax(sessions, tokens)
+            tokens = [int(t) for t in m.backend.to_numpy(best)]
+        steps()
+        t0 = time.perf_counter()
+        steps()
+        dt = time.perf_counter() - t0
+        print(f"batch: {rows} rows at depth {depth}, split group fill {fill:g}: {dt / n * 1e3:.2f} ms a step, "
+              f"{rows * n / dt:.1f} tok/s (row_kernels {m.backend.options.row_kernels}, "
+              f"buckets {bool(dec.buckets)})", flush=True)
+    return steps
 
 
 def matvec(tname, N, K):
@@ -84,9 +114,14 @@ def torch_profile(mode, path, n):
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.init()
     fn = {"decode": decode, "prefill": prefill, "batch": batch}[mode]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(path, n)
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    if mode == "batch":                 # its steps only: not the load and the prompts
+        fn = batch(path, n)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+    else:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(path, n)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=60))
 
 
 if __name__ == "__main__":

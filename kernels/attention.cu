@@ -236,22 +236,24 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     attend_block(q, k_cache, v_cache, pos, table, out, out_q, p);
 }
 
-// ---- split-K: blocks (KV head g = blockIdx.x, b = blockIdx.y, query t = blockIdx.z) ---------
+// ---- split-K: blocks (x = KV head g's block column, b = blockIdx.y, query t = blockIdx.z) ---
 // A (t, h) row's visible slots fall in S = ceil(n_slots / ATTN_SPLIT_SLOTS) splits (split s:
 // j in [s * ATTN_SPLIT_SLOTS, (s + 1) * ATTN_SPLIT_SLOTS) of those visible). Passes 1 and 3
-// take a (t, g) group: the G = H / H_kv query heads h = g * G .. g * G + G - 1 that read KV
-// head g, so that each K row (pass 1) and V row (pass 3) is read once for all of them (in
-// chunks of up to ATTN_SPLIT_HEADS heads, split_chunk_heads; each chunk reads the rows again);
-// pass 2 reads only logits and keeps a block per (t, h) row. A group's (or row's) gridDim.y
-// blocks take splits b, b + gridDim.y, ... (the backend launches enough blocks to fill the
-// GPU, fewer than S at depth: a split past the visible slots then costs no block). What a
-// split computes and where it goes do not depend on which block takes it, so neither does the
-// result on gridDim.y. Each head's numbers are the float operations, in the order, that a
-// block of that head alone would make (the same expressions per head). Scratch (global, row
-// r = t * H + h): logit [r][S * ATTN_SPLIT_SLOTS] indexed by j; split_max [r][S]; split_sum
-// [r][S] (double); part [r][S][head_dim_v]; done [t * H_kv + g] (pass 3's blocks of the
-// group finished). Only the splits that hold visible slots (s < n_used = ceil(n /
-// ATTN_SPLIT_SLOTS)) write or are read.
+// take the G = H / H_kv query heads h = g * G .. g * G + G - 1 that read KV head g in GB =
+// gridDim.x / H_kv block columns (x = g * GB + i: heads g * G + i * G / GB, the next G / GB),
+// so that each K row (pass 1) and V row (pass 3) is read once for a column's heads (in chunks
+// of up to ATTN_SPLIT_HEADS heads, split_chunk_heads; each chunk reads the rows again). GB = 1
+// shares the reads most; GB = G is a block per head, the most blocks (the backend chooses:
+// attention.py split_group_blocks). Pass 2 reads only logits and keeps a block per (t, h) row.
+// A column's (or row's) gridDim.y blocks take splits b, b + gridDim.y, ... (the backend
+// launches enough blocks to fill the GPU, fewer than S at depth: a split past the visible
+// slots then costs no block). What a split computes and where it goes do not depend on which
+// block takes it, so neither does the result on gridDim.y or GB. Each head's numbers are the
+// float operations, in the order, that a block of that head alone would make (the same
+// expressions per head). Scratch (global, row r = t * H + h): logit [r][S * ATTN_SPLIT_SLOTS]
+// indexed by j; split_max [r][S]; split_sum [r][S] (double); part [r][S][head_dim_v]; done
+// [t * gridDim.x + x] (pass 3's blocks of the column finished). Only the splits that hold
+// visible slots (s < n_used = ceil(n / ATTN_SPLIT_SLOTS)) write or are read.
 
 #ifndef ATTN_SPLIT_HEADS
 // query heads of a KV group that a block of split-K pass 1 or 3 holds at once (registers:
@@ -448,16 +450,18 @@ __device__ __forceinline__ void split_logits_heads(const float * q, const u16 * 
     }
 }
 
-// Pass 1: each split's logits into the rows of the group's heads, each head's split max.
-// Dynamic shared memory: q16 [split_chunk_heads(G)][head_dim].
+// Pass 1: each split's logits into the rows of the block column's heads, each head's split
+// max. Dynamic shared memory: q16 [split_chunk_heads(G / GB)][head_dim].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_cache, const int * __restrict__ pos,
                        const int * __restrict__ table, float * __restrict__ logit, float * __restrict__ split_max,
                        int * __restrict__ done, const AttentionParams p) {
     PDL_ENTRY();
     __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
-    const int g = blockIdx.x, t = blockIdx.z, G = p.n_heads / p.n_kv_heads;
-    const i64 c = (i64) t * p.n_kv_heads + g;                 // the group's done counter
+    // GB = gridDim.x / H_kv blocks a group, each taking HB = G / GB of its heads (split_group_blocks)
+    const int t = blockIdx.z, G = p.n_heads / p.n_kv_heads, GB = gridDim.x / p.n_kv_heads, HB = G / GB;
+    const int g = blockIdx.x / GB, h0 = g * G + (int) (blockIdx.x % GB) * HB;
+    const i64 c = (i64) t * gridDim.x + blockIdx.x;           // the block column's done counter
     if (blockIdx.y == 0 && threadIdx.x == 0) done[c] = 0;     // pass 3 counts from here (a kernel later)
     if (p.per_row) table += (i64) t * p.table_stride;
     int lo, n;
@@ -465,8 +469,8 @@ attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_
     const int n_used = splits_used(n);
     if ((int) blockIdx.y >= n_used) return;                   // no split of this block is visible
     extern __shared__ float smem[];
-    for (int h = g * G, nh; h < (g + 1) * G; h += nh) {
-        nh = split_chunk_heads((g + 1) * G - h);
+    for (int h = h0, nh; h < h0 + HB; h += nh) {
+        nh = split_chunk_heads(h0 + HB - h);
         switch (nh) {
         case 8: split_logits_heads<8>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
         case 4: split_logits_heads<4>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
@@ -560,10 +564,10 @@ __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const in
     }
 }
 
-// Pass 3: the group's heads' splits (split_values_heads, in chunks); the last of the group's
-// gridDim.y blocks to finish adds each head's used splits' parts in split order into out and
-// its Q8_1 blocks. Dynamic shared memory: prob [split_chunk_heads(G)][ATTN_SPLIT_SLOTS], then
-// [split_chunk_heads(G)][ATTN_WARPS][head_dim_v].
+// Pass 3: the block column's heads' splits (split_values_heads, in chunks); the last of the
+// column's gridDim.y blocks to finish adds each head's used splits' parts in split order into
+// out and its Q8_1 blocks. Dynamic shared memory: prob [split_chunk_heads(G / GB)]
+// [ATTN_SPLIT_SLOTS], then [split_chunk_heads(G / GB)][ATTN_WARPS][head_dim_v].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict__ pos, const int * __restrict__ table,
                        const float * __restrict__ logit, const float * __restrict__ split_max,
@@ -573,9 +577,10 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
     __shared__ double head_sum[ATTN_SPLIT_HEADS];
     __shared__ int last;
-    const int g = blockIdx.x, t = blockIdx.z, S = split_count(p), G = p.n_heads / p.n_kv_heads;
-    const i64 c = (i64) t * p.n_kv_heads + g;                 // the group's done counter
-    const i64 r0 = (i64) t * p.n_heads + (i64) g * G;         // the group's first row
+    const int t = blockIdx.z, S = split_count(p), G = p.n_heads / p.n_kv_heads, GB = gridDim.x / p.n_kv_heads;
+    const int HB = G / GB, g = blockIdx.x / GB;              // heads a block takes, its KV head
+    const i64 c = (i64) t * gridDim.x + blockIdx.x;           // the block column's done counter
+    const i64 r0 = (i64) t * p.n_heads + (i64) g * G + (i64) (blockIdx.x % GB) * HB;     // its first row
     const int Dv = p.head_dim_v;
     if (p.per_row) table += (i64) t * p.table_stride;
     int lo, n;
@@ -583,8 +588,8 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     const int n_used = splits_used(n);
     if ((int) blockIdx.y < n_used) {
         extern __shared__ float smem[];
-        for (int i = 0, nh; i < G; i += nh) {
-            nh = split_chunk_heads(G - i);
+        for (int i = 0, nh; i < HB; i += nh) {
+            nh = split_chunk_heads(HB - i);
             switch (nh) {
             case 8: split_values_heads<8>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
                                           smem, red_max, head_sum, p); break;
@@ -611,9 +616,10 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     }
     __syncthreads();
     if (!last) return;
-    // The group's G rows r0 .. r0 + G - 1, element x = (row - r0) * Dv + d. head_dim_v is a
-    // multiple of 32 when write_q8 is set, so whole warps run each round, each in one Q8_1 block.
-    for (int x = threadIdx.x; x < G * Dv; x += ATTN_THREADS) {
+    // The block column's HB rows r0 .. r0 + HB - 1, element x = (row - r0) * Dv + d. head_dim_v
+    // is a multiple of 32 when write_q8 is set, so whole warps run each round, each in one Q8_1
+    // block.
+    for (int x = threadIdx.x; x < HB * Dv; x += ATTN_THREADS) {
         const float * parts = part + ((r0 + x / Dv) * S) * Dv + x % Dv;
         float acc = n_used > 0 ? __ldcg(parts) : 0.0f;
         for (int u = 1; u < n_used; ++u) acc += __ldcg(parts + (i64) u * Dv);

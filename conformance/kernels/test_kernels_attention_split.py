@@ -242,6 +242,46 @@ def test_the_bits_depend_on_neither_the_capacity_nor_the_grid(rng):
             f"capacity 500, {blocks} blocks a row: other bits than at capacity 170"
 
 
+def test_block_columns_follow_the_work_there_is():
+    # attention.py split_group_blocks on an H100 (132 SMs) for the Qwen3-8B shape (8 KV heads
+    # of 4): the cuts its measured points took (SPLIT_GROUP_FILL's comment) and a batched step
+    from brass.backends.cuda.attention import split_group_blocks
+    assert split_group_blocks(4, 8, 1, 1, 132) == 4          # near an empty context: a block a head
+    assert split_group_blocks(4, 8, 17, 1, 132) == 4         # depth 4,096: a block a head won
+    assert split_group_blocks(4, 8, 65, 1, 132) == 1         # depth 16,384: a column a group won
+    assert split_group_blocks(4, 8, 9, 16, 132) == 1         # 16 rows at depth ~2,100
+    assert split_group_blocks(4, 8, 40, 1, 132) == 2         # between: two columns of two heads
+    assert split_group_blocks(6, 1, 4, 1, 132) == 6          # G 6, few splits: every divisor short
+    assert split_group_blocks(6, 1, 100, 1, 132) == 6        # 6 columns fill it, 3 do not (300 < 396)
+    assert split_group_blocks(6, 1, 200, 1, 132) == 2        # 400 >= 396 at 2 columns
+    assert split_group_blocks(1, 8, 1, 1, 132) == 1          # no group to cut
+
+
+@pytest.mark.parametrize("H, Hkv", [(24, 2), (32, 8), (6, 1)], ids=["G12", "G4", "G6"])
+def test_the_bits_do_not_depend_on_the_block_columns(rng, H, Hkv):
+    # The backend cuts a KV group's query heads into as many block columns as fill the GPU
+    # (attention.py split_group_blocks: one at depth, one a head near an empty context), so a
+    # sequence's step alone and in a bucket graph may take different cuts: every divisor of
+    # the group gives the same bits, one sequence and per-row tables alike.
+    from conformance.harness.attn_host import attention_split, attention_split_rows
+    lib = _lib(32)
+    G = H // Hkv
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 300, H, Hkv, 64, 64, 0, 600)
+    want, want_q = attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=3)
+    qr = rng.standard_normal((3, H, 64)).astype(np.float32)
+    caches = [(rng.standard_normal((c, Hkv, 64)).astype(F16), rng.standard_normal((c, Hkv, 64)).astype(F16))
+              for c in (300, 90, 520)]
+    pr = np.array([299, 40, 511], np.int32)
+    want_rows, _ = attention_split_rows(lib, qr, caches, pr, 0.125, rng=rng, blocks=2)
+    for gb in [d for d in range(2, G + 1) if G % d == 0]:
+        got, got_q = attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=3, group_blocks=gb)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{gb} columns a group: other bits"
+        assert np.array_equal(got_q, want_q), f"{gb} columns a group: other Q8_1 blocks"
+        rows, _ = attention_split_rows(lib, qr, caches, pr, 0.125, rng=rng, blocks=2, group_blocks=gb)
+        assert np.array_equal(rows.view(np.uint32), want_rows.view(np.uint32)), \
+            f"{gb} columns a group, per-row tables: other bits"
+
+
 def test_a_window_past_the_capacity_writes_zeros(rng):
     # pos past the capacity with a window that ends before it: no visible slot (n <= 0), as
     # the one-block kernel has it: every split empty, the combining block writes zeros
@@ -334,21 +374,32 @@ GROUP_PLANTED = [
     ("expf(__fsub_rn(lr[i * row + j], m[i]))", "expf(__fsub_rn(lr[i * row + j], m[0]))"),
     ("part + ((r0 + x / Dv) * S) * Dv + x % Dv;", "part + (r0 * S) * Dv + x % Dv;"),
     ("last = atomicAdd(done + c, 1)", "last = atomicAdd(done + t, 1)"),
-    ("for (int i = 0, nh; i < G; i += nh) {", "for (int i = 0, nh; i < min(G, ATTN_SPLIT_HEADS); i += nh) {"),
+    ("for (int i = 0, nh; i < HB; i += nh) {", "for (int i = 0, nh; i < min(HB, ATTN_SPLIT_HEADS); i += nh) {"),
+]
+# ... and in the cutting of a group into block columns (split_group_blocks), run with 3 columns
+# of 4 heads a group: every column of pass 1 taking the group's first heads; every column of
+# pass 3 writing the group's first rows; the columns of a group sharing one done counter.
+COLUMN_PLANTED = [
+    ("h0 = g * G + (int) (blockIdx.x % GB) * HB;", "h0 = g * G;"),
+    ("(i64) g * G + (i64) (blockIdx.x % GB) * HB;", "(i64) g * G;"),
+    ("last = atomicAdd(done + c, 1)", "last = atomicAdd(done + c / GB, 1)"),
 ]
 
 
-@pytest.mark.parametrize("planted", GROUP_PLANTED, ids=["chunk-first-query", "group-first-max",
-                                                        "combine-first-head", "one-counter-for-all-groups",
-                                                        "heads-past-a-chunk-dropped"])
-def test_planted_group_bugs_are_caught(rng, planted, record_property):
+@pytest.mark.parametrize("planted, group_blocks",
+                         [(p, 1) for p in GROUP_PLANTED] + [(p, 3) for p in COLUMN_PLANTED],
+                         ids=["chunk-first-query", "group-first-max", "combine-first-head",
+                              "one-counter-for-all-groups", "heads-past-a-chunk-dropped",
+                              "columns-take-the-first-heads", "columns-write-the-first-rows",
+                              "one-counter-for-a-group's-columns"])
+def test_planted_group_bugs_are_caught(rng, planted, group_blocks, record_property):
     from conformance.harness.attn_host import KERNEL_DIR, attention_split
     old, new = planted
     text = (KERNEL_DIR / "attention.cu").read_text()
     assert text.count(old) == 1, f"the planted bug's anchor {old!r} is not in attention.cu once"
     lib = _lib(32, text.replace(old, new))
     q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 24, 2, 64, 64, 0, 160)
-    got, _ = attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2)
+    got, _ = attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2, group_blocks=group_blocks)
     want = cuda_reference().attention(q, k, v, pos, 0.125, 0).reshape(1, -1)
     with pytest.raises((AssertionError, pytest.fail.Exception)):     # NaN left, or beyond the bound
         check(got, want, ATTENTION, record_property)
@@ -407,6 +458,36 @@ def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
         # must have contracted them alike (a K.Q or V.softmax FMA taken otherwise shows here)
         assert np.array_equal(outs[True].view(np.uint32), outs[False].view(np.uint32)), \
             "one split used: the split kernels' bits differ from the one-block kernel's on the GPU"
+
+
+@needs_cuda
+@pytest.mark.parametrize("H, Hkv", [(32, 8), (24, 2)], ids=["G4", "G12"])
+def test_block_columns_give_the_same_bits_on_cuda(cuda, rng, monkeypatch, H, Hkv):
+    # split_group_blocks chooses the columns a KV group is cut into by how full the GPU would
+    # be; forced to each end (SPLIT_GROUP_FILL 0: one column a group; past any size: a block a
+    # head) and between, the same bits, a step alone and a batched step's rows
+    from conformance.harness.attn_host import device_rows, device_sequence
+    from brass.backends.cuda import attention as attn
+    monkeypatch.setattr(cuda.options, "attn_split", True)
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 3000, H, Hkv, 128, 128, 0, 4096)
+    layers = device_sequence(cuda, rng, kk, vk)
+    seqs = [(rng.uniform(-1, 1, (c, Hkv, 128)).astype(F16), rng.uniform(-1, 1, (c, Hkv, 128)).astype(F16))
+            for c in (2100, 40, 900)]
+    qr = rng.uniform(-1, 1, (3, H, 128)).astype(F32)
+    pr = np.array([2099, 39, 600], np.int32)
+    rows = device_rows(cuda, rng, seqs)
+    outs = []
+    seen = set()
+    for fill in (0, 2, 10**9):
+        monkeypatch.setattr(attn, "SPLIT_GROUP_FILL", fill)
+        seen.add(attn.split_group_blocks(H // Hkv, Hkv, -(-4096 // attn.SPLIT_SLOTS), 1, cuda.n_sms))
+        one = cuda.to_numpy(cuda.attention(cuda.asarray(q), *layers, cuda.asarray(pos), 0.088))
+        many = cuda.to_numpy(cuda.attention_rows(cuda.asarray(qr), rows, cuda.asarray(pr), 0.088))
+        outs.append((one, many))
+    assert len(seen) >= 2 and 1 in seen and H // Hkv in seen, f"the cuts taken: {sorted(seen)}"
+    for (one, many), fill in zip(outs[1:], (2, 10**9)):
+        assert np.array_equal(one.view(np.uint32), outs[0][0].view(np.uint32)), f"fill {fill}: other bits alone"
+        assert np.array_equal(many.view(np.uint32), outs[0][1].view(np.uint32)), f"fill {fill}: other bits in rows"
 
 
 @needs_cuda
@@ -636,6 +717,10 @@ def test_bucket_graph_rows_equal_alone_with_split(monkeypatch, mode):
     assert ("attention", False) not in launched, "a decode alone took the one-block kernel"
 
 
+def _columns_g12(cuda, rng, monkeypatch):
+    test_block_columns_give_the_same_bits_on_cuda(cuda, rng, monkeypatch, 24, 2)
+
+
 def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
     # The GPU tests above run on the GPU runner only; their Python (the backend's calls, the
     # state the module's one backend carries from test to test) runs here under the fake CuPy
@@ -650,7 +735,7 @@ def test_the_gpu_tests_python_runs_under_the_fake_cupy(rng):
     here = sys.modules[__name__]
     tests = [test_split_rows_on_cuda, test_past_the_one_block_shared_memory, test_split_graph_replays_as_the_position_grows,
              test_split_combine_gives_the_same_bits_under_load, test_split_layers_share_the_counters_in_a_graph,
-             test_split_in_groups_of_queries, test_bucket_graph_rows_equal_alone_with_split]
+             test_split_in_groups_of_queries, test_bucket_graph_rows_equal_alone_with_split, _columns_g12]
     with pytest.MonkeyPatch.context() as mp, fake_cuda(fake_cupy.Recorder()) as backend:
         mp.setattr(here, "check", lambda *a, **kw: None)
         cuda = backend.CudaBackend(poison_outputs=True)

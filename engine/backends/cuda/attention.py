@@ -62,6 +62,16 @@ SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_sp
 # SM), few enough that the splits past a short context (the number of splits comes from the
 # capacity) cost no block. Not yet timed against others.
 SPLIT_BLOCKS_PER_SM = 8
+# Passes 1 and 3 share each K and V row among the query heads of a block column
+# (split_group_blocks): the fewest columns a KV group whose (column, split, query) work items
+# still number SPLIT_GROUP_FILL an SM. A block's heads are computed one after another, so a
+# column of G heads takes about G times a head's time: where the GPU would be left part idle,
+# a block per head is faster. Measured on an H100 (132 SMs), tg128 of the Qwen3-8B shape (8 KV
+# heads of 4 query heads; brass bench --depth, a call of the same process, 2026-12-06): a
+# column a group lost at depth 1 (266 against 299 tok/s a block a head) and at 4,096 (17
+# splits: 136 items, 1.0 an SM; 191 against 229) and won at 16,384 (65 splits: 520 items, 3.9
+# an SM; 171 against 131). 3 lies between; the points between were not measured.
+SPLIT_GROUP_FILL = 3
 
 
 def launched_kernels() -> list[tuple[str, str]]:
@@ -233,22 +243,34 @@ def split_chunk_heads(G: int) -> int:
     return 1 << (min(G, SPLIT_HEADS).bit_length() - 1)
 
 
+def split_group_blocks(G: int, Hkv: int, S: int, n: int, n_sms: int) -> int:
+    """The block columns GB a KV group of G query heads is cut into in split passes 1 and 3
+    (attention.cu: each column's G / GB heads read a K or V row once): the smallest divisor of
+    G whose columns give SPLIT_GROUP_FILL (column, split, query) items an SM, over n queries of
+    S splits; G (a block a head) where none does. The bits do not depend on it."""
+    for gb in range(1, G + 1):
+        if G % gb == 0 and Hkv * gb * S * n >= SPLIT_GROUP_FILL * n_sms:
+            return gb
+    return G
+
+
 def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row: bool):
     """The split kernels' three launches, for groups of queries whose scratch fits
     SPLIT_SCRATCH_BYTES (one group for a decode step): S = ceil(n_slots / SPLIT_SLOTS) splits
     a (head, query) row, fixed by the capacity so that a captured graph holds at every position,
-    taken by up to S blocks a (KV head, query) group in passes 1 and 3 and a (head, query) row
-    in pass 2 (SPLIT_BLOCKS_PER_SM; the result depends on neither)."""
+    taken by up to S blocks a (block column, query) in passes 1 and 3 (split_group_blocks
+    columns a KV group) and a (head, query) row in pass 2 (SPLIT_BLOCKS_PER_SM; the result
+    depends on none of them)."""
     T, H, Hkv = q.shape[0], fields["n_heads"], fields["n_kv_heads"]
     Dh, Dv = fields["head_dim"], fields["head_dim_v"]
     S = -(-fields["n_slots"] // SPLIT_SLOTS)
-    nh = split_chunk_heads(H // Hkv)
+    G = H // Hkv
     # bytes a query's rows take: logits, partial sums, split maxima (float32), split sums
-    # (float64), a done counter (int32) a KV group
-    per_query = H * S * (4 * SPLIT_SLOTS + 4 * Dv + 4 + 8) + 4 * Hkv
+    # (float64), a done counter (int32) a block column (at most one a head)
+    per_query = H * S * (4 * SPLIT_SLOTS + 4 * Dv + 4 + 8) + 4 * H
     group = max(1, min(T, SPLIT_SCRATCH_BYTES // per_query))
     sizes = [group * H * S * SPLIT_SLOTS * 4, group * H * S * Dv * 4, group * H * S * 8, group * H * S * 4,
-             group * Hkv * 4]
+             group * H * 4]
     offsets = np.cumsum([0] + [-(-n // 256) * 256 for n in sizes])
     buf = split_scratch(b, int(offsets[-1]))
     if b.poison_outputs:     # NaN floats and doubles, counters -1: what a kernel fails to write shows
@@ -264,7 +286,9 @@ def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row:
         qt, pt = q[t0:t1], pos[t0:t1]
         tab = table[t0:t1] if per_row else table
         blocks = SPLIT_BLOCKS_PER_SM * b.n_sms
-        grid = (Hkv, min(S, max(1, -(-blocks // (Hkv * n)))), n)           # passes 1 and 3: groups
+        gb = split_group_blocks(G, Hkv, S, n, b.n_sms)
+        nh = split_chunk_heads(G // gb)
+        grid = (Hkv * gb, min(S, max(1, -(-blocks // (Hkv * gb * n)))), n)  # passes 1 and 3: block columns
         rows = (H, min(S, max(1, -(-blocks // (H * n)))), n)               # pass 2: rows
         b.launch("attention.cu", "attention_split_logits", grid, ATTN_THREADS, qt, kp, pt, tab, logit, smax, done,
                  params=params, smem=4 * nh * Dh)
