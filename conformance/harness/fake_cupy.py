@@ -553,6 +553,12 @@ class Stream:
     def synchronize(self):
         _rec().check_not_capturing("Stream.synchronize")
 
+    def record(self, event=None):
+        return event or Event()
+
+    def wait_event(self, event):
+        pass
+
     def begin_capture(self, mode=None):
         rec = _rec()
         if rec.capturing:

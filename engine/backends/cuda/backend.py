@@ -284,6 +284,12 @@ class CudaBackend(Backend):
             return cupy.asarray(np.ascontiguousarray(a, dtype=dtype))
 
     def to_numpy(self, a):
+        # `a` may have been made on the stream current at the call (CuPy work outside
+        # activate(), on the legacy default stream), which this non-blocking stream does not
+        # wait for by itself: the copy would race the kernel writing `a`
+        current = cupy.cuda.get_current_stream()
+        if current.ptr != self.stream.ptr:
+            self.stream.wait_event(current.record())
         out = cupy.asnumpy(a, stream=self.stream)
         self.stream.synchronize()
         return out
