@@ -42,7 +42,13 @@ GREEDY_CHUNK = 8
 # and recurrent state are copied into the session's cache (the same bits: a sequence's first
 # prompt reads nothing else of its cache). Why: a server's pooled sessions each see a length
 # about twice, so each would capture once and hardly replay; shared, a length is captured once
-# for all of them.
+# for all of them. A prompt that goes on from a later position in a server's pooled sessions
+# (a request whose prefix came from the prefix cache, a prompt read in chunks) takes the
+# model's ContinueStep of the class for the sessions' block pool: a graph over a block table of
+# its own, into which each replay first copies the session's, so that the keys and values are
+# read and written in the session's blocks (not for the hybrids, whose recurrent state is the
+# session's own). Before it, each pooled session captured its own graph of the class: sixteen
+# captures where one serves.
 # One ledger per model (GraphLedger) holds every prompt graph of the model, its sessions' and
 # its StartSteps: at most PROMPT_GRAPHS_KEPT of them, holding at most the model's
 # prompt_graphs_mb (default: the BRASS_PROMPT_GRAPHS_MB setting) together, whatever the number
@@ -210,6 +216,11 @@ class Model:
         # sessions then capture and fail, or not, on their own, as before)
         self._start_shelf = GraphShelf(self.graph_ledger)
         self.start_graphs_error: str | None = None
+        # prompts that go on from a position past 0 in a server's pooled sessions (ContinueStep):
+        # a shelf per block pool, keyed by (length class, the sessions' n_ctx), dropped with the
+        # pool; continue_graphs_error as start_graphs_error
+        self._continue_shelves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.continue_graphs_error: str | None = None
         if hasattr(self.backend, "load"):
             with self.backend.activate():
                 self.backend.load(self.gguf, self.weights, quiet=quiet)
@@ -399,6 +410,15 @@ class Session:
                 st = None
                 if self.prompt_graphs:
                     self._read_here.add(n)      # read eagerly here: captured here next time
+            elif m.shared_prompt_graphs and self.n_past > 0 and n not in self._prompt_shelf \
+                    and self._continues_shared() and m.continue_graphs_error is None:
+                # a prompt going on in a pooled session: the model's graph for the pool, if any
+                st = self._continue_step(n)
+                if st is not None:
+                    with b.activate():
+                        logits = st.run(ids, self.n_past, self.cache)
+                        self.n_past += len(ids)
+                        return logits if device_logits else b.to_numpy(logits)
             else:
                 st = self._prompt_step(n)
             with b.activate():
@@ -452,6 +472,30 @@ class Session:
         def failed(e):
             m.start_graphs_error = f"{type(e).__name__}: {e}"
         return m._start_shelf.get(key, lambda: StartStep(m, n, self.n_ctx), failed)
+
+    def _continues_shared(self) -> bool:
+        """Whether this session's later prompts may take the model's ContinueStep: its cache is
+        paged over a shared pool (a server's) and holds no recurrent state of its own."""
+        return self.pool is not None and getattr(self.cache, "recurrent", True) is None
+
+    def _continue_step(self, n: int) -> "ContinueStep | None":
+        """The model's captured prefill of class n from a later position, over this session's
+        block pool, for caches of this session's size: None the first time the model reads
+        the class (eagerly, here). A failed capture is the model's (continue_graphs_error):
+        the sessions then capture their own, as before."""
+        m = self.model
+        shelf = m._continue_shelves.get(self.pool)
+        if shelf is None:
+            shelf = m._continue_shelves[self.pool] = GraphShelf(m.graph_ledger)
+            # the pool's graphs go with it (they hold its arrays; nothing else replays them)
+            weakref.finalize(self.pool, m.graph_ledger.drop, shelf).atexit = False
+        key = (n, self.n_ctx)
+        if key not in shelf and n not in m.prompt_classes_read:
+            m.prompt_classes_read.add(n)        # read eagerly by the caller: its kernels load
+            return None
+        def failed(e):
+            m.continue_graphs_error = f"{type(e).__name__}: {e}"
+        return shelf.get(key, lambda: ContinueStep(m, n, self.pool, self.n_ctx), failed)
 
     def decode(self, token: int):
         """Logits (device array) after `token` at the next position. On a graph-capable backend
@@ -672,6 +716,29 @@ class StartStep(_PrefillGraph):
         self.cache.reset()
         self._replay(ids, 0)
         cache.copy_prefix(self.cache, len(ids))
+        return self.graph.result.copy()
+
+
+class ContinueStep(_PrefillGraph):
+    """A prefill of a prompt of class n from any position over a block pool, for every session
+    of the pool whose cache has n_ctx positions and no recurrent state (a server's): captured
+    over a PagedKVCache of its own on the pool (`cache`, holding no blocks: it never allocates
+    or releases, and refers to the pool weakly, so that the pool's going drops the graph), into
+    whose block table `run` copies the session's before each replay. The same kernels on the
+    same inputs as the session reading the prompt itself, so the same bits; the keys and values
+    go to the session's blocks."""
+
+    def __init__(self, model: Model, n: int, pool, n_ctx: int):
+        with model.backend.activate():
+            self.cache = PagedKVCache(weakref.proxy(pool), n_ctx)
+        super().__init__(model, n, self.cache)
+
+    def run(self, ids: np.ndarray, start: int, cache: PagedKVCache):
+        """Logits after the tokens `ids` at positions start .. start + len(ids) - 1 of `cache`
+        (a session's over the pool). The logits are a copy: another session's replay rewrites
+        the graph's own."""
+        self.cache.table = cache.table      # host and device tables: the session's blocks
+        self._replay(ids, start)
         return self.graph.result.copy()
 
 

@@ -146,6 +146,107 @@ def test_sessions_share_the_models_graph_of_a_first_prompt(name, rng, monkeypatc
     assert (prompt_class(9), 128) in m._start_steps and len(captures) == 3
 
 
+def _pooled(m, n, n_ctx):
+    """n sessions of n_ctx positions over one block pool, each holding its whole context's
+    blocks (a server's), and the pool."""
+    from brass.kv_cache import blocks_for
+    pool = m.new_block_pool(n * blocks_for(n_ctx) + 1)
+    sessions = [m.new_session(n_ctx, pool=pool) for _ in range(n)]
+    for s in sessions:
+        s.cache.assign(pool.allocate(blocks_for(n_ctx))[::-1])     # blocks out of order
+    return pool, sessions
+
+
+@pytest.mark.parametrize("name", ["synth-qwen3", "synth-gemma3"])
+def test_pooled_sessions_share_the_models_graph_of_a_prompt_going_on(name, rng, monkeypatch):
+    # a server's pooled sessions read the rest of a prompt after a cached prefix (a position
+    # past 0): the model captures a class once for the pool (ContinueStep, over a block table
+    # of its own into which each replay copies the session's) and every session replays it,
+    # its keys and values in its own blocks; before, each session captured its own
+    m, ref = _faked(name)
+    captures = _count_captures(m, monkeypatch)
+    V = m.config.n_vocab
+    pool, sessions = _pooled(m, 4, 64)
+    for i, s in enumerate(sessions):
+        r = ref.new_session(64)
+        head, rest = _prompts(rng, V, 5, 1)[0], _prompts(rng, V, 9, 1)[0]
+        assert np.array_equal(s.prefill(head), r.prefill(head)), f"session {i}: the first prompt"
+        assert np.array_equal(s.prefill(rest), r.prefill(rest)), f"session {i}: the prompt going on"
+        assert s.n_past == r.n_past == 14
+        for tok in (int(t) for t in rng.integers(0, V, 3)):     # decoding on reads the same cache
+            assert np.array_equal(s.prefill([tok]), r.prefill([tok])), f"session {i}: decoding after it"
+    steps = m._continue_shelves[pool].steps
+    assert list(steps) == [(prompt_class(9), 64)], list(steps)
+    # one capture of the class from position 0 (StartStep) and one going on (ContinueStep);
+    # the first session read each eagerly, the others replayed the model's graphs
+    assert len(captures) == 2 and not any(s._prompt_steps for s in sessions), \
+        (len(captures), [list(s._prompt_steps) for s in sessions])
+    # its table is the last session's: each replay copied the session's in
+    assert np.array_equal(steps[(prompt_class(9), 64)].cache.table, sessions[-1].cache.table)
+    # a session holding its own graph of the class keeps it; without sharing, each its own
+    m.shared_prompt_graphs = False
+    _, alone = _pooled(m, 2, 64)
+    for s in alone:
+        s.prefill(_prompts(rng, V, 5, 1)[0])
+        s.prefill(_prompts(rng, V, 9, 1)[0])
+    assert all(prompt_class(9) in s._prompt_steps for s in alone)
+
+
+def test_a_hybrid_pooled_session_keeps_its_own_graph_going_on(rng, monkeypatch):
+    # the hybrids' recurrent state is the session's own, not in the pool's blocks: a graph of
+    # the pool's could not carry it; their sessions capture their own graphs as before
+    m, ref = _faked("synth-qwen35")
+    V = m.config.n_vocab
+    pool, sessions = _pooled(m, 3, 64)
+    for i, s in enumerate(sessions):
+        r = ref.new_session(64)
+        for n in (5, 9):
+            ids = _prompts(rng, V, n, 1)[0]
+            assert np.array_equal(s.prefill(ids), r.prefill(ids)), f"session {i}, {n} tokens"
+    assert pool not in m._continue_shelves
+    assert [prompt_class(9) in s._prompt_steps for s in sessions] == [False, True, True]
+
+
+def test_a_dropped_pool_frees_its_graphs(rng):
+    # the model's graphs over a pool hold the pool's arrays (on the GPU: its memory) and refer
+    # to the pool object weakly: when the server's pool goes, they go with it at once
+    m, _ = _faked("synth-qwen3")
+    V = m.config.n_vocab
+    with _without_gc():
+        pool, sessions = _pooled(m, 2, 64)
+        for s in sessions:
+            s.prefill(_prompts(rng, V, 5, 1)[0])
+            s.prefill(_prompts(rng, V, 9, 1)[0])
+        st = m._continue_shelves[pool].steps[(prompt_class(9), 64)]
+        gone = [weakref.ref(pool), weakref.ref(st), weakref.ref(st.graph), weakref.ref(st.cache)]
+        del st, s, sessions, pool
+        assert all(w() is None for w in gone), "a dropped pool or its graphs outlived it"
+        assert not any(k[0] is not m._start_shelf for k in m.graph_ledger.steps), list(m.graph_ledger.steps)
+
+
+def test_a_failed_continue_capture_leaves_the_sessions_to_themselves(rng, monkeypatch):
+    m, ref = _faked("synth-qwen3")
+    V = m.config.n_vocab
+    _, sessions = _pooled(m, 3, 64)
+    real = m.backend.capture
+    from brass import model as model_module
+
+    def refuse_continue(fn, **kw):
+        import inspect
+        if any(isinstance(f.frame.f_locals.get("self"), model_module.ContinueStep) for f in inspect.stack()):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return real(fn, **kw)
+    monkeypatch.setattr(m.backend, "capture", refuse_continue)
+    for i, s in enumerate(sessions):
+        r = ref.new_session(64)
+        for n in (5, 9):
+            ids = _prompts(rng, V, n, 1)[0]
+            assert np.array_equal(s.prefill(ids), r.prefill(ids)), f"session {i}, {n} tokens"
+    assert m.continue_graphs_error and "not permitted" in m.continue_graphs_error
+    # the second session's read is eager (the capture failed), the third captures its own
+    assert [prompt_class(9) in s._prompt_steps for s in sessions] == [False, False, True]
+
+
 def test_a_large_cache_is_not_shared(rng, monkeypatch):
     # a StartStep holds a cache of its sessions' size: for a cache over half the graphs' budget
     # the session reads eagerly and then captures its own graph, as without sharing
@@ -344,6 +445,38 @@ def test_cuda_start_graph_equals_eager(name, rng):
         moe = m.config.n_expert > 0
         assert ((prompt_class(n), 128) in m._start_steps) == (not moe or m.backend.options.moe_mmq), \
             (name, list(m._start_steps), m.start_graphs_error)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cuda_continue_graph_equals_eager(name, rng):
+    """On the GPU: pooled sessions reading the rest of a prompt after a first part (a position
+    past 0) through the model's graph for their pool (ContinueStep: its block table rewritten
+    with each session's) get the eager read's logits bit for bit, and greedy decoding after it
+    the same tokens; the hybrids' sessions take their own graphs (no ContinueStep)."""
+    from brass.sampling import SamplingParams
+    m = _on(load_synthetic(name, "cuda"))
+    V = m.config.n_vocab
+    greedy = SamplingParams(temperature=0.0)
+    pool, sessions = _pooled(m, 4, 128)
+    e = m.new_session(128)
+    e.prompt_graphs = False
+    for i, s in enumerate(sessions):
+        head, rest = _prompts(rng, V, 9, 1)[0], _prompts(rng, V, 15, 1)[0]
+        e.reset()
+        s.prefill(head), e.prefill(head)
+        got = m.backend.to_numpy(s.prefill(rest, device_logits=True)).copy()
+        want = e.prefill(rest)
+        assert np.array_equal(got, want), f"{name} session {i}: logits differ " \
+                                          f"(max |diff| {np.abs(got - want).max():.3g})"
+        first = int(np.argmax(want[-1]))
+        a = list(m.generate([first], 6, greedy, stop_at_eog=False, session=s))
+        b = list(m.generate([first], 6, greedy, stop_at_eog=False, session=e))
+        assert a == b, f"{name} session {i}: decoding after the pool's graph parts from eager"
+    hybrid = any(m.config.is_recurrent(il) for il in range(m.config.n_layer))
+    moe = m.config.n_expert > 0
+    shared = pool in m._continue_shelves and (prompt_class(15), 128) in m._continue_shelves[pool]
+    assert shared == (not hybrid and (not moe or m.backend.options.moe_mmq)), \
+        (name, shared, m.continue_graphs_error)
 
 
 @pytest.mark.parametrize("name", ALL)
