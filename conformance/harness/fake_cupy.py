@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import threading
 import types
 from contextlib import contextmanager
 
@@ -548,6 +549,7 @@ class Stream:
         self.ptr = 0 if null else Stream._next_ptr
 
     def use(self):
+        _streams.current = self
         return self
 
     def synchronize(self):
@@ -557,7 +559,7 @@ class Stream:
         return event or Event()
 
     def wait_event(self, event):
-        pass
+        _rec().event(op="stream_wait", stream=self.ptr)
 
     def begin_capture(self, mode=None):
         rec = _rec()
@@ -577,10 +579,29 @@ class Stream:
         return _rec().capturing
 
     def __enter__(self):
+        _streams.stack.append(self)
+        _streams.current = self
         return self
 
     def __exit__(self, *exc):
+        # as CuPy 14's: the stack's new top becomes current, whatever use() had set
+        _streams.stack.pop()
+        _streams.current = _streams.stack[-1] if _streams.stack else NULL_STREAM
         return False
+
+
+NULL_STREAM = Stream(null=True)
+
+
+class _Streams(threading.local):
+    """The thread's current stream and its stack of `with stream` blocks (CuPy's, per thread)."""
+
+    def __init__(self):
+        self.current = NULL_STREAM
+        self.stack: list = []
+
+
+_streams = _Streams()
 
 
 class Event:
@@ -832,7 +853,7 @@ def modules() -> dict[str, types.ModuleType]:
                         using_allocator=using_allocator, alloc_pinned_memory=alloc_pinned_memory,
                         get_elapsed_time=get_elapsed_time, runtime=runtime, driver=driver, memory=memory,
                         function=function, device=device, graph=graph,
-                        is_available=lambda: True, get_current_stream=lambda: Stream(null=True)).items():
+                        is_available=lambda: True, get_current_stream=lambda: _streams.current).items():
         setattr(cuda, name, v)
     cp.cuda = cuda
 

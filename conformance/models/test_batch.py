@@ -214,8 +214,9 @@ def test_row_kernels_equal_the_row_loop(model, rng, monkeypatch):
         for s, p in zip(sessions, prompts):
             s.prefill(p)
         logits = b.to_numpy(BatchDecoder(model).step(sessions, follow)).copy()
-        caches = [[b.to_numpy(a[:s.n_past]).copy() for a in s.cache.k + s.cache.v if a is not None]
-                  for s in sessions]
+        with b.activate():      # the gathers on the backend's stream, in order with its kernels
+            caches = [[b.to_numpy(a[:s.n_past]).copy() for a in s.cache.k + s.cache.v if a is not None]
+                      for s in sessions]
         results.append((logits, caches))
     (l0, c0), (l1, c1) = results
     assert np.array_equal(l0, l1), f"max |diff| {np.abs(l0 - l1).max():.3g}"

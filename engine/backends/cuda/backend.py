@@ -12,10 +12,13 @@ get_rows.py; graphs.py captures and replays CUDA graphs.
 - Kernels: compiled on first use for this GPU's architecture, cached on disk (compiler.py).
   Every launch goes through CudaBackend.launch and has one shape: buffers first, then one
   by-value parameter struct (kernels/params.cuh).
-- Stream: one per backend, made current for the thread, so that CuPy's own array operations
-  in the architecture code (reshape, sum, divide) queue behind our kernels in order. Nothing
-  here synchronises with the host except to_numpy() and synchronize(); positions stay on the
-  device, so a decode step can be captured in a CUDA graph.
+- Stream: one per backend (non-blocking: it does not wait for the legacy default stream, nor
+  it for it), current inside activate() and the backend's methods, so that CuPy's own array
+  operations in the architecture code (reshape, sum, divide) queue behind our kernels in order.
+  Outside them the thread's stream is the legacy one (CuPy's `with stream` puts back the stack's
+  top on exit, whatever `use()` set): to_numpy() first makes its copy wait for work queued
+  there. Nothing here synchronises with the host except to_numpy() and synchronize();
+  positions stay on the device, so a decode step can be captured in a CUDA graph.
 - Weights: streamed tensor by tensor from the file through a fixed pinned staging buffer,
   so the host never holds more than that buffer of weight data, and stay on the device in
   their quantized form.
@@ -284,14 +287,17 @@ class CudaBackend(Backend):
             return cupy.asarray(np.ascontiguousarray(a, dtype=dtype))
 
     def to_numpy(self, a):
-        # `a` may have been made on the stream current at the call (CuPy work outside
-        # activate(), on the legacy default stream), which this non-blocking stream does not
-        # wait for by itself: the copy would race the kernel writing `a`
-        current = cupy.cuda.get_current_stream()
-        if current.ptr != self.stream.ptr:
-            self.stream.wait_event(current.record())
-        out = cupy.asnumpy(a, stream=self.stream)
-        self.stream.synchronize()
+        # `a` may have been made on the caller's stream (CuPy work outside activate(): the
+        # legacy stream), which this non-blocking stream does not wait for: unordered, the copy
+        # could read `a` before the kernel writing it ran (seen on the GPU runner with another
+        # process on the GPU, test_batch.py's caches read back). Read before this stream is
+        # made current, so not a method wrapped by _on_own_stream.
+        caller = cupy.cuda.get_current_stream()
+        with self.device, self.stream:
+            if caller.ptr != self.stream.ptr:
+                self.stream.wait_event(caller.record())
+            out = cupy.asnumpy(a, stream=self.stream)
+            self.stream.synchronize()
         return out
 
     def empty(self, shape, dtype=F32):
@@ -615,7 +621,7 @@ def _on_own_stream(method):
     return wrapper
 
 
-for _name in ("weight", "load", "to_numpy", "quantize_q8_1", "matmul", "matmul_many", "matmul_id",
+for _name in ("weight", "load", "quantize_q8_1", "matmul", "matmul_many", "matmul_id",
               "embed", "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
               "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
               "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
