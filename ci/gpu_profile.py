@@ -4,8 +4,10 @@
                                                       --cuda-graph-trace=node: time per kernel)
     python3 ci/gpu_profile.py matvec TYPE N K          three eager decode mat-vecs (for ncu)
     python3 ci/gpu_profile.py prefill MODEL.gguf [T]  a warm-up then one T-token prefill
-    python3 ci/gpu_profile.py batch MODEL.gguf [N]    N batched greedy steps of 16 sequences
-                                                      (bucket graph replays, run ahead)
+    python3 ci/gpu_profile.py batch MODEL.gguf [N]    N batched greedy steps of 16 pooled
+                                                      sequences DEPTH (env) tokens deep (bucket
+                                                      graph replays, run ahead), ms a step under
+                                                      each GROUP_FILLS (env) split cut
     python3 ci/gpu_profile.py torch MODE MODEL.gguf N the kernels' time by name (CUPTI) of MODE
 """
 
