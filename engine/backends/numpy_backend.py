@@ -356,18 +356,21 @@ def _mm(x: np.ndarray, w: np.ndarray, by_row: bool = False) -> np.ndarray:
 
 # Weight elements rounded to float16 at a time by _mm_f16 (16 MiB of float32); a block holds
 # at least this many. OpenBLAS multiplies a small product (M·N·K <= 1e6 on SkylakeX) with
-# other kernels that sum in another order, so a block must never be small where the whole
-# is not: with blocks of 64 rows of 96 the sums moved by an ulp.
+# other kernels that sum in another order, so a block is never small where the whole is not
+# (with blocks of 64 rows of 96 the sums moved by an ulp). Whether a column's sum keeps its
+# order in a block of the product is up to BLAS: OpenBLAS's SkylakeX kernels keep it, its
+# Haswell and Zen kernels move some columns by an ulp or a few (test_numpy_weights.py).
 _F16_WEIGHT_CHUNK = 1 << 22
 
 
 def _mm_f16(x16: np.ndarray, w: np.ndarray, by_row: bool = False) -> np.ndarray:
     """`x16 @ round_to_f16(w).T`, the weight rounded a block of rows at a time rather than as
     a whole copy beside it (the output matrix of a 150k-token vocabulary is 0.5 GiB of
-    float32). Each output column is one weight row's dot product, summed in the same order
-    whichever block of at least _F16_WEIGHT_CHUNK elements holds the row (the last block takes
-    the ragged rest; conformance/kernels/test_numpy_weights.py holds the blocked product to
-    the whole one, bit for bit)."""
+    float32). Each output column is one weight row's dot product of the same float16 values;
+    BLAS may sum it in another order in a block than in the whole (the last block takes the
+    ragged rest; conformance/kernels/test_numpy_weights.py holds the blocked product to the
+    whole one within any order's bound, and bit for bit for one block). The blocks depend on
+    the weight's shape only, so a model's products are the same from run to run."""
     n_out, k = w.shape
     step = max(1, _F16_WEIGHT_CHUNK // max(k, 1))
     n_blocks = n_out // step
