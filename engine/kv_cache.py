@@ -357,6 +357,26 @@ class PagedKVCache:
     def n_ctx(self) -> int:
         return self._t.n_ctx
 
+    def follow(self, other: "PagedKVCache", staging: np.ndarray | None = None):
+        """Take `other`'s block table as this cache's, its blocks not counted as held here (a
+        graph's cache replayed for a session: model.ContinueStep). The device copy goes
+        through `staging` (pinned, the device table's length) by the backend's upload_async,
+        as a copy from pageable memory may wait for the stream; returns the function that waits
+        until the copy has read `staging` (call it before rewriting it)."""
+        if len(other.table) > max(1, blocks_for(self.n_ctx)):
+            raise BrassError(f"{len(other.table)} KV blocks for a sequence of {self.n_ctx} positions")
+        self._t.table = other.table
+        if self._t.device is None:
+            return lambda: None
+        staging[:] = -1
+        staging[:len(other.table)] = other.table
+        return self.pool.backend.upload_async(self._t.device, staging)
+
+    @property
+    def device_table(self):
+        """The device copy of the block table (None on a backend without one)."""
+        return self._t.device
+
     @classmethod
     def private(cls, backend, cfg, n_ctx: int) -> "PagedKVCache":
         pool = BlockPool(backend, cfg, max(1, blocks_for(n_ctx)))

@@ -729,15 +729,20 @@ class ContinueStep(_PrefillGraph):
     go to the session's blocks."""
 
     def __init__(self, model: Model, n: int, pool, n_ctx: int):
-        with model.backend.activate():
+        b = model.backend
+        with b.activate():
             self.cache = PagedKVCache(weakref.proxy(pool), n_ctx)
+            device = self.cache.device_table
+            self._staging = None if device is None else b.pinned_empty(device.shape[0], np.int32)
+        self._table_read = lambda: None
         super().__init__(model, n, self.cache)
 
     def run(self, ids: np.ndarray, start: int, cache: PagedKVCache):
         """Logits after the tokens `ids` at positions start .. start + len(ids) - 1 of `cache`
         (a session's over the pool). The logits are a copy: another session's replay rewrites
         the graph's own."""
-        self.cache.table = cache.table      # host and device tables: the session's blocks
+        self._table_read()                  # the last table copy has read the staging buffer
+        self._table_read = self.cache.follow(cache, self._staging)     # the session's blocks
         self._replay(ids, start)
         return self.graph.result.copy()
 

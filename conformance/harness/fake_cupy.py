@@ -881,3 +881,4 @@ def activate(rec: Recorder | None):
     _ALLOCATOR[:] = [None]
     _DEFAULT_POOL._used = 0
     Function.by_ptr.clear()
+    _streams.current, _streams.stack = NULL_STREAM, []     # the last user's use() not carried over

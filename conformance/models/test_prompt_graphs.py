@@ -224,6 +224,33 @@ def test_a_dropped_pool_frees_its_graphs(rng):
         assert not any(k[0] is not m._start_shelf for k in m.graph_ledger.steps), list(m.graph_ledger.steps)
 
 
+def test_a_continue_graph_replays_over_the_sessions_device_table(rng):
+    # On CUDA the kernels read the device copy of the block table: before each replay the
+    # step's copy must hold the session's blocks (the replaying fake above reads the host
+    # table). Through the fake CuPy, whose copies land in host memory standing in for the
+    # device's: after each session's read the step's device table is that session's.
+    from conformance.harness import fake_cupy, launch_recording as lr
+    with lr.fake_cuda(fake_cupy.Recorder()):
+        import cupy
+        import brass
+        m = _on(brass.load(str(lr.MODELS_DIR / "synth-qwen3.gguf"), backend="cuda", quiet=True))
+        V = m.config.n_vocab
+        pool, sessions = _pooled(m, 4, 128)
+        for i, s in enumerate(sessions):
+            s.prefill(_prompts(rng, V, 5, 1)[0])
+            s.prefill(_prompts(rng, V, 15, 1)[0], device_logits=True)
+            steps = m._continue_shelves[pool].steps if pool in m._continue_shelves else {}
+            if i == 0:
+                assert not steps, "the model's first read of the class is eager"
+                continue
+            st = steps[(prompt_class(15), 128)]
+            got = cupy.asnumpy(st.cache.device_table)
+            want = np.full(got.shape, -1, np.int32)
+            want[:len(s.cache.table)] = s.cache.table
+            assert np.array_equal(got, want), f"session {i}: the step's device table is not the session's"
+        assert not any(s._prompt_steps for s in sessions)
+
+
 def test_a_failed_continue_capture_leaves_the_sessions_to_themselves(rng, monkeypatch):
     m, ref = _faked("synth-qwen3")
     V = m.config.n_vocab

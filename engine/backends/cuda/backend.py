@@ -291,13 +291,15 @@ class CudaBackend(Backend):
         # legacy stream), which this non-blocking stream does not wait for: unordered, the copy
         # could read `a` before the kernel writing it ran (seen on the GPU runner with another
         # process on the GPU, test_batch.py's caches read back). Read before this stream is
-        # made current, so not a method wrapped by _on_own_stream.
-        caller = cupy.cuda.get_current_stream()
-        with self.device, self.stream:
-            if caller.ptr != self.stream.ptr:
-                self.stream.wait_event(caller.record())
-            out = cupy.asnumpy(a, stream=self.stream)
-            self.stream.synchronize()
+        # made current, so not a method wrapped by _on_own_stream; and on this backend's
+        # device (a new thread's current device is 0, whose stream is not the one to wait on).
+        with self.device:
+            caller = cupy.cuda.get_current_stream()
+            with self.stream:
+                if caller.ptr != self.stream.ptr:
+                    self.stream.wait_event(caller.record())
+                out = cupy.asnumpy(a, stream=self.stream)
+                self.stream.synchronize()
         return out
 
     def empty(self, shape, dtype=F32):
