@@ -464,11 +464,13 @@ def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
 @pytest.mark.parametrize("H, Hkv", [(32, 8), (24, 2)], ids=["G4", "G12"])
 def test_block_columns_give_the_same_bits_on_cuda(cuda, rng, monkeypatch, H, Hkv):
     # split_group_blocks chooses the columns a KV group is cut into by how full the GPU would
-    # be; forced to each end (SPLIT_GROUP_FILL 0: one column a group; past any size: a block a
-    # head) and between, the same bits, a step alone and a batched step's rows
+    # be; forced to each divisor of the group in turn (G = 12: columns of 12, 6, 4, 3, 2 and 1
+    # heads, the odd ones in chunks of 2 + 1), the same bits, a step alone and a batched
+    # step's rows
     from conformance.harness.attn_host import device_rows, device_sequence
     from brass.backends.cuda import attention as attn
     monkeypatch.setattr(cuda.options, "attn_split", True)
+    G = H // Hkv
     q, k, v, kk, vk, pos = _inputs(rng, 1, 3000, H, Hkv, 128, 128, 0, 4096)
     layers = device_sequence(cuda, rng, kk, vk)
     seqs = [(rng.uniform(-1, 1, (c, Hkv, 128)).astype(F16), rng.uniform(-1, 1, (c, Hkv, 128)).astype(F16))
@@ -476,18 +478,15 @@ def test_block_columns_give_the_same_bits_on_cuda(cuda, rng, monkeypatch, H, Hkv
     qr = rng.uniform(-1, 1, (3, H, 128)).astype(F32)
     pr = np.array([2099, 39, 600], np.int32)
     rows = device_rows(cuda, rng, seqs)
-    outs = []
-    seen = set()
-    for fill in (0, 2, 10**9):
-        monkeypatch.setattr(attn, "SPLIT_GROUP_FILL", fill)
-        seen.add(attn.split_group_blocks(H // Hkv, Hkv, -(-4096 // attn.SPLIT_SLOTS), 1, cuda.n_sms))
+    outs = {}
+    for gb in [d for d in range(1, G + 1) if G % d == 0]:
+        monkeypatch.setattr(attn, "split_group_blocks", lambda *a, gb=gb: gb)
         one = cuda.to_numpy(cuda.attention(cuda.asarray(q), *layers, cuda.asarray(pos), 0.088))
         many = cuda.to_numpy(cuda.attention_rows(cuda.asarray(qr), rows, cuda.asarray(pr), 0.088))
-        outs.append((one, many))
-    assert len(seen) >= 2 and 1 in seen and H // Hkv in seen, f"the cuts taken: {sorted(seen)}"
-    for (one, many), fill in zip(outs[1:], (2, 10**9)):
-        assert np.array_equal(one.view(np.uint32), outs[0][0].view(np.uint32)), f"fill {fill}: other bits alone"
-        assert np.array_equal(many.view(np.uint32), outs[0][1].view(np.uint32)), f"fill {fill}: other bits in rows"
+        outs[gb] = (one, many)
+    for gb, (one, many) in outs.items():
+        assert np.array_equal(one.view(np.uint32), outs[1][0].view(np.uint32)), f"{gb} columns: other bits alone"
+        assert np.array_equal(many.view(np.uint32), outs[1][1].view(np.uint32)), f"{gb} columns: other bits in rows"
 
 
 @needs_cuda

@@ -70,7 +70,10 @@ SPLIT_BLOCKS_PER_SM = 8
 # heads of 4 query heads; brass bench --depth, a call of the same process, 2026-12-06): a
 # column a group lost at depth 1 (266 against 299 tok/s a block a head) and at 4,096 (17
 # splits: 136 items, 1.0 an SM; 191 against 229) and won at 16,384 (65 splits: 520 items, 3.9
-# an SM; 171 against 131). 3 lies between; the points between were not measured.
+# an SM; 171 against 131). 3 lies between; the points between were not measured. The splits
+# are counted from the capacity (a captured graph's grid holds at every position), so a
+# sequence of a large capacity takes few columns near an empty context too, where they lost
+# at a small one; that case is unmeasured.
 SPLIT_GROUP_FILL = 3
 
 
