@@ -10,7 +10,8 @@ with the option as it is then.
 
     python3 ci/depth_split.py MODEL.gguf [--depths 4096,16384,32768] [--n-gen 128] [--reps 3] [--json OUT]
 
---group-fills F1,F2,...: the split kernels (the default) at each engine/backends/cuda/attention.py
+--ctx N: the session's positions (a kernel may be chosen by the capacity; default: what the
+depth and the test need). --group-fills F1,F2,...: the split kernels (the default) at each engine/backends/cuda/attention.py
 SPLIT_GROUP_FILL instead (0: a block column a KV group, the reads of K and V shared by its
 query heads; 1e9: a block a head; the default's value chooses by the work there is), one
 column a fill.
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="write every run's bench result here")
+    ap.add_argument("--ctx", type=int, default=None,
+                    help="the bench session's positions (default: the depth and the test's)")
     ap.add_argument("--group-fills", type=lambda t: [float(x) for x in t.split(",") if x.strip()], default=None,
                     help="time these SPLIT_GROUP_FILL values (split kernels on) instead of attn_split off / on")
     a = ap.parse_args(argv)
@@ -64,7 +67,7 @@ def main(argv: list[str]) -> int:
         for on in (False, True):
             b.options.attn_split = on
             try:
-                r = bench(m, n_prompt=0, n_gen=a.n_gen, reps=a.reps, depth=depth)[0]
+                r = bench(m, n_prompt=0, n_gen=a.n_gen, reps=a.reps, depth=depth, n_ctx=a.ctx)[0]
             except BrassError as e:
                 print(f"depth {depth}, attn_split {on}: {e}", file=sys.stderr)
                 break
@@ -98,7 +101,7 @@ def group_fills(m, a) -> int:
         for fill in a.group_fills:
             attention.SPLIT_GROUP_FILL = fill
             try:
-                r = bench(m, n_prompt=0, n_gen=a.n_gen, reps=a.reps, depth=depth)[0]
+                r = bench(m, n_prompt=0, n_gen=a.n_gen, reps=a.reps, depth=depth, n_ctx=a.ctx)[0]
             except BrassError as e:
                 print(f"depth {depth}, group fill {fill:g}: {e}", file=sys.stderr)
                 got.append(None)

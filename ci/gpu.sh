@@ -379,12 +379,13 @@ sub_depth() {     # [SHAPE] [DEPTHS]
     # (SHAPE, a conformance/harness/shape_models.py name: qwen3-8b), REPS (3) repetitions;
     # one table (ci/depth_split.py) in $out/depth.md, every run in $out/depth.json: what made
     # the split the default for every decode step (engine/backends/cuda/attention.py).
-    # GROUP_FILLS (a comma list): the split kernels under each SPLIT_GROUP_FILL instead.
+    # GROUP_FILLS (a comma list): the split kernels under each SPLIT_GROUP_FILL instead; CTX:
+    # the session's positions (default: the depth and the test's).
     local name="${1:-qwen3-8b}" depths="${2:-4096,16384,32768}"
     gpu_name | tee "$out/gpu.txt"
     shape "$name" || { echo "$name: not written (a shape_models.py name?)"; return 1; }
     guarded 595 python3 ci/depth_split.py "$dir/$name.gguf" --depths "$depths" --reps "${REPS:-3}" \
-        ${GROUP_FILLS:+--group-fills "$GROUP_FILLS"} --json "$out/depth.json" | tee "$out/depth.md"
+        ${GROUP_FILLS:+--group-fills "$GROUP_FILLS"} ${CTX:+--ctx "$CTX"} --json "$out/depth.json" | tee "$out/depth.md"
 }
 
 sub_serving() {

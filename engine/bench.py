@@ -29,6 +29,8 @@ Two choices change what a test reads:
   random tokens already in the cache, read untimed just before the timed part (in prompts of
   DEPTH_CHUNK tokens, read eagerly: they capture no graph and mark no length as read); the
   test names end in " @ dD", as llama-bench's.
+- ctx N (`--ctx`): the sessions hold N positions instead of what the test needs (at least
+  that): the capacity some kernels are chosen by, as in a server's or a long chat's sessions.
 
 After each test the result records the memory the run holds (`held_memory`): the weights as
 the backend keeps them (on the GPU their quantized bytes; on the numpy backend the float32
@@ -174,18 +176,27 @@ def held_memory(model, sessions=(), decoder=None) -> dict:
 
 
 def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int = 0,
-          progress=None, parallel: int = 1, lengths: str | None = None, depth: int = 0) -> list[BenchResult]:
+          progress=None, parallel: int = 1, lengths: str | None = None, depth: int = 0,
+          n_ctx: int | None = None) -> list[BenchResult]:
     """pp`n_prompt` and tg`n_gen` of `model` (either may be 0 to skip it); with parallel > 1,
     the generation test is `parallel` sequences decoded in batched steps; `lengths` (a
-    --lengths spec) and `depth`: see the module's docstring."""
+    --lengths spec) and `depth`: see the module's docstring. `n_ctx`: the sessions' positions
+    (`--ctx`; default: what the test needs). A kernel may be chosen by a sequence's capacity
+    (the split attention's cut: engine/backends/cuda/attention.py), which a server's sessions
+    and a long chat have larger than a bench's."""
     from .model import prompt_class
     fresh = check_args(n_prompt, n_gen, reps, parallel, lengths, depth, seed)
     longest = max([n_prompt] + (fresh[1] if fresh else []))
+    capacity = n_ctx
     n_ctx = depth + max(longest, n_gen + 1)
     if n_ctx > model.config.n_ctx_train:
         what = f" ({depth} of depth and {n_ctx - depth} of the test)" if depth else ""
         raise BrassError(f"bench: {n_ctx} tokens{what} exceed the model's context of {model.config.n_ctx_train}")
-    if longest >= 2:
+    if capacity is not None:
+        if capacity < n_ctx:
+            raise BrassError(f"bench: --ctx {capacity} is less than the {n_ctx} positions the test needs")
+        n_ctx = capacity
+    elif longest >= 2:
         # room for the padding rows of the longest prompt's class graph (a prompt whose class
         # does not fit after the depth is read eagerly)
         n_ctx = min(model.config.n_ctx_train, max(n_ctx, depth + prompt_class(longest)))
@@ -237,12 +248,13 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
             # one block pool for the rows, as a server's (the row kernels and bucket graphs
             # take rows of one pool), each holding its whole context's blocks
             from .kv_cache import blocks_for
-            pool = model.new_block_pool(parallel * blocks_for(n_gen + 1))
-            sessions = [model.new_session(n_gen + 1, pool=pool) for _ in range(parallel)]
+            rows = n_gen + 1 if capacity is None else capacity
+            pool = model.new_block_pool(parallel * blocks_for(rows))
+            sessions = [model.new_session(rows, pool=pool) for _ in range(parallel)]
             for q in sessions:
-                q.cache.assign(pool.allocate(blocks_for(n_gen + 1)))
+                q.cache.assign(pool.allocate(blocks_for(rows)))
         else:
-            sessions = [model.new_session(n_gen + 1) for _ in range(parallel)]
+            sessions = [model.new_session(n_gen + 1 if capacity is None else capacity) for _ in range(parallel)]
 
     def generate_batched(_):
         for q in sessions:

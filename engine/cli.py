@@ -411,7 +411,8 @@ def cmd_bench(args):
     m = load_model(args)
     progress = None if args.json or not sys.stderr.isatty() else (lambda msg: print(msg, file=sys.stderr))
     results = bench(m, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps, progress=progress,
-                    parallel=args.parallel, lengths=args.lengths, depth=args.depth, seed=args.seed)
+                    parallel=args.parallel, lengths=args.lengths, depth=args.depth, seed=args.seed,
+                    n_ctx=args.ctx)
     # the name the user gave (catalog name or file name), not the file's internal general.name
     name = catalog.model_name(args.model, m.path)
     results = [dataclasses.replace(r, model=name) for r in results]
@@ -537,7 +538,8 @@ def build_parser():
                                    "each from an empty context (--depth: after D tokens), after one "
                                    "untimed run; mean ± stddev over -r repetitions (as llama-bench "
                                    "reports them), and the memory the run holds (weights, f16 weight "
-                                   "copies, KV cache, graphs).")
+                                   "copies, KV cache, graphs). --ctx N: the sessions' positions "
+                                   "(default: what the test needs).")
     add_model_args(p)
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0: skip; default: 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0: skip; default: 128)")

@@ -157,6 +157,26 @@ def test_depth_fills_untimed_then_times_the_test(monkeypatch, name):
     assert pp.memory["kv_cache"] == tg.memory["kv_cache"] == KVCache(m.backend, m.config, slots).nbytes
 
 
+def test_ctx_sizes_the_sessions(monkeypatch):
+    """--ctx N: the sessions hold N positions (the single session and the batched rows), where
+    by default they hold what the test needs; fewer than the test needs is refused."""
+    m = _graph_model()
+    sizes = []
+    real = type(m).new_session
+    monkeypatch.setattr(type(m), "new_session", lambda self, n_ctx=None, pool=None:
+                        (sizes.append(n_ctx), real(self, n_ctx, pool))[1])
+    pp, tg = bench.bench(m, n_prompt=6, n_gen=3, reps=1, depth=20, n_ctx=400)
+    assert sizes == [400] and pp.memory["kv_cache"] == KVCache(m.backend, m.config, 400).nbytes
+    sizes.clear()
+    bench.bench(m, n_prompt=0, n_gen=3, reps=1, parallel=2, n_ctx=64)
+    assert sizes == [64, 64, 64], sizes          # the single session, then the two rows
+    sizes.clear()
+    bench.bench(m, n_prompt=0, n_gen=3, reps=1, parallel=2)
+    assert sizes == [4, 4, 4], sizes
+    with pytest.raises(BrassError, match="--ctx 25 is less than the 26 positions the test needs"):
+        bench.bench(m, n_prompt=6, n_gen=3, reps=1, depth=20, n_ctx=25)
+
+
 def test_memory_counts_what_the_run_holds():
     """held_memory: the weights' float32 arrays dequantized so far (numpy: the raw bytes stay
     in the file's memory map), the sessions' caches, the backend's f16 copies, the graphs."""
@@ -222,6 +242,7 @@ def test_bench_json_has_depth_lengths_memory():
     (("--depth", 4, "--parallel", 2), "leave out --parallel"),
     (("--depth", 5000, "-p", 8, "-n", 1), "(5000 of depth and 8 of the test) exceed the model's context"),
     (("--lengths", "8,9,5000", "-p", 4, "-n", 0), "5000 tokens exceed the model's context"),
+    (("--ctx", 10, "--depth", 5, "-p", 8, "-n", 1), "--ctx 10 is less than the 13 positions the test needs"),
 ])
 def test_bench_lengths_depth_bad_input_is_one_line(args, msg):
     r = brass("bench", goldens.model("synth-llama").path(), "--backend", "numpy", *args)
