@@ -124,7 +124,9 @@ class GraphLedger:
             if st.nbytes > budget:
                 shelf.eager.add(key)            # its memory is freed with it
                 return None
-            held = sum(s.nbytes for s in self.steps.values())
+            # list(): one step under the GIL, so that a finalizer dropping a session's or a
+            # pool's shelf on another thread cannot change the ledger under the sum
+            held = sum(s.nbytes for s in list(self.steps.values()))
             while self.steps and (len(self.steps) >= PROMPT_GRAPHS_KEPT or held + st.nbytes > budget):
                 held -= self.steps.popitem(last=False)[1].nbytes
         self.steps[(shelf, key)] = st
@@ -265,13 +267,17 @@ class Model:
 
     def graph_bytes(self) -> dict[str, int]:
         """Device bytes the captured prompt graphs hold: "prompt", the sessions' own
-        (PromptStep), and "start", the model's (StartStep, with their caches); together at most
-        the budget (graph_ledger.budget). Read from another thread (a server's /metrics) while
+        (PromptStep), "start", the model's first prompts (StartStep, with their caches), and
+        "continue", the model's prompts going on over a block pool (ContinueStep); together at
+        most the budget (graph_ledger.budget). Read from another thread (a server's /metrics) while
         the worker captures: the ledger is copied whole first (list() of an OrderedDict's items
         runs under the GIL), so it does not change under the sums."""
-        out = {"prompt": 0, "start": 0}
+        out = {"prompt": 0, "start": 0, "continue": 0}
+        continuing = {id(shelf) for shelf in list(self._continue_shelves.values())}
         for (shelf, _), st in list(self.graph_ledger.steps.items()):
-            out["start" if shelf is self._start_shelf else "prompt"] += st.nbytes
+            kind = ("start" if shelf is self._start_shelf else
+                    "continue" if id(shelf) in continuing else "prompt")
+            out[kind] += st.nbytes
         return out
 
     def forward(self, ids, pos, cache: KVCache, out_rows=None, trace: Callable | None = None,

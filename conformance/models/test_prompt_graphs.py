@@ -569,17 +569,21 @@ def _without_gc():
 
 def test_graph_bytes_counts_the_sessions_and_the_model():
     """Model.graph_bytes (a server's /metrics, brass_prompt_graph_bytes): the sessions' own
-    prompt graphs and the model's shared ones; a session gone takes its graphs with it."""
+    prompt graphs, the model's shared ones (first prompts; prompts going on over a pool); a
+    session gone takes its graphs with it."""
     m = load_synthetic("synth-qwen3", "numpy")
     a, b = m.new_session(64), m.new_session(64)
     _keep(a._prompt_shelf, 5, 100)
     _keep(a._prompt_shelf, 9, 20)
     _keep(b._prompt_shelf, 5, 3)
     _keep(m._start_shelf, (5, 64), 4000)
-    assert m.graph_bytes() == {"prompt": 123, "start": 4000}
+    pool = m.new_block_pool(4)
+    shelf = m._continue_shelves[pool] = type(m._start_shelf)(m.graph_ledger)
+    _keep(shelf, (9, 64), 50)
+    assert m.graph_bytes() == {"prompt": 123, "start": 4000, "continue": 50}
     with _without_gc():
         del a
-        assert m.graph_bytes() == {"prompt": 3, "start": 4000}
+        assert m.graph_bytes() == {"prompt": 3, "start": 4000, "continue": 50}
 
 
 def test_one_ledger_for_every_session_and_the_model(monkeypatch):
@@ -596,7 +600,7 @@ def test_one_ledger_for_every_session_and_the_model(monkeypatch):
     _keep(A, 5)                                 # used again: B's is the least recently used
     _keep(A, 6, 3 * MiB)                        # 12 MiB would not fit in 10: B's goes
     assert list(m.graph_ledger.steps) == [(S, (5, 64)), (A, 5), (A, 6)]
-    assert m.graph_bytes() == {"prompt": 6 * MiB, "start": 3 * MiB}
+    assert m.graph_bytes() == {"prompt": 6 * MiB, "start": 3 * MiB, "continue": 0}
     assert 5 not in B and not b._prompt_steps and list(a._prompt_steps) == [5, 6]
     _keep(B, 7, 5 * MiB)                        # 14: the model's graph goes, then A's 5
     assert list(m.graph_ledger.steps) == [(A, 6), (B, 7)] and not m._start_steps
