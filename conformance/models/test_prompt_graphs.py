@@ -443,15 +443,27 @@ def test_a_cuda_model_gives_its_backend_the_prompt_graphs_setting(monkeypatch):
                      ("cuda", {"own_cublas": True}), ("numpy", {})]
 
 
+def _reads_as_eager(m, s, e, ids, n_gen: int, what: str):
+    """Session s reads `ids` (through a graph) with the logits of session e reading them
+    eagerly, bit for bit, and n_gen greedy tokens after them are e's."""
+    from brass.sampling import SamplingParams
+    got = m.backend.to_numpy(s.prefill(ids, device_logits=True)).copy()
+    want = e.prefill(ids)
+    assert np.array_equal(got, want), f"{what}: logits differ (max |diff| {np.abs(got - want).max():.3g})"
+    first = int(np.argmax(want[-1]))
+    greedy = SamplingParams(temperature=0.0)
+    a = list(m.generate([first], n_gen, greedy, stop_at_eog=False, session=s))
+    b = list(m.generate([first], n_gen, greedy, stop_at_eog=False, session=e))
+    assert a == b, f"{what}: decoding after the graph's read parts from eager"
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_cuda_start_graph_equals_eager(name, rng):
     """On the GPU: sessions reading a length from position 0 through the model's graph
     (StartStep: its own cache, copied into theirs) get the eager read's logits bit for bit,
     and greedy decoding after it the same tokens."""
-    from brass.sampling import SamplingParams
     m = _on(load_synthetic(name, "cuda"))
     V = m.config.n_vocab
-    greedy = SamplingParams(temperature=0.0)
     # lengths that are the last of their class: the graph reads them unpadded, the same kernels
     # on the same rows as the eager read, so bit for bit (padded reads: test_prompt_classes.py)
     for n in (15, 47):
@@ -461,14 +473,7 @@ def test_cuda_start_graph_equals_eager(name, rng):
         for i, ids in enumerate(_prompts(rng, V, n, 3)):
             s = m.new_session(128)
             e.reset()
-            got = m.backend.to_numpy(s.prefill(ids, device_logits=True)).copy()
-            want = e.prefill(ids)
-            assert np.array_equal(got, want), f"{name} T={n} session {i}: logits differ " \
-                                              f"(max |diff| {np.abs(got - want).max():.3g})"
-            first = int(np.argmax(want[-1]))
-            a = list(m.generate([first], 8, greedy, stop_at_eog=False, session=s))
-            b = list(m.generate([first], 8, greedy, stop_at_eog=False, session=e))
-            assert a == b, f"{name} T={n} session {i}: decoding after the shared graph parts from eager"
+            _reads_as_eager(m, s, e, ids, 8, f"{name} T={n} session {i}")
         moe = m.config.n_expert > 0
         assert ((prompt_class(n), 128) in m._start_steps) == (not moe or m.backend.options.moe_mmq), \
             (name, list(m._start_steps), m.start_graphs_error)
@@ -480,10 +485,8 @@ def test_cuda_continue_graph_equals_eager(name, rng):
     past 0) through the model's graph for their pool (ContinueStep: its block table rewritten
     with each session's) get the eager read's logits bit for bit, and greedy decoding after it
     the same tokens; the hybrids' sessions take their own graphs (no ContinueStep)."""
-    from brass.sampling import SamplingParams
     m = _on(load_synthetic(name, "cuda"))
     V = m.config.n_vocab
-    greedy = SamplingParams(temperature=0.0)
     pool, sessions = _pooled(m, 4, 128)
     e = m.new_session(128)
     e.prompt_graphs = False
@@ -491,14 +494,7 @@ def test_cuda_continue_graph_equals_eager(name, rng):
         head, rest = _prompts(rng, V, 9, 1)[0], _prompts(rng, V, 15, 1)[0]
         e.reset()
         s.prefill(head), e.prefill(head)
-        got = m.backend.to_numpy(s.prefill(rest, device_logits=True)).copy()
-        want = e.prefill(rest)
-        assert np.array_equal(got, want), f"{name} session {i}: logits differ " \
-                                          f"(max |diff| {np.abs(got - want).max():.3g})"
-        first = int(np.argmax(want[-1]))
-        a = list(m.generate([first], 6, greedy, stop_at_eog=False, session=s))
-        b = list(m.generate([first], 6, greedy, stop_at_eog=False, session=e))
-        assert a == b, f"{name} session {i}: decoding after the pool's graph parts from eager"
+        _reads_as_eager(m, s, e, rest, 6, f"{name} session {i}")
     hybrid = any(m.config.is_recurrent(il) for il in range(m.config.n_layer))
     moe = m.config.n_expert > 0
     shared = pool in m._continue_shelves and (prompt_class(15), 128) in m._continue_shelves[pool]
