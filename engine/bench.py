@@ -244,17 +244,17 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, reps: int = 3, seed: int
     if parallel > 1 and n_gen:
         from .batch import BatchDecoder
         dec = BatchDecoder(model)           # refuses an architecture that does not batch
+        rows = n_gen + 1 if capacity is None else capacity      # each row's positions
         if getattr(b, "paged_kv", False):
             # one block pool for the rows, as a server's (the row kernels and bucket graphs
             # take rows of one pool), each holding its whole context's blocks
             from .kv_cache import blocks_for
-            rows = n_gen + 1 if capacity is None else capacity
             pool = model.new_block_pool(parallel * blocks_for(rows))
             sessions = [model.new_session(rows, pool=pool) for _ in range(parallel)]
             for q in sessions:
                 q.cache.assign(pool.allocate(blocks_for(rows)))
         else:
-            sessions = [model.new_session(n_gen + 1 if capacity is None else capacity) for _ in range(parallel)]
+            sessions = [model.new_session(rows) for _ in range(parallel)]
 
     def generate_batched(_):
         for q in sessions:

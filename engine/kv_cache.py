@@ -347,8 +347,7 @@ class PagedKVCache:
 
     @table.setter
     def table(self, value):
-        if len(value) > max(1, blocks_for(self.n_ctx)):
-            raise BrassError(f"{len(value)} KV blocks for a sequence of {self.n_ctx} positions")
+        self._check_fits(value)
         self._t.table = value
         if self._t.device is not None:
             self.pool.backend.write_block_table(self._t.device, value)
@@ -363,14 +362,17 @@ class PagedKVCache:
         through `staging` (pinned, the device table's length) by the backend's upload_async,
         as a copy from pageable memory may wait for the stream; returns the function that waits
         until the copy has read `staging` (call it before rewriting it)."""
-        if len(other.table) > max(1, blocks_for(self.n_ctx)):
-            raise BrassError(f"{len(other.table)} KV blocks for a sequence of {self.n_ctx} positions")
+        self._check_fits(other.table)
         self._t.table = other.table
         if self._t.device is None:
             return lambda: None
         staging[:] = -1
         staging[:len(other.table)] = other.table
         return self.pool.backend.upload_async(self._t.device, staging)
+
+    def _check_fits(self, table):
+        if len(table) > max(1, blocks_for(self.n_ctx)):
+            raise BrassError(f"{len(table)} KV blocks for a sequence of {self.n_ctx} positions")
 
     @property
     def device_table(self):
