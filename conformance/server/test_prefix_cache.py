@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from brass.errors import BrassError
+from brass.model import prompt_class
 from brass.serving import Request
 
 from conformance.harness.goldens import load_synthetic
@@ -233,31 +234,45 @@ def test_steps_run_ahead_keep_the_blocks_they_were_issued_with(models, rng):
     assert np.array_equal(logits, m.new_session(64).prefill(other)), "a's queued steps wrote into b's prompt"
 
 
-def test_a_prompt_graph_follows_its_sessions_new_blocks(models, rng):
-    """A session's prompt graph (a prompt continuing its cache: PromptStep) captured over some
-    blocks and replayed after its blocks changed (released, others assigned) reads and writes
-    the new ones: its logits and the decode steps after it are those of a session of its own.
-    On CUDA the graph holds the address of the sequence's device table, rewritten in place."""
+@pytest.mark.parametrize("shared", [True, False], ids=["model-graph", "session-graph"])
+def test_a_prompt_graph_follows_its_sessions_new_blocks(models, rng, shared):
+    """A prompt graph continuing a cache, captured over some blocks and replayed after the
+    session's blocks changed (released, others assigned), reads and writes the new ones: its
+    logits and the decode steps after it are those of a session of its own. A pooled session
+    replays the model's graph of the pool (ContinueStep, into whose table each replay copies
+    the session's), or, with sharing off, its own (PromptStep). On CUDA either graph holds the
+    address of a device table rewritten in place."""
     m = models("synth-qwen3")
-    pool = m.new_block_pool(12)
-    s, alone = m.new_session(64, pool=pool), m.new_session(64)
-    blocks = [pool.allocate(4) for _ in range(3)]      # three sets, none of the others' blocks
-    for i, new in enumerate(blocks):    # the class's first read (eager), its capture, a replay
-        if i:
-            s.cache.release()
-        s.cache.assign(new[::-1] if i % 2 else new)
-        s.reset(), alone.reset()
-        head, tail = _ids(m, rng, 16), _ids(m, rng, 9)
-        got = []
-        for x in (s, alone):
-            x.prefill(head)
-            got.append(m.backend.to_numpy(x.prefill(tail, device_logits=True)).copy())
-            got += [m.backend.to_numpy(x.decode(t)).copy() for t in (2, 4)]
-        for j in range(3):
-            assert np.array_equal(got[j], got[j + 3]), f"read {i}, step {j}: differs from a session of its own"
+    was, m.shared_prompt_graphs = m.shared_prompt_graphs, shared
+    try:
+        pool = m.new_block_pool(12)
+        s, alone = m.new_session(64, pool=pool), m.new_session(64)
+        blocks = [pool.allocate(4) for _ in range(3)]      # three sets, none of the others' blocks
+        for i, new in enumerate(blocks):    # the class's first read (eager), its capture, a replay
+            if i:
+                s.cache.release()
+            s.cache.assign(new[::-1] if i % 2 else new)
+            s.reset(), alone.reset()
+            head, tail = _ids(m, rng, 16), _ids(m, rng, 9)
+            got = []
+            for x in (s, alone):
+                x.prefill(head)
+                got.append(m.backend.to_numpy(x.prefill(tail, device_logits=True)).copy())
+                got += [m.backend.to_numpy(x.decode(t)).copy() for t in (2, 4)]
+            for j in range(3):
+                assert np.array_equal(got[j], got[j + 3]), f"read {i}, step {j}: differs from a session of its own"
+    finally:
+        m.shared_prompt_graphs = was
     if s.graphs and m.prompt_graphs:
-        assert 15 in s._prompt_steps, ("the prompt of 9 tokens (class 15) did not replay its graph",
-                                       s.prompt_graphs_error)
+        cls = prompt_class(9)
+        if shared:
+            steps = m._continue_shelves[pool].steps if pool in m._continue_shelves else {}
+            assert (cls, 64) in steps and not s._prompt_steps, (
+                "the prompt of 9 tokens did not replay the model's graph of the pool",
+                list(steps), list(s._prompt_steps), m.continue_graphs_error)
+        else:
+            assert cls in s._prompt_steps, ("the prompt of 9 tokens did not replay the session's graph",
+                                            s.prompt_graphs_error)
 
 
 @pytest.mark.parametrize("name", ALL)
