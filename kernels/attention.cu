@@ -236,24 +236,29 @@ attention(const float * __restrict__ q, const u16 * __restrict__ k_cache, const 
     attend_block(q, k_cache, v_cache, pos, table, out, out_q, p);
 }
 
-// ---- split-K: blocks (x = KV head g's block column, b = blockIdx.y, query t = blockIdx.z) ---
+// ---- split-K: a (KV head g's block column, lane) per block, query t = blockIdx.z -------------
 // A (t, h) row's visible slots fall in S = ceil(n_slots / ATTN_SPLIT_SLOTS) splits (split s:
-// j in [s * ATTN_SPLIT_SLOTS, (s + 1) * ATTN_SPLIT_SLOTS) of those visible). Passes 1 and 3
-// take the G = H / H_kv query heads h = g * G .. g * G + G - 1 that read KV head g in GB =
-// gridDim.x / H_kv block columns (x = g * GB + i: heads g * G + i * G / GB, the next G / GB),
-// so that each K row (pass 1) and V row (pass 3) is read once for a column's heads (in chunks
-// of up to ATTN_SPLIT_HEADS heads, split_chunk_heads; each chunk reads the rows again). GB = 1
-// shares the reads most; GB = G is a block per head, the most blocks (the backend chooses:
-// attention.py split_group_blocks). Pass 2 reads only logits and keeps a block per (t, h) row.
-// A column's (or row's) gridDim.y blocks take splits b, b + gridDim.y, ... (the backend
-// launches enough blocks to fill the GPU, fewer than S at depth: a split past the visible
-// slots then costs no block). What a split computes and where it goes do not depend on which
-// block takes it, so neither does the result on gridDim.y or GB. Each head's numbers are the
+// j in [s * ATTN_SPLIT_SLOTS, (s + 1) * ATTN_SPLIT_SLOTS) of those visible), of which the
+// first n_used = ceil(n / ATTN_SPLIT_SLOTS) hold visible slots. Passes 1 and 3 take the G =
+// H / H_kv query heads h = g * G .. g * G + G - 1 that read KV head g in GB block columns
+// (column x = g * GB + i: heads g * G + i * G / GB, the next G / GB), so that each K row
+// (pass 1) and V row (pass 3) is read once for a column's heads (in chunks of up to
+// ATTN_SPLIT_HEADS heads, split_chunk_heads; each chunk reads the rows again). GB = 1 shares
+// the reads most; GB = G is a block per head, the most blocks. GB is chosen here, per query,
+// from the splits in use (split_columns): a graph captured for a large capacity replays near
+// an empty context too, where sharing would leave most of the GPU idle. Both passes launch
+// the grid (H, L, n) (block k = blockIdx.y * H + blockIdx.x of a query); under a cut of GB,
+// block k is column k % (H_kv * GB) and lane k / (H_kv * GB) of lanes = min(n_used, L * G /
+// GB) (at least 1: the column's combination), and a lane past them returns at once. A
+// column's lanes take splits lane, lane + lanes, ... (the backend launches enough blocks to
+// fill the GPU, fewer than S at depth: a split past the visible slots then costs no block).
+// Pass 2 reads only logits and keeps a block per (t, h) row, its gridDim.y blocks taking the
+// splits in the same way. What a split computes and where it goes do not depend on which
+// block takes it, so neither does the result on the grid or GB. Each head's numbers are the
 // float operations, in the order, that a block of that head alone would make (the same
 // expressions per head). Scratch (global, row r = t * H + h): logit [r][S * ATTN_SPLIT_SLOTS]
 // indexed by j; split_max [r][S]; split_sum [r][S] (double); part [r][S][head_dim_v]; done
-// [t * gridDim.x + x] (pass 3's blocks of the column finished). Only the splits that hold
-// visible slots (s < n_used = ceil(n / ATTN_SPLIT_SLOTS)) write or are read.
+// [t * H + x] (pass 3's lanes of column x finished). Only the splits in use write or are read.
 
 #ifndef ATTN_SPLIT_HEADS
 // query heads of a KV group that a block of split-K pass 1 or 3 holds at once (registers:
@@ -271,6 +276,34 @@ __device__ __forceinline__ int split_count(const AttentionParams & p) {
 // The splits of a row that hold visible slots.
 __device__ __forceinline__ int splits_used(const int n) {
     return n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;
+}
+
+// Passes 1 and 3's cut of a KV group: the fewest block columns GB (a divisor of G) whose
+// (column, split, query) items, n_used splits a query over the launch's gridDim.z queries,
+// number p.split_fill (the backend's SPLIT_GROUP_FILL an SM); G (a block a head) where none
+// does. Both passes compute it from the same values, so they agree (attention.py
+// split_group_blocks is the same rule at the capacity's splits: the fewest columns any
+// position takes, which sizes the dynamic shared memory).
+__device__ __forceinline__ int split_columns(const int G, const int n_used, const AttentionParams & p) {
+    const long long items = (long long) p.n_kv_heads * n_used * gridDim.z;
+    for (int gb = 1; gb < G; ++gb)
+        if (G % gb == 0 && items * gb >= p.split_fill) return gb;
+    return G;
+}
+
+// A block of pass 1 or 3 under its query's cut (split_columns): its column x, its lane, and
+// the lanes its column has; false for a block past them (it returns at once).
+struct SplitBlock {
+    int GB, x, lane, lanes;
+};
+__device__ __forceinline__ bool split_block(const int G, const int n_used, const AttentionParams & p,
+                                            SplitBlock & b) {
+    b.GB = split_columns(G, n_used, p);
+    const int columns = p.n_kv_heads * b.GB, k = blockIdx.y * gridDim.x + blockIdx.x;
+    b.x = k % columns;
+    b.lane = k / columns;
+    b.lanes = max(1, min(n_used, (int) (gridDim.x * gridDim.y) / columns));
+    return b.lane < b.lanes;
 }
 
 // The heads a chunk takes of `left` heads of a group still to do: the largest power of two
@@ -421,8 +454,9 @@ __device__ __forceinline__ void attn_group_values(const float * prob, const u16 
 template <int NH>
 __device__ __forceinline__ void split_logits_heads(const float * q, const u16 * k_cache, const int * table,
                                                    const int t, const int h, const int h_kv, const int lo,
-                                                   const int n, const int n_used, float * logit, float * split_max,
-                                                   float * q16, float * red_max, const AttentionParams & p) {
+                                                   const int n, const int n_used, const int s0, const int ds,
+                                                   float * logit, float * split_max, float * q16, float * red_max,
+                                                   const AttentionParams & p) {
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, S = split_count(p);
     const i64 r = (i64) t * p.n_heads + h, row = (i64) S * ATTN_SPLIT_SLOTS;
     const float * qr = q + r * p.head_dim;         // the NH heads' rows, one after another
@@ -430,7 +464,7 @@ __device__ __forceinline__ void split_logits_heads(const float * q, const u16 * 
     for (int d = threadIdx.x; d < NH * p.head_dim; d += ATTN_THREADS) q16[d] = f16_to_f32(f32_to_f16(qr[d]));
     __syncthreads();                                // q16 written
     float * lr = logit + r * row;
-    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+    for (int s = s0; s < n_used; s += ds) {
         const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
         float m[NH];
         attn_group_logits<NH>(q16, k_cache, table, lo, j0, j1, h_kv, lr, row, m, p);
@@ -451,31 +485,34 @@ __device__ __forceinline__ void split_logits_heads(const float * q, const u16 * 
 }
 
 // Pass 1: each split's logits into the rows of the block column's heads, each head's split
-// max. Dynamic shared memory: q16 [split_chunk_heads(G / GB)][head_dim].
+// max. Dynamic shared memory: q16 [split_chunk_heads(G / GB)][head_dim] (the backend sizes it
+// for the fewest columns any position takes).
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_logits(const float * __restrict__ q, const u16 * __restrict__ k_cache, const int * __restrict__ pos,
                        const int * __restrict__ table, float * __restrict__ logit, float * __restrict__ split_max,
                        int * __restrict__ done, const AttentionParams p) {
     PDL_ENTRY();
     __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
-    // GB = gridDim.x / H_kv blocks a group, each taking HB = G / GB of its heads (split_group_blocks)
-    const int t = blockIdx.z, G = p.n_heads / p.n_kv_heads, GB = gridDim.x / p.n_kv_heads, HB = G / GB;
-    const int g = blockIdx.x / GB, h0 = g * G + (int) (blockIdx.x % GB) * HB;
-    const i64 c = (i64) t * gridDim.x + blockIdx.x;           // the block column's done counter
-    if (blockIdx.y == 0 && threadIdx.x == 0) done[c] = 0;     // pass 3 counts from here (a kernel later)
+    const int t = blockIdx.z, G = p.n_heads / p.n_kv_heads;
     if (p.per_row) table += (i64) t * p.table_stride;
     int lo, n;
     attn_visible(pos, t, p, lo, n);
     const int n_used = splits_used(n);
-    if ((int) blockIdx.y >= n_used) return;                   // no split of this block is visible
+    SplitBlock sb;
+    if (!split_block(G, n_used, p, sb)) return;               // past its column's lanes
+    // column x of KV head g takes HB = G / GB of its heads
+    const int HB = G / sb.GB, g = sb.x / sb.GB, h0 = g * G + sb.x % sb.GB * HB;
+    if (sb.lane == 0 && threadIdx.x == 0) done[(i64) t * p.n_heads + sb.x] = 0;   // pass 3 counts from here
+    if (sb.lane >= n_used) return;                            // no split of this block is visible
     extern __shared__ float smem[];
+    const int L = sb.lane, Ls = sb.lanes;
     for (int h = h0, nh; h < h0 + HB; h += nh) {
         nh = split_chunk_heads(h0 + HB - h);
         switch (nh) {
-        case 8: split_logits_heads<8>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
-        case 4: split_logits_heads<4>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
-        case 2: split_logits_heads<2>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p); break;
-        default: split_logits_heads<1>(q, k_cache, table, t, h, g, lo, n, n_used, logit, split_max, smem, red_max, p);
+        case 8: split_logits_heads<8>(q, k_cache, table, t, h, g, lo, n, n_used, L, Ls, logit, split_max, smem, red_max, p); break;
+        case 4: split_logits_heads<4>(q, k_cache, table, t, h, g, lo, n, n_used, L, Ls, logit, split_max, smem, red_max, p); break;
+        case 2: split_logits_heads<2>(q, k_cache, table, t, h, g, lo, n, n_used, L, Ls, logit, split_max, smem, red_max, p); break;
+        default: split_logits_heads<1>(q, k_cache, table, t, h, g, lo, n, n_used, L, Ls, logit, split_max, smem, red_max, p);
         }
     }
 }
@@ -525,7 +562,7 @@ attention_split_sums(const int * __restrict__ pos, const float * __restrict__ lo
 template <int NH>
 __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const int * table, const i64 r,
                                                    const int h_kv, const int lo, const int n, const int n_used,
-                                                   const float * logit, const float * split_max,
+                                                   const int s0, const int ds, const float * logit, const float * split_max,
                                                    const double * split_sum, float * part, float * smem,
                                                    float * red_max, double * head_sum, const AttentionParams & p) {
     const int S = split_count(p), Dv = p.head_dim_v;
@@ -540,7 +577,7 @@ __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const in
     float * prob = smem;
     float * wpart = prob + NH * ATTN_SPLIT_SLOTS;
     const float * lr = logit + r * row;
-    for (int s = blockIdx.y; s < n_used; s += gridDim.y) {
+    for (int s = s0; s < n_used; s += ds) {
         const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
         for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
 #pragma unroll
@@ -565,7 +602,7 @@ __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const in
 }
 
 // Pass 3: the block column's heads' splits (split_values_heads, in chunks); the last of the
-// column's gridDim.y blocks to finish adds each head's used splits' parts in split order into
+// column's lanes to finish adds each head's used splits' parts in split order into
 // out and its Q8_1 blocks. Dynamic shared memory: prob [split_chunk_heads(G / GB)]
 // [ATTN_SPLIT_SLOTS], then [split_chunk_heads(G / GB)][ATTN_WARPS][head_dim_v].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
@@ -577,41 +614,44 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
     __shared__ double head_sum[ATTN_SPLIT_HEADS];
     __shared__ int last;
-    const int t = blockIdx.z, S = split_count(p), G = p.n_heads / p.n_kv_heads, GB = gridDim.x / p.n_kv_heads;
-    const int HB = G / GB, g = blockIdx.x / GB;              // heads a block takes, its KV head
-    const i64 c = (i64) t * gridDim.x + blockIdx.x;           // the block column's done counter
-    const i64 r0 = (i64) t * p.n_heads + (i64) g * G + (i64) (blockIdx.x % GB) * HB;     // its first row
+    const int t = blockIdx.z, S = split_count(p), G = p.n_heads / p.n_kv_heads;
     const int Dv = p.head_dim_v;
     if (p.per_row) table += (i64) t * p.table_stride;
     int lo, n;
     attn_visible(pos, t, p, lo, n);
     const int n_used = splits_used(n);
-    if ((int) blockIdx.y < n_used) {
+    SplitBlock sb;
+    if (!split_block(G, n_used, p, sb)) return;               // past its column's lanes: not counted
+    const int HB = G / sb.GB, g = sb.x / sb.GB;              // heads a block takes, its KV head
+    const i64 c = (i64) t * p.n_heads + sb.x;                 // the block column's done counter
+    const i64 r0 = (i64) t * p.n_heads + (i64) g * G + (i64) (sb.x % sb.GB) * HB;     // its first row
+    const int L = sb.lane, Ls = sb.lanes;
+    if (L < n_used) {
         extern __shared__ float smem[];
         for (int i = 0, nh; i < HB; i += nh) {
             nh = split_chunk_heads(HB - i);
             switch (nh) {
-            case 8: split_values_heads<8>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
-                                          smem, red_max, head_sum, p); break;
-            case 4: split_values_heads<4>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
-                                          smem, red_max, head_sum, p); break;
-            case 2: split_values_heads<2>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum, part,
-                                          smem, red_max, head_sum, p); break;
-            default: split_values_heads<1>(v_cache, table, r0 + i, g, lo, n, n_used, logit, split_max, split_sum,
-                                           part, smem, red_max, head_sum, p);
+            case 8: split_values_heads<8>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max, split_sum,
+                                          part, smem, red_max, head_sum, p); break;
+            case 4: split_values_heads<4>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max, split_sum,
+                                          part, smem, red_max, head_sum, p); break;
+            case 2: split_values_heads<2>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max, split_sum,
+                                          part, smem, red_max, head_sum, p); break;
+            default: split_values_heads<1>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max,
+                                           split_sum, part, smem, red_max, head_sum, p);
             }
         }
     }
     // The threadFenceReduction pattern, fenced as the PTX memory model asks of a relaxed
     // atomicAdd (as cooperative groups' grid sync fences its count): the barrier orders every
     // thread's part stores before the counting thread's fence (a release, cumulative over
-    // them), then the count; the block that counts gridDim.y - 1 fences again (an acquire)
+    // them), then the count; the block that counts lanes - 1 fences again (an acquire)
     // before the barrier after which its threads read the other blocks' parts, through L2
     // (__ldcg: no stale L1 line).
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(done + c, 1) == (int) gridDim.y - 1;
+        last = atomicAdd(done + c, 1) == Ls - 1;
         if (last) __threadfence();
     }
     __syncthreads();

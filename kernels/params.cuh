@@ -88,6 +88,8 @@ struct AttentionParams {
     int write_q8;         // also write the output as Q8_1 blocks (head_dim_v a multiple of 32)
     int per_row;          // token t reads its own sequence: block table row t (batched decode)
     int table_stride;     // entries per block table row (per_row)
+    int split_fill;       // split-K passes 1 and 3: (column, split, query) work items that fill
+                          // the GPU, below which a KV group's heads take a block each
 };
 
 struct RowParams {

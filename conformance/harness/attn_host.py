@@ -483,27 +483,26 @@ extern "C" int split_slots() { return ATTN_SPLIT_SLOTS; }
 extern "C" const char * protocol_fault() { return host_fault.c_str(); }
 
 // The three split-K launches as engine/backends/cuda/attention.py makes them: passes 1 and 3
-// `group_blocks` block columns per (KV head, query) group (gridDim.x = H_kv * group_blocks)
-// and `blocks` blocks a column (gridDim.y), pass 2 a block per (head, query) row and
-// `sum_blocks` blocks a row; dynamic shared memory for split_chunk_heads(G / group_blocks)
-// heads. The scratch buffers are the caller's
-// (poisoned there).
+// a grid of (H, blocks, T), each query's KV groups cut into block columns by the kernels
+// (split_columns, under `fill`), pass 2 a block per (head, query) row and `sum_blocks`
+// blocks a row; dynamic shared memory for `heads` heads of a column's chunk. The scratch
+// buffers are the caller's (poisoned there).
 extern "C" int run_attention_split(const float * q, const u16 * k, const u16 * v, const int * pos, const int * table,
                                    float * out, block_q8_1 * out_q, float * logit, float * split_max,
                                    double * split_sum, float * part, int * done, int T, int H, int Hkv, int D, int DV,
                                    int cap, int window, float scale, int write_q8, int table_stride, int blocks,
-                                   int sum_blocks, int group_blocks, unsigned seed) {
+                                   int sum_blocks, int fill, int heads, unsigned seed) {
     AttentionParams p{};
     p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
     p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
     p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
-    const size_t nh = (size_t) split_chunk_heads(H / Hkv / group_blocks);
-    const unsigned columns = (unsigned) (Hkv * group_blocks);
+    p.split_fill = fill;
+    const size_t nh = (size_t) heads;
     host_fault.clear();
-    run_shuffled(columns, blocks, T, nh * D, seed,
+    run_shuffled(H, blocks, T, nh * D, seed,
                  [=] { attention_split_logits(q, k, pos, table, logit, split_max, done, p); });
     run_shuffled(H, sum_blocks, T, 0, seed + 1, [=] { attention_split_sums(pos, logit, split_max, split_sum, p); });
-    run_shuffled(columns, blocks, T, nh * (ATTN_SPLIT_SLOTS + ATTN_WARPS * DV), seed + 2,
+    run_shuffled(H, blocks, T, nh * (ATTN_SPLIT_SLOTS + ATTN_WARPS * DV), seed + 2,
                  [=] { attention_split_values(v, pos, table, logit, split_max, split_sum, part, done, out, out_q, p); });
     return 0;
 }
@@ -548,7 +547,7 @@ def build_rowwise(kernel_text: str | None = None) -> ctypes.CDLL:
                                                                                ctypes.c_int]
     so.run_kv_store.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3
     so.run_attention_split.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 7 + [ctypes.c_float] + \
-                                      [ctypes.c_int] * 5 + [ctypes.c_uint]
+                                      [ctypes.c_int] * 6 + [ctypes.c_uint]
     so.split_slots.restype = ctypes.c_int
     so.split_heads.argtypes = [ctypes.c_int]
     so.split_heads.restype = ctypes.c_int
@@ -576,27 +575,27 @@ def attention_rows(lib, q, caches, pos, scale, window=0, *, rng):
 
 
 def attention_split(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng, blocks=None, sum_blocks=None,
-                    scratch=None, group_blocks=1):
+                    scratch=None, fill=0):
     """attention.cu's split-K kernels (attention_split_logits, _sums, _values) over the caches
     paged (`paged`, under `rng`'s permutation), their blocks in an order shuffled by `rng`:
-    (out, Q8_1 blocks or None). group_blocks: the block columns a KV group's query heads are
-    cut into in passes 1 and 3 (a divisor of H / H_kv; attention.py split_group_blocks);
-    blocks: a (column, query)'s blocks there (gridDim.y; default one a split, split_count);
-    sum_blocks: a (head, query) row's in pass 2 (default `blocks`). `scratch`: a dict that receives the scratch buffers (poisoned before
+    (out, Q8_1 blocks or None). fill: AttentionParams.split_fill, by which the kernels cut a
+    KV group's query heads into block columns in passes 1 and 3 at each query's splits in use
+    (attention.py split_group_blocks; 0: one column a group); blocks: a (head, query)'s blocks
+    in every pass (gridDim.y; default one a split, split_count); sum_blocks: pass 2's instead
+    (default `blocks`). `scratch`: a dict that receives the scratch buffers (poisoned before
     the kernels run) as they were left."""
     cap = k_cache.shape[0]
     tables, (k, v) = paged(rng, [(k_cache, v_cache)])
-    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, blocks, sum_blocks, scratch,
-                      group_blocks)
+    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, blocks, sum_blocks, scratch, fill)
 
 
 def attention_split_rows(lib, q, caches, pos, scale, window=0, *, rng, blocks=None, sum_blocks=None, scratch=None,
-                         group_blocks=1):
+                         fill=0):
     """The split-K kernels in per_row mode (a batched decode step), as attention_rows."""
     tables, (k, v) = paged(rng, list(caches))
     cap = max(c[0].shape[0] for c in caches)
     return _run_split(lib, q, k, v, pos, tables, cap, scale, window, tables.shape[1], rng, blocks, sum_blocks,
-                      scratch, group_blocks)
+                      scratch, fill)
 
 
 def split_count(lib, cap: int, window: int = 0) -> int:
@@ -618,12 +617,13 @@ def _poisoned_out(T: int, H: int, DV: int):
 
 
 def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride, rng, blocks, sum_blocks,
-               scratch=None, group_blocks=1):
+               scratch=None, fill=0):
+    from brass.backends.cuda.attention import split_group_blocks
     T, H, D = q.shape
     Hkv, DV = k_pool.shape[2], v_pool.shape[3]
     S = split_count(lib, cap, window)
-    if (H // Hkv) % group_blocks:
-        raise ValueError(f"{group_blocks} block columns do not divide a KV group of {H // Hkv} heads")
+    G = H // Hkv
+    heads = lib.split_heads(G // split_group_blocks(G, Hkv, S, T, fill))    # as the backend sizes it
     blocks = S if blocks is None else int(blocks)
     sum_blocks = blocks if sum_blocks is None else int(sum_blocks)
     q, k, v, table, pos = _contiguous(q, k_pool, v_pool, table, pos)
@@ -633,12 +633,12 @@ def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_str
             "split_max": np.full((T, H, S), np.nan, np.float32),
             "split_sum": np.full((T, H, S), np.nan, np.float64),
             "part": np.full((T, H, S, DV), np.nan, np.float32),
-            "done": np.full((T, Hkv * group_blocks), -1, np.int32)}
+            "done": np.full((T, H), -1, np.int32)}
     lib.run_attention_split(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
                             pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data,
                             *(b.ctypes.data for b in bufs.values()), T, H, Hkv, D, DV, cap, int(window),
                             float(scale), int(write_q8), int(table_stride), blocks, sum_blocks,
-                            int(group_blocks), int(rng.integers(0, 2**31)))
+                            int(fill), int(heads), int(rng.integers(0, 2**31)))
     fault = lib.protocol_fault().decode()
     if fault:
         raise AssertionError(f"attention_split_values: {fault}")

@@ -1,7 +1,8 @@
 """attention.cu's split-K decode attention (attention_split_logits, _sums, _values: a (head,
-query) row's splits of ATTN_SPLIT_SLOTS slots taken in turn by gridDim.y blocks, in passes 1
-and 3 a block per (KV head, query) group computing every query head of the group, the last of a
-group's blocks to finish combining its heads' splits) on the CPU and on CUDA.
+query) row's splits of ATTN_SPLIT_SLOTS slots taken in turn by a few blocks, in passes 1 and 3
+a block per (block column of a KV group, lane) computing the column's query heads, the column
+cut on the device by the splits in use, the last of a column's lanes to finish combining its
+heads' splits) on the CPU and on CUDA.
 
 On the CPU (conformance/harness/attn_host.py build_rowwise: the source under g++, a std::thread
 per CUDA thread, each grid's blocks one at a time in a shuffled order, so that any block may be
@@ -101,9 +102,21 @@ def _used(pos, cap, window, slots):
     return [max(0, -(-x // slots)) for x in n], n
 
 
-def _check_scratch(sc, pos, cap, window, slots, blocks):
+def _check_scratch(sc, pos, cap, window, slots, blocks, H, Hkv, fill=0):
+    """The scratch the kernels left: per query, the done counters of the block columns its cut
+    took (attention.py split_group_blocks at its splits in use), each counting the column's
+    lanes, and no other counter touched; every used split's logits, max, sum and part written,
+    nothing past them."""
+    from brass.backends.cuda.attention import split_group_blocks
     used, ns = _used(pos, cap, window, slots)
-    assert (sc["done"] == blocks).all(), f"blocks counted done: {sc['done']}, expected {blocks} a group"
+    G, T = H // Hkv, len(pos)
+    for t, u in enumerate(used):
+        gb = split_group_blocks(G, Hkv, u, T, fill)
+        lanes = max(1, min(u, G * blocks // gb))
+        want = np.full(H, -1, np.int32)
+        want[:Hkv * gb] = lanes
+        assert np.array_equal(sc["done"][t], want), \
+            f"query {t} ({u} splits used): done counters {sc['done'][t]}, expected {want} ({gb} columns a group)"
     for t, (u, n) in enumerate(zip(used, ns)):
         lg, mx = sc["logit"][t], sc["split_max"][t]
         assert not np.isnan(lg[:, :n]).any(), "a visible slot's logit was not written"
@@ -167,7 +180,7 @@ def test_split_attention_on_the_cpu(rng, case, record_property):
         check(got, want.reshape(T, -1), ATTENTION, record_property)
         if q8 is not None:
             assert np.array_equal(q8, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
-        _check_scratch(sc, pos, cap, window, slots, blocks)
+        _check_scratch(sc, pos, cap, window, slots, blocks, H, Hkv)
         one, _ = attention_rowwise(lib, q, kk, vk, pos, scale, window, rng=rng)
         if max(used) == 1:
             assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), \
@@ -213,7 +226,7 @@ def test_split_per_row_tables_on_the_cpu(rng, case, record_property):
     check(got, np.concatenate(want), ATTENTION, record_property)
     if blocks is not None:
         assert np.array_equal(blocks, q8_1_blocks(got)), "the Q8_1 blocks are not those of the output"
-    _check_scratch(sc, pos, cap, window, slots, split_count(lib, cap, window))
+    _check_scratch(sc, pos, cap, window, slots, split_count(lib, cap, window), H, Hkv)
     # fewer blocks than splits, each taking several: the same bits
     again, _ = attention_split_rows(lib, q, caches, pos, 0.1, window, rng=rng, blocks=2)
     assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), "2 blocks a row changed the output"
@@ -243,43 +256,61 @@ def test_the_bits_depend_on_neither_the_capacity_nor_the_grid(rng):
 
 
 def test_block_columns_follow_the_work_there_is():
-    # attention.py split_group_blocks on an H100 (132 SMs) for the Qwen3-8B shape (8 KV heads
-    # of 4): the cuts its measured points took (SPLIT_GROUP_FILL's comment) and a batched step
-    from brass.backends.cuda.attention import split_group_blocks
-    assert split_group_blocks(4, 8, 1, 1, 132) == 4          # near an empty context: a block a head
-    assert split_group_blocks(4, 8, 17, 1, 132) == 4         # depth 4,096: a block a head won
-    assert split_group_blocks(4, 8, 65, 1, 132) == 1         # depth 16,384: a column a group won
-    assert split_group_blocks(4, 8, 9, 16, 132) == 1         # 16 rows at depth ~2,100
-    assert split_group_blocks(4, 8, 40, 1, 132) == 2         # between: two columns of two heads
-    assert split_group_blocks(6, 1, 4, 1, 132) == 6          # G 6, few splits: every divisor short
-    assert split_group_blocks(6, 1, 100, 1, 132) == 6        # 6 columns fill it, 3 do not (300 < 396)
-    assert split_group_blocks(6, 1, 200, 1, 132) == 2        # 400 >= 396 at 2 columns
-    assert split_group_blocks(1, 8, 1, 1, 132) == 1          # no group to cut
+    # attention.py split_group_blocks on an H100 (132 SMs: split_fill 396) for the Qwen3-8B
+    # shape (8 KV heads of 4): the cuts its measured points took (SPLIT_GROUP_FILL's comment)
+    # and a batched step; the kernels take the same rule at each step's splits in use
+    from brass.backends.cuda.attention import split_fill, split_group_blocks
+    fill = split_fill(132)
+    assert fill == 396
+    assert split_group_blocks(4, 8, 1, 1, fill) == 4          # near an empty context: a block a head
+    assert split_group_blocks(4, 8, 17, 1, fill) == 4         # depth 4,096: a block a head won
+    assert split_group_blocks(4, 8, 65, 1, fill) == 1         # depth 16,384: a column a group won
+    assert split_group_blocks(4, 8, 9, 16, fill) == 1         # 16 rows at depth ~2,100
+    assert split_group_blocks(4, 8, 40, 1, fill) == 2         # between: two columns of two heads
+    assert split_group_blocks(6, 1, 4, 1, fill) == 6          # G 6, few splits: every divisor short
+    assert split_group_blocks(6, 1, 100, 1, fill) == 6        # 6 columns fill it, 3 do not (300 < 396)
+    assert split_group_blocks(6, 1, 200, 1, fill) == 2        # 400 >= 396 at 2 columns
+    assert split_group_blocks(1, 8, 1, 1, fill) == 1          # no group to cut
+    assert split_group_blocks(4, 8, 0, 1, fill) == 4          # nothing visible: a block a head
+    assert split_fill(10**9) == 2**31 - 1                     # an int32 however large the fill
 
 
 @pytest.mark.parametrize("H, Hkv", [(24, 2), (32, 8), (6, 1)], ids=["G12", "G4", "G6"])
 def test_the_bits_do_not_depend_on_the_block_columns(rng, H, Hkv):
-    # The backend cuts a KV group's query heads into as many block columns as fill the GPU
-    # (attention.py split_group_blocks: one at depth, one a head near an empty context), so a
-    # sequence's step alone and in a bucket graph may take different cuts: every divisor of
-    # the group gives the same bits, one sequence and per-row tables alike.
-    from conformance.harness.attn_host import attention_split, attention_split_rows
+    # The kernels cut a KV group's query heads into as many block columns as fill the GPU at
+    # each query's splits in use (split_columns: one at depth, one a head near an empty
+    # context), so a sequence's step alone, in a bucket graph, or at another capacity may take
+    # different cuts: every divisor of the group gives the same bits, one sequence and per-row
+    # tables (rows of 19, 3 and 32 splits used, each its own cut) alike; the done counters
+    # show that the kernels took the cut split_group_blocks gives.
+    from brass.backends.cuda.attention import split_group_blocks
+    from conformance.harness.attn_host import attention_split, attention_split_rows, split_count
     lib = _lib(32)
-    G = H // Hkv
+    slots, G = lib.split_slots(), H // Hkv
     q, k, v, kk, vk, pos = _inputs(rng, 1, 300, H, Hkv, 64, 64, 0, 600)
+    used = _used(pos, 600, 0, slots)[0][0]
     want, want_q = attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=3)
     qr = rng.standard_normal((3, H, 64)).astype(np.float32)
     caches = [(rng.standard_normal((c, Hkv, 64)).astype(F16), rng.standard_normal((c, Hkv, 64)).astype(F16))
-              for c in (300, 90, 520)]
-    pr = np.array([299, 40, 511], np.int32)
+              for c in (600, 90, 1030)]
+    pr = np.array([599, 70, 1021], np.int32)
+    rows_cap = 1030
     want_rows, _ = attention_split_rows(lib, qr, caches, pr, 0.125, rng=rng, blocks=2)
     for gb in [d for d in range(2, G + 1) if G % d == 0]:
-        got, got_q = attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=3, group_blocks=gb)
+        fill = Hkv * gb * used            # the fewest items at which gb columns are taken
+        assert split_group_blocks(G, Hkv, used, 1, fill) == gb
+        sc = {}
+        got, got_q = attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=3, fill=fill, scratch=sc)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{gb} columns a group: other bits"
         assert np.array_equal(got_q, want_q), f"{gb} columns a group: other Q8_1 blocks"
-        rows, _ = attention_split_rows(lib, qr, caches, pr, 0.125, rng=rng, blocks=2, group_blocks=gb)
+        _check_scratch(sc, pos, 600, 0, slots, 3, H, Hkv, fill)
+        sc = {}
+        fill = Hkv * gb * 19 * 3          # row 0's 19 splits take gb, row 1's 3 a block a head
+        rows, _ = attention_split_rows(lib, qr, caches, pr, 0.125, rng=rng, blocks=2, fill=fill, scratch=sc)
         assert np.array_equal(rows.view(np.uint32), want_rows.view(np.uint32)), \
             f"{gb} columns a group, per-row tables: other bits"
+        _check_scratch(sc, pr, rows_cap, 0, slots, 2, H, Hkv, fill)
+    assert split_count(lib, rows_cap) == 33
 
 
 def test_a_window_past_the_capacity_writes_zeros(rng):
@@ -308,10 +339,10 @@ PLANTED = [
     ("return n > 0 ? (n + ATTN_SPLIT_SLOTS - 1) / ATTN_SPLIT_SLOTS : 0;", "return n > 0 ? n / ATTN_SPLIT_SLOTS : 0;",
      0.125),
     ("for (int u = 1; u < n_used; ++u) acc +=", "for (int u = 2; u < n_used; ++u) acc +=", 0.125),
-    ("last = atomicAdd(done + c, 1) == (int) gridDim.y - 1;", "last = atomicAdd(done + c, 1) == 0;", 0.125),
+    ("last = atomicAdd(done + c, 1) == Ls - 1;", "last = atomicAdd(done + c, 1) == 0;", 0.125),
     ("for (int s = threadIdx.x; s < n_used; s += ATTN_THREADS) m[i] = fmaxf(m[i], split_max[i * S + s]);",
      "for (int s = threadIdx.x; s < 1; s += ATTN_THREADS) m[i] = fmaxf(m[i], split_max[i * S + s]);", 50.0),
-    ("s < n_used; s += gridDim.y) {", "s < n_used; s += gridDim.y + 1) {", 0.125),
+    ("s < n_used; s += ds) {", "s < n_used; s += ds + 1) {", 0.125),
 ]
 
 
@@ -376,30 +407,34 @@ GROUP_PLANTED = [
     ("last = atomicAdd(done + c, 1)", "last = atomicAdd(done + t, 1)"),
     ("for (int i = 0, nh; i < HB; i += nh) {", "for (int i = 0, nh; i < min(HB, ATTN_SPLIT_HEADS); i += nh) {"),
 ]
-# ... and in the cutting of a group into block columns (split_group_blocks), run with 3 columns
-# of 4 heads a group: every column of pass 1 taking the group's first heads; every column of
-# pass 3 writing the group's first rows; the columns of a group sharing one done counter.
+# ... and in the cutting of a group into block columns (split_columns), run with 3 columns of 4
+# heads a group (5 splits used of the capacity's 10: fill 2 * 3 * 5): every column of pass 1 taking the group's
+# first heads; every column of pass 3 writing the group's first rows; the columns of a group
+# sharing one done counter; pass 1 cutting by the capacity's splits where pass 3 cuts by those
+# in use (pass 3 then counts on done counters pass 1 did not zero).
 COLUMN_PLANTED = [
-    ("h0 = g * G + (int) (blockIdx.x % GB) * HB;", "h0 = g * G;"),
-    ("(i64) g * G + (i64) (blockIdx.x % GB) * HB;", "(i64) g * G;"),
-    ("last = atomicAdd(done + c, 1)", "last = atomicAdd(done + c / GB, 1)"),
+    ("h0 = g * G + sb.x % sb.GB * HB;", "h0 = g * G;"),
+    ("(i64) g * G + (i64) (sb.x % sb.GB) * HB;", "(i64) g * G;"),
+    ("last = atomicAdd(done + c, 1)", "last = atomicAdd(done + c - sb.x % sb.GB, 1)"),
+    ("    if (!split_block(G, n_used, p, sb)) return;               // past its column's lanes\n",
+     "    if (!split_block(G, split_count(p), p, sb)) return;\n"),
 ]
 
 
-@pytest.mark.parametrize("planted, group_blocks",
-                         [(p, 1) for p in GROUP_PLANTED] + [(p, 3) for p in COLUMN_PLANTED],
+@pytest.mark.parametrize("planted, fill",
+                         [(p, 0) for p in GROUP_PLANTED] + [(p, 30) for p in COLUMN_PLANTED],
                          ids=["chunk-first-query", "group-first-max", "combine-first-head",
                               "one-counter-for-all-groups", "heads-past-a-chunk-dropped",
                               "columns-take-the-first-heads", "columns-write-the-first-rows",
-                              "one-counter-for-a-group's-columns"])
-def test_planted_group_bugs_are_caught(rng, planted, group_blocks, record_property):
+                              "one-counter-for-a-group's-columns", "passes-cut-differently"])
+def test_planted_group_bugs_are_caught(rng, planted, fill, record_property):
     from conformance.harness.attn_host import KERNEL_DIR, attention_split
     old, new = planted
     text = (KERNEL_DIR / "attention.cu").read_text()
     assert text.count(old) == 1, f"the planted bug's anchor {old!r} is not in attention.cu once"
     lib = _lib(32, text.replace(old, new))
-    q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 24, 2, 64, 64, 0, 160)
-    got, _ = attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2, group_blocks=group_blocks)
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 150, 24, 2, 64, 64, 0, 300)
+    got, _ = attention_split(lib, q, kk, vk, pos, 0.125, 0, rng=rng, blocks=2, fill=fill)
     want = cuda_reference().attention(q, k, v, pos, 0.125, 0).reshape(1, -1)
     with pytest.raises((AssertionError, pytest.fail.Exception)):     # NaN left, or beyond the bound
         check(got, want, ATTENTION, record_property)

@@ -267,7 +267,7 @@ def _old_launch(cuda, dq, kl, vl, dp, scale, window, out):
     n_slots = min(cap, window) if window > 0 else cap
     params = pack("AttentionParams", n_tokens=T, n_heads=H, n_kv_heads=Hkv, head_dim=D, head_dim_v=DV,
                   capacity=cap, n_slots=n_slots, window=max(0, window), scale=scale, write_q8=0, per_row=0,
-                  table_stride=0)
+                  table_stride=0, split_fill=0)
     cuda.launch("attention.cu", "attention", (H, T), ATTN_THREADS, dq, kl.pool, vl.pool, dp, kl.cache.device,
                 out, out, params=params, smem=4 * (D + n_slots + ATTN_WARPS * DV))
 

@@ -20,6 +20,8 @@ and remembered.
 
 from __future__ import annotations
 
+import math
+
 import cupy
 import numpy as np
 
@@ -70,10 +72,11 @@ SPLIT_BLOCKS_PER_SM = 8
 # heads of 4 query heads; brass bench --depth, a call of the same process, 2026-12-06): a
 # column a group lost at depth 1 (266 against 299 tok/s a block a head) and at 4,096 (17
 # splits: 136 items, 1.0 an SM; 191 against 229) and won at 16,384 (65 splits: 520 items, 3.9
-# an SM; 171 against 131). 3 lies between; the points between were not measured. The splits
-# are counted from the capacity (a captured graph's grid holds at every position), so a
-# sequence of a large capacity takes few columns near an empty context too, where they lost
-# at a small one; that case is unmeasured.
+# an SM; 171 against 131). 3 lies between; the points between were not measured. The kernels
+# cut by the splits in use at the step's position, read on the device (attention.cu
+# split_columns): cut by the capacity's splits instead (a graph's grid is fixed at capture),
+# a capacity of 32,768 lost 8 % at depth 1 and 16 % at 1,024 against a block a head (the same
+# H100, the same day).
 SPLIT_GROUP_FILL = 3
 
 
@@ -191,7 +194,7 @@ def attention(b, q, k_cache, v_cache, pos, scale, window=0, row_caches=None):
     n_slots = min(cap, window) if window > 0 else cap
     fields = dict(n_heads=H, n_kv_heads=Hkv, head_dim=Dh, head_dim_v=Dv, capacity=cap, n_slots=n_slots,
                   window=max(0, window), scale=scale, write_q8=int(write_q8), per_row=int(row_caches is not None),
-                  table_stride=stride)
+                  table_stride=stride, split_fill=split_fill(b.n_sms))
     smem = 4 * (Dh + n_slots + ATTN_WARPS * Dv)
     if T and takes_split(b, n_slots, smem, decode=T == 1 or row_caches is not None):
         attention_split(b, q, kp, vp, pos, table, out, out_q, fields, row_caches is not None)
@@ -246,13 +249,21 @@ def split_chunk_heads(G: int) -> int:
     return 1 << (min(G, SPLIT_HEADS).bit_length() - 1)
 
 
-def split_group_blocks(G: int, Hkv: int, S: int, n: int, n_sms: int) -> int:
+def split_fill(n_sms: int) -> int:
+    """AttentionParams.split_fill: the (column, split, query) items that fill the GPU,
+    SPLIT_GROUP_FILL an SM (an int32; a fill past it never shares a block column)."""
+    return min(math.ceil(SPLIT_GROUP_FILL * n_sms), 2**31 - 1)
+
+
+def split_group_blocks(G: int, Hkv: int, S: int, n: int, fill: int) -> int:
     """The block columns GB a KV group of G query heads is cut into in split passes 1 and 3
-    (attention.cu: each column's G / GB heads read a K or V row once): the smallest divisor of
-    G whose columns give SPLIT_GROUP_FILL (column, split, query) items an SM, over n queries of
-    S splits; G (a block a head) where none does. The bits do not depend on it."""
-    for gb in range(1, G + 1):
-        if G % gb == 0 and Hkv * gb * S * n >= SPLIT_GROUP_FILL * n_sms:
+    when each of n queries has S splits in use (attention.cu split_columns, the same rule: each
+    column's G / GB heads read a K or V row once): the smallest divisor of G whose columns give
+    `fill` (column, split, query) items; G (a block a head) where none does. The kernels take
+    it at each step's position; at the capacity's splits it is the fewest any position takes,
+    which sizes their shared memory. The bits do not depend on it."""
+    for gb in range(1, G):
+        if G % gb == 0 and Hkv * gb * S * n >= fill:
             return gb
     return G
 
@@ -260,10 +271,10 @@ def split_group_blocks(G: int, Hkv: int, S: int, n: int, n_sms: int) -> int:
 def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row: bool):
     """The split kernels' three launches, for groups of queries whose scratch fits
     SPLIT_SCRATCH_BYTES (one group for a decode step): S = ceil(n_slots / SPLIT_SLOTS) splits
-    a (head, query) row, fixed by the capacity so that a captured graph holds at every position,
-    taken by up to S blocks a (block column, query) in passes 1 and 3 (split_group_blocks
-    columns a KV group) and a (head, query) row in pass 2 (SPLIT_BLOCKS_PER_SM; the result
-    depends on none of them)."""
+    a (head, query) row, fixed by the capacity so that a captured graph holds at every position.
+    Each pass launches up to S blocks a (head, query) (SPLIT_BLOCKS_PER_SM); passes 1 and 3 cut
+    each KV group into block columns on the device, by the splits in use (split_group_blocks),
+    and spread those blocks over the columns. The result depends on none of it."""
     T, H, Hkv = q.shape[0], fields["n_heads"], fields["n_kv_heads"]
     Dh, Dv = fields["head_dim"], fields["head_dim_v"]
     S = -(-fields["n_slots"] // SPLIT_SLOTS)
@@ -289,13 +300,12 @@ def attention_split(b, q, kp, vp, pos, table, out, out_q, fields: dict, per_row:
         qt, pt = q[t0:t1], pos[t0:t1]
         tab = table[t0:t1] if per_row else table
         blocks = SPLIT_BLOCKS_PER_SM * b.n_sms
-        gb = split_group_blocks(G, Hkv, S, n, b.n_sms)
-        nh = split_chunk_heads(G // gb)
-        grid = (Hkv * gb, min(S, max(1, -(-blocks // (Hkv * gb * n)))), n)  # passes 1 and 3: block columns
-        rows = (H, min(S, max(1, -(-blocks // (H * n)))), n)               # pass 2: rows
+        # shared memory for the widest column any position takes (the cut at every split used)
+        nh = split_chunk_heads(G // split_group_blocks(G, Hkv, S, n, fields["split_fill"]))
+        grid = (H, min(S, max(1, -(-blocks // (H * n)))), n)  # every pass: up to S blocks a (head, query)
         b.launch("attention.cu", "attention_split_logits", grid, ATTN_THREADS, qt, kp, pt, tab, logit, smax, done,
                  params=params, smem=4 * nh * Dh)
-        b.launch("attention.cu", "attention_split_sums", rows, ATTN_THREADS, pt, logit, smax, ssum, params=params)
+        b.launch("attention.cu", "attention_split_sums", grid, ATTN_THREADS, pt, logit, smax, ssum, params=params)
         b.launch("attention.cu", "attention_split_values", grid, ATTN_THREADS, vp, pt, tab, logit, smax, ssum, part,
                  done, out_rows[t0:t1], q_rows[t0:t1], params=params,
                  smem=4 * nh * (SPLIT_SLOTS + ATTN_WARPS * Dv))
