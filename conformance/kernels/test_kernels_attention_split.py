@@ -498,15 +498,19 @@ def test_split_attention_on_cuda(cuda, rng, monkeypatch, case, record_property):
 @needs_cuda
 @pytest.mark.parametrize("H, Hkv", [(32, 8), (24, 2)], ids=["G4", "G12"])
 def test_block_columns_give_the_same_bits_on_cuda(cuda, rng, monkeypatch, H, Hkv):
-    # split_group_blocks chooses the columns a KV group is cut into by how full the GPU would
-    # be; forced to each divisor of the group in turn (G = 12: columns of 12, 6, 4, 3, 2 and 1
+    # the kernels choose the columns a KV group is cut into by how full the GPU would be at
+    # the splits in use (split_columns); under a fill that makes the step alone (12 splits in
+    # use) take each divisor of the group in turn (G = 12: columns of 12, 6, 4, 3, 2 and 1
     # heads, the odd ones in chunks of 2 + 1), the same bits, a step alone and a batched
-    # step's rows
+    # step's rows (9, 1 and 3 splits in use, each its own cut). The fill goes through
+    # split_fill, which the host's shared memory sizing reads too (a cut forced on the host
+    # alone would let the kernels take wider columns than it sized for).
     from conformance.harness.attn_host import device_rows, device_sequence
     from brass.backends.cuda import attention as attn
     monkeypatch.setattr(cuda.options, "attn_split", True)
     G = H // Hkv
     q, k, v, kk, vk, pos = _inputs(rng, 1, 3000, H, Hkv, 128, 128, 0, 4096)
+    used = -(-3001 // attn.SPLIT_SLOTS)
     layers = device_sequence(cuda, rng, kk, vk)
     seqs = [(rng.uniform(-1, 1, (c, Hkv, 128)).astype(F16), rng.uniform(-1, 1, (c, Hkv, 128)).astype(F16))
             for c in (2100, 40, 900)]
@@ -515,7 +519,9 @@ def test_block_columns_give_the_same_bits_on_cuda(cuda, rng, monkeypatch, H, Hkv
     rows = device_rows(cuda, rng, seqs)
     outs = {}
     for gb in [d for d in range(1, G + 1) if G % d == 0]:
-        monkeypatch.setattr(attn, "split_group_blocks", lambda *a, gb=gb: gb)
+        fill = Hkv * gb * used
+        assert attn.split_group_blocks(G, Hkv, used, 1, fill) == gb
+        monkeypatch.setattr(attn, "split_fill", lambda n_sms, fill=fill: fill)
         one = cuda.to_numpy(cuda.attention(cuda.asarray(q), *layers, cuda.asarray(pos), 0.088))
         many = cuda.to_numpy(cuda.attention_rows(cuda.asarray(qr), rows, cuda.asarray(pr), 0.088))
         outs[gb] = (one, many)
