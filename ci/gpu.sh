@@ -517,7 +517,8 @@ PY
 
 sub_profile() {     # [SHAPE] | prompts [SHAPE] [N] [T]
     # Where a decode token's time goes on a shape-true model (SHAPE, default qwen3-0.6b): kernel
-    # time by name over decode-graph replays and a prompt (MODES, default "decode prefill"), then
+    # time by name over decode-graph replays and a prompt, and the time between a decode token's
+    # kernels (MODES, default "decode prefill timeline"), then
     # ncu on decode mat-vecs (NCU_CASES) for bandwidth, occupancy and stall reasons.
     # prompts: N (16) prompts of T (40) tokens read one after another into pooled sessions as
     # brass serve reads them, with cProfile's top entries (ci/gpu_short_prompts.py).
@@ -531,10 +532,16 @@ sub_profile() {     # [SHAPE] | prompts [SHAPE] [N] [T]
     name="${1:-qwen3-0.6b}"
     shape "$name" || return 1
     # time per kernel through CUPTI (torch.profiler; nsys on the runner records but cannot
-    # import its own report), for decode-graph replays and for one prompt
-    for mode in ${MODES:-decode prefill}; do
+    # import its own report), for decode-graph replays and for one prompt; `timeline`: the time
+    # between a decode token's kernels (ci/decode_timeline.py), its trace in $out
+    for mode in ${MODES:-decode prefill timeline}; do
         local n=20; [ "$mode" = prefill ] && n=512
         echo "== $mode ($name)"
+        if [ "$mode" = timeline ]; then
+            guarded 590 python3 ci/gpu_profile.py timeline "$dir/$name.gguf" 64 "$out/decode-trace-$name.json" 2>&1 \
+                | grep -vi warn | head -24
+            continue
+        fi
         guarded 590 python3 ci/gpu_profile.py torch "$mode" "$dir/$name.gguf" $n 2>&1 | grep -vi warn | head -24
     done
     # NCU_CASES: "TYPE N K" cases, ';'-separated (e.g. "Q6_K 151936 1024" for the 0.6B's output

@@ -9,8 +9,12 @@
                                                       graph replays, run ahead), ms a step under
                                                       each GROUP_FILLS (env) split cut
     python3 ci/gpu_profile.py torch MODE MODEL.gguf N the kernels' time by name (CUPTI) of MODE
+    python3 ci/gpu_profile.py timeline MODEL.gguf N [TRACE]  N decode-graph replays under CUPTI:
+                                                      the time between kernels a token
+                                                      (ci/decode_timeline.py), the trace kept
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -126,7 +130,39 @@ def torch_profile(mode, path, n):
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=60))
 
 
+def timeline(path, n=64, trace=None):
+    """n greedy decode tokens (graph replays, run ahead as brass generate runs them) under
+    CUPTI, after a warm-up outside it; the trace exported (to `trace`, else a temporary file)
+    and read by decode_timeline: where a token's time goes between kernels."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import brass
+    from ci import decode_timeline
+    torch.cuda.init()
+    m = brass.load(path, backend="cuda", quiet=True)
+    s = m.new_session(n + 64)
+    s.prefill([1, 2, 3, 4])
+    for _t in s.greedy(5, 8):          # eager first step, capture, warm replays
+        pass
+    m.backend.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _t in s.greedy(7, n):
+            pass
+        m.backend.synchronize()
+    out = Path(trace) if trace else Path(tempfile.mkdtemp()) / "decode-trace.json"
+    prof.export_chrome_trace(str(out))
+    events = decode_timeline.gpu_events(json.loads(out.read_text()))
+    print(f"{Path(path).name}: trace {out}")
+    print(decode_timeline.report(decode_timeline.token_stats(events, s._step.kernels)))
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "timeline":
+        timeline(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 64, sys.argv[4] if len(sys.argv) > 4 else None)
+        sys.exit()
     if sys.argv[1] == "torch":
         torch_profile(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         sys.exit()
