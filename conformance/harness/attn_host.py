@@ -368,6 +368,7 @@ def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=Tru
 # stores the barrier covers (every pass-3 store precedes the kernel's last barrier by its
 # structure), and anything the hardware does beyond the model.
 ROWWISE_HARNESS = r"""#include "shim.h"
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -451,9 +452,15 @@ extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, cons
 
 // Every block of a (gx, gy, gz) grid of ATTN_THREADS threads, one at a time in an order
 // shuffled by `seed`, `smem_floats` of dynamic shared memory poisoned with NaN before each.
+// A guard of SMEM_GUARD floats follows it, each block checked not to have written there (on
+// the GPU a write past the launch's shared memory is an illegal address, or another block's).
+static constexpr size_t SMEM_GUARD = 4096;
+static constexpr uint32_t SMEM_GUARD_BITS = 0x7fc0beefu;
 template <class F>
 static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floats, unsigned seed, F fn) {
-    std::vector<float> sm(smem_floats > 0 ? smem_floats : 1);
+    std::vector<float> sm(smem_floats + SMEM_GUARD);
+    float guard;
+    std::memcpy(&guard, &SMEM_GUARD_BITS, sizeof guard);
     host_smem = sm.data();
     std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
@@ -466,13 +473,22 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
     std::mt19937 gen(seed);
     std::shuffle(order.begin(), order.end(), gen);
     for (const uint3h & b : order) {
-        std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
+        std::fill(sm.begin(), sm.begin() + smem_floats, std::numeric_limits<float>::quiet_NaN());
+        std::fill(sm.begin() + smem_floats, sm.end(), guard);
         blockIdx = b;
         host_acquire_bar = -1;          // each block its own acquire (thread_locals: new threads)
         std::vector<std::thread> th;
         for (unsigned i = 0; i < ATTN_THREADS; ++i)
             th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
         for (auto & t : th) t.join();
+        for (size_t i = smem_floats; i < sm.size(); ++i) {
+            uint32_t bits;
+            std::memcpy(&bits, &sm[i], sizeof bits);
+            if (bits != SMEM_GUARD_BITS) {
+                protocol_breach("a block wrote past the dynamic shared memory its launch gives");
+                break;
+            }
+        }
     }
     for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
 }
@@ -575,7 +591,7 @@ def attention_rows(lib, q, caches, pos, scale, window=0, *, rng):
 
 
 def attention_split(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng, blocks=None, sum_blocks=None,
-                    scratch=None, fill=0):
+                    scratch=None, fill=0, heads=None):
     """attention.cu's split-K kernels (attention_split_logits, _sums, _values) over the caches
     paged (`paged`, under `rng`'s permutation), their blocks in an order shuffled by `rng`:
     (out, Q8_1 blocks or None). fill: AttentionParams.split_fill, by which the kernels cut a
@@ -583,10 +599,12 @@ def attention_split(lib, q, k_cache, v_cache, pos, scale, window=0, *, rng, bloc
     (attention.py split_group_blocks; 0: one column a group); blocks: a (head, query)'s blocks
     in every pass (gridDim.y; default one a split, split_count); sum_blocks: pass 2's instead
     (default `blocks`). `scratch`: a dict that receives the scratch buffers (poisoned before
-    the kernels run) as they were left."""
+    the kernels run) as they were left. `heads`: the heads of a column's chunk the shared
+    memory is sized for (default: as the backend sizes it)."""
     cap = k_cache.shape[0]
     tables, (k, v) = paged(rng, [(k_cache, v_cache)])
-    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, blocks, sum_blocks, scratch, fill)
+    return _run_split(lib, q, k, v, pos, tables[0], cap, scale, window, 0, rng, blocks, sum_blocks, scratch, fill,
+                      heads)
 
 
 def attention_split_rows(lib, q, caches, pos, scale, window=0, *, rng, blocks=None, sum_blocks=None, scratch=None,
@@ -617,13 +635,14 @@ def _poisoned_out(T: int, H: int, DV: int):
 
 
 def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_stride, rng, blocks, sum_blocks,
-               scratch=None, fill=0):
+               scratch=None, fill=0, heads=None):
     from brass.backends.cuda.attention import split_group_blocks
     T, H, D = q.shape
     Hkv, DV = k_pool.shape[2], v_pool.shape[3]
     S = split_count(lib, cap, window)
     G = H // Hkv
-    heads = lib.split_heads(G // split_group_blocks(G, Hkv, S, T, fill))    # as the backend sizes it
+    if heads is None:                       # as the backend sizes it
+        heads = lib.split_heads(G // split_group_blocks(G, Hkv, S, T, fill))
     blocks = S if blocks is None else int(blocks)
     sum_blocks = blocks if sum_blocks is None else int(sum_blocks)
     q, k, v, table, pos = _contiguous(q, k_pool, v_pool, table, pos)
@@ -641,7 +660,7 @@ def _run_split(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_str
                             int(fill), int(heads), int(rng.integers(0, 2**31)))
     fault = lib.protocol_fault().decode()
     if fault:
-        raise AssertionError(f"attention_split_values: {fault}")
+        raise AssertionError(f"the split kernels: {fault}")
     if scratch is not None:
         scratch.update(bufs)
     return out, (out_q if write_q8 else None)

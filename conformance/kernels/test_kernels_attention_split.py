@@ -272,7 +272,7 @@ def test_block_columns_follow_the_work_there_is():
     assert split_group_blocks(6, 1, 200, 1, fill) == 2        # 400 >= 396 at 2 columns
     assert split_group_blocks(1, 8, 1, 1, fill) == 1          # no group to cut
     assert split_group_blocks(4, 8, 0, 1, fill) == 4          # nothing visible: a block a head
-    assert split_fill(10**9) == 2**31 - 1                     # an int32 however large the fill
+    assert split_fill(10**9) == 2**31 - 1                     # an int32 however many SMs
 
 
 @pytest.mark.parametrize("H, Hkv", [(24, 2), (32, 8), (6, 1)], ids=["G12", "G4", "G6"])
@@ -313,17 +313,32 @@ def test_the_bits_do_not_depend_on_the_block_columns(rng, H, Hkv):
     assert split_count(lib, rows_cap) == 33
 
 
-def test_a_window_past_the_capacity_writes_zeros(rng):
+@pytest.mark.parametrize("fill", [0, 10**6], ids=["a-column-a-group", "a-block-a-head"])
+def test_a_window_past_the_capacity_writes_zeros(rng, fill):
     # pos past the capacity with a window that ends before it: no visible slot (n <= 0), as
-    # the one-block kernel has it: every split empty, the combining block writes zeros
+    # the one-block kernel has it: every split empty, the combining block writes zeros, under
+    # either cut (no split in use: a block a head unless the fill is 0)
     from conformance.harness.attn_host import attention_rowwise, attention_split
     lib = _lib(16)
-    q, k, v, kk, vk, pos = _inputs(rng, 1, 20, 2, 1, 64, 64, 0, 48)
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 20, 4, 1, 64, 64, 0, 48)
     pos = np.array([80], np.int32)
-    got, blocks = attention_split(lib, q, kk, vk, pos, 0.1, 8, rng=rng)
+    sc = {}
+    got, blocks = attention_split(lib, q, kk, vk, pos, 0.1, 8, rng=rng, fill=fill, scratch=sc)
     one, _ = attention_rowwise(lib, q, kk, vk, pos, 0.1, 8, rng=rng)
     assert np.array_equal(got, np.zeros_like(got)) and np.array_equal(one, got)
     assert np.array_equal(blocks, q8_1_blocks(got))
+    _check_scratch(sc, pos, 48, 8, 16, 1, 4, 1, fill)      # one split (8 slots), one block a head
+
+
+def test_shared_memory_sized_short_is_caught(rng):
+    # the harness's check of the host's sizing (on the GPU an illegal address): columns of a
+    # whole group of 4 heads (fill 0) in shared memory sized for one head's chunk
+    from conformance.harness.attn_host import attention_split
+    lib = _lib(32)
+    q, k, v, kk, vk, pos = _inputs(rng, 1, 100, 8, 2, 64, 64, 0, 128)
+    attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=2, heads=4)
+    with pytest.raises(AssertionError, match="past the dynamic shared memory"):
+        attention_split(lib, q, kk, vk, pos, 0.125, rng=rng, blocks=2, heads=1)
 
 
 # Bugs planted in the split kernels, each to be caught by the checks above: the splits' slot
@@ -610,9 +625,9 @@ def test_split_graph_replays_as_the_position_grows(cuda, rng, monkeypatch, recor
 @needs_cuda
 def test_split_combine_gives_the_same_bits_under_load(cuda, rng, monkeypatch, record_property):
     # the done counter's protocol under real concurrency (the CPU build runs one block at a
-    # time): 32 heads in 8 KV groups of a 16,384-slot row, 64 splits a group taken by ~33
-    # blocks (one or two each: 2 blocks an SM, where the default gives a block a split here),
-    # relaunched. Whichever block counts last adds each head's splits in split order, so every
+    # time): 32 heads in 8 KV groups of a 16,384-slot row (64 splits in use: one column a
+    # group), a column's 64 splits taken by ~36 lanes (one or two each: 2 blocks an SM, where
+    # the default gives a lane a split here), relaunched. Whichever block counts last adds each head's splits in split order, so every
     # launch gives the same bits: a partial sum read stale or before it was written (a fence
     # missing or misplaced) changes them, or leaves the poisoned scratch's NaN.
     from conformance.harness.attn_host import device_sequence
@@ -620,9 +635,11 @@ def test_split_combine_gives_the_same_bits_under_load(cuda, rng, monkeypatch, re
     monkeypatch.setattr(cuda.options, "attn_split", True)
     monkeypatch.setattr(attention, "SPLIT_BLOCKS_PER_SM", 2)
     H, Hkv, D, cap = 32, 8, 128, 16384
-    blocks = min(cap // attention.SPLIT_SLOTS, -(-attention.SPLIT_BLOCKS_PER_SM * cuda.n_sms // Hkv))
-    assert 1 < blocks < cap // attention.SPLIT_SLOTS, \
-        f"{blocks} blocks a group: no block takes two splits, or one takes all"
+    S = cap // attention.SPLIT_SLOTS
+    gb = attention.split_group_blocks(H // Hkv, Hkv, S, 1, attention.split_fill(cuda.n_sms))
+    per_head = min(S, -(-attention.SPLIT_BLOCKS_PER_SM * cuda.n_sms // H))      # the grid's y
+    lanes = min(S, H * per_head // (Hkv * gb))                                   # as split_block
+    assert 1 < lanes < S, f"{lanes} lanes a column: no block takes two splits, or one takes all"
     q, k, v, kk, vk, pos = _inputs(rng, 1, cap - 1, H, Hkv, D, D, 0, cap)
     layers = device_sequence(cuda, rng, kk, vk)
     dq, dpos = cuda.asarray(q), cuda.asarray(pos)

@@ -11,10 +11,11 @@ contiguous cache on this backend.
 
 A block per (head, query) with the query's row of logits in shared memory; or, for a decode
 at depth, the split-K kernels (attention.cu's head comment): the row's slots in splits of
-ATTN_SPLIT_SLOTS, three launches in which up to a block a split per (KV head, query) group
-(passes 1 and 3: each block computes the group's query heads, reading a K or V row once for
-them) or per (head, query) row (pass 2) takes the splits in turn (SPLIT_BLOCKS_PER_SM), their
-logits and partial sums in a scratch buffer of the backend's. The output's Q8_1 blocks (for the output projection) are written beside it
+ATTN_SPLIT_SLOTS, three launches in which a few blocks take each row's splits in turn
+(SPLIT_BLOCKS_PER_SM): in passes 1 and 3 a block column of a KV group's query heads (the
+kernels cut the group by the splits in use: split_group_blocks), reading a K or V row once for
+them, in pass 2 a (head, query) row; their logits and partial sums in a scratch buffer of the
+backend's. The output's Q8_1 blocks (for the output projection) are written beside it
 and remembered.
 """
 
@@ -58,9 +59,9 @@ ATTN_STATIC_SMEM = 1024 + 4 * ATTN_WARPS + 8 * ATTN_WARPS
 # kernel's shared memory or with attn_split on) is launched in groups of queries.
 SPLIT_SCRATCH_BYTES = 128 << 20
 SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_split_values")
-# Blocks a split kernel launches for an SM (all (KV head, query) groups together in passes 1
-# and 3, all (head, query) rows in pass 2, each group's or row's blocks taking its splits in
-# turn), up to one a split: enough to fill the GPU (16 blocks of 128 threads are resident an
+# Blocks a split kernel launches for an SM (all (head, query) rows together, each row's up to
+# one a split; passes 1 and 3 spread them over the block columns of the cut, each column's
+# lanes taking its splits in turn, pass 2 over the rows): enough to fill the GPU (16 blocks of 128 threads are resident an
 # SM), few enough that the splits past a short context (the number of splits comes from the
 # capacity) cost no block. Not yet timed against others.
 SPLIT_BLOCKS_PER_SM = 8
