@@ -1,6 +1,7 @@
-"""ci/decode_timeline.py: a decode token's time between kernels, from a CUPTI Chrome trace.
-A trace built here with known intervals: kernels that overlap (programmatic dependent launch),
-a copy between them, CPU events beside them, and a last token whose end is not seen."""
+"""ci/decode_timeline.py: a decode token's time between kernels, from a CUPTI Chrome trace,
+run as a command (the suite imports nothing of ci/). A trace built here with known intervals:
+kernels that overlap (programmatic dependent launch), a copy between them, CPU events beside
+them, and a last token whose end is not seen."""
 
 from __future__ import annotations
 
@@ -12,9 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from ci import decode_timeline as dt  # noqa: E402
 
 # a token every 100 µs: kernel a [0, 20), b [25, 55), c [50, 85) (5 µs under b), a copy
 # [88, 90): busy 20 + 60 + 2 = 82 µs, idle 18, the kernels' sum 85
@@ -29,49 +27,51 @@ def _trace(n_tokens: int) -> dict:
     return {"traceEvents": ev}
 
 
-def test_a_tokens_time_between_kernels():
-    st = dt.token_stats(dt.gpu_events(_trace(4)), 3)
+def _run(tmp_path, trace, per_token: int = 3):
+    """(the command's result, its figures or None)."""
+    f, st = tmp_path / "trace.json", tmp_path / "st.json"
+    f.write_text(trace if isinstance(trace, str) else json.dumps(trace))
+    st.unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "ci/decode_timeline.py", str(f), "--per-token", str(per_token),
+                        "--json", str(st)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return r, (json.loads(st.read_text()) if st.exists() else None)
+
+
+def test_a_tokens_time_between_kernels(tmp_path):
+    r, st = _run(tmp_path, _trace(4))
+    assert r.returncode == 0, r.stderr
     assert st["tokens"] == 3                        # the fourth token's end is not seen
     assert st["token_us"] == 100 and st["tok_per_s"] == pytest.approx(10_000)
     assert st["busy_us"] == 82 and st["idle_us"] == 18 and st["kernel_sum_us"] == 85
     assert st["idle_per_boundary_us"] == pytest.approx(6)
     assert st["no_idle_tok_per_s"] == pytest.approx(1e6 / 82)
-    assert [r[0] for r in st["by_name"]] == ["c", "b", "a"] and st["by_name"][0][1:] == (1, 35, 35)
+    assert [row[0] for row in st["by_name"]] == ["c", "b", "a"] and st["by_name"][0][1:] == [1, 35, 35]
     assert st["kernel_median_us"] == 30 and st["short_share"] == 0
+    assert "3 tokens, 3 kernels a token (+0 outside the graph): 100.0 µs a token (10000.0 tok/s" in r.stdout
+    assert "idle between kernels 18.0 µs (18.0 %, 6.00 µs a boundary)" in r.stdout
 
 
-def test_kernels_between_tokens_are_extra_and_a_repeated_first_kernel_cuts_by_count():
+def test_kernels_between_tokens_are_extra_and_a_repeated_first_kernel_cuts_by_count(tmp_path):
     # a run ahead's copy kernel between two tokens: counted as extra, the tokens still cut at
     # each launch of the first kernel; where the first kernel recurs within a token (a) the
     # cut falls back to K kernels a token
     tr = _trace(4)
     tr["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "copy_ids", "ts": 195, "dur": 3})
-    st = dt.token_stats(dt.gpu_events(tr), 3)
+    r, st = _run(tmp_path, tr)
+    assert r.returncode == 0, r.stderr
     assert st["tokens"] == 3 and st["extra_kernels"] == 0 and st["token_us"] == 100
-    assert ("copy_ids", 1 / 3, 3, 1) in st["by_name"] and st["busy_us"] == 82
+    assert ["copy_ids", 1 / 3, 3, 1] in st["by_name"] and st["busy_us"] == 82
     again = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a", "ts": 10 * i, "dur": 5} for i in range(9)]}
-    st = dt.token_stats(dt.gpu_events(again), 3)
+    r, st = _run(tmp_path, again)
+    assert r.returncode == 0, r.stderr
     assert st["tokens"] == 2 and st["token_us"] == 30 and st["busy_us"] == 15
 
 
-def test_too_short_a_trace_is_refused():
-    with pytest.raises(ValueError, match="fewer than two tokens"):
-        dt.token_stats(dt.gpu_events(_trace(1)), 3)
-    with pytest.raises(ValueError, match="at least 1"):
-        dt.token_stats(dt.gpu_events(_trace(3)), 0)
-
-
-def test_the_command(tmp_path):
-    f = tmp_path / "t.json"
-    f.write_text(json.dumps(_trace(5)))
-    r = subprocess.run([sys.executable, "ci/decode_timeline.py", str(f), "--per-token", "3",
-                        "--json", str(tmp_path / "st.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert "4 tokens, 3 kernels a token (+0 outside the graph): 100.0 µs a token (10000.0 tok/s" in r.stdout
-    assert "idle between kernels 18.0 µs (18.0 %, 6.00 µs a boundary)" in r.stdout
-    assert json.loads((tmp_path / "st.json").read_text())["busy_us"] == 82
-    bad = tmp_path / "bad.json"
-    bad.write_text("{")
-    r = subprocess.run([sys.executable, "ci/decode_timeline.py", str(bad), "--per-token", "3"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "decode_timeline:" in r.stderr and "Traceback" not in r.stderr
+@pytest.mark.parametrize("trace, per_token, said", [(_trace(1), 3, "fewer than two tokens"),
+                                                    (_trace(3), 0, "at least 1"),
+                                                    ("{", 3, "Expecting")],
+                         ids=["one-token", "no-kernels-a-token", "not-json"])
+def test_bad_input_is_refused_in_a_line(tmp_path, trace, per_token, said):
+    r, st = _run(tmp_path, trace, per_token)
+    assert r.returncode == 2 and st is None
+    assert "decode_timeline:" in r.stderr and said in r.stderr and "Traceback" not in r.stderr
