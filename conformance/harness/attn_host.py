@@ -472,15 +472,31 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
             for (unsigned x = 0; x < gx; ++x) order.push_back({x, y, z});
     std::mt19937 gen(seed);
     std::shuffle(order.begin(), order.end(), gen);
+    // One team of ATTN_THREADS threads runs every block (a block's threads meet this one at
+    // its start and its end), each thread's per-block state reset at the start: spawning a
+    // team a block cost most of these tests' time, where most blocks of a split launch return
+    // at once (past their column's lanes).
+    std::barrier<> begin(ATTN_THREADS + 1), end(ATTN_THREADS + 1);
+    bool stop = false;
+    std::vector<std::thread> team;
+    for (unsigned i = 0; i < ATTN_THREADS; ++i)
+        team.emplace_back([&, i] {
+            threadIdx = {i, 0, 0};
+            for (;;) {
+                begin.arrive_and_wait();
+                if (stop) return;
+                xseq = 0; host_bars = 0; host_fenced_at = -1; host_counted = false; host_acquired = false;
+                fn();
+                end.arrive_and_wait();
+            }
+        });
     for (const uint3h & b : order) {
         std::fill(sm.begin(), sm.begin() + smem_floats, std::numeric_limits<float>::quiet_NaN());
         std::fill(sm.begin() + smem_floats, sm.end(), guard);
         blockIdx = b;
-        host_acquire_bar = -1;          // each block its own acquire (thread_locals: new threads)
-        std::vector<std::thread> th;
-        for (unsigned i = 0; i < ATTN_THREADS; ++i)
-            th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
-        for (auto & t : th) t.join();
+        host_acquire_bar = -1;          // each block its own acquire
+        begin.arrive_and_wait();
+        end.arrive_and_wait();
         for (size_t i = smem_floats; i < sm.size(); ++i) {
             uint32_t bits;
             std::memcpy(&bits, &sm[i], sizeof bits);
@@ -490,6 +506,9 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
             }
         }
     }
+    stop = true;
+    begin.arrive_and_wait();
+    for (auto & t : team) t.join();
     for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
 }
 
