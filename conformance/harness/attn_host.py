@@ -364,9 +364,9 @@ def attention_tiled(lib, q, k_cache, v_cache, pos, scale, window=0, write_q8=Tru
 #   orders every thread's part stores before it) and before its atomicAdd, no barrier between;
 # - acquire: each __ldcg comes after a __threadfence that the counting thread made after its
 #   atomicAdd, and (in any other thread) after a block barrier that followed that fence.
-# A breach is recorded (protocol_fault) and _run_split raises it. What this cannot see: which
-# stores the barrier covers (every pass-3 store precedes the kernel's last barrier by its
-# structure), and anything the hardware does beyond the model.
+# A breach is recorded (protocol_fault; a write past a block's shared memory too) and the run
+# raises it. What this cannot see: which stores the barrier covers (every pass-3 store precedes
+# the kernel's last barrier by its structure), and anything the hardware does beyond the model.
 ROWWISE_HARNESS = r"""#include "shim.h"
 #include <cstring>
 #include <limits>
@@ -415,67 +415,26 @@ thread_local uint3h threadIdx;
 uint3h blockIdx, blockDim, gridDim;
 HOST_WARP_SYNC
 HOST_HALF
-// Every (head, token) block of attention.cu's grid, one after another, with `smem_floats` of
-// dynamic shared memory poisoned with NaN before each.
-template <class F>
-static void run_heads(unsigned H, unsigned T, size_t smem_floats, F fn) {
-    std::vector<float> sm(smem_floats);
-    host_smem = sm.data();
-    std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
-    for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {H, T, 1};
-    blockDim = {ATTN_THREADS, 1, 1};
-    for (unsigned by = 0; by < gridDim.y; ++by)
-        for (unsigned bx = 0; bx < gridDim.x; ++bx) {
-            std::fill(sm.begin(), sm.end(), std::numeric_limits<float>::quiet_NaN());
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < ATTN_THREADS; ++i)
-                th.emplace_back([=] { threadIdx = {i, 0, 0}; xseq = 0; fn(); });
-            for (auto & t : th) t.join();
-        }
-    for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
-}
-
-// table_stride 0: one sequence (table its block table); else per_row, row t's at t * table_stride
-extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, const int * table,
-                             float * out, block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap,
-                             int window, float scale, int write_q8, int table_stride) {
-    AttentionParams p{};
-    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
-    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
-    p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
-    run_heads(H, T, D + p.n_slots + ATTN_WARPS * DV,
-              [=] { attention(q, k, v, pos, table, out, out_q, p); });
-    return 0;
-}
-
-// Every block of a (gx, gy, gz) grid of ATTN_THREADS threads, one at a time in an order
-// shuffled by `seed`, `smem_floats` of dynamic shared memory poisoned with NaN before each.
-// A guard of SMEM_GUARD floats follows it, each block checked not to have written there (on
-// the GPU a write past the launch's shared memory is an illegal address, or another block's).
+// A block's dynamic shared memory is poisoned with NaN before it runs and followed by a guard
+// of SMEM_GUARD floats, checked after it: no block may write there (on the GPU a write past the
+// launch's shared memory is an illegal address, or another block's).
 static constexpr size_t SMEM_GUARD = 4096;
 static constexpr uint32_t SMEM_GUARD_BITS = 0x7fc0beefu;
+
+// The blocks of `order`, one at a time, each with `smem_floats` of dynamic shared memory. One
+// team of ATTN_THREADS threads runs every block (its threads meet this one at a block's start
+// and its end), each thread's per-block state reset at the start: spawning a team a block cost
+// most of these tests' time, where most blocks of a split launch return at once (past their
+// column's lanes).
 template <class F>
-static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floats, unsigned seed, F fn) {
+static void run_blocks(const std::vector<uint3h> & order, size_t smem_floats, F fn) {
     std::vector<float> sm(smem_floats + SMEM_GUARD);
     float guard;
     std::memcpy(&guard, &SMEM_GUARD_BITS, sizeof guard);
     host_smem = sm.data();
     std::barrier<> bb(ATTN_THREADS); block_bar = &bb;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) warp_bar[i] = new std::barrier<>(32);
-    gridDim = {gx, gy, gz};
     blockDim = {ATTN_THREADS, 1, 1};
-    std::vector<uint3h> order;
-    for (unsigned z = 0; z < gz; ++z)
-        for (unsigned y = 0; y < gy; ++y)
-            for (unsigned x = 0; x < gx; ++x) order.push_back({x, y, z});
-    std::mt19937 gen(seed);
-    std::shuffle(order.begin(), order.end(), gen);
-    // One team of ATTN_THREADS threads runs every block (a block's threads meet this one at
-    // its start and its end), each thread's per-block state reset at the start: spawning a
-    // team a block cost most of these tests' time, where most blocks of a split launch return
-    // at once (past their column's lanes).
     std::barrier<> begin(ATTN_THREADS + 1), end(ATTN_THREADS + 1);
     bool stop = false;
     std::vector<std::thread> team;
@@ -512,9 +471,46 @@ static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floa
     for (int i = 0; i < ATTN_THREADS / 32; ++i) delete warp_bar[i];
 }
 
+// Every (head, token) block of attention.cu's grid, one after another.
+template <class F>
+static void run_heads(unsigned H, unsigned T, size_t smem_floats, F fn) {
+    gridDim = {H, T, 1};
+    std::vector<uint3h> order;
+    for (unsigned by = 0; by < T; ++by)
+        for (unsigned bx = 0; bx < H; ++bx) order.push_back({bx, by, 0});
+    run_blocks(order, smem_floats, fn);
+}
+
+// table_stride 0: one sequence (table its block table); else per_row, row t's at t * table_stride
+extern "C" int run_attention(const float * q, const u16 * k, const u16 * v, const int * pos, const int * table,
+                             float * out, block_q8_1 * out_q, int T, int H, int Hkv, int D, int DV, int cap,
+                             int window, float scale, int write_q8, int table_stride) {
+    AttentionParams p{};
+    p.n_tokens = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D; p.head_dim_v = DV;
+    p.capacity = cap; p.n_slots = window > 0 ? std::min(cap, window) : cap; p.window = window > 0 ? window : 0;
+    p.scale = scale; p.write_q8 = write_q8; p.per_row = table_stride > 0; p.table_stride = table_stride;
+    host_fault.clear();
+    run_heads(H, T, D + p.n_slots + ATTN_WARPS * DV,
+              [=] { attention(q, k, v, pos, table, out, out_q, p); });
+    return 0;
+}
+
+// Every block of a (gx, gy, gz) grid, one at a time in an order shuffled by `seed`.
+template <class F>
+static void run_shuffled(unsigned gx, unsigned gy, unsigned gz, size_t smem_floats, unsigned seed, F fn) {
+    gridDim = {gx, gy, gz};
+    std::vector<uint3h> order;
+    for (unsigned z = 0; z < gz; ++z)
+        for (unsigned y = 0; y < gy; ++y)
+            for (unsigned x = 0; x < gx; ++x) order.push_back({x, y, z});
+    std::mt19937 gen(seed);
+    std::shuffle(order.begin(), order.end(), gen);
+    run_blocks(order, smem_floats, fn);
+}
+
 extern "C" int split_slots() { return ATTN_SPLIT_SLOTS; }
 
-// The first breach of the done counter's protocol since the last run_attention_split ("": none).
+// The first breach (the done counter's protocol, shared memory) since the last run ("": none).
 extern "C" const char * protocol_fault() { return host_fault.c_str(); }
 
 // The three split-K launches as engine/backends/cuda/attention.py makes them: passes 1 and 3
@@ -694,6 +690,9 @@ def _run_rowwise(lib, q, k_pool, v_pool, pos, table, cap, scale, window, table_s
     lib.run_attention(q.ctypes.data, k.view(np.uint16).ctypes.data, v.view(np.uint16).ctypes.data,
                       pos.ctypes.data, table.ctypes.data, out.ctypes.data, out_q.ctypes.data, T, H, Hkv, D, DV,
                       cap, int(window), float(scale), int(write_q8), int(table_stride))
+    fault = lib.protocol_fault().decode()
+    if fault:
+        raise AssertionError(f"attention: {fault}")
     return out, (out_q if write_q8 else None)
 
 
