@@ -40,9 +40,12 @@ def gpu_events(trace: dict) -> list[tuple[float, float, str, str]]:
 
 
 def _busy(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of intervals clipped to [lo, hi)."""
+    """Length of the union of intervals (sorted by start, as gpu_events gives them) clipped to
+    [lo, hi)."""
     total, end = 0.0, lo
-    for s, e in sorted(intervals):
+    for s, e in intervals:
+        if s >= hi:
+            break
         s, e = max(s, end), min(e, hi)
         if e > s:
             total += e - s
@@ -55,7 +58,7 @@ def token_stats(events: list[tuple[float, float, str, str]], per_token: int) -> 
     if per_token < 1:
         raise ValueError("per_token must be at least 1")
     kernels = [e for e in events if e[2] == "kernel"]
-    first = [i for i, k in enumerate(kernels) if kernels and k[3] == kernels[0][3]]
+    first = [i for i, k in enumerate(kernels) if k[3] == kernels[0][3]]
     if len(first) >= 2 and all(b - a >= per_token for a, b in zip(first, first[1:])):
         cut = first                                 # a token a launch of the first kernel
     else:

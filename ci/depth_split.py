@@ -11,10 +11,10 @@ with the option as it is then.
     python3 ci/depth_split.py MODEL.gguf [--depths 4096,16384,32768] [--n-gen 128] [--reps 3] [--json OUT]
 
 --ctx N: the session's positions (a kernel may be chosen by the capacity; default: what the
-depth and the test need). --group-fills F1,F2,...: the split kernels (the default) at each engine/backends/cuda/attention.py
-SPLIT_GROUP_FILL instead (0: a block column a KV group, the reads of K and V shared by its
-query heads; 1e9: a block a head; the default's value chooses by the work there is), one
-column a fill.
+depth and the test need). --group-fills F1,F2,...: the split kernels (the default) at each
+SPLIT_GROUP_FILL of engine/backends/cuda/attention.py instead (0: a block column a KV group,
+the reads of K and V shared by its query heads; 1e9: a block a head; the default's value
+chooses by the work there is), one column a fill.
 """
 
 from __future__ import annotations

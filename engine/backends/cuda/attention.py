@@ -61,9 +61,9 @@ SPLIT_SCRATCH_BYTES = 128 << 20
 SPLIT_KERNELS = ("attention_split_logits", "attention_split_sums", "attention_split_values")
 # Blocks a split kernel launches for an SM (all (head, query) rows together, each row's up to
 # one a split; passes 1 and 3 spread them over the block columns of the cut, each column's
-# lanes taking its splits in turn, pass 2 over the rows): enough to fill the GPU (16 blocks of 128 threads are resident an
-# SM), few enough that the splits past a short context (the number of splits comes from the
-# capacity) cost no block. Not yet timed against others.
+# lanes taking its splits in turn, pass 2 over the rows): enough to fill the GPU (16 blocks of
+# 128 threads are resident an SM), few enough that the splits past a short context (the
+# number of splits comes from the capacity) cost no block. Not yet timed against others.
 SPLIT_BLOCKS_PER_SM = 8
 # Passes 1 and 3 share each K and V row among the query heads of a block column
 # (split_group_blocks): the fewest columns a KV group whose (column, split, query) work items
