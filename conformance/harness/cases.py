@@ -172,6 +172,34 @@ def f16_steps(a, b) -> np.ndarray:
     return np.abs(line(a) - line(b))
 
 
+# A roped element's float32 error is absolute in its pair's size, not relative to itself:
+# x*cos - y*sin with cos and sin each within ~2 ulp (2^-23, CUDA's and numpy's float32 routines,
+# the angle bit-identical on both sides) errs by about 7 * 2^-24 * max|head element| (|x| + |y|
+# is at most twice the head's largest element), and both sides err. An element whose pair
+# cancels is small, so that error can be several of its own F16 steps (the GPU suite saw 2,
+# synth-qwen3moe, 2026-12-06). 2^-20 of the head's largest element covers both sides; a wrong
+# angle, pair or sign errs by the element's own size.
+ROPE_PAIR_ERROR = 2.0 ** -20
+
+
+def rope_cache_excess(got, want) -> float:
+    """The worst ratio, over a rope_store's F16 cache `[n_ctx, H_kv, D]`, of an element's
+    distance from the reference to what rounding allows: one F16 step at the larger of the two
+    (each side rounds its float32 key half a step) plus ROPE_PAIR_ERROR of the head's largest
+    element. Above 1 is a fault; equal bit patterns (unwritten, poisoned slots) count 0."""
+    g16 = np.ascontiguousarray(got, np.float16)
+    w16 = np.ascontiguousarray(want, np.float16)
+    same = g16.view(np.uint16) == w16.view(np.uint16)
+    g, w = g16.astype(np.float64), w16.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        head = np.nanmax(np.where(np.isfinite(w), np.abs(w), np.nan), axis=-1, keepdims=True)
+        step = np.spacing(np.maximum(np.abs(g16), np.abs(w16))).astype(np.float64)
+        allowed = step + ROPE_PAIR_ERROR * np.nan_to_num(head)
+        excess = np.where(same, 0.0, np.abs(g - w) / allowed)
+    excess = np.nan_to_num(excess, nan=np.inf)       # a NaN where the reference has none
+    return float(excess.max()) if excess.size else 0.0
+
+
 def write_gguf(path: str | Path, tensors: dict, alignment: int = 32) -> Path:
     """Write a GGUF v3 file holding `tensors` {name: (GGMLType, numpy_shape, raw uint8 bytes)}
     and no metadata besides general.alignment."""
