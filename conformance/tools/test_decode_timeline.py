@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # a token every 100 µs: kernel a [0, 20), b [25, 55), c [50, 85) (5 µs under b), a copy
-# [88, 90): busy 20 + 60 + 2 = 82 µs, idle 18, the kernels' sum 85
+# [88, 90): busy 20 + 60 + 2 = 82 µs, idle 18, the kernels' sum 85; on the chain a 20, b 30,
+# c 30 (its first 5 µs under b), the copy 2: 82 in all
 TOKEN = [("kernel", "a", 0, 20), ("kernel", "b", 25, 30), ("kernel", "c", 50, 35), ("gpu_memcpy", "copy", 88, 2)]
 
 
@@ -45,7 +46,8 @@ def test_a_tokens_time_between_kernels(tmp_path):
     assert st["busy_us"] == 82 and st["idle_us"] == 18 and st["kernel_sum_us"] == 85
     assert st["idle_per_boundary_us"] == pytest.approx(6)
     assert st["no_idle_tok_per_s"] == pytest.approx(1e6 / 82)
-    assert [row[0] for row in st["by_name"]] == ["c", "b", "a"] and st["by_name"][0][1:] == [1, 35, 35]
+    assert st["by_name"] == [["c", 1, 35, 35, 30], ["b", 1, 30, 30, 30], ["a", 1, 20, 20, 20]]
+    assert "| c | 1 | 35.00 | 35.0 | 30.00 | 30.0 | 36.6 % |" in r.stdout
     assert st["kernel_median_us"] == 30 and st["short_share"] == 0
     assert "3 tokens, 3 kernels a token (+0 outside the graph): 100.0 µs a token (10000.0 tok/s" in r.stdout
     assert "idle between kernels 18.0 µs (18.0 %, 6.00 µs a boundary)" in r.stdout
@@ -60,7 +62,7 @@ def test_kernels_between_tokens_are_extra_and_a_repeated_first_kernel_cuts_by_co
     r, st = _run(tmp_path, tr)
     assert r.returncode == 0, r.stderr
     assert st["tokens"] == 3 and st["extra_kernels"] == 0 and st["token_us"] == 100
-    assert ["copy_ids", 1 / 3, 3, 1] in st["by_name"] and st["busy_us"] == 82
+    assert ["copy_ids", 1 / 3, 3, 1, 1] in st["by_name"] and st["busy_us"] == 82
     again = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a", "ts": 10 * i, "dur": 5} for i in range(9)]}
     r, st = _run(tmp_path, again)
     assert r.returncode == 0, r.stderr
