@@ -160,9 +160,13 @@ sub_compare() {     # OLD_TREE [SHAPES]
     # brass bench -p 512 -n 128 of two trees on the same shape-true files, the trees alternated
     # REPS times (one repetition each per round), so that a drift of the card's clocks hits both
     # alike: the check that a refactor left the speed where it was. OLD_TREE is a checkout of an
-    # earlier commit carried to the runner (an ignored folder named in run's carry); a tree whose
-    # package is still the folder engine/ runs as `python3 -m engine`.
+    # earlier commit carried to the runner (an ignored folder named in run's carry; a git
+    # worktree of it is carried whole). A tree whose pyproject.toml maps engine/ to brass runs as
+    # `python3 -m brass` through a stub of its own (brass_import in the tree); an older one, whose
+    # package is still the folder engine/, as `python3 -m engine`. DEPTH=D times both after D
+    # tokens in the cache (brass bench --depth: both trees must know it).
     local old="$1" shapes="${2:-qwen3-0.6b,qwen3-8b}" reps="${REPS:-3}" name i tree
+    local bench=(--backend cuda -p 512 -n 128 -r 1 --json ${DEPTH:+--depth "$DEPTH"})
     [ -d "$old/engine" ] || { echo "usage: ci/gpu.sh compare OLD_TREE [SHAPES]"; return 2; }
     old="$(cd "$old" && pwd)"
     gpu_name
@@ -173,11 +177,15 @@ sub_compare() {     # OLD_TREE [SHAPES]
         for i in $(seq 1 "$reps"); do
             for tree in old new; do
                 if [ "$tree" = old ]; then
-                    (cd "$old" && PYTHONPATH="$old${PYTHONPATH:+:$PYTHONPATH}" guarded 590 python3 -m engine bench \
-                        "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r 1 --json) > "$out/compare-$name-old-$i.json" \
+                    (cd "$old" && if grep -q '"brass" = "engine"' pyproject.toml 2> /dev/null; then
+                         brass_import; guarded 590 python3 -m brass bench "$dir/$name.gguf" "${bench[@]}"
+                     else
+                         PYTHONPATH="$old${PYTHONPATH:+:$PYTHONPATH}" guarded 590 python3 -m engine bench \
+                             "$dir/$name.gguf" "${bench[@]}"
+                     fi) > "$out/compare-$name-old-$i.json" \
                         2> "$out/compare-$name-old-$i.log" || tail -3 "$out/compare-$name-old-$i.log"
                 else
-                    guarded 590 python3 -m brass bench "$dir/$name.gguf" --backend cuda -p 512 -n 128 -r 1 --json \
+                    guarded 590 python3 -m brass bench "$dir/$name.gguf" "${bench[@]}" \
                         > "$out/compare-$name-new-$i.json" 2> "$out/compare-$name-new-$i.log" \
                         || tail -3 "$out/compare-$name-new-$i.log"
                 fi
@@ -193,7 +201,8 @@ print("| shape | test | old tok/s | new tok/s | new / old |\n|---|---|---|---|--
 for name in shapes:
     runs = {t: [json.loads(f.read_text()) for f in sorted(out.glob(f"compare-{name}-{t}-*.json")) if f.stat().st_size]
             for t in ("old", "new")}
-    for test in ("pp512", "tg128"):
+    tests = list(dict.fromkeys(r.get("test") for t in runs for run in runs[t] for r in run)) or ["pp512", "tg128"]
+    for test in tests:
         fig = {t: [r["tokens_per_s"] for run in runs[t] for r in run
                    if r.get("test") == test] for t in runs}
         if fig["old"] and fig["new"]:
