@@ -3,8 +3,11 @@ built and from which toolkit):
 
     python3 ci/kernel_sass.py SOURCE KERNEL [-DNAME=VALUE ...] [--all]
 
-Prints ptxas's register and spill report for KERNEL, then its SASS reduced to labels, branches,
-global / shared memory instructions, barriers and mma (--all: every instruction).
+SOURCE is a file of the kernels folder of the brass that Python imports (attention.cu, or
+kernels/attention.cu): a worktree's own kernels need that tree on the import path (ci/gpu_lib.sh
+brass_import). Prints ptxas's register and spill report for KERNEL, then its SASS reduced to
+labels, branches, global / shared memory instructions, barriers and mma (--all: every
+instruction).
 """
 
 from __future__ import annotations
@@ -26,8 +29,14 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     defines = tuple(a for a in argv if a.startswith("-D"))
+    from brass.backends.cuda.compiler import KERNEL_DIR
+    source = Path(args[0]).name
+    if not (KERNEL_DIR / source).is_file():
+        known = ", ".join(sorted(f.name for f in KERNEL_DIR.glob("*.cu")))
+        print(f"kernel_sass: no {source} in {KERNEL_DIR} (its sources: {known})", file=sys.stderr)
+        return 2
     try:
-        report, lines = sass(args[0], args[1], defines)
+        report, lines = sass(source, args[1], defines)
     except (NoToolkit, KeyError) as e:
         print(f"kernel_sass: {e.args[0]}", file=sys.stderr)
         return 2
