@@ -160,8 +160,10 @@ sub_compare() {     # OLD_TREE [SHAPES]
     # brass bench -p 512 -n 128 of two trees on the same shape-true files, the trees alternated
     # REPS times (one repetition each per round), so that a drift of the card's clocks hits both
     # alike: the check that a refactor left the speed where it was. OLD_TREE is a checkout of an
-    # earlier commit carried to the runner (an ignored folder named in run's carry; a git
-    # worktree of it is carried whole). A tree whose pyproject.toml maps engine/ to brass runs as
+    # earlier commit carried to the runner (an ignored folder named in run's carry: its engine/,
+    # kernels/ and pyproject.toml are enough, ~1.2 MB, where a whole tree would pass the carry
+    # limit beside this one: mkdir -p .scratch/old && git archive REV engine kernels
+    # pyproject.toml | tar -x -C .scratch/old). A tree whose pyproject.toml maps engine/ to brass runs as
     # `python3 -m brass` through a stub of its own (brass_import in the tree); an older one, whose
     # package is still the folder engine/, as `python3 -m engine`. DEPTH=D times both after D
     # tokens in the cache (brass bench --depth: both trees must know it).
