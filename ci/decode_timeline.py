@@ -24,6 +24,7 @@ The last token, whose end is not seen, is left out.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import statistics
 import sys
@@ -71,6 +72,7 @@ def token_stats(events: list[tuple[float, float, str, str]], per_token: int) -> 
     if n_tokens < 1:
         raise ValueError(f"{len(kernels)} kernels: fewer than two tokens of {per_token}")
     work = [(s, e) for s, e, _, _ in events]
+    starts = [s for s, _ in work]
     tok, busy, ksum, extra, short = [], [], [], [], 0
     by_name: dict[str, list[float]] = defaultdict(list)
     chain: dict[str, float] = defaultdict(float)
@@ -85,12 +87,10 @@ def token_stats(events: list[tuple[float, float, str, str]], per_token: int) -> 
             by_name[name].append(e - s)
             short += (e - s) < SHORT_US
         reach = lo                                  # the end of the token's work so far
-        for s, e, _, name in events:
-            if s >= hi:
-                break
-            if s >= lo:
-                chain[name] += max(0.0, e - max(s, reach))
-                reach = max(reach, e)
+        for j in range(bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)):
+            s, e, _, name = events[j]
+            chain[name] += max(0.0, e - max(s, reach))
+            reach = max(reach, e)
     t, b = statistics.median(tok), statistics.median(busy)
     durations = [d for ds in by_name.values() for d in ds]
     return {
