@@ -40,7 +40,7 @@ usage: ci/gpu.sh SUBCOMMAND [ARGS]  (results in $OUT; what calls carry: the head
   models                            the real models' CUDA tests against llama.cpp's CUDA goldens
   mmq                               the MoE prompt tile's tests, with each case's NMSE
   compare OLD_TREE [SHAPES]         brass bench of two trees alternated on the same files
-  lever PATCH [SHAPES]              a perf/levers/ patch: its tests on the GPU, then compare against the tree
+  lever PATCH[,PATCH] [SHAPES]      perf/levers/ patches applied: kernel tests, then compare against the tree
   mutations                         bugs planted in the CUDA kernels, each to be caught
   perf [ARGS]                       pytest perf/ --benchmark, its results JSON in $OUT
   bar [--stalls]                    the Q4_K mat-vecs' share of the copy rate, three runs
@@ -216,30 +216,32 @@ for name in shapes:
 PY
 }
 
-sub_lever() {     # PATCH [SHAPES]
-    # A lever kept as a patch (perf/levers/NAME.patch: CPU-proven, not yet timed; main holds
-    # no variant left off) against this tree: the tree's engine/, kernels/ and pyproject.toml
-    # copied as the base, the patch applied, the GPU tests it adds or changes run (TESTS: other
-    # pytest arguments), then `compare` of the patched tree against the base on SHAPES (REPS,
-    # DEPTH and DROP as there). The patch is taken out again when the call ends, also when it
-    # is cut short. A lever that wins goes into main with its NOTES row; one that loses is
-    # deleted, its figure in the row.
-    local patch="$1" shapes="${2:-qwen3-0.6b,qwen3-8b}" base=/tmp/brass-lever-base tests
-    [ -f "$patch" ] || { echo "usage: ci/gpu.sh lever PATCH [SHAPES]"; return 2; }
-    git apply --check "$patch" || { echo "$patch does not apply to this tree"; return 2; }
+sub_lever() {     # PATCH[,PATCH...] [SHAPES]
+    # Levers kept as patches (perf/levers/NAME.patch: CPU-proven, not yet timed; main holds no
+    # variant left off) against this tree: the tree's engine/, kernels/ and pyproject.toml
+    # copied as the base, the patches applied (several: timed together), the kernel tests run
+    # on the GPU (TESTS: other pytest arguments; a patch leaves the recorded machine code alone,
+    # so that patches apply together, and that test is left out), then `compare` of the
+    # patched tree against the base on SHAPES (REPS, DEPTH and DROP as there). The patches are
+    # taken out again when the call ends, also when it is cut short. A lever that wins goes
+    # into main with its machine code re-recorded, and the whole GPU suite passes with it; one
+    # that loses is deleted, its figure in its perf/NOTES.md row.
+    local shapes="${2:-qwen3-0.6b,qwen3-8b}" base=/tmp/brass-lever-base tests patch
+    lever_applied=""      # global: the EXIT trap runs after this function has returned
+    local -a patches
+    IFS=, read -ra patches <<< "${1:-}"
+    [ "${#patches[@]}" -gt 0 ] || { echo "usage: ci/gpu.sh lever PATCH[,PATCH...] [SHAPES]"; return 2; }
     rm -rf "$base" && mkdir -p "$base" && cp -a engine kernels pyproject.toml "$base/"
-    git apply "$patch" || return 1
-    trap 'git apply -R "'"$patch"'" && echo "'"$patch"' taken out"' EXIT
-    echo "$patch applied"
-    if [ -n "${TESTS:-}" ]; then
-        read -ra tests <<< "$TESTS"
-    else
-        mapfile -t tests < <(sed -n 's|^+++ b/\(conformance/.*test_[^/]*\.py\)$|\1|p' "$patch")
-    fi
-    if [ "${#tests[@]}" -gt 0 ]; then
-        # shellcheck disable=SC2046
-        guarded 400 python3 -m pytest "${tests[@]}" -q -p no:cacheprovider $(xdist_workers "${SUITE_WORKERS:-14}") 2>&1 | tail -4
-    fi
+    trap 'for p in $lever_applied; do git apply -R "$p" && echo "$p taken out"; done' EXIT
+    for patch in "${patches[@]}"; do
+        [ -f "$patch" ] || { echo "$patch: no such patch"; return 2; }
+        git apply "$patch" || { echo "$patch does not apply to this tree (with the ones before it)"; return 2; }
+        lever_applied="$patch $lever_applied"      # taken out last first
+        echo "$patch applied"
+    done
+    read -ra tests <<< "${TESTS:-conformance/kernels/ --ignore=conformance/kernels/test_kernel_machine_code.py}"
+    # shellcheck disable=SC2046
+    guarded 400 python3 -m pytest "${tests[@]}" -q -p no:cacheprovider $(xdist_workers "${SUITE_WORKERS:-14}") 2>&1 | tail -4
     sub_compare "$base" "$shapes"
 }
 
