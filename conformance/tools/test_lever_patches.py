@@ -31,3 +31,60 @@ def test_a_lever_patch_applies_and_is_documented(patch):
     text = patch.read_text()
     assert "\n+++ b/kernels/" in text or "\n+++ b/engine/" in text, f"{patch.name} changes neither kernels nor engine"
     assert "\n+++ b/conformance/" in text, f"{patch.name} brings no test of its own"
+
+
+def _lever_tree(tmp_path):
+    """What `ci/gpu.sh lever` reads, copied (ci/, engine/, kernels/, pyproject.toml), and a patch
+    that marks kernels/common.cuh and adds a test that passes only on the marked tree."""
+    tree = tmp_path / "tree"
+    for d in ("ci", "engine", "kernels"):
+        shutil.copytree(ROOT / d, tree / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tree)
+    head = (ROOT / "kernels" / "common.cuh").read_text().splitlines()[:3]
+    patch = tmp_path / "probe.patch"
+    patch.write_text(
+        "--- a/kernels/common.cuh\n+++ b/kernels/common.cuh\n@@ -1,3 +1,4 @@\n+// lever probe\n"
+        + "".join(f" {line}\n" for line in head)
+        + "--- /dev/null\n+++ b/conformance/probe/test_probe.py\n@@ -0,0 +1,2 @@\n"
+        + "+def test_the_patch_is_in():\n"
+        + "+    assert open('kernels/common.cuh').read().startswith('// lever probe')\n")
+    return tree, patch
+
+
+def _lever(tree, *args):
+    import os
+    env = {**os.environ, "TESTS": "conformance/probe/test_probe.py", "SUITE_WORKERS": "1",
+           "OUT": str(tree.parent / "out"), "BRASS_TEST_SHAPES": str(tree.parent / "shapes")}
+    (tree.parent / "out").mkdir(exist_ok=True)
+    return subprocess.run(["bash", "ci/gpu.sh", "lever", *args], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_gpu_sh_lever_applies_tests_and_takes_out(tmp_path):
+    # the patches are in while their tests run, and out again when the call ends: here it ends
+    # early, on a shape that does not exist, as a call cut short would
+    if shutil.which("git") is None or shutil.which("bash") is None:
+        pytest.skip("no git or bash here")
+    tree, patch = _lever_tree(tmp_path)
+    before = (tree / "kernels" / "common.cuh").read_text()
+    r = _lever(tree, str(patch), "no-such-shape")
+    log = r.stdout + r.stderr
+    assert f"{patch} applied" in log and "1 passed" in log, log
+    assert f"{patch} taken out" in log, log
+    assert (tree / "kernels" / "common.cuh").read_text() == before
+    assert not (tree / "conformance" / "probe" / "test_probe.py").exists()
+
+
+def test_gpu_sh_lever_refuses_a_patch_that_does_not_apply(tmp_path):
+    if shutil.which("git") is None or shutil.which("bash") is None:
+        pytest.skip("no git or bash here")
+    tree, patch = _lever_tree(tmp_path)
+    text = patch.read_text().replace("+// lever probe\n ", "+// lever probe\n x", 1)
+    assert text != patch.read_text()
+    patch.write_text(text)                  # its first context line no longer matches the tree
+    before = (tree / "kernels" / "common.cuh").read_text()
+    r = _lever(tree, str(patch), "no-such-shape")
+    assert r.returncode == 2 and "does not apply" in r.stdout, r.stdout + r.stderr
+    assert (tree / "kernels" / "common.cuh").read_text() == before
+    r = _lever(tree, str(tmp_path / "missing.patch"))
+    assert r.returncode == 2 and "no such patch" in r.stdout
