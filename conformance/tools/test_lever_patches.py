@@ -45,7 +45,7 @@ def _lever_tree(tmp_path):
     patch.write_text(
         "--- a/kernels/common.cuh\n+++ b/kernels/common.cuh\n@@ -1,3 +1,4 @@\n+// lever probe\n"
         + "".join(f" {line}\n" for line in head)
-        + "--- /dev/null\n+++ b/conformance/probe/test_probe.py\n@@ -0,0 +1,2 @@\n"
+        + "--- /dev/null\n+++ b/probe/test_probe.py\n@@ -0,0 +1,2 @@\n"
         + "+def test_the_patch_is_in():\n"
         + "+    assert open('kernels/common.cuh').read().startswith('// lever probe')\n")
     return tree, patch
@@ -53,7 +53,7 @@ def _lever_tree(tmp_path):
 
 def _lever(tree, *args):
     import os
-    env = {**os.environ, "TESTS": "conformance/probe/test_probe.py", "SUITE_WORKERS": "1",
+    env = {**os.environ, "TESTS": "probe/test_probe.py", "SUITE_WORKERS": "1",
            "OUT": str(tree.parent / "out"), "BRASS_TEST_SHAPES": str(tree.parent / "shapes")}
     (tree.parent / "out").mkdir(exist_ok=True)
     return subprocess.run(["bash", "ci/gpu.sh", "lever", *args], cwd=tree, env=env, capture_output=True,
@@ -72,7 +72,7 @@ def test_gpu_sh_lever_applies_tests_and_takes_out(tmp_path):
     assert f"{patch} applied" in log and "1 passed" in log, log
     assert f"{patch} taken out" in log, log
     assert (tree / "kernels" / "common.cuh").read_text() == before
-    assert not (tree / "conformance" / "probe" / "test_probe.py").exists()
+    assert not (tree / "probe" / "test_probe.py").exists()
 
 
 def test_gpu_sh_lever_refuses_a_patch_that_does_not_apply(tmp_path):
