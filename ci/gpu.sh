@@ -220,11 +220,12 @@ sub_lever() {     # PATCH[,PATCH...] [SHAPES]
     # Levers kept as patches (perf/levers/NAME.patch: CPU-proven, not yet timed; main holds no
     # variant left off) against this tree: the tree's engine/, kernels/ and pyproject.toml
     # copied as the base, the patches applied (several: timed together), the kernel tests run
-    # on the GPU (TESTS: other pytest arguments; a patch leaves the recorded machine code alone,
-    # so that patches apply together, and that test is left out), then `compare` of the
+    # on the GPU (TESTS: other pytest arguments; a patch leaves the recorded machine code and
+    # launch sequence alone, so that patches apply together and stay small, and those two tests
+    # are left out), then `compare` of the
     # patched tree against the base on SHAPES (REPS, DEPTH and DROP as there). The patches are
     # taken out again when the call ends, also when it is cut short. A lever that wins goes
-    # into main with its machine code re-recorded, and the whole GPU suite passes with it; one
+    # into main with both recordings re-recorded, and the whole GPU suite passes with it; one
     # that loses is deleted, its figure in its perf/NOTES.md row.
     local shapes="${2:-qwen3-0.6b,qwen3-8b}" base=/tmp/brass-lever-base tests patch
     lever_applied=""      # global: the EXIT trap runs after this function has returned
@@ -239,7 +240,9 @@ sub_lever() {     # PATCH[,PATCH...] [SHAPES]
         lever_applied="$patch $lever_applied"      # taken out last first
         echo "$patch applied"
     done
-    read -ra tests <<< "${TESTS:-conformance/kernels/ --ignore=conformance/kernels/test_kernel_machine_code.py}"
+    local kernel_tests="conformance/kernels/ --ignore=conformance/kernels/test_kernel_machine_code.py"
+    kernel_tests+=" --ignore=conformance/kernels/test_launch_sequence.py"
+    read -ra tests <<< "${TESTS:-$kernel_tests}"
     # shellcheck disable=SC2046
     guarded 400 python3 -m pytest "${tests[@]}" -q -p no:cacheprovider $(xdist_workers "${SUITE_WORKERS:-14}") 2>&1 | tail -4
     sub_compare "$base" "$shapes"
