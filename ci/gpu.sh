@@ -244,7 +244,12 @@ sub_lever() {     # PATCH[,PATCH...] [SHAPES]
     kernel_tests+=" --ignore=conformance/kernels/test_launch_sequence.py"
     read -ra tests <<< "${TESTS:-$kernel_tests}"
     # shellcheck disable=SC2046
-    guarded 400 python3 -m pytest "${tests[@]}" -q -p no:cacheprovider $(xdist_workers "${SUITE_WORKERS:-14}") 2>&1 | tail -4
+    guarded 400 python3 -m pytest "${tests[@]}" -q -p no:cacheprovider $(xdist_workers "${SUITE_WORKERS:-14}") \
+        > "$out/lever-tests.log" 2>&1
+    local rc=$?
+    tail -4 "$out/lever-tests.log"
+    # a lever whose tests fail is not one to merge, whatever it times: say so, then time it anyway
+    [ "$rc" = 0 ] || echo "LEVER TESTS FAILED (rc $rc): $out/lever-tests.log"
     sub_compare "$base" "$shapes"
 }
 

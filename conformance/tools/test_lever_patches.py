@@ -74,7 +74,7 @@ def test_gpu_sh_lever_applies_tests_and_takes_out(tmp_path):
     r = _lever(tree, str(patch), "no-such-shape")
     log = r.stdout + r.stderr
     assert f"{patch} applied" in log and "1 passed" in log, log
-    assert f"{patch} taken out" in log, log
+    assert f"{patch} taken out" in log and "LEVER TESTS FAILED" not in log, log
     assert (tree / "kernels" / "common.cuh").read_text() == before
     assert not (tree / "probe" / "test_probe.py").exists()
 
@@ -92,3 +92,14 @@ def test_gpu_sh_lever_refuses_a_patch_that_does_not_apply(tmp_path):
     assert (tree / "kernels" / "common.cuh").read_text() == before
     r = _lever(tree, str(tmp_path / "missing.patch"))
     assert r.returncode == 2 and "no such patch" in r.stdout
+
+
+def test_gpu_sh_lever_says_when_the_patch_tests_fail(tmp_path):
+    if shutil.which("git") is None or shutil.which("bash") is None:
+        pytest.skip("no git or bash here")
+    tree, patch = _lever_tree(tmp_path)
+    patch.write_text(patch.read_text().replace(".startswith('// lever probe')", ".startswith('// not the probe')"))
+    r = _lever(tree, str(patch), "no-such-shape")
+    log = r.stdout + r.stderr
+    assert "1 failed" in log and "LEVER TESTS FAILED" in log, log
+    assert f"{patch} taken out" in log, log
