@@ -56,6 +56,14 @@
 #define ATTN_SLOT_LANES_MAX_DIM 128
 #endif
 
+#ifndef ATTN_VALUES_SLOTS
+// split-K pass 3: the V rows a warp reads before it adds them (a load per slot, each to its
+// own register): with one, each slot was a dependent memory round trip, so a warp's ~18 slots
+// near an empty context (64 a split at depth) were a chain of latencies. The adds keep slot
+// order, so any count gives the same bits.
+#define ATTN_VALUES_SLOTS 8
+#endif
+
 #ifndef ATTN_SPLIT_SLOTS
 // slots a split of the split-K kernels takes, counted from a row's first visible slot (any
 // size works; 256: 2 a thread in pass 1)
@@ -411,16 +419,17 @@ __device__ __forceinline__ void attn_group_logits(const float * q16, const u16 *
     }
 }
 
-// Pass 3's V.softmax of a split for NH query heads of one KV head, over slots lo .. lo + n - 1
-// with probabilities prob[i * ATTN_SPLIT_SLOTS + j] (shared): attend_block's pass 3 loop for
-// each head, the same order (warp w takes slots w, w + ATTN_WARPS, ...; each lane two adjacent
-// dims per step), so that a row with one split is summed as there, each V row read once for
-// the NH heads; head i's warp sums into part[(i * ATTN_WARPS + w) * head_dim_v ..] (shared),
-// which the caller adds in warp order. attend_block keeps its own loop: calling a shared
-// function from there changed its machine code.
+// Pass 3's V.softmax of a split for NH query heads of one KV head, over its n slots, slot j at
+// pool row rows[j] with probabilities prob[i * ATTN_SPLIT_SLOTS + j] (both shared):
+// attend_block's pass 3 loop for each head, the same order (warp w takes slots w, w +
+// ATTN_WARPS, ...; each lane two adjacent dims per step), so that a row with one split is
+// summed as there, each V row read once for the NH heads; head i's warp sums into
+// part[(i * ATTN_WARPS + w) * head_dim_v ..] (shared), which the caller adds in warp order. A
+// warp reads ATTN_VALUES_SLOTS slots' words before adding them in slot order. attend_block keeps
+// its own loop: calling a shared function from there changed its machine code.
 template <int NH>
-__device__ __forceinline__ void attn_group_values(const float * prob, const u16 * v_cache, const int * table,
-                                                  const int lo, const int n, const int h_kv, float * part,
+__device__ __forceinline__ void attn_group_values(const float * prob, const u16 * v_cache, const i64 * rows,
+                                                  const int n, const int h_kv, float * part,
                                                   const AttentionParams & p) {
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const i64 v_row = (i64) p.n_kv_heads * p.head_dim_v;
@@ -430,14 +439,24 @@ __device__ __forceinline__ void attn_group_values(const float * prob, const u16 
         float a0[NH], a1[NH];
 #pragma unroll
         for (int i = 0; i < NH; ++i) a0[i] = a1[i] = 0.0f;
-        for (int j = warp; j < n; j += ATTN_WARPS) {
-            const u32 vv = ((const u32 *) (vbase + kv_row(table, lo + j) * v_row))[c];
-            const float v0 = f16_to_f32((u16) (vv & 0xFFFF)), v1 = f16_to_f32((u16) (vv >> 16));
+        for (int j0 = warp; j0 < n; j0 += ATTN_WARPS * ATTN_VALUES_SLOTS) {
+            u32 vv[ATTN_VALUES_SLOTS];
 #pragma unroll
-            for (int i = 0; i < NH; ++i) {
-                const float pj = prob[i * ATTN_SPLIT_SLOTS + j];
-                a0[i] += pj * v0;
-                a1[i] += pj * v1;
+            for (int u = 0; u < ATTN_VALUES_SLOTS; ++u) {
+                const int j = j0 + u * ATTN_WARPS;
+                vv[u] = j < n ? ((const u32 *) (vbase + rows[j] * v_row))[c] : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < ATTN_VALUES_SLOTS; ++u) {
+                const int j = j0 + u * ATTN_WARPS;
+                if (j >= n) break;
+                const float v0 = f16_to_f32((u16) (vv[u] & 0xFFFF)), v1 = f16_to_f32((u16) (vv[u] >> 16));
+#pragma unroll
+                for (int i = 0; i < NH; ++i) {
+                    const float pj = prob[i * ATTN_SPLIT_SLOTS + j];
+                    a0[i] += pj * v0;
+                    a1[i] += pj * v1;
+                }
             }
         }
 #pragma unroll
@@ -556,15 +575,19 @@ attention_split_sums(const int * __restrict__ pos, const float * __restrict__ lo
 
 // Pass 3 for the NH heads of rows r .. r + NH - 1 (KV head h_kv): each head's M and S (the
 // used splits' sums in split order), then for each split of the block's: p_j = f16(e_j / S)
-// of its slots a head, the heads' V.softmax (each head's warps added in warp order) into part.
+// of its slots a head, the heads' V.softmax (each head's warps added in warp order) into part;
+// a row with one split in use (n_used == 1) has its output there, so it goes to out and its
+// Q8_1 blocks directly, as the combine would write it (a sum of one part).
 // Dynamic shared memory: prob [NH][ATTN_SPLIT_SLOTS], then [NH][ATTN_WARPS][head_dim_v].
-// red_max: [ATTN_SPLIT_HEADS][ATTN_WARPS], head_sum [ATTN_SPLIT_HEADS] shared.
+// red_max: [ATTN_SPLIT_HEADS][ATTN_WARPS], head_sum [ATTN_SPLIT_HEADS], rows
+// [ATTN_SPLIT_SLOTS] (the split's pool rows, looked up once for every warp and head) shared.
 template <int NH>
 __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const int * table, const i64 r,
                                                    const int h_kv, const int lo, const int n, const int n_used,
                                                    const int s0, const int ds, const float * logit, const float * split_max,
-                                                   const double * split_sum, float * part, float * smem,
-                                                   float * red_max, double * head_sum, const AttentionParams & p) {
+                                                   const double * split_sum, float * part, float * out,
+                                                   block_q8_1 * out_q, float * smem, float * red_max,
+                                                   double * head_sum, i64 * rows, const AttentionParams & p) {
     const int S = split_count(p), Dv = p.head_dim_v;
     const i64 row = (i64) S * ATTN_SPLIT_SLOTS;
     if (threadIdx.x < NH) {                         // S of a head: its used splits' sums in split order
@@ -580,6 +603,7 @@ __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const in
     for (int s = s0; s < n_used; s += ds) {
         const int j0 = s * ATTN_SPLIT_SLOTS, j1 = min(n, j0 + ATTN_SPLIT_SLOTS);
         for (int j = j0 + threadIdx.x; j < j1; j += ATTN_THREADS) {
+            rows[j - j0] = kv_row(table, lo + j);
 #pragma unroll
             for (int i = 0; i < NH; ++i) {
                 const float e = expf(__fsub_rn(lr[i * row + j], m[i]));
@@ -587,7 +611,7 @@ __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const in
             }
         }
         __syncthreads();
-        attn_group_values<NH>(prob, v_cache, table, lo + j0, j1 - j0, h_kv, wpart, p);
+        attn_group_values<NH>(prob, v_cache, rows, j1 - j0, h_kv, wpart, p);
         __syncthreads();
         for (int x = threadIdx.x; x < NH * Dv; x += ATTN_THREADS) {
             const int i = x / Dv, d = x % Dv;
@@ -595,15 +619,22 @@ __device__ __forceinline__ void split_values_heads(const u16 * v_cache, const in
             float acc = wp[d];
 #pragma unroll
             for (int w = 1; w < ATTN_WARPS; ++w) acc += wp[w * Dv + d];
-            part[((r + i) * S + s) * Dv + d] = acc;
+            if (n_used == 1) {
+                // head_dim_v is a multiple of 32 when write_q8 is set: whole warps, one Q8_1 block each
+                out[r * Dv + x] = acc;
+                if (p.write_q8) quantize_warp_q8_1(acc, out_q + (r * Dv + x) / QK8_1);
+            } else {
+                part[((r + i) * S + s) * Dv + d] = acc;
+            }
         }
-        __syncthreads();                            // prob, wpart, head_sum and red_max read before reuse
+        __syncthreads();                            // prob, rows, wpart, head_sum and red_max read before reuse
     }
 }
 
 // Pass 3: the block column's heads' splits (split_values_heads, in chunks); the last of the
 // column's lanes to finish adds each head's used splits' parts in split order into
-// out and its Q8_1 blocks. Dynamic shared memory: prob [split_chunk_heads(G / GB)]
+// out and its Q8_1 blocks. A row with one split in use has one lane a column, which writes out
+// itself and counts nothing (its counter stays at pass 1's 0). Dynamic shared memory: prob [split_chunk_heads(G / GB)]
 // [ATTN_SPLIT_SLOTS], then [split_chunk_heads(G / GB)][ATTN_WARPS][head_dim_v].
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict__ pos, const int * __restrict__ table,
@@ -613,6 +644,7 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
     PDL_ENTRY();
     __shared__ float red_max[ATTN_SPLIT_HEADS * ATTN_WARPS];
     __shared__ double head_sum[ATTN_SPLIT_HEADS];
+    __shared__ i64 rows[ATTN_SPLIT_SLOTS];
     __shared__ int last;
     const int t = blockIdx.z, S = split_count(p), G = p.n_heads / p.n_kv_heads;
     const int Dv = p.head_dim_v;
@@ -632,16 +664,17 @@ attention_split_values(const u16 * __restrict__ v_cache, const int * __restrict_
             nh = split_chunk_heads(HB - i);
             switch (nh) {
             case 8: split_values_heads<8>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max, split_sum,
-                                          part, smem, red_max, head_sum, p); break;
+                                          part, out, out_q, smem, red_max, head_sum, rows, p); break;
             case 4: split_values_heads<4>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max, split_sum,
-                                          part, smem, red_max, head_sum, p); break;
+                                          part, out, out_q, smem, red_max, head_sum, rows, p); break;
             case 2: split_values_heads<2>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max, split_sum,
-                                          part, smem, red_max, head_sum, p); break;
+                                          part, out, out_q, smem, red_max, head_sum, rows, p); break;
             default: split_values_heads<1>(v_cache, table, r0 + i, g, lo, n, n_used, L, Ls, logit, split_max,
-                                           split_sum, part, smem, red_max, head_sum, p);
+                                           split_sum, part, out, out_q, smem, red_max, head_sum, rows, p);
             }
         }
     }
+    if (n_used == 1) return;                                  // written out above: nothing to combine
     // The threadFenceReduction pattern, fenced as the PTX memory model asks of a relaxed
     // atomicAdd (as cooperative groups' grid sync fences its count): the barrier orders every
     // thread's part stores before the counting thread's fence (a release, cumulative over

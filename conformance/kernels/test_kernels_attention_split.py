@@ -105,8 +105,9 @@ def _used(pos, cap, window, slots):
 def _check_scratch(sc, pos, cap, window, slots, blocks, H, Hkv, fill=0):
     """The scratch the kernels left: per query, the done counters of the block columns its cut
     took (attention.py split_group_blocks at its splits in use), each counting the column's
-    lanes, and no other counter touched; every used split's logits, max, sum and part written,
-    nothing past them."""
+    lanes (0 where one split is in use: its one lane writes out itself, counting nothing), and
+    no other counter touched; every used split's logits, max, sum and part written (no part
+    where one split is in use), nothing past them."""
     from brass.backends.cuda.attention import split_group_blocks
     used, ns = _used(pos, cap, window, slots)
     G, T = H // Hkv, len(pos)
@@ -114,7 +115,7 @@ def _check_scratch(sc, pos, cap, window, slots, blocks, H, Hkv, fill=0):
         gb = split_group_blocks(G, Hkv, u, T, fill)
         lanes = max(1, min(u, G * blocks // gb))
         want = np.full(H, -1, np.int32)
-        want[:Hkv * gb] = lanes
+        want[:Hkv * gb] = lanes if u != 1 else 0
         assert np.array_equal(sc["done"][t], want), \
             f"query {t} ({u} splits used): done counters {sc['done'][t]}, expected {want} ({gb} columns a group)"
     for t, (u, n) in enumerate(zip(used, ns)):
@@ -126,6 +127,9 @@ def _check_scratch(sc, pos, cap, window, slots, blocks, H, Hkv, fill=0):
                 f"split {s}'s max is not the max of its logits"
         for name in ("split_max", "split_sum", "part"):
             assert np.isnan(sc[name][t, :, u:]).all(), f"{name}: a split past the visible slots wrote it"
+            if name == "part" and u == 1:
+                assert np.isnan(sc[name][t]).all(), "part: a row of one split wrote it (its output goes out directly)"
+                continue
             assert not np.isnan(sc[name][t, :, :u]).any(), f"{name}: a used split left it unwritten"
 
 
@@ -254,6 +258,30 @@ def test_the_bits_depend_on_neither_the_capacity_nor_the_grid(rng):
         assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), \
             f"capacity 500, {blocks} blocks a row: other bits than at capacity 170"
 
+
+
+@pytest.mark.parametrize("H, Hkv, D, past, window", [(4, 2, 128, 600, 0), (2, 1, 256, 200, 0), (12, 1, 64, 290, 37)],
+                         ids=["G2-D128", "G2-D256", "G12-D64-window"])
+def test_values_in_flight_give_the_same_bits(rng, H, Hkv, D, past, window):
+    # pass 3 reads ATTN_VALUES_SLOTS V rows a warp before adding them; the adds keep slot order,
+    # so 1 (a slot at a time), 3 (a count that leaves a ragged last group) and the default give
+    # the same bits, output and Q8_1 blocks. Splits of 32 slots, rows of several splits whose
+    # last split is partly filled (past + 1 not a multiple of 32, nor of 4 warps x 3 slots).
+    from conformance.harness.attn_host import KERNEL_DIR, attention_split
+    text = (KERNEL_DIR / "attention.cu").read_text()
+    assert "#ifndef ATTN_VALUES_SLOTS" in text
+    q, k, v, kk, vk, pos = _inputs(rng, 1, past, H, Hkv, D, D, window, past + 40)
+    want = None
+    for slots in (None, 1, 3):
+        lib = _lib(32, text if slots is None else f"#define ATTN_VALUES_SLOTS {slots}\n" + text)
+        got, got_q = attention_split(lib, q, kk, vk, pos, D ** -0.5, window, rng=rng, blocks=2)
+        assert not np.isnan(got).any()
+        if want is None:
+            want, want_q = got, got_q
+            continue
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            f"ATTN_VALUES_SLOTS {slots}: other bits than the default"
+        assert np.array_equal(got_q, want_q), f"ATTN_VALUES_SLOTS {slots}: other Q8_1 blocks"
 
 def test_block_columns_follow_the_work_there_is():
     # attention.py split_group_blocks on an H100 (132 SMs: split_fill 396) for the Qwen3-8B
