@@ -238,6 +238,18 @@ __device__ __forceinline__ int warp_sum_i32(int v) {
     return v;
 }
 
+// The activations, operation by operation as the numpy reference (ssm.cu's unary; the kernels
+// that take an activation into their own pass call these, so that they give its bits).
+__device__ __forceinline__ float sigmoid_f(const float v) {      // 1 / (1 + exp(-x))
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
+}
+__device__ __forceinline__ float softplus_f(const float v) {     // x above 20, else log(1 + exp(x))
+    return v > 20.0f ? v : logf(__fadd_rn(1.0f, expf(v)));
+}
+__device__ __forceinline__ float silu_f(const float v) {         // x / (1 + exp(-x))
+    return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v)));
+}
+
 // silu(g) * u = (g / (1 + exp(-g))) * u, operation by operation as the numpy reference.
 __device__ __forceinline__ float swiglu_value(const float g, const float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);

@@ -32,6 +32,11 @@ struct RmsNormParams {
     int n_cols;           // normalised length (the last axis)
     float eps;
     int has_weight;       // multiply by w[n_cols] after normalising
+    int has_scale;        // then by the scalar `scale` (l2_norm: 1 / sqrt(n_cols))
+    float scale;
+    int has_gate;         // then by silu(z) of the row's own z (rms_norm_gated)
+    int write_q8;         // and the result's Q8_1 blocks to yq (n_cols a multiple of 32)
+    int pad0;
 };
 
 struct BinaryParams {
@@ -238,6 +243,13 @@ struct SsmConvParams {
     int n_tokens;
     int n_channels;
     int kernel;
+    int pad0;
+};
+
+// ssm.cu delta_net_gates: beta, alpha [n_tokens, n_heads], dt_bias and a [n_heads].
+struct DeltaGatesParams {
+    long long n;          // n_tokens * n_heads
+    int n_heads;
     int pad0;
 };
 

@@ -122,6 +122,9 @@ OP_BOUNDS = {
     # (relative errors ~2^-24 that add: still NMSE ~1e-14, far below 1e-12)
     "l2_norm": RMS_NORM, "rms_norm_gated": max(RMS_NORM, TRANSCENDENTAL),
     "sigmoid_gate": TRANSCENDENTAL,
+    # delta_net_gates: sigmoid(beta), and softplus(alpha + dt_bias) times a (an exact add before
+    # and an exact product after the transcendental one), each output within that one's bound
+    "delta_net_gates": TRANSCENDENTAL,
     # gemma4: rope_ff is rope with one more IEEE operation on both sides (the angle divided by
     # the pair's factor, correctly rounded float32), so rope's bound; tanh and the softcap
     # (scale by the float32 1/cap, tanh, scale by cap: the products correctly rounded on both

@@ -133,6 +133,18 @@ float host_shfl_xor(float v, int o) {
     block_bar->arrive_and_wait();
     return r;
 }
+// the elementwise kernels, one block of one thread striding over everything
+extern "C" void run_unary(const float * x, float * y, long long n, int op) {
+    UnaryParams p{}; p.n = n; p.op = op;
+    gridDim = {1, 1, 1}; blockDim = {EW_THREADS, 1, 1}; blockIdx = {0, 0, 0};
+    for (unsigned i = 0; i < EW_THREADS; ++i) { threadIdx = {i, 0, 0}; unary(x, y, p); }
+}
+extern "C" void run_delta_net_gates(const float * beta, const float * alpha, const float * bias, const float * a,
+                                    float * beta_out, float * g, long long n, int H) {
+    DeltaGatesParams p{}; p.n = n; p.n_heads = H;
+    gridDim = {1, 1, 1}; blockDim = {EW_THREADS, 1, 1}; blockIdx = {0, 0, 0};
+    for (unsigned i = 0; i < EW_THREADS; ++i) { threadIdx = {i, 0, 0}; delta_net_gates(beta, alpha, bias, a, beta_out, g, p); }
+}
 typedef void (*kernel_t)(const float *, const float *, const float *, const float *, const float *,
                          float *, float *, const int *, const GatedDeltaNetParams);
 extern "C" int run_gdn(int D, const float * q, const float * k, const float * v, const float * g,
@@ -159,14 +171,18 @@ extern "C" int gdn_threads(int D) { return GDN_ROWS * gdn_lanes(D); }
 extern "C" void run_ssm_conv(const float * x, float * state, const float * w, float * y, int T, int C, int K,
                              int n_real) {
     SsmConvParams p{}; p.n_tokens = T; p.n_channels = C; p.kernel = K;
-    // a thread per channel, no barrier: the threads of a block run one after another
-    gridDim = {(unsigned) ((C + SSM_CONV_THREADS - 1) / SSM_CONV_THREADS), 1, 1};
+    // a thread per (channel, token block), no barrier: the threads of a block run one after
+    // another. The first token block (the one that writes the new window) runs first, so that
+    // a block that read the carried window after it would read the new one and fail the test.
+    gridDim = {(unsigned) ((C + SSM_CONV_THREADS - 1) / SSM_CONV_THREADS),
+               (unsigned) ((T + SSM_CONV_TOKENS - 1) / SSM_CONV_TOKENS), 1};
     blockDim = {SSM_CONV_THREADS, 1, 1};
-    for (unsigned bx = 0; bx < gridDim.x; ++bx)
-        for (unsigned i = 0; i < SSM_CONV_THREADS; ++i) {
-            blockIdx = {bx, 0, 0}; threadIdx = {i, 0, 0};
-            ssm_conv(x, state, w, y, &n_real, p);
-        }
+    for (unsigned by = 0; by < gridDim.y; ++by)
+        for (unsigned bx = 0; bx < gridDim.x; ++bx)
+            for (unsigned i = 0; i < SSM_CONV_THREADS; ++i) {
+                blockIdx = {bx, by, 0}; threadIdx = {i, 0, 0};
+                ssm_conv(x, state, w, y, &n_real, p);
+            }
 }
 """
 
@@ -181,6 +197,8 @@ def build_sequential() -> ctypes.CDLL:
     so.run_gdn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 4
     so.gdn_threads.argtypes = [ctypes.c_int]
     so.run_ssm_conv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    so.run_unary.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong, ctypes.c_int]
+    so.run_delta_net_gates.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_longlong, ctypes.c_int]
     return so
 
 
@@ -207,6 +225,23 @@ def ssm_conv(lib, x, state, w, n_real=ALL_ROWS):
     y = np.full((T, C), np.nan, np.float32)
     lib.run_ssm_conv(x.ctypes.data, state.ctypes.data, w.ctypes.data, y.ctypes.data, T, C, w.shape[1], n_real)
     return y
+
+
+def unary(lib, x, op: int):
+    """The CPU build of ssm.cu's unary (op: 0 sigmoid, 1 softplus, 2 silu)."""
+    x = np.ascontiguousarray(x, np.float32)
+    y = np.full(x.shape, np.nan, np.float32)
+    lib.run_unary(x.ctypes.data, y.ctypes.data, x.size, op)
+    return y
+
+
+def delta_net_gates(lib, beta, alpha, dt_bias, a):
+    """The CPU build of ssm.cu's delta_net_gates over [T, H] projections: (beta_out, g)."""
+    beta, alpha, dt_bias, a = (np.ascontiguousarray(v, np.float32) for v in (beta, alpha, dt_bias, a))
+    beta_out, g = np.full(beta.shape, np.nan, np.float32), np.full(alpha.shape, np.nan, np.float32)
+    lib.run_delta_net_gates(beta.ctypes.data, alpha.ctypes.data, dt_bias.ctypes.data, a.ctypes.data,
+                            beta_out.ctypes.data, g.ctypes.data, alpha.size, alpha.shape[-1])
+    return beta_out, g
 
 
 def random_case(rng, T, Hk, Hv, D, g_hi=2.0):

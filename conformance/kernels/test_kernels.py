@@ -840,7 +840,7 @@ def test_unary(cuda, ref, rng, op, record_property):
     check(got, getattr(ref, op)(x), TRANSCENDENTAL, record_property)
 
 
-@pytest.mark.parametrize("T", [1, 7])
+@pytest.mark.parametrize("T", [1, 7, 40, 512])     # 40, 512: several 16-token blocks
 def test_ssm_conv_and_its_state(cuda, ref, rng, tmp_path, T, record_property):
     C, K = 300, 4
     gf = weights(tmp_path, rng, {"conv": (GGMLType.F32, (C, K))})

@@ -120,6 +120,35 @@ def test_decode_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
     check(got_state, want_state, RECURRENCE, record_property, "state")
 
 
+@pytest.mark.parametrize("T", [1, 3, 16, 17, 40, 300])
+@pytest.mark.parametrize("K", [2, 4])
+def test_conv_kernel_on_the_cpu(rng, T, K):
+    # ssm.cu's ssm_conv on the CPU against the numpy twin, bit for bit (the same products and
+    # sums in the same order): a thread per (channel, 16 tokens), so T crosses the token
+    # blocks' edges; the first token block alone reads and then moves the carried window, and
+    # the CPU build runs it before the others, which would read the moved window if they read
+    # any. C = 300 leaves the last channel block part empty.
+    from conformance.harness import delta_host
+    try:
+        lib = delta_host.build_sequential()
+    except NoHostCompiler as e:
+        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    C = 300
+    x = rng.uniform(-1, 1, (T, C)).astype(F32)
+    w = rng.uniform(-1, 1, (C, K)).astype(F32)
+    state = rng.uniform(-1, 1, (K - 1, C)).astype(F32)
+    want_state, got_state = state.copy(), state.copy()
+
+    class Dense:        # a conv weight as the numpy backend takes it
+        def dense(self):
+            return w
+    want = NumpyBackend().ssm_conv(x, want_state, Dense())
+    got = delta_host.ssm_conv(lib, x, got_state, w)
+    assert np.array_equal(got, want), f"outputs differ at {np.argwhere(got != want)[:4].tolist()}"
+    assert np.array_equal(got_state, want_state), "the carried window is not the last K-1 rows"
+    assert not np.array_equal(want_state, state), "the reference did not move the window"
+
+
 def test_decode_kernel_block_matches_the_backend():
     # The threads per block the backend launches (gdn_threads) are the kernel's own.
     pytest.importorskip("cupy")

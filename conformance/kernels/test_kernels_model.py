@@ -350,7 +350,7 @@ def test_model_ops_in_lockstep(name, n_prompt, rng, record_property):
             called.add("moe_norms")
     assert called <= set(b.worst), f"ops never called: {sorted(called - set(b.worst))}"
     if any(cfg.is_recurrent(il) for il in range(cfg.n_layer)):
-        assert {"ssm_conv", "gated_delta_net", "sigmoid", "softplus", "silu", "l2_norm",
+        assert {"ssm_conv", "gated_delta_net", "delta_net_gates", "silu", "l2_norm",
                 "rms_norm_gated", "sigmoid_gate"} <= set(b.worst)
     record_property("nmse", " ".join(f"{op}={err:.1e}" for op, err in sorted(b.worst.items())))
 

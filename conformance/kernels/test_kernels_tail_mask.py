@@ -10,7 +10,8 @@ the last N - n are padding filled with large random values (a leak of them shows
 n_real = n, against the same op on the first n rows alone; both from the same fresh random
 state. The padding rows' outputs must be zero (finite: they flow on through the padding rows'
 layers), the outputs poisoned with NaN before the kernel runs. n runs over the chunk edges
-(63, 64, 65), a prompt shorter than the conv window (1, 2), and n = N (no padding).
+(63, 64, 65), a prompt shorter than the conv window (1, 2), and n = N (no padding); the
+conv's across its 16-token blocks (17, 20, 100).
 
 On the CPU the kernels' own sources run through g++ (conformance/harness/delta_host.py; skips
 without g++); on the GPU the backend's launches with n_real a device array.
@@ -33,7 +34,7 @@ needs_cuda = pytest.mark.skipif(
 # (N padded rows, n real rows): a class of the sequential kernel's range, then the chunked one's
 SEQ_CASES = ((15, 1), (15, 9), (31, 17), (31, 31))
 CHUNK_CASES = ((79, 64), (79, 65), (143, 1), (143, 63), (143, 100), (143, 143))
-CONV_CASES = ((7, 1), (7, 2), (15, 3), (31, 20), (31, 31))
+CONV_CASES = ((7, 1), (7, 2), (15, 3), (31, 20), (31, 31), (47, 17), (143, 100))
 HEADS = ((2, 4, 32), (2, 6, 64))
 
 

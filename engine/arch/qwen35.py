@@ -129,8 +129,8 @@ def delta_net(f: common.Forward, il: int, x):
     T, Hk, Hv, D = x.shape[0], cfg.ssm_n_group, cfg.ssm_dt_rank, cfg.ssm_d_state
     qkv, z, beta, alpha = b.matmul_many(x, [w(p + "attn_qkv.weight"), w(p + "attn_gate.weight"),
                                             w(p + "ssm_beta.weight"), w(p + "ssm_alpha.weight")])
-    beta = f.cb(b.sigmoid(beta), "beta_sigmoid", il)
-    g = b.mul(b.softplus(b.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))
+    beta, g = b.delta_net_gates(beta, alpha, w(p + "ssm_dt.bias"), w(p + "ssm_a"))
+    beta = f.cb(beta, "beta_sigmoid", il)
     f.cb(g, "gate", il)
     # The rows of each sequence with its own states: all rows of the one sequence, or in a
     # batched decode step one row per sequence (the recurrences run per sequence, as alone).

@@ -344,12 +344,18 @@ class Backend(ABC):
         the rows after them are zero."""
         self._lacks("gated_delta_net")
 
+    @staticmethod
+    def l2_norm_terms(n: int, eps: float) -> tuple[float, float]:
+        """l2_norm's rms_norm eps and scale for rows of n: eps / n and 1 / sqrt(n), in float32
+        (one definition, for a backend that does l2_norm in one kernel gives its bits)."""
+        nf = np.float32(n)
+        return float(np.float32(eps) / nf), float(np.float32(1.0) / np.sqrt(nf))
+
     def l2_norm(self, x, eps: float):
         """`x / sqrt(sum(x²) + eps)` over the last axis, as llama.cpp's build_gdn_l2_norm
         computes it: rms_norm with eps / n, then times 1 / sqrt(n) (float32 throughout)."""
-        n = np.float32(x.shape[-1])
-        y = self.rms_norm(x, None, float(np.float32(eps) / n))
-        return self.scale(y, float(np.float32(1.0) / np.sqrt(n)))
+        eps_n, scale = self.l2_norm_terms(x.shape[-1], eps)
+        return self.scale(self.rms_norm(x, None, eps_n), scale)
 
     def rms_norm_gated(self, x, w: Weight, z, eps: float):
         """`rms_norm(x, w) * silu(z)` (the delta-net's output norm, gated by z)."""
@@ -358,6 +364,11 @@ class Backend(ABC):
     def sigmoid_gate(self, x, gate):
         """`x * sigmoid(gate)` (qwen35's attention output gate, its shared-expert gate)."""
         return self.mul(x, self.sigmoid(gate))
+
+    def delta_net_gates(self, beta, alpha, dt_bias: Weight, a: Weight):
+        """The delta rule's per-head gates of `[T, Hv]` projections (qwen35.cpp): `sigmoid(beta)`
+        and `softplus(alpha + dt_bias) * a`."""
+        return self.sigmoid(beta), self.mul(self.softplus(self.add(alpha, dt_bias)), a)
 
     # -- gemma4 ------------------------------------------------------------------------------
     # Like the recurrent ops: not abstract, and a backend without them refuses in one line

@@ -459,6 +459,12 @@ class CudaBackend(Backend):
     def rms_norm(self, x, w, eps):
         return norm.rms_norm(self, x, w, eps)
 
+    def l2_norm(self, x, eps):
+        return norm.l2_norm(self, x, eps)
+
+    def rms_norm_gated(self, x, w, z, eps):
+        return norm.rms_norm_gated(self, x, w, z, eps)
+
     def add(self, a, b):
         return elementwise.binary(self, "add", a, b)
 
@@ -570,6 +576,9 @@ class CudaBackend(Backend):
 
     def ssm_conv(self, x, conv_state, w, n_real=None):
         return ssm.ssm_conv(self, x, conv_state, w, n_real)
+
+    def delta_net_gates(self, beta, alpha, dt_bias, a):
+        return ssm.delta_net_gates(self, beta, alpha, dt_bias, a)
 
     def gated_delta_net(self, q, k, v, g, beta, state, n_real=None):
         return ssm.gated_delta_net(self, q, k, v, g, beta, state, n_real)

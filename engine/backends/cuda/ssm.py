@@ -13,13 +13,16 @@ import cupy
 
 from ...errors import BrassError, UnsupportedError
 from ...gguf import GGMLType
+from ..base import Backend
 from .common import F32, CudaWeight, f32, grid_1d
 from .compiler import define
 from .params import pack
 
 UNARY_THREADS = 256
 UNARY_OPS = {"sigmoid": 0, "softplus": 1, "silu": 2}       # UnaryParams.op
-SSM_CONV_THREADS = 128
+# ssm_conv: a thread per (channel, SSM_CONV_TOKENS tokens), so its window has at most
+# SSM_CONV_TOKENS + 1 taps (only the first token block reads the carried rows)
+SSM_CONV_THREADS, SSM_CONV_TOKENS = define("ssm.cu", "SSM_CONV_THREADS"), define("ssm.cu", "SSM_CONV_TOKENS")
 GDN_HEAD_DIMS = (32, 64, 128)        # gated_delta_net_<D>: state sizes the kernels take
 # gated_delta_net_<D>: a block per (value head, GDN_ROWS state rows), each row on
 # max(1, D / GDN_PART) threads
@@ -34,7 +37,7 @@ DELTA_CHUNKED_MIN_TOKENS = GDN_CHUNK
 
 
 def launched_kernels() -> list[tuple[str, str]]:
-    ks = [("ssm.cu", "unary"), ("ssm.cu", "ssm_conv")]
+    ks = [("ssm.cu", "unary"), ("ssm.cu", "delta_net_gates"), ("ssm.cu", "ssm_conv")]
     ks += [("ssm.cu", f"gated_delta_net_{d}") for d in GDN_HEAD_DIMS]
     ks += [("delta_chunked.cu", f"gated_delta_net_chunked_{d}") for d in GDN_HEAD_DIMS]
     return ks
@@ -62,6 +65,21 @@ def unary(b, x, what: str):
     return y
 
 
+def delta_net_gates(b, beta, alpha, dt_bias, a):
+    """base.delta_net_gates (sigmoid; add, softplus, mul) in one launch, the same bits; another
+    layout than [T, H] projections with [H] vectors goes through the composition."""
+    beta, alpha = f32(beta, "delta_net_gates beta"), f32(alpha, "delta_net_gates alpha")
+    bias, av = f32(dt_bias.dense, "delta_net_gates dt_bias"), f32(a.dense, "delta_net_gates a")
+    H = alpha.shape[-1] if alpha.ndim else 0
+    if beta.shape != alpha.shape or bias.shape != (H,) or av.shape != (H,):
+        return Backend.delta_net_gates(b, beta, alpha, dt_bias, a)
+    beta_out, g = b._out(beta.shape), b._out(alpha.shape)
+    if alpha.size:
+        b.launch("ssm.cu", "delta_net_gates", grid_1d(alpha.size, UNARY_THREADS), UNARY_THREADS, beta, alpha, bias, av,
+                 beta_out, g, params=pack("DeltaGatesParams", n=alpha.size, n_heads=H))
+    return beta_out, g
+
+
 def state(a, shape: tuple, what: str):
     """A recurrent state the kernel updates in place: it must be that array itself."""
     if not (isinstance(a, cupy.ndarray) and a.dtype == F32 and a.flags.c_contiguous and a.shape == shape):
@@ -85,14 +103,15 @@ def ssm_conv(b, x, conv_state, w, n_real=None):
         raise BrassError(f"ssm_conv: expected x [T, C] and an F32 weight (C, K), got x "
                          f"{x.shape} and {getattr(w, 'name', w)}")
     T, C = x.shape
-    if w.shape[0] != C or w.shape[1] < 2:
-        raise BrassError(f"ssm_conv: weight {w.name} has shape {w.shape}, x has {C} channels")
+    if w.shape[0] != C or not 2 <= w.shape[1] <= SSM_CONV_TOKENS + 1:
+        raise BrassError(f"ssm_conv: weight {w.name} has shape {w.shape}, x has {C} channels "
+                         f"(the kernel takes windows of 2 to {SSM_CONV_TOKENS + 1} taps)")
     K = w.shape[1]
     state(conv_state, (K - 1, C), "ssm_conv")
     y = b._out((T, C))
     if T and C:
-        b.launch("ssm.cu", "ssm_conv", -(-C // SSM_CONV_THREADS), SSM_CONV_THREADS, x, conv_state, w.data, y,
-                 real_rows(b, n_real), params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
+        grid = (-(-C // SSM_CONV_THREADS), -(-T // SSM_CONV_TOKENS))
+        b.launch("ssm.cu", "ssm_conv", grid, SSM_CONV_THREADS, x, conv_state, w.data, y, real_rows(b, n_real), params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
     return y
 
 
