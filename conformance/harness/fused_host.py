@@ -18,24 +18,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conformance.harness.mmq_host import HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host, host_headers  # noqa: E402
+from conformance.harness.mmq_host import SHIM, compile_host, host_headers, kernel_harness  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 HEADERS = ("common.cuh", "params.cuh", "route.cuh")
 THREADS = 1024                      # FUSED_NORM_THREADS
 
-HARNESS = r"""#include "shim.h"
-inline float __ldcg(const float * p) { return *p; }
-unsigned char * host_smem;
-#include "fused_host.cu"
-thread_local uint3h threadIdx;
-uint3h blockIdx, blockDim, gridDim;
-HOST_WARP_SYNC
-HOST_HALF
-
-HOST_RUN_GRID
-
-extern "C" int run_add_rms_norm(const float * a, const float * b, const float * w, const float * sc, float * sum,
+RUNNERS = r"""extern "C" int run_add_rms_norm(const float * a, const float * b, const float * w, const float * sc, float * sum,
                                 float * y, void * yq, const void * params, unsigned rows) {
     AddNormParams p; memcpy(&p, params, sizeof p);
     run_grid(rows, 1, NTHREADS, 0, [=] { add_rms_norm(a, b, w, sc, sum, y, (block_q8_1 *) yq, p); });
@@ -66,8 +55,8 @@ def _sources() -> dict[str, str]:
     src = src.replace("extern __shared__ float row[];", "float * const row = (float *) host_smem;")
     out["fused_host.cu"] = src
     out["shim.h"] = SHIM
-    out["harness.cpp"] = (HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC).replace("HOST_HALF", HOST_HALF)
-                          .replace("HOST_RUN_GRID", HOST_RUN_GRID).replace("NTHREADS", str(THREADS)))
+    out["harness.cpp"] = kernel_harness("fused_host.cu", THREADS, RUNNERS,
+                                        prelude="inline float __ldcg(const float * p) { return *p; }\n")
     return out
 
 

@@ -19,6 +19,7 @@ conformance/kernels/test_kernels_mmq.py uses it (skips without g++).
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import hashlib
 import re
 import shutil
@@ -188,6 +189,17 @@ static void run_grid(unsigned gx, unsigned gy, unsigned threads, int smem, F fn)
 }
 """
 
+
+def kernel_harness(source: str, threads, body: str, prelude: str = "") -> str:
+    """harness.cpp of a kernel file's CPU build: the shim, the kernel source (included under
+    its host name `source`), the thread indices, the warp barriers of a block of NTHREADS,
+    the halves and run_grid, then `body`, its extern "C" runners. NTHREADS reads `threads`
+    everywhere; prelude: what must come before the source (stand-ins for intrinsics)."""
+    text = (f'#include "shim.h"\n{prelude}unsigned char * host_smem;\n#include "{source}"\n'
+            "thread_local uint3h threadIdx;\nuint3h blockIdx, blockDim, gridDim;\n"
+            f"{HOST_WARP_SYNC}\n{HOST_HALF}\n{HOST_RUN_GRID}\n{body}")
+    return text.replace("NTHREADS", str(threads))
+
 HARNESS = r"""#include "shim.h"
 unsigned char * host_smem;
 #include "mmq_host.cu"
@@ -339,6 +351,15 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return ctypes.CDLL(str(lib))
+
+
+def c_expf(a: np.ndarray) -> np.ndarray:
+    """expf of the C library element by element, as a kernel's CPU build calls it (the tests'
+    float32 twins of sigmoid and silu give that build's bits only with its expf)."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    a = np.asarray(a, np.float32)
+    return np.array([libm.expf(float(v)) for v in a.ravel()], np.float32).reshape(a.shape)
 
 
 def build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:

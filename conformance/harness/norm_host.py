@@ -15,22 +15,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conformance.harness.mmq_host import HOST_HALF, HOST_RUN_GRID, HOST_WARP_SYNC, SHIM, compile_host, host_headers  # noqa: E402
+from conformance.harness.mmq_host import SHIM, compile_host, host_headers, kernel_harness  # noqa: E402
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 HEADERS = ("common.cuh", "params.cuh")
 
-HARNESS = r"""#include "shim.h"
-unsigned char * host_smem;
-#include "norm_host.cu"
-thread_local uint3h threadIdx;
-uint3h blockIdx, blockDim, gridDim;
-HOST_WARP_SYNC
-HOST_HALF
-
-HOST_RUN_GRID
-
-extern "C" int run_rms_norm(const float * x, const float * w, const float * z, float * y, void * yq,
+RUNNERS = r"""extern "C" int run_rms_norm(const float * x, const float * w, const float * z, float * y, void * yq,
                             const void * params, unsigned rows) {
     RmsNormParams p; memcpy(&p, params, sizeof p);
     run_grid(rows, 1, NORM_THREADS, 0, [=] { rms_norm(x, w, z, y, (block_q8_1 *) yq, p); });
@@ -44,8 +34,7 @@ def build() -> ctypes.CDLL:
     srcs = host_headers(HEADERS)
     srcs["norm_host.cu"] = (KERNEL_DIR / "norm.cu").read_text()
     srcs["shim.h"] = SHIM
-    srcs["harness.cpp"] = (HARNESS.replace("HOST_WARP_SYNC", HOST_WARP_SYNC).replace("HOST_HALF", HOST_HALF)
-                           .replace("HOST_RUN_GRID", HOST_RUN_GRID).replace("NTHREADS", "256"))   # NORM_THREADS
+    srcs["harness.cpp"] = kernel_harness("norm_host.cu", 256, RUNNERS)     # 256: NORM_THREADS
     so = compile_host(srcs, "norm", "norm.cu")
     so.run_rms_norm.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_uint]
     return so
