@@ -214,6 +214,12 @@ for name in shapes:
         else:
             print(f"| {name} | {test} | {fig['old'] or 'none'} | {fig['new'] or 'none'} | |")
 PY
+    # the runs' files in one archive (compare-runs-N.tar.gz, N the call's next), since the
+    # runner returns 8 files a call and a lever call's test log must be among them
+    local n=1
+    while [ -e "$out/compare-runs-$n.tar.gz" ]; do n=$((n + 1)); done
+    (cd "$out" && shopt -s nullglob && runs=(compare-*.json compare-*.log) && [ "${#runs[@]}" -gt 0 ] \
+        && tar -czf "compare-runs-$n.tar.gz" "${runs[@]}" && rm -f "${runs[@]}")
 }
 
 sub_lever() {     # PATCH[,PATCH...] [SHAPES]
