@@ -616,7 +616,7 @@ sub_profile() {     # [SHAPE] | prompts [SHAPE] [N] [T]
 sub_tune() {     # matvec | mmq [ARGS] | coop | variants VARIANTS
     # kernel variants compiled in turn and timed against the defaults, every output compared
     # bit for bit: the decode mat-vecs' launch shapes (ci/gpu_tune_matvec.py), the MoE prompt
-    # tile (ci/gpu_tune_mmq.py, ARGS: --apply, --only), the Q6_K coop mat-vec
+    # tile (ci/gpu_tune_mmq.py, ARGS: --shape, --apply, --only), the Q6_K coop mat-vec
     # (ci/gpu_tune_coop.py), or any kernels/matvec.cuh switches (ci/gpu_preload.py)
     local what="${1:-}"
     [ $# -gt 0 ] && shift

@@ -1,13 +1,15 @@
 """A MoE prompt's expert mat-muls (moe_plan + mmq_id_<type>, kernels/mmq.cu) in tile sizes on
 the GPU runner: the #defines of mmq.cu (tile rows / tokens / threads, the K chunk, a register
-cap) compiled in turn, each timed on the Qwen3-30B-A3B shape (128 experts, 8 per token, a
-512-token prompt: gate / up Q4_K 768 x 2048, down Q6_K 2048 x 768), routing uniform at random
-(8 distinct experts per token). Every variant's output must equal the default's bit for bit
+cap) compiled in turn, each timed on a MoE shape's expert mat-muls at a 512-token prompt,
+routing uniform at random (distinct experts per token): --shape 30b-a3b (the default: Qwen3-
+30B-A3B, 128 experts, 8 per token, gate / up Q4_K 768 x 2048, down Q6_K 2048 x 768) or 35b-a3b
+(Qwen3.6-35B-A3B, 256 experts, 8 per token, gate / up Q4_K 512 x 2048, down Q6_K 2048 x 512:
+about 16 tokens an expert, a quarter of a 64-token tile). Every variant's output must equal the default's bit for bit
 (each output is one column's own sum in K order, whatever the tile:
 conformance/kernels/test_kernels_mmq.py checks the same on the CPU); a variant that differs is
 reported and never chosen.
 
-    python3 ci/gpu_tune_mmq.py [--apply] [--only NAME]
+    python3 ci/gpu_tune_mmq.py [--shape 30b-a3b|35b-a3b] [--apply] [--only NAME]
 
 Prints a table (µs per launch, median of 10 after a warm-up; a layer = 2 x gate + down), then
 `best: NAME=VALUE ...` (nothing when the default is best, or no variant is 5 % faster per
@@ -34,8 +36,9 @@ from brass.quants import random_blocks  # noqa: E402
 from brass.backends.cuda.params import pack  # noqa: E402
 
 MMQ_CU = Path(__file__).resolve().parents[1] / "kernels" / "mmq.cu"
-E, K_USED, T = 128, 8, 512
-CASES = (("gate", GGMLType.Q4_K, "q4_k", 768, 2048), ("down", GGMLType.Q6_K, "q6_k", 2048, 768))
+T = 512
+# experts, experts a token, expert FFN width, hidden size
+SHAPES = {"30b-a3b": (128, 8, 768, 2048), "35b-a3b": (256, 8, 512, 2048)}
 VARIANTS = {
     "default": (),
     "kb4": ("MMQ_KB=4",),
@@ -66,6 +69,12 @@ def main() -> int:
     apply = "--apply" in argv
     # --only NAME[,NAME...]: those variants alone (the first of them is the bits' reference)
     only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
+    shape = (argv[argv.index("--shape") + 1:] or [""])[0] if "--shape" in argv else "30b-a3b"
+    if shape not in SHAPES:
+        print(f"--shape: one of {', '.join(SHAPES)}, got {shape!r}")
+        return 2
+    E, K_USED, F, H = SHAPES[shape]
+    CASES = (("gate", GGMLType.Q4_K, "q4_k", F, H), ("down", GGMLType.Q6_K, "q6_k", H, F))
     cuda = CudaBackend()
     source = MMQ_CU.read_text()
     rng = np.random.default_rng(0)
@@ -78,7 +87,8 @@ def main() -> int:
             x = cp.asarray(rng.uniform(-1, 1, (T if what == "gate" else T * K_USED, K)).astype(np.float32))
             data[what] = (w, cuda.quantize_q8_1(x), w.size // (E * N))
         cuda.synchronize()
-    print(f"{cuda.device_name}: E {E}, {K_USED} per token, T {T}; median of 10 launches after a warm-up", flush=True)
+    print(f"{cuda.device_name}: {shape}: E {E}, {K_USED} per token, T {T}; median of 10 launches after a warm-up",
+          flush=True)
     rows, first, differ, totals = [], {}, [], {}
     for label, defines in VARIANTS.items():
         if only is not None and label not in only:
