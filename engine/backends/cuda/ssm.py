@@ -111,7 +111,8 @@ def ssm_conv(b, x, conv_state, w, n_real=None):
     y = b._out((T, C))
     if T and C:
         grid = (-(-C // SSM_CONV_THREADS), -(-T // SSM_CONV_TOKENS))
-        b.launch("ssm.cu", "ssm_conv", grid, SSM_CONV_THREADS, x, conv_state, w.data, y, real_rows(b, n_real), params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
+        b.launch("ssm.cu", "ssm_conv", grid, SSM_CONV_THREADS, x, conv_state, w.data, y, real_rows(b, n_real),
+                 params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
     return y
 
 
