@@ -30,6 +30,7 @@ get_rows.py; graphs.py captures and replays CUDA graphs.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import OrderedDict, deque
 from contextlib import contextmanager
 
@@ -629,15 +630,35 @@ def _on_own_stream(method):
     def wrapper(self, *args, **kwargs):
         with self.device, self.stream:
             return method(self, *args, **kwargs)
+    wrapper.on_own_stream = True
     return wrapper
 
 
-for _name in ("weight", "load", "quantize_q8_1", "matmul", "matmul_many", "matmul_id",
-              "embed", "rms_norm", "add", "mul", "scale", "swiglu", "geglu", "rope", "kv_store",
-              "attention", "softmax", "topk", "argmax", "weighted_sum", "take_rows", "add_rms_norm",
-              "rope_store", "ffn_glu", "moe_route", "moe_ffn", "decode_set", "decode_advance",
-              "sigmoid", "softplus", "silu", "ssm_conv", "gated_delta_net", "attention_rows",
-              "gated_delta_net_chunked", "rope_store_rows", "rope_ff", "tanh", "softcap", "mul_expert_scale",
-              "moe_norms"):
+# The methods that order themselves against this backend's stream (activate() inside, an
+# explicit stream argument, or the legacy stream waited on first: to_numpy), the context
+# managers that make it current, launch (called inside the ops), and host-side queries. Every
+# other public method is an op and runs with the stream current, those inherited from
+# Backend (its compositions) included: a new op is wrapped without being listed. A hand list
+# of ops once missed three fused ones, whose poisoned outputs (a fill on the caller's stream)
+# then raced their kernels in the GPU tests.
+ORDERS_ITSELF = frozenset({
+    "activate", "timer", "rows_independent", "capture", "launch", "synchronize",
+    "asarray", "to_numpy", "empty", "zeros", "block_table", "write_block_table",
+    "upload_async", "copy_to_host_async", "pinned_empty",
+    "device_memory_used", "free_memory", "drop_f16_weights", "fuses_moe_ffn",
+})
+
+
+def stream_ops(cls) -> list[str]:
+    """The public methods of `cls` (its own and inherited) that _on_own_stream wraps."""
+    names = []
+    for name in dir(cls):
+        attr = inspect.getattr_static(cls, name)
+        if not name.startswith("_") and name not in ORDERS_ITSELF and inspect.isfunction(attr):
+            names.append(name)
+    return names
+
+
+for _name in stream_ops(CudaBackend):
     setattr(CudaBackend, _name, _on_own_stream(getattr(CudaBackend, _name)))
 del _name
