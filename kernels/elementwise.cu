@@ -39,6 +39,21 @@ swiglu(const float * __restrict__ g, const float * __restrict__ u, float * __res
     }
 }
 
+// Backend.sigmoid_gate, x * sigmoid(g) (qwen35's attention output gate), and qwen35moe's
+// shared expert added under its per-token gate, a + x * sigmoid(g[t]), in one pass: sigmoid as
+// ssm.cu's unary computes it, then the mul and add kernels' float32 ops in their order.
+extern "C" __global__ void __launch_bounds__(EW_THREADS)
+sigmoid_gate(const float * __restrict__ x, const float * __restrict__ g, const float * __restrict__ a,
+             float * __restrict__ y, const SigmoidGateParams p) {
+    PDL_ENTRY();
+    for (i64 i = (i64) blockIdx.x * EW_THREADS + threadIdx.x; i < p.n; i += (i64) gridDim.x * EW_THREADS) {
+        const float gv = g[p.row_gate ? i / p.row : i];
+        float v = __fmul_rn(x[i], sigmoid_f(gv));
+        if (p.has_a) v = __fadd_rn(a[i], v);
+        y[i] = v;
+    }
+}
+
 // gelu_tanh(g) * u with GELU through F16 as ggml's CPU does (gelu_f16, common.cuh).
 extern "C" __global__ void __launch_bounds__(EW_THREADS)
 geglu(const float * __restrict__ g, const float * __restrict__ u, float * __restrict__ y, const GluParams p) {

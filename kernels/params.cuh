@@ -50,6 +50,16 @@ struct ScaleParams {
     int pad0;
 };
 
+// elementwise.cu sigmoid_gate: y = (a +) x * sigmoid(g), g one value a row of `row` elements
+// (row_gate) or one an element.
+struct SigmoidGateParams {
+    long long n;          // elements of x (and of the output)
+    int row;              // elements a row
+    int row_gate;         // g holds one value a row
+    int has_a;            // add a, as the add kernel after the mul
+    int pad0;
+};
+
 struct GluParams {
     long long n;
 };
@@ -243,7 +253,7 @@ struct SsmConvParams {
     int n_tokens;
     int n_channels;
     int kernel;
-    int pad0;
+    int silu;             // y = silu(conv), as ssm.cu's unary computes it
 };
 
 // ssm.cu delta_net_gates: beta, alpha [n_tokens, n_heads], dt_bias and a [n_heads].

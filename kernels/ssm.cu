@@ -5,7 +5,8 @@
 //
 //   unary            y = sigmoid / softplus / silu (x)
 //   delta_net_gates  the delta rule's gates: sigmoid(beta), softplus(alpha + dt_bias) * a
-//   ssm_conv         y[t, c] = sum_i X[t + i, c] w[c, i], X = [state (K-1 rows); x]; state <- last K-1 rows of X
+//   ssm_conv         y[t, c] = sum_i X[t + i, c] w[c, i], X = [state (K-1 rows); x]; state <- last K-1 rows of X;
+//                    with p.silu, silu(y) (ssm_conv_silu: the delta-net's q, k and v)
 //   gated_delta_net_<D>  the delta rule over the tokens in order, a block per (value head, 32 rows)
 //
 // A prompt graph of a length class (engine/model.py ClassStep) reads n_tokens rows of which
@@ -63,7 +64,7 @@ ssm_conv(const float * __restrict__ x, float * __restrict__ state, const float *
     for (int t = t0; t < t1; ++t) {
         float acc = __fmul_rn(X_ROW(t), wc[0]);
         for (int i = 1; i < K; ++i) acc = __fadd_rn(acc, __fmul_rn(X_ROW(t + i), wc[i]));
-        y[(i64) t * C + c] = acc;
+        y[(i64) t * C + c] = p.silu ? silu_f(acc) : acc;
     }
     if (blockIdx.y != 0) return;
     // The new window: rows T .. T+K-2 of X (the last K-1 real rows), in increasing j: row

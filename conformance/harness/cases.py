@@ -116,6 +116,7 @@ OP_BOUNDS = {
     "moe_route": TRANSCENDENTAL, "moe_ffn": REQUANTIZED,
     "sigmoid": TRANSCENDENTAL, "softplus": TRANSCENDENTAL, "silu": TRANSCENDENTAL,
     "ssm_conv": EXACT, "gated_delta_net": RECURRENCE,
+    "ssm_conv_silu": TRANSCENDENTAL,        # ssm_conv's exact sums, then unary's silu
     # the delta-net compositions of engine/backends/base.py, held to the ops they are made of:
     # l2_norm is rms_norm then an exact scale; rms_norm_gated is rms_norm times silu(z) and
     # sigmoid_gate x times sigmoid(gate), products of two results each within its bound
@@ -125,6 +126,8 @@ OP_BOUNDS = {
     # delta_net_gates: sigmoid(beta), and softplus(alpha + dt_bias) times a (an exact add before
     # and an exact product after the transcendental one), each output within that one's bound
     "delta_net_gates": TRANSCENDENTAL,
+    # gated_residual: sigmoid_gate's x * sigmoid(g), then an exact add of the residual
+    "gated_residual": TRANSCENDENTAL,
     # gemma4: rope_ff is rope with one more IEEE operation on both sides (the angle divided by
     # the pair's factor, correctly rounded float32), so rope's bound; tanh and the softcap
     # (scale by the float32 1/cap, tanh, scale by cap: the products correctly rounded on both

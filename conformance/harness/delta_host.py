@@ -169,8 +169,8 @@ extern "C" int run_gdn(int D, const float * q, const float * k, const float * v,
 }
 extern "C" int gdn_threads(int D) { return GDN_ROWS * gdn_lanes(D); }
 extern "C" void run_ssm_conv(const float * x, float * state, const float * w, float * y, int T, int C, int K,
-                             int n_real) {
-    SsmConvParams p{}; p.n_tokens = T; p.n_channels = C; p.kernel = K;
+                             int n_real, int silu) {
+    SsmConvParams p{}; p.n_tokens = T; p.n_channels = C; p.kernel = K; p.silu = silu;
     // a thread per (channel, token block), no barrier: the threads of a block run one after
     // another. The first token block (the one that writes the new window) runs first, so that
     // a block that read the carried window after it would read the new one and fail the test.
@@ -196,7 +196,7 @@ def build_sequential() -> ctypes.CDLL:
     so = compile_host(srcs, "gdn", "ssm.cu")
     so.run_gdn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 4
     so.gdn_threads.argtypes = [ctypes.c_int]
-    so.run_ssm_conv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    so.run_ssm_conv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
     so.run_unary.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong, ctypes.c_int]
     so.run_delta_net_gates.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_longlong, ctypes.c_int]
     return so
@@ -215,15 +215,16 @@ def gated_delta_net(lib, q, k, v, g, beta, state, n_real=ALL_ROWS):
     return out
 
 
-def ssm_conv(lib, x, state, w, n_real=ALL_ROWS):
+def ssm_conv(lib, x, state, w, n_real=ALL_ROWS, silu=False):
     """The CPU build of ssm.cu's ssm_conv (built by build_sequential): x [T, C], state [K-1, C]
-    updated in place (the window after the first n_real rows), w [C, K]; the output poisoned
-    with NaN before the kernel runs."""
+    updated in place (the window after the first n_real rows), w [C, K] (silu: the output
+    through silu); the output poisoned with NaN before the kernel runs."""
     x, w = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32)
     assert state.dtype == np.float32 and state.flags.c_contiguous
     T, C = x.shape
     y = np.full((T, C), np.nan, np.float32)
-    lib.run_ssm_conv(x.ctypes.data, state.ctypes.data, w.ctypes.data, y.ctypes.data, T, C, w.shape[1], n_real)
+    lib.run_ssm_conv(x.ctypes.data, state.ctypes.data, w.ctypes.data, y.ctypes.data, T, C, w.shape[1], n_real,
+                     int(silu))
     return y
 
 

@@ -1,11 +1,12 @@
 """The delta-net layer's elementwise chains fused into their neighbours, each the float32 ops
 of the kernels it replaces in their order, so that one launch gives the bits of several:
 norm.cu's rms_norm takes a scalar scale (l2_norm) and the gate silu(z) (rms_norm_gated);
-ssm.cu's delta_net_gates gives sigmoid(beta) and softplus(alpha + dt_bias) * a. On the CPU (conformance/harness/norm_host.py, delta_host.py: the sources under g++)
+ssm.cu's delta_net_gates gives sigmoid(beta) and softplus(alpha + dt_bias) * a; ssm_conv takes
+its silu. On the CPU (conformance/harness/norm_host.py, delta_host.py: the sources under g++)
 against the separate kernels' CPU builds, or for norm.cu's products and quotients numpy's
 IEEE-rounded float32 ones (silu's expf the C library's, as the CPU build's); on the GPU,
 CudaBackend's ops against base.Backend's compositions of the separate kernels, bit for bit.
-A decode step of a delta-net layer takes 8 launches fewer."""
+A decode step of a delta-net layer takes 9 launches fewer."""
 
 from __future__ import annotations
 
@@ -79,6 +80,21 @@ def test_delta_net_gates_on_the_cpu(seq, rng, T, H):
     assert np.array_equal(g.view(np.uint32), want_g.view(np.uint32)), "g: other bits than add, softplus, mul"
 
 
+@pytest.mark.parametrize("T", [1, 6, 40], ids=str)
+def test_ssm_conv_takes_its_silu_on_the_cpu(seq, rng, T):
+    # T = 40: three of the conv's 16-token blocks
+    from conformance.harness import delta_host as dh
+    C, K = 300, 4
+    x, w = rng.standard_normal((T, C)).astype(F32), rng.standard_normal((C, K)).astype(F32)
+    state = rng.standard_normal((K - 1, C)).astype(F32)
+    s1, s2 = state.copy(), state.copy()
+    got = dh.ssm_conv(seq, x, s1, w, silu=True)
+    want = dh.unary(seq, dh.ssm_conv(seq, x, s2, w), 2)
+    assert not np.isnan(got).any()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "other bits than ssm_conv, then unary silu"
+    assert np.array_equal(s1, s2), "the conv window"
+
+
 @needs_cuda
 @pytest.mark.parametrize("T, H, D", [(1, 32, 128), (7, 16, 128), (3, 4, 96)], ids=str)
 def test_fused_delta_net_norms_equal_their_compositions_on_cuda(cuda, rng, tmp_path, T, H, D):
@@ -121,3 +137,21 @@ def test_fused_delta_net_gates_equal_their_composition_on_cuda(cuda, rng, tmp_pa
         got, want = cuda.to_numpy(got), cuda.to_numpy(want)
         assert not np.isnan(got).any(), name
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{name}: other bits than its composition"
+
+
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 9, 40], ids=str)
+def test_ssm_conv_silu_equals_its_composition_on_cuda(cuda, rng, tmp_path, T):
+    from brass.gguf import GGMLType, GGUFFile
+    from conformance.harness.cases import random_weight_file
+    C, K = 640, 4
+    gf = GGUFFile(random_weight_file(tmp_path / "w.gguf", rng, {"conv": (GGMLType.F32, (C, K))}))
+    conv = cuda.weight(gf, "conv")
+    x = cuda.asarray(rng.standard_normal((T, C)).astype(F32))
+    state = rng.standard_normal((K - 1, C)).astype(F32)
+    s1, s2 = cuda.asarray(state), cuda.asarray(state)
+    got = cuda.to_numpy(cuda.ssm_conv_silu(x, s1, conv))
+    want = cuda.to_numpy(Backend.ssm_conv_silu(cuda, x, s2, conv))
+    assert not np.isnan(got).any()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "ssm_conv_silu: other bits than its composition"
+    assert np.array_equal(cuda.to_numpy(s1), cuda.to_numpy(s2)), "the conv window"

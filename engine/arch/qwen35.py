@@ -140,12 +140,12 @@ def delta_net(f: common.Forward, il: int, x):
     # a prompt graph of a length class: only the first n_real rows update the states
     real = {} if f.n_real is None else {"n_real": f.n_real}
     if batch is None:
-        c = b.ssm_conv(qkv, f.cache.recurrent.layer(il)[0], w_conv, **real)
+        a = b.ssm_conv_silu(qkv, f.cache.recurrent.layer(il)[0], w_conv, **real)
     else:
-        c = b.empty(qkv.shape)
+        a = b.empty(qkv.shape)
         for rows, cache in seqs:
-            c[rows] = b.ssm_conv(qkv[rows], cache.recurrent.layer(il)[0], w_conv)
-    a = f.cb(b.silu(c), "conv_output_silu", il)
+            a[rows] = b.ssm_conv_silu(qkv[rows], cache.recurrent.layer(il)[0], w_conv)
+    a = f.cb(a, "conv_output_silu", il)
     kd = Hk * D
     q = f.cb(b.l2_norm(a[:, :kd].reshape(T, Hk, D), cfg.norm_eps), "q_conv_predelta", il)
     k = f.cb(b.l2_norm(a[:, kd:2 * kd].reshape(T, Hk, D), cfg.norm_eps), "k_conv_predelta", il)

@@ -32,7 +32,9 @@ def moe_ffn(f: common.Forward, il: int, x):
     shexp = f.cb(b.matmul(h, w(p + "ffn_down_shexp.weight")), "ffn_shexp", il)
     # ffn_gate_inp_shexp is one row [n_embd]: one gate logit per token
     gate = b.matmul(x, w(p + "ffn_gate_inp_shexp.weight")).reshape(x.shape[0], 1)
-    gate = f.cb(b.sigmoid(gate), "shared_expert_gate_sigmoid", il)
+    if f.trace is None:
+        return b.gated_residual(routed, shexp, gate)
+    gate = f.cb(b.sigmoid(gate), "shared_expert_gate_sigmoid", il)     # traced: each op's output
     return b.add(routed, b.mul(shexp, gate))
 
 

@@ -312,6 +312,11 @@ class Backend(ABC):
         raise UnsupportedError(f"the {self.name} backend has no {op} op (needed by "
                                f"{needed_by}); use --backend numpy")
 
+    def gated_residual(self, a, x, gate):
+        """`a + x * sigmoid(gate)`, gate one logit a row `[T, 1]` (qwen35moe's shared expert
+        added to the routed experts under its gate)."""
+        return self.add(a, self.mul(x, self.sigmoid(gate)))
+
     def sigmoid(self, x):
         """`1 / (1 + exp(-x))` elementwise (ggml_sigmoid)."""
         self._lacks("sigmoid")
@@ -333,6 +338,10 @@ class Backend(ABC):
         None: T): only the first n_real rows are the prompt's (a prompt graph of a length class
         pads the rest): the state written is the window after row n_real - 1."""
         self._lacks("ssm_conv")
+
+    def ssm_conv_silu(self, x, conv_state, w: Weight, n_real=None):
+        """`silu(ssm_conv(...))`: the delta-net's conv output as its q, k and v read it."""
+        return self.silu(self.ssm_conv(x, conv_state, w, n_real=n_real))
 
     def gated_delta_net(self, q, k, v, g, beta, state, n_real=None):
         """The gated delta rule over T tokens in order (ggml_gated_delta_net): `q, k [T, Hk, D]`

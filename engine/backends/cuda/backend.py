@@ -569,6 +569,14 @@ class CudaBackend(Backend):
     def sigmoid(self, x):
         return ssm.unary(self, x, "sigmoid")
 
+    def sigmoid_gate(self, x, gate):
+        y = elementwise.sigmoid_gate(self, x, gate)
+        return super().sigmoid_gate(x, gate) if y is None else y
+
+    def gated_residual(self, a, x, gate):
+        y = elementwise.sigmoid_gate(self, x, gate, a)
+        return super().gated_residual(a, x, gate) if y is None else y
+
     def softplus(self, x):
         return ssm.unary(self, x, "softplus")
 
@@ -577,6 +585,9 @@ class CudaBackend(Backend):
 
     def ssm_conv(self, x, conv_state, w, n_real=None):
         return ssm.ssm_conv(self, x, conv_state, w, n_real)
+
+    def ssm_conv_silu(self, x, conv_state, w, n_real=None):
+        return ssm.ssm_conv(self, x, conv_state, w, n_real, silu=True)
 
     def delta_net_gates(self, beta, alpha, dt_bias, a):
         return ssm.delta_net_gates(self, beta, alpha, dt_bias, a)

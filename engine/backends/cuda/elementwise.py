@@ -12,7 +12,8 @@ from .common import F32, CudaWeight, f32, grid_1d, i32
 from .params import pack
 
 EW_THREADS = 256
-KERNELS = ("add", "mul", "scale", "swiglu", "geglu", "weighted_sum", "tanh_f32", "softcap", "mul_expert_scale")
+KERNELS = ("add", "mul", "scale", "sigmoid_gate", "swiglu", "geglu", "weighted_sum", "tanh_f32", "softcap",
+           "mul_expert_scale")
 
 
 def launched_kernels() -> list[tuple[str, str]]:
@@ -37,6 +38,27 @@ def binary(b, kernel: str, x, other):
     if x.size:
         b.launch("elementwise.cu", kernel, grid_1d(x.size, EW_THREADS), EW_THREADS, x, other, y,
                  params=pack("BinaryParams", n=x.size, n_b=n_b))
+    return y
+
+
+def sigmoid_gate(b, x, gate, a=None):
+    """(a +) x * sigmoid(gate) in one launch, gate shaped as x or one value a row ([T, 1]);
+    None where the shapes are other (the caller composes)."""
+    x, gate = f32(x, "sigmoid_gate"), f32(gate, "sigmoid_gate gate")
+    a = None if a is None else f32(a, "sigmoid_gate a")
+    if x.ndim != 2 or (a is not None and a.shape != x.shape):
+        return None
+    if gate.shape == x.shape:
+        row_gate = 0
+    elif gate.shape == (x.shape[0], 1):
+        row_gate = 1
+    else:
+        return None
+    y = b._out(x.shape)
+    if x.size:
+        b.launch("elementwise.cu", "sigmoid_gate", grid_1d(x.size, EW_THREADS), EW_THREADS, x, gate,
+                 x if a is None else a, y,
+                 params=pack("SigmoidGateParams", n=x.size, row=x.shape[1], row_gate=row_gate, has_a=int(a is not None)))
     return y
 
 

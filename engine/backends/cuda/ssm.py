@@ -97,7 +97,8 @@ def real_rows(b, n_real):
     return n_real
 
 
-def ssm_conv(b, x, conv_state, w, n_real=None):
+def ssm_conv(b, x, conv_state, w, n_real=None, silu=False):
+    """The causal conv1d with its carried window; silu: its output through silu, as unary's."""
     x = f32(x, "ssm_conv")
     if x.ndim != 2 or not isinstance(w, CudaWeight) or w.type != GGMLType.F32 or len(w.shape) != 2:
         raise BrassError(f"ssm_conv: expected x [T, C] and an F32 weight (C, K), got x "
@@ -112,7 +113,7 @@ def ssm_conv(b, x, conv_state, w, n_real=None):
     if T and C:
         grid = (-(-C // SSM_CONV_THREADS), -(-T // SSM_CONV_TOKENS))
         b.launch("ssm.cu", "ssm_conv", grid, SSM_CONV_THREADS, x, conv_state, w.data, y, real_rows(b, n_real),
-                 params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K))
+                 params=pack("SsmConvParams", n_tokens=T, n_channels=C, kernel=K, silu=int(silu)))
     return y
 
 
