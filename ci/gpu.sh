@@ -250,12 +250,14 @@ sub_lever() {     # PATCH[,PATCH...] [SHAPES]
     kernel_tests+=" --ignore=conformance/kernels/test_launch_sequence.py"
     read -ra tests <<< "${TESTS:-$kernel_tests}"
     # shellcheck disable=SC2046
+    # compare-*: packed with the timings into compare-runs-N.tar.gz, so that several levers
+    # timed in one call each keep their own test log
     guarded 400 python3 -m pytest "${tests[@]}" -q -p no:cacheprovider $(xdist_workers "${SUITE_WORKERS:-14}") \
-        > "$out/lever-tests.log" 2>&1
+        > "$out/compare-lever-tests.log" 2>&1
     local rc=$?
-    tail -4 "$out/lever-tests.log"
+    tail -4 "$out/compare-lever-tests.log"
     # a lever whose tests fail is not one to merge, whatever it times: say so, then time it anyway
-    [ "$rc" = 0 ] || echo "LEVER TESTS FAILED (rc $rc): $out/lever-tests.log"
+    [ "$rc" = 0 ] || echo "LEVER TESTS FAILED (rc $rc): compare-lever-tests.log"
     sub_compare "$base" "$shapes"
 }
 

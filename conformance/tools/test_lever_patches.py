@@ -77,6 +77,8 @@ def test_gpu_sh_lever_applies_tests_and_takes_out(tmp_path):
     assert f"{patch} taken out" in log and "LEVER TESTS FAILED" not in log, log
     assert (tree / "kernels" / "common.cuh").read_text() == before
     assert not (tree / "probe" / "test_probe.py").exists()
+    # the test log is named for compare's archive (the shape's absence ended the call before it)
+    assert "1 passed" in (tmp_path / "out" / "compare-lever-tests.log").read_text()
 
 
 def test_gpu_sh_lever_refuses_a_patch_that_does_not_apply(tmp_path):
