@@ -14,10 +14,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conformance.harness.mmq_host import SHIM, compile_host, host_headers, kernel_harness  # noqa: E402
+from conformance.harness.mmq_host import build_kernel_file  # noqa: E402
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-HEADERS = ("common.cuh", "params.cuh")
 
 RUNNERS = r"""extern "C" int run_sigmoid_gate(const float * x, const float * g, const float * a, float * y, const void * params) {
     SigmoidGateParams p; memcpy(&p, params, sizeof p);
@@ -30,11 +28,7 @@ RUNNERS = r"""extern "C" int run_sigmoid_gate(const float * x, const float * g, 
 
 def build() -> ctypes.CDLL:
     """Compile (or reuse) the CPU build of elementwise.cu; raises NoHostCompiler without g++."""
-    srcs = host_headers(HEADERS)
-    srcs["elementwise_host.cu"] = (KERNEL_DIR / "elementwise.cu").read_text()
-    srcs["shim.h"] = SHIM
-    srcs["harness.cpp"] = kernel_harness("elementwise_host.cu", 256, RUNNERS)     # 256: EW_THREADS
-    so = compile_host(srcs, "elementwise", "elementwise.cu")
+    so = build_kernel_file("elementwise.cu", 256, RUNNERS)        # 256: EW_THREADS
     so.run_sigmoid_gate.argtypes = [ctypes.c_void_p] * 5
     return so
 

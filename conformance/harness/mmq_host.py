@@ -317,6 +317,19 @@ class NoHostCompiler(RuntimeError):
     its tests must report rather than skip."""
 
 
+def build_kernel_file(kernel_file: str, threads: int, runners: str,
+                      headers: tuple[str, ...] = ("common.cuh", "params.cuh")) -> ctypes.CDLL:
+    """The CPU build of kernels/`kernel_file` alone: its headers, the shim, and kernel_harness
+    with `runners` (its extern "C" entry points, blocks of `threads`); compiled or reused as
+    lib<name>.so. Raises NoHostCompiler without g++."""
+    stem = kernel_file.removesuffix(".cu")
+    srcs = host_headers(headers)
+    srcs[f"{stem}_host.cu"] = (KERNEL_DIR / kernel_file).read_text()
+    srcs["shim.h"] = SHIM
+    srcs["harness.cpp"] = kernel_harness(f"{stem}_host.cu", threads, runners)
+    return compile_host(srcs, stem, kernel_file)
+
+
 def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     """Compile (or reuse, keyed by the sources) harness.cpp of `srcs` with g++ into a shared
     library named lib<stem>.so; raises NoHostCompiler without g++, RuntimeError when it fails."""

@@ -15,10 +15,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conformance.harness.mmq_host import SHIM, compile_host, host_headers, kernel_harness  # noqa: E402
+from conformance.harness.mmq_host import build_kernel_file  # noqa: E402
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-HEADERS = ("common.cuh", "params.cuh")
 
 RUNNERS = r"""extern "C" int run_rms_norm(const float * x, const float * w, const float * z, float * y, void * yq,
                             const void * params, unsigned rows) {
@@ -31,11 +29,7 @@ RUNNERS = r"""extern "C" int run_rms_norm(const float * x, const float * w, cons
 
 def build() -> ctypes.CDLL:
     """Compile (or reuse) the CPU build of norm.cu; raises NoHostCompiler without g++."""
-    srcs = host_headers(HEADERS)
-    srcs["norm_host.cu"] = (KERNEL_DIR / "norm.cu").read_text()
-    srcs["shim.h"] = SHIM
-    srcs["harness.cpp"] = kernel_harness("norm_host.cu", 256, RUNNERS)     # 256: NORM_THREADS
-    so = compile_host(srcs, "norm", "norm.cu")
+    so = build_kernel_file("norm.cu", 256, RUNNERS)       # 256: NORM_THREADS
     so.run_rms_norm.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_uint]
     return so
 
