@@ -109,8 +109,10 @@ xdist_workers() {     # "-n N --dist load" where pytest-xdist is installed, else
 
 run_suite() {
     gpu_name
+    # --durations: the slowest tests in the log, for what a call's 600 s and a session's device
+    # time can hold
     # shellcheck disable=SC2046
-    python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors \
+    python3 -m pytest conformance/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors --durations=30 \
         $(xdist_workers "${SUITE_WORKERS:-14}") -o junit_family=xunit1 --junitxml="$out/gpu-conformance.xml" "$@"
     local rc=$?
     python3 ci/gpu_summary.py "$out/gpu-conformance.xml" | tee "$out/gpu-conformance-summary.txt"
