@@ -317,6 +317,16 @@ class NoHostCompiler(RuntimeError):
     its tests must report rather than skip."""
 
 
+def built(build, *args):
+    """build(*args), a kernel's CPU build, for a test; the test skipped, saying so, where this
+    machine has no g++ (NoHostCompiler). Any other failure to build stays an error."""
+    import pytest       # here, not at the top: ci/ imports this module and runs without pytest
+    try:
+        return build(*args)
+    except NoHostCompiler as e:
+        pytest.skip(str(e))
+
+
 def build_kernel_file(kernel_file: str, threads: int, runners: str,
                       headers: tuple[str, ...] = ("common.cuh", "params.cuh")) -> ctypes.CDLL:
     """The CPU build of kernels/`kernel_file` alone: its headers, the shim, and kernel_harness
@@ -335,7 +345,7 @@ def compile_host(srcs: dict[str, str], stem: str, what: str) -> ctypes.CDLL:
     library named lib<stem>.so; raises NoHostCompiler without g++, RuntimeError when it fails."""
     gxx = shutil.which("g++")
     if gxx is None:
-        raise NoHostCompiler("g++ is not installed")
+        raise NoHostCompiler(f"no CPU build of {what}: g++ is not installed")
     # -fno-gnu-unique: the kernels' __shared__ arrays are function statics here, which g++
     # otherwise exports as STB_GNU_UNIQUE symbols that the dynamic linker binds to one object
     # for every library of a process, RTLD_LOCAL or not: a variant's library (MMQ_KB=8) loaded

@@ -25,7 +25,7 @@ from brass.backends import cuda_available
 from brass.backends.numpy_backend import NumpyBackend
 from conformance.harness.kernel_checks import check, record_launches
 from conformance.harness.cases import DELTA_CHUNKED, RECURRENCE
-from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import built  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not cuda_available(),
@@ -87,10 +87,7 @@ def test_chunked_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
     # thread, shared memory poisoned with NaN), against the sequential rule: the indexing,
     # chunk edges, head mapping and solve of the real source, not timing nor FMA contraction.
     from conformance.harness import delta_host
-    try:
-        lib = delta_host.build()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of delta_chunked.cu: {e}")
+    lib = built(delta_host.build)
     q, k, v, g, beta, state = random_case(rng, T, Hk, Hv, D, 0.01 if T == 300 else 2.0)
     want_state, got_state = state.copy(), state.copy()
     want = NumpyBackend().gated_delta_net(q, k, v, g, beta, want_state)
@@ -108,10 +105,7 @@ def test_decode_kernel_on_the_cpu(rng, T, Hk, Hv, D, record_property):
     # rule, with the RECURRENCE bound the GPU test uses: the slab indexing, the row split and
     # its shuffles, and the tiled head mapping of the real source.
     from conformance.harness import delta_host
-    try:
-        lib = delta_host.build_sequential()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    lib = built(delta_host.build_sequential)
     q, k, v, g, beta, state = random_case(rng, T, Hk, Hv, D)
     want_state, got_state = state.copy(), state.copy()
     want = NumpyBackend().gated_delta_net(q, k, v, g, beta, want_state)
@@ -129,10 +123,7 @@ def test_conv_kernel_on_the_cpu(rng, T, K):
     # the CPU build runs it before the others, which would read the moved window if they read
     # any. C = 300 leaves the last channel block part empty.
     from conformance.harness import delta_host
-    try:
-        lib = delta_host.build_sequential()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    lib = built(delta_host.build_sequential)
     C = 300
     x = rng.uniform(-1, 1, (T, C)).astype(F32)
     w = rng.uniform(-1, 1, (C, K)).astype(F32)
@@ -154,10 +145,7 @@ def test_decode_kernel_block_matches_the_backend():
     pytest.importorskip("cupy")
     from conformance.harness import delta_host
     from brass.backends.cuda.ssm import GDN_HEAD_DIMS, gdn_threads
-    try:
-        lib = delta_host.build_sequential()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    lib = built(delta_host.build_sequential)
     assert [lib.gdn_threads(d) for d in GDN_HEAD_DIMS] == [gdn_threads(d) for d in GDN_HEAD_DIMS]
 
 def test_shared_memory_size_matches_the_kernel():
@@ -166,9 +154,6 @@ def test_shared_memory_size_matches_the_kernel():
     pytest.importorskip("cupy")
     from conformance.harness import delta_host
     from brass.backends.cuda.ssm import GDN_HEAD_DIMS, gdn_chunked_smem
-    try:
-        lib = delta_host.build()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of delta_chunked.cu: {e}")
+    lib = built(delta_host.build)
     for d in GDN_HEAD_DIMS:
         assert gdn_chunked_smem(d) == 4 * lib.gdn_chunked_smem_floats(d), d

@@ -15,7 +15,7 @@ import pytest
 
 from brass.backends import cuda_available
 from brass.backends.base import Backend
-from conformance.harness.mmq_host import NoHostCompiler, c_expf, q8_1_blocks
+from conformance.harness.mmq_host import built, c_expf, q8_1_blocks
 
 F32 = np.float32
 
@@ -25,10 +25,7 @@ needs_cuda = pytest.mark.skipif(not cuda_available(), reason="no CUDA device her
 @pytest.fixture(scope="module")
 def lib():
     from conformance.harness import norm_host
-    try:
-        return norm_host.build()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of norm.cu: {e}")
+    return built(norm_host.build)
 
 
 def _silu(z):
@@ -60,10 +57,7 @@ def test_rms_norm_takes_the_scale_and_the_gate_on_the_cpu(lib, rng, D):
 @pytest.fixture(scope="module")
 def seq():
     from conformance.harness import delta_host
-    try:
-        return delta_host.build_sequential()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of ssm.cu: {e}")
+    return built(delta_host.build_sequential)
 
 
 @pytest.mark.parametrize("T, H", [(1, 32), (5, 48), (3, 7)], ids=str)

@@ -16,7 +16,7 @@ import pytest
 from conformance.harness.kernel_checks import check, tname
 from brass.gguf import GGMLType, GGUFFile
 from conformance.harness.cases import MATMUL, OP_BOUNDS, cuda_reference, random_weight_file
-from conformance.harness.mmq_host import NoHostCompiler  # noqa: E402
+from conformance.harness.mmq_host import built  # noqa: E402
 
 TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_K,
          GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.MXFP4)
@@ -26,10 +26,7 @@ F32 = np.float32
 @pytest.fixture(scope="module")
 def lib():
     from conformance.harness import matvec_host
-    try:
-        return matvec_host.build()
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    return built(matvec_host.build)
 
 
 def _weights(tmp_path, rng, specs):
@@ -92,10 +89,7 @@ def test_coop_q6_k_other_warps_give_the_same_bits(lib, rng, tmp_path):
     # MV_COOP_WARPS (warps a block) moves time only: a build with 4 warps must still give
     # matvec_q6_k's bits (both grids as above)
     from conformance.harness import matvec_host
-    try:
-        other = matvec_host.build(("MV_COOP_WARPS=4",))
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    other = built(matvec_host.build, ("MV_COOP_WARPS=4",))
     qtype, K = GGMLType.Q6_K, 2048
     shapes = (("a", 37), ("b", 300), ("c", 9))
     gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
@@ -115,10 +109,7 @@ def test_coop_q6_k_two_rows_at_once_gives_the_same_bits(lib, rng, tmp_path):
     # blocks) and on grids of 3 and 5 blocks, where a pair's second row is past the last row
     # on some warps (the row counts are not multiples of anything the grid takes)
     from conformance.harness import matvec_host
-    try:
-        two = matvec_host.build(("MV_COOP_ROWS=2",))
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    two = built(matvec_host.build, ("MV_COOP_ROWS=2",))
     qtype = GGMLType.Q6_K
     shapes = (("a", 37), ("b", 300), ("c", 9))
     for K in (1024, 3072):
@@ -145,11 +136,8 @@ def test_two_preloaded_rows_a_warp_give_the_same_bits(lib, rng, tmp_path, split)
     # global memory (K 28672), the mixed q/k + v launch (its blocks split by kind on both sides)
     from conformance.harness import matvec_host
     sp = f"MV_SPLIT={max(split, 2)}"
-    try:
-        base = matvec_host.build(("MV_PRELOAD_ROWS=1", "MV_PRELOAD=2", sp))
-        twos = [matvec_host.build(("MV_PRELOAD_ROWS=2", f"MV_PRELOAD={d}", sp)) for d in (1, 2)]
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    base = built(matvec_host.build, ("MV_PRELOAD_ROWS=1", "MV_PRELOAD=2", sp))
+    twos = [built(matvec_host.build, ("MV_PRELOAD_ROWS=2", f"MV_PRELOAD={d}", sp)) for d in (1, 2)]
     for two in twos:
         _two_rows_case(base, two, rng, tmp_path, split)
 
@@ -176,11 +164,8 @@ def test_sizes_keep_the_bits(rng, tmp_path, qtype, defines):
     # and three with the last part-full (20480), split and not, q/k/v-like launches of two
     # matrices, and x read from global memory (28672, past MV_STAGE_MAX_K).
     from conformance.harness import matvec_host
-    try:
-        base = matvec_host.build(())
-        lib = matvec_host.build(defines)
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    base = built(matvec_host.build, ())
+    lib = built(matvec_host.build, defines)
     for K in (4096, 12288, 20480, 28672):
         gf = _weights(tmp_path, rng, {"a": (qtype, (19, K)), "b": (qtype, (6, K))})
         ws = [_raw(gf, "a", 19), _raw(gf, "b", 6)]
@@ -271,10 +256,7 @@ def test_batched_kernels_rows_at_once_give_the_same_bits(lib, rng, tmp_path, def
     # token), split and not.
     from conformance.harness import matvec_host
     from brass.backends.cuda.matvec import MV_SPLIT
-    try:
-        other = matvec_host.build(defines)
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    other = built(matvec_host.build, defines)
     rows = dict(d.split("=") for d in defines).get("MV_COLS_ROWS")
     qtype = GGMLType.Q4_K
     for K in (512, 98560):
@@ -308,10 +290,7 @@ def test_split_rows_on_the_cpu(rng, tmp_path, qtype, split, K, record_property):
     # different matrices share blocks, and the last block has warp groups with no row), and the
     # batched kernel with the same split bit for bit one token at a time.
     from conformance.harness import matvec_host
-    try:
-        lib = matvec_host.build((f"MV_SPLIT={split}",))
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    lib = built(matvec_host.build, (f"MV_SPLIT={split}",))
     shapes = (("a", 21), ("b", 9), ("c", 7))
     gf = _weights(tmp_path, rng, {n: (qtype, (r, K)) for n, r in shapes})
     ws = [_raw(gf, n, r) for n, r in shapes]
@@ -389,10 +368,7 @@ def test_gated_ffn_layouts_give_the_same_floats(lib, rng, tmp_path, qtype, K, va
     # kernel, which keeps 8 x 4, still equals one token at a time)
     from conformance.harness import matvec_host
     wide = variant == ("wide",)
-    try:
-        other = lib if wide else matvec_host.build(variant)
-    except NoHostCompiler as e:
-        pytest.skip(f"no CPU build of matvec_q.cu: {e}")
+    other = lib if wide else built(matvec_host.build, variant)
     warps = next((int(v.split("=")[1]) for v in variant if v.startswith("GLU_WARPS=")), None)
     E, N, T, k = 4, 96, 3, 2
     gf = _weights(tmp_path, rng, {"g": (qtype, (E, N, K)), "u": (qtype, (E, N, K))})
